@@ -1,0 +1,454 @@
+/**
+ * @file peft_c.h
+ * @brief peft_c: read, translate, merge and export HuggingFace PEFT adapters and safetensors checkpoints.
+ *
+ * This is the only public header of peft_c. It is plain C99 and compiles unchanged as C++.
+ *
+ * @section conventions Conventions (they hold for every function below)
+ *
+ * - **Handles are opaque.** Every object is an incomplete struct type, created by one function and
+ *   released by `peft_<type>_free(p)`, which accepts NULL and returns nothing.
+ * - **Errors are objects.** A fallible call returns `peft_error*`: NULL on success, otherwise an error
+ *   the caller owns and releases with peft_error_free(). It carries a stable code (`PEFT_ERR_*`, never
+ *   renumbered) and a UTF-8 message naming the file, tensor or key at fault. There is no thread-local
+ *   "last error".
+ * - **A failed call changes nothing.** Out-parameters are left untouched and no partial object leaks.
+ * - **Ownership.** What comes back through a `**out` parameter belongs to the caller and is released
+ *   with the matching free function. `const` pointers returned by getters are borrowed: they stay valid
+ *   as long as the handle they came from. Memory the library allocates is freed only by the library.
+ * - **Children keep their parents alive** (reference counting), so handles may be freed in any order.
+ * - **Types.** Only fixed-width integers, `size_t`, `double`, NUL-terminated UTF-8 `const char*` and
+ *   opaque pointers. Booleans are `int32_t` (0 = false, anything else = true); enumerations are
+ *   documented `int32_t` constants.
+ * - **Threads.** Read-only handles (an opened checkpoint, a loaded adapter, a translator) may be used
+ *   from many threads at once. Writers and merge jobs belong to one thread at a time. Every free
+ *   function may be called from any thread.
+ * - **Callbacks** return an `int32_t` status: zero to continue, nonzero to cancel the operation, which
+ *   then fails cleanly with #PEFT_ERR_CANCELLED. A callback must not throw, unwind or longjmp.
+ */
+#ifndef PEFT_C_H
+#define PEFT_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32) && !defined(PEFT_STATIC)
+#  if defined(PEFT_BUILD)
+#    define PEFT_API __declspec(dllexport)
+#  else
+#    define PEFT_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#  define PEFT_API __attribute__((visibility("default")))
+#else
+#  define PEFT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ================================================================================================ */
+/** @defgroup version Versions
+ *  Three places carry the version: these macros (what you compiled against), peft_version() and
+ *  peft_abi_version() (what you run against), and the shared library's SONAME (`libpeft_c.so.<ABI>`).
+ *  @{ */
+
+#define PEFT_VERSION_MAJOR 0 /**< Major version of this header. */
+#define PEFT_VERSION_MINOR 1 /**< Minor version of this header. */
+#define PEFT_VERSION_PATCH 0 /**< Patch version of this header. */
+/** The version as one number: major * 10000 + minor * 100 + patch. */
+#define PEFT_VERSION_NUMBER (PEFT_VERSION_MAJOR * 10000 + PEFT_VERSION_MINOR * 100 + PEFT_VERSION_PATCH)
+/** ABI version of this header; it equals the shared library's SONAME number. */
+#define PEFT_ABI_VERSION 1
+
+/**
+ * @brief The library's version as a string such as "0.1.0".
+ * @return A static string; never NULL. Thread-safe.
+ */
+PEFT_API const char* peft_version(void);
+
+/**
+ * @brief The library's version as #PEFT_VERSION_NUMBER computes it.
+ * @return The number of the library that is running (compare with the macro to detect a mismatch).
+ *         Thread-safe.
+ */
+PEFT_API uint32_t peft_version_number(void);
+
+/**
+ * @brief The ABI version of the library that is running.
+ * @return #PEFT_ABI_VERSION of the build of the shared library. Thread-safe.
+ */
+PEFT_API uint32_t peft_abi_version(void);
+
+/** @} */
+
+/* ================================================================================================ */
+/** @defgroup errors Errors
+ *  Every fallible call returns a `peft_error*`. The codes are stable: a value is never renumbered.
+ *  @{ */
+
+/** An error: a stable code and a message. Owned by the caller; release with peft_error_free(). */
+typedef struct peft_error peft_error;
+
+#define PEFT_OK 0 /**< Not an error code of an error object; returned by peft_error_code(NULL). */
+/* Safetensors format errors: one per failure kind of the reference reader. */
+#define PEFT_ERR_HEADER_TOO_SMALL 1 /**< The file is shorter than the 8-byte length prefix. */
+#define PEFT_ERR_HEADER_TOO_LARGE 2 /**< The header length is over the cap (100,000,000 by default). */
+#define PEFT_ERR_INVALID_HEADER_LENGTH 3 /**< 8 + header length is past the end of the file. */
+#define PEFT_ERR_INVALID_HEADER_UTF8 4 /**< The header bytes are not valid UTF-8. */
+#define PEFT_ERR_INVALID_HEADER 5 /**< The header is not the JSON the format requires. */
+#define PEFT_ERR_INVALID_OFFSET 6 /**< Tensor data is not contiguous from 0 (gap, overlap, end < begin). */
+#define PEFT_ERR_VALIDATION_OVERFLOW 7 /**< Shape or size arithmetic overflows 64 bits. */
+#define PEFT_ERR_MISALIGNED_SLICE 8 /**< A sub-byte dtype does not fill whole bytes. */
+#define PEFT_ERR_TENSOR_INVALID_INFO 9 /**< A tensor's byte span differs from elements x dtype size. */
+#define PEFT_ERR_METADATA_INCOMPLETE_BUFFER 10 /**< File length differs from 8 + header + data. */
+/* General errors. */
+#define PEFT_ERR_IO 20 /**< An operating-system call failed (open, read, write, rename, ...). */
+#define PEFT_ERR_NOT_FOUND 21 /**< A tensor, file or entry that was asked for does not exist. */
+#define PEFT_ERR_UNSUPPORTED 22 /**< Valid input that this library does not handle (never done wrong). */
+#define PEFT_ERR_UNRESOLVED_KEY 23 /**< Keys that a translation or a base model cannot resolve. */
+#define PEFT_ERR_SHAPE_MISMATCH 24 /**< Shapes or dtypes that do not fit together. */
+#define PEFT_ERR_INVALID_ARGUMENT 25 /**< A NULL, out-of-range or contradictory argument. */
+#define PEFT_ERR_OUT_OF_MEMORY 26 /**< An allocation failed. */
+#define PEFT_ERR_CANCELLED 27 /**< A callback asked to stop. */
+#define PEFT_ERR_INVALID_CONFIG 28 /**< An adapter_config.json or other JSON file that is wrong. */
+#define PEFT_ERR_INVALID_CHECKPOINT 29 /**< A checkpoint folder or index that is wrong. */
+#define PEFT_ERR_INTERNAL 99 /**< A bug in peft_c. Please report it. */
+
+/**
+ * @brief The stable code of an error.
+ * @param err An error, or NULL.
+ * @return One of the `PEFT_ERR_*` values, or #PEFT_OK for NULL. Thread-safe.
+ */
+PEFT_API int32_t peft_error_code(const peft_error* err);
+
+/**
+ * @brief The error's message: UTF-8, naming the file, tensor or key at fault.
+ * @param err An error, or NULL.
+ * @return Borrowed; valid until peft_error_free(err). "" for NULL. Thread-safe.
+ */
+PEFT_API const char* peft_error_message(const peft_error* err);
+
+/**
+ * @brief Releases an error.
+ * @param err An error, or NULL (then nothing happens). Thread-safe.
+ */
+PEFT_API void peft_error_free(peft_error* err);
+
+/**
+ * @brief The name of a code, e.g. "INVALID_OFFSET" for #PEFT_ERR_INVALID_OFFSET.
+ * @param code Any integer.
+ * @return A static string; "OK" for #PEFT_OK and "UNKNOWN" for a value that is not a code.
+ *         Thread-safe.
+ */
+PEFT_API const char* peft_error_code_name(int32_t code);
+
+/** @} */
+
+/* ================================================================================================ */
+/** @defgroup dtypes Data types
+ *  The safetensors dtypes, numbered in the reference's order (which is also its writer's sort rank).
+ *  @{ */
+
+#define PEFT_DTYPE_BOOL 0         /**< 8 bits, 0 or 1. */
+#define PEFT_DTYPE_F4 1           /**< 4 bits (E2M1), two per byte. */
+#define PEFT_DTYPE_F6_E2M3 2      /**< 6 bits, four per three bytes. */
+#define PEFT_DTYPE_F6_E3M2 3      /**< 6 bits, four per three bytes. */
+#define PEFT_DTYPE_U8 4           /**< Unsigned 8-bit integer. */
+#define PEFT_DTYPE_I8 5           /**< Signed 8-bit integer. */
+#define PEFT_DTYPE_F8_E5M2 6      /**< 8-bit float, IEEE-like with infinities. */
+#define PEFT_DTYPE_F8_E4M3 7      /**< 8-bit float "fn": no infinities, NaN = S.1111.111. */
+#define PEFT_DTYPE_F8_E8M0 8      /**< 8-bit exponent-only scale ("fnu"), 0xFF is NaN. */
+#define PEFT_DTYPE_F8_E4M3FNUZ 9  /**< 8-bit float, no negative zero, NaN = 0x80. */
+#define PEFT_DTYPE_F8_E5M2FNUZ 10 /**< 8-bit float, no negative zero, NaN = 0x80. */
+#define PEFT_DTYPE_I16 11         /**< Signed 16-bit integer. */
+#define PEFT_DTYPE_U16 12         /**< Unsigned 16-bit integer. */
+#define PEFT_DTYPE_F16 13         /**< IEEE binary16. */
+#define PEFT_DTYPE_BF16 14        /**< bfloat16. */
+#define PEFT_DTYPE_I32 15         /**< Signed 32-bit integer. */
+#define PEFT_DTYPE_U32 16         /**< Unsigned 32-bit integer. */
+#define PEFT_DTYPE_F32 17         /**< IEEE binary32. */
+#define PEFT_DTYPE_C64 18         /**< Complex: two binary32, real then imaginary. */
+#define PEFT_DTYPE_F64 19         /**< IEEE binary64. */
+#define PEFT_DTYPE_I64 20         /**< Signed 64-bit integer. */
+#define PEFT_DTYPE_U64 21         /**< Unsigned 64-bit integer. */
+#define PEFT_DTYPE_COUNT 22       /**< Number of dtypes; valid values are 0 .. PEFT_DTYPE_COUNT - 1. */
+
+/**
+ * @brief The safetensors name of a dtype, e.g. "BF16".
+ * @param dtype A `PEFT_DTYPE_*` value.
+ * @return A static string, or NULL when @p dtype is not a dtype. Thread-safe.
+ */
+PEFT_API const char* peft_dtype_name(int32_t dtype);
+
+/**
+ * @brief The dtype of a safetensors name (exact, case-sensitive, as the reference reads it).
+ * @param name A NUL-terminated name such as "F32".
+ * @return A `PEFT_DTYPE_*` value, or -1 when @p name is NULL or names no dtype. Thread-safe.
+ */
+PEFT_API int32_t peft_dtype_from_name(const char* name);
+
+/**
+ * @brief The size of one element in bits (4 for F4, 6 for the F6 types, 8 x bytes otherwise).
+ * @param dtype A `PEFT_DTYPE_*` value.
+ * @return The bit size, or 0 when @p dtype is not a dtype. Thread-safe.
+ */
+PEFT_API uint32_t peft_dtype_bits(int32_t dtype);
+
+/**
+ * @brief Converts @p count elements from one dtype to another.
+ *
+ * Supported: any of F64, F32, F16, BF16, F8_E4M3, F8_E5M2, BOOL and the integer types into F64, F32,
+ * F16 or BF16; and any dtype into itself (a copy). Floats are rounded to nearest, ties to even; NaN
+ * stays NaN and infinities stay infinite; integers convert as C would to double and then round once.
+ *
+ * @param src_dtype Dtype of @p src.
+ * @param src @p count elements, little-endian; any alignment.
+ * @param dst_dtype Dtype of @p dst.
+ * @param dst Room for @p count elements of @p dst_dtype; must not overlap @p src; any alignment.
+ * @param count Number of elements (for a same-dtype copy of a sub-byte dtype: elements, whole bytes).
+ * @return NULL on success; #PEFT_ERR_UNSUPPORTED for a pair not listed above;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL pointers with a nonzero count or an unknown dtype.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_convert(int32_t src_dtype, const void* src, int32_t dst_dtype, void* dst,
+                                  uint64_t count);
+
+/** @} */
+
+/* ================================================================================================ */
+/** @defgroup reading Reading safetensors files and checkpoints
+ *
+ *  A checkpoint is one `.safetensors` file, a folder holding `model.safetensors`, or a folder holding
+ *  `model.safetensors.index.json` and the shards it names. Opening validates every header completely,
+ *  exactly as the reference reader does, before any tensor is touched. Tensors are then read as
+ *  zero-copy views of the mapped file or converted into the caller's buffer.
+ *
+ *  Thread safety: a `peft_checkpoint` is read-only after opening; all its functions may be called from
+ *  many threads at once.
+ *  @{ */
+
+/** Options for opening files. Owned by the caller; release with peft_open_options_free(). */
+typedef struct peft_open_options peft_open_options;
+
+/** A validated, opened checkpoint: one file or a folder of shards. */
+typedef struct peft_checkpoint peft_checkpoint;
+
+/**
+ * @brief Creates open options with the defaults: memory-mapped, header cap 100,000,000 bytes.
+ * @param[out] out Receives the new options.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_open_options_new(peft_open_options** out);
+
+/**
+ * @brief Releases open options.
+ * @param opts Options, or NULL. Thread-safe.
+ */
+PEFT_API void peft_open_options_free(peft_open_options* opts);
+
+/**
+ * @brief Sets the largest header length accepted (#PEFT_ERR_HEADER_TOO_LARGE above it).
+ * @param opts Options.
+ * @param max_bytes The cap in bytes; the default is 100,000,000 as in the reference.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_open_options_set_max_header_size(peft_open_options* opts, uint64_t max_bytes);
+
+/**
+ * @brief Chooses between memory mapping (the default) and reading with pread.
+ *
+ * With pread, nothing is mapped: the header is read once and each tensor is read when it is first
+ * viewed (and then kept until the checkpoint is freed) or read with conversion.
+ * @param opts Options.
+ * @param use_pread Nonzero for pread, 0 for mmap.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_open_options_set_use_pread(peft_open_options* opts, int32_t use_pread);
+
+/**
+ * @brief Opens a `.safetensors` file or a checkpoint folder and validates it completely.
+ *
+ * A folder must hold `model.safetensors.index.json` or, failing that, `model.safetensors`. Every
+ * `weight_map` entry of an index must name a file inside the folder (no `..`, no absolute path, no
+ * symbolic link leading out), and every tensor it lists must exist in the shard it names.
+ *
+ * @param path A file or folder path (UTF-8).
+ * @param opts Options, or NULL for the defaults. Not kept after the call.
+ * @param[out] out Receives the checkpoint; free it with peft_checkpoint_free().
+ * @return NULL on success. Format errors carry the codes #PEFT_ERR_HEADER_TOO_SMALL through
+ *         #PEFT_ERR_METADATA_INCOMPLETE_BUFFER; #PEFT_ERR_IO when a file cannot be read;
+ *         #PEFT_ERR_INVALID_CHECKPOINT for a wrong index or folder; #PEFT_ERR_INVALID_ARGUMENT for NULL
+ *         arguments. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_open(const char* path, const peft_open_options* opts,
+                                          peft_checkpoint** out);
+
+/**
+ * @brief Validates a safetensors file held in memory and opens it as a one-file checkpoint.
+ * @param data The file's bytes. They are copied; the caller keeps ownership of @p data.
+ * @param size Number of bytes.
+ * @param opts Options, or NULL for the defaults (the pread option does not apply).
+ * @param[out] out Receives the checkpoint; free it with peft_checkpoint_free().
+ * @return NULL on success; the format error codes as for peft_checkpoint_open(). Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_open_memory(const void* data, size_t size,
+                                                 const peft_open_options* opts, peft_checkpoint** out);
+
+/**
+ * @brief Releases a checkpoint. Views obtained from it become invalid.
+ * @param ckpt A checkpoint, or NULL. Thread-safe.
+ */
+PEFT_API void peft_checkpoint_free(peft_checkpoint* ckpt);
+
+/**
+ * @brief Number of files: 1 for a single file, else the number of distinct shards in the index.
+ * @param ckpt A checkpoint.
+ * @return The count; 0 if @p ckpt is NULL. Thread-safe.
+ */
+PEFT_API size_t peft_checkpoint_file_count(const peft_checkpoint* ckpt);
+
+/**
+ * @brief Path of file @p file_index as opened (for a folder, the folder joined with the shard name).
+ * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if an argument is out of range.
+ *         Thread-safe.
+ */
+PEFT_API const char* peft_checkpoint_file_path(const peft_checkpoint* ckpt, size_t file_index);
+
+/**
+ * @brief Whether file @p file_index has a `__metadata__` entry (which may be empty).
+ * @return 1 if it has, 0 if it has none or an argument is out of range. Thread-safe.
+ */
+PEFT_API int32_t peft_checkpoint_has_metadata(const peft_checkpoint* ckpt, size_t file_index);
+
+/**
+ * @brief Number of `__metadata__` entries of file @p file_index.
+ * @return The count, sorted by key bytes; 0 if none or out of range. Thread-safe.
+ */
+PEFT_API size_t peft_checkpoint_metadata_count(const peft_checkpoint* ckpt, size_t file_index);
+
+/**
+ * @brief Key of metadata entry @p entry of file @p file_index (entries are sorted by key bytes).
+ * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_checkpoint_metadata_key(const peft_checkpoint* ckpt, size_t file_index,
+                                                  size_t entry);
+
+/**
+ * @brief Value of metadata entry @p entry of file @p file_index.
+ * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_checkpoint_metadata_value(const peft_checkpoint* ckpt, size_t file_index,
+                                                    size_t entry);
+
+/**
+ * @brief The `"metadata"` object of the checkpoint's `model.safetensors.index.json`, as compact JSON.
+ * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL when the checkpoint has no index or
+ *         the index has no `"metadata"`. Thread-safe.
+ */
+PEFT_API const char* peft_checkpoint_index_metadata_json(const peft_checkpoint* ckpt);
+
+/**
+ * @brief Number of tensors in the checkpoint.
+ * @return The count; 0 if @p ckpt is NULL. Thread-safe.
+ */
+PEFT_API size_t peft_checkpoint_tensor_count(const peft_checkpoint* ckpt);
+
+/**
+ * @brief Finds a tensor by name in O(1).
+ * @param ckpt A checkpoint.
+ * @param name The tensor's exact name.
+ * @param[out] out_index Receives the tensor's index (0 .. count - 1).
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND naming the tensor if it is absent;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_find(const peft_checkpoint* ckpt, const char* name,
+                                          size_t* out_index);
+
+/**
+ * @brief Name of tensor @p index. Tensors are numbered file by file, each file in data order.
+ * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_checkpoint_tensor_name(const peft_checkpoint* ckpt, size_t index);
+
+/**
+ * @brief Dtype (`PEFT_DTYPE_*`) of tensor @p index.
+ * @return The dtype, or -1 if out of range. Thread-safe.
+ */
+PEFT_API int32_t peft_checkpoint_tensor_dtype(const peft_checkpoint* ckpt, size_t index);
+
+/**
+ * @brief Number of dimensions of tensor @p index (0 for a scalar).
+ * @return The rank, or 0 if out of range. Thread-safe.
+ */
+PEFT_API size_t peft_checkpoint_tensor_ndim(const peft_checkpoint* ckpt, size_t index);
+
+/**
+ * @brief Shape of tensor @p index: ndim values.
+ * @return Borrowed array valid while @p ckpt lives; NULL for a scalar or out of range. Thread-safe.
+ */
+PEFT_API const uint64_t* peft_checkpoint_tensor_shape(const peft_checkpoint* ckpt, size_t index);
+
+/**
+ * @brief Byte range of tensor @p index in its file's data section (`data_offsets`).
+ * @param[out] out_begin Receives the begin offset.
+ * @param[out] out_end Receives the end offset (exclusive).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if out of range or NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_tensor_offsets(const peft_checkpoint* ckpt, size_t index,
+                                                    uint64_t* out_begin, uint64_t* out_end);
+
+/**
+ * @brief Which file (0 .. file_count - 1) holds tensor @p index.
+ * @return The file index, or SIZE_MAX if out of range. Thread-safe.
+ */
+PEFT_API size_t peft_checkpoint_tensor_file(const peft_checkpoint* ckpt, size_t index);
+
+/**
+ * @brief A zero-copy view of tensor @p index's bytes (little-endian, row-major).
+ *
+ * The pointer is valid while @p ckpt lives. Its alignment is whatever the file gives: the file data
+ * start plus the tensor's offset. Files written by the reference writer (and by peft_c) place every
+ * tensor at a file offset that is a multiple of its element size, and mappings start on a page, so
+ * such views are aligned to the element size; other files may not be. Check before a typed access.
+ * A zero-size tensor gives a non-NULL pointer and 0 bytes.
+ *
+ * @param[out] out_data Receives the pointer.
+ * @param[out] out_nbytes Receives the byte length.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if out of range or NULL; #PEFT_ERR_IO if a
+ *         pread-mode read fails. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, size_t index,
+                                                 const void** out_data, uint64_t* out_nbytes);
+
+/**
+ * @brief Reads tensor @p index into the caller's buffer, converting to @p dtype (see peft_convert()).
+ * @param dtype The dtype wanted in @p dst.
+ * @param dst The buffer; any alignment.
+ * @param dst_nbytes Its size: must equal elements x size of @p dtype.
+ * @return NULL on success; #PEFT_ERR_UNSUPPORTED for a conversion peft_convert() does not do;
+ *         #PEFT_ERR_INVALID_ARGUMENT for a wrong size, index or NULL; #PEFT_ERR_IO on a failed read.
+ *         On failure @p dst may have been partly written. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, size_t index,
+                                                 int32_t dtype, void* dst, uint64_t dst_nbytes);
+
+/** @} */
+
+/* ==== section: writer ==== */
+/* ==== end section: writer ==== */
+
+/* ==== section: adapter ==== */
+/* ==== end section: adapter ==== */
+
+/* ==== section: merge ==== */
+/* ==== end section: merge ==== */
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PEFT_C_H */

@@ -1,0 +1,45 @@
+// The C boundary: the error object, and the one wrapper that every extern "C" body goes through so
+// that no exception crosses into C.
+#pragma once
+
+#include <cstdint>
+#include <new>
+#include <string>
+
+#include "core/error.hpp"
+#include "peft_c.h"
+
+struct peft_error {
+  int32_t code;
+  std::string message;
+};
+
+namespace peft::capi {
+
+// Allocates an error object; never throws (falls back to a static out-of-memory error).
+peft_error* make_error(int32_t code, const std::string& message) noexcept;
+
+// Runs body(); returns NULL on success or the error it threw. Every fallible C function is
+// `return guarded([&] { ... });`.
+template <class Body>
+peft_error* guarded(Body&& body) noexcept {
+  try {
+    body();
+    return nullptr;
+  } catch (const peft::Error& e) {
+    return make_error(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return make_error(PEFT_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return make_error(PEFT_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return make_error(PEFT_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+// Throws INVALID_ARGUMENT naming the argument when a required pointer is NULL.
+inline void require_arg(const void* pointer, const char* name) {
+  if (pointer == nullptr) peft::fail(PEFT_ERR_INVALID_ARGUMENT, std::string(name) + " must not be NULL");
+}
+
+}  // namespace peft::capi
