@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/** @def PEFT_API
+ *  Marks a function of the public API (exported from the shared library). */
 #if defined(_WIN32) && !defined(PEFT_STATIC)
 #  if defined(PEFT_BUILD)
 #    define PEFT_API __declspec(dllexport)
@@ -313,6 +315,8 @@ PEFT_API size_t peft_checkpoint_file_count(const peft_checkpoint* ckpt);
 
 /**
  * @brief Path of file @p file_index as opened (for a folder, the folder joined with the shard name).
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
  * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if an argument is out of range.
  *         Thread-safe.
  */
@@ -320,18 +324,25 @@ PEFT_API const char* peft_checkpoint_file_path(const peft_checkpoint* ckpt, size
 
 /**
  * @brief Whether file @p file_index has a `__metadata__` entry (which may be empty).
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
  * @return 1 if it has, 0 if it has none or an argument is out of range. Thread-safe.
  */
 PEFT_API int32_t peft_checkpoint_has_metadata(const peft_checkpoint* ckpt, size_t file_index);
 
 /**
  * @brief Number of `__metadata__` entries of file @p file_index.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
  * @return The count, sorted by key bytes; 0 if none or out of range. Thread-safe.
  */
 PEFT_API size_t peft_checkpoint_metadata_count(const peft_checkpoint* ckpt, size_t file_index);
 
 /**
  * @brief Key of metadata entry @p entry of file @p file_index (entries are sorted by key bytes).
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param entry An entry index, 0 .. peft_checkpoint_metadata_count() - 1.
  * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_checkpoint_metadata_key(const peft_checkpoint* ckpt, size_t file_index,
@@ -339,6 +350,9 @@ PEFT_API const char* peft_checkpoint_metadata_key(const peft_checkpoint* ckpt, s
 
 /**
  * @brief Value of metadata entry @p entry of file @p file_index.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param entry An entry index, 0 .. peft_checkpoint_metadata_count() - 1.
  * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_checkpoint_metadata_value(const peft_checkpoint* ckpt, size_t file_index,
@@ -346,6 +360,7 @@ PEFT_API const char* peft_checkpoint_metadata_value(const peft_checkpoint* ckpt,
 
 /**
  * @brief The `"metadata"` object of the checkpoint's `model.safetensors.index.json`, as compact JSON.
+ * @param ckpt A checkpoint.
  * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL when the checkpoint has no index or
  *         the index has no `"metadata"`. Thread-safe.
  */
@@ -353,6 +368,7 @@ PEFT_API const char* peft_checkpoint_index_metadata_json(const peft_checkpoint* 
 
 /**
  * @brief Number of tensors in the checkpoint.
+ * @param ckpt A checkpoint.
  * @return The count; 0 if @p ckpt is NULL. Thread-safe.
  */
 PEFT_API size_t peft_checkpoint_tensor_count(const peft_checkpoint* ckpt);
@@ -370,24 +386,32 @@ PEFT_API peft_error* peft_checkpoint_find(const peft_checkpoint* ckpt, const cha
 
 /**
  * @brief Name of tensor @p index. Tensors are numbered file by file, each file in data order.
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return Borrowed UTF-8 string valid while @p ckpt lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_checkpoint_tensor_name(const peft_checkpoint* ckpt, size_t index);
 
 /**
  * @brief Dtype (`PEFT_DTYPE_*`) of tensor @p index.
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return The dtype, or -1 if out of range. Thread-safe.
  */
 PEFT_API int32_t peft_checkpoint_tensor_dtype(const peft_checkpoint* ckpt, size_t index);
 
 /**
  * @brief Number of dimensions of tensor @p index (0 for a scalar).
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return The rank, or 0 if out of range. Thread-safe.
  */
 PEFT_API size_t peft_checkpoint_tensor_ndim(const peft_checkpoint* ckpt, size_t index);
 
 /**
  * @brief Shape of tensor @p index: ndim values.
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return Borrowed array valid while @p ckpt lives; NULL for a scalar or out of range. Thread-safe.
  */
 PEFT_API const uint64_t* peft_checkpoint_tensor_shape(const peft_checkpoint* ckpt, size_t index);
@@ -396,6 +420,8 @@ PEFT_API const uint64_t* peft_checkpoint_tensor_shape(const peft_checkpoint* ckp
  * @brief Byte range of tensor @p index in its file's data section (`data_offsets`).
  * @param[out] out_begin Receives the begin offset.
  * @param[out] out_end Receives the end offset (exclusive).
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if out of range or NULL. Thread-safe.
  */
 PEFT_API peft_error* peft_checkpoint_tensor_offsets(const peft_checkpoint* ckpt, size_t index,
@@ -403,6 +429,8 @@ PEFT_API peft_error* peft_checkpoint_tensor_offsets(const peft_checkpoint* ckpt,
 
 /**
  * @brief Which file (0 .. file_count - 1) holds tensor @p index.
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return The file index, or SIZE_MAX if out of range. Thread-safe.
  */
 PEFT_API size_t peft_checkpoint_tensor_file(const peft_checkpoint* ckpt, size_t index);
@@ -418,6 +446,8 @@ PEFT_API size_t peft_checkpoint_tensor_file(const peft_checkpoint* ckpt, size_t 
  *
  * @param[out] out_data Receives the pointer.
  * @param[out] out_nbytes Receives the byte length.
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if out of range or NULL; #PEFT_ERR_IO if a
  *         pread-mode read fails. Thread-safe.
  */
@@ -429,6 +459,8 @@ PEFT_API peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, si
  * @param dtype The dtype wanted in @p dst.
  * @param dst The buffer; any alignment.
  * @param dst_nbytes Its size: must equal elements x size of @p dtype.
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return NULL on success; #PEFT_ERR_UNSUPPORTED for a conversion peft_convert() does not do;
  *         #PEFT_ERR_INVALID_ARGUMENT for a wrong size, index or NULL; #PEFT_ERR_IO on a failed read.
  *         On failure @p dst may have been partly written. Thread-safe.

@@ -1,0 +1,132 @@
+// peftc inspect PATH [--json]: the tensors and metadata of a safetensors file or checkpoint folder.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "json_text.hpp"
+
+namespace peftc {
+namespace {
+
+constexpr const char* kUsage = "inspect PATH [--json]";
+
+std::string base_name(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string file_metadata_json(const peft_checkpoint* ckpt, size_t file) {
+  if (!peft_checkpoint_has_metadata(ckpt, file)) return "null";
+  std::string out = "{";
+  size_t count = peft_checkpoint_metadata_count(ckpt, file);
+  for (size_t j = 0; j < count; ++j) {
+    if (j) out += ",";
+    out += json_string(peft_checkpoint_metadata_key(ckpt, file, j)) + ":" +
+           json_string(peft_checkpoint_metadata_value(ckpt, file, j));
+  }
+  return out + "}";
+}
+
+void print_json(const peft_checkpoint* ckpt, bool is_folder) {
+  std::string out = "{\"tensors\":[";
+  size_t count = peft_checkpoint_tensor_count(ckpt);
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t begin = 0, end = 0;
+    peft_error_free(peft_checkpoint_tensor_offsets(ckpt, i, &begin, &end));
+    uint64_t offsets[2] = {begin, end};
+    if (i) out += ",";
+    out += "{\"name\":" + json_string(peft_checkpoint_tensor_name(ckpt, i)) +
+           ",\"dtype\":" + json_string(peft_dtype_name(peft_checkpoint_tensor_dtype(ckpt, i))) +
+           ",\"shape\":" + json_uint_array(peft_checkpoint_tensor_shape(ckpt, i),
+                                           peft_checkpoint_tensor_ndim(ckpt, i)) +
+           ",\"data_offsets\":" + json_uint_array(offsets, 2);
+    if (is_folder) {
+      size_t file = peft_checkpoint_tensor_file(ckpt, i);
+      out += ",\"file\":" + json_string(base_name(peft_checkpoint_file_path(ckpt, file)));
+    }
+    out += "}";
+  }
+  out += "],\"metadata\":";
+  if (is_folder) {
+    const char* index_metadata = peft_checkpoint_index_metadata_json(ckpt);
+    // A folder holding a single model.safetensors has no index: show that file's metadata.
+    out += index_metadata ? std::string(index_metadata) : file_metadata_json(ckpt, 0);
+  } else {
+    out += file_metadata_json(ckpt, 0);
+  }
+  out += "}\n";
+  std::fputs(out.c_str(), stdout);
+}
+
+std::string shape_text(const peft_checkpoint* ckpt, size_t i) {
+  std::string out = "[";
+  const uint64_t* shape = peft_checkpoint_tensor_shape(ckpt, i);
+  size_t ndim = peft_checkpoint_tensor_ndim(ckpt, i);
+  for (size_t d = 0; d < ndim; ++d) out += (d ? ", " : "") + std::to_string(shape[d]);
+  return out + "]";
+}
+
+void print_text(const peft_checkpoint* ckpt) {
+  size_t files = peft_checkpoint_file_count(ckpt);
+  size_t count = peft_checkpoint_tensor_count(ckpt);
+  uint64_t total = 0;
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t begin = 0, end = 0;
+    peft_error_free(peft_checkpoint_tensor_offsets(ckpt, i, &begin, &end));
+    total += end - begin;
+  }
+  std::printf("%zu tensor(s), %llu bytes of data, in %zu file(s)\n", count,
+              static_cast<unsigned long long>(total), files);
+  for (size_t k = 0; k < files; ++k) {
+    std::printf("file %s\n", peft_checkpoint_file_path(ckpt, k));
+    size_t entries = peft_checkpoint_metadata_count(ckpt, k);
+    if (!peft_checkpoint_has_metadata(ckpt, k)) std::printf("  metadata: none\n");
+    for (size_t j = 0; j < entries; ++j) {
+      std::printf("  metadata %s = %s\n", peft_checkpoint_metadata_key(ckpt, k, j),
+                  peft_checkpoint_metadata_value(ckpt, k, j));
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t begin = 0, end = 0;
+    peft_error_free(peft_checkpoint_tensor_offsets(ckpt, i, &begin, &end));
+    std::printf("%-60s %-12s %-20s [%llu, %llu)\n", peft_checkpoint_tensor_name(ckpt, i),
+                peft_dtype_name(peft_checkpoint_tensor_dtype(ckpt, i)), shape_text(ckpt, i).c_str(),
+                static_cast<unsigned long long>(begin), static_cast<unsigned long long>(end));
+  }
+}
+
+int run_inspect(const std::vector<std::string>& args) {
+  std::string path;
+  bool json = false;
+  for (const std::string& arg : args) {
+    if (arg == "--json") {
+      json = true;
+    } else if (!arg.empty() && arg[0] == '-') {
+      return usage_error("unknown option " + arg, kUsage);
+    } else if (path.empty()) {
+      path = arg;
+    } else {
+      return usage_error("more than one PATH given", kUsage);
+    }
+  }
+  if (path.empty()) return usage_error("PATH is missing", kUsage);
+
+  peft_checkpoint* ckpt = nullptr;
+  if (peft_error* err = peft_checkpoint_open(path.c_str(), nullptr, &ckpt)) return report(err);
+  std::error_code ignored;
+  bool is_folder = std::filesystem::is_directory(path, ignored);
+  if (json) {
+    print_json(ckpt, is_folder);
+  } else {
+    print_text(ckpt);
+  }
+  peft_checkpoint_free(ckpt);
+  return kExitOk;
+}
+
+const bool registered = register_command({"inspect", kUsage, run_inspect});
+
+}  // namespace
+}  // namespace peftc
