@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the benchmarks and runs them side by side with the reference implementations.
+# The figures in docs/benchmarks.md come from this script.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/install-deps.sh
+py=$(scripts/python-env.sh)/bin/python
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build peftc $(ninja -C build -t targets all | sed -n 's/^\(bench_[a-z_]*\):.*/\1/p' | sort -u)
+echo "## machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for b in build/bench/bench_*; do
+  [ -x "$b" ] || continue
+  case $(basename "$b") in bench_open) continue ;; esac   # driven by open_vs_python.py
+  echo "### $(basename "$b")"; "$b"
+done
+for s in bench/*.py; do
+  echo "### $s"; "$py" "$s" build
+done

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds peft_c and runs every test: unit and C API tests, CLI tests, Doxygen, interop tests against the
+# real Python packages, the sanitizer build, a bounded fuzzing run, and the language bindings.
+# Installs what it needs first (Debian packages, a Python virtual environment under ~/.cache).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc)
+fuzz_seconds=${PEFT_FUZZ_SECONDS:-60}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/peft_c/ccache}
+
+step() { printf '\n==== %s ====\n' "$*"; }
+failures=()
+run() {  # run NAME CMD...: records a failure and continues, so one report lists everything that failed
+  local name=$1; shift
+  step "$name"
+  if "$@"; then echo "---- $name: ok"; else echo "---- $name: FAILED"; failures+=("$name"); fi
+}
+
+step "dependencies"
+scripts/install-deps.sh
+venv=$(scripts/python-env.sh)
+py=$venv/bin/python
+
+step "build (release)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+ninja -C build -j"$jobs"
+rm -rf build/prefix && cmake --install build --prefix "$root/build/prefix" >/dev/null
+
+export PEFTC=$root/build/peftc
+export PEFT_C_LIB=$root/build/libpeft_c.so
+export PEFT_CORPUS=${PEFT_CORPUS:-$root/../shared/corpus/real}
+export PKG_CONFIG_PATH=$root/build/prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+export LD_LIBRARY_PATH=$root/build/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+run "ctest (release)" ctest --test-dir build --output-on-failure -j"$jobs"
+
+pytest_dirs=()
+for d in tests/interop bindings/python/tests; do [ -d "$d" ] && pytest_dirs+=("$d"); done
+if [ ${#pytest_dirs[@]} -gt 0 ]; then
+  run "interop and Python binding tests (pytest)" "$py" -m pytest -q -p no:cacheprovider "${pytest_dirs[@]}"
+fi
+
+for t in bindings/*/test.sh examples/test.sh; do
+  [ -f "$t" ] && run "$t" bash "$t"
+done
+
+step "build (AddressSanitizer + UndefinedBehaviorSanitizer)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 \
+  -DPEFT_SANITIZE=ON -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+ninja -C build-asan -j"$jobs"
+run "ctest (sanitizers)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -E 'doxygen|exported_symbols'
+
+if [ -f tests/fuzz/run.sh ]; then
+  step "build (libFuzzer)"
+  cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DPEFT_FUZZ=ON -DPEFT_BUILD_TESTS=OFF -DCMAKE_C_COMPILER_LAUNCHER=ccache \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+  ninja -C build-fuzz -j"$jobs"
+  run "fuzzing for ${fuzz_seconds}s" bash tests/fuzz/run.sh build-fuzz "$fuzz_seconds"
+fi
+
+step "summary"
+if [ ${#failures[@]} -gt 0 ]; then
+  printf 'failed: %s\n' "${failures[@]}"
+  exit 1
+fi
+echo "every test step passed"
