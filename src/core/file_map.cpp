@@ -1,0 +1,129 @@
+#include "core/file_map.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace peft {
+
+namespace {
+
+[[noreturn]] void fail_io(const std::string& path, const std::string& what, int error_number) {
+  fail(PEFT_ERR_IO, path + ": " + what + std::strerror(error_number));
+}
+
+// A valid address for views of zero bytes (an empty file is never mapped: mmap rejects length 0).
+const uint8_t kNoBytes[1] = {0};
+
+}  // namespace
+
+ReadOnlyFile ReadOnlyFile::open(const std::string& path, const std::string& display_path) {
+  const std::string& shown = display_path.empty() ? path : display_path;
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // O_NONBLOCK: never hang on a FIFO
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) fail_io(shown, "cannot open: ", errno);
+  ReadOnlyFile file(fd, 0, shown);  // owns fd from here on, so every failure below closes it
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail_io(shown, "cannot stat: ", errno);
+  if (!S_ISREG(st.st_mode)) fail(PEFT_ERR_IO, shown + ": not a regular file");
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  return file;
+}
+
+ReadOnlyFile::ReadOnlyFile(ReadOnlyFile&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), size_(other.size_), display_path_(std::move(other.display_path_)) {}
+
+ReadOnlyFile& ReadOnlyFile::operator=(ReadOnlyFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    size_ = other.size_;
+    display_path_ = std::move(other.display_path_);
+  }
+  return *this;
+}
+
+ReadOnlyFile::~ReadOnlyFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ReadOnlyFile::read_exact(uint64_t offset, void* dst, uint64_t count) const {
+  auto* out = static_cast<uint8_t*>(dst);
+  // Linux transfers at most ~2 GiB per call; keep each request well below that.
+  constexpr uint64_t kMaxChunk = uint64_t{1} << 30;
+  while (count > 0) {
+    if (offset > static_cast<uint64_t>(std::numeric_limits<off_t>::max()))
+      fail(PEFT_ERR_IO, display_path_ + ": read offset out of range");
+    const size_t want = static_cast<size_t>(count < kMaxChunk ? count : kMaxChunk);
+    const ssize_t got = ::pread(fd_, out, want, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      fail_io(display_path_, "read failed: ", errno);
+    }
+    if (got == 0) fail(PEFT_ERR_IO, display_path_ + ": unexpected end of file (was it truncated while open?)");
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    count -= static_cast<uint64_t>(got);
+  }
+}
+
+FileMap FileMap::map(const ReadOnlyFile& file) {
+  const uint64_t size = file.size();
+  if (size == 0) return FileMap(kNoBytes, 0, false);
+  if (size > std::numeric_limits<size_t>::max())
+    fail(PEFT_ERR_IO, file.path() + ": file too large to map on this system");
+  void* address = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, file.descriptor(), 0);
+  if (address == MAP_FAILED) fail_io(file.path(), "cannot map: ", errno);
+  return FileMap(static_cast<const uint8_t*>(address), size, true);
+}
+
+FileMap::FileMap(FileMap&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
+      mapped_(std::exchange(other.mapped_, false)) {}
+
+FileMap& FileMap::operator=(FileMap&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, false);
+  }
+  return *this;
+}
+
+FileMap::~FileMap() { release(); }
+
+void FileMap::release() noexcept {
+  if (mapped_) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
+  mapped_ = false;
+}
+
+void FileMap::advise(uint64_t offset, uint64_t length, Advice advice) const noexcept {
+  if (!mapped_ || offset >= size_ || length == 0) return;
+  if (length > size_ - offset) length = size_ - offset;
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  const uint64_t page = page_size > 0 ? static_cast<uint64_t>(page_size) : 4096;
+  const uint64_t begin = offset / page * page;  // madvise needs a page-aligned start
+  const uint64_t end = offset + length;
+  int native = MADV_NORMAL;
+  switch (advice) {
+    case Advice::normal: native = MADV_NORMAL; break;
+    case Advice::sequential: native = MADV_SEQUENTIAL; break;
+    case Advice::random: native = MADV_RANDOM; break;
+    case Advice::will_need: native = MADV_WILLNEED; break;
+    case Advice::dont_need: native = MADV_DONTNEED; break;
+  }
+  ::madvise(const_cast<uint8_t*>(data_) + begin, static_cast<size_t>(end - begin), native);
+}
+
+}  // namespace peft

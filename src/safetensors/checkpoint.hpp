@@ -1,0 +1,75 @@
+// A checkpoint: one safetensors file, a folder holding `model.safetensors`, or a folder holding
+// `model.safetensors.index.json` and the shards it names. Every header is validated when the
+// checkpoint opens; afterwards it is immutable and every const method may be called from many
+// threads at once.
+//
+// Shards follow transformers' loader: they are opened in sorted shard-name order, and every tensor
+// of every shard is part of the checkpoint, including tensors the weight_map does not list (which
+// transformers also loads). Two deliberate strictnesses: a tensor in two shards is rejected
+// (transformers silently lets the later shard win), and a weight_map entry whose tensor is not in
+// the shard it names is rejected (transformers reports it as a missing key only later).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "safetensors/header_parser.hpp"
+#include "safetensors/safetensors_file.hpp"
+
+namespace peft {
+
+class Checkpoint {
+ public:
+  // A file or a folder. PEFT_ERR_IO (path and reason) if it cannot be read, format errors naming the
+  // file, PEFT_ERR_INVALID_CHECKPOINT for a wrong folder or index.
+  static std::shared_ptr<const Checkpoint> open(const std::string& path, const OpenOptions& options = {});
+  // A safetensors file held in memory; the bytes are copied.
+  static std::shared_ptr<const Checkpoint> open_memory(const void* data, size_t size,
+                                                       const OpenOptions& options = {});
+
+  size_t tensor_count() const { return tensors_.size(); }
+  // i in [0, count): file by file, each file in data order. Throws INVALID_ARGUMENT out of range.
+  const TensorInfo& tensor(size_t i) const;
+  std::optional<size_t> find(std::string_view name) const;  // O(1)
+  size_t tensor_file(size_t i) const;
+
+  size_t file_count() const { return files_.size(); }
+  const std::string& file_path(size_t k) const;
+  const Header& file_header(size_t k) const;
+  // Compact JSON of the index's "metadata" object; nullopt without an index or without "metadata".
+  const std::optional<std::string>& index_metadata_json() const { return index_metadata_json_; }
+
+  // Zero-copy in mmap mode; read once and cached in pread mode (PEFT_ERR_IO if that read fails).
+  std::span<const uint8_t> view(size_t i) const;
+  // Converted copy into dst (see SafetensorsFile::read for the errors).
+  void read(size_t i, DType dtype, void* dst, uint64_t dst_nbytes) const;
+  // The whole tensor as f32 (for merge code); UNSUPPORTED if its dtype does not convert to F32.
+  std::vector<float> read_f32(size_t i) const;
+
+ private:
+  struct Location {
+    size_t file;
+    size_t local;
+  };
+  Checkpoint() = default;
+  void add_file(std::unique_ptr<const SafetensorsFile> file);  // numbers its tensors, rejects duplicates
+  void open_folder(const std::string& folder, const OpenOptions& options);
+  void open_index(const std::string& folder, const std::string& index_path, const OpenOptions& options);
+  const Location& locate(size_t i) const;
+
+  std::vector<std::unique_ptr<const SafetensorsFile>> files_;
+  std::vector<Location> tensors_;
+  // Keys view the names held by files_' headers, which never move once a file is added.
+  std::unordered_map<std::string_view, size_t> by_name_;
+  std::optional<std::string> index_metadata_json_;
+};
+
+}  // namespace peft

@@ -1,0 +1,130 @@
+#include "safetensors/shard_index.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "core/error.hpp"
+#include "core/file_map.hpp"
+
+namespace peft {
+
+namespace {
+
+// Real indexes are a few MB even for the largest models; refuse anything absurd before reading it.
+constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
+// Python's json gives up near depth 1000; nesting this deep is never a real index. Bounding it also
+// bounds the recursion of the JSON serializer used for "metadata".
+constexpr int kMaxJsonDepth = 256;
+
+[[noreturn]] void invalid(const std::string& path, const std::string& message) {
+  fail(PEFT_ERR_INVALID_CHECKPOINT, path + ": " + message);
+}
+
+// Deepest nesting of arrays and objects, counting brackets outside strings.
+int json_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// A shard name must be a relative path made of plain components; symbolic links are checked later
+// against the real folder (resolve_shard).
+void check_shard_name(const std::string& index_path, const std::string& tensor, const std::string& name) {
+  const std::string where = "weight_map entry " + quoted(tensor) + " names shard " + quoted(name);
+  if (name.empty()) invalid(index_path, where + ", an empty name");
+  if (name.find('\0') != std::string::npos) invalid(index_path, where + ", which contains a NUL byte");
+  if (name.front() == '/') invalid(index_path, where + ", an absolute path outside the folder");
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('/', start);
+    if (end == std::string::npos) end = name.size();
+    const std::string_view part(name.data() + start, end - start);
+    if (part == "..") invalid(index_path, where + ", which leaves the folder through \"..\"");
+    if (part.empty() || part == ".") invalid(index_path, where + ", which is not a plain relative path");
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
+std::string join_path(const std::string& folder, const std::string& name) {
+  if (folder.empty()) return name;
+  return folder.back() == '/' ? folder + name : folder + "/" + name;
+}
+
+ShardIndex read_shard_index(const std::string& index_path) {
+  ReadOnlyFile file = ReadOnlyFile::open(index_path);
+  if (file.size() > kMaxIndexBytes)
+    invalid(index_path, "index is " + std::to_string(file.size()) + " bytes, larger than the " +
+                            std::to_string(kMaxIndexBytes) + " accepted");
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  file.read_exact(0, text.data(), text.size());
+  if (json_depth(text) > kMaxJsonDepth) invalid(index_path, "JSON nested too deeply");
+
+  nlohmann::ordered_json doc;
+  try {
+    doc = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    invalid(index_path, std::string("not valid JSON: ") + e.what());
+  }
+  if (!doc.is_object()) invalid(index_path, "the index is not a JSON object");
+
+  ShardIndex index;
+  const auto weight_map = doc.find("weight_map");
+  if (weight_map == doc.end()) invalid(index_path, "no \"weight_map\"");
+  if (!weight_map->is_object()) invalid(index_path, "\"weight_map\" is not an object");
+  if (weight_map->empty()) invalid(index_path, "\"weight_map\" names no tensor");
+  for (const auto& [tensor, shard] : weight_map->items()) {
+    if (!shard.is_string()) invalid(index_path, "weight_map entry " + quoted(tensor) + " is not a file name");
+    const std::string& name = shard.get_ref<const std::string&>();
+    check_shard_name(index_path, tensor, name);
+    index.weight_map.emplace_back(tensor, name);
+    index.shards.push_back(name);
+  }
+  std::sort(index.shards.begin(), index.shards.end());
+  index.shards.erase(std::unique(index.shards.begin(), index.shards.end()), index.shards.end());
+
+  // transformers requires a "metadata" object; we accept its absence but not another type.
+  const auto metadata = doc.find("metadata");
+  if (metadata != doc.end()) {
+    if (!metadata->is_object()) invalid(index_path, "\"metadata\" is not an object");
+    index.metadata_json = metadata->dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  }
+  return index;
+}
+
+std::string resolve_shard(const std::string& folder, const std::string& name) {
+  namespace fs = std::filesystem;
+  const std::string shown = join_path(folder, name);
+  std::error_code error;
+  const fs::path real_folder = fs::canonical(fs::path(folder), error);
+  if (error) fail(PEFT_ERR_IO, folder + ": " + error.message());
+  const fs::path real = fs::canonical(fs::path(shown), error);
+  if (error == std::errc::no_such_file_or_directory)
+    fail(PEFT_ERR_INVALID_CHECKPOINT, shown + ": shard named by the index does not exist");
+  if (error) fail(PEFT_ERR_IO, shown + ": " + error.message());
+  // Compare whole components: "/a/bc" is not inside "/a/b".
+  std::string prefix = real_folder.native();
+  if (prefix.empty() || prefix.back() != '/') prefix += '/';
+  if (real.native().compare(0, prefix.size(), prefix) != 0)
+    fail(PEFT_ERR_INVALID_CHECKPOINT,
+         shown + ": shard resolves to " + real.native() + ", outside the checkpoint folder " + real_folder.native());
+  return real.native();
+}
+
+}  // namespace peft

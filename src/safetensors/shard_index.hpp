@@ -1,0 +1,37 @@
+// The index of a sharded checkpoint, `model.safetensors.index.json`: which shard holds which tensor,
+// plus free-form metadata. Shard names are confined to the checkpoint's folder.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace peft {
+
+inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
+inline constexpr const char* kSingleFileName = "model.safetensors";
+
+struct ShardIndex {
+  // tensor name -> shard name, as listed (a name repeated in the JSON keeps its last value, as
+  // Python's json does).
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  // Distinct shard names sorted by bytes: the order transformers opens them in.
+  std::vector<std::string> shards;
+  // The "metadata" object as compact JSON, keys in file order; nullopt when absent.
+  std::optional<std::string> metadata_json;
+};
+
+// Reads and checks an index file. PEFT_ERR_INVALID_CHECKPOINT for bad JSON, a missing or non-object
+// `weight_map`, a non-object `metadata`, an empty map, or a shard name that is not a relative path
+// of plain components (absolute, empty, "." or ".." components, NUL bytes); PEFT_ERR_IO if unreadable.
+ShardIndex read_shard_index(const std::string& index_path);
+
+// `folder` joined with `name` the way paths are shown to users ("dir/name", one separator).
+std::string join_path(const std::string& folder, const std::string& name);
+
+// The real path of shard `name` in `folder` after resolving symbolic links; it must exist and lie
+// inside the real path of `folder` (PEFT_ERR_INVALID_CHECKPOINT otherwise).
+std::string resolve_shard(const std::string& folder, const std::string& name);
+
+}  // namespace peft
