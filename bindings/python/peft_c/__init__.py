@@ -1,0 +1,73 @@
+"""peft_c: read safetensors checkpoints and PEFT LoRA adapters through the peft_c C library.
+
+A pure-ctypes binding: nothing is compiled at install time. The shared library ``libpeft_c`` is found
+through ``PEFT_C_LIB``, pkg-config or the system's library path (see ``peft_c._lib``).
+
+    >>> import peft_c
+    >>> with peft_c.Checkpoint.open("adapter_model.safetensors") as ckpt:
+    ...     weights = {name: ckpt.read(name) for name in ckpt}
+
+Errors are ``PeftError`` subclasses, one per stable code (``InvalidOffsetError``, ``NotFoundError``, ...),
+each with ``.code`` and ``.code_name``.
+"""
+
+from __future__ import annotations
+
+from . import _errors
+from ._convert import convert
+from ._dtypes import DTYPE_COUNT, DTYPES, DType, as_dtype, dtype_bits, has_ml_dtypes, numpy_dtype
+from ._errors import ERROR_CLASSES, ERROR_CODES, ErrorCode, PeftError, SafetensorsFormatError
+from ._errors import *  # noqa: F401,F403  (one exception class per error code)
+from ._lib import ABI_VERSION, LibraryNotFoundError, MissingSymbolError
+from ._lib import lib as _library
+from ._lib import load as load_library
+from .checkpoint import Checkpoint, TensorInfo
+
+__version__ = "0.1.0"
+
+
+def version() -> str:
+    """The running library's version string, e.g. "0.1.0"."""
+    return _library().peft_version().decode("ascii")
+
+
+def version_number() -> int:
+    """The running library's version as major * 10000 + minor * 100 + patch."""
+    return int(_library().peft_version_number())
+
+
+def abi_version() -> int:
+    """The running library's ABI version (equal to ``ABI_VERSION``: loading checks it)."""
+    return int(_library().peft_abi_version())
+
+
+def library_path() -> str:
+    """Where the loaded library was found (loading it if needed)."""
+    return _library().path
+
+
+__all__ = [
+    "ABI_VERSION",
+    "Checkpoint",
+    "DTYPES",
+    "DTYPE_COUNT",
+    "DType",
+    "ERROR_CLASSES",
+    "ERROR_CODES",
+    "ErrorCode",
+    "LibraryNotFoundError",
+    "MissingSymbolError",
+    "PeftError",
+    "SafetensorsFormatError",
+    "TensorInfo",
+    "abi_version",
+    "as_dtype",
+    "convert",
+    "dtype_bits",
+    "has_ml_dtypes",
+    "library_path",
+    "load_library",
+    "numpy_dtype",
+    "version",
+    "version_number",
+] + [cls.__name__ for cls in _errors.ERROR_CLASSES.values()]

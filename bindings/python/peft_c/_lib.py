@@ -1,0 +1,249 @@
+"""Finding, loading and declaring the peft_c shared library (ctypes, no compiler needed).
+
+The library is looked up, in order, at:
+
+1. the path in the environment variable ``PEFT_C_LIB`` (a file, or a folder holding the library);
+2. the ``libdir`` that ``pkg-config --variable=libdir peft_c`` reports;
+3. whatever ``ctypes.util.find_library("peft_c")`` finds (the system's library path).
+
+It is loaded on first use, so importing the package never fails for want of the library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from ctypes import POINTER, byref, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from typing import List, Optional
+
+from ._errors import PeftError, error_from_code
+
+#: The ABI this binding was written against (PEFT_ABI_VERSION of include/peft_c.h).
+ABI_VERSION = 1
+
+_err = c_void_p  # peft_error*: an opaque pointer (None when NULL)
+_handle = c_void_p
+
+# name -> (restype, argtypes). Every function of include/peft_c.h that the binding calls.
+PROTOTYPES = {
+    # versions
+    "peft_version": (c_char_p, []),
+    "peft_version_number": (c_uint32, []),
+    "peft_abi_version": (c_uint32, []),
+    # errors
+    "peft_error_code": (c_int32, [_err]),
+    "peft_error_message": (c_char_p, [_err]),
+    "peft_error_free": (None, [_err]),
+    "peft_error_code_name": (c_char_p, [c_int32]),
+    # dtypes
+    "peft_dtype_name": (c_char_p, [c_int32]),
+    "peft_dtype_from_name": (c_int32, [c_char_p]),
+    "peft_dtype_bits": (c_uint32, [c_int32]),
+    "peft_convert": (_err, [c_int32, c_void_p, c_int32, c_void_p, c_uint64]),
+    # reading
+    "peft_open_options_new": (_err, [POINTER(c_void_p)]),
+    "peft_open_options_free": (None, [_handle]),
+    "peft_open_options_set_max_header_size": (_err, [_handle, c_uint64]),
+    "peft_open_options_set_use_pread": (_err, [_handle, c_int32]),
+    "peft_checkpoint_open": (_err, [c_char_p, _handle, POINTER(c_void_p)]),
+    "peft_checkpoint_open_memory": (_err, [c_void_p, c_size_t, _handle, POINTER(c_void_p)]),
+    "peft_checkpoint_free": (None, [_handle]),
+    "peft_checkpoint_file_count": (c_size_t, [_handle]),
+    "peft_checkpoint_file_path": (c_char_p, [_handle, c_size_t]),
+    "peft_checkpoint_has_metadata": (c_int32, [_handle, c_size_t]),
+    "peft_checkpoint_metadata_count": (c_size_t, [_handle, c_size_t]),
+    "peft_checkpoint_metadata_key": (c_char_p, [_handle, c_size_t, c_size_t]),
+    "peft_checkpoint_metadata_value": (c_char_p, [_handle, c_size_t, c_size_t]),
+    "peft_checkpoint_index_metadata_json": (c_char_p, [_handle]),
+    "peft_checkpoint_tensor_count": (c_size_t, [_handle]),
+    "peft_checkpoint_find": (_err, [_handle, c_char_p, POINTER(c_size_t)]),
+    "peft_checkpoint_tensor_name": (c_char_p, [_handle, c_size_t]),
+    "peft_checkpoint_tensor_dtype": (c_int32, [_handle, c_size_t]),
+    "peft_checkpoint_tensor_ndim": (c_size_t, [_handle, c_size_t]),
+    "peft_checkpoint_tensor_shape": (POINTER(c_uint64), [_handle, c_size_t]),
+    "peft_checkpoint_tensor_offsets": (_err, [_handle, c_size_t, POINTER(c_uint64), POINTER(c_uint64)]),
+    "peft_checkpoint_tensor_file": (c_size_t, [_handle, c_size_t]),
+    "peft_checkpoint_tensor_view": (_err, [_handle, c_size_t, POINTER(c_void_p), POINTER(c_uint64)]),
+    "peft_checkpoint_tensor_read": (_err, [_handle, c_size_t, c_int32, c_void_p, c_uint64]),
+}
+
+SIZE_MAX = ctypes.c_size_t(-1).value
+
+
+class LibraryNotFoundError(OSError):
+    """The peft_c shared library could not be found or loaded."""
+
+
+class MissingSymbolError(AttributeError):
+    """The loaded library does not export a function this binding needs (it is older than the binding)."""
+
+
+class _Library:
+    """The loaded library: ``lib.peft_xxx`` is the declared ctypes function."""
+
+    def __init__(self, cdll: ctypes.CDLL, path: str):
+        self._cdll = cdll
+        self.path = path
+        for name, (restype, argtypes) in PROTOTYPES.items():
+            try:
+                fn = getattr(cdll, name)
+            except AttributeError:
+                continue
+            fn.restype = restype
+            fn.argtypes = argtypes
+            setattr(self, name, fn)
+
+    def __getattr__(self, name: str):
+        # Only reached for names not set in __init__: functions the library lacks.
+        if name.startswith("peft_"):
+            raise MissingSymbolError(
+                f"{self.path} does not export {name}; the library is older than this binding")
+        raise AttributeError(name)
+
+    def has(self, name: str) -> bool:
+        return name in self.__dict__
+
+
+_lock = threading.Lock()
+_loaded: Optional[_Library] = None
+
+_LIB_NAMES = {
+    "darwin": [f"libpeft_c.{ABI_VERSION}.dylib", "libpeft_c.dylib"],
+    "win32": ["peft_c.dll", "libpeft_c.dll"],
+}
+_DEFAULT_NAMES = [f"libpeft_c.so.{ABI_VERSION}", "libpeft_c.so"]
+
+
+def _names() -> List[str]:
+    return _LIB_NAMES.get(sys.platform, _DEFAULT_NAMES)
+
+
+def _in_folder(folder: str) -> Optional[str]:
+    for name in _names():
+        candidate = os.path.join(folder, name)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _pkg_config_libdir() -> Optional[str]:
+    exe = shutil.which("pkg-config")
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run([exe, "--variable=libdir", "peft_c"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    libdir = done.stdout.strip()
+    return libdir if done.returncode == 0 and libdir else None
+
+
+def candidates() -> List[str]:
+    """The places tried, in order (for error messages and diagnostics)."""
+    found: List[str] = []
+    env = os.environ.get("PEFT_C_LIB")
+    if env:
+        if os.path.isdir(env):
+            found.append(_in_folder(env) or os.path.join(env, _names()[0]))
+        else:
+            found.append(env)
+        return found  # an explicit choice is never silently overridden
+    libdir = _pkg_config_libdir()
+    if libdir:
+        path = _in_folder(libdir)
+        if path:
+            found.append(path)
+    name = ctypes.util.find_library("peft_c")
+    if name:
+        found.append(name)
+    return found
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", c_char_p), ("dli_fbase", c_void_p),
+                ("dli_sname", c_char_p), ("dli_saddr", c_void_p)]
+
+
+def _loaded_path(cdll: ctypes.CDLL, name: str) -> str:
+    """The file the loader really opened (a bare name from find_library says little), via dladdr."""
+    if os.sep in name or sys.platform == "win32":
+        return name
+    try:
+        libc = ctypes.CDLL(None)
+        dladdr = libc.dladdr
+    except (OSError, AttributeError):
+        return name
+    dladdr.argtypes = [c_void_p, POINTER(_DlInfo)]
+    dladdr.restype = ctypes.c_int
+    info = _DlInfo()
+    address = ctypes.cast(cdll.peft_version, c_void_p)
+    if dladdr(address, byref(info)) and info.dli_fname:
+        return os.fsdecode(info.dli_fname)
+    return name
+
+
+def load(path: Optional[str] = None) -> _Library:
+    """Loads the library (once) and checks that its ABI is the one this binding speaks.
+
+    ``path`` overrides the lookup; it is only honoured before the library was first loaded.
+    """
+    global _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        tried = [path] if path else candidates()
+        if not tried:
+            raise LibraryNotFoundError(
+                "libpeft_c not found: set PEFT_C_LIB to its path, install it where pkg-config "
+                "(peft_c.pc) or the system's library path finds it")
+        errors = []
+        for candidate in tried:
+            try:
+                cdll = ctypes.CDLL(candidate)
+            except OSError as exc:
+                errors.append(f"{candidate}: {exc}")
+                continue
+            lib = _Library(cdll, _loaded_path(cdll, candidate))
+            abi = lib.peft_abi_version()
+            if abi != ABI_VERSION:
+                raise LibraryNotFoundError(
+                    f"{candidate} has ABI version {abi}, but this binding needs {ABI_VERSION}")
+            _loaded = lib
+            return lib
+        raise LibraryNotFoundError("could not load libpeft_c: " + "; ".join(errors))
+
+
+def lib() -> _Library:
+    """The loaded library (loading it on first use)."""
+    return _loaded if _loaded is not None else load()
+
+
+def check(err) -> None:
+    """Turns a returned ``peft_error*`` into an exception (and frees it); does nothing for NULL."""
+    if not err:
+        return
+    library = lib()
+    try:
+        code = library.peft_error_code(err)
+        raw = library.peft_error_message(err)
+        message = raw.decode("utf-8", "replace") if raw else ""
+        name = library.peft_error_code_name(code)
+        name = name.decode("ascii", "replace") if name else None
+    finally:
+        library.peft_error_free(err)
+    raise error_from_code(code, message, name)
+
+
+def text(raw: Optional[bytes]) -> Optional[str]:
+    """A borrowed UTF-8 string from the library, decoded (None stays None)."""
+    return None if raw is None else raw.decode("utf-8", "surrogateescape")
+
+
+__all__ = ["ABI_VERSION", "LibraryNotFoundError", "MissingSymbolError", "PeftError", "check", "lib",
+           "load", "candidates", "text"]

@@ -1,0 +1,149 @@
+"""Finding the library (PEFT_C_LIB, pkg-config, find_library), the ABI check, and a compiler-free install.
+
+Each case runs in a fresh interpreter with a controlled environment, since the library loads once.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import peft_c
+from conftest import PACKAGE_ROOT
+
+PROBE = ("import peft_c, os; print(os.path.realpath(peft_c.library_path())); print(peft_c.version()); "
+         "print(peft_c.library_path())")
+
+
+@pytest.fixture(scope="module")
+def real_library() -> pathlib.Path:
+    return pathlib.Path(os.path.realpath(peft_c.library_path()))
+
+
+def run(code: str, env: dict, pythonpath: str = str(PACKAGE_ROOT)) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PEFT_C_LIB", "PKG_CONFIG_PATH", "PKG_CONFIG_LIBDIR", "LD_LIBRARY_PATH")}
+    clean.update(env)
+    clean["PYTHONPATH"] = pythonpath
+    return subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True,
+                          timeout=300)
+
+
+def loaded_from(done: subprocess.CompletedProcess) -> pathlib.Path:
+    assert done.returncode == 0, done.stderr
+    return pathlib.Path(done.stdout.splitlines()[0])
+
+
+def test_env_variable_naming_the_file(real_library):
+    done = run(PROBE, {"PEFT_C_LIB": str(real_library)})
+    assert loaded_from(done) == real_library
+    assert done.stdout.splitlines()[1] == peft_c.version()
+
+
+def test_env_variable_naming_a_folder(real_library, tmp_path):
+    (tmp_path / f"libpeft_c.so.{peft_c.ABI_VERSION}").symlink_to(real_library)
+    done = run(PROBE, {"PEFT_C_LIB": str(tmp_path)})
+    assert loaded_from(done) == real_library
+
+
+def test_env_variable_wrong_path_fails_on_first_use_not_on_import(tmp_path):
+    code = ("import peft_c\n"
+            "try:\n    peft_c.version()\n"
+            "except peft_c.LibraryNotFoundError as e:\n    print('not found:', e)\n")
+    done = run(code, {"PEFT_C_LIB": str(tmp_path / "nothing.so")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("not found:") and "nothing.so" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("pkg-config") is None, reason="pkg-config is not installed")
+def test_pkg_config_libdir(real_library, tmp_path):
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    (libdir / f"libpeft_c.so.{peft_c.ABI_VERSION}").symlink_to(real_library)
+    pcdir = tmp_path / "pkgconfig"
+    pcdir.mkdir()
+    (pcdir / "peft_c.pc").write_text(
+        f"libdir={libdir}\nName: peft_c\nDescription: test\nVersion: {peft_c.version()}\n"
+        "Libs: -L${libdir} -lpeft_c\n")
+    done = run(PROBE, {"PKG_CONFIG_LIBDIR": str(pcdir)})
+    assert loaded_from(done) == real_library
+    assert pathlib.Path(done.stdout.splitlines()[2]).parent == libdir  # found through pkg-config
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="find_library search rules differ")
+def test_find_library_fallback(real_library, tmp_path):
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    for name in (f"libpeft_c.so.{peft_c.ABI_VERSION}", "libpeft_c.so"):
+        (libdir / name).symlink_to(real_library)
+    empty_pc = tmp_path / "nopc"
+    empty_pc.mkdir()
+    env = {"PKG_CONFIG_LIBDIR": str(empty_pc), "LD_LIBRARY_PATH": str(libdir)}
+    probe = run("import ctypes.util; print(ctypes.util.find_library('peft_c'))", env)
+    if probe.stdout.strip() == "None":
+        pytest.skip("this system's find_library does not search LD_LIBRARY_PATH (no ld/gcc)")
+    done = run(PROBE, env)
+    assert loaded_from(done) == real_library
+
+
+def test_nothing_found_says_how_to_fix(tmp_path):
+    empty_pc = tmp_path / "nopc"
+    empty_pc.mkdir()
+    code = ("import peft_c._lib as L, ctypes.util\n"
+            "ctypes.util.find_library = lambda name: None\n"
+            "try:\n    L.load()\n"
+            "except L.LibraryNotFoundError as e:\n    print(e)\n")
+    done = run(code, {"PKG_CONFIG_LIBDIR": str(empty_pc)})
+    assert done.returncode == 0, done.stderr
+    assert "PEFT_C_LIB" in done.stdout
+
+
+def test_abi_mismatch_is_refused(real_library):
+    code = ("import peft_c._lib as L\n"
+            "L.ABI_VERSION = L.ABI_VERSION + 1\n"
+            "try:\n    L.load()\n"
+            "except L.LibraryNotFoundError as e:\n    print('refused:', e)\n")
+    done = run(code, {"PEFT_C_LIB": str(real_library)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused:") and "ABI" in done.stdout
+
+
+def test_missing_symbol_is_reported_clearly(real_library):
+    code = ("import peft_c\n"
+            "lib = peft_c._lib.lib()\n"
+            "try:\n    lib.peft_no_such_function\n"
+            "except peft_c.MissingSymbolError as e:\n    print('missing:', e)\n")
+    done = run(code, {"PEFT_C_LIB": str(real_library)})
+    assert done.returncode == 0, done.stderr
+    assert "peft_no_such_function" in done.stdout
+
+
+def test_every_declared_function_is_exported():
+    lib = peft_c._lib.lib()
+    from peft_c._lib import PROTOTYPES
+
+    missing = [name for name in PROTOTYPES if not lib.has(name)]
+    assert missing == []
+
+
+def test_pip_install_needs_no_compiler(tmp_path, real_library):
+    pytest.importorskip("setuptools")
+    source = tmp_path / "src"  # a copy, so the build leaves nothing behind in the repository
+    shutil.copytree(PACKAGE_ROOT, source, ignore=shutil.ignore_patterns(
+        "tests", "__pycache__", "build", "*.egg-info", ".pytest_cache"))
+    target = tmp_path / "site"
+    env = dict(os.environ, CC="/nonexistent/cc", CXX="/nonexistent/c++")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                           "--no-index", "--quiet", "--target", str(target), str(source)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    installed = sorted(p.name for p in (target / "peft_c").iterdir() if p.is_file())
+    assert "__init__.py" in installed
+    assert not [p for p in target.rglob("*") if p.suffix in (".so", ".pyd", ".dylib", ".c")]
+    done = run(PROBE, {"PEFT_C_LIB": str(real_library)}, pythonpath=str(target))
+    assert loaded_from(done) == real_library
