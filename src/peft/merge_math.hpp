@@ -1,0 +1,193 @@
+// The arithmetic of merging LoRA adapters into base weights, as PEFT does it
+// (peft/tuners/lora/layer.py get_delta_weight/merge/unmerge, dora.py, variants.py), done in f32
+// and rounded once to the storage dtype (round to nearest, ties to even).
+//
+// Every module kind reduces to one product. With A = lora_A [rank, in] and B = lora_B [out, rank]
+// (conv factors flattened: A [rank, in*k...], B [out, rank]), the base weight in storage holds
+//   Linear, Conv1d/2d/3d:                W  [out, in]   and  dW = c * (B @ A)
+//   transformers Conv1D (fan_in_fan_out): W  [in, out]   and  dW = c * (B @ A)^T
+//   Embedding (A = lora_embedding_A [rank, num_embeddings], B = lora_embedding_B [dim, rank]):
+//                                        W  [num_embeddings, dim] and dW = c * (B @ A)^T
+// where c is the adapter's scaling (lora_alpha / r, or / sqrt(r) with rslora) times the caller's
+// weight. A DoRA magnitude has one entry per row of B (out for Linear/Conv/Conv1D, dim for
+// Embedding) and the DoRA norm is taken over the other axis of B @ A: the rows of storage when it
+// is not transposed, the columns when it is (peft.md section 3.5).
+//
+// Numerics, chosen to match PEFT's default path (adapters autocast to f32, CPU merge):
+// - B @ A is accumulated in f32 with fused multiply-adds, k = 0..rank-1 in order, then multiplied
+//   by float(c) (torch multiplies an f32 tensor by a Python float as float). Several adapters add
+//   up as fma(c_i, (B_i @ A_i), sum) in the order given. Results do not depend on the thread count
+//   or block size, and are the same on every instruction set (FMA is explicit everywhere).
+// - W' = round(float(W) + dW): one rounding, as PEFT's unsafe merge `W += delta` does.
+// - Unmerge is W' = round(float(W) - dW), one rounding (PEFT rounds the delta to the storage
+//   dtype first, which can differ in the last bit).
+// - DoRA: n = ||float(W) + dW|| (accumulated in f64, rounded to f32; torch reduces in f32),
+//   f = m / n in f32, W' = round(f * (float(W) + dW)); unmerge W' = round(float(W) / f - dW).
+//
+// Memory: the delta is never materialised for the whole weight; each worker holds one block of
+// rows of f32 (at most ~256 KiB) plus, for transposed layouts, a transposed copy of the factors.
+//
+// Thread safety: every function here is pure with respect to library state; calls on different
+// buffers may run concurrently. A call writes only into the buffer it is given.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.hpp"
+
+namespace peft::merge {
+
+// What the adapted module is; it decides the storage layout of dW and the DoRA norm axis.
+enum class ModuleKind {
+  linear,         // torch.nn.Linear: weight [out, in]
+  conv1d_gpt2,    // transformers.pytorch_utils.Conv1D (fan_in_fan_out): weight [in, out]
+  embedding,      // torch.nn.Embedding: weight [num_embeddings, dim]
+  conv,           // torch.nn.Conv1d/2d/3d: weight [out, in/groups, k...]
+};
+
+// How a weight in storage relates to the product B @ A ([out, rank] @ [rank, in]).
+struct DeltaLayout {
+  int64_t out = 0;           // rows of B; length of a DoRA magnitude / norm
+  int64_t in = 0;            // columns of A (conv: in * prod(kernel))
+  bool transposed = false;   // storage holds (B @ A)^T, i.e. [in, out]
+  int64_t rows() const { return transposed ? in : out; }
+  int64_t cols() const { return transposed ? out : in; }
+};
+
+// Checks the shapes PEFT would create for `kind` and returns the layout. `name` (a tensor or module
+// name) goes into error messages. Throws SHAPE_MISMATCH when factors and weight disagree,
+// UNSUPPORTED for what PEFT itself cannot merge: conv with groups > 1 ("Merging is not supported
+// for _ConvNd layers with groups > 1") and a 5-D conv weight whose dims 2:4 are (1, 1) (PEFT's
+// 1x1 shortcut then fails), INVALID_ARGUMENT for a rank or dimension < 1.
+DeltaLayout layout_for(ModuleKind kind, std::span<const int64_t> weight_shape,
+                       std::span<const int64_t> lora_a_shape, std::span<const int64_t> lora_b_shape,
+                       int64_t groups = 1, std::string_view name = {});
+
+// The layout from plain sizes, for callers that already know them.
+DeltaLayout layout_for(ModuleKind kind, int64_t out, int64_t in);
+
+// One LoRA term c * B @ A. Borrowed, row-major f32: a is [rank, layout.in], b is [layout.out, rank].
+struct LoraFactors {
+  const float* a = nullptr;
+  const float* b = nullptr;
+  int64_t rank = 0;
+  double coefficient = 1.0;  // scaling * weight; used as float(coefficient)
+};
+
+// PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with rslora.
+double lora_scaling(double lora_alpha, int64_t rank, bool use_rslora);
+
+// A weight (or bias) buffer the caller owns: rows x cols elements, row-major, contiguous, of dtype
+// F32, BF16 or F16 (anything else: UNSUPPORTED). A bias is rows = 1.
+struct WeightView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+struct ConstWeightView {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  ConstWeightView() = default;
+  ConstWeightView(const void* d, DType t, int64_t r, int64_t c) : data(d), dtype(t), rows(r), cols(c) {}
+  ConstWeightView(const WeightView& v) : data(v.data), dtype(v.dtype), rows(v.rows), cols(v.cols) {}  // NOLINT
+};
+
+// Receives the original bytes of every row a call is about to change (rows whose new bytes differ
+// from the old ones), before they are overwritten. Called from worker threads, but never twice at
+// the same time (calls are serialised), and at most once per row per call.
+using RowSink = std::function<void(int64_t row, const void* original_bytes, size_t byte_count)>;
+
+struct ExecOptions {
+  unsigned threads = 0;        // worker threads; 0 = one per hardware thread. Small jobs use one.
+  const RowSink* row_sink = nullptr;  // optional; see RowSink
+};
+
+// ---- deltas ---------------------------------------------------------------------------------
+
+// Writes sum_i c_i * (B_i @ A_i) in storage layout into out[layout.rows() * layout.cols()].
+void compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms, float* out,
+                   const ExecOptions& exec = {});
+std::vector<float> compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms,
+                                 const ExecOptions& exec = {});
+
+// ---- plain LoRA -----------------------------------------------------------------------------
+
+// W = round(float(W) + sum_i c_i * B_i @ A_i). The weight must be layout.rows() x layout.cols().
+void add_delta(const WeightView& weight, const DeltaLayout& layout, std::span<const LoraFactors> terms,
+               const ExecOptions& exec = {});
+
+// W = round(float(W) - sum_i c_i * B_i @ A_i): PEFT's unmerge, rounded once.
+void subtract_delta(const WeightView& weight, const DeltaLayout& layout,
+                    std::span<const LoraFactors> terms, const ExecOptions& exec = {});
+
+// lora_bias (PEFT >= 0.14): bias = round(float(bias) + sign * float(lora_b_bias[j] * c)), one
+// rounding after the f32 product, as `bias.data += lora_B.bias * scaling`. bias is 1 x out.
+void add_lora_bias(const WeightView& bias, const float* lora_b_bias, double coefficient, bool subtract = false,
+                   const RowSink* row_sink = nullptr);
+
+// ---- DoRA -----------------------------------------------------------------------------------
+
+// ||float(W0) + dW|| for each of the layout.out channels: rows of storage, or columns when the
+// layout is transposed. PEFT computes the norm from the unmerged base weight W0 and caches it for
+// unmerge.
+std::vector<float> dora_weight_norm(const ConstWeightView& base, const DeltaLayout& layout,
+                                    std::span<const LoraFactors> terms, const ExecOptions& exec = {});
+
+// W = round(f * (float(W) + dW)) with f = magnitude / norm (f32), per output channel. `norm` is
+// dora_weight_norm of the unmerged base; pass nullptr to take it from W itself (W is then the
+// base), the usual case. Returns the norm used, which dora_unmerge needs. magnitude has
+// layout.out entries (a conv magnitude [1, out, 1, 1] flattened).
+std::vector<float> dora_merge(const WeightView& weight, const DeltaLayout& layout,
+                              std::span<const LoraFactors> terms, const float* magnitude,
+                              const float* norm = nullptr, const ExecOptions& exec = {});
+
+// W = round(float(W) / f - dW) with f = magnitude / norm, the norm dora_merge returned.
+void dora_unmerge(const WeightView& weight, const DeltaLayout& layout, std::span<const LoraFactors> terms,
+                  const float* magnitude, const float* norm, const ExecOptions& exec = {});
+
+// ---- combining adapters (PEFT add_weighted_adapter) ------------------------------------------
+
+// One adapter's factors for combination: a [rank, in], b [out, rank], its scaling and the
+// user's weight.
+struct WeightedFactors {
+  const float* a = nullptr;
+  const float* b = nullptr;
+  int64_t rank = 0;
+  double scaling = 1.0;
+  double weight = 1.0;
+};
+
+// New factors: a is [rank, in] and b is [out, rank], row-major f32. The new adapter's scaling is
+// lora_alpha / r = 1 (PEFT writes r = lora_alpha = new rank; with use_rslora inherited it is
+// sqrt(rank), PEFT's over-scaling, which the caller must account for).
+struct CombinedFactors {
+  std::vector<float> a;
+  std::vector<float> b;
+  int64_t rank = 0;
+  int64_t in = 0;
+  int64_t out = 0;
+};
+
+// combination_type="cat": A = rows of float(float(A_i * w_i) * s_i), B = columns of B_i;
+// rank = sum of ranks; dW = sum_i w_i s_i B_i A_i exactly (up to f32 rounding of the rows).
+CombinedFactors combine_cat(std::span<const WeightedFactors> adapters, int64_t out, int64_t in);
+
+// combination_type="linear": c_i = w_i * s_i (f64); A = sum_i float(sign(c_i) sqrt|c_i|) * A_i,
+// B = sum_i float(sqrt|c_i|) * B_i, summed in f32 in the order given. All ranks must be equal
+// (INVALID_ARGUMENT otherwise). Exact only for a single adapter (cross terms B_i A_j otherwise).
+CombinedFactors combine_linear(std::span<const WeightedFactors> adapters, int64_t out, int64_t in);
+
+// Name of the kernel set in use ("avx512", "avx2", "portable"), for benchmarks and reports.
+const char* kernel_name();
+
+}  // namespace peft::merge
