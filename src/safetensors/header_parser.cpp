@@ -106,10 +106,22 @@ Header parse_header(std::string_view header_bytes, uint64_t file_size) {
   // The reference sorts with a stable sort by (begin, end); tensors with equal offsets stay in the
   // order it collected them. Its order there comes from a HashMap (random), ours is the JSON order,
   // which only matters for which of several bad tensors sharing an offset is reported.
-  std::stable_sort(header.tensors.begin(), header.tensors.end(),
-                   [](const TensorInfo& a, const TensorInfo& b) {
-                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-                   });
+  // Files written by the reference list tensors in data order already, so check before sorting.
+  const auto by_offsets = [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  };
+  if (!std::is_sorted(header.tensors.begin(), header.tensors.end(), by_offsets)) {
+    // Sort positions rather than the (heavy) entries, then move each entry once.
+    std::vector<uint32_t> order(header.tensors.size());
+    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return by_offsets(header.tensors[a], header.tensors[b]);
+    });
+    std::vector<TensorInfo> sorted;
+    sorted.reserve(order.size());
+    for (uint32_t i : order) sorted.push_back(std::move(header.tensors[i]));
+    header.tensors = std::move(sorted);
+  }
 
   uint64_t data_end = 0;
   for (const TensorInfo& tensor : header.tensors) {
