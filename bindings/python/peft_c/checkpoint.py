@@ -299,7 +299,9 @@ class Checkpoint:
         np_dtype = None if raw else numpy_dtype(info.dtype, use_ml_dtypes=use_ml_dtypes)
         if np_dtype is None:
             return np.frombuffer(readonly, dtype=np.uint8)
-        return np.frombuffer(readonly, dtype=np_dtype).reshape(info.shape)
+        flat = np.frombuffer(readonly, dtype=np_dtype)
+        with _numpy_shape_errors(info):
+            return flat.reshape(info.shape)
 
     def read(self, key: TensorKey, dtype: Optional[DTypeLike] = "F32") -> np.ndarray:
         """A new array holding the tensor converted to ``dtype`` (F64, F32, F16, BF16, or its own dtype).
@@ -314,10 +316,22 @@ class Checkpoint:
         if np_dtype is None:  # packed: only a same-dtype copy is possible; the library checks it
             out = np.empty(total_bits // 8, dtype=np.uint8)
         else:
-            out = np.empty(info.shape, dtype=np_dtype)
+            with _numpy_shape_errors(info):
+                out = np.empty(info.shape, dtype=np_dtype)
         check(lib().peft_checkpoint_tensor_read(handle.ptr, info.index, int(target),
                                                 out.ctypes.data_as(c_void_p), total_bits // 8))
         return out
+
+
+@contextlib.contextmanager
+def _numpy_shape_errors(info: TensorInfo):
+    # numpy refuses shapes whose nonzero dimensions multiply past its index range, even when another
+    # dimension is 0 (e.g. [2**63 - 1, 0], which safetensors accepts). Say which tensor it is.
+    try:
+        yield
+    except ValueError as exc:
+        raise ValueError(f"tensor {info.name!r} of shape {list(info.shape)} cannot be a numpy array "
+                         f"({exc}); view(..., raw=True) gives its bytes") from exc
 
 
 def _as_index(index: int, count: int, what: str) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import peft_c
-from conftest import METADATA, numpy_tensors, reference_header, safetensors_bytes
+from peft_c_test_support import METADATA, numpy_tensors, reference_header, safetensors_bytes
 
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -253,6 +253,22 @@ def test_scalar_and_empty_views(opened):
     assert scalar.shape == () and scalar[()] == np.float32(3.25)
     empty = opened.view("empty")
     assert empty.shape == (0, 4) and empty.size == 0
+
+
+def test_shapes_numpy_cannot_hold(tmp_path):
+    # [2**63 - 1, 0] has no elements; safetensors accepts it but numpy refuses such a shape.
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(safetensors_bytes({"y": {"dtype": "F64", "shape": [2**63 - 1, 0],
+                                              "data_offsets": [0, 0]}}))
+    with safe_open(str(path), framework="pt") as f:
+        assert tuple(f.get_slice("y").get_shape()) == (2**63 - 1, 0)
+    with peft_c.Checkpoint.open(path) as ckpt:
+        assert ckpt.tensor("y").shape == (2**63 - 1, 0) and ckpt.tensor("y").numel == 0
+        assert ckpt.view("y", raw=True).size == 0
+        with pytest.raises(ValueError, match="'y'"):
+            ckpt.view("y")
+        with pytest.raises(ValueError, match="'y'"):
+            ckpt.read("y")
 
 
 # ---- converted reads ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import peft_c
 from peft_c import _errors
 from peft_c._lib import check
-from conftest import HEADER
+from peft_c_test_support import HEADER
 
 DEFINE = re.compile(r"^#define\s+(PEFT_[A-Z0-9_]+)\s+(\d+)\b", re.MULTILINE)
 

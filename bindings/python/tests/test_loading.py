@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import peft_c
-from conftest import PACKAGE_ROOT
+from peft_c_test_support import PACKAGE_ROOT
 
 PROBE = ("import peft_c, os; print(os.path.realpath(peft_c.library_path())); print(peft_c.version()); "
          "print(peft_c.library_path())")

@@ -15,7 +15,7 @@ import struct
 import pytest
 
 import peft_c
-from conftest import FIXTURES, reference_verdict, safetensors_bytes as st
+from peft_c_test_support import FIXTURES, reference_verdict, safetensors_bytes as st
 
 
 def raw(header_text: bytes, data: bytes = b"") -> bytes:
@@ -145,7 +145,7 @@ def malformed_cases():
     if not expected_file.exists():
         return []
     expected = json.loads(expected_file.read_text())
-    from conftest import expected_entries
+    from peft_c_test_support import expected_entries
 
     return list(expected_entries(expected))
 

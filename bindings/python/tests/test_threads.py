@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import peft_c
-from conftest import numpy_tensors
+from peft_c_test_support import numpy_tensors
 
 THREADS = 8
 
