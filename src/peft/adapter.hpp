@@ -1,0 +1,115 @@
+// A loaded PEFT LoRA adapter: its config, its tensors (an opened Checkpoint), and its modules with
+// the rank, alpha and scaling PEFT computes for each, and the index of every tensor in the file.
+//
+// Opening follows PEFT 0.21's loader and is strict where PEFT is silently lossy:
+// * a key the grammar (key_grammar.hpp) does not resolve -> PEFT_ERR_UNRESOLVED_KEY listing every one;
+// * LoRA tensors of a module that the config does not target (PEFT ignores them as unexpected keys),
+//   a module with lora_A but no lora_B, DoRA magnitudes without use_dora (or the reverse),
+//   lora_B.bias without lora_bias, a rank that differs from what r / rank_pattern give (PEFT fails
+//   with a size mismatch) -> PEFT_ERR_INVALID_CONFIG naming the field and every module at fault;
+// * two keys for the same tensor (e.g. with and without "base_model.model.") -> PEFT_ERR_INVALID_CHECKPOINT.
+// With a base model (Options::base_dir), "all-linear" and an absent target_modules are expanded as
+// PEFT does, Linear vs GPT-2 Conv1D is decided from the base's shapes and architecture (never from
+// fan_in_fan_out alone), and every module is validated against the base (validation.hpp).
+//
+// An Adapter is immutable once opened; every const method may be called from many threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "peft/adapter_config.hpp"
+#include "peft/arch_table.hpp"
+#include "peft/key_grammar.hpp"
+#include "safetensors/checkpoint.hpp"
+
+namespace peft {
+
+// The public PEFT_LAYER_* values.
+enum class LayerKind : int32_t {
+  linear = 0,            // nn.Linear: base weight [out, in]; delta = s * B @ A
+  conv1d = 1,            // transformers Conv1D (GPT-2): base weight [in, out]; delta = s * (B @ A)^T
+  embedding = 2,         // nn.Embedding: base [num, dim]; delta = s * (B @ A)^T
+  conv2d = 3,            // nn.Conv2d: base [out, in, kh, kw]
+  full = 4,              // whole tensors that replace the base's (modules_to_save, bias="all", ...)
+  trainable_tokens = 5,  // rows that replace base embedding rows (trainable_token_indices)
+};
+const char* layer_kind_name(LayerKind kind);
+
+struct AdapterTensor {
+  TensorRole role = TensorRole::full;
+  std::string suffix;       // canonical role suffix: "lora_A.weight", "weight", "base_layer.bias", ...
+  std::string key;          // the key as stored in the file
+  size_t index = 0;         // index in Adapter::checkpoint()
+  // The base tensor this tensor replaces (full) or applies to (LoRA roles: the module's weight;
+  // lora_B.bias: the module's bias). Resolved against the base model when one was given (its
+  // base_model_prefix taken into account); otherwise "<module>.<param>".
+  std::string base_tensor;
+};
+
+struct AdapterModule {
+  std::string name;  // module path without "base_model.model.", e.g. "model.layers.0.self_attn.q_proj"
+  LayerKind kind = LayerKind::full;
+  // LoRA modules only (0 otherwise):
+  int64_t rank = 0;
+  double alpha = 0;
+  double scaling = 0;
+  std::optional<std::string> rank_key;   // the rank_pattern key that applied, if any
+  std::optional<std::string> alpha_key;  // the alpha_pattern key that applied, if any
+  std::vector<AdapterTensor> tensors;    // file order
+  std::vector<int64_t> token_indices;    // trainable_tokens only
+
+  bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
+  const AdapterTensor* find(TensorRole role) const;
+  const AdapterTensor* find_suffix(const std::string& suffix) const;
+};
+
+class Adapter {
+ public:
+  struct Options {
+    std::string base_dir;                          // optional: a base model folder to validate against
+    std::shared_ptr<const ArchTable> table;        // optional: otherwise detected (may stay null)
+    OpenOptions open;                              // for the adapter's and the base's safetensors
+  };
+
+  // A folder holding adapter_config.json and adapter_model.safetensors. PEFT's fallback
+  // adapter_model.bin (a pickle) is PEFT_ERR_UNSUPPORTED; a missing file is PEFT_ERR_NOT_FOUND.
+  static std::shared_ptr<const Adapter> open(const std::string& dir, const Options& options);
+  // The same from explicit paths (a config file and a safetensors file).
+  static std::shared_ptr<const Adapter> open_files(const std::string& config_path, const std::string& weights_path,
+                                                   const Options& options);
+
+  const std::string& dir() const { return dir_; }
+  const LoraConfig& config() const { return config_; }
+  const Checkpoint& checkpoint() const { return *checkpoint_; }
+  const std::shared_ptr<const Checkpoint>& checkpoint_ptr() const { return checkpoint_; }
+  const std::vector<AdapterModule>& modules() const { return modules_; }  // first appearance in the file
+  const AdapterModule* find_module(std::string_view name) const;
+  // The architecture table used (given or detected); null when none applies.
+  const std::shared_ptr<const ArchTable>& table() const { return table_; }
+  const std::string& family_reason() const { return family_reason_; }  // why that table was chosen
+  const std::string& base_dir() const { return base_dir_; }  // "" when opened without a base
+  // Things a user should know that are not errors (adapter names stripped, unverifiable targets,
+  // rank_pattern keys that match nothing, a fan_in_fan_out flag that contradicts the base layout).
+  const std::vector<std::string>& notes() const { return notes_; }
+
+  // Validates this adapter against a base model folder (config.json + weights), without changing
+  // it: PEFT_ERR_UNRESOLVED_KEY / PEFT_ERR_SHAPE_MISMATCH listing every problem.
+  void validate(const std::string& base_dir, const OpenOptions& open = {}) const;
+
+ private:
+  friend struct AdapterBuilder;
+  std::string dir_;
+  LoraConfig config_;
+  std::shared_ptr<const Checkpoint> checkpoint_;
+  std::vector<AdapterModule> modules_;
+  std::shared_ptr<const ArchTable> table_;
+  std::string family_reason_;
+  std::string base_dir_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace peft

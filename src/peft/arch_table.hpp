@@ -1,0 +1,116 @@
+// Architecture tables: data (data/arch/<family>.json, or a user's file or string) that map
+// HuggingFace module paths to a host's own slash-separated names, say which kind of layer each
+// module is, and how to recognise the family. The format is documented in docs/translation-tables.md.
+//
+//   {"hf": "model.layers.{layer}.self_attn.q_proj",
+//    "native": "transformer/layer_{layer}/attention/query", "kind": "linear"}
+//
+// A placeholder such as {layer} matches one or more ASCII digits, copied verbatim to the other side,
+// so that HF -> native -> HF is the identity. Rules are tried in file order; the first whose pattern
+// matches the whole module path wins (in either direction). Roles (the key's tail after the module
+// path: "lora_A.weight" <-> "lora_a", "weight" <-> "weight") come from a built-in list that a table
+// may replace ("roles") or extend ("extra_roles").
+//
+// An ArchTable is immutable once parsed; every const method may be called from many threads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace peft {
+
+enum class ModuleKind { linear, conv1d, embedding, conv2d, norm, other };
+const char* module_kind_name(ModuleKind kind);
+
+// "model.layers.{layer}.mlp" as literal pieces and digit placeholders.
+class NameTemplate {
+ public:
+  using Captures = std::vector<std::pair<std::string, std::string>>;
+  // `what` names the rule in messages; throws PEFT_ERR_INVALID_CONFIG on a malformed template.
+  static NameTemplate parse(std::string_view text, const std::string& what);
+  bool match(std::string_view text, Captures& captures) const;
+  std::string fill(const Captures& captures) const;
+  std::vector<std::string> placeholder_names() const;  // in order of appearance
+  const std::string& text() const { return text_; }
+
+ private:
+  struct Token {
+    bool placeholder;
+    std::string text;  // the literal, or the placeholder's name
+  };
+  std::string text_;
+  std::vector<Token> tokens_;
+};
+
+struct ModuleRule {
+  NameTemplate hf;
+  NameTemplate native;
+  ModuleKind kind = ModuleKind::other;
+};
+
+struct RoleRule {
+  std::string hf;      // "lora_A.weight"
+  std::string native;  // "lora_a" (one segment: no "/")
+};
+
+// The built-in roles every table starts from.
+const std::vector<RoleRule>& default_roles();
+
+class ArchTable {
+ public:
+  // Parses and checks a table (PEFT_ERR_INVALID_CONFIG naming `source` and the rule at fault):
+  // malformed templates, different placeholders on the two sides, duplicate roles, and rules whose
+  // own example does not survive a round trip through the whole table (a rule shadowed by an
+  // earlier one) are all rejected here, so a table that loads is invertible on its examples.
+  static std::shared_ptr<const ArchTable> parse(std::string_view json_text, const std::string& source);
+  static std::shared_ptr<const ArchTable> from_file(const std::string& path);
+
+  const std::string& family() const { return family_; }
+  const std::string& source() const { return source_; }
+  const std::string& base_model_prefix() const { return base_model_prefix_; }  // "" if none
+  const std::optional<std::string>& output_embedding() const { return output_embedding_; }
+  const std::vector<std::string>& model_types() const { return model_types_; }
+  const std::vector<std::string>& architectures() const { return architectures_; }
+  const std::vector<std::string>& name_patterns() const { return name_patterns_; }
+  // PEFT's default target_modules for a model_type (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+  const std::vector<std::string>* default_targets(const std::string& model_type) const;
+
+  // Module paths (no role): the rule that matches, and the translation.
+  const ModuleRule* rule_for_hf(std::string_view hf_module, NameTemplate::Captures* captures = nullptr) const;
+  const ModuleRule* rule_for_native(std::string_view native_module,
+                                    NameTemplate::Captures* captures = nullptr) const;
+  std::optional<std::string> module_to_native(std::string_view hf_module) const;
+  std::optional<std::string> module_to_hf(std::string_view native_module) const;
+
+  // Whole keys: "[base_model.model.]<module>.<role>" <-> "<native module>/<native role>".
+  std::optional<std::string> key_to_native(std::string_view hf_key) const;
+  std::optional<std::string> key_to_hf(std::string_view native_key, bool with_peft_prefix) const;
+
+  const std::vector<ModuleRule>& modules() const { return modules_; }
+  const std::vector<RoleRule>& roles() const { return roles_; }
+
+ private:
+  void check_round_trips() const;
+
+  std::string source_;
+  std::string family_;
+  std::string base_model_prefix_;
+  std::optional<std::string> output_embedding_;
+  std::vector<std::string> model_types_;
+  std::vector<std::string> architectures_;
+  std::vector<std::string> name_patterns_;
+  std::map<std::string, std::vector<std::string>> default_targets_;
+  std::vector<ModuleRule> modules_;
+  std::vector<RoleRule> roles_;           // file order
+  std::vector<size_t> roles_by_hf_length_;  // indices, longest hf suffix first
+};
+
+}  // namespace peft
