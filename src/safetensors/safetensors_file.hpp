@@ -1,7 +1,9 @@
 // One validated safetensors file: its header and access to its tensors' bytes, backed by a private
 // memory mapping (zero-copy views), by positioned reads (pread; each viewed tensor is read once and
 // kept), or by a private copy of a caller's buffer. Immutable after opening; every const method may
-// be called from many threads at once.
+// be called from many threads at once. As with any mapping (and the reference reader), a file that is
+// truncated by someone else while mapped is out of scope: touching the lost pages raises SIGBUS; pread
+// mode reports PEFT_ERR_IO instead.
 #pragma once
 
 #include <atomic>

@@ -299,6 +299,129 @@ static void test_open_errors(void) {
   CHECK(ckpt == kUntouchedCkpt);
 }
 
+/* One malformed fixture per format error code, in both opening modes. */
+static void test_malformed(void) {
+  static const struct {
+    const char* file;
+    int32_t code;
+  } cases[] = {
+      {"too_small_empty.safetensors", PEFT_ERR_HEADER_TOO_SMALL},
+      {"too_large_100000001.safetensors", PEFT_ERR_HEADER_TOO_LARGE},
+      {"length_past_eof_by_1.safetensors", PEFT_ERR_INVALID_HEADER_LENGTH},
+      {"utf8_in_key.safetensors", PEFT_ERR_INVALID_HEADER_UTF8},
+      {"json_not_json.safetensors", PEFT_ERR_INVALID_HEADER},
+      {"offset_gap.safetensors", PEFT_ERR_INVALID_OFFSET},
+      {"overflow_shape_product.safetensors", PEFT_ERR_VALIDATION_OVERFLOW},
+      {"misaligned_f4_odd.safetensors", PEFT_ERR_MISALIGNED_SLICE},
+      {"info_span_too_large.safetensors", PEFT_ERR_TENSOR_INVALID_INFO},
+      {"incomplete_trailing_byte.safetensors", PEFT_ERR_METADATA_INCOMPLETE_BUFFER},
+  };
+  size_t i;
+  int mode;
+  for (mode = 0; mode < 2; ++mode) {
+    peft_open_options* opts = NULL;
+    CHECK_OK(peft_open_options_new(&opts));
+    CHECK_OK(peft_open_options_set_use_pread(opts, mode));
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+      char path[512];
+      peft_checkpoint* ckpt = kUntouchedCkpt;
+      peft_error* err;
+      snprintf(path, sizeof path, "%s/malformed/%s", PEFT_TEST_DATA, cases[i].file);
+      err = peft_checkpoint_open(path, opts, &ckpt);
+      if (peft_error_code(err) == cases[i].code && strstr(peft_error_message(err), path) != NULL) {
+        ++passed;
+      } else {
+        ++failed;
+        fprintf(stderr, "%s: expected %s, got %s: %s\n", path, peft_error_code_name(cases[i].code),
+                peft_error_code_name(peft_error_code(err)), peft_error_message(err));
+      }
+      peft_error_free(err);
+      CHECK(ckpt == kUntouchedCkpt);
+    }
+    peft_open_options_free(opts);
+  }
+}
+
+/* The transformers-saved sharded fixture: 3 shards, numbered in shard-name order, index metadata. */
+static void test_sharded(void) {
+  const char* folder = PEFT_TEST_DATA "/safetensors/sharded";
+  peft_checkpoint* ckpt = NULL;
+  size_t index = 0, i, count;
+  const char* json;
+  const void* data = NULL;
+  uint64_t nbytes = 0;
+  CHECK_OK(peft_checkpoint_open(folder, NULL, &ckpt));
+  if (ckpt == NULL) return;
+  CHECK(peft_checkpoint_file_count(ckpt) == 3);
+  CHECK(strstr(peft_checkpoint_file_path(ckpt, 0), "sharded/model-00001-of-00003.safetensors") != NULL);
+  CHECK(strstr(peft_checkpoint_file_path(ckpt, 2), "sharded/model-00003-of-00003.safetensors") != NULL);
+  CHECK(peft_checkpoint_file_path(ckpt, 3) == NULL);
+  count = peft_checkpoint_tensor_count(ckpt);
+  CHECK(count == 21);
+  CHECK(strcmp(peft_checkpoint_tensor_name(ckpt, 0), "model.embed_tokens.weight") == 0);
+  CHECK(strcmp(peft_checkpoint_tensor_name(ckpt, count - 1), "lm_head.weight") == 0);
+  CHECK(peft_checkpoint_tensor_file(ckpt, 0) == 0);
+  CHECK(peft_checkpoint_tensor_file(ckpt, 7) == 1);
+  CHECK(peft_checkpoint_tensor_file(ckpt, count - 1) == 2);
+  for (i = 1; i < count; ++i) CHECK(peft_checkpoint_tensor_file(ckpt, i - 1) <= peft_checkpoint_tensor_file(ckpt, i));
+  CHECK_OK(peft_checkpoint_find(ckpt, "lm_head.weight", &index));
+  CHECK(index == count - 1);
+  CHECK_OK(peft_checkpoint_tensor_view(ckpt, index, &data, &nbytes));
+  CHECK(data != NULL && nbytes > 0);
+  json = peft_checkpoint_index_metadata_json(ckpt);
+  CHECK(json != NULL && strstr(json, "\"total_size\":6816") != NULL);
+  CHECK(peft_checkpoint_has_metadata(ckpt, 0) == 1);
+  CHECK(peft_checkpoint_metadata_count(ckpt, 0) == 1);
+  CHECK(strcmp(peft_checkpoint_metadata_key(ckpt, 0, 0), "format") == 0);
+  CHECK(strcmp(peft_checkpoint_metadata_value(ckpt, 0, 0), "pt") == 0);
+  peft_checkpoint_free(ckpt);
+}
+
+/* A reference-written file with no metadata, and one with "__metadata__": {} (present but empty). */
+static void test_metadata_presence(void) {
+  peft_checkpoint* ckpt = NULL;
+  CHECK_OK(peft_checkpoint_open(PEFT_TEST_DATA "/safetensors/no_metadata.safetensors", NULL, &ckpt));
+  if (ckpt != NULL) {
+    CHECK(peft_checkpoint_has_metadata(ckpt, 0) == 0);
+    CHECK(peft_checkpoint_metadata_count(ckpt, 0) == 0);
+    CHECK(peft_checkpoint_metadata_key(ckpt, 0, 0) == NULL);
+    peft_checkpoint_free(ckpt);
+  }
+  ckpt = NULL;
+  CHECK_OK(peft_checkpoint_open(PEFT_TEST_DATA "/safetensors/metadata_empty.safetensors", NULL, &ckpt));
+  if (ckpt != NULL) {
+    CHECK(peft_checkpoint_has_metadata(ckpt, 0) == 1);
+    CHECK(peft_checkpoint_metadata_count(ckpt, 0) == 0);
+    peft_checkpoint_free(ckpt);
+  }
+}
+
+/* pread mode on a reference-written file: the view is read once and matches a same-dtype read. */
+static void test_pread_view_matches_read(void) {
+  peft_checkpoint* ckpt = NULL;
+  peft_open_options* opts = NULL;
+  const void* data = NULL;
+  const void* again = NULL;
+  uint64_t nbytes = 0;
+  void* copy;
+  CHECK_OK(peft_open_options_new(&opts));
+  CHECK_OK(peft_open_options_set_use_pread(opts, 1));
+  CHECK_OK(peft_checkpoint_open(PEFT_TEST_DATA "/safetensors/dtype_f32.safetensors", opts, &ckpt));
+  peft_open_options_free(opts); /* not kept by the checkpoint */
+  if (ckpt == NULL) return;
+  CHECK_OK(peft_checkpoint_tensor_view(ckpt, 0, &data, &nbytes));
+  CHECK_OK(peft_checkpoint_tensor_view(ckpt, 0, &again, &nbytes));
+  CHECK(data != NULL && data == again && nbytes >= 4);
+  copy = malloc(nbytes + 1);
+  if (copy != NULL && data != NULL) {
+    CHECK_OK(peft_checkpoint_tensor_read(ckpt, 0, PEFT_DTYPE_F32, copy, nbytes));
+    CHECK(memcmp(copy, data, nbytes) == 0);
+    CHECK_CODE(peft_checkpoint_tensor_read(ckpt, 0, PEFT_DTYPE_F32, copy, nbytes + 1), PEFT_ERR_INVALID_ARGUMENT);
+  }
+  free(copy);
+  peft_checkpoint_free(ckpt);
+}
+
 int main(void) {
   unsigned char bytes[512];
   size_t size = build_file(bytes, sizeof bytes);
@@ -308,6 +431,10 @@ int main(void) {
   test_memory(bytes, size);
   test_file(bytes, size);
   test_open_errors();
+  test_malformed();
+  test_sharded();
+  test_metadata_presence();
+  test_pread_view_matches_read();
   printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

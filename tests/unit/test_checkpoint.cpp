@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "checkpoint_test_support.hpp"
@@ -221,6 +222,186 @@ TEST_CASE("checkpoint: a missing or unreadable path is an I/O error naming it an
   CHECK(error_of([&] { Checkpoint::open("/dev/null"); }).code() == PEFT_ERR_IO);
 }
 
+// ---- fixtures made with the reference package -------------------------------------------------
+
+namespace {
+
+bool is_integer_dtype(DType d) {
+  switch (d) {
+    case DType::BOOL: case DType::U8: case DType::I8: case DType::I16: case DType::U16:
+    case DType::I32: case DType::U32: case DType::I64: case DType::U64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Element i of an integer tensor's raw bytes, as C converts it to float (one rounding).
+float integer_as_f32(DType d, const uint8_t* p, size_t i) {
+  auto load = [&](auto value) {
+    std::memcpy(&value, p + i * sizeof value, sizeof value);
+    return static_cast<float>(value);
+  };
+  switch (d) {
+    case DType::BOOL: return p[i] != 0 ? 1.0f : 0.0f;
+    case DType::U8: return load(uint8_t{});
+    case DType::I8: return load(int8_t{});
+    case DType::I16: return load(int16_t{});
+    case DType::U16: return load(uint16_t{});
+    case DType::I32: return load(int32_t{});
+    case DType::U32: return load(uint32_t{});
+    case DType::I64: return load(int64_t{});
+    default: return load(uint64_t{});
+  }
+}
+
+double json_f64(const nlohmann::json& value) {
+  if (value.is_string()) {
+    const std::string text = value.get<std::string>();
+    if (text == "nan") return std::nan("");
+    if (text == "inf") return HUGE_VAL;
+    if (text == "-inf") return -HUGE_VAL;
+    FAIL("unexpected value string " << text);
+    return 0;
+  }
+  return value.get<double>();
+}
+
+bool same_value(double got, double want) {
+  if (std::isnan(want)) return std::isnan(got);
+  return got == want && std::signbit(got) == std::signbit(want);
+}
+
+// Compares tensor i of ckpt with one record of a fixture's JSON description.
+void check_against_record(const Checkpoint& ckpt, size_t i, const nlohmann::json& record) {
+  const auto& info = ckpt.tensor(i);
+  CAPTURE(info.name);
+  CHECK(info.name == record["name"].get<std::string>());
+  CHECK(peft::dtype_name(info.dtype) == record["dtype"].get<std::string>());
+  CHECK(info.shape == record["shape"].get<std::vector<uint64_t>>());
+  CHECK(info.begin == record["data_offsets"][0].get<uint64_t>());
+  CHECK(info.end == record["data_offsets"][1].get<uint64_t>());
+  const auto bytes = ckpt.view(i);
+  REQUIRE(bytes.size() == info.nbytes());
+  CHECK(sha256_hex(bytes.data(), bytes.size()) == record["sha256"].get<std::string>());
+  if (!record.contains("f64") || !peft::can_convert(info.dtype, DType::F64)) return;
+  const auto& want = record["f64"];
+  REQUIRE(want.size() == static_cast<size_t>(peft::element_count(info)));
+  std::vector<double> as_f64(want.size());
+  ckpt.read(i, DType::F64, as_f64.data(), as_f64.size() * sizeof(double));
+  size_t wrong = 0;
+  for (size_t e = 0; e < want.size(); ++e) wrong += !same_value(as_f64[e], json_f64(want[e]));
+  CHECK(wrong == 0);
+  if (!peft::can_convert(info.dtype, DType::F32)) return;
+  const std::vector<float> as_f32 = ckpt.read_f32(i);
+  wrong = 0;
+  for (size_t e = 0; e < want.size(); ++e) {
+    const float expected = is_integer_dtype(info.dtype) ? integer_as_f32(info.dtype, bytes.data(), e)
+                                                        : static_cast<float>(json_f64(want[e]));
+    wrong += !same_value(as_f32[e], expected);
+  }
+  CHECK(wrong == 0);
+}
+
+void check_against_description(const Checkpoint& ckpt, size_t file, const nlohmann::json& description) {
+  const auto& header = ckpt.file_header(file);
+  const auto& metadata = description["metadata"];
+  if (metadata.is_null()) {
+    CHECK(!header.metadata.has_value());
+  } else {
+    REQUIRE(header.metadata.has_value());
+    peft::Metadata want;
+    for (const auto& [key, value] : metadata.items()) want.emplace_back(key, value.get<std::string>());
+    std::sort(want.begin(), want.end());
+    CHECK(*header.metadata == want);
+  }
+  const auto& records = description["tensors"];
+  REQUIRE(header.tensors.size() == records.size());
+  size_t first = 0;
+  while (first < ckpt.tensor_count() && ckpt.tensor_file(first) != file) ++first;
+  for (size_t j = 0; j < records.size(); ++j) check_against_record(ckpt, first + j, records[j]);
+}
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_file(path)); }
+
+}  // namespace
+
+TEST_CASE("checkpoint: every safetensors fixture reads as the reference package reads it") {
+  const std::string dir = std::string(PEFT_TEST_DATA) + "/safetensors";
+  REQUIRE(fs::is_directory(dir));
+  size_t cases = 0;
+  for (const auto& item : fs::directory_iterator(dir)) {
+    if (item.path().extension() != ".safetensors") continue;
+    const std::string path = item.path().string();
+    auto description_path = item.path();
+    description_path.replace_extension(".json");
+    CAPTURE(path);
+    REQUIRE(fs::exists(description_path));
+    const auto description = read_json(description_path.string());
+    const std::string bytes = read_file(path);
+    for (const auto& ckpt : {Checkpoint::open(path, kMmap), Checkpoint::open(path, kPread),
+                             Checkpoint::open_memory(bytes.data(), bytes.size())}) {
+      REQUIRE(ckpt->file_count() == 1);
+      check_against_description(*ckpt, 0, description);
+    }
+    ++cases;
+  }
+  CHECK(cases >= 5);
+}
+
+TEST_CASE("checkpoint: the folder fixtures (transformers and huggingface_hub shards, single file) read as saved") {
+  for (const char* name : {"sharded", "sharded_hub", "single"}) {
+    const std::string folder = std::string(PEFT_TEST_DATA) + "/safetensors/" + name;
+    CAPTURE(folder);
+    const auto description = read_json(folder + ".json");
+    std::vector<std::string> files;
+    for (const auto& [file, unused] : description["files"].items()) files.push_back(file);
+    std::sort(files.begin(), files.end());
+    for (const OpenOptions& options : {kMmap, kPread}) {
+      const auto ckpt = Checkpoint::open(folder, options);
+      REQUIRE(ckpt->file_count() == files.size());
+      size_t total = 0;
+      for (size_t k = 0; k < files.size(); ++k) {
+        CHECK(ckpt->file_path(k) == folder + "/" + files[k]);
+        check_against_description(*ckpt, k, description["files"][files[k]]);
+        total += description["files"][files[k]]["tensors"].size();
+      }
+      CHECK(ckpt->tensor_count() == total);
+      const auto& index = description["index"];
+      if (index.is_null()) {
+        CHECK(!ckpt->index_metadata_json().has_value());
+        continue;
+      }
+      REQUIRE(ckpt->index_metadata_json().has_value());
+      CHECK(nlohmann::json::parse(*ckpt->index_metadata_json()) == index["metadata"]);
+      CHECK(index["weight_map"].size() == total);
+      for (const auto& [tensor, shard] : index["weight_map"].items()) {
+        const auto found = ckpt->find(tensor);
+        REQUIRE(found.has_value());
+        CHECK(ckpt->file_path(ckpt->tensor_file(*found)) == folder + "/" + shard.get<std::string>());
+      }
+    }
+  }
+}
+
+TEST_CASE("checkpoint: every malformed fixture fails with its code, naming the file, in both modes") {
+  const std::string dir = std::string(PEFT_TEST_DATA) + "/malformed";
+  const auto expected = read_json(dir + "/expected.json");
+  REQUIRE(expected.size() >= 30);
+  for (const auto& [name, entry] : expected.items()) {
+    const std::string path = dir + "/" + name;
+    CAPTURE(path);
+    const std::string want = entry["code"].get<std::string>();
+    for (const OpenOptions& options : {kMmap, kPread}) {
+      const auto err = error_of([&] { Checkpoint::open(path, options); });
+      CHECK(std::string(peft::code_name(err.code())) == want);
+      CHECK(std::string(err.what()).rfind(path + ": ", 0) == 0);
+    }
+    const std::string bytes = read_file(path);
+    CHECK(std::string(peft::code_name(error_of([&] { Checkpoint::open_memory(bytes.data(), bytes.size()); }).code())) == want);
+  }
+}
+
 // ---- folders --------------------------------------------------------------------------------------
 
 TEST_CASE("checkpoint: a folder opens model.safetensors, or says what it looked for") {
@@ -353,4 +534,86 @@ TEST_CASE("checkpoint: a shard's format error names the shard") {
   const auto err = error_of([&] { Checkpoint::open(dir.path().string()); });
   CHECK(err.code() == PEFT_ERR_METADATA_INCOMPLETE_BUFFER);
   CHECK(contains(err.what(), dir / "a.safetensors"));
+}
+
+// ---- the real-world corpus ------------------------------------------------------------------------
+
+namespace {
+
+struct CorpusEntry {
+  std::string path;
+  size_t tensors;
+  std::vector<std::string> dtypes;
+};
+
+// Rows of MANIFEST.md's table: | folder | source | file | arch | r/alpha | dtypes | tensors | sha256 |
+std::vector<CorpusEntry> corpus_manifest(const std::string& root) {
+  std::vector<CorpusEntry> entries;
+  std::istringstream lines(read_file(root + "/MANIFEST.md"));
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    for (std::string cell; std::getline(row, cell, '|');) {
+      const size_t first = cell.find_first_not_of(' '), last = cell.find_last_not_of(' ');
+      cells.push_back(first == std::string::npos ? "" : cell.substr(first, last - first + 1));
+    }
+    if (cells.size() < 9 || !cells[3].ends_with(".safetensors")) continue;
+    CorpusEntry entry{root + "/" + cells[1] + "/" + cells[3], std::stoul(cells[7]), {}};
+    std::istringstream dtypes(cells[6]);
+    for (std::string d; std::getline(dtypes, d, ',');) entry.dtypes.push_back(d);
+    entries.push_back(entry);
+  }
+  return entries;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: every file of the real corpus opens and every tensor reads, in both modes") {
+  const std::string root = PEFT_CORPUS;
+  if (!fs::exists(root + "/MANIFEST.md")) {
+    MESSAGE("skipped: the real-world corpus is not at " << root);
+    return;
+  }
+  const auto manifest = corpus_manifest(root);
+  CHECK(manifest.size() >= 10);
+  size_t files = 0, matched = 0;
+  for (const auto& item : fs::recursive_directory_iterator(root)) {
+    if (item.path().extension() != ".safetensors") continue;
+    const std::string path = item.path().string();
+    CAPTURE(path);
+    ++files;
+    const auto mapped = Checkpoint::open(path, kMmap);
+    const auto pread = Checkpoint::open(path, kPread);
+    REQUIRE(mapped->tensor_count() == pread->tensor_count());
+    REQUIRE(mapped->tensor_count() > 0);
+    std::vector<std::string> dtypes;
+    for (size_t i = 0; i < mapped->tensor_count(); ++i) {
+      const auto& info = mapped->tensor(i);
+      CHECK(pread->tensor(i).name == info.name);
+      CHECK(mapped->find(info.name) == i);
+      const auto a = mapped->view(i), b = pread->view(i);
+      REQUIRE(a.size() == info.nbytes());
+      REQUIRE(b.size() == a.size());
+      CHECK(std::memcmp(a.data(), b.data(), a.size()) == 0);
+      const std::vector<float> from_map = mapped->read_f32(i), from_file = pread->read_f32(i);
+      CHECK(std::memcmp(from_map.data(), from_file.data(), from_map.size() * 4) == 0);
+      dtypes.push_back(std::string(peft::dtype_name(info.dtype)));
+    }
+    std::sort(dtypes.begin(), dtypes.end());
+    dtypes.erase(std::unique(dtypes.begin(), dtypes.end()), dtypes.end());
+    const auto listed = std::find_if(manifest.begin(), manifest.end(),
+                                     [&](const CorpusEntry& e) { return fs::equivalent(e.path, path); });
+    if (listed != manifest.end()) {
+      ++matched;
+      CHECK(mapped->tensor_count() == listed->tensors);
+      auto expected = listed->dtypes;
+      std::sort(expected.begin(), expected.end());
+      CHECK(dtypes == expected);
+    }
+  }
+  CHECK(files >= manifest.size());
+  CHECK(matched == manifest.size());
+  // A base model folder opens through its model.safetensors.
+  const std::string folder = root + "/mozilla-ai__lm-buddy/tests/resources/models/tiny_gpt2";
+  if (fs::exists(folder + "/model.safetensors")) CHECK(Checkpoint::open(folder)->tensor_count() > 0);
 }
