@@ -471,6 +471,285 @@ PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, si
 /** @} */
 
 /* ==== section: writer ==== */
+/* ================================================================================================ */
+/** @defgroup writing Writing safetensors files and checkpoints
+ *
+ *  A writer produces one `.safetensors` file (peft_writer_new()) or a checkpoint folder in the
+ *  layout transformers writes (peft_writer_new_checkpoint()). The output is byte-identical to what
+ *  Python `safetensors.torch.save_file` writes for the same tensors and metadata: tensors ordered by
+ *  dtype (widest first, in the reference's dtype order) then by name bytes, compact JSON, header
+ *  padded with spaces to a multiple of 8. The reference writes metadata keys in a random order; the
+ *  writer sorts them by bytes, so files with at most one key are identical to every reference run.
+ *
+ *  A write has three phases:
+ *  1. **Declare** every tensor (peft_writer_add_tensor()) and the metadata.
+ *  2. **Stream** each tensor's bytes in the writer's order, which peft_writer_tensor_name() tells
+ *     once peft_writer_start() has computed the header from the declarations alone. Each tensor
+ *     comes from one of: a buffer in one call (peft_writer_write_tensor()), a buffer in chunks
+ *     (peft_writer_begin_tensor() + peft_writer_write()), a callback (peft_writer_write_from_callback())
+ *     or a tensor of an opened checkpoint (peft_writer_write_from_checkpoint()); each may convert
+ *     from another dtype on the way (see peft_convert()). Memory use stays at a few fixed-size
+ *     chunks (about 10 MB), whatever the tensor sizes.
+ *  3. **Finish** (peft_writer_finish()).
+ *
+ *  Output is atomic: bytes go to a temporary file next to the target (named
+ *  `.<name>.peft-tmp-XXXXXX`, created with the permissions a new file gets under the umask), which
+ *  is flushed to disk and renamed over the target only by a successful peft_writer_finish(). After
+ *  any failure (a full disk, a cancelling callback, a freed unfinished writer) the target holds its
+ *  old content or nothing, and the temporary is removed. A killed process leaves the target
+ *  untouched; only a stray temporary may remain.
+ *
+ *  Errors while streaming: an argument error (a tensor out of order, too many bytes, a chunk that is
+ *  not whole elements) changes nothing and the call may be repeated correctly. An I/O error or a
+ *  cancellation discards the output: every later call then fails with #PEFT_ERR_INVALID_ARGUMENT
+ *  and the writer can only be freed.
+ *
+ *  Thread safety: a writer belongs to one thread at a time; different writers are independent.
+ *  Names must not contain NUL bytes (C strings), so such tensors cannot be written through this API.
+ *  @{ */
+
+/** A streaming writer of one safetensors file or of a checkpoint folder. Free with peft_writer_free(). */
+typedef struct peft_writer peft_writer;
+
+/**
+ * @brief A source of tensor bytes for peft_writer_write_from_callback().
+ *
+ * Called repeatedly, with increasing and contiguous @p offset, until the tensor is complete.
+ * @param user_data The pointer given to peft_writer_write_from_callback().
+ * @param offset Byte offset of this chunk within the tensor's bytes in the source dtype.
+ * @param dst Where to put the chunk; valid for this call only.
+ * @param nbytes Bytes to put in @p dst: at most 4 MiB; whole elements when converting.
+ * @return 0 to continue; any other value cancels the write (#PEFT_ERR_CANCELLED).
+ */
+typedef int32_t (*peft_tensor_source_fn)(void* user_data, uint64_t offset, void* dst, uint64_t nbytes);
+
+/**
+ * @brief Creates a writer of one `.safetensors` file.
+ *
+ * The metadata starts absent (no `__metadata__` entry), as with the reference's save_file without
+ * metadata. Nothing is created on disk before peft_writer_start().
+ * @param path Path of the file to write (UTF-8). Its folder must exist when writing starts.
+ * @param[out] out Receives the writer; free it with peft_writer_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or an empty path. Thread-safe.
+ */
+PEFT_API peft_error* peft_writer_new(const char* path, peft_writer** out);
+
+/**
+ * @brief Creates a writer of a checkpoint folder as transformers `save_pretrained` lays it out.
+ *
+ * Tensors are split into shards by huggingface_hub's greedy rule, in declaration order: a tensor
+ * larger than @p max_shard_size gets a shard of its own; otherwise a new shard starts when the
+ * current one would grow past @p max_shard_size. Shards are named `model-00001-of-0000N.safetensors`
+ * and listed in `model.safetensors.index.json` (written as transformers v4 writes it:
+ * `{"metadata": {"total_size": ...}, "weight_map": {...}}`, indent 2, sorted keys, trailing newline);
+ * a single shard is `model.safetensors` with no index. Every shard gets the writer's metadata, which
+ * starts as `{"format":"pt"}`. The folder is created if needed. The shards and the index are written
+ * to temporaries and renamed into place only at the end, the index last; files of an older layout
+ * in the folder (other `model-XXXXX-of-XXXXX.safetensors`, a stale index or `model.safetensors`)
+ * are removed only after that succeeded.
+ * @param folder The folder (UTF-8).
+ * @param max_shard_size Largest shard in bytes of tensor data (headers not counted); 0 for no limit.
+ * @param[out] out Receives the writer; free it with peft_writer_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or an empty folder. Thread-safe.
+ */
+PEFT_API peft_error* peft_writer_new_checkpoint(const char* folder, uint64_t max_shard_size, peft_writer** out);
+
+/**
+ * @brief Releases a writer. An unfinished output is discarded (temporaries removed, targets untouched).
+ * @param writer A writer, or NULL.
+ */
+PEFT_API void peft_writer_free(peft_writer* writer);
+
+/**
+ * @brief Declares a tensor.
+ * @param writer A writer that has not started.
+ * @param name The tensor's name: UTF-8, not `__metadata__`, not declared before. Copied.
+ * @param dtype Its `PEFT_DTYPE_*` in the file.
+ * @param shape @p ndim dimensions (may be NULL when @p ndim is 0: a scalar). Copied.
+ * @param ndim Number of dimensions.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for a duplicate, reserved or non-UTF-8 name,
+ *         an unknown dtype, NULL arguments or a writer that has started;
+ *         #PEFT_ERR_MISALIGNED_SLICE when a sub-byte dtype does not fill whole bytes (an odd number
+ *         of F4 elements); #PEFT_ERR_VALIDATION_OVERFLOW when the size overflows 64 bits.
+ */
+PEFT_API peft_error* peft_writer_add_tensor(peft_writer* writer, const char* name, int32_t dtype,
+                                            const uint64_t* shape, size_t ndim);
+
+/**
+ * @brief Chooses whether the file has a `__metadata__` entry at all.
+ *
+ * Absent (no entry), empty (`"__metadata__":{}`) and entries are three different files. 0 removes
+ * the entry and every key set so far; nonzero makes it present (empty unless keys are set).
+ * @param writer A writer that has not started.
+ * @param present 0 or nonzero.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a writer that has started.
+ */
+PEFT_API peft_error* peft_writer_set_metadata_present(peft_writer* writer, int32_t present);
+
+/**
+ * @brief Sets a metadata entry (replacing an earlier value of the key); makes the metadata present.
+ * @param writer A writer that has not started.
+ * @param key UTF-8 key. Copied.
+ * @param value UTF-8 value. Copied.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, non-UTF-8 text or a writer that has
+ *         started.
+ */
+PEFT_API peft_error* peft_writer_set_metadata(peft_writer* writer, const char* key, const char* value);
+
+/**
+ * @brief Checkpoint writers: the next declared tensor starts a new shard (to keep a given layout).
+ * @param writer A checkpoint writer that has not started.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, a one-file writer or a writer that
+ *         has started.
+ */
+PEFT_API peft_error* peft_writer_break_shard(peft_writer* writer);
+
+/**
+ * @brief Checkpoint writers: extra entries for the index's `"metadata"` object.
+ *
+ * Use it to carry over a source index's metadata (see peft_checkpoint_index_metadata_json()).
+ * `total_size` is always computed by the writer and replaces any given value.
+ * @param writer A checkpoint writer that has not started.
+ * @param json_object A JSON object, e.g. `{"total_parameters": 124439808}`. Copied.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, text that is not a JSON object, a
+ *         one-file writer or a writer that has started.
+ */
+PEFT_API peft_error* peft_writer_set_index_metadata_json(peft_writer* writer, const char* json_object);
+
+/**
+ * @brief Ends the declarations and computes every header; creates nothing on disk yet.
+ *
+ * After this, peft_writer_tensor_name() gives the order in which tensors must be written. Called
+ * by the first write or by peft_writer_finish() if not called before. A failed start changes nothing.
+ * @param writer A writer.
+ * @return NULL on success (also when already started); #PEFT_ERR_HEADER_TOO_LARGE when a header
+ *         would exceed 100,000,000 bytes; #PEFT_ERR_IO if a checkpoint folder cannot be created;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL or a failed or finished writer.
+ */
+PEFT_API peft_error* peft_writer_start(peft_writer* writer);
+
+/**
+ * @brief Number of declared tensors.
+ * @param writer A writer.
+ * @return The count; 0 for NULL.
+ */
+PEFT_API size_t peft_writer_tensor_count(const peft_writer* writer);
+
+/**
+ * @brief Name of the tensor to write at @p position (0-based) in the writer's order.
+ *
+ * For a checkpoint writer the order is shard by shard, each shard in its file's order.
+ * @param writer A started writer.
+ * @param position 0 .. peft_writer_tensor_count() - 1.
+ * @return Borrowed UTF-8 string valid while @p writer lives; NULL before peft_writer_start() or
+ *         out of range.
+ */
+PEFT_API const char* peft_writer_tensor_name(const peft_writer* writer, size_t position);
+
+/**
+ * @brief Declaration index (0-based, in peft_writer_add_tensor() order) of the tensor at @p position.
+ * @param writer A started writer.
+ * @param position 0 .. peft_writer_tensor_count() - 1.
+ * @return The index; SIZE_MAX before peft_writer_start() or out of range.
+ */
+PEFT_API size_t peft_writer_tensor_declaration(const peft_writer* writer, size_t position);
+
+/**
+ * @brief Number of files the writer produces (1 for a one-file writer; the shards of a checkpoint).
+ * @param writer A started writer.
+ * @return The count; 0 before peft_writer_start() or for NULL. The index file is not counted.
+ */
+PEFT_API size_t peft_writer_file_count(const peft_writer* writer);
+
+/**
+ * @brief Path of output file @p file_index (for a checkpoint: the folder joined with the shard name).
+ * @param writer A started writer.
+ * @param file_index 0 .. peft_writer_file_count() - 1.
+ * @return Borrowed UTF-8 string valid while @p writer lives; NULL before start or out of range.
+ */
+PEFT_API const char* peft_writer_file_path(const peft_writer* writer, size_t file_index);
+
+/**
+ * @brief Begins the next tensor, whose bytes then come through peft_writer_write().
+ * @param writer A writer.
+ * @param name Must be the next tensor in the writer's order.
+ * @param src_dtype Dtype of the bytes that will be given: the declared dtype for a plain copy, or
+ *        another one to convert from (see peft_convert()).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT naming the tensor when it is not the next one
+ *         or the previous one is incomplete; #PEFT_ERR_UNSUPPORTED for a conversion that is not
+ *         done; #PEFT_ERR_IO if the output cannot be created or written.
+ */
+PEFT_API peft_error* peft_writer_begin_tensor(peft_writer* writer, const char* name, int32_t src_dtype);
+
+/**
+ * @brief Appends bytes of the tensor begun with peft_writer_begin_tensor().
+ *
+ * The tensor is complete once all its bytes (elements x size of the source dtype) are given.
+ * @param writer A writer with a begun tensor.
+ * @param data @p nbytes bytes in the source dtype, little-endian; not kept after the call.
+ * @param nbytes Any number up to what the tensor has left; whole elements when converting.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT naming the tensor for more bytes than it has
+ *         left, a partial element when converting, or no begun tensor (nothing is written then);
+ *         #PEFT_ERR_IO when writing fails (the output is then discarded).
+ */
+PEFT_API peft_error* peft_writer_write(peft_writer* writer, const void* data, uint64_t nbytes);
+
+/**
+ * @brief Writes the next tensor whole from a buffer.
+ * @param writer A writer.
+ * @param name Must be the next tensor in the writer's order.
+ * @param src_dtype Dtype of @p data (the declared dtype, or one to convert from).
+ * @param data The tensor's bytes, little-endian, row-major; not kept after the call.
+ * @param nbytes Their number: elements x size of @p src_dtype.
+ * @return NULL on success; #PEFT_ERR_TENSOR_INVALID_INFO when @p nbytes does not match;
+ *         #PEFT_ERR_INVALID_ARGUMENT when @p name is not the next tensor; #PEFT_ERR_UNSUPPORTED for
+ *         a conversion that is not done; #PEFT_ERR_IO when writing fails.
+ */
+PEFT_API peft_error* peft_writer_write_tensor(peft_writer* writer, const char* name, int32_t src_dtype,
+                                              const void* data, uint64_t nbytes);
+
+/**
+ * @brief Writes the next tensor whole from a callback that fills chunks.
+ * @param writer A writer.
+ * @param name Must be the next tensor in the writer's order.
+ * @param src_dtype Dtype of the bytes the callback gives (the declared dtype, or one to convert from).
+ * @param source Called for each chunk until the tensor is complete (not called for zero bytes).
+ * @param user_data Passed to @p source unchanged.
+ * @return NULL on success; #PEFT_ERR_CANCELLED when @p source returns nonzero (the output is then
+ *         discarded); the other errors as for peft_writer_write_tensor().
+ */
+PEFT_API peft_error* peft_writer_write_from_callback(peft_writer* writer, const char* name, int32_t src_dtype,
+                                                     peft_tensor_source_fn source, void* user_data);
+
+/**
+ * @brief Writes the next tensor from tensor @p index of an opened checkpoint.
+ *
+ * The bytes are streamed in chunks from the checkpoint's mapping and converted when the declared
+ * dtype differs from the source's; the pages read are released as the write goes, so rewriting a
+ * large checkpoint does not keep it resident.
+ * @param writer A writer.
+ * @param name Must be the next tensor in the writer's order.
+ * @param ckpt The source checkpoint; only used during the call.
+ * @param index The source tensor (see peft_checkpoint_find()); it must have the declared shape.
+ * @return NULL on success; #PEFT_ERR_SHAPE_MISMATCH for another shape; #PEFT_ERR_UNSUPPORTED for a
+ *         conversion that is not done; #PEFT_ERR_INVALID_ARGUMENT for a bad index or order;
+ *         #PEFT_ERR_IO when reading or writing fails.
+ */
+PEFT_API peft_error* peft_writer_write_from_checkpoint(peft_writer* writer, const char* name,
+                                                       const peft_checkpoint* ckpt, size_t index);
+
+/**
+ * @brief Completes the output: checks that every tensor was written, flushes every file to disk and
+ *        renames it into place (a checkpoint's index last), then removes files of an older layout.
+ * @param writer A writer.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT naming a tensor that is missing or incomplete
+ *         (nothing changes; write it and finish again); #PEFT_ERR_IO when flushing or renaming fails
+ *         (the output is then discarded).
+ */
+PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
+
+/** @} */
+
 /* ==== end section: writer ==== */
 
 /* ==== section: adapter ==== */

@@ -1,0 +1,176 @@
+#include "core/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "core/error.hpp"
+
+namespace peft {
+
+namespace testing {
+FaultHook fault_hook = nullptr;
+}  // namespace testing
+
+namespace {
+
+constexpr const char* kTempMarker = ".peft-tmp-";
+// File names are at most 255 bytes on common file systems; keep room for "." + marker + suffix.
+constexpr size_t kMaxBaseInTempName = 200;
+
+int injected(testing::FileOp op, const std::string& target) {
+  return testing::fault_hook ? testing::fault_hook(op, target) : 0;
+}
+
+[[noreturn]] void fail_io(const std::string& what, const std::string& path, int error) {
+  fail(PEFT_ERR_IO, "cannot " + what + " " + quoted(path) + ": " + std::strerror(error));
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Six characters that make a temporary's name unique with high probability; O_EXCL settles the rest.
+std::string random_suffix() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t seed = [] {
+    std::random_device device;
+    return (uint64_t{device()} << 32) ^ device() ^ static_cast<uint64_t>(getpid());
+  }();
+  const uint64_t now = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::mt19937_64 mix(seed ^ now ^ (counter.fetch_add(1) * 0x9E3779B97F4A7C15ull));
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string out;
+  for (int i = 0; i < 6; ++i) out += kAlphabet[mix() % (sizeof kAlphabet - 1)];
+  return out;
+}
+
+}  // namespace
+
+std::string parent_folder(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+bool is_atomic_temp_name(const std::string& file_name) {
+  const size_t at = file_name.rfind(kTempMarker);
+  return !file_name.empty() && file_name[0] == '.' && at != std::string::npos &&
+         file_name.size() == at + std::strlen(kTempMarker) + 6;
+}
+
+void sync_directory(const std::string& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // the rename itself succeeded; durability of the entry is best effort here
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
+  if (target_.empty() || target_.back() == '/') {
+    fail(PEFT_ERR_INVALID_ARGUMENT, "output path " + quoted(target_) + " does not name a file");
+  }
+  const std::string folder = parent_folder(target_);
+  const std::string base = base_name(target_).substr(0, kMaxBaseInTempName);
+  const std::string prefix = (target_.find('/') == std::string::npos ? std::string() : folder + "/");
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string candidate = prefix + "." + base + kTempMarker + random_suffix();
+    int fd = -1;
+    int error = injected(testing::FileOp::create, target_);
+    if (error == 0) {
+      // 0666 filtered by the umask: the same mode an ordinary new file gets.
+      fd = ::open(candidate.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd < 0) error = errno;
+    }
+    if (fd >= 0) {
+      fd_ = fd;
+      temp_path_ = std::move(candidate);
+      return;
+    }
+    if (error != EEXIST && error != EINTR) fail_io("create a file in the folder of", target_, error);
+  }
+  fail(PEFT_ERR_IO, "cannot create a unique temporary file next to " + quoted(target_));
+}
+
+AtomicFile::~AtomicFile() { abort(); }
+
+void AtomicFile::reserve(uint64_t size) {
+  if (fd_ < 0 || size == 0) return;
+  int error = injected(testing::FileOp::reserve, target_);
+  if (error == 0 && ::fallocate(fd_, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size)) != 0) error = errno;
+  if (error == ENOSPC || error == EDQUOT || error == EFBIG) fail_io("write", target_, error);
+  // Anything else (EOPNOTSUPP, EINVAL on some file systems) only means no early check.
+}
+
+void AtomicFile::write(const void* data, size_t size) {
+  if (fd_ < 0 || closed_) fail(PEFT_ERR_INTERNAL, "write to a closed output file " + quoted(target_));
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    int error = injected(testing::FileOp::write, target_);
+    ssize_t n = -1;
+    if (error == 0) {
+      n = ::write(fd_, bytes, size);
+      if (n < 0) error = errno;
+    }
+    if (n < 0) {
+      if (error == EINTR) continue;
+      fail_io("write", target_, error);
+    }
+    if (n == 0) fail_io("write", target_, EIO);
+    bytes += n;
+    size -= static_cast<size_t>(n);
+    written_ += static_cast<uint64_t>(n);
+  }
+}
+
+void AtomicFile::flush_and_close() {
+  if (closed_) return;
+  if (fd_ < 0) fail(PEFT_ERR_INTERNAL, "flush of an aborted output file " + quoted(target_));
+  int error = injected(testing::FileOp::fsync, target_);
+  if (error == 0 && ::fsync(fd_) != 0) error = errno;
+  if (error != 0 && error != EINVAL) fail_io("flush", target_, error);  // EINVAL: no fsync there
+  const int fd = fd_;
+  fd_ = -1;
+  closed_ = true;
+  if (::close(fd) != 0 && errno != EINTR) {
+    const int close_error = errno;
+    ::unlink(temp_path_.c_str());
+    temp_path_.clear();
+    fail_io("write", target_, close_error);
+  }
+}
+
+void AtomicFile::commit() {
+  if (committed_) return;
+  flush_and_close();
+  if (temp_path_.empty()) fail(PEFT_ERR_INTERNAL, "commit of an aborted output file " + quoted(target_));
+  int error = injected(testing::FileOp::rename, target_);
+  if (error == 0 && ::rename(temp_path_.c_str(), target_.c_str()) != 0) error = errno;
+  if (error != 0) fail_io("replace", target_, error);
+  committed_ = true;
+  temp_path_.clear();
+  sync_directory(parent_folder(target_));
+}
+
+void AtomicFile::abort() noexcept {
+  if (committed_) return;
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  closed_ = true;
+  if (!temp_path_.empty()) {
+    ::unlink(temp_path_.c_str());
+    temp_path_.clear();
+  }
+}
+
+}  // namespace peft

@@ -1,0 +1,77 @@
+// A file that appears at its target path only when complete. Bytes go to a temporary file in the
+// target's folder (".<name>.peft-tmp-XXXXXX", created with O_EXCL and mode 0666 & ~umask like any
+// new file); commit() flushes it to disk, renames it over the target and flushes the folder. If the
+// object is destroyed (or abort()ed) without a commit, the temporary is removed and the target
+// keeps whatever it held before. A process killed mid-write leaves the target untouched; only a
+// stray temporary, recognisable by its name, may remain.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace peft {
+
+class AtomicFile {
+ public:
+  // Creates the temporary next to `target`. PEFT_ERR_IO naming the target on failure (a missing
+  // folder, no permission, ...).
+  explicit AtomicFile(std::string target);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+
+  // Reserves disk space for `size` bytes in total (without changing the file's length), so that a
+  // full disk is reported before anything is written. Ignored where the file system cannot do it.
+  // PEFT_ERR_IO naming the target when there is no room.
+  void reserve(uint64_t size);
+
+  // Appends bytes (retrying short writes and EINTR). PEFT_ERR_IO naming the target on failure
+  // (e.g. "no space left on device"); the object is then unusable except for abort().
+  void write(const void* data, size_t size);
+
+  // Flushes the file to disk and closes it, without renaming yet: a group of files (the shards of
+  // a checkpoint) can all be made durable before any of them replaces an old file.
+  void flush_and_close();
+
+  // flush_and_close() if not done yet, then renames over the target and flushes the folder.
+  void commit();
+
+  // Closes and removes the temporary; never throws. Does nothing after commit().
+  void abort() noexcept;
+
+  const std::string& target() const { return target_; }
+  const std::string& temp_path() const { return temp_path_; }
+  uint64_t bytes_written() const { return written_; }
+  bool committed() const { return committed_; }
+
+ private:
+  std::string target_;
+  std::string temp_path_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+  bool closed_ = false;
+  bool committed_ = false;
+};
+
+// Flushes a folder's entries (after a rename into it). Best effort on file systems that refuse.
+void sync_directory(const std::string& folder);
+
+// The folder part of a path ("." when there is none).
+std::string parent_folder(const std::string& path);
+
+// True when a file name is one of our temporaries (".<name>.peft-tmp-XXXXXX").
+bool is_atomic_temp_name(const std::string& file_name);
+
+namespace testing {
+
+// Fault injection for tests only (not exported from the shared library, which hides every
+// non-peft_ symbol). When set, the hook runs before each system call of AtomicFile; returning a
+// nonzero errno makes that call fail with it. NULL (the default) injects nothing.
+enum class FileOp { create, reserve, write, fsync, rename };
+using FaultHook = int (*)(FileOp op, const std::string& target);
+extern FaultHook fault_hook;
+
+}  // namespace testing
+
+}  // namespace peft

@@ -1,0 +1,58 @@
+// A writer of a checkpoint folder as transformers' save_pretrained lays it out: tensors split into
+// shards by huggingface_hub's greedy rule, `model-00001-of-0000N.safetensors` (or one
+// `model.safetensors` and no index), `{"format":"pt"}` metadata on every shard, and
+// `model.safetensors.index.json` written as transformers v4 writes it.
+//
+// The folder changes as atomically as files allow: every shard and the index are written to
+// temporaries and flushed first; then the shards are renamed into place and the index last; only
+// then are files of an older layout removed (stale shards, a stale index or model.safetensors).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "safetensors/writer.hpp"
+
+namespace peft {
+
+class ShardedWriter final : public TensorWriter {
+ public:
+  // `max_shard_size` in bytes of tensor data; 0 means no limit (one shard unless break_shard()).
+  // The folder is created (with its parents) when writing starts.
+  ShardedWriter(std::string folder, uint64_t max_shard_size);
+
+  // Ends the current shard: the next declared tensor starts a new one (to keep a given layout).
+  void break_shard();
+  // Extra entries of the index's "metadata" object, as a JSON object text (e.g. the source index's
+  // metadata); "total_size" is always recomputed. INVALID_ARGUMENT if it is not a JSON object.
+  void set_index_metadata_json(const std::string& json_object);
+
+  // The file names chosen for the shards (valid after start()).
+  std::vector<std::string> shard_names() const;
+
+ protected:
+  std::vector<OutputSpec> plan_outputs(const std::vector<TensorDecl>& decls) override;
+  std::vector<std::unique_ptr<AtomicFile>> make_extra_files() override;
+  void after_commit() noexcept override;
+
+ private:
+  std::string folder_;
+  uint64_t max_shard_size_;
+  std::vector<size_t> breaks_;  // declaration indices that start a new shard
+  std::string index_metadata_json_ = "{}";
+  std::vector<std::string> names_;
+};
+
+// huggingface_hub's split_state_dict_into_shards_factory on sizes alone: a tensor larger than
+// `max_size` gets a shard of its own (appended at once, before the shard being filled); otherwise a
+// new shard starts when the current one would exceed `max_size`. `breaks` (sorted) force a new
+// shard before those indices. Returns the shards' members in order; no shard is empty.
+std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& sizes, uint64_t max_size,
+                                                   const std::vector<size_t>& breaks = {});
+
+// "model-00001-of-00003.safetensors", or "model.safetensors" when there is one shard.
+std::string shard_file_name(size_t index, size_t count);
+
+}  // namespace peft
