@@ -68,10 +68,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("corpus_file", _params(corpus_files(), CORPUS, NO_CORPUS))
     if "fixture_file" in metafunc.fixturenames:
         reason = f"no fixtures in {FIXTURES / 'safetensors'} {regenerate}"
-        metafunc.parametrize("fixture_file", _params(fixture_files(), FIXTURES, reason))
+        metafunc.parametrize("fixture_file", _params(fixture_files(), FIXTURES / "safetensors", reason))
     if "fixture_folder" in metafunc.fixturenames:
         reason = f"no checkpoint folders in {FIXTURES / 'safetensors'} {regenerate}"
-        metafunc.parametrize("fixture_folder", _params(fixture_folders(), FIXTURES, reason))
+        metafunc.parametrize("fixture_folder", _params(fixture_folders(), FIXTURES / "safetensors", reason))
     if "malformed_case" in metafunc.fixturenames:
         cases = malformed_cases()
         if cases:

@@ -22,6 +22,7 @@ from ._lib import ABI_VERSION, LibraryNotFoundError, MissingSymbolError
 from ._lib import lib as _library
 from ._lib import load as load_library
 from .checkpoint import Checkpoint, TensorInfo
+from .writer import Writer, rewrite, save_checkpoint, save_file
 
 __version__ = "0.1.0"
 
@@ -60,6 +61,7 @@ __all__ = [
     "PeftError",
     "SafetensorsFormatError",
     "TensorInfo",
+    "Writer",
     "abi_version",
     "as_dtype",
     "convert",
@@ -68,6 +70,9 @@ __all__ = [
     "library_path",
     "load_library",
     "numpy_dtype",
+    "rewrite",
+    "save_checkpoint",
+    "save_file",
     "version",
     "version_number",
 ] + [cls.__name__ for cls in _errors.ERROR_CLASSES.values()]

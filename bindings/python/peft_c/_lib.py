@@ -29,6 +29,9 @@ ABI_VERSION = 1
 _err = c_void_p  # peft_error*: an opaque pointer (None when NULL)
 _handle = c_void_p
 
+#: The C callback type ``peft_tensor_source_fn``.
+SOURCE_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64, c_void_p, c_uint64)
+
 # name -> (restype, argtypes). Every function of include/peft_c.h that the binding calls.
 PROTOTYPES = {
     # versions
@@ -70,6 +73,27 @@ PROTOTYPES = {
     "peft_checkpoint_tensor_file": (c_size_t, [_handle, c_size_t]),
     "peft_checkpoint_tensor_view": (_err, [_handle, c_size_t, POINTER(c_void_p), POINTER(c_uint64)]),
     "peft_checkpoint_tensor_read": (_err, [_handle, c_size_t, c_int32, c_void_p, c_uint64]),
+    # writing
+    "peft_writer_new": (_err, [c_char_p, POINTER(c_void_p)]),
+    "peft_writer_new_checkpoint": (_err, [c_char_p, c_uint64, POINTER(c_void_p)]),
+    "peft_writer_free": (None, [_handle]),
+    "peft_writer_add_tensor": (_err, [_handle, c_char_p, c_int32, POINTER(c_uint64), c_size_t]),
+    "peft_writer_set_metadata_present": (_err, [_handle, c_int32]),
+    "peft_writer_set_metadata": (_err, [_handle, c_char_p, c_char_p]),
+    "peft_writer_break_shard": (_err, [_handle]),
+    "peft_writer_set_index_metadata_json": (_err, [_handle, c_char_p]),
+    "peft_writer_start": (_err, [_handle]),
+    "peft_writer_tensor_count": (c_size_t, [_handle]),
+    "peft_writer_tensor_name": (c_char_p, [_handle, c_size_t]),
+    "peft_writer_tensor_declaration": (c_size_t, [_handle, c_size_t]),
+    "peft_writer_file_count": (c_size_t, [_handle]),
+    "peft_writer_file_path": (c_char_p, [_handle, c_size_t]),
+    "peft_writer_begin_tensor": (_err, [_handle, c_char_p, c_int32]),
+    "peft_writer_write": (_err, [_handle, c_void_p, c_uint64]),
+    "peft_writer_write_tensor": (_err, [_handle, c_char_p, c_int32, c_void_p, c_uint64]),
+    "peft_writer_write_from_callback": (_err, [_handle, c_char_p, c_int32, SOURCE_FN, c_void_p]),
+    "peft_writer_write_from_checkpoint": (_err, [_handle, c_char_p, _handle, c_size_t]),
+    "peft_writer_finish": (_err, [_handle]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value
