@@ -29,7 +29,8 @@ HeaderJson finish(HeaderSax& sax, bool ok) {
   names.reserve(result.tensors.size());
   for (const TensorInfo& tensor : result.tensors) {
     if (!names.insert(tensor.name).second) {
-      fail(PEFT_ERR_INVALID_HEADER, "tensor " + quoted_name(tensor.name) + " is listed twice");
+      fail(PEFT_ERR_INVALID_HEADER, "tensor " + quoted_name(tensor.name) +
+                                        " is listed twice (stricter than the reference, on purpose)");
     }
   }
   return result;

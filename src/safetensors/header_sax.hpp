@@ -11,12 +11,9 @@
 //  - The root must be an object. "__metadata__" (also when spelled with \u escapes) must be null
 //    (= absent) or an object of string values; inside it a repeated key: the last value wins; the
 //    key "__metadata__" itself given twice is an error, even as null.
-//  - Every other key is a tensor. Because serde buffers flattened entries and derived structs also
-//    deserialize from sequences, a tensor may be an object {"dtype","shape","data_offsets"} (any
-//    order, other keys ignored but still parsed, a known key twice is an error) or an array of
-//    exactly those three values in that order.
-//  - dtype is an exact, case-sensitive variant name, or (serde's externally tagged enum form) an
-//    object with exactly one key, the variant name, whose value is null: {"F32":null}.
+//  - Every other key is a tensor: an object {"dtype","shape","data_offsets"} in any order; other
+//    keys are ignored but must still be valid JSON; a known key twice is an error.
+//  - dtype is an exact, case-sensitive variant name.
 //  - shape items and both data_offsets are integers in [0, 2^64-1]: no sign, fraction or exponent
 //    ("-0", "1.0" and "1e0" all fail; an integer above 2^64-1 is a float to serde, so it fails).
 //  - Nesting deeper than 127 levels fails: serde_json's recursion limit (an object or array opening
@@ -24,7 +21,13 @@
 //    accepted; it also bounds the parser's stack, so a 10,000-deep unknown field costs 128 steps.
 //  - Numbers that serde_json cannot hold as a finite f64 fail even in ignored fields
 //    (serde_number.hpp).
-// Deliberately stricter than the reference, in parse_header_json: a tensor name given twice.
+// Deliberately stricter than the reference (each message says so), like the fixtures in
+// tests/fixtures/malformed expect:
+//  - a tensor name given twice (parse_header_json); the reference keeps the last entry;
+//  - two serde artifacts no writer produces: serde builds structs from sequences too and reads
+//    enums in their externally tagged form, so the reference also accepts a tensor written as the
+//    array ["F32",[1],[0,4]] and a dtype written as {"F32":null}. We take only the object form and
+//    the plain string, so that what we accept is what the format describes.
 #pragma once
 
 #include <cstdint>
@@ -72,19 +75,18 @@ class HeaderSax {
     MetadataString,  // a value inside "__metadata__"
     TensorValue,     // the value of a tensor name
     Dtype,
-    DtypeUnit,       // the null in {"F32": null}
     Shape,
     ShapeDim,
     Offsets,
     OffsetItem,
-    Ignored,         // an unknown tensor field, anything inside one, or surplus array items
+    Ignored,         // an unknown tensor field, anything inside one, or surplus offsets
   };
   enum class Frame : uint8_t {
-    Root, Metadata, TensorObject, TensorArray, DtypeMap, Shape, Offsets, IgnoredObject, IgnoredArray
+    Root, Metadata, TensorObject, Shape, Offsets, IgnoredObject, IgnoredArray
   };
   struct OpenContainer {
     Frame frame;
-    uint32_t items;  // values (arrays) or keys (dtype object) seen so far
+    uint32_t items;  // values seen so far (data_offsets)
   };
 
   Slot take_slot();
@@ -99,7 +101,7 @@ class HeaderSax {
   std::vector<OpenContainer> open_;
   Slot pending_ = Slot::Document;  // set by key() for the value that follows
   TensorInfo current_;
-  bool have_dtype_ = false, have_shape_ = false, have_offsets_ = false;
+  bool have_dtype_ = false, have_shape_ = false, have_offsets_ = false;  // seen in this tensor
   std::vector<TensorInfo> tensors_;
   bool metadata_seen_ = false;  // the key appeared (even as null)
   bool has_metadata_ = false;   // it was an object
