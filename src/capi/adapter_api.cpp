@@ -1,0 +1,389 @@
+// The adapter section of the C API: adapters, their modules and tensors, translators, validation.
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "capi/adapter_handles.hpp"
+#include "capi/capi_common.hpp"
+#include "core/error.hpp"
+#include "peft/arch_registry.hpp"
+#include "peft/validation.hpp"
+
+namespace {
+
+using peft::capi::guarded;
+using peft::capi::require_arg;
+
+char* copy_string(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
+const peft::AdapterModule* module_or_null(const peft_adapter* a, size_t module) {
+  if (a == nullptr || module >= a->impl->modules().size()) return nullptr;
+  return &a->impl->modules()[module];
+}
+
+const peft::AdapterTensor* tensor_or_null(const peft_adapter* a, size_t module, size_t tensor) {
+  const peft::AdapterModule* m = module_or_null(a, module);
+  if (m == nullptr || tensor >= m->tensors.size()) return nullptr;
+  return &m->tensors[tensor];
+}
+
+const peft::TensorInfo* info_or_null(const peft_adapter* a, size_t module, size_t tensor) {
+  const peft::AdapterTensor* t = tensor_or_null(a, module, tensor);
+  return t == nullptr ? nullptr : &a->impl->checkpoint().tensor(t->index);
+}
+
+const char* optional_c_str(const std::optional<std::string>& value) { return value ? value->c_str() : nullptr; }
+
+peft_translator* new_translator(peft::Translator translator) {
+  return new peft_translator{std::move(translator)};
+}
+
+// Translates a batch; on success fills `out` with malloc'd strings (all or nothing).
+template <class Translate>
+void translate_batch(const char* const* keys, size_t count, char** out, Translate translate) {
+  if (count > 0) {
+    require_arg(keys, "keys");
+    require_arg(out, "out");
+  }
+  std::vector<std::string> input;
+  input.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (keys[i] == nullptr)
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "key " + std::to_string(i) + " of the batch is NULL");
+    input.emplace_back(keys[i]);
+  }
+  std::vector<std::string> result = translate(input);
+  std::vector<char*> copies;
+  try {
+    for (const std::string& s : result) copies.push_back(copy_string(s));
+  } catch (...) {
+    for (char* c : copies) std::free(c);
+    throw;
+  }
+  for (size_t i = 0; i < count; ++i) out[i] = copies[i];
+}
+
+}  // namespace
+
+extern "C" {
+
+void peft_string_free(char* text) { std::free(text); }
+
+peft_error* peft_adapter_options_new(peft_adapter_options** out) {
+  return guarded([&] {
+    require_arg(out, "out");
+    *out = new peft_adapter_options();
+  });
+}
+
+void peft_adapter_options_free(peft_adapter_options* opts) { delete opts; }
+
+peft_error* peft_adapter_options_set_base_dir(peft_adapter_options* opts, const char* base_dir) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->base_dir = base_dir == nullptr ? "" : base_dir;
+  });
+}
+
+peft_error* peft_adapter_options_set_translator(peft_adapter_options* opts, const peft_translator* translator) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->table = translator == nullptr ? nullptr : translator->impl.table_ptr();
+  });
+}
+
+peft_error* peft_adapter_open(const char* dir, const peft_adapter_options* opts, peft_adapter** out) {
+  return guarded([&] {
+    require_arg(dir, "dir");
+    require_arg(out, "out");
+    peft::Adapter::Options options;
+    if (opts != nullptr) {
+      options.base_dir = opts->base_dir;
+      options.table = opts->table;
+    }
+    auto handle = std::make_unique<peft_adapter>();
+    handle->impl = peft::Adapter::open(dir, options);
+    handle->config_json = handle->impl->config().canonical_json();
+    for (const auto& [key, value] : handle->impl->config().document.items())
+      handle->field_json.emplace(key, value.dump(-1, ' ', /*ensure_ascii=*/false,
+                                                 nlohmann::json::error_handler_t::replace));
+    if (handle->impl->table()) handle->family = handle->impl->table()->family();
+    *out = handle.release();
+  });
+}
+
+void peft_adapter_free(peft_adapter* adapter) { delete adapter; }
+
+peft_error* peft_adapter_validate(const peft_adapter* adapter, const char* base_dir) {
+  return guarded([&] {
+    require_arg(adapter, "adapter");
+    require_arg(base_dir, "base_dir");
+    adapter->impl->validate(base_dir);
+  });
+}
+
+const char* peft_adapter_config_json(const peft_adapter* adapter) {
+  return adapter == nullptr ? nullptr : adapter->config_json.c_str();
+}
+
+const char* peft_adapter_config_field(const peft_adapter* adapter, const char* field) {
+  if (adapter == nullptr || field == nullptr) return nullptr;
+  auto it = adapter->field_json.find(std::string_view(field));
+  return it == adapter->field_json.end() ? nullptr : it->second.c_str();
+}
+
+int64_t peft_adapter_r(const peft_adapter* adapter) { return adapter ? adapter->impl->config().r : 0; }
+double peft_adapter_lora_alpha(const peft_adapter* adapter) { return adapter ? adapter->impl->config().lora_alpha : 0; }
+int32_t peft_adapter_use_rslora(const peft_adapter* adapter) { return adapter && adapter->impl->config().use_rslora; }
+int32_t peft_adapter_use_dora(const peft_adapter* adapter) { return adapter && adapter->impl->config().use_dora; }
+int32_t peft_adapter_lora_bias(const peft_adapter* adapter) { return adapter && adapter->impl->config().lora_bias; }
+int32_t peft_adapter_fan_in_fan_out(const peft_adapter* adapter) {
+  return adapter && adapter->impl->config().fan_in_fan_out;
+}
+
+const char* peft_adapter_peft_type(const peft_adapter* adapter) {
+  return adapter ? adapter->impl->config().peft_type.c_str() : nullptr;
+}
+const char* peft_adapter_bias(const peft_adapter* adapter) {
+  return adapter ? adapter->impl->config().bias.c_str() : nullptr;
+}
+const char* peft_adapter_task_type(const peft_adapter* adapter) {
+  return adapter ? optional_c_str(adapter->impl->config().task_type) : nullptr;
+}
+const char* peft_adapter_base_model_name_or_path(const peft_adapter* adapter) {
+  return adapter ? optional_c_str(adapter->impl->config().base_model_name_or_path) : nullptr;
+}
+const char* peft_adapter_family(const peft_adapter* adapter) {
+  return adapter == nullptr || adapter->family.empty() ? nullptr : adapter->family.c_str();
+}
+
+peft_error* peft_adapter_translator(const peft_adapter* adapter, peft_translator** out) {
+  return guarded([&] {
+    require_arg(adapter, "adapter");
+    require_arg(out, "out");
+    if (!adapter->impl->table())
+      peft::fail(PEFT_ERR_NOT_FOUND, "adapter " + peft::quoted(adapter->impl->dir()) +
+                                         " has no architecture table (its family was not recognised)");
+    *out = new_translator(peft::Translator(adapter->impl->table()));
+  });
+}
+
+size_t peft_adapter_note_count(const peft_adapter* adapter) { return adapter ? adapter->impl->notes().size() : 0; }
+
+const char* peft_adapter_note(const peft_adapter* adapter, size_t index) {
+  if (adapter == nullptr || index >= adapter->impl->notes().size()) return nullptr;
+  return adapter->impl->notes()[index].c_str();
+}
+
+size_t peft_adapter_module_count(const peft_adapter* adapter) {
+  return adapter ? adapter->impl->modules().size() : 0;
+}
+
+peft_error* peft_adapter_find_module(const peft_adapter* adapter, const char* name, size_t* out_index) {
+  return guarded([&] {
+    require_arg(adapter, "adapter");
+    require_arg(name, "name");
+    require_arg(out_index, "out_index");
+    const auto& modules = adapter->impl->modules();
+    for (size_t i = 0; i < modules.size(); ++i) {
+      if (modules[i].name == name) {
+        *out_index = i;
+        return;
+      }
+    }
+    peft::fail(PEFT_ERR_NOT_FOUND, "the adapter has no module " + peft::quoted(name));
+  });
+}
+
+const char* peft_adapter_module_name(const peft_adapter* adapter, size_t module) {
+  const peft::AdapterModule* m = module_or_null(adapter, module);
+  return m ? m->name.c_str() : nullptr;
+}
+
+int32_t peft_adapter_module_kind(const peft_adapter* adapter, size_t module) {
+  const peft::AdapterModule* m = module_or_null(adapter, module);
+  return m ? static_cast<int32_t>(m->kind) : -1;
+}
+
+int64_t peft_adapter_module_rank(const peft_adapter* adapter, size_t module) {
+  const peft::AdapterModule* m = module_or_null(adapter, module);
+  return m ? m->rank : 0;
+}
+
+double peft_adapter_module_alpha(const peft_adapter* adapter, size_t module) {
+  const peft::AdapterModule* m = module_or_null(adapter, module);
+  return m ? m->alpha : 0;
+}
+
+double peft_adapter_module_scaling(const peft_adapter* adapter, size_t module) {
+  const peft::AdapterModule* m = module_or_null(adapter, module);
+  return m ? m->scaling : 0;
+}
+
+size_t peft_adapter_module_tensor_count(const peft_adapter* adapter, size_t module) {
+  const peft::AdapterModule* m = module_or_null(adapter, module);
+  return m ? m->tensors.size() : 0;
+}
+
+const char* peft_adapter_module_tensor_role(const peft_adapter* adapter, size_t module, size_t tensor) {
+  const peft::AdapterTensor* t = tensor_or_null(adapter, module, tensor);
+  return t ? t->suffix.c_str() : nullptr;
+}
+
+const char* peft_adapter_module_tensor_key(const peft_adapter* adapter, size_t module, size_t tensor) {
+  const peft::AdapterTensor* t = tensor_or_null(adapter, module, tensor);
+  return t ? t->key.c_str() : nullptr;
+}
+
+const char* peft_adapter_module_tensor_base_name(const peft_adapter* adapter, size_t module, size_t tensor) {
+  const peft::AdapterTensor* t = tensor_or_null(adapter, module, tensor);
+  return t ? t->base_tensor.c_str() : nullptr;
+}
+
+int32_t peft_adapter_module_tensor_dtype(const peft_adapter* adapter, size_t module, size_t tensor) {
+  const peft::TensorInfo* info = info_or_null(adapter, module, tensor);
+  return info ? static_cast<int32_t>(info->dtype) : -1;
+}
+
+size_t peft_adapter_module_tensor_ndim(const peft_adapter* adapter, size_t module, size_t tensor) {
+  const peft::TensorInfo* info = info_or_null(adapter, module, tensor);
+  return info ? info->shape.size() : 0;
+}
+
+const uint64_t* peft_adapter_module_tensor_shape(const peft_adapter* adapter, size_t module, size_t tensor) {
+  const peft::TensorInfo* info = info_or_null(adapter, module, tensor);
+  return info == nullptr || info->shape.empty() ? nullptr : info->shape.data();
+}
+
+peft_error* peft_adapter_module_tensor_read(const peft_adapter* adapter, size_t module, size_t tensor,
+                                            int32_t dtype, void* dst, uint64_t dst_nbytes) {
+  return guarded([&] {
+    require_arg(adapter, "adapter");
+    const peft::AdapterTensor* t = tensor_or_null(adapter, module, tensor);
+    if (t == nullptr)
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "module " + std::to_string(module) + " tensor " +
+                                                std::to_string(tensor) + " is out of range");
+    if (!peft::is_valid_dtype(dtype))
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "dtype " + std::to_string(dtype) + " is not a PEFT_DTYPE_* value");
+    adapter->impl->checkpoint().read(t->index, static_cast<peft::DType>(dtype), dst, dst_nbytes);
+  });
+}
+
+const int64_t* peft_adapter_module_token_indices(const peft_adapter* adapter, size_t module, size_t* out_count) {
+  const peft::AdapterModule* m = module_or_null(adapter, module);
+  if (out_count) *out_count = m ? m->token_indices.size() : 0;
+  return m == nullptr || m->token_indices.empty() ? nullptr : m->token_indices.data();
+}
+
+peft_error* peft_translator_new_builtin(const char* family, peft_translator** out) {
+  return guarded([&] {
+    require_arg(family, "family");
+    require_arg(out, "out");
+    *out = new_translator(peft::Translator::for_family(family));
+  });
+}
+
+peft_error* peft_translator_from_file(const char* path, peft_translator** out) {
+  return guarded([&] {
+    require_arg(path, "path");
+    require_arg(out, "out");
+    *out = new_translator(peft::Translator::from_file(path));
+  });
+}
+
+peft_error* peft_translator_from_json(const char* json, peft_translator** out) {
+  return guarded([&] {
+    require_arg(json, "json");
+    require_arg(out, "out");
+    *out = new_translator(peft::Translator::from_json(json));
+  });
+}
+
+peft_error* peft_translator_detect(const char* base_dir, const char* model_name, peft_translator** out) {
+  return guarded([&] {
+    require_arg(out, "out");
+    nlohmann::json config;
+    if (base_dir != nullptr) {
+      std::filesystem::path path = std::filesystem::path(base_dir) / "config.json";
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(path, ec)) {
+        try {
+          config = nlohmann::json::parse(peft::read_text_file(path.string(), 16ull << 20));
+        } catch (const nlohmann::json::exception& e) {
+          peft::fail(PEFT_ERR_INVALID_CONFIG, path.string() + ": invalid JSON (" + e.what() + ")");
+        }
+      }
+    }
+    std::optional<std::string> name;
+    if (model_name != nullptr) name = model_name;
+    auto guess = peft::detect_family(config.is_object() ? &config : nullptr, name);
+    if (!guess)
+      peft::fail(PEFT_ERR_NOT_FOUND, "no built-in architecture table matches " +
+                                         std::string(base_dir ? "base model " + peft::quoted(base_dir) : "") +
+                                         (base_dir && model_name ? " or " : "") +
+                                         (model_name ? "model name " + peft::quoted(model_name) : "nothing"));
+    *out = new_translator(peft::Translator::for_family(guess->family));
+  });
+}
+
+peft_error* peft_translator_builtin_families(char** out) {
+  return guarded([&] {
+    require_arg(out, "out");
+    std::string list;
+    for (const std::string& family : peft::builtin_families()) list += family + "\n";
+    *out = copy_string(list);
+  });
+}
+
+void peft_translator_free(peft_translator* translator) { delete translator; }
+
+const char* peft_translator_family(const peft_translator* translator) {
+  return translator ? translator->impl.table().family().c_str() : nullptr;
+}
+
+peft_error* peft_translator_to_native(const peft_translator* translator, const char* hf_key, char** out) {
+  return guarded([&] {
+    require_arg(translator, "translator");
+    require_arg(hf_key, "hf_key");
+    require_arg(out, "out");
+    *out = copy_string(translator->impl.to_native(hf_key));
+  });
+}
+
+peft_error* peft_translator_to_hf(const peft_translator* translator, const char* native_key,
+                                  int32_t with_peft_prefix, char** out) {
+  return guarded([&] {
+    require_arg(translator, "translator");
+    require_arg(native_key, "native_key");
+    require_arg(out, "out");
+    *out = copy_string(translator->impl.to_hf(native_key, with_peft_prefix != 0));
+  });
+}
+
+peft_error* peft_translator_to_native_batch(const peft_translator* translator, const char* const* hf_keys,
+                                            size_t count, char** out) {
+  return guarded([&] {
+    require_arg(translator, "translator");
+    translate_batch(hf_keys, count, out, [&](const std::vector<std::string>& keys) {
+      return translator->impl.to_native(keys);
+    });
+  });
+}
+
+peft_error* peft_translator_to_hf_batch(const peft_translator* translator, const char* const* native_keys,
+                                        size_t count, int32_t with_peft_prefix, char** out) {
+  return guarded([&] {
+    require_arg(translator, "translator");
+    translate_batch(native_keys, count, out, [&](const std::vector<std::string>& keys) {
+      return translator->impl.to_hf(keys, with_peft_prefix != 0);
+    });
+  });
+}
+
+}  // extern "C"
