@@ -753,6 +753,476 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
 /* ==== end section: writer ==== */
 
 /* ==== section: adapter ==== */
+/* ================================================================================================ */
+/** @defgroup adapter PEFT LoRA adapters, translation and validation
+ *
+ *  An adapter is a folder written by PEFT's `save_pretrained`: `adapter_config.json` and
+ *  `adapter_model.safetensors`. Opening one parses every LoraConfig field (PEFT 0.6 to 0.21),
+ *  resolves each tensor key to a module and a role, and computes for every LoRA module the rank,
+ *  alpha and scaling PEFT computes (`rank_pattern` / `alpha_pattern`, `use_rslora`). Matching follows
+ *  PEFT 0.21's `check_target_module_exists` and `get_pattern_key`, with Python regular expressions.
+ *
+ *  Opening is strict where PEFT is silently lossy: a key that is not a PEFT adapter key, LoRA
+ *  tensors of a module the config does not target, a module with lora_A but no lora_B, DoRA or
+ *  lora_bias tensors that the config does not announce, or a rank that `r` / `rank_pattern` does not
+ *  give are errors that list every offending key or module. Configs whose initialisation rewrites the
+ *  base weights when PEFT loads them (`init_lora_weights` pissa, olora, corda, loftq, lora_ga) and
+ *  LoRA variants with another merge (QALoRA, aLoRA, BD-LoRA, Arrow, MonteCLoRA, VeLoRA, KaSA,
+ *  `layer_replication`, `target_parameters`, Megatron) are #PEFT_ERR_UNSUPPORTED naming the field.
+ *
+ *  A translator maps tensor keys between HuggingFace names
+ *  (`base_model.model.model.layers.4.self_attn.q_proj.lora_A.weight`) and a host's slash-separated
+ *  native names (`transformer/layer_4/attention/query/lora_a`) with a table: a built-in one per
+ *  architecture family (`data/arch/<family>.json`, found through `$PEFT_C_DATA_DIR`, the install
+ *  prefix or the source tree) or the caller's own, from a file or a JSON string. The format is
+ *  documented in docs/translation-tables.md. HF -> native -> HF is the identity; a key that a table
+ *  does not resolve is an error (#PEFT_ERR_UNRESOLVED_KEY) that lists every such key.
+ *
+ *  Thread safety: adapters and translators are read-only after creation; all their functions may be
+ *  called from many threads at once. Options belong to one thread at a time.
+ *  @{ */
+
+/** A loaded LoRA adapter. Free with peft_adapter_free(). */
+typedef struct peft_adapter peft_adapter;
+/** Options for peft_adapter_open(). Free with peft_adapter_options_free(). */
+typedef struct peft_adapter_options peft_adapter_options;
+/** A key translator backed by an architecture table. Free with peft_translator_free(). */
+typedef struct peft_translator peft_translator;
+
+/** @name Layer kinds of adapter modules (peft_adapter_module_kind())
+ *  @{ */
+#define PEFT_LAYER_LINEAR 0           /**< nn.Linear: base weight [out, in]; delta = scaling * B @ A. */
+#define PEFT_LAYER_CONV1D 1           /**< transformers Conv1D (GPT-2): base weight [in, out]; delta transposed. */
+#define PEFT_LAYER_EMBEDDING 2        /**< nn.Embedding: base [num, dim]; delta = scaling * (B @ A)^T. */
+#define PEFT_LAYER_CONV2D 3           /**< nn.Conv2d: base [out, in, kh, kw]. */
+#define PEFT_LAYER_FULL 4             /**< Whole tensors that replace the base's (modules_to_save, biases). */
+#define PEFT_LAYER_TRAINABLE_TOKENS 5 /**< Rows that replace base embedding rows (trainable_token_indices). */
+/** @} */
+
+/**
+ * @brief Releases a string the library returned through a `char**` out-parameter.
+ * @param text A string from this library, or NULL. Thread-safe.
+ */
+PEFT_API void peft_string_free(char* text);
+
+/**
+ * @brief Creates adapter options with the defaults: no base model, architecture table detected.
+ * @param[out] out Receives the options; free them with peft_adapter_options_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_options_new(peft_adapter_options** out);
+
+/**
+ * @brief Releases adapter options.
+ * @param opts Options, or NULL. Thread-safe.
+ */
+PEFT_API void peft_adapter_options_free(peft_adapter_options* opts);
+
+/**
+ * @brief Sets the base model folder (config.json and safetensors weights) to open the adapter against.
+ *
+ * With a base, opening also expands `"all-linear"` and an absent `target_modules` as PEFT does, tells
+ * Linear from GPT-2 Conv1D layers by the base's shapes and architecture (never by `fan_in_fan_out`
+ * alone), and validates every module against the base, as peft_adapter_validate() does.
+ * @param opts Options.
+ * @param base_dir A folder path (UTF-8), copied; NULL or "" for none.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_adapter_options_set_base_dir(peft_adapter_options* opts, const char* base_dir);
+
+/**
+ * @brief Makes the adapter use this translator's architecture table instead of detecting one.
+ * @param opts Options.
+ * @param translator A translator (its table is shared, not copied), or NULL to detect again.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* opts,
+                                                         const peft_translator* translator);
+
+/**
+ * @brief Opens a PEFT LoRA adapter folder.
+ *
+ * The folder must hold `adapter_config.json` and `adapter_model.safetensors`. The architecture table
+ * (for Conv1D layers and translation) is the one set in the options, else detected from the base's
+ * config.json (`model_type`, `architectures`), else from `base_model_name_or_path`; an adapter of an
+ * unknown family opens without one.
+ *
+ * @param dir The adapter folder (UTF-8).
+ * @param opts Options, or NULL for the defaults. Not kept after the call.
+ * @param[out] out Receives the adapter; free it with peft_adapter_free().
+ * @return NULL on success, else:
+ *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
+ *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a non-LoRA `peft_type`, or a LoRA
+ *         variant this library does not merge (the message names the field);
+ *         #PEFT_ERR_INVALID_CONFIG for invalid JSON, a field of the wrong type, a value PEFT rejects,
+ *         modules the config does not target, or ranks / DoRA / lora_bias that do not match the
+ *         tensors (the message names the field and every module at fault);
+ *         #PEFT_ERR_UNRESOLVED_KEY listing every tensor key that is not a PEFT adapter key, or (with
+ *         a base) every adapter tensor the base has no tensor for;
+ *         #PEFT_ERR_SHAPE_MISMATCH (with a base) listing every shape that does not fit;
+ *         #PEFT_ERR_INVALID_CHECKPOINT for incomplete or duplicated LoRA tensors;
+ *         the format error codes of peft_checkpoint_open() for a damaged safetensors file.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_open(const char* dir, const peft_adapter_options* opts, peft_adapter** out);
+
+/**
+ * @brief Releases an adapter. Strings and arrays borrowed from it become invalid.
+ * @param adapter An adapter, or NULL. Thread-safe.
+ */
+PEFT_API void peft_adapter_free(peft_adapter* adapter);
+
+/**
+ * @brief Validates an opened adapter against a base model folder, without changing the adapter.
+ *
+ * Every LoRA module must resolve to a base weight whose shape fits (lora_A [r, in] and lora_B
+ * [out, r] against a Linear [out, in] or a GPT-2 Conv1D [in, out]; embeddings and Conv2d likewise),
+ * every full replacement tensor must exist in the base with the same shape, and trainable-token rows
+ * must fit the embedding.
+ * @param adapter An adapter.
+ * @param base_dir The base model folder (config.json and model.safetensors or a sharded index).
+ * @return NULL when everything fits; #PEFT_ERR_UNRESOLVED_KEY (if any tensor has no base tensor) or
+ *         #PEFT_ERR_SHAPE_MISMATCH with a message listing every problem; #PEFT_ERR_NOT_FOUND /
+ *         #PEFT_ERR_IO / format errors for the base folder; #PEFT_ERR_INVALID_ARGUMENT for NULL.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_validate(const peft_adapter* adapter, const char* base_dir);
+
+/**
+ * @brief The adapter's config as PEFT writes it: `json.dumps(config, indent=2, sort_keys=True)`,
+ *        with every field of the file, unknown ones included.
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if @p adapter is NULL. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_config_json(const peft_adapter* adapter);
+
+/**
+ * @brief One field of the config as compact JSON (`"LORA"`, `8`, `["q_proj","v_proj"]`, `null`).
+ * @param adapter An adapter.
+ * @param field The field's name, e.g. "target_modules".
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL when the file has no such field
+ *         or an argument is NULL. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_config_field(const peft_adapter* adapter, const char* field);
+
+/**
+ * @brief `r` as PEFT uses it (8 when the file has none). 0 if @p adapter is NULL. Thread-safe.
+ */
+PEFT_API int64_t peft_adapter_r(const peft_adapter* adapter);
+
+/**
+ * @brief `lora_alpha` as PEFT uses it (8 when the file has none). 0 if @p adapter is NULL. Thread-safe.
+ */
+PEFT_API double peft_adapter_lora_alpha(const peft_adapter* adapter);
+
+/**
+ * @brief `use_rslora`: 1 if scaling is lora_alpha / sqrt(r), else 0 (also for NULL). Thread-safe.
+ */
+PEFT_API int32_t peft_adapter_use_rslora(const peft_adapter* adapter);
+
+/**
+ * @brief `use_dora`: 1 for a DoRA adapter, else 0 (also for NULL). Thread-safe.
+ */
+PEFT_API int32_t peft_adapter_use_dora(const peft_adapter* adapter);
+
+/**
+ * @brief `lora_bias`: 1 if lora_B carries a bias, else 0 (also for NULL). Thread-safe.
+ */
+PEFT_API int32_t peft_adapter_lora_bias(const peft_adapter* adapter);
+
+/**
+ * @brief `fan_in_fan_out` as written in the file (the layout itself is decided from the base).
+ * @return 1 or 0 (0 for NULL). Thread-safe.
+ */
+PEFT_API int32_t peft_adapter_fan_in_fan_out(const peft_adapter* adapter);
+
+/**
+ * @brief `peft_type` ("LORA").
+ * @return Borrowed string valid while @p adapter lives; NULL for NULL. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_peft_type(const peft_adapter* adapter);
+
+/**
+ * @brief `bias`: "none", "all" or "lora_only".
+ * @return Borrowed string valid while @p adapter lives; NULL for NULL. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_bias(const peft_adapter* adapter);
+
+/**
+ * @brief `task_type`, e.g. "CAUSAL_LM".
+ * @return Borrowed string valid while @p adapter lives; NULL when null or absent. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_task_type(const peft_adapter* adapter);
+
+/**
+ * @brief `base_model_name_or_path`.
+ * @return Borrowed string valid while @p adapter lives; NULL when null or absent. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_base_model_name_or_path(const peft_adapter* adapter);
+
+/**
+ * @brief The architecture family whose table the adapter uses ("llama", "gpt2", ...).
+ * @return Borrowed string valid while @p adapter lives; NULL when no table applies. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_family(const peft_adapter* adapter);
+
+/**
+ * @brief A translator over the adapter's architecture table.
+ * @param adapter An adapter.
+ * @param[out] out Receives a translator; free it with peft_translator_free().
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND when the adapter has no table;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_translator(const peft_adapter* adapter, peft_translator** out);
+
+/**
+ * @brief Number of notes: things worth knowing that are not errors (an adapter name removed from
+ *        keys, targets that could not be checked without a base, rank_pattern keys matching nothing,
+ *        a fan_in_fan_out flag that contradicts the base).
+ * @return The count; 0 for NULL. Thread-safe.
+ */
+PEFT_API size_t peft_adapter_note_count(const peft_adapter* adapter);
+
+/**
+ * @brief Note @p index (0 .. count - 1).
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_note(const peft_adapter* adapter, size_t index);
+
+/**
+ * @brief Number of modules: LoRA layers and modules with full replacement tensors, in the order of
+ *        their first tensor in the file.
+ * @return The count; 0 for NULL. Thread-safe.
+ */
+PEFT_API size_t peft_adapter_module_count(const peft_adapter* adapter);
+
+/**
+ * @brief Finds a module by its path (without "base_model.model.").
+ * @param adapter An adapter.
+ * @param name A module path such as "model.layers.0.self_attn.q_proj".
+ * @param[out] out_index Receives the module's index.
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND naming the module; #PEFT_ERR_INVALID_ARGUMENT for NULL.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_find_module(const peft_adapter* adapter, const char* name, size_t* out_index);
+
+/**
+ * @brief Path of module @p module (transformers module name, without "base_model.model.").
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_module_name(const peft_adapter* adapter, size_t module);
+
+/**
+ * @brief Kind of module @p module: one of the `PEFT_LAYER_*` values.
+ * @return The kind, or -1 if out of range. Thread-safe.
+ */
+PEFT_API int32_t peft_adapter_module_kind(const peft_adapter* adapter, size_t module);
+
+/**
+ * @brief Rank of LoRA module @p module (from `rank_pattern` or `r`, equal to the tensors' rank).
+ * @return The rank; 0 for a full / trainable-tokens module or out of range. Thread-safe.
+ */
+PEFT_API int64_t peft_adapter_module_rank(const peft_adapter* adapter, size_t module);
+
+/**
+ * @brief Alpha of LoRA module @p module (from `alpha_pattern` or `lora_alpha`).
+ * @return The alpha; 0 for a full / trainable-tokens module or out of range. Thread-safe.
+ */
+PEFT_API double peft_adapter_module_alpha(const peft_adapter* adapter, size_t module);
+
+/**
+ * @brief Scaling of LoRA module @p module: alpha / rank, or alpha / sqrt(rank) with use_rslora.
+ * @return The scaling; 0 for a full / trainable-tokens module or out of range. Thread-safe.
+ */
+PEFT_API double peft_adapter_module_scaling(const peft_adapter* adapter, size_t module);
+
+/**
+ * @brief Number of tensors of module @p module.
+ * @return The count; 0 if out of range. Thread-safe.
+ */
+PEFT_API size_t peft_adapter_module_tensor_count(const peft_adapter* adapter, size_t module);
+
+/**
+ * @brief Role of tensor @p tensor of module @p module: the key's tail after the module path, e.g.
+ *        "lora_A.weight", "lora_B.weight", "lora_B.bias", "lora_embedding_A", "lora_embedding_B",
+ *        "lora_magnitude_vector", "token_adapter.trainable_tokens_delta", or for full tensors
+ *        "weight", "bias", "base_layer.weight", ...
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_module_tensor_role(const peft_adapter* adapter, size_t module, size_t tensor);
+
+/**
+ * @brief The tensor's key as stored in adapter_model.safetensors.
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_module_tensor_key(const peft_adapter* adapter, size_t module, size_t tensor);
+
+/**
+ * @brief The base model tensor this tensor applies to (LoRA roles: the module's weight; lora_B.bias:
+ *        its bias) or replaces (full tensors, ".base_layer" removed). Resolved against the base when
+ *        the adapter was opened with one (its base_model_prefix taken into account).
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_module_tensor_base_name(const peft_adapter* adapter, size_t module,
+                                                          size_t tensor);
+
+/**
+ * @brief Dtype (`PEFT_DTYPE_*`) of a module's tensor.
+ * @return The dtype, or -1 if out of range. Thread-safe.
+ */
+PEFT_API int32_t peft_adapter_module_tensor_dtype(const peft_adapter* adapter, size_t module, size_t tensor);
+
+/**
+ * @brief Number of dimensions of a module's tensor.
+ * @return The rank; 0 if out of range. Thread-safe.
+ */
+PEFT_API size_t peft_adapter_module_tensor_ndim(const peft_adapter* adapter, size_t module, size_t tensor);
+
+/**
+ * @brief Shape of a module's tensor: ndim values.
+ * @return Borrowed array valid while @p adapter lives; NULL for a scalar or out of range. Thread-safe.
+ */
+PEFT_API const uint64_t* peft_adapter_module_tensor_shape(const peft_adapter* adapter, size_t module,
+                                                          size_t tensor);
+
+/**
+ * @brief Reads a module's tensor into the caller's buffer, converting to @p dtype (see peft_convert()).
+ * @param adapter An adapter.
+ * @param module Module index.
+ * @param tensor Tensor index within the module.
+ * @param dtype The dtype wanted in @p dst.
+ * @param dst The buffer; any alignment.
+ * @param dst_nbytes Its size: must equal elements x size of @p dtype.
+ * @return NULL on success; #PEFT_ERR_UNSUPPORTED for a conversion peft_convert() does not do;
+ *         #PEFT_ERR_INVALID_ARGUMENT for a wrong size, index or NULL; #PEFT_ERR_IO on a failed read.
+ *         On failure @p dst may have been partly written. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_module_tensor_read(const peft_adapter* adapter, size_t module, size_t tensor,
+                                                     int32_t dtype, void* dst, uint64_t dst_nbytes);
+
+/**
+ * @brief Token indices of a trainable-tokens module (rows of the embedding its tensor replaces).
+ * @param adapter An adapter.
+ * @param module Module index.
+ * @param[out] out_count Receives the number of indices (0 for other modules or out of range).
+ * @return Borrowed array valid while @p adapter lives; NULL when there are none. Thread-safe.
+ */
+PEFT_API const int64_t* peft_adapter_module_token_indices(const peft_adapter* adapter, size_t module,
+                                                          size_t* out_count);
+
+/**
+ * @brief A translator over a built-in architecture table.
+ * @param family A family such as "llama", "gpt2", "bert" (see peft_translator_builtin_families()).
+ * @param[out] out Receives the translator; free it with peft_translator_free().
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND (naming the folders searched) when no such table is
+ *         installed; #PEFT_ERR_INVALID_CONFIG for a broken table file; #PEFT_ERR_INVALID_ARGUMENT for
+ *         NULL or a name that is not a family name. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_new_builtin(const char* family, peft_translator** out);
+
+/**
+ * @brief A translator over the caller's table in a JSON file (format: docs/translation-tables.md).
+ * @param path The file (UTF-8).
+ * @param[out] out Receives the translator; free it with peft_translator_free().
+ * @return NULL on success; #PEFT_ERR_IO if the file cannot be read; #PEFT_ERR_INVALID_CONFIG naming
+ *         the rule at fault for a malformed or non-invertible table; #PEFT_ERR_INVALID_ARGUMENT for
+ *         NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_from_file(const char* path, peft_translator** out);
+
+/**
+ * @brief A translator over the caller's table given as a JSON string.
+ * @param json The table (UTF-8, NUL-terminated).
+ * @param[out] out Receives the translator; free it with peft_translator_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_CONFIG naming the rule at fault;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_from_json(const char* json, peft_translator** out);
+
+/**
+ * @brief Detects the architecture family of a base model and returns its built-in translator.
+ *
+ * The base's config.json decides (`model_type`, then `architectures`); failing that, @p model_name
+ * (e.g. an adapter's base_model_name_or_path) is matched against the tables' name patterns.
+ * @param base_dir A base model folder, or NULL.
+ * @param model_name A model name such as "meta-llama/Llama-3.2-1B", or NULL.
+ * @param[out] out Receives the translator; free it with peft_translator_free().
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND when no family matches; #PEFT_ERR_INVALID_CONFIG for
+ *         an unreadable config.json; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_detect(const char* base_dir, const char* model_name, peft_translator** out);
+
+/**
+ * @brief The built-in families, one per line, sorted ("bert\nbloom\n...").
+ * @param[out] out Receives the list; free it with peft_string_free().
+ * @return NULL on success (an empty string when no tables are installed);
+ *         #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_builtin_families(char** out);
+
+/**
+ * @brief Releases a translator.
+ * @param translator A translator, or NULL. Thread-safe.
+ */
+PEFT_API void peft_translator_free(peft_translator* translator);
+
+/**
+ * @brief The table's family name.
+ * @return Borrowed string valid while @p translator lives; NULL for NULL. Thread-safe.
+ */
+PEFT_API const char* peft_translator_family(const peft_translator* translator);
+
+/**
+ * @brief Translates one HuggingFace key (with or without "base_model.model.") to its native name.
+ * @param translator A translator.
+ * @param hf_key E.g. "base_model.model.model.layers.4.self_attn.q_proj.lora_A.weight".
+ * @param[out] out Receives the native name; free it with peft_string_free().
+ * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY naming the key when the table does not resolve
+ *         it; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_to_native(const peft_translator* translator, const char* hf_key, char** out);
+
+/**
+ * @brief Translates one native name back to its HuggingFace key.
+ * @param translator A translator.
+ * @param native_key E.g. "transformer/layer_4/attention/query/lora_a".
+ * @param with_peft_prefix Nonzero to prepend "base_model.model." (as keys in adapter files have).
+ * @param[out] out Receives the key; free it with peft_string_free().
+ * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY naming the key; #PEFT_ERR_INVALID_ARGUMENT for NULL.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_to_hf(const peft_translator* translator, const char* native_key,
+                                          int32_t with_peft_prefix, char** out);
+
+/**
+ * @brief Translates many HuggingFace keys at once; fails listing every key that does not resolve.
+ * @param translator A translator.
+ * @param hf_keys @p count keys.
+ * @param count Number of keys.
+ * @param[out] out An array of @p count pointers; on success each receives a native name to free
+ *             with peft_string_free(). On failure nothing is written.
+ * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY listing every unresolved key;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_to_native_batch(const peft_translator* translator,
+                                                     const char* const* hf_keys, size_t count, char** out);
+
+/**
+ * @brief Translates many native names back at once; fails listing every name that does not resolve.
+ * @param translator A translator.
+ * @param native_keys @p count native names.
+ * @param count Number of names.
+ * @param with_peft_prefix Nonzero to prepend "base_model.model." to every result.
+ * @param[out] out An array of @p count pointers; on success each receives a key to free with
+ *             peft_string_free(). On failure nothing is written.
+ * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY listing every unresolved name;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translator, const char* const* native_keys,
+                                                 size_t count, int32_t with_peft_prefix, char** out);
+
+/** @} */
 /* ==== end section: adapter ==== */
 
 /* ==== section: merge ==== */
