@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,9 +130,18 @@ int run_convert(const Options& opts) {
         peft_checkpoint_tensor_file(ckpt.p, i) != peft_checkpoint_tensor_file(ckpt.p, i - 1)) {
       if ((err = peft_writer_break_shard(writer.p))) return report(err);
     }
+    // A name with a NUL byte comes through the C API cut short; refuse rather than rename it.
+    const char* name = peft_checkpoint_tensor_name(ckpt.p, i);
+    size_t found = SIZE_MAX;
+    if (peft_error* lookup = peft_checkpoint_find(ckpt.p, name, &found)) peft_error_free(lookup);
+    if (found != i) {
+      std::fprintf(stderr, "peftc: error: UNSUPPORTED: tensor %zu's name contains a NUL byte, which the C API "
+                           "cannot pass\n", i);
+      return kExitFailure;
+    }
     const int32_t src_dtype = peft_checkpoint_tensor_dtype(ckpt.p, i);
     const int32_t dtype = opts.dtype >= 0 && converts(src_dtype) ? opts.dtype : src_dtype;
-    err = peft_writer_add_tensor(writer.p, peft_checkpoint_tensor_name(ckpt.p, i), dtype,
+    err = peft_writer_add_tensor(writer.p, name, dtype,
                                  peft_checkpoint_tensor_shape(ckpt.p, i), peft_checkpoint_tensor_ndim(ckpt.p, i));
     if (err) return report(err);
   }
