@@ -276,15 +276,20 @@ PEFT_API peft_error* peft_open_options_set_use_pread(peft_open_options* opts, in
  *
  * A folder must hold `model.safetensors.index.json` or, failing that, `model.safetensors`. Every
  * `weight_map` entry of an index must name a file inside the folder (no `..`, no absolute path, no
- * symbolic link leading out), and every tensor it lists must exist in the shard it names.
+ * symbolic link leading out), and every tensor it lists must exist in the shard it names. Shards are
+ * opened in sorted name order, as transformers does; a tensor a shard holds but the index does not
+ * list is included (transformers loads it too), while a tensor held by two shards is refused.
+ * Symbolic links that leave the folder are refused even where they are benign, as in the Hugging
+ * Face hub cache (snapshot shards link to `../../blobs/`): open such a folder through a copy.
  *
  * @param path A file or folder path (UTF-8).
  * @param opts Options, or NULL for the defaults. Not kept after the call.
  * @param[out] out Receives the checkpoint; free it with peft_checkpoint_free().
  * @return NULL on success. Format errors carry the codes #PEFT_ERR_HEADER_TOO_SMALL through
  *         #PEFT_ERR_METADATA_INCOMPLETE_BUFFER; #PEFT_ERR_IO when a file cannot be read;
- *         #PEFT_ERR_INVALID_CHECKPOINT for a wrong index or folder; #PEFT_ERR_INVALID_ARGUMENT for NULL
- *         arguments. Thread-safe.
+ *         #PEFT_ERR_INVALID_CHECKPOINT for a wrong index or folder (bad JSON, a name leaving the
+ *         folder, a missing shard, a listed tensor absent from its shard, a tensor in two shards);
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments. Thread-safe.
  */
 PEFT_API peft_error* peft_checkpoint_open(const char* path, const peft_open_options* opts,
                                           peft_checkpoint** out);
@@ -295,7 +300,9 @@ PEFT_API peft_error* peft_checkpoint_open(const char* path, const peft_open_opti
  * @param size Number of bytes.
  * @param opts Options, or NULL for the defaults (the pread option does not apply).
  * @param[out] out Receives the checkpoint; free it with peft_checkpoint_free().
- * @return NULL on success; the format error codes as for peft_checkpoint_open(). Thread-safe.
+ * @return NULL on success; the format error codes as for peft_checkpoint_open() (an empty buffer,
+ *         NULL with size 0, is #PEFT_ERR_HEADER_TOO_SMALL); #PEFT_ERR_INVALID_ARGUMENT when @p out
+ *         is NULL or @p data is NULL with a nonzero size. Thread-safe.
  */
 PEFT_API peft_error* peft_checkpoint_open_memory(const void* data, size_t size,
                                                  const peft_open_options* opts, peft_checkpoint** out);
@@ -334,7 +341,8 @@ PEFT_API int32_t peft_checkpoint_has_metadata(const peft_checkpoint* ckpt, size_
  * @brief Number of `__metadata__` entries of file @p file_index.
  * @param ckpt A checkpoint.
  * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
- * @return The count, sorted by key bytes; 0 if none or out of range. Thread-safe.
+ * @return The number of entries (which are sorted by key bytes); 0 if none or out of range.
+ *         Thread-safe.
  */
 PEFT_API size_t peft_checkpoint_metadata_count(const peft_checkpoint* ckpt, size_t file_index);
 
@@ -457,7 +465,7 @@ PEFT_API peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, si
 /**
  * @brief Reads tensor @p index into the caller's buffer, converting to @p dtype (see peft_convert()).
  * @param dtype The dtype wanted in @p dst.
- * @param dst The buffer; any alignment.
+ * @param dst The buffer; any alignment. May be NULL when @p dst_nbytes is 0 (a zero-size tensor).
  * @param dst_nbytes Its size: must equal elements x size of @p dtype.
  * @param ckpt A checkpoint.
  * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
@@ -1227,6 +1235,9 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
 
 /* ==== section: merge ==== */
 /* ==== end section: merge ==== */
+
+/* ==== section: export ==== */
+/* ==== end section: export ==== */
 
 #ifdef __cplusplus
 } /* extern "C" */
