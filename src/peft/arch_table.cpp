@@ -187,7 +187,7 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
   if (!doc.is_object()) bad_table(source, "must be a JSON object");
   static const std::set<std::string> known = {
       "format", "version", "family", "description", "detect", "base_model_prefix", "output_embedding",
-      "peft_default_target_modules", "modules", "roles", "extra_roles"};
+      "peft_default_target_modules", "modules", "roles", "extra_roles", "checkpoint_aliases"};
   for (const auto& [key, value] : doc.items())
     if (!known.contains(key) && !key.starts_with("_"))
       bad_table(source, "unknown field " + peft::quoted(key) + " (fields starting with '_' are free for comments)");
@@ -270,6 +270,21 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
       bad_table(source, "modules[" + std::to_string(i) + "]: " + peft::quoted(n) + " has an empty segment");
     table->modules_.push_back(std::move(m));
   }
+  if (auto aliases = doc.find("checkpoint_aliases"); aliases != doc.end()) {
+    if (!aliases->is_array()) bad_table(source, "\"checkpoint_aliases\" must be a list of {\"module\", \"checkpoint\"}");
+    for (size_t i = 0; i < aliases->size(); ++i) {
+      const Json& alias = (*aliases)[i];
+      std::string where = source + " checkpoint_aliases[" + std::to_string(i) + "]";
+      if (!alias.is_object()) bad_table(source, "checkpoint_aliases[" + std::to_string(i) + "] must be an object");
+      NameTemplate module = NameTemplate::parse(required_string(alias, "module", source, where), where);
+      NameTemplate checkpoint = NameTemplate::parse(required_string(alias, "checkpoint", source, where), where);
+      auto a = module.placeholder_names(), b = checkpoint.placeholder_names();
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (a != b) bad_table(source, "checkpoint_aliases[" + std::to_string(i) + "] must use the same placeholders on both sides");
+      table->aliases_.emplace_back(std::move(module), std::move(checkpoint));
+    }
+  }
   table->check_round_trips();
   return table;
 }
@@ -292,6 +307,16 @@ void ArchTable::check_round_trips() const {
                                "]: both match " + peft::quoted(native));
     }
   }
+}
+
+std::vector<std::string> ArchTable::aliases_of(std::string_view module) const {
+  std::vector<std::string> out;
+  NameTemplate::Captures captures;
+  for (const auto& [in_memory, checkpoint] : aliases_) {
+    if (in_memory.match(module, captures)) out.push_back(checkpoint.fill(captures));
+    if (checkpoint.match(module, captures)) out.push_back(in_memory.fill(captures));
+  }
+  return out;
 }
 
 const std::vector<std::string>* ArchTable::default_targets(const std::string& model_type) const {

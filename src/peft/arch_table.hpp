@@ -97,6 +97,12 @@ class ArchTable {
   const std::vector<ModuleRule>& modules() const { return modules_; }
   const std::vector<RoleRule>& roles() const { return roles_; }
 
+  // Other names of the same module: transformers >= 5 renames some modules in memory (ViT's
+  // "vit.layers.N.attention.q_proj") while checkpoint files keep the original names
+  // ("vit.encoder.layer.N.attention.attention.query"). Adapters trained on either carry those
+  // names; "checkpoint_aliases" lists the pairs, used in both directions to find base tensors.
+  std::vector<std::string> aliases_of(std::string_view module) const;
+
  private:
   void check_round_trips() const;
 
@@ -109,6 +115,7 @@ class ArchTable {
   std::vector<std::string> name_patterns_;
   std::map<std::string, std::vector<std::string>> default_targets_;
   std::vector<ModuleRule> modules_;
+  std::vector<std::pair<NameTemplate, NameTemplate>> aliases_;  // (in-memory name, checkpoint name)
   std::vector<RoleRule> roles_;           // file order
   std::vector<size_t> roles_by_hf_length_;  // indices, longest hf suffix first
 };

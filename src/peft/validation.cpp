@@ -206,16 +206,24 @@ std::optional<std::string> BaseModel::model_type() const {
 }
 
 std::optional<size_t> BaseModel::find(std::string_view module, std::string_view param, const ArchTable* table) const {
-  std::string name = std::string(module) + "." + std::string(param);
-  if (auto i = weights->find(name)) return i;
-  if (table && !table->base_model_prefix().empty()) {
-    std::string prefix = table->base_model_prefix() + ".";
-    if (name.starts_with(prefix)) {
-      if (auto i = weights->find(std::string_view(name).substr(prefix.size()))) return i;
-    } else if (auto i = weights->find(prefix + name)) {
-      return i;
+  auto lookup = [&](std::string_view candidate) -> std::optional<size_t> {
+    std::string name = std::string(candidate) + "." + std::string(param);
+    if (auto i = weights->find(name)) return i;
+    if (table && !table->base_model_prefix().empty()) {
+      // transformers loads a headless checkpoint into a model with a head, and the reverse.
+      std::string prefix = table->base_model_prefix() + ".";
+      if (name.starts_with(prefix)) {
+        if (auto i = weights->find(std::string_view(name).substr(prefix.size()))) return i;
+      } else if (auto i = weights->find(prefix + name)) {
+        return i;
+      }
     }
-  }
+    return std::nullopt;
+  };
+  if (auto i = lookup(module)) return i;
+  if (table)
+    for (const std::string& alias : table->aliases_of(module))
+      if (auto i = lookup(alias)) return i;
   return std::nullopt;
 }
 
@@ -270,6 +278,8 @@ std::vector<std::string> all_linear_modules(const BaseModel& base, const ArchTab
     const ModuleRule* rule = table.rule_for_hf(module);
     if (!rule || (rule->kind != ModuleKind::linear && rule->kind != ModuleKind::conv1d)) continue;
     if (seen.insert(module).second) names.push_back(module);
+    for (const std::string& alias : table.aliases_of(module))  // adapters may use the other name
+      if (seen.insert(alias).second) names.push_back(alias);
   }
   // The output embedding is never targeted; a SEQ_CLS model without one loses its head instead.
   std::string excluded;

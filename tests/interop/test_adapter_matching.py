@@ -1,0 +1,208 @@
+"""`peftc adapter inspect --json` against PEFT itself.
+
+1. Real adapters (the corpus) and the fixture adapters: the LoRA modules peftc reports are the ones in
+   the file, each is targeted according to PEFT's own `check_target_module_exists`, and its rank,
+   alpha and scaling are what PEFT's `get_pattern_key` and LoraLayer.update_layer give.
+2. Adapters made here with PEFT on tiny random models, with every matching feature (regex
+   target_modules, exclude_modules as list and regex, layers_to_transform with and without
+   layers_pattern, rank_pattern / alpha_pattern with regex and anchored keys in a non-sorted file order,
+   use_rslora, modules_to_save, all-linear): peftc's modules, ranks, alphas and scalings equal the
+   values on the LoRA layers of the PeftModel that PEFT builds from the same saved adapter.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import subprocess
+
+import pytest
+
+peft = pytest.importorskip("peft")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from safetensors import safe_open  # noqa: E402
+from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model  # noqa: E402
+from peft.tuners.lora import LoraLayer  # noqa: E402
+from peft.tuners.tuners_utils import _ExcludedModule, check_target_module_exists  # noqa: E402
+from peft.utils.other import get_pattern_key  # noqa: E402
+
+LORA_KINDS = {"linear", "conv1d", "embedding", "conv2d"}
+PREFIX = "base_model.model."
+
+# Fixture adapters that peft_c refuses on purpose, with the code it gives.
+REFUSED_FIXTURES = {"mixtral_target_parameters": "UNSUPPORTED"}
+
+
+def inspect(peftc, adapter_dir, *extra):
+    run = subprocess.run([str(peftc), "adapter", "inspect", str(adapter_dir), "--json", *extra],
+                         capture_output=True, text=True)
+    return run
+
+
+def inspect_ok(peftc, adapter_dir, *extra):
+    run = inspect(peftc, adapter_dir, *extra)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def lora_modules_in_file(adapter_dir: pathlib.Path) -> set[str]:
+    """LoRA module names as PEFT's key layout defines them: the part before '.lora_'."""
+    with safe_open(str(adapter_dir / "adapter_model.safetensors"), framework="np") as f:
+        keys = list(f.keys())
+    modules = set()
+    for key in keys:
+        key = key.removeprefix(PREFIX)
+        if ".lora_" in key:
+            modules.add(key.split(".lora_")[0])
+    return modules
+
+
+def peft_rank_alpha_scaling(config, name):
+    """What LoraModel._create_and_replace and LoraLayer.update_layer compute for module `name`."""
+    r_key = get_pattern_key(config.rank_pattern.keys(), name)
+    alpha_key = get_pattern_key(config.alpha_pattern.keys(), name)
+    r = config.rank_pattern.get(r_key, config.r)
+    alpha = config.alpha_pattern.get(alpha_key, config.lora_alpha)
+    scaling = alpha / math.sqrt(r) if config.use_rslora else alpha / r
+    return r, alpha, scaling
+
+
+def check_against_peft_functions(peftc, adapter_dir: pathlib.Path):
+    config = PeftConfig.from_pretrained(str(adapter_dir))
+    report = inspect_ok(peftc, adapter_dir)
+    reported = {m["module"]: m for m in report["modules"] if m["kind"] in LORA_KINDS}
+    assert set(reported) == lora_modules_in_file(adapter_dir)
+    assert report["r"] == config.r
+    assert report["lora_alpha"] == config.lora_alpha
+    assert report["use_rslora"] == config.use_rslora
+    assert report["use_dora"] == bool(config.use_dora)
+    expandable = config.target_modules is None or (
+        isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear")
+    for name, module in reported.items():
+        if not expandable:
+            found = check_target_module_exists(config, name)
+            assert found and not isinstance(found, _ExcludedModule), f"PEFT does not target {name}"
+        r, alpha, scaling = peft_rank_alpha_scaling(config, name)
+        assert module["rank"] == r, name
+        assert module["alpha"] == alpha, name
+        assert module["scaling"] == pytest.approx(scaling, rel=1e-15), name
+    return report
+
+
+def corpus_adapters(corpus):
+    return sorted(p.parent for p in corpus.rglob("adapter_config.json"))
+
+
+def test_corpus_adapters_match_peft(peftc_binary, corpus_dir):
+    adapters = corpus_adapters(corpus_dir)
+    assert len(adapters) >= 10
+    for adapter_dir in adapters:
+        check_against_peft_functions(peftc_binary, adapter_dir)
+
+
+def fixture_adapters(fixtures_dir):
+    root = fixtures_dir / "adapters"
+    return sorted(p.parent for p in root.glob("*/adapter_config.json")) if root.is_dir() else []
+
+
+def test_fixture_adapters_match_peft(peftc_binary, fixtures_dir):
+    adapters = fixture_adapters(fixtures_dir)
+    if not adapters:
+        pytest.skip(f"no fixture adapters in {fixtures_dir / 'adapters'} (run tests/fixtures/generate.py)")
+    manifest = json.loads((fixtures_dir / "adapters" / "MANIFEST.json").read_text())
+    for adapter_dir in adapters:
+        name = adapter_dir.name
+        base = fixtures_dir / manifest[name]["base"]
+        if name in REFUSED_FIXTURES:
+            run = inspect(peftc_binary, adapter_dir)
+            assert run.returncode == 1
+            assert f"peftc: error: {REFUSED_FIXTURES[name]}:" in run.stderr
+            continue
+        check_against_peft_functions(peftc_binary, adapter_dir)
+        report = inspect_ok(peftc_binary, adapter_dir, "--base", str(base))
+        assert report["validation"]["ok"], report["validation"]
+
+
+# ---- adapters made here with PEFT ---------------------------------------------------------------
+
+def tiny_llama(tmp_path: pathlib.Path):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=3,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                      vocab_size=32, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(config)
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    return model, base
+
+
+CASES = {
+    "regex_targets": dict(target_modules=r".*\.(q_proj|v_proj)"),
+    "regex_targets_layers": dict(target_modules=r"model\.layers\.[02]\.(self_attn\.o_proj|mlp\.\w+_proj)"),
+    "exclude_list": dict(target_modules=["q_proj", "v_proj", "down_proj"],
+                         exclude_modules=["model.layers.1.self_attn.q_proj", "v_proj"]),
+    "exclude_regex": dict(target_modules=["q_proj", "k_proj"], exclude_modules=r".*layers\.2\..*"),
+    "layers_to_transform_int": dict(target_modules=["q_proj", "up_proj"], layers_to_transform=1),
+    "layers_to_transform_pattern": dict(target_modules=["q_proj", "o_proj"], layers_to_transform=[0, 2],
+                                        layers_pattern="layers"),
+    "rank_alpha_patterns": dict(
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
+        r=4, lora_alpha=8,
+        # Not alphabetical: for layers.2.k_proj the file order gives 3, sorted order would give 2.
+        rank_pattern={"^model.layers.1.self_attn.k_proj": 6, r"layers\.2\..*proj": 3, "k_proj": 2},
+        alpha_pattern={"o_proj": 3, r"model\.layers\.0\.self_attn\.(q|v)_proj": 5.5}),
+    "rslora": dict(target_modules=["q_proj", "v_proj"], r=6, lora_alpha=7, use_rslora=True,
+                   rank_pattern={"v_proj": 3}),
+    "modules_to_save": dict(target_modules=["q_proj", "lm_head"], modules_to_save=["lm_head"]),
+    "all_linear": dict(target_modules="all-linear"),
+}
+
+
+def peft_layers(peft_model):
+    out = {}
+    for name, module in peft_model.named_modules():
+        if isinstance(module, LoraLayer) and "default" in module.r:
+            out[name.removeprefix(PREFIX)] = (module.r["default"], module.lora_alpha["default"],
+                                              module.scaling["default"])
+    return out
+
+
+def restore_pattern_order(adapter_dir: pathlib.Path, case: dict):
+    """PEFT writes rank_pattern / alpha_pattern with sorted keys, but matched them in the order the
+    user gave while training. Write them back in that order (not alphabetical in these cases), so that
+    PEFT loads what it trained and the test covers "first key in file order"."""
+    path = adapter_dir / "adapter_config.json"
+    config = json.loads(path.read_text())
+    for field in ("rank_pattern", "alpha_pattern"):
+        if case.get(field):
+            config[field] = dict(case[field])
+    path.write_text(json.dumps(config, indent=2))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_peft_made_adapter(peftc_binary, tmp_path, case):
+    model, base = tiny_llama(tmp_path)
+    config = LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES[case])
+    peft_model = get_peft_model(model, config)
+    adapter_dir = tmp_path / "adapter"
+    peft_model.save_pretrained(adapter_dir)
+    restore_pattern_order(adapter_dir, CASES[case])
+
+    # What PEFT builds when it loads this very file.
+    fresh, _ = tiny_llama(tmp_path / "fresh")
+    loaded = PeftModel.from_pretrained(fresh, str(adapter_dir))
+    expected = peft_layers(loaded)
+    assert expected, "PEFT made no LoRA layer"
+
+    for extra in ((), ("--base", str(base))):
+        report = inspect_ok(peftc_binary, adapter_dir, *extra)
+        reported = {m["module"]: m for m in report["modules"] if m["kind"] in LORA_KINDS}
+        assert set(reported) == set(expected)
+        for name, (r, alpha, scaling) in expected.items():
+            assert reported[name]["rank"] == r, name
+            assert reported[name]["alpha"] == alpha, name
+            assert reported[name]["scaling"] == pytest.approx(scaling, rel=1e-15), name
+        if extra:
+            assert report["validation"]["ok"]
+    check_against_peft_functions(peftc_binary, adapter_dir)
