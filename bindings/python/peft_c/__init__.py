@@ -23,6 +23,7 @@ from ._lib import lib as _library
 from ._lib import load as load_library
 from .checkpoint import Checkpoint, TensorInfo
 from .writer import Writer, rewrite, save_checkpoint, save_file
+from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,12 @@ def library_path() -> str:
 
 __all__ = [
     "ABI_VERSION",
+    "Adapter",
+    "AdapterModule",
+    "AdapterTensor",
+    "LAYER_KINDS",
+    "LayerKind",
+    "Translator",
     "Checkpoint",
     "DTYPES",
     "DTYPE_COUNT",

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import weakref
 from ctypes import POINTER, byref, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import List, Optional
 
@@ -94,6 +95,59 @@ PROTOTYPES = {
     "peft_writer_write_from_callback": (_err, [_handle, c_char_p, c_int32, SOURCE_FN, c_void_p]),
     "peft_writer_write_from_checkpoint": (_err, [_handle, c_char_p, _handle, c_size_t]),
     "peft_writer_finish": (_err, [_handle]),
+    # adapters and translators (strings returned through char** are c_void_p: freed by the library)
+    "peft_string_free": (None, [c_void_p]),
+    "peft_adapter_options_new": (_err, [POINTER(c_void_p)]),
+    "peft_adapter_options_free": (None, [_handle]),
+    "peft_adapter_options_set_base_dir": (_err, [_handle, c_char_p]),
+    "peft_adapter_options_set_translator": (_err, [_handle, _handle]),
+    "peft_adapter_open": (_err, [c_char_p, _handle, POINTER(c_void_p)]),
+    "peft_adapter_free": (None, [_handle]),
+    "peft_adapter_validate": (_err, [_handle, c_char_p]),
+    "peft_adapter_config_json": (c_char_p, [_handle]),
+    "peft_adapter_config_field": (c_char_p, [_handle, c_char_p]),
+    "peft_adapter_r": (ctypes.c_int64, [_handle]),
+    "peft_adapter_lora_alpha": (ctypes.c_double, [_handle]),
+    "peft_adapter_use_rslora": (c_int32, [_handle]),
+    "peft_adapter_use_dora": (c_int32, [_handle]),
+    "peft_adapter_lora_bias": (c_int32, [_handle]),
+    "peft_adapter_fan_in_fan_out": (c_int32, [_handle]),
+    "peft_adapter_peft_type": (c_char_p, [_handle]),
+    "peft_adapter_bias": (c_char_p, [_handle]),
+    "peft_adapter_task_type": (c_char_p, [_handle]),
+    "peft_adapter_base_model_name_or_path": (c_char_p, [_handle]),
+    "peft_adapter_family": (c_char_p, [_handle]),
+    "peft_adapter_translator": (_err, [_handle, POINTER(c_void_p)]),
+    "peft_adapter_note_count": (c_size_t, [_handle]),
+    "peft_adapter_note": (c_char_p, [_handle, c_size_t]),
+    "peft_adapter_module_count": (c_size_t, [_handle]),
+    "peft_adapter_find_module": (_err, [_handle, c_char_p, POINTER(c_size_t)]),
+    "peft_adapter_module_name": (c_char_p, [_handle, c_size_t]),
+    "peft_adapter_module_kind": (c_int32, [_handle, c_size_t]),
+    "peft_adapter_module_rank": (ctypes.c_int64, [_handle, c_size_t]),
+    "peft_adapter_module_alpha": (ctypes.c_double, [_handle, c_size_t]),
+    "peft_adapter_module_scaling": (ctypes.c_double, [_handle, c_size_t]),
+    "peft_adapter_module_tensor_count": (c_size_t, [_handle, c_size_t]),
+    "peft_adapter_module_tensor_role": (c_char_p, [_handle, c_size_t, c_size_t]),
+    "peft_adapter_module_tensor_key": (c_char_p, [_handle, c_size_t, c_size_t]),
+    "peft_adapter_module_tensor_base_name": (c_char_p, [_handle, c_size_t, c_size_t]),
+    "peft_adapter_module_tensor_dtype": (c_int32, [_handle, c_size_t, c_size_t]),
+    "peft_adapter_module_tensor_ndim": (c_size_t, [_handle, c_size_t, c_size_t]),
+    "peft_adapter_module_tensor_shape": (POINTER(c_uint64), [_handle, c_size_t, c_size_t]),
+    "peft_adapter_module_tensor_read": (_err, [_handle, c_size_t, c_size_t, c_int32, c_void_p, c_uint64]),
+    "peft_adapter_module_token_indices": (POINTER(ctypes.c_int64), [_handle, c_size_t, POINTER(c_size_t)]),
+    "peft_translator_new_builtin": (_err, [c_char_p, POINTER(c_void_p)]),
+    "peft_translator_from_file": (_err, [c_char_p, POINTER(c_void_p)]),
+    "peft_translator_from_json": (_err, [c_char_p, POINTER(c_void_p)]),
+    "peft_translator_detect": (_err, [c_char_p, c_char_p, POINTER(c_void_p)]),
+    "peft_translator_builtin_families": (_err, [POINTER(c_void_p)]),
+    "peft_translator_free": (None, [_handle]),
+    "peft_translator_family": (c_char_p, [_handle]),
+    "peft_translator_to_native": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
+    "peft_translator_to_hf": (_err, [_handle, c_char_p, c_int32, POINTER(c_void_p)]),
+    "peft_translator_to_native_batch": (_err, [_handle, POINTER(c_char_p), c_size_t, POINTER(c_void_p)]),
+    "peft_translator_to_hf_batch": (_err, [_handle, POINTER(c_char_p), c_size_t, c_int32,
+                                           POINTER(c_void_p)]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value
@@ -262,6 +316,31 @@ def check(err) -> None:
     finally:
         library.peft_error_free(err)
     raise error_from_code(code, message, name)
+
+
+def take_string(pointer: c_void_p) -> str:
+    """A string the library returned through ``char**``: decoded, then released with peft_string_free."""
+    if not pointer.value:
+        return ""
+    try:
+        return ctypes.string_at(pointer.value).decode("utf-8", "surrogateescape")
+    finally:
+        lib().peft_string_free(pointer.value)
+
+
+class Owned:
+    """Owns one C handle and frees it with ``free_name`` when the last reference is gone (or at
+    ``release()``). Objects that borrow from the handle keep a reference to this owner."""
+
+    __slots__ = ("ptr", "_finalizer", "__weakref__")
+
+    def __init__(self, ptr: int, free_name: str):
+        self.ptr = ptr
+        self._finalizer = weakref.finalize(self, getattr(lib(), free_name), ptr)
+        self._finalizer.atexit = False  # at exit the process is going away anyway
+
+    def release(self) -> None:
+        self._finalizer()
 
 
 def text(raw: Optional[bytes]) -> Optional[str]:

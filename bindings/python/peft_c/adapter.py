@@ -1,0 +1,431 @@
+"""PEFT LoRA adapters and key translators: ``Adapter``, ``AdapterModule``, ``Translator``.
+
+Both are read-only after creation and may be used from several threads at once. Each keeps its C
+handle alive as long as it (or a translator made from an adapter) is referenced; ``close()`` drops the
+object's own hold.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+from ctypes import byref, c_char_p, c_size_t, c_void_p
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._dtypes import DType, DTypeLike, as_dtype, dtype_bits, numpy_dtype
+from ._lib import Owned, check, lib, take_string, text
+
+# Mirrors the PEFT_LAYER_* constants of include/peft_c.h (checked by a test).
+LAYER_KINDS: Tuple[Tuple[int, str], ...] = (
+    (0, "LINEAR"),
+    (1, "CONV1D"),
+    (2, "EMBEDDING"),
+    (3, "CONV2D"),
+    (4, "FULL"),
+    (5, "TRAINABLE_TOKENS"),
+)
+LayerKind = enum.IntEnum("LayerKind", [(name, value) for value, name in LAYER_KINDS])
+LayerKind.__doc__ = "Kinds of adapter modules (PEFT_LAYER_*)."
+LayerKind.__module__ = "peft_c"
+
+_MISSING = object()
+
+
+def _encode(value: str, what: str) -> bytes:
+    encoded = value.encode("utf-8", "surrogateescape")
+    if b"\0" in encoded:
+        raise ValueError(f"{what} must not contain NUL characters")
+    return encoded
+
+
+def _path(value, what: str = "path") -> bytes:
+    encoded = os.fsencode(value)
+    if b"\0" in encoded:
+        raise ValueError(f"{what} contains a NUL byte")
+    return encoded
+
+
+# ---- translators ------------------------------------------------------------------------------------
+
+class Translator:
+    """Maps tensor keys between HuggingFace names and a host's slash-separated native names."""
+
+    def __init__(self, owned: Owned):
+        # Use one of the class methods.
+        self._owned: Optional[Owned] = owned
+
+    @classmethod
+    def _make(cls, function: str, *args) -> "Translator":
+        out = c_void_p()
+        check(getattr(lib(), function)(*args, byref(out)))
+        return cls(Owned(out.value, "peft_translator_free"))
+
+    @classmethod
+    def builtin(cls, family: str) -> "Translator":
+        """The built-in table of an architecture family ("llama", "gpt2", ...)."""
+        return cls._make("peft_translator_new_builtin", _encode(family, "family"))
+
+    @classmethod
+    def from_file(cls, path) -> "Translator":
+        """The caller's table from a JSON file (docs/translation-tables.md)."""
+        return cls._make("peft_translator_from_file", _path(path))
+
+    @classmethod
+    def from_json(cls, table: Union[str, dict]) -> "Translator":
+        """The caller's table as a JSON string or a dict."""
+        if not isinstance(table, str):
+            table = json.dumps(table)
+        return cls._make("peft_translator_from_json", _encode(table, "table"))
+
+    @classmethod
+    def detect(cls, base_dir=None, model_name: Optional[str] = None) -> "Translator":
+        """The built-in table of a base model's family: from its config.json, else its name."""
+        base = None if base_dir is None else _path(base_dir)
+        name = None if model_name is None else _encode(model_name, "model_name")
+        return cls._make("peft_translator_detect", base, name)
+
+    @staticmethod
+    def builtin_families() -> List[str]:
+        """The families with a built-in table, sorted."""
+        out = c_void_p()
+        check(lib().peft_translator_builtin_families(byref(out)))
+        return [line for line in take_string(out).split("\n") if line]
+
+    def _live(self) -> Owned:
+        if self._owned is None:
+            raise ValueError("operation on a closed Translator")
+        return self._owned
+
+    def close(self) -> None:
+        """Drops this object's hold on the translator. Idempotent."""
+        self._owned = None
+
+    def __enter__(self) -> "Translator":
+        self._live()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError("a Translator cannot be pickled")
+
+    @property
+    def family(self) -> str:
+        return text(lib().peft_translator_family(self._live().ptr))
+
+    def __repr__(self) -> str:
+        return "<peft_c.Translator closed>" if self._owned is None else f"<peft_c.Translator {self.family!r}>"
+
+    def to_native(self, hf_key: str) -> str:
+        """One HuggingFace key (with or without "base_model.model.") to its native name."""
+        out = c_void_p()
+        check(lib().peft_translator_to_native(self._live().ptr, _encode(hf_key, "keys"), byref(out)))
+        return take_string(out)
+
+    def to_hf(self, native_key: str, *, with_peft_prefix: bool = False) -> str:
+        """One native name back to its HuggingFace key (optionally with "base_model.model.")."""
+        out = c_void_p()
+        check(lib().peft_translator_to_hf(self._live().ptr, _encode(native_key, "keys"),
+                                          1 if with_peft_prefix else 0, byref(out)))
+        return take_string(out)
+
+    def _batch(self, function: str, keys: Sequence[str], *extra) -> List[str]:
+        owned = self._live()
+        keys = list(keys)
+        encoded = (c_char_p * max(len(keys), 1))(*[_encode(k, "keys") for k in keys])
+        out = (c_void_p * max(len(keys), 1))()
+        check(getattr(lib(), function)(owned.ptr, encoded, len(keys), *extra, out))
+        return [take_string(c_void_p(out[i])) for i in range(len(keys))]
+
+    def to_native_many(self, hf_keys: Sequence[str]) -> List[str]:
+        """Many keys at once; raises ``UnresolvedKeyError`` listing every key that does not resolve."""
+        return self._batch("peft_translator_to_native_batch", hf_keys)
+
+    def to_hf_many(self, native_keys: Sequence[str], *, with_peft_prefix: bool = False) -> List[str]:
+        """Many native names back at once; raises ``UnresolvedKeyError`` listing every failure."""
+        return self._batch("peft_translator_to_hf_batch", native_keys, 1 if with_peft_prefix else 0)
+
+
+# ---- adapters -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AdapterTensor:
+    """One tensor of an adapter module."""
+
+    index: int  #: position within its module
+    role: str  #: "lora_A.weight", "lora_B.weight", "lora_magnitude_vector", "weight", ...
+    key: str  #: the key in adapter_model.safetensors
+    base_name: str  #: the base model tensor it applies to or replaces
+    dtype: str
+    shape: Tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class AdapterModule:
+    """A LoRA layer, or a module with full replacement tensors or trainable tokens."""
+
+    index: int
+    name: str  #: transformers module path, without "base_model.model."
+    kind: LayerKind
+    rank: int  #: 0 for FULL and TRAINABLE_TOKENS modules
+    alpha: float
+    scaling: float  #: alpha / rank, or alpha / sqrt(rank) with use_rslora
+    tensors: Tuple[AdapterTensor, ...]
+    token_indices: Optional[Tuple[int, ...]]  #: TRAINABLE_TOKENS only
+
+    def tensor(self, role: Union[str, int]) -> AdapterTensor:
+        if isinstance(role, int) and not isinstance(role, bool):
+            return self.tensors[role]
+        for tensor in self.tensors:
+            if tensor.role == role:
+                return tensor
+        raise KeyError(f"module {self.name!r} has no tensor {role!r} "
+                       f"(it has {[t.role for t in self.tensors]})")
+
+
+class Adapter:
+    """A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), validated.
+
+    ::
+
+        with peft_c.Adapter.open("my_adapter", base_dir="base_model") as adapter:
+            for module in adapter.modules:
+                a = adapter.read(module, "lora_A.weight")
+    """
+
+    def __init__(self, owned: Owned, source: str):
+        # Use Adapter.open().
+        self._owned: Optional[Owned] = owned
+        self._source = source
+        self._modules: Optional[Tuple[AdapterModule, ...]] = None
+
+    @classmethod
+    def open(cls, path, *, base_dir=None, translator: Optional[Translator] = None) -> "Adapter":
+        """Opens and checks an adapter folder; with ``base_dir`` it is also resolved and validated
+        against that base model (Conv1D layers, "all-linear", shapes)."""
+        library = lib()
+        opts = c_void_p()
+        check(library.peft_adapter_options_new(byref(opts)))
+        keep = translator._live() if translator is not None else None
+        try:
+            if base_dir is not None:
+                check(library.peft_adapter_options_set_base_dir(opts, _path(base_dir)))
+            if keep is not None:
+                check(library.peft_adapter_options_set_translator(opts, keep.ptr))
+            out = c_void_p()
+            encoded = _path(path)
+            check(library.peft_adapter_open(encoded, opts, byref(out)))
+        finally:
+            library.peft_adapter_options_free(opts)
+        return cls(Owned(out.value, "peft_adapter_free"), os.fsdecode(encoded))
+
+    def _live(self) -> Owned:
+        if self._owned is None:
+            raise ValueError("operation on a closed Adapter")
+        return self._owned
+
+    def close(self) -> None:
+        """Drops this object's hold on the adapter. Idempotent."""
+        self._owned = None
+
+    @property
+    def closed(self) -> bool:
+        return self._owned is None
+
+    def __enter__(self) -> "Adapter":
+        self._live()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError("an Adapter cannot be pickled; pickle its path and open it again")
+
+    def __repr__(self) -> str:
+        if self._owned is None:
+            return f"<peft_c.Adapter {self._source!r} closed>"
+        return f"<peft_c.Adapter {self._source!r} r={self.r} modules={len(self)}>"
+
+    # ---- the config ------------------------------------------------------------------------------
+
+    @property
+    def config_json(self) -> str:
+        """The config as PEFT writes it (indent 2, sorted keys), unknown fields included."""
+        return text(lib().peft_adapter_config_json(self._live().ptr))
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        return json.loads(self.config_json)
+
+    def config_field(self, name: str, default: Any = _MISSING) -> Any:
+        """One field of the config, parsed; ``default`` (else KeyError) when the file has none."""
+        raw = lib().peft_adapter_config_field(self._live().ptr, _encode(name, "field names"))
+        if raw is None:
+            if default is _MISSING:
+                raise KeyError(name)
+            return default
+        return json.loads(raw.decode("utf-8"))
+
+    def _scalar(self, function: str):
+        return getattr(lib(), function)(self._live().ptr)
+
+    @property
+    def r(self) -> int:
+        return int(self._scalar("peft_adapter_r"))
+
+    @property
+    def lora_alpha(self) -> float:
+        return float(self._scalar("peft_adapter_lora_alpha"))
+
+    @property
+    def use_rslora(self) -> bool:
+        return bool(self._scalar("peft_adapter_use_rslora"))
+
+    @property
+    def use_dora(self) -> bool:
+        return bool(self._scalar("peft_adapter_use_dora"))
+
+    @property
+    def lora_bias(self) -> bool:
+        return bool(self._scalar("peft_adapter_lora_bias"))
+
+    @property
+    def fan_in_fan_out(self) -> bool:
+        return bool(self._scalar("peft_adapter_fan_in_fan_out"))
+
+    @property
+    def peft_type(self) -> str:
+        return text(self._scalar("peft_adapter_peft_type"))
+
+    @property
+    def bias(self) -> str:
+        return text(self._scalar("peft_adapter_bias"))
+
+    @property
+    def task_type(self) -> Optional[str]:
+        return text(self._scalar("peft_adapter_task_type"))
+
+    @property
+    def base_model_name_or_path(self) -> Optional[str]:
+        return text(self._scalar("peft_adapter_base_model_name_or_path"))
+
+    @property
+    def family(self) -> Optional[str]:
+        """The architecture family whose table the adapter uses, or None."""
+        return text(self._scalar("peft_adapter_family"))
+
+    @property
+    def notes(self) -> List[str]:
+        """Things worth knowing that are not errors."""
+        owned, library = self._live(), lib()
+        return [text(library.peft_adapter_note(owned.ptr, i))
+                for i in range(library.peft_adapter_note_count(owned.ptr))]
+
+    def translator(self) -> Translator:
+        """A translator over the adapter's architecture table (``NotFoundError`` without one)."""
+        out = c_void_p()
+        check(lib().peft_adapter_translator(self._live().ptr, byref(out)))
+        return Translator(Owned(out.value, "peft_translator_free"))
+
+    def validate(self, base_dir) -> None:
+        """Checks every module against a base model folder; raises listing every problem."""
+        check(lib().peft_adapter_validate(self._live().ptr, _path(base_dir)))
+
+    # ---- modules ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return lib().peft_adapter_module_count(self._live().ptr)
+
+    @property
+    def modules(self) -> Tuple[AdapterModule, ...]:
+        """Every module, in the order of its first tensor in the file."""
+        owned = self._live()
+        if self._modules is None:
+            count = lib().peft_adapter_module_count(owned.ptr)
+            self._modules = tuple(self._load_module(owned, i) for i in range(count))
+        return self._modules
+
+    def __iter__(self) -> Iterator[AdapterModule]:
+        return iter(self.modules)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self.module(name)
+        except KeyError:
+            return False
+        return True
+
+    def module(self, key: Union[str, int, AdapterModule]) -> AdapterModule:
+        """A module by path (e.g. "model.layers.0.self_attn.q_proj") or index."""
+        owned = self._live()
+        if isinstance(key, AdapterModule):
+            return self.modules[key.index]
+        if isinstance(key, str):
+            out = c_size_t()
+            check(lib().peft_adapter_find_module(owned.ptr, _encode(key, "module names"), byref(out)))
+            return self.modules[out.value]
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            return self.modules[int(key)]
+        raise TypeError(f"a module is named by str or int, not {type(key).__name__}")
+
+    def _load_module(self, owned: Owned, m: int) -> AdapterModule:
+        library, ptr = lib(), owned.ptr
+        tensors = []
+        for t in range(library.peft_adapter_module_tensor_count(ptr, m)):
+            ndim = library.peft_adapter_module_tensor_ndim(ptr, m, t)
+            shape_ptr = library.peft_adapter_module_tensor_shape(ptr, m, t)
+            tensors.append(AdapterTensor(
+                index=t,
+                role=text(library.peft_adapter_module_tensor_role(ptr, m, t)),
+                key=text(library.peft_adapter_module_tensor_key(ptr, m, t)),
+                base_name=text(library.peft_adapter_module_tensor_base_name(ptr, m, t)),
+                dtype=DType(library.peft_adapter_module_tensor_dtype(ptr, m, t)).name,
+                shape=tuple(int(shape_ptr[i]) for i in range(ndim)) if ndim else (),
+            ))
+        count = c_size_t()
+        indices_ptr = library.peft_adapter_module_token_indices(ptr, m, byref(count))
+        indices = tuple(int(indices_ptr[i]) for i in range(count.value)) if indices_ptr else None
+        return AdapterModule(
+            index=m,
+            name=text(library.peft_adapter_module_name(ptr, m)),
+            kind=LayerKind(library.peft_adapter_module_kind(ptr, m)),
+            rank=int(library.peft_adapter_module_rank(ptr, m)),
+            alpha=float(library.peft_adapter_module_alpha(ptr, m)),
+            scaling=float(library.peft_adapter_module_scaling(ptr, m)),
+            tensors=tuple(tensors),
+            token_indices=indices,
+        )
+
+    def read(self, module: Union[str, int, AdapterModule], tensor: Union[str, int] = 0,
+             dtype: Optional[DTypeLike] = "F32") -> np.ndarray:
+        """A module's tensor (by role or index) as a new array converted to ``dtype`` (None: its own)."""
+        owned = self._live()
+        mod = self.module(module)
+        info = mod.tensor(tensor)
+        target = as_dtype(info.dtype if dtype is None else dtype)
+        total_bits = info.numel * dtype_bits(target)
+        np_dtype = numpy_dtype(target)
+        out = np.empty(total_bits // 8, np.uint8) if np_dtype is None else np.empty(info.shape, np_dtype)
+        check(lib().peft_adapter_module_tensor_read(owned.ptr, mod.index, info.index, int(target),
+                                                    out.ctypes.data_as(c_void_p), total_bits // 8))
+        return out
+
+    def state_dict(self, dtype: Optional[DTypeLike] = "F32") -> Dict[str, np.ndarray]:
+        """Every tensor by its key in adapter_model.safetensors."""
+        return {t.key: self.read(m, t.index, dtype) for m in self.modules for t in m.tensors}
+
+
+__all__ = ["Adapter", "AdapterModule", "AdapterTensor", "LayerKind", "LAYER_KINDS", "Translator"]
