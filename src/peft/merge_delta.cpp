@@ -25,7 +25,7 @@ void compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms
   const PreparedTerms p = detail::prepare(layout, terms, false);
   if (out == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "compute_delta: output buffer is null");
   const kernels::Table& k = kernels::active();
-  const int64_t block_rows = detail::block_rows_for(p.cols);
+  const int64_t block_rows = p.block_rows();
   const int64_t blocks = (p.rows + block_rows - 1) / block_rows;
   parallel_tasks(blocks, detail::threads_for(exec, p.rows, p.cols, blocks), [&](int64_t block, unsigned) {
     const int64_t row0 = block * block_rows;

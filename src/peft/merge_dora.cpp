@@ -34,7 +34,7 @@ std::vector<float> weight_norm(const ConstWeightView& base, kernels::Storage s, 
   };
   if (!transposed) {
     std::vector<float> norms(static_cast<size_t>(rows));
-    const int64_t block_rows = detail::block_rows_for(cols);
+    const int64_t block_rows = p.block_rows();
     const int64_t blocks = (rows + block_rows - 1) / block_rows;
     const unsigned threads = detail::threads_for(exec, rows, cols, blocks);
     std::vector<Scratch> scratch(threads);

@@ -75,6 +75,7 @@ PreparedTerms prepare(const DeltaLayout& layout, std::span<const LoraFactors> te
     p.owned.push_back(std::move(rt));
     p.terms.push_back({L, p.owned.back().data(), r, coef});
   }
+  for (const auto& t : p.terms) p.total_rank += t.rank;
   return p;
 }
 
@@ -88,9 +89,12 @@ kernels::Storage check_view(const ConstWeightView& view, int64_t rows, int64_t c
   return s;
 }
 
-int64_t block_rows_for(int64_t cols) {
+int64_t block_rows_for(int64_t cols, int64_t rank) {
+  // About 64 Ki floats of delta per block (256 KiB, within L2), but for large ranks at least
+  // rank / 4 rows, so that each panel of the factor R is reused by enough rows (+15% at r = 256).
   const int64_t target = (int64_t(1) << 16) / std::max<int64_t>(cols, 1);
-  return std::clamp<int64_t>(target / 4 * 4, 4, 1024);
+  const int64_t at_least = std::clamp<int64_t>((rank / 4 + 3) / 4 * 4, 4, 64);
+  return std::clamp<int64_t>(target / 4 * 4, at_least, 1024);
 }
 
 unsigned threads_for(const ExecOptions& exec, int64_t rows, int64_t cols, int64_t blocks) {

@@ -19,6 +19,9 @@ kernels::Storage storage_of(DType dtype, const char* what);
 
 size_t element_size(kernels::Storage s);
 
+// Rows per block for a delta of `cols` columns and total rank `rank`: a multiple of 4.
+int64_t block_rows_for(int64_t cols, int64_t rank);
+
 // Terms in the orientation of storage: delta rows = sum_t coef_t * L_t @ R_t with L_t
 // [rows x rank_t] and R_t [rank_t x cols], both row-major. For transposed layouts L = A^T and
 // R = B^T are copies owned here; otherwise they point at the caller's B and A.
@@ -33,6 +36,9 @@ struct PreparedTerms {
   int64_t cols = 0;
   std::vector<Term> terms;
   std::vector<std::vector<float>> owned;
+  int64_t total_rank = 0;
+
+  int64_t block_rows() const { return block_rows_for(cols, total_rank); }
 
   // Writes delta rows [row0, row0 + count) into out[count * cols].
   void delta_rows(const kernels::Table& k, int64_t row0, int64_t count, float* out) const {
@@ -50,8 +56,6 @@ PreparedTerms prepare(const DeltaLayout& layout, std::span<const LoraFactors> te
 // Checks that a buffer matches the layout's storage shape and has a supported dtype.
 kernels::Storage check_view(const ConstWeightView& view, int64_t rows, int64_t cols, const char* what);
 
-// Rows per block: about 64 Ki floats of delta, a multiple of 4 rows.
-int64_t block_rows_for(int64_t cols);
 
 // Threads for a job over rows x cols elements (one for small jobs).
 unsigned threads_for(const ExecOptions& exec, int64_t rows, int64_t cols, int64_t blocks);
@@ -69,7 +73,7 @@ void for_each_row(const WeightView& weight, kernels::Storage storage, const Prep
   const size_t row_bytes = static_cast<size_t>(cols) * esize;
   const bool misaligned = reinterpret_cast<uintptr_t>(weight.data) % esize != 0;
   const bool staged = misaligned || exec.row_sink != nullptr;
-  const int64_t block_rows = block_rows_for(cols);
+  const int64_t block_rows = prepared.block_rows();
   const int64_t blocks = (rows + block_rows - 1) / block_rows;
   const unsigned threads = threads_for(exec, rows, cols, blocks);
 
@@ -123,7 +127,7 @@ void for_each_row_readonly(const ConstWeightView& weight, kernels::Storage stora
   const size_t esize = element_size(storage);
   const size_t row_bytes = static_cast<size_t>(cols) * esize;
   const bool misaligned = reinterpret_cast<uintptr_t>(weight.data) % esize != 0;
-  const int64_t block_rows = block_rows_for(cols);
+  const int64_t block_rows = prepared.block_rows();
   const auto* base = static_cast<const unsigned char*>(weight.data);
   for (int64_t row0 = row_begin; row0 < row_end; row0 += block_rows) {
     const int64_t count = std::min(block_rows, row_end - row0);

@@ -16,6 +16,12 @@
 #include "core/bf16.hpp"
 #include "core/f16.hpp"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PEFT_MERGE_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define PEFT_INLINE [[gnu::always_inline]] inline
 #else
@@ -27,138 +33,188 @@ namespace {
 
 // ---- storage access ---------------------------------------------------------------------------
 
-template <Storage S>
-PEFT_INLINE float load(const void* p, int64_t j) {
+// Element-wise passes run over a row in chunks: convert kChunk elements to f32 on the stack,
+// compute there, convert back. Separate conversion loops vectorise better than mixed ones, and
+// the f16 conversion can use the F16C instructions where the table's target has them.
+constexpr int kChunk = 256;
+
+// f16 <-> f32 in portable C++ (core/f16.hpp).
+struct SoftHalf {
+  PEFT_INLINE static void to_f32(const uint16_t* p, int n, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
+  }
+  PEFT_INLINE static void from_f32(const float* in, int n, uint16_t* p) {
+    for (int i = 0; i < n; ++i) p[i] = f32_to_f16(in[i]);
+  }
+};
+
+template <Storage S, class Half>
+PEFT_INLINE void load_chunk(const void* w, int64_t j0, int n, float* x) {
   if constexpr (S == Storage::f32) {
-    return static_cast<const float*>(p)[j];
+    const float* p = static_cast<const float*>(w) + j0;
+    for (int i = 0; i < n; ++i) x[i] = p[i];
   } else if constexpr (S == Storage::bf16) {
-    return bf16_to_f32(static_cast<const uint16_t*>(p)[j]);
+    const uint16_t* p = static_cast<const uint16_t*>(w) + j0;
+    for (int i = 0; i < n; ++i) x[i] = bf16_to_f32(p[i]);
   } else {
-    return f16_to_f32(static_cast<const uint16_t*>(p)[j]);
+    Half::to_f32(static_cast<const uint16_t*>(w) + j0, n, x);
   }
 }
 
-template <Storage S>
-PEFT_INLINE void store(void* p, int64_t j, float v) {
+template <Storage S, class Half>
+PEFT_INLINE void store_chunk(void* w, int64_t j0, int n, const float* x) {
   if constexpr (S == Storage::f32) {
-    static_cast<float*>(p)[j] = v;
+    float* p = static_cast<float*>(w) + j0;
+    for (int i = 0; i < n; ++i) p[i] = x[i];
   } else if constexpr (S == Storage::bf16) {
-    static_cast<uint16_t*>(p)[j] = f32_to_bf16(v);
+    uint16_t* p = static_cast<uint16_t*>(w) + j0;
+    for (int i = 0; i < n; ++i) p[i] = f32_to_bf16(x[i]);
   } else {
-    static_cast<uint16_t*>(p)[j] = f32_to_f16(v);
+    Half::from_f32(x, n, static_cast<uint16_t*>(w) + j0);
   }
 }
+
+inline int chunk_size(int64_t j0, int64_t n) { return static_cast<int>(n - j0 < kChunk ? n - j0 : kChunk); }
 
 // ---- low-rank product -------------------------------------------------------------------------
 
-// RB rows of C, W columns at a time held in registers; the tail columns one at a time with the
-// same sequence of fmas, so every element is computed identically wherever it falls.
+// One RB x W tile of C: the accumulators stay in registers while k runs over the rank.
 template <int RB, int W>
-PEFT_INLINE void lowrank_rows(const float* L, const float* R, int64_t cols, int64_t rank, float coef,
+PEFT_INLINE void lowrank_tile(const float* L, const float* R, int64_t cols, int64_t rank, float coef,
                               bool accumulate, float* C) {
-  int64_t j = 0;
-  for (; j + W <= cols; j += W) {
-    float acc[RB][W];
-    for (int u = 0; u < RB; ++u)
-      for (int v = 0; v < W; ++v) acc[u][v] = 0.0f;
-    for (int64_t k = 0; k < rank; ++k) {
-      const float* r = R + k * cols + j;
-      for (int u = 0; u < RB; ++u) {
-        const float l = L[u * rank + k];
-        for (int v = 0; v < W; ++v) acc[u][v] = std::fma(l, r[v], acc[u][v]);
-      }
-    }
-    if (accumulate) {
-      for (int u = 0; u < RB; ++u)
-        for (int v = 0; v < W; ++v) C[u * cols + j + v] = std::fma(coef, acc[u][v], C[u * cols + j + v]);
-    } else {
-      for (int u = 0; u < RB; ++u)
-        for (int v = 0; v < W; ++v) C[u * cols + j + v] = std::fma(coef, acc[u][v], -0.0f);
+  float acc[RB][W];
+  for (int u = 0; u < RB; ++u)
+    for (int v = 0; v < W; ++v) acc[u][v] = 0.0f;
+  for (int64_t k = 0; k < rank; ++k) {
+    const float* r = R + k * cols;
+    for (int u = 0; u < RB; ++u) {
+      const float l = L[u * rank + k];
+      for (int v = 0; v < W; ++v) acc[u][v] = std::fma(l, r[v], acc[u][v]);
     }
   }
+  if (accumulate) {
+    for (int u = 0; u < RB; ++u)
+      for (int v = 0; v < W; ++v) C[u * cols + v] = std::fma(coef, acc[u][v], C[u * cols + v]);
+  } else {
+    for (int u = 0; u < RB; ++u)
+      for (int v = 0; v < W; ++v) C[u * cols + v] = std::fma(coef, acc[u][v], -0.0f);
+  }
+}
+
+// Column tiles outermost, so that one W-wide panel of R (rank x W floats) is reused from L1/L2
+// by every row of the block; the columns that do not fill a tile go one at a time through the
+// same sequence of fmas, so every element is computed identically wherever it falls.
+template <int RB, int W>
+PEFT_INLINE void lowrank_body(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank,
+                              float coef, bool accumulate, float* C) {
+  const int64_t full_rows = rows / RB * RB;
+  int64_t j = 0;
+  for (; j + W <= cols; j += W) {
+    for (int64_t i = 0; i < full_rows; i += RB)
+      lowrank_tile<RB, W>(L + i * rank, R + j, cols, rank, coef, accumulate, C + i * cols + j);
+    for (int64_t i = full_rows; i < rows; ++i)
+      lowrank_tile<1, W>(L + i * rank, R + j, cols, rank, coef, accumulate, C + i * cols + j);
+  }
   for (; j < cols; ++j) {
-    for (int u = 0; u < RB; ++u) {
+    for (int64_t i = 0; i < rows; ++i) {
       float acc = 0.0f;
-      for (int64_t k = 0; k < rank; ++k) acc = std::fma(L[u * rank + k], R[k * cols + j], acc);
-      float& c = C[u * cols + j];
+      for (int64_t k = 0; k < rank; ++k) acc = std::fma(L[i * rank + k], R[k * cols + j], acc);
+      float& c = C[i * cols + j];
       c = std::fma(coef, acc, accumulate ? c : -0.0f);
     }
   }
 }
 
-template <int RB, int W>
-PEFT_INLINE void lowrank_body(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank,
-                              float coef, bool accumulate, float* C) {
-  int64_t i = 0;
-  for (; i + RB <= rows; i += RB) lowrank_rows<RB, W>(L + i * rank, R, cols, rank, coef, accumulate, C + i * cols);
-  for (; i < rows; ++i) lowrank_rows<1, W>(L + i * rank, R, cols, rank, coef, accumulate, C + i * cols);
-}
-
 // ---- element-wise passes ----------------------------------------------------------------------
 
-template <Storage S>
+template <Storage S, class Half>
 PEFT_INLINE void add_rounded_body(void* w, const float* d, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) store<S>(w, j, load<S>(w, j) + d[j]);
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
+    store_chunk<S, Half>(w, j0, m, x);
+  }
 }
 
-template <Storage S>
+template <Storage S, class Half>
 PEFT_INLINE double sum_squares_body(const void* w, const float* d, int64_t n) {
   // x is a float, so x * x is exact in double: whether the add is fused or not cannot matter.
+  // Chunks are multiples of 8, so element j always lands in lane j % 8.
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    for (int l = 0; l < 8; ++l) {
-      const double x = static_cast<double>(load<S>(w, j + l) + d[j + l]);
-      lane[l] += x * x;
-    }
-  }
-  for (int l = 0; j < n; ++j, ++l) {
-    const double x = static_cast<double>(load<S>(w, j) + d[j]);
-    lane[l] += x * x;
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
+    int i = 0;
+    for (; i + 8 <= m; i += 8)
+      for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
+    for (int l = 0; i < m; ++i, ++l) lane[l] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
   }
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-template <Storage S>
+template <Storage S, class Half>
 PEFT_INLINE void accumulate_squares_body(const void* w, const float* d, double* acc, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const double x = static_cast<double>(load<S>(w, j) + d[j]);
-    acc[j] += x * x;
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    for (int i = 0; i < m; ++i) {
+      const double v = static_cast<double>(x[i] + d[j0 + i]);
+      acc[j0 + i] += v * v;
+    }
   }
 }
 
-template <Storage S>
+// stride 0: one factor for the row; 1: one per column.
+template <Storage S, class Half>
 PEFT_INLINE void dora_apply_body(void* w, const float* d, const float* factor, int64_t stride, int64_t n) {
-  if (stride == 0) {
-    const float f = factor[0];
-    for (int64_t j = 0; j < n; ++j) store<S>(w, j, f * (load<S>(w, j) + d[j]));
-  } else {
-    for (int64_t j = 0; j < n; ++j) store<S>(w, j, factor[j] * (load<S>(w, j) + d[j]));
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    if (stride == 0) {
+      const float f = factor[0];
+      for (int i = 0; i < m; ++i) x[i] = f * (x[i] + d[j0 + i]);
+    } else {
+      for (int i = 0; i < m; ++i) x[i] = factor[j0 + i] * (x[i] + d[j0 + i]);
+    }
+    store_chunk<S, Half>(w, j0, m, x);
   }
 }
 
-template <Storage S>
+template <Storage S, class Half>
 PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, int64_t stride, int64_t n) {
-  if (stride == 0) {
-    const float f = factor[0];
-    for (int64_t j = 0; j < n; ++j) store<S>(w, j, load<S>(w, j) / f - d[j]);
-  } else {
-    for (int64_t j = 0; j < n; ++j) store<S>(w, j, load<S>(w, j) / factor[j] - d[j]);
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    if (stride == 0) {
+      const float f = factor[0];
+      for (int i = 0; i < m; ++i) x[i] = x[i] / f - d[j0 + i];
+    } else {
+      for (int i = 0; i < m; ++i) x[i] = x[i] / factor[j0 + i] - d[j0 + i];
+    }
+    store_chunk<S, Half>(w, j0, m, x);
   }
 }
 
 // Dispatches on the storage dtype inside the target-specific wrapper, so each instantiation is
 // compiled (and vectorised) for that target.
-#define PEFT_STORAGE_SWITCH(s, fn, ...)                         \
-  switch (s) {                                                  \
-    case Storage::f32: return fn<Storage::f32>(__VA_ARGS__);    \
-    case Storage::bf16: return fn<Storage::bf16>(__VA_ARGS__);  \
-    case Storage::f16: return fn<Storage::f16>(__VA_ARGS__);    \
+#define PEFT_STORAGE_SWITCH(s, fn, ...)                               \
+  switch (s) {                                                        \
+    case Storage::f32: return fn<Storage::f32, Half>(__VA_ARGS__);    \
+    case Storage::bf16: return fn<Storage::bf16, Half>(__VA_ARGS__);  \
+    case Storage::f16: return fn<Storage::f16, Half>(__VA_ARGS__);    \
   }
 
 // Stamps out a kernel table for one instruction set. RB x W is the register tile of lowrank.
-#define PEFT_DEFINE_TABLE(NS, ATTR, RB, W)                                                                 \
+#define PEFT_DEFINE_TABLE(NS, ATTR, RB, W, HALF)                                                               \
   namespace NS {                                                                                           \
+  using Half = HALF;                                                                                       \
   ATTR void lowrank(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank, float coef, \
                     bool accumulate, float* C) {                                                           \
     lowrank_body<RB, W>(L, R, rows, cols, rank, coef, accumulate, C);                                      \
@@ -182,12 +238,31 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
   const Table table{#NS, lowrank, add_rounded, sum_squares, accumulate_squares, dora_apply, dora_remove};  \
   }
 
-PEFT_DEFINE_TABLE(portable_impl, , 4, 16)
+PEFT_DEFINE_TABLE(portable_impl, , 4, 16, SoftHalf)
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PEFT_MERGE_X86 1
-PEFT_DEFINE_TABLE(avx2_impl, __attribute__((target("avx2,fma"))), 4, 16)
-PEFT_DEFINE_TABLE(avx512_impl, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))), 4, 64)
+#ifdef PEFT_MERGE_X86
+// f16 <-> f32 with the F16C instructions: IEEE conversions, round to nearest even, NaN made quiet
+// with its top payload bits kept, i.e. the same bits as core/f16.hpp. Plain calls (once per chunk):
+// GCC will not inline a function with more target features into the generic chunk helpers.
+struct F16cHalf {
+  __attribute__((target("avx,f16c"))) static void to_f32(const uint16_t* p, int n, float* out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))));
+    for (; i < n; ++i) out[i] = _cvtsh_ss(p[i]);
+  }
+  __attribute__((target("avx,f16c"))) static void from_f32(const float* in, int n, uint16_t* p) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; ++i) p[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+};
+
+PEFT_DEFINE_TABLE(avx2_impl, __attribute__((target("avx2,fma,f16c"))), 4, 16, F16cHalf)
+PEFT_DEFINE_TABLE(avx512_impl, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), 4, 64,
+                  F16cHalf)
 #endif
 
 }  // namespace
@@ -201,6 +276,15 @@ const Table& portable() {
   return t;
 }
 
+#ifdef PEFT_MERGE_X86
+// __builtin_cpu_supports has no "f16c" in every compiler: CPUID leaf 1, ECX bit 29. (The OS saves
+// the AVX state whenever __builtin_cpu_supports reports AVX2, which the callers require as well.)
+static bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+}
+#endif
+
 const Table* x86_avx2() {
 #ifdef PEFT_MERGE_X86
   static const Table t = [] {
@@ -209,7 +293,7 @@ const Table* x86_avx2() {
     return copy;
   }();
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &t;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) return &t;
 #endif
   return nullptr;
 }
@@ -224,7 +308,7 @@ const Table* x86_avx512() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma"))
+      __builtin_cpu_supports("fma") && has_f16c())
     return &t;
 #endif
   return nullptr;

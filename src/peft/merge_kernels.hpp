@@ -39,8 +39,8 @@ struct Table {
 };
 
 const Table& portable();
-const Table* x86_avx2();    // nullptr when the CPU lacks AVX2/FMA/F16C or this is not x86-64
-const Table* x86_avx512();  // nullptr when the CPU lacks AVX-512 F/BW/VL/DQ
+const Table* x86_avx2();    // nullptr when the CPU lacks AVX2, FMA or F16C, or this is not x86-64
+const Table* x86_avx512();  // nullptr when the CPU lacks AVX-512 F/BW/VL/DQ (or AVX2, FMA, F16C)
 const Table& active();      // the fastest available, chosen on first use
 
 }  // namespace peft::merge::kernels

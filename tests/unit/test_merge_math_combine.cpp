@@ -105,7 +105,11 @@ TEST_CASE("merge math: every kernel table gives the same bits") {
   const int64_t rows = 11, cols = 203, rank = 7;
   const auto L = random_floats(static_cast<size_t>(rows * rank), 801);
   const auto R = random_floats(static_cast<size_t>(rank * cols), 802);
-  const auto d = random_floats(static_cast<size_t>(cols), 803, 0.1f);
+  auto d = random_floats(static_cast<size_t>(cols), 803, 0.1f);
+  // Specials: NaN, infinities, values that overflow f16/bf16, results in the f16 subnormal range.
+  const float specials[] = {std::nanf(""), -std::nanf(""), INFINITY, -INFINITY, 70000.0f, 3.4e38f,
+                            1e-6f, -3e-8f, 6.1e-5f, 0.0f, -0.0f};
+  for (size_t i = 0; i < std::size(specials); ++i) d[i * 13] = specials[i];
   const auto f = random_floats(static_cast<size_t>(cols), 804);
   auto run = [&](const k::Table& t) {
     std::vector<float> c(static_cast<size_t>(rows * cols));
@@ -116,6 +120,7 @@ TEST_CASE("merge math: every kernel table gives the same bits") {
     for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
       const k::Storage s = dt == DType::F32 ? k::Storage::f32 : dt == DType::BF16 ? k::Storage::bf16 : k::Storage::f16;
       Buffer w = random_buffer(dt, static_cast<size_t>(cols), 805);
+      for (size_t i = 0; i < 16; ++i) w.set(i * 11 + 5, i % 2 ? 1e-7f * static_cast<float>(i) : 60000.0f);
       const double sq = t.sum_squares(s, w.bytes.data(), d.data(), cols);
       std::vector<double> acc(static_cast<size_t>(cols), 1.0);
       t.accumulate_squares(s, w.bytes.data(), d.data(), acc.data(), cols);
@@ -124,16 +129,27 @@ TEST_CASE("merge math: every kernel table gives the same bits") {
       t.dora_apply(s, w.bytes.data(), d.data(), f.data() + 3, 0, cols);
       t.dora_remove(s, w.bytes.data(), d.data(), f.data(), 1, cols);
       t.dora_remove(s, w.bytes.data(), d.data(), f.data() + 5, 0, cols);
-      out.push_back(w.bytes);
-      out.emplace_back(reinterpret_cast<const unsigned char*>(&sq), reinterpret_cast<const unsigned char*>(&sq + 1));
+      // Bits must agree except inside NaNs, whose payload and sign depend on operand order.
+      std::vector<unsigned char> bytes = w.bytes;
+      for (size_t i = 0; i < w.size(); ++i)
+        if (std::isnan(w.get(i))) std::memset(bytes.data() + i * dtype_bytes(dt), 0xAA, dtype_bytes(dt));
+      out.push_back(bytes);
+      acc.push_back(sq);
+      for (double& x : acc)
+        if (std::isnan(x)) x = 12345.0;
       out.emplace_back(reinterpret_cast<unsigned char*>(acc.data()), reinterpret_cast<unsigned char*>(acc.data() + acc.size()));
     }
     return out;
   };
   const auto want = run(*tables[0]);
   for (size_t i = 1; i < tables.size(); ++i) {
-    CAPTURE(tables[i]->name);
-    CHECK(run(*tables[i]) == want);
+    CAPTURE(std::string(tables[i]->name));
+    const auto got = run(*tables[i]);
+    REQUIRE(got.size() == want.size());
+    for (size_t part = 0; part < got.size(); ++part) {
+      CAPTURE(part);  // 0: lowrank; then per dtype F32, BF16, F16: weight bytes, squares
+      CHECK(got[part] == want[part]);
+    }
   }
   // And the portable table agrees with the reference loop of the library's contract.
   std::vector<float> c(static_cast<size_t>(rows * cols));

@@ -1,0 +1,38 @@
+// Building one merged tensor in memory from its plan (merge_pipeline_plan.hpp): the base's (or a
+// replacement's) values in the working dtype, then the LoRA, DoRA, bias and token-row changes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "peft/merge_pipeline_plan.hpp"
+
+namespace peft {
+
+// A reusable block of memory for one tensor. Not zeroed: every byte is written before it is read.
+class TensorBuffer {
+ public:
+  // Makes room for `nbytes` (keeping the allocation when it is large enough). PEFT_ERR_OUT_OF_MEMORY
+  // naming `what` when the allocation fails.
+  void reserve(uint64_t nbytes, const std::string& what);
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  uint64_t size() const { return size_; }
+  uint64_t capacity() const { return capacity_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  uint64_t size_ = 0;
+  uint64_t capacity_ = 0;
+};
+
+// Fills `out` with tensor `p` (action compute) in p.work_dtype. `threads` as merge::ExecOptions.
+// Releases the base tensor's pages once read, so a merge does not keep the base model resident.
+void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out);
+
+// Asks the kernel to drop the whole pages inside [from, to) from this process's resident set and
+// returns the new frontier (the first byte not released), to pass as `from` next time. Only a hint;
+// it never changes the bytes, so it is safe on memory of any kind.
+const uint8_t* release_pages(const uint8_t* from, const uint8_t* to);
+
+}  // namespace peft

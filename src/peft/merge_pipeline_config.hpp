@@ -1,0 +1,42 @@
+// The files of a merged checkpoint folder besides its weights: config.json, updated as transformers
+// would write it after the merge, and the base folder's other small files (tokenizer files,
+// generation_config.json, README.md, ...) copied as they are.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.hpp"
+
+namespace peft {
+
+struct FolderFile {
+  std::string name;                    // file name in the output folder
+  std::string source_path;             // copied from here when `content` is unset
+  std::optional<std::string> content;  // otherwise written with this text
+};
+
+// config.json with `tie_word_embeddings` set to false (when `untie`) and, when `dtype` is set, every
+// "dtype" / "torch_dtype" entry (top level and nested sub-configs) set to its torch name
+// ("bfloat16"); a config with neither at the top level gets "dtype", as transformers 5 writes it.
+// nullopt when nothing changes, so the file can be copied byte for byte; otherwise the text
+// transformers writes: json.dumps(config, indent=2, sort_keys=True) + "\n".
+std::optional<std::string> updated_config_text(const nlohmann::json& config, bool untie, std::optional<DType> dtype);
+
+// The torch name of a floating-point dtype ("float32", "bfloat16", "float16", "float64").
+const char* torch_dtype_name(DType dtype);
+
+// Whether a file of a model folder holds weights (safetensors and their index, PyTorch, TF, Flax,
+// GGUF and ONNX files) or marks the folder as an adapter (adapter_config.json): never copied.
+bool is_model_weight_file(const std::string& name);
+
+// The files to put next to the merged weights: config.json (copied or rewritten) and every other
+// regular file directly in `base_dir` that is not a weight file or one of our temporaries.
+// Subfolders are not copied. PEFT_ERR_IO if the folder cannot be listed.
+std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config, bool untie,
+                                          std::optional<DType> dtype);
+
+}  // namespace peft
