@@ -328,14 +328,28 @@ def test_non_lora_peft_type(llama_copy):
         peft_c.Adapter.open(llama_copy)
 
 
-def test_foreign_key_is_unresolved(llama_copy):
+def test_lora_tensors_of_an_untargeted_module(llama_copy):
     weights = llama_copy / "adapter_model.safetensors"
     with peft_c.Checkpoint.open(weights) as ckpt:
         tensors = {name: ckpt.read(name, None) for name in ckpt}
-    tensors["something.completely.different"] = np.zeros(2, np.float32)
+    stray = "base_model.model.model.layers.0.input_layernorm"
+    tensors[stray + ".lora_A.weight"] = np.zeros((4, 16), np.float32)
+    tensors[stray + ".lora_B.weight"] = np.zeros((16, 4), np.float32)
     peft_c.save_file(tensors, weights)
-    with pytest.raises(peft_c.UnresolvedKeyError, match="something.completely.different"):
+    with pytest.raises(peft_c.InvalidConfigError, match="input_layernorm"):
         peft_c.Adapter.open(llama_copy)
+
+
+def test_keys_without_the_peft_prefix_are_read_as_base_modules(llama_copy):
+    weights = llama_copy / "adapter_model.safetensors"
+    with peft_c.Checkpoint.open(weights) as ckpt:
+        tensors = {name: ckpt.read(name, None) for name in ckpt}
+    tensors["classifier.weight"] = np.ones((2, 2), np.float32)
+    peft_c.save_file(tensors, weights)
+    with peft_c.Adapter.open(llama_copy) as adapter:
+        module = adapter.module("classifier")
+        assert module.kind == peft_c.LayerKind.FULL and module.tensor("weight").key == "classifier.weight"
+        assert any("base_model.model." in note for note in adapter.notes)
 
 
 def test_lora_a_without_lora_b(llama_copy):
