@@ -103,6 +103,7 @@ class Checkpoint:
         self._handle: Optional[_Handle] = handle
         self._source = source
         self._names: Optional[Tuple[str, ...]] = None
+        self._infos: Dict[int, TensorInfo] = {}  # the checkpoint never changes: cache header lookups
 
     # ---- opening and closing -----------------------------------------------------------------
 
@@ -260,6 +261,9 @@ class Checkpoint:
         handle = self._live()
         library = lib()
         index = self._index(handle, key)
+        cached = self._infos.get(index)
+        if cached is not None:
+            return cached
         ptr = handle.ptr
         ndim = library.peft_checkpoint_tensor_ndim(ptr, index)
         shape_ptr = library.peft_checkpoint_tensor_shape(ptr, index)
@@ -267,7 +271,7 @@ class Checkpoint:
         begin, end = c_uint64(), c_uint64()
         check(library.peft_checkpoint_tensor_offsets(ptr, index, byref(begin), byref(end)))
         file_index = library.peft_checkpoint_tensor_file(ptr, index)
-        return TensorInfo(
+        info = TensorInfo(
             index=index,
             name=text(library.peft_checkpoint_tensor_name(ptr, index)),
             dtype=DType(library.peft_checkpoint_tensor_dtype(ptr, index)).name,
@@ -276,6 +280,8 @@ class Checkpoint:
             file_index=file_index,
             file=text(library.peft_checkpoint_file_path(ptr, file_index)),
         )
+        self._infos[index] = info
+        return info
 
     def tensors(self) -> List[TensorInfo]:
         """Every tensor's header entry, in checkpoint order."""
