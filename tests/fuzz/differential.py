@@ -11,6 +11,8 @@ header_check.cpp, built next to the fuzzer) prints. Also:
 
 Usage:
   differential.py --checker BUILD/tests/fuzz/header_check --count 20000 --seed 1 [--keep DIR]
+  differential.py --checker BUILD/tests/fuzz/header_check --dir DIR   (compare on existing files,
+                              e.g. a corpus the fuzzer has grown)
   differential.py --reference-codes tests/fuzz/corpus/header tests/fuzz/corpus_codes.json
 
 Exit status 1 when a mismatch is found (they are saved under --keep, default ./differential-out).
@@ -233,8 +235,26 @@ def run_checker(checker, paths):
     return result
 
 
+def load_dir(directory):
+    cases = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                cases.append(f.read())
+    return cases
+
+
 def differential(args):
     rng = random.Random(args.seed)
+    if args.dir:
+        cases = load_dir(args.dir)
+        if args.reframe:
+            # As the fuzzer's second mode does: the bytes after the prefix are the header, here
+            # framed with the right length and followed by as many data bytes as the prefix said
+            # modulo 4096, so that both the JSON and the size checks get exercised.
+            cases = [file_bytes(c[8:], struct.unpack("<Q", c[:8])[0] % 4096) for c in cases if len(c) >= 8]
+        return compare(args, cases)
     cases = [file_bytes(h, d) for h, d in HANDWRITTEN]
     valid_pool = []
     while len(cases) < args.count:
@@ -246,6 +266,10 @@ def differential(args):
         cases.append(case)
         if len(valid_pool) < 200 and rng.random() < 0.2:
             valid_pool.append(case)
+    return compare(args, cases)
+
+
+def compare(args, cases):
     os.makedirs(args.keep, exist_ok=True)
     mismatches = 0
     seen = {}
@@ -298,6 +322,9 @@ def main():
     parser.add_argument("--count", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", default="differential-out")
+    parser.add_argument("--dir", help="compare on the files of this directory instead of generated ones")
+    parser.add_argument("--reframe", action="store_true",
+                        help="with --dir: take bytes 8.. of each file as the header and fix the length")
     parser.add_argument("--reference-codes", nargs=2, metavar=("DIR", "OUT"))
     args = parser.parse_args()
     if args.reference_codes:
