@@ -126,9 +126,13 @@ class Checkpoint:
     @classmethod
     def from_bytes(cls, data, *, max_header_size: Optional[int] = None) -> "Checkpoint":
         """Validates a safetensors file held in memory (any bytes-like object; it is copied)."""
-        view = memoryview(data).cast("B") if not isinstance(data, bytes) else None
-        if view is not None and (view.readonly or not view.c_contiguous):
-            data, view = view.tobytes(), None
+        view = None
+        if not isinstance(data, bytes):
+            view = memoryview(data)
+            if view.readonly or not view.c_contiguous:
+                data, view = view.tobytes(), None  # the library copies anyway
+            else:
+                view = view.cast("B")
         if view is None:
             pointer, size, keep = ctypes.cast(ctypes.c_char_p(data), c_void_p), len(data), data
         else:
