@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "core/bf16.hpp"
+#include "core/f16.hpp"
 #include "peft/merge_math.hpp"
 
 namespace {
@@ -25,20 +27,32 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 namespace pm = peft::merge;
 
-double best_seconds(int reps, const std::function<void()>& fn) {
-  double best = 1e30;
+struct Timing {
+  double wall = 1e30;  // seconds, best run
+  double cpu = 1e30;   // process CPU seconds of that run (all threads): the cost on a busy machine
+};
+
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+Timing best_of(int reps, const std::function<void()>& fn) {
+  Timing best;
   for (int i = 0; i < reps; ++i) {
+    const double c0 = cpu_seconds();
     const auto t0 = clock_type::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
+    const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
+    if (wall < best.wall) best = {wall, cpu_seconds() - c0};
   }
   return best;
 }
 
-void report(const char* what, int64_t out, int64_t in, size_t weight_bytes, double flops, double s) {
-  std::printf("  %-44s %5lldx%-5lld %8.2f ms %7.2f GB/s %7.1f GFLOP/s\n", what, static_cast<long long>(out),
-              static_cast<long long>(in), s * 1e3, static_cast<double>(weight_bytes) / s / 1e9,
-              flops > 0 ? flops / s / 1e9 : 0.0);
+void report(const char* what, size_t weight_bytes, double flops, Timing t) {
+  std::printf("  %-40s %8.2f ms %7.2f GB/s %7.1f GFLOP/s   (cpu %7.2f ms)\n", what, t.wall * 1e3,
+              static_cast<double>(weight_bytes) / t.wall / 1e9, flops > 0 ? flops / t.wall / 1e9 : 0.0, t.cpu * 1e3);
 }
 
 }  // namespace
@@ -69,32 +83,39 @@ int main(int argc, char** argv) {
     const pm::WeightView f32{w32.data(), peft::DType::F32, out, in};
     const size_t bytes16 = static_cast<size_t>(n) * 2, bytes32 = static_cast<size_t>(n) * 4;
 
-    std::printf("shape %lld x %lld\n", static_cast<long long>(out), static_cast<long long>(in));
+    std::printf("weight %lld x %lld (out x in), %.1f MB in bf16\n", static_cast<long long>(out), static_cast<long long>(in),
+                static_cast<double>(bytes16) / 1e6);
     std::vector<uint16_t> copy(w16.size());
-    report("memory bound: bf16 read+write pass", out, in, bytes16, 0, best_seconds(reps, [&] {
+    report("memory bound: bf16 read+write pass", bytes16, 0, best_of(reps, [&] {
              for (size_t i = 0; i < w16.size(); ++i) copy[i] = static_cast<uint16_t>(w16[i] ^ 1u);
            }));
     for (unsigned threads : {1u, 0u}) {
       pm::ExecOptions exec;
       exec.threads = threads;
       const std::string t = threads == 1 ? " (1 thread)" : " (all threads)";
-      report(("merge bf16 Linear" + t).c_str(), out, in, bytes16, flops,
-             best_seconds(reps, [&] { pm::add_delta(bf16, linear, {&factors, 1}, exec); }));
+      report(("merge bf16 Linear" + t).c_str(), bytes16, flops,
+             best_of(reps, [&] { pm::add_delta(bf16, linear, {&factors, 1}, exec); }));
     }
-    report("merge bf16 Conv1D (transposed)", out, in, bytes16, flops,
-           best_seconds(reps, [&] { pm::add_delta(bf16_t, gpt2, {&factors, 1}); }));
-    report("merge f32 Linear", out, in, bytes32, flops,
-           best_seconds(reps, [&] { pm::add_delta(f32, linear, {&factors, 1}); }));
-    report("unmerge bf16 Linear", out, in, bytes16, flops,
-           best_seconds(reps, [&] { pm::subtract_delta(bf16, linear, {&factors, 1}); }));
-    report("DoRA merge bf16 Linear", out, in, bytes16, flops,
-           best_seconds(reps, [&] { pm::dora_merge(bf16, linear, {&factors, 1}, magnitude.data()); }));
-    report("DoRA merge bf16 Conv1D (two passes)", out, in, bytes16, 2 * flops,
-           best_seconds(reps, [&] { pm::dora_merge(bf16_t, gpt2, {&factors, 1}, magnitude.data()); }));
+    report("merge bf16 Conv1D (transposed)", bytes16, flops,
+           best_of(reps, [&] { pm::add_delta(bf16_t, gpt2, {&factors, 1}); }));
+    {
+      std::vector<uint16_t> w_half(w16.size());
+      for (size_t i = 0; i < w_half.size(); ++i) w_half[i] = peft::f32_to_f16(peft::bf16_to_f32(w16[i]));
+      const pm::WeightView f16{w_half.data(), peft::DType::F16, out, in};
+      report("merge f16 Linear", bytes16, flops, best_of(reps, [&] { pm::add_delta(f16, linear, {&factors, 1}); }));
+    }
+    report("merge f32 Linear", bytes32, flops,
+           best_of(reps, [&] { pm::add_delta(f32, linear, {&factors, 1}); }));
+    report("unmerge bf16 Linear", bytes16, flops,
+           best_of(reps, [&] { pm::subtract_delta(bf16, linear, {&factors, 1}); }));
+    report("DoRA merge bf16 Linear", bytes16, flops,
+           best_of(reps, [&] { pm::dora_merge(bf16, linear, {&factors, 1}, magnitude.data()); }));
+    report("DoRA merge bf16 Conv1D (two passes)", bytes16, 2 * flops,
+           best_of(reps, [&] { pm::dora_merge(bf16_t, gpt2, {&factors, 1}, magnitude.data()); }));
     std::vector<float> delta(static_cast<size_t>(n));
-    report("delta only, f32 out (library kernel)", out, in, bytes32, flops,
-           best_seconds(reps, [&] { pm::compute_delta(linear, {&factors, 1}, delta.data()); }));
-    report("delta only, f32 out (cblas_sgemm)", out, in, bytes32, flops, best_seconds(reps, [&] {
+    report("delta only, f32 out (library kernel)", bytes32, flops,
+           best_of(reps, [&] { pm::compute_delta(linear, {&factors, 1}, delta.data()); }));
+    report("delta only, f32 out (cblas_sgemm)", bytes32, flops, best_of(reps, [&] {
              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(out), static_cast<int>(in),
                          static_cast<int>(rank), 2.0f, b.data(), static_cast<int>(rank), a.data(),
                          static_cast<int>(in), 0.0f, delta.data(), static_cast<int>(in));

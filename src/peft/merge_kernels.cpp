@@ -212,7 +212,7 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
   }
 
 // Stamps out a kernel table for one instruction set. RB x W is the register tile of lowrank.
-#define PEFT_DEFINE_TABLE(NS, ATTR, RB, W, HALF)                                                               \
+#define PEFT_DEFINE_TABLE(NS, NAME, ATTR, RB, W, HALF)                                                           \
   namespace NS {                                                                                           \
   using Half = HALF;                                                                                       \
   ATTR void lowrank(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank, float coef, \
@@ -235,10 +235,10 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
   ATTR void dora_remove(Storage s, void* w, const float* d, const float* f, int64_t stride, int64_t n) {   \
     PEFT_STORAGE_SWITCH(s, dora_remove_body, w, d, f, stride, n);                                          \
   }                                                                                                        \
-  const Table table{#NS, lowrank, add_rounded, sum_squares, accumulate_squares, dora_apply, dora_remove};  \
+  const Table table{NAME, lowrank, add_rounded, sum_squares, accumulate_squares, dora_apply, dora_remove};  \
   }
 
-PEFT_DEFINE_TABLE(portable_impl, , 4, 16, SoftHalf)
+PEFT_DEFINE_TABLE(portable_impl, "portable", , 4, 16, SoftHalf)
 
 #ifdef PEFT_MERGE_X86
 // f16 <-> f32 with the F16C instructions: IEEE conversions, round to nearest even, NaN made quiet
@@ -260,21 +260,14 @@ struct F16cHalf {
   }
 };
 
-PEFT_DEFINE_TABLE(avx2_impl, __attribute__((target("avx2,fma,f16c"))), 4, 16, F16cHalf)
-PEFT_DEFINE_TABLE(avx512_impl, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), 4, 64,
-                  F16cHalf)
+PEFT_DEFINE_TABLE(avx2_impl, "avx2", __attribute__((target("avx2,fma,f16c"))), 4, 16, F16cHalf)
+PEFT_DEFINE_TABLE(avx512_impl, "avx512", __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))),
+                  4, 64, F16cHalf)
 #endif
 
 }  // namespace
 
-const Table& portable() {
-  static const Table t = [] {
-    Table copy = portable_impl::table;
-    copy.name = "portable";
-    return copy;
-  }();
-  return t;
-}
+const Table& portable() { return portable_impl::table; }
 
 #ifdef PEFT_MERGE_X86
 // __builtin_cpu_supports has no "f16c" in every compiler: CPUID leaf 1, ECX bit 29. (The OS saves
@@ -287,29 +280,19 @@ static bool has_f16c() {
 
 const Table* x86_avx2() {
 #ifdef PEFT_MERGE_X86
-  static const Table t = [] {
-    Table copy = avx2_impl::table;
-    copy.name = "avx2";
-    return copy;
-  }();
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) return &t;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) return &avx2_impl::table;
 #endif
   return nullptr;
 }
 
 const Table* x86_avx512() {
 #ifdef PEFT_MERGE_X86
-  static const Table t = [] {
-    Table copy = avx512_impl::table;
-    copy.name = "avx512";
-    return copy;
-  }();
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx2") &&
       __builtin_cpu_supports("fma") && has_f16c())
-    return &t;
+    return &avx512_impl::table;
 #endif
   return nullptr;
 }

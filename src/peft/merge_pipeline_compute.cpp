@@ -47,7 +47,7 @@ LoadedTerm load_term(const LoraTerm& term, const std::vector<int64_t>& weight_sh
   const bool emb = m.kind == LayerKind::embedding;
   const AdapterTensor* a = m.find(emb ? TensorRole::lora_embedding_a : TensorRole::lora_a);
   const AdapterTensor* b = m.find(emb ? TensorRole::lora_embedding_b : TensorRole::lora_b);
-  if (!a || !b) fail(PEFT_ERR_INTERNAL, "LoRA module " + quoted(m.name) + " lost its factors");
+  if (!a || !b) fail(PEFT_ERR_INTERNAL, "LoRA module " + peft::quoted(m.name) + " lost its factors");
   LoadedTerm t;
   const auto a_shape = signed_shape(ckpt.tensor(a->index).shape);
   const auto b_shape = signed_shape(ckpt.tensor(b->index).shape);
@@ -60,7 +60,7 @@ LoadedTerm load_term(const LoraTerm& term, const std::vector<int64_t>& weight_sh
   if (t.dora) {
     t.magnitude = ckpt.read_f32(m.find(TensorRole::lora_magnitude)->index);
     if (static_cast<int64_t>(t.magnitude.size()) != t.layout.out)
-      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + quoted(m.name) + ": lora_magnitude_vector has " +
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": lora_magnitude_vector has " +
                                         std::to_string(t.magnitude.size()) + " values, the layer " +
                                         std::to_string(t.layout.out) + " output channels");
   }
@@ -110,8 +110,8 @@ void apply_lora_bias(const PlannedTensor& p, uint8_t* data, uint64_t elements) {
     const AdapterTensor* t = term.module->find(TensorRole::lora_b_bias);
     values.push_back(term.adapter->adapter->checkpoint().read_f32(t->index));
     if (values.back().size() != elements)
-      fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + quoted(t->key) + " has " + std::to_string(values.back().size()) +
-                                        " values, the base bias " + quoted(p.name) + " " + std::to_string(elements));
+      fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + peft::quoted(t->key) + " has " + std::to_string(values.back().size()) +
+                                        " values, the base bias " + peft::quoted(p.name) + " " + std::to_string(elements));
   }
   if (values.size() == 1) {
     merge::add_lora_bias(view, values[0].data(), p.lora_bias[0].coefficient);
@@ -127,20 +127,20 @@ void apply_lora_bias(const PlannedTensor& p, uint8_t* data, uint64_t elements) {
 }
 
 void apply_token_rows(const PlannedTensor& p, uint8_t* data, uint64_t nbytes) {
-  if (p.shape.size() != 2) fail(PEFT_ERR_SHAPE_MISMATCH, "trainable tokens need a 2-D embedding, " + quoted(p.name));
+  if (p.shape.size() != 2) fail(PEFT_ERR_SHAPE_MISMATCH, "trainable tokens need a 2-D embedding, " + peft::quoted(p.name));
   const uint64_t row_bytes = converted_byte_size(p.work_dtype, p.shape[1]);
   for (const TokenRows& rows : p.tokens) {
     const AdapterTensor* t = rows.module->find(TensorRole::trainable_tokens_delta);
     const Checkpoint& ckpt = rows.adapter->adapter->checkpoint();
     const TensorInfo& info = ckpt.tensor(t->index);
     if (info.shape.size() != 2 || info.shape[1] != p.shape[1] || info.shape[0] != rows.module->token_indices.size())
-      fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + quoted(t->key) + " does not fit the embedding " + quoted(p.name));
+      fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + peft::quoted(t->key) + " does not fit the embedding " + peft::quoted(p.name));
     std::vector<uint8_t> values(converted_byte_size(p.work_dtype, info.shape[0] * info.shape[1]));
     ckpt.read(t->index, p.work_dtype, values.data(), values.size());
     for (size_t r = 0; r < rows.module->token_indices.size(); ++r) {
       const int64_t row = rows.module->token_indices[r];
       if (row < 0 || static_cast<uint64_t>(row) >= p.shape[0] || (static_cast<uint64_t>(row) + 1) * row_bytes > nbytes)
-        fail(PEFT_ERR_SHAPE_MISMATCH, "trainable token " + std::to_string(row) + " is outside " + quoted(p.name));
+        fail(PEFT_ERR_SHAPE_MISMATCH, "trainable token " + std::to_string(row) + " is outside " + peft::quoted(p.name));
       std::memcpy(data + static_cast<uint64_t>(row) * row_bytes, values.data() + r * row_bytes, row_bytes);
     }
   }
@@ -179,7 +179,7 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
   uint64_t elements = 1;
   for (uint64_t d : p.shape) elements *= d;  // checked when planned
   const uint64_t nbytes = converted_byte_size(p.work_dtype, elements);
-  out.reserve(nbytes, "merging tensor " + quoted(p.name));
+  out.reserve(nbytes, "merging tensor " + peft::quoted(p.name));
   if (p.replacement) {
     p.replacement->adapter->adapter->checkpoint().read(p.replacement->tensor->index, p.work_dtype, out.data(), nbytes);
   } else {

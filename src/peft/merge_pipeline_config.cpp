@@ -80,9 +80,9 @@ std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlo
   std::vector<FolderFile> files;
   std::error_code ec;
   fs::directory_iterator it(base_dir, ec), end;
-  if (ec) fail(PEFT_ERR_IO, "cannot list the base model folder " + quoted(base_dir) + ": " + ec.message());
+  if (ec) fail(PEFT_ERR_IO, "cannot list the base model folder " + peft::quoted(base_dir) + ": " + ec.message());
   for (; it != end; it.increment(ec)) {
-    if (ec) fail(PEFT_ERR_IO, "cannot list the base model folder " + quoted(base_dir) + ": " + ec.message());
+    if (ec) fail(PEFT_ERR_IO, "cannot list the base model folder " + peft::quoted(base_dir) + ": " + ec.message());
     const std::string name = it->path().filename().string();
     std::error_code type_error;
     if (!fs::is_regular_file(it->path(), type_error)) continue;  // follows symbolic links (Hub caches)

@@ -30,7 +30,7 @@ std::string join_list(const std::vector<std::string>& items) {
                  "): " + join_list(problems));
 }
 
-std::string adapter_label(const PlannedAdapter& a) { return "adapter " + quoted(a.adapter->dir()); }
+std::string adapter_label(const PlannedAdapter& a) { return "adapter " + peft::quoted(a.adapter->dir()); }
 
 bool is_merge_storage(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
 
@@ -81,7 +81,7 @@ class Planner {
     for (const MergeInput& input : inputs) {
       if (!input.adapter) fail(PEFT_ERR_INVALID_ARGUMENT, "an adapter of the merge is null");
       if (!std::isfinite(input.weight))
-        fail(PEFT_ERR_INVALID_ARGUMENT, "adapter " + quoted(input.adapter->dir()) + " has a weight that is not finite");
+        fail(PEFT_ERR_INVALID_ARGUMENT, "adapter " + peft::quoted(input.adapter->dir()) + " has a weight that is not finite");
       auto planned = std::make_unique<PlannedAdapter>();
       planned->adapter = input.adapter;
       planned->weight = input.weight;
@@ -101,13 +101,13 @@ class Planner {
     for (const std::string& p : mismatched) all.push_back("shape mismatch: " + p);
     if (!all.empty())
       fail_listing(unresolved.empty() ? PEFT_ERR_SHAPE_MISMATCH : PEFT_ERR_UNRESOLVED_KEY,
-                   "the adapters do not fit base model " + quoted(base_dir_), all);
+                   "the adapters do not fit base model " + peft::quoted(base_dir_), all);
   }
 
   size_t base_index_of(const std::string& name, const PlannedAdapter& a) {
     auto index = base().find(name);
     if (!index)
-      fail(PEFT_ERR_UNRESOLVED_KEY, adapter_label(a) + ": the base has no tensor " + quoted(name));
+      fail(PEFT_ERR_UNRESOLVED_KEY, adapter_label(a) + ": the base has no tensor " + peft::quoted(name));
     return *index;
   }
 
@@ -131,13 +131,13 @@ class Planner {
           LoraTerm term{&a, &m, a.weight * m.scaling, m.find(TensorRole::lora_magnitude) != nullptr};
           if (!lora_seen.insert({target, &a}).second)
             conflicts.push_back(adapter_label(a) + " has two LoRA modules on base tensor " +
-                                quoted(base().tensor(target).name));
+                                peft::quoted(base().tensor(target).name));
           changes_[target].lora.push_back(term);
           if (const AdapterTensor* bias = m.find(TensorRole::lora_b_bias)) {
             const size_t bias_target = base_index_of(bias->base_tensor, a);
             if (!bias_seen.insert({bias_target, &a}).second)
               conflicts.push_back(adapter_label(a) + " has two lora_B.bias tensors for base tensor " +
-                                  quoted(base().tensor(bias_target).name));
+                                  peft::quoted(base().tensor(bias_target).name));
             changes_[bias_target].lora_bias.push_back(term);
           }
         }
@@ -149,7 +149,7 @@ class Planner {
             auto [it, fresh] = rows.emplace(row, &a);
             if (!fresh && it->second != &a)
               conflicts.push_back("trainable token row " + std::to_string(row) + " of " +
-                                  quoted(base().tensor(target).name) + " is set by both " +
+                                  peft::quoted(base().tensor(target).name) + " is set by both " +
                                   adapter_label(*it->second) + " and " + adapter_label(a));
           }
           changes_[target].tokens.push_back({&a, &m});
@@ -159,9 +159,9 @@ class Planner {
           const size_t target = base_index_of(t.base_tensor, a);
           auto& slot = changes_[target].replacement;
           if (slot) {
-            conflicts.push_back("base tensor " + quoted(base().tensor(target).name) + " is replaced by both " +
-                                quoted(slot->adapter->adapter->dir() + ": " + slot->tensor->key) + " and " +
-                                quoted(a.adapter->dir() + ": " + t.key));
+            conflicts.push_back("base tensor " + peft::quoted(base().tensor(target).name) + " is replaced by both " +
+                                peft::quoted(slot->adapter->adapter->dir() + ": " + slot->tensor->key) + " and " +
+                                peft::quoted(a.adapter->dir() + ": " + t.key));
             continue;
           }
           slot = TensorSource{&a, &t};
@@ -192,7 +192,7 @@ class Planner {
       p.lora = std::move(c.lora);
       p.lora_bias = std::move(c.lora_bias);
       p.tokens = std::move(c.tokens);
-      const std::string who = "base tensor " + quoted(t.name) + " (" + std::string(dtype_name(t.dtype)) + ")";
+      const std::string who = "base tensor " + peft::quoted(t.name) + " (" + std::string(dtype_name(t.dtype)) + ")";
       if (!p.lora.empty() || !p.lora_bias.empty() || !p.tokens.empty()) {
         p.action = TensorAction::compute;
         if (p.out_dtype == p.base_dtype && is_merge_storage(p.out_dtype)) {
@@ -208,7 +208,7 @@ class Planner {
         p.action = TensorAction::replace;
         const DType src = info(*p.replacement->adapter, *p.replacement->tensor).dtype;
         if (!can_convert(src, p.out_dtype))
-          unsupported.push_back(who + ": its replacement " + quoted(p.replacement->tensor->key) + " is " +
+          unsupported.push_back(who + ": its replacement " + peft::quoted(p.replacement->tensor->key) + " is " +
                                 std::string(dtype_name(src)) + ", which does not convert to " +
                                 std::string(dtype_name(p.out_dtype)));
       } else {
@@ -233,7 +233,7 @@ class Planner {
       if (t == nullptr) return;
       const DType d = info(a, *t).dtype;
       if (!can_convert(d, as))
-        problems.push_back("adapter tensor " + quoted(t->key) + " is " + std::string(dtype_name(d)) +
+        problems.push_back("adapter tensor " + peft::quoted(t->key) + " is " + std::string(dtype_name(d)) +
                            ", which does not convert to " + std::string(dtype_name(as)));
     };
     if (p.replacement) need(*p.replacement->adapter, p.replacement->tensor, p.work_dtype);
@@ -283,8 +283,8 @@ class Planner {
     if (!untie) return;
     plan_.untie_embeddings = true;
     if (output) {
-      plan_.notes.push_back("tie_word_embeddings set to false: " + quoted(in.name) + " and " +
-                            quoted(plan_.tensors[*output].name) + " no longer hold the same values");
+      plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " and " +
+                            peft::quoted(plan_.tensors[*output].name) + " no longer hold the same values");
       return;
     }
     PlannedTensor copy;
@@ -296,8 +296,8 @@ class Planner {
     copy.shape = in.shape;
     copy.out_nbytes = in.out_nbytes;
     copy.action = TensorAction::duplicate;
-    plan_.notes.push_back("tie_word_embeddings set to false: " + quoted(in.name) + " is replaced by an adapter, so " +
-                          quoted(output_name) + " was added holding the base's original embedding");
+    plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " is replaced by an adapter, so " +
+                          peft::quoted(output_name) + " was added holding the base's original embedding");
     plan_.tensors.insert(plan_.tensors.begin() + static_cast<ptrdiff_t>(*input) + 1, std::move(copy));
   }
 

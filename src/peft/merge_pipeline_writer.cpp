@@ -49,7 +49,7 @@ std::set<std::string> existing_model_files(const std::string& folder) {
 
 void copy_into(const std::string& source_path, AtomicFile& target) {
   const int fd = ::open(source_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(PEFT_ERR_IO, "cannot open " + quoted(source_path) + ": " + std::strerror(errno));
+  if (fd < 0) fail(PEFT_ERR_IO, "cannot open " + peft::quoted(source_path) + ": " + std::strerror(errno));
   std::vector<char> buffer(1 << 20);
   for (;;) {
     const ssize_t n = ::read(fd, buffer.data(), buffer.size());
@@ -57,7 +57,7 @@ void copy_into(const std::string& source_path, AtomicFile& target) {
     if (n < 0) {
       const int error = errno;
       ::close(fd);
-      fail(PEFT_ERR_IO, "cannot read " + quoted(source_path) + ": " + std::strerror(error));
+      fail(PEFT_ERR_IO, "cannot read " + peft::quoted(source_path) + ": " + std::strerror(error));
     }
     if (n == 0) break;
     try {
@@ -85,7 +85,7 @@ MergedFolderWriter::MergedFolderWriter(std::string folder, std::vector<OutputFil
 std::vector<OutputSpec> MergedFolderWriter::plan_outputs(const std::vector<TensorDecl>&) {
   std::error_code ec;
   fs::create_directories(folder_, ec);
-  if (ec) fail(PEFT_ERR_IO, "cannot create the folder " + quoted(folder_) + ": " + ec.message());
+  if (ec) fail(PEFT_ERR_IO, "cannot create the folder " + peft::quoted(folder_) + ": " + ec.message());
   stale_candidates_ = existing_model_files(folder_);
   std::vector<OutputSpec> specs;
   for (const OutputFilePlan& f : files_) {
@@ -94,7 +94,7 @@ std::vector<OutputSpec> MergedFolderWriter::plan_outputs(const std::vector<Tenso
     const fs::path parent = fs::path(spec.path).parent_path();
     if (!parent.empty()) {
       fs::create_directories(parent, ec);
-      if (ec) fail(PEFT_ERR_IO, "cannot create the folder " + quoted(parent.string()) + ": " + ec.message());
+      if (ec) fail(PEFT_ERR_IO, "cannot create the folder " + peft::quoted(parent.string()) + ": " + ec.message());
     }
     spec.members = f.members;
     spec.metadata = f.metadata;

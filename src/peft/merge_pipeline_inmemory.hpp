@@ -1,0 +1,33 @@
+// From a loaded adapter and a name a host uses for one of its weights to the InMemoryModule that
+// MergeRecord (inmemory_merge.hpp) merges into the host's buffer.
+//
+// Names: without a translator, a HuggingFace module path ("model.layers.0.self_attn.q_proj") or
+// tensor name ("model.layers.0.self_attn.q_proj.weight"), with or without "base_model.model.", or
+// the base tensor the adapter resolved the module to; with a translator, the host's own name for
+// the module ("transformer/layer_0/attention/query") or for its weight (".../weight").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "peft/adapter.hpp"
+#include "peft/inmemory_merge.hpp"
+#include "peft/translator.hpp"
+
+namespace peft {
+
+// The LoRA module `name` addresses. PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the
+// name, PEFT_ERR_NOT_FOUND when the adapter has no such module, PEFT_ERR_UNSUPPORTED for a module
+// that is not a LoRA layer (full replacement tensors and trainable tokens are not merged in memory).
+const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator);
+
+// The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
+// its layout for a weight of `weight_shape`. Linear vs GPT-2 Conv1D follows the weight's shape
+// when only one fits, the adapter's decision when both do (a square weight).
+// PEFT_ERR_SHAPE_MISMATCH when the weight does not fit the module.
+InMemoryModule inmemory_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
+                               std::span<const int64_t> weight_shape);
+
+}  // namespace peft
