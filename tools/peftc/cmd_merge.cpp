@@ -1,0 +1,239 @@
+// peftc merge --base DIR --adapter DIR[:WEIGHT] ... --out DIR [--dtype keep|f32|bf16|f16]
+//              [--max-shard-size SIZE] [--threads N]
+// Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
+// is. A progress bar goes to stderr when it is a terminal; a summary goes to stdout.
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+
+namespace peftc {
+namespace {
+
+constexpr const char* kUsage =
+    "merge --base DIR --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR "
+    "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N]";
+
+struct AdapterArg {
+  std::string dir;
+  double weight = 1.0;
+};
+
+struct Options {
+  std::string base, out;
+  std::vector<AdapterArg> adapters;
+  int32_t dtype = PEFT_MERGE_DTYPE_KEEP;
+  uint64_t max_shard = 0;
+  uint32_t threads = 0;
+};
+
+template <class T, void (*Free)(T*)>
+struct Owned {
+  T* p = nullptr;
+  ~Owned() { Free(p); }
+};
+
+std::optional<double> parse_number(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* stop = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &stop);
+  if (stop != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+// DIR or DIR:WEIGHT. A suffix after the last ':' that is not a number belongs to the folder name.
+AdapterArg parse_adapter(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  if (colon != std::string::npos && colon > 0) {
+    if (auto weight = parse_number(text.substr(colon + 1))) return {text.substr(0, colon), *weight};
+  }
+  return {text, 1.0};
+}
+
+// huggingface_hub's parse_size_to_int: a number (float allowed) and a decimal unit TB/GB/MB/KB,
+// case-insensitive, truncated to an integer; plain digits are bytes.
+std::optional<uint64_t> parse_size(const std::string& text) {
+  std::string s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
+  if (s.empty()) return std::nullopt;
+  if (s.find_first_not_of("0123456789") == std::string::npos) {
+    errno = 0;
+    const unsigned long long bytes = std::strtoull(s.c_str(), nullptr, 10);
+    if (errno == ERANGE || bytes == 0) return std::nullopt;
+    return bytes;
+  }
+  if (s.size() < 3) return std::nullopt;
+  std::string unit = s.substr(s.size() - 2);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double multiplier;
+  if (unit == "TB") multiplier = 1e12;
+  else if (unit == "GB") multiplier = 1e9;
+  else if (unit == "MB") multiplier = 1e6;
+  else if (unit == "KB") multiplier = 1e3;
+  else return std::nullopt;
+  std::string number = s.substr(0, s.size() - 2);
+  while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back()))) number.pop_back();
+  if (number.empty() || number.find_first_not_of("0123456789.eE+-") != std::string::npos) return std::nullopt;
+  const auto value = parse_number(number);
+  if (!value) return std::nullopt;
+  const double bytes = *value * multiplier;
+  if (!(bytes >= 1.0) || bytes >= 18446744073709551616.0) return std::nullopt;
+  return static_cast<uint64_t>(bytes);
+}
+
+int32_t parse_dtype(const std::string& name) {
+  if (name == "keep") return PEFT_MERGE_DTYPE_KEEP;
+  if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
+  if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
+  if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;
+  return -2;
+}
+
+std::string human_bytes(uint64_t bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  double value = static_cast<double>(bytes);
+  size_t u = 0;
+  while (value >= 1000.0 && u + 1 < sizeof units / sizeof units[0]) {
+    value /= 1000.0;
+    ++u;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.1f %s", value, units[u]);
+  return text;
+}
+
+// A one-line progress bar on stderr, redrawn at most ten times a second.
+struct ProgressBar {
+  std::chrono::steady_clock::time_point last{};
+  bool drawn = false;
+
+  static int32_t callback(void* user, uint64_t done, uint64_t total) {
+    auto* bar = static_cast<ProgressBar*>(user);
+    const auto now = std::chrono::steady_clock::now();
+    if (done != total && bar->drawn && now - bar->last < std::chrono::milliseconds(100)) return 0;
+    bar->last = now;
+    bar->drawn = true;
+    const int width = 30;
+    const double fraction = total == 0 ? 1.0 : static_cast<double>(done) / static_cast<double>(total);
+    const int filled = static_cast<int>(fraction * width);
+    std::string line(static_cast<size_t>(filled), '#');
+    line.append(static_cast<size_t>(width - filled), ' ');
+    std::fprintf(stderr, "\rmerging [%s] %3d%% %s / %s ", line.c_str(), static_cast<int>(fraction * 100),
+                 human_bytes(done).c_str(), human_bytes(total).c_str());
+    std::fflush(stderr);
+    return 0;
+  }
+
+  void finish() {
+    if (drawn) std::fprintf(stderr, "\n");
+  }
+};
+
+int run_merge(const Options& o) {
+  Owned<peft_merge_options, peft_merge_options_free> opts;
+  if (peft_error* err = peft_merge_options_new(&opts.p)) return report(err);
+  for (const AdapterArg& a : o.adapters)
+    if (peft_error* err = peft_merge_options_add_adapter_dir(opts.p, a.dir.c_str(), a.weight)) return report(err);
+  if (peft_error* err = peft_merge_options_set_dtype(opts.p, o.dtype)) return report(err);
+  if (peft_error* err = peft_merge_options_set_max_shard_size(opts.p, o.max_shard)) return report(err);
+  if (peft_error* err = peft_merge_options_set_threads(opts.p, o.threads)) return report(err);
+  ProgressBar bar;
+  if (::isatty(STDERR_FILENO)) {
+    if (peft_error* err = peft_merge_options_set_progress(opts.p, &ProgressBar::callback, &bar)) return report(err);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Owned<peft_merge_result, peft_merge_result_free> result;
+  peft_error* err = peft_merge_checkpoint(o.base.c_str(), o.out.c_str(), opts.p, &result.p);
+  bar.finish();
+  if (err) return report(err);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const peft_merge_result* r = result.p;
+  const uint64_t merged = peft_merge_result_tensor_count(r, PEFT_MERGE_TENSORS_MERGED);
+  const uint64_t replaced = peft_merge_result_tensor_count(r, PEFT_MERGE_TENSORS_REPLACED);
+  const uint64_t copied = peft_merge_result_tensor_count(r, PEFT_MERGE_TENSORS_COPIED);
+  const uint64_t added = peft_merge_result_tensor_count(r, PEFT_MERGE_TENSORS_ADDED);
+  std::printf("merged %zu adapter(s) into %s in %.2f s\n", o.adapters.size(), o.out.c_str(), seconds);
+  for (const AdapterArg& a : o.adapters) std::printf("  adapter %s (weight %g)\n", a.dir.c_str(), a.weight);
+  std::printf("tensors: %llu merged, %llu replaced, %llu copied", static_cast<unsigned long long>(merged),
+              static_cast<unsigned long long>(replaced), static_cast<unsigned long long>(copied));
+  if (added) std::printf(", %llu added", static_cast<unsigned long long>(added));
+  std::printf(" (%llu in all, %s)\n", static_cast<unsigned long long>(merged + replaced + copied + added),
+              human_bytes(peft_merge_result_bytes(r)).c_str());
+  std::printf("files:");
+  for (size_t i = 0; i < peft_merge_result_file_count(r); ++i) std::printf(" %s", peft_merge_result_file_name(r, i));
+  std::printf("\n");
+  for (size_t i = 0; i < peft_merge_result_note_count(r); ++i) std::printf("note: %s\n", peft_merge_result_note(r, i));
+  return kExitOk;
+}
+
+int merge_command(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i];
+    std::optional<std::string> value;
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const auto take_value = [&]() -> std::optional<std::string> {
+      if (value) return value;
+      if (i + 1 < args.size()) return args[++i];
+      return std::nullopt;
+    };
+    if (arg == "-h" || arg == "--help") {
+      std::printf("usage: peftc %s\n", kUsage);
+      return kExitOk;
+    }
+    const bool known = arg == "--base" || arg == "--adapter" || arg == "--out" || arg == "--dtype" ||
+                       arg == "--max-shard-size" || arg == "--threads";
+    if (!known) {
+      if (arg.rfind("-", 0) == 0) return usage_error("unknown option '" + arg + "'", kUsage);
+      return usage_error("unexpected argument '" + arg + "' (options come as --name VALUE)", kUsage);
+    }
+    const auto v = take_value();
+    if (!v || v->empty()) return usage_error(arg + " needs a value", kUsage);
+    if (arg == "--base") {
+      o.base = *v;
+    } else if (arg == "--out") {
+      o.out = *v;
+    } else if (arg == "--adapter") {
+      o.adapters.push_back(parse_adapter(*v));
+    } else if (arg == "--dtype") {
+      o.dtype = parse_dtype(*v);
+      if (o.dtype == -2) return usage_error("--dtype must be keep, f32, bf16 or f16, not '" + *v + "'", kUsage);
+    } else if (arg == "--max-shard-size") {
+      const auto size = parse_size(*v);
+      if (!size)
+        return usage_error("--max-shard-size must be a positive size such as 500MB, 4.5GB, 100KB or a number of "
+                           "bytes, not '" + *v + "'", kUsage);
+      o.max_shard = *size;
+    } else if (arg == "--threads") {
+      const auto n = parse_number(*v);
+      if (!n || *n < 0 || *n != std::floor(*n) || *n > 4096)
+        return usage_error("--threads must be a whole number from 0 (all cores) to 4096, not '" + *v + "'", kUsage);
+      o.threads = static_cast<uint32_t>(*n);
+    }
+  }
+  if (o.base.empty()) return usage_error("merge needs --base", kUsage);
+  if (o.adapters.empty()) return usage_error("merge needs at least one --adapter", kUsage);
+  if (o.out.empty()) return usage_error("merge needs --out", kUsage);
+  return run_merge(o);
+}
+
+const bool registered = register_command({"merge", kUsage, &merge_command});
+
+}  // namespace
+}  // namespace peftc
