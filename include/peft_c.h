@@ -1234,6 +1234,397 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
 /* ==== end section: adapter ==== */
 
 /* ==== section: merge ==== */
+/* ================================================================================================ */
+/** @defgroup merge Merging adapters into checkpoints and into host buffers
+ *
+ *  **Checkpoint merge** (peft_merge_checkpoint()): a base model folder (config.json and one
+ *  `model.safetensors` or a sharded index, any float dtype) and one or more adapters, each with a
+ *  weight, become a new folder that transformers' `from_pretrained` loads unchanged, as if
+ *  `PeftModel.merge_and_unload()` had been saved with `save_pretrained`:
+ *  - every base tensor, under its name, in the base's order, in the base's dtype or the chosen one
+ *    (only F64/F32/F16/BF16 tensors convert; integers and 8-bit floats are copied);
+ *  - LoRA layers merged as W' = round(W + sum_i weight_i * scaling_i * B_i A_i), computed in f32 and
+ *    rounded once (round to nearest even) to the stored dtype; DoRA layers as PEFT merges them
+ *    (one adapter at a time, in the order given, the norm taken from the weight at that point);
+ *    `lora_B.bias` added to the layer's bias (lora_bias=True); full tensors of the adapter
+ *    (modules_to_save copies, `bias="all"` biases, saved `base_layer` weights) replacing the base's,
+ *    converted to the output dtype; trainable-token rows copied over their embedding rows.
+ *    A tensor that keeps its dtype is computed in it; one that changes dtype is computed in f32
+ *    and rounded once to the new dtype.
+ *  - the files laid out like the base's (same shards, same names, a new index when the base has
+ *    one), or resharded by size as `save_pretrained(max_shard_size=...)` does;
+ *  - `config.json` copied; rewritten (as transformers writes it) only when the dtype changes
+ *    (`dtype` / `torch_dtype`) or tied embeddings must be untied: when an adapter replaces the input
+ *    embedding or changes the output embedding of a model with `tie_word_embeddings`, the flag is
+ *    set to false and an output embedding the base file lacks is added with the original values,
+ *    as PEFT's merged model has them. LoRA on a tied input embedding keeps the tie (PEFT merges it in
+ *    place into the one shared parameter);
+ *  - the base folder's other files (tokenizer files, generation_config.json, README.md, ...)
+ *    copied; weight files of other formats and subfolders are not.
+ *
+ *  Everything is checked before anything is written: adapter tensors whose base tensor is missing
+ *  (#PEFT_ERR_UNRESOLVED_KEY, every one listed), shapes (#PEFT_ERR_SHAPE_MISMATCH), conflicts between
+ *  adapters (#PEFT_ERR_INVALID_ARGUMENT: two adapters replacing one tensor, trainable-token rows set
+ *  twice) and dtypes that cannot be merged (#PEFT_ERR_UNSUPPORTED). The merge then streams: tensor by
+ *  tensor, reading, computing and writing overlap, and memory stays at about twice the largest
+ *  merged tensor plus the adapters. The output is all or nothing: files are written to temporaries
+ *  and renamed into place only when complete; after a failure or a cancellation the output folder
+ *  is as it was (a folder the merge created is removed again). Results do not depend on the number
+ *  of threads.
+ *
+ *  **Buffer merge** (peft_merge_buffer_apply()): one LoRA layer of a loaded adapter merged into a
+ *  weight the host owns (F32, BF16 or F16, row-major), with the same arithmetic, and taken out again
+ *  with peft_merge_buffer_remove(): bit for bit when the original rows were kept
+ *  (peft_merge_buffer_options_set_keep_original_rows()), otherwise by PEFT's arithmetic unmerge, which
+ *  in BF16/F16 may differ from the original in the last bit. So a server can swap adapters without
+ *  reloading its base weights.
+ *
+ *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
+ *  the calling thread (which also receives every progress call) plus worker threads of its own.
+ *  Buffer merges into different buffers may run concurrently from any threads, also with the same
+ *  adapter.
+ *  @{ */
+
+/** Options of a checkpoint merge. Free with peft_merge_options_free(). */
+typedef struct peft_merge_options peft_merge_options;
+/** What a checkpoint merge did. Free with peft_merge_result_free(). */
+typedef struct peft_merge_result peft_merge_result;
+/** Options of a buffer merge. Free with peft_merge_buffer_options_free(). */
+typedef struct peft_merge_buffer_options peft_merge_buffer_options;
+/** One adapter layer merged into a host buffer, and what removing it needs. Free with peft_merge_record_free(). */
+typedef struct peft_merge_record peft_merge_record;
+
+/**
+ * @brief Progress of a long operation.
+ * @param user_data The pointer given with the callback.
+ * @param done Bytes done so far (for a merge: tensor bytes written), never decreasing.
+ * @param total Bytes in all; `done == total` at the end.
+ * @return 0 to continue; any other value cancels the operation (#PEFT_ERR_CANCELLED).
+ */
+typedef int32_t (*peft_progress_fn)(void* user_data, uint64_t done, uint64_t total);
+
+#define PEFT_MERGE_DTYPE_KEEP (-1) /**< peft_merge_options_set_dtype(): keep every tensor's dtype. */
+
+/** @name What peft_merge_result_tensor_count() counts
+ *  @{ */
+#define PEFT_MERGE_TENSORS_MERGED 0   /**< Tensors changed by LoRA, DoRA, lora_B.bias or token rows. */
+#define PEFT_MERGE_TENSORS_REPLACED 1 /**< Tensors replaced whole by an adapter tensor. */
+#define PEFT_MERGE_TENSORS_COPIED 2   /**< Base tensors written unchanged (converted if the dtype changed). */
+#define PEFT_MERGE_TENSORS_ADDED 3    /**< Tensors the base file lacks (an untied output embedding). */
+/** @} */
+
+/**
+ * @brief Creates merge options with the defaults: no adapters, dtypes kept, the base's shard
+ *        layout, one thread per core, no progress callback.
+ * @param[out] out Receives the options; free them with peft_merge_options_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_merge_options_new(peft_merge_options** out);
+
+/**
+ * @brief Releases merge options (and the adapters they hold a reference to).
+ * @param opts Options, or NULL. Thread-safe.
+ */
+PEFT_API void peft_merge_options_free(peft_merge_options* opts);
+
+/**
+ * @brief Adds an opened adapter to merge, with a weight that multiplies its LoRA scaling.
+ *
+ * Adapters are applied in the order they are added. The options keep a reference to the adapter,
+ * so the caller may free its handle at once. The adapter may have been opened with or without a
+ * base model: it is checked against the merge's base either way.
+ * @param opts Options.
+ * @param adapter An adapter (see peft_adapter_open()).
+ * @param weight Any finite number; 1.0 merges the adapter as PEFT's merge_and_unload() does.
+ *        Replacement tensors and trainable-token rows are not scaled.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a weight that is not finite.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_add_adapter(peft_merge_options* opts, const peft_adapter* adapter,
+                                                    double weight);
+
+/**
+ * @brief Adds an adapter folder to merge, opened by peft_merge_checkpoint() against the base.
+ *
+ * Equivalent to peft_adapter_open() with the base folder set, then
+ * peft_merge_options_add_adapter(); errors of opening are reported by peft_merge_checkpoint().
+ * @param opts Options.
+ * @param dir The adapter folder (UTF-8). Copied.
+ * @param weight Any finite number (see peft_merge_options_add_adapter()).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, an empty @p dir or a weight that is
+ *         not finite. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts, const char* dir, double weight);
+
+/**
+ * @brief Chooses the output dtype.
+ * @param opts Options.
+ * @param dtype #PEFT_MERGE_DTYPE_KEEP (the default), #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or
+ *        #PEFT_DTYPE_F16. Only tensors of F64, F32, F16 and BF16 are converted. config.json's
+ *        `dtype` / `torch_dtype` are set to match.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another dtype.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_dtype(peft_merge_options* opts, int32_t dtype);
+
+/**
+ * @brief Reshards the output by size instead of keeping the base's files.
+ *
+ * With a limit, tensors are split as `save_pretrained(max_shard_size=...)` splits them
+ * (huggingface_hub's greedy rule in the base's tensor order), into `model-00001-of-0000N.safetensors`
+ * with an index, or one `model.safetensors` when everything fits.
+ * @param opts Options.
+ * @param max_shard_size Largest shard in bytes of tensor data; 0 (the default) keeps the base's layout.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_max_shard_size(peft_merge_options* opts, uint64_t max_shard_size);
+
+/**
+ * @brief Limits the threads a merge uses.
+ * @param opts Options.
+ * @param threads 0 (the default) for one per core; 1 runs everything on the calling thread. The
+ *        results are the same for every value.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_threads(peft_merge_options* opts, uint32_t threads);
+
+/**
+ * @brief Sets a progress callback, called on the thread that runs peft_merge_checkpoint().
+ *
+ * It is called with done = 0 first, then at least once per tensor (large tensors in 16 MiB steps),
+ * last with done = total. A nonzero return cancels the merge, which then fails with
+ * #PEFT_ERR_CANCELLED and leaves the output folder as it was.
+ * @param opts Options.
+ * @param fn The callback, or NULL for none.
+ * @param user_data Passed to @p fn unchanged.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_progress(peft_merge_options* opts, peft_progress_fn fn,
+                                                     void* user_data);
+
+/**
+ * @brief Merges adapters into a base model folder and writes the merged model folder.
+ *
+ * See the description of this group for what is written. The output folder is created if absent;
+ * model files of an older checkpoint in it are replaced only when the merge succeeds (older shards
+ * the new layout does not use are then removed); other files in it are kept, and files of the same
+ * name as the base folder's small files are replaced.
+ * @param base_dir The base model folder (UTF-8): config.json and `model.safetensors` or
+ *        `model.safetensors.index.json` with its shards.
+ * @param out_dir The output folder (UTF-8); must not be @p base_dir.
+ * @param opts Options with at least one adapter. Not changed; may be reused.
+ * @param[out] out_result Receives what the merge did (free with peft_merge_result_free()), or NULL
+ *             when the caller does not want it.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL, no adapters, @p out_dir equal to @p base_dir or not a
+ *         folder, or adapters that conflict (the message lists every conflict);
+ *         #PEFT_ERR_UNRESOLVED_KEY listing every adapter tensor the base has no tensor for;
+ *         #PEFT_ERR_SHAPE_MISMATCH listing every shape that does not fit;
+ *         #PEFT_ERR_UNSUPPORTED for tensors that cannot be merged in their dtype (e.g. an F8 or F64
+ *         weight kept as it is; choose an output dtype) or an adapter kind that is not merged;
+ *         #PEFT_ERR_CANCELLED when the progress callback asked to stop;
+ *         #PEFT_ERR_IO, #PEFT_ERR_OUT_OF_MEMORY, and the errors of peft_checkpoint_open() and
+ *         peft_adapter_open() for the inputs. Nothing is changed in @p out_dir on failure.
+ *         Thread-safe (merges into different folders may run at once).
+ */
+PEFT_API peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, const peft_merge_options* opts,
+                                           peft_merge_result** out_result);
+
+/**
+ * @brief Releases a merge result.
+ * @param result A result, or NULL. Thread-safe.
+ */
+PEFT_API void peft_merge_result_free(peft_merge_result* result);
+
+/**
+ * @brief How many tensors a merge wrote of one kind.
+ * @param result A result.
+ * @param which One of the `PEFT_MERGE_TENSORS_*` values.
+ * @return The count; 0 for NULL or an unknown @p which. Thread-safe.
+ */
+PEFT_API uint64_t peft_merge_result_tensor_count(const peft_merge_result* result, int32_t which);
+
+/**
+ * @brief Tensor bytes written (the sum of the output tensors' sizes).
+ * @param result A result.
+ * @return The byte count; 0 for NULL. Thread-safe.
+ */
+PEFT_API uint64_t peft_merge_result_bytes(const peft_merge_result* result);
+
+/**
+ * @brief Number of files written into the output folder: weight files, the index, config.json and
+ *        the other copied files.
+ * @param result A result.
+ * @return The count; 0 for NULL. Thread-safe.
+ */
+PEFT_API size_t peft_merge_result_file_count(const peft_merge_result* result);
+
+/**
+ * @brief Name of written file @p index, relative to the output folder (weight files first, in order).
+ * @param result A result.
+ * @param index 0 .. peft_merge_result_file_count() - 1.
+ * @return Borrowed UTF-8 string valid while @p result lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_merge_result_file_name(const peft_merge_result* result, size_t index);
+
+/**
+ * @brief Whether `tie_word_embeddings` was set to false in config.json.
+ * @param result A result.
+ * @return 1 or 0 (0 for NULL). Thread-safe.
+ */
+PEFT_API int32_t peft_merge_result_untied_embeddings(const peft_merge_result* result);
+
+/**
+ * @brief Number of notes: decisions worth knowing (untied embeddings, added tensors).
+ * @param result A result.
+ * @return The count; 0 for NULL. Thread-safe.
+ */
+PEFT_API size_t peft_merge_result_note_count(const peft_merge_result* result);
+
+/**
+ * @brief Note @p index.
+ * @param result A result.
+ * @param index 0 .. peft_merge_result_note_count() - 1.
+ * @return Borrowed UTF-8 string valid while @p result lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_merge_result_note(const peft_merge_result* result, size_t index);
+
+/**
+ * @brief Creates buffer merge options with the defaults: weight 1.0, original rows not kept, no
+ *        translator (names are HuggingFace names), one thread per core.
+ * @param[out] out Receives the options; free them with peft_merge_buffer_options_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_merge_buffer_options_new(peft_merge_buffer_options** out);
+
+/**
+ * @brief Releases buffer merge options.
+ * @param opts Options, or NULL. Thread-safe.
+ */
+PEFT_API void peft_merge_buffer_options_free(peft_merge_buffer_options* opts);
+
+/**
+ * @brief Sets the weight that multiplies the layer's LoRA scaling (default 1.0).
+ * @param opts Options.
+ * @param weight Any finite number.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a weight that is not finite.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_buffer_options_set_weight(peft_merge_buffer_options* opts, double weight);
+
+/**
+ * @brief Keeps the original bytes of every row the merge changes, so that
+ *        peft_merge_buffer_remove() restores the buffer bit for bit.
+ *
+ * Costs up to the size of the weight in memory (rows the merge leaves unchanged cost nothing).
+ * @param opts Options.
+ * @param keep Nonzero to keep them; 0 (the default) to remove by arithmetic.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_buffer_options_set_keep_original_rows(peft_merge_buffer_options* opts,
+                                                                      int32_t keep);
+
+/**
+ * @brief Limits the threads one buffer merge uses.
+ * @param opts Options.
+ * @param threads 0 (the default) for one per core. The results are the same for every value.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_buffer_options_set_threads(peft_merge_buffer_options* opts, uint32_t threads);
+
+/**
+ * @brief Makes peft_merge_buffer_apply() read names as the host's own names, through a translator.
+ * @param opts Options.
+ * @param translator A translator (its table is shared; the handle may be freed afterwards), or NULL
+ *        for HuggingFace names (the default).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_buffer_options_set_translator(peft_merge_buffer_options* opts,
+                                                              const peft_translator* translator);
+
+/**
+ * @brief Merges one LoRA layer of an adapter into a weight buffer the caller owns.
+ *
+ * The buffer is changed in place: W = round(W + weight * scaling * delta) (DoRA layers as PEFT
+ * merges them), rounded once to its dtype. The layer's `lora_B.bias`, if any, is added to @p bias.
+ * Linear weights are [out, in], GPT-2 Conv1D [in, out], embeddings [num_embeddings, dim], Conv2d
+ * [out, in, kh, kw]; which of Linear and Conv1D applies follows the buffer's shape when only one
+ * fits.
+ * @param adapter An adapter.
+ * @param name The layer: without a translator a HuggingFace module path
+ *        ("model.layers.0.self_attn.q_proj") or tensor name ("...q_proj.weight"), with or without
+ *        "base_model.model."; with a translator (peft_merge_buffer_options_set_translator()) the
+ *        host's name of the module or of its weight ("transformer/layer_0/attention/query").
+ * @param data The weight: row-major, @p dtype elements, any alignment. Changed in place.
+ * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @param shape @p ndim dimensions of the weight. Copied.
+ * @param ndim Number of dimensions (2, or 4 for Conv2d).
+ * @param bias The layer's bias ([out] elements of @p bias_dtype), needed when the layer has a
+ *        `lora_B.bias`; otherwise ignored and may be NULL.
+ * @param bias_dtype Dtype of @p bias (F32, BF16 or F16); ignored without a bias.
+ * @param opts Options, or NULL for the defaults. Not kept.
+ * @param[out] out Receives the record needed to remove the merge; free it with
+ *             peft_merge_record_free() (freeing does not undo the merge).
+ * @return NULL on success, and the buffers are unchanged on failure:
+ *         #PEFT_ERR_NOT_FOUND when the adapter has no such layer; #PEFT_ERR_UNRESOLVED_KEY when the
+ *         translator does not resolve @p name; #PEFT_ERR_UNSUPPORTED for a module that is not a
+ *         LoRA layer or a dtype other than F32/BF16/F16; #PEFT_ERR_SHAPE_MISMATCH when the shape does
+ *         not fit the layer; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or a missing bias;
+ *         #PEFT_ERR_OUT_OF_MEMORY when the original rows cannot be kept.
+ *         Thread-safe for different buffers.
+ */
+PEFT_API peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const char* name, void* data, int32_t dtype,
+                                             const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype,
+                                             const peft_merge_buffer_options* opts, peft_merge_record** out);
+
+/**
+ * @brief Takes a merge out of the buffers again (which may have moved, but hold the same dtype and
+ *        shape).
+ *
+ * With original rows kept, the changed rows are copied back after checking that they still hold
+ * what the merge wrote; so with several merges on one buffer, remove them in reverse order. Without
+ * them, PEFT's unmerge is applied (W - delta; DoRA with the norm cached at merge time).
+ * @param record A record from peft_merge_buffer_apply() that has not been removed yet.
+ * @param data The weight buffer.
+ * @param bias The bias buffer, needed when the merge changed a bias; otherwise ignored.
+ * @return NULL on success (the record is then spent); on failure nothing is changed:
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a spent record, a missing bias, or (rows kept) rows
+ *         that changed since the merge. Thread-safe for different records and buffers.
+ */
+PEFT_API peft_error* peft_merge_buffer_remove(peft_merge_record* record, void* data, void* bias);
+
+/**
+ * @brief Releases a record (without touching any buffer).
+ * @param record A record, or NULL. Thread-safe.
+ */
+PEFT_API void peft_merge_record_free(peft_merge_record* record);
+
+/**
+ * @brief The adapter module the record merged (its HuggingFace path).
+ * @param record A record.
+ * @return Borrowed UTF-8 string valid while @p record lives; NULL for NULL. Thread-safe.
+ */
+PEFT_API const char* peft_merge_record_module(const peft_merge_record* record);
+
+/**
+ * @brief Whether the merge is still in the buffer (not removed yet).
+ * @param record A record.
+ * @return 1 or 0 (0 for NULL). Thread-safe.
+ */
+PEFT_API int32_t peft_merge_record_active(const peft_merge_record* record);
+
+/**
+ * @brief Bytes of original rows the record keeps for an exact removal.
+ * @param record A record.
+ * @return The byte count; 0 for NULL or without kept rows. Thread-safe.
+ */
+PEFT_API uint64_t peft_merge_record_saved_bytes(const peft_merge_record* record);
+
+/** @} */
 /* ==== end section: merge ==== */
 
 /* ==== section: export ==== */
