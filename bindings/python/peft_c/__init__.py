@@ -24,6 +24,7 @@ from ._lib import load as load_library
 from .checkpoint import Checkpoint, TensorInfo
 from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
+from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,8 @@ __all__ = [
     "AdapterTensor",
     "LAYER_KINDS",
     "LayerKind",
+    "MergeRecord",
+    "MergeResult",
     "Translator",
     "Checkpoint",
     "DTYPES",
@@ -76,6 +79,8 @@ __all__ = [
     "has_ml_dtypes",
     "library_path",
     "load_library",
+    "merge_checkpoint",
+    "merge_into",
     "numpy_dtype",
     "rewrite",
     "save_checkpoint",

@@ -32,6 +32,8 @@ _handle = c_void_p
 
 #: The C callback type ``peft_tensor_source_fn``.
 SOURCE_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64, c_void_p, c_uint64)
+#: The C callback type ``peft_progress_fn``.
+PROGRESS_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64)
 
 # name -> (restype, argtypes). Every function of include/peft_c.h that the binding calls.
 PROTOTYPES = {
@@ -148,6 +150,37 @@ PROTOTYPES = {
     "peft_translator_to_native_batch": (_err, [_handle, POINTER(c_char_p), c_size_t, POINTER(c_void_p)]),
     "peft_translator_to_hf_batch": (_err, [_handle, POINTER(c_char_p), c_size_t, c_int32,
                                            POINTER(c_void_p)]),
+    # merging
+    "peft_merge_options_new": (_err, [POINTER(c_void_p)]),
+    "peft_merge_options_free": (None, [_handle]),
+    "peft_merge_options_add_adapter": (_err, [_handle, _handle, ctypes.c_double]),
+    "peft_merge_options_add_adapter_dir": (_err, [_handle, c_char_p, ctypes.c_double]),
+    "peft_merge_options_set_dtype": (_err, [_handle, c_int32]),
+    "peft_merge_options_set_max_shard_size": (_err, [_handle, c_uint64]),
+    "peft_merge_options_set_threads": (_err, [_handle, c_uint32]),
+    "peft_merge_options_set_progress": (_err, [_handle, PROGRESS_FN, c_void_p]),
+    "peft_merge_checkpoint": (_err, [c_char_p, c_char_p, _handle, POINTER(c_void_p)]),
+    "peft_merge_result_free": (None, [_handle]),
+    "peft_merge_result_tensor_count": (c_uint64, [_handle, c_int32]),
+    "peft_merge_result_bytes": (c_uint64, [_handle]),
+    "peft_merge_result_file_count": (c_size_t, [_handle]),
+    "peft_merge_result_file_name": (c_char_p, [_handle, c_size_t]),
+    "peft_merge_result_untied_embeddings": (c_int32, [_handle]),
+    "peft_merge_result_note_count": (c_size_t, [_handle]),
+    "peft_merge_result_note": (c_char_p, [_handle, c_size_t]),
+    "peft_merge_buffer_options_new": (_err, [POINTER(c_void_p)]),
+    "peft_merge_buffer_options_free": (None, [_handle]),
+    "peft_merge_buffer_options_set_weight": (_err, [_handle, ctypes.c_double]),
+    "peft_merge_buffer_options_set_keep_original_rows": (_err, [_handle, c_int32]),
+    "peft_merge_buffer_options_set_threads": (_err, [_handle, c_uint32]),
+    "peft_merge_buffer_options_set_translator": (_err, [_handle, _handle]),
+    "peft_merge_buffer_apply": (_err, [_handle, c_char_p, c_void_p, c_int32, POINTER(c_uint64), c_size_t,
+                                       c_void_p, c_int32, _handle, POINTER(c_void_p)]),
+    "peft_merge_buffer_remove": (_err, [_handle, c_void_p, c_void_p]),
+    "peft_merge_record_free": (None, [_handle]),
+    "peft_merge_record_module": (c_char_p, [_handle]),
+    "peft_merge_record_active": (c_int32, [_handle]),
+    "peft_merge_record_saved_bytes": (c_uint64, [_handle]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

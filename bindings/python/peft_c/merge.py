@@ -1,0 +1,280 @@
+"""Merging adapters: into a model folder (``merge_checkpoint``) or into a weight the host owns
+(``merge_into`` -> ``MergeRecord``, whose ``remove`` takes the merge out again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from ctypes import byref, c_uint64, c_void_p
+from dataclasses import dataclass
+from typing import Callable, Iterable, List, Optional, Tuple, Union
+
+import numpy as np
+
+from ._dtypes import DType, DTypeLike, as_dtype
+from ._errors import CancelledError
+from ._lib import PROGRESS_FN, Owned, check, lib, text
+from .adapter import Adapter, Translator, _encode, _path
+
+# Mirrors PEFT_MERGE_* of include/peft_c.h (checked by a test).
+MERGE_DTYPE_KEEP = -1
+MERGE_TENSOR_COUNTS: Tuple[Tuple[int, str], ...] = (
+    (0, "MERGED"),
+    (1, "REPLACED"),
+    (2, "COPIED"),
+    (3, "ADDED"),
+)
+
+AdapterSpec = Union[Adapter, str, "os.PathLike[str]", Tuple[Union[Adapter, str, "os.PathLike[str]"], float]]
+BUFFER_DTYPES = (DType.F32, DType.BF16, DType.F16)
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What a checkpoint merge wrote."""
+
+    merged: int  #: tensors changed by LoRA, DoRA, lora_B.bias or token rows
+    replaced: int  #: tensors replaced whole by an adapter tensor
+    copied: int  #: base tensors written unchanged (converted if the dtype changed)
+    added: int  #: tensors the base lacks (an untied output embedding)
+    bytes: int  #: tensor bytes written
+    files: Tuple[str, ...]  #: files written, relative to the output folder (weights first)
+    untied_embeddings: bool  #: whether tie_word_embeddings was set to false
+    notes: Tuple[str, ...]
+
+
+def _finite(weight: float) -> float:
+    weight = float(weight)
+    if not math.isfinite(weight):
+        raise ValueError("an adapter weight must be finite")
+    return weight
+
+
+def _threads(threads: int) -> int:
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads < 2**32:
+        raise ValueError("threads must be an int between 0 and 2**32 - 1")
+    return threads
+
+
+def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
+                     dtype: Optional[DTypeLike] = None, max_shard_size: int = 0, threads: int = 0,
+                     progress: Optional[Callable[[int, int], Optional[bool]]] = None) -> MergeResult:
+    """Merges adapters into a base model folder and writes the merged model folder.
+
+    ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
+    weight (``(adapter, 0.5)``; 1.0 merges as PEFT's ``merge_and_unload`` does), applied in order.
+    ``dtype`` None keeps every tensor's dtype; "F32", "BF16" or "F16" converts. ``max_shard_size`` 0
+    keeps the base's files, otherwise reshards as ``save_pretrained`` does. ``progress(done, total)``
+    is called as bytes are written; returning True cancels (``CancelledError``) and an exception it
+    raises cancels and is re-raised. On any failure the output folder is left as it was.
+    """
+    library = lib()
+    opts = c_void_p()
+    check(library.peft_merge_options_new(byref(opts)))
+    raised: List[BaseException] = []
+    callback = None
+    try:
+        count = 0
+        for spec in adapters:
+            adapter, weight = spec if isinstance(spec, tuple) else (spec, 1.0)
+            if isinstance(adapter, Adapter):
+                check(library.peft_merge_options_add_adapter(opts, adapter._live().ptr, _finite(weight)))
+            else:
+                check(library.peft_merge_options_add_adapter_dir(opts, _path(adapter), _finite(weight)))
+            count += 1
+        if count == 0:
+            raise ValueError("merge_checkpoint needs at least one adapter")
+        if dtype is not None:
+            check(library.peft_merge_options_set_dtype(opts, int(as_dtype(dtype))))
+        if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 0:
+            raise ValueError("max_shard_size must be a non-negative int")
+        check(library.peft_merge_options_set_max_shard_size(opts, max_shard_size))
+        check(library.peft_merge_options_set_threads(opts, _threads(threads)))
+        if progress is not None:
+            def trampoline(_user, done, total):
+                try:
+                    return 1 if progress(done, total) else 0
+                except BaseException as exc:  # never unwind into C
+                    raised.append(exc)
+                    return 1
+
+            callback = PROGRESS_FN(trampoline)  # alive until the merge returns
+            check(library.peft_merge_options_set_progress(opts, callback, None))
+        out = c_void_p()
+        try:
+            check(library.peft_merge_checkpoint(_path(base_dir), _path(out_dir), opts, byref(out)))
+        except CancelledError as cancelled:
+            if raised:
+                raise raised[0] from cancelled
+            raise
+    finally:
+        library.peft_merge_options_free(opts)
+    result = Owned(out.value, "peft_merge_result_free")
+    ptr = result.ptr
+    counts = {name: int(library.peft_merge_result_tensor_count(ptr, which))
+              for which, name in MERGE_TENSOR_COUNTS}
+    return MergeResult(
+        merged=counts["MERGED"], replaced=counts["REPLACED"], copied=counts["COPIED"],
+        added=counts["ADDED"],
+        bytes=int(library.peft_merge_result_bytes(ptr)),
+        files=tuple(text(library.peft_merge_result_file_name(ptr, i))
+                    for i in range(library.peft_merge_result_file_count(ptr))),
+        untied_embeddings=bool(library.peft_merge_result_untied_embeddings(ptr)),
+        notes=tuple(text(library.peft_merge_result_note(ptr, i))
+                    for i in range(library.peft_merge_result_note_count(ptr))),
+    )
+
+
+# ---- buffers -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Buffer:
+    address: int
+    dtype: DType
+    shape: Tuple[int, ...]
+    nbytes: int
+
+
+def _buffer(obj, dtype: Optional[DTypeLike], what: str) -> _Buffer:
+    """The memory of a writable, C-contiguous numpy array or CPU torch tensor (modified in place)."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch tensor, duck-typed
+        if str(obj.device) != "cpu" or not obj.is_contiguous():
+            raise ValueError(f"{what} must be a contiguous CPU tensor")
+        names = {"torch.float32": "F32", "torch.bfloat16": "BF16", "torch.float16": "F16"}
+        inferred = names.get(str(obj.dtype))
+        element = obj.element_size()
+        shape, address, nbytes = tuple(obj.shape), obj.data_ptr(), obj.numel() * element
+    else:
+        if not isinstance(obj, np.ndarray):
+            raise TypeError(f"{what} must be a numpy array or a torch tensor (changed in place)")
+        if not obj.flags.c_contiguous or not obj.flags.writeable:
+            raise ValueError(f"{what} must be a writable C-contiguous array (it is changed in place)")
+        if obj.dtype.byteorder == ">" or (obj.dtype.byteorder == "=" and not np.little_endian):
+            raise ValueError(f"{what} must be little-endian")
+        try:
+            inferred = as_dtype(obj.dtype).name
+        except ValueError:
+            inferred = None
+        element = obj.dtype.itemsize
+        shape, address, nbytes = obj.shape, obj.ctypes.data, obj.nbytes
+    if dtype is None and inferred is None:
+        raise ValueError(f"{what}: cannot tell its dtype from {obj.dtype}; pass dtype=")
+    chosen = as_dtype(dtype if dtype is not None else inferred)
+    if chosen not in BUFFER_DTYPES:
+        raise ValueError(f"{what} must hold F32, BF16 or F16 values, not {chosen.name}")
+    if element * 8 != {DType.F32: 32, DType.BF16: 16, DType.F16: 16}[chosen]:
+        raise ValueError(f"{what}: elements of {element} bytes cannot hold {chosen.name}")
+    return _Buffer(address, chosen, tuple(int(d) for d in shape), int(nbytes))
+
+
+def _lora_bias_size(adapter: Adapter, name: str, translator: Optional[Translator]) -> Optional[int]:
+    """Elements of the layer's lora_B.bias, or None when the layer named ``name`` cannot be found."""
+    candidates = [name]
+    if translator is not None:
+        for native in (name, name.rstrip("/")):
+            with contextlib.suppress(KeyError, ValueError):
+                candidates.append(translator.to_hf(native))
+    for candidate in list(candidates):
+        stripped = candidate.removeprefix("base_model.model.")
+        candidates += [stripped, stripped.removesuffix(".weight")]
+    for candidate in candidates:
+        if candidate in adapter:
+            module = adapter.module(candidate)
+            roles = {t.role: t for t in module.tensors}
+            return roles["lora_B.bias"].numel if "lora_B.bias" in roles else 0
+    return None
+
+
+class MergeRecord:
+    """One adapter layer merged into a host buffer; ``remove`` takes it out again."""
+
+    def __init__(self, owned: Owned, weight: _Buffer, bias: Optional[_Buffer]):
+        self._owned = owned
+        self._weight = weight
+        self._bias = bias
+
+    @property
+    def module(self) -> str:
+        """The adapter module merged (its HuggingFace path)."""
+        return text(lib().peft_merge_record_module(self._owned.ptr))
+
+    @property
+    def active(self) -> bool:
+        """Whether the merge is still in the buffer."""
+        return bool(lib().peft_merge_record_active(self._owned.ptr))
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of original rows kept for an exact removal."""
+        return int(lib().peft_merge_record_saved_bytes(self._owned.ptr))
+
+    def remove(self, weight, bias=None) -> None:
+        """Takes the merge out of ``weight`` (and ``bias``), which must have the dtype and shape
+        they had at the merge (the memory may have moved)."""
+        buffer = _buffer(weight, self._weight.dtype.name, "weight")
+        if (buffer.dtype, buffer.shape, buffer.nbytes) != (self._weight.dtype, self._weight.shape,
+                                                           self._weight.nbytes):
+            raise ValueError(f"weight must be {self._weight.dtype.name} {list(self._weight.shape)}, "
+                             f"as at the merge")
+        bias_address = None
+        if self._bias is not None:
+            if bias is None:
+                raise ValueError("this merge changed a bias: pass it to remove()")
+            bias_buffer = _buffer(bias, self._bias.dtype.name, "bias")
+            if (bias_buffer.shape, bias_buffer.nbytes) != (self._bias.shape, self._bias.nbytes):
+                raise ValueError(f"bias must be {self._bias.dtype.name} {list(self._bias.shape)}")
+            bias_address = bias_buffer.address
+        check(lib().peft_merge_buffer_remove(self._owned.ptr, buffer.address, bias_address))
+
+    def __repr__(self) -> str:
+        return f"<peft_c.MergeRecord {self.module!r} {'active' if self.active else 'removed'}>"
+
+
+def merge_into(adapter: Adapter, name: str, weight, *, bias=None, dtype: Optional[DTypeLike] = None,
+               scale: float = 1.0, keep_original_rows: bool = False,
+               translator: Optional[Translator] = None, threads: int = 0) -> MergeRecord:
+    """Merges one LoRA layer of ``adapter`` into ``weight`` in place and returns the record that
+    removes it again.
+
+    ``weight`` is a writable C-contiguous numpy array (float32, float16, ml_dtypes.bfloat16, or raw
+    ``uint16`` with ``dtype="BF16"``) or a contiguous CPU torch tensor, laid out as the base model
+    stores it. ``name`` is the layer's HuggingFace module or weight path, or with ``translator`` the
+    host's name for it. ``scale`` multiplies the LoRA scaling. With ``keep_original_rows`` the
+    removal restores the buffer bit for bit. ``bias`` is needed when the layer has a ``lora_B.bias``.
+    """
+    buffer = _buffer(weight, dtype, "weight")
+    bias_buffer = None
+    if adapter.lora_bias:
+        expected = _lora_bias_size(adapter, name, translator)
+        if expected is None:
+            raise ValueError(f"cannot find the layer {name!r} in the adapter to check its bias")
+        if expected:
+            if bias is None:
+                raise ValueError(f"layer {name!r} has a lora_B.bias: pass its bias buffer")
+            bias_buffer = _buffer(bias, None, "bias")
+            if math.prod(bias_buffer.shape) != expected:
+                raise ValueError(f"bias of {name!r} must have {expected} elements")
+    library = lib()
+    opts = c_void_p()
+    check(library.peft_merge_buffer_options_new(byref(opts)))
+    try:
+        check(library.peft_merge_buffer_options_set_weight(opts, _finite(scale)))
+        check(library.peft_merge_buffer_options_set_keep_original_rows(opts, 1 if keep_original_rows else 0))
+        check(library.peft_merge_buffer_options_set_threads(opts, _threads(threads)))
+        if translator is not None:
+            check(library.peft_merge_buffer_options_set_translator(opts, translator._live().ptr))
+        shape = (c_uint64 * max(len(buffer.shape), 1))(*buffer.shape)
+        out = c_void_p()
+        check(library.peft_merge_buffer_apply(
+            adapter._live().ptr, _encode(name, "layer names"), buffer.address, int(buffer.dtype), shape,
+            len(buffer.shape), bias_buffer.address if bias_buffer else None,
+            int(bias_buffer.dtype) if bias_buffer else 0, opts, byref(out)))
+    finally:
+        library.peft_merge_buffer_options_free(opts)
+    return MergeRecord(Owned(out.value, "peft_merge_record_free"), buffer, bias_buffer)
+
+
+__all__ = ["MERGE_DTYPE_KEEP", "MERGE_TENSOR_COUNTS", "MergeRecord", "MergeResult", "merge_checkpoint",
+           "merge_into"]

@@ -1,0 +1,397 @@
+"""merge_checkpoint and merge_into / MergeRecord.remove, judged by PEFT's merge_and_unload.
+
+Agreement required (the library's stated contract): F32 within 1e-6 relative to the largest value of
+the tensor, BF16/F16 at most one unit in the last place; the merged folder loads in transformers and
+gives the logits of PEFT's merged model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+import peft_c
+from peft_c_test_support import FIXTURES, HEADER
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+from safetensors import safe_open  # noqa: E402
+
+ADAPTERS = FIXTURES / "adapters"
+MANIFEST = ADAPTERS / "MANIFEST.json"
+if not MANIFEST.exists():
+    pytest.skip(f"{MANIFEST} not generated", allow_module_level=True)
+ENTRIES = json.loads(MANIFEST.read_text())
+
+
+def base_of(name):
+    return FIXTURES / ENTRIES[name]["base"]
+
+
+def model_class(base_dir):
+    architecture = json.loads((base_dir / "config.json").read_text())["architectures"][0]
+    return getattr(transformers, architecture)
+
+
+_merged_cache: dict = {}
+
+
+def peft_merged(names, weights=None):
+    """PEFT's merge_and_unload of the adapters (weight 1 each) on their base: (model, state dict),
+    or the exception PEFT raised."""
+    key = tuple(names)
+    if key not in _merged_cache:
+        base_dir = base_of(names[0])
+        try:
+            model = model_class(base_dir).from_pretrained(base_dir)
+            model = peft.PeftModel.from_pretrained(model, ADAPTERS / names[0], adapter_name="a0")
+            for i, name in enumerate(names[1:], 1):
+                model.load_adapter(ADAPTERS / name, adapter_name=f"a{i}")
+            merged = model.merge_and_unload(adapter_names=[f"a{i}" for i in range(len(names))])
+            merged.eval()
+            _merged_cache[key] = (merged, {k: v.detach() for k, v in merged.state_dict().items()})
+        except Exception as exc:  # PEFT cannot load it on the installed transformers
+            _merged_cache[key] = exc
+    return _merged_cache[key]
+
+
+def ulps(a: np.ndarray, b: np.ndarray) -> int:
+    """Largest distance in units in the last place between two 16-bit float arrays."""
+    def ordered(x):
+        bits = x.view(np.uint16).astype(np.int32)
+        return np.where(bits & 0x8000, 0x8000 - bits, bits)  # monotone, +0 and -0 coincide
+    return int(np.max(np.abs(ordered(a) - ordered(b)))) if a.size else 0
+
+
+def assert_close(ours: np.ndarray, theirs, what: str):
+    reference = theirs.contiguous()
+    if reference.dtype in (torch.bfloat16, torch.float16):
+        raw = reference.view(torch.int16).numpy().view(np.uint16)
+        assert ours.dtype.itemsize == 2, what
+        assert ulps(ours.view(np.uint16).reshape(raw.shape), raw) <= 1, what
+    else:
+        expected = reference.to(torch.float64).numpy()
+        got = ours.astype(np.float64).reshape(expected.shape)
+        scale = max(float(np.max(np.abs(expected))), 1e-30) if expected.size else 1.0
+        assert np.max(np.abs(got - expected), initial=0.0) <= 1e-6 * scale, what
+
+
+def read_folder(folder):
+    """Every tensor of a model folder, in peft_c's raw form (bits preserved)."""
+    with peft_c.Checkpoint.open(folder) as ckpt:
+        return {name: ckpt.read(name, None) for name in ckpt}, {n: ckpt.tensor(n).dtype for n in ckpt}
+
+
+def merge_targets():
+    names = []
+    for name in sorted(ENTRIES):
+        config = json.loads((ADAPTERS / name / "adapter_config.json").read_text())
+        if config.get("target_parameters"):
+            continue
+        names.append(name)
+    return names
+
+
+def test_merge_constants_mirror_the_header():
+    text = HEADER.read_text()
+    counts = dict(re.findall(r"^#define\s+PEFT_MERGE_TENSORS_([A-Z]+)\s+(\d+)", text, re.M))
+    assert {k: int(v) for k, v in counts.items()} == {n: v for v, n in peft_c.merge.MERGE_TENSOR_COUNTS}
+    keep = re.search(r"^#define\s+PEFT_MERGE_DTYPE_KEEP\s+\((-?\d+)\)", text, re.M)
+    assert keep and int(keep.group(1)) == peft_c.merge.MERGE_DTYPE_KEEP
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", merge_targets())
+def test_merge_checkpoint_matches_peft(name, tmp_path):
+    reference = peft_merged([name])
+    if isinstance(reference, Exception):
+        pytest.skip(f"PEFT cannot merge this adapter here: {type(reference).__name__}: {reference}")
+    model, state = reference
+    base_dir, out = base_of(name), tmp_path / "merged"
+    result = peft_c.merge_checkpoint(base_dir, out, [ADAPTERS / name])
+
+    tensors, dtypes = read_folder(out)
+    assert result.merged + result.replaced + result.copied + result.added == len(tensors)
+    assert result.bytes == sum(t.nbytes for t in tensors.values())
+    assert all((out / f).exists() for f in result.files)
+    base_files = sorted(p.name for p in base_dir.iterdir() if p.is_file())
+    assert sorted(result.files) == sorted(set(base_files) | set(result.files))
+    assert set(base_files) <= {p.name for p in out.iterdir()}  # tokenizer/config files copied too
+    for tensor_name, value in tensors.items():
+        if tensor_name in state:
+            assert_close(value, state[tensor_name], f"{name}: {tensor_name}")
+
+    # transformers loads the merged folder and gives PEFT's merged logits
+    ours = model_class(out).from_pretrained(out)
+    ours.eval()
+    if model.main_input_name == "pixel_values":
+        size = model.config.image_size
+        kwargs = {"pixel_values": torch.randn(1, model.config.num_channels, size, size,
+                                              generator=torch.Generator().manual_seed(0))}
+    else:
+        ids = torch.arange(1, 7).reshape(1, 6) % model.config.vocab_size
+        kwargs = {"input_ids": ids}
+        if getattr(model.config, "is_encoder_decoder", False):
+            kwargs["decoder_input_ids"] = ids
+    with torch.no_grad():
+        expected, got = model(**kwargs), ours(**kwargs)
+    key = "logits" if hasattr(expected, "logits") else "last_hidden_state"
+    e, g = getattr(expected, key).float(), getattr(got, key).float()
+    tol = 2e-2 if model.dtype in (torch.bfloat16, torch.float16) else 1e-4
+    assert torch.allclose(e, g, rtol=tol, atol=tol * float(e.abs().max())), name
+
+
+def test_two_adapters_like_peft_and_weights_like_the_formula(tmp_path):
+    names = ["llama_lora", "llama_lora_second"]
+    reference = peft_merged(names)
+    if isinstance(reference, Exception):
+        pytest.skip(f"PEFT cannot merge: {reference}")
+    _, state = reference
+    out = tmp_path / "both"
+    peft_c.merge_checkpoint(base_of(names[0]), out, [ADAPTERS / n for n in names])
+    tensors, _ = read_folder(out)
+    for tensor_name, value in tensors.items():
+        assert_close(value, state[tensor_name], tensor_name)
+
+    # weights: W + sum_i w_i * scaling_i * B_i A_i, from the adapter's own tensors in float64
+    weights = [0.5, -1.25]
+    adapters = [peft_c.Adapter.open(ADAPTERS / n) for n in names]
+    out2 = tmp_path / "weighted"
+    peft_c.merge_checkpoint(base_of(names[0]), out2, list(zip(adapters, weights)))
+    base, _ = read_folder(base_of(names[0]))
+    weighted, _ = read_folder(out2)
+    for module in adapters[0]:
+        target = module.tensor("lora_A.weight").base_name
+        expected = base[target].astype(np.float64)
+        for adapter, w in zip(adapters, weights):
+            m = adapter.module(module.name)
+            delta = adapter.read(m, "lora_B.weight", "F64") @ adapter.read(m, "lora_A.weight", "F64")
+            expected = expected + w * m.scaling * delta
+        assert_close(weighted[target], torch.from_numpy(expected.astype(np.float32)), target)
+
+
+def test_dtype_and_resharding(tmp_path):
+    name = "llama_lora"
+    plain, bf16, sharded = tmp_path / "plain", tmp_path / "bf16", tmp_path / "sharded"
+    peft_c.merge_checkpoint(base_of(name), plain, [ADAPTERS / name])
+    peft_c.merge_checkpoint(base_of(name), bf16, [ADAPTERS / name], dtype="BF16")
+    result = peft_c.merge_checkpoint(base_of(name), sharded, [ADAPTERS / name], max_shard_size=5000)
+    ours, _ = read_folder(plain)
+    converted, dtypes = read_folder(bf16)
+    assert set(dtypes.values()) == {"BF16"}
+    for tensor_name, value in ours.items():
+        # computed in f32 and rounded once: the bf16 file is the f32 merge rounded (torch rounds too)
+        expected = torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
+        assert_close(converted[tensor_name], expected, tensor_name)
+    config = json.loads((bf16 / "config.json").read_text())
+    assert "bfloat16" in (config.get("dtype"), config.get("torch_dtype"))
+    assert "model.safetensors.index.json" in result.files and len(result.files) > 3
+    resharded, _ = read_folder(sharded)
+    assert resharded.keys() == ours.keys()
+    assert all(np.array_equal(resharded[k], ours[k]) for k in ours)
+
+
+def test_results_do_not_depend_on_threads(tmp_path):
+    name = "llama_dora"
+    one, many = tmp_path / "one", tmp_path / "many"
+    peft_c.merge_checkpoint(base_of(name), one, [ADAPTERS / name], threads=1)
+    peft_c.merge_checkpoint(base_of(name), many, [ADAPTERS / name], threads=4)
+    assert (one / "model.safetensors").read_bytes() == (many / "model.safetensors").read_bytes()
+
+
+def test_progress_and_cancellation(tmp_path):
+    name = "llama_lora"
+    seen = []
+    result = peft_c.merge_checkpoint(base_of(name), tmp_path / "p", [ADAPTERS / name],
+                                     progress=lambda done, total: seen.append((done, total)))
+    assert seen[0][0] == 0 and seen[-1] == (result.bytes, result.bytes)
+    assert all(a[0] <= b[0] and a[1] == b[1] for a, b in zip(seen, seen[1:]))
+
+    out = tmp_path / "cancelled"
+    with pytest.raises(peft_c.CancelledError):
+        peft_c.merge_checkpoint(base_of(name), out, [ADAPTERS / name],
+                                progress=lambda done, total: done > 0)
+    assert not out.exists()
+
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+
+    def boom(done, total):
+        if done:
+            raise RuntimeError("host stops")
+
+    with pytest.raises(RuntimeError, match="host stops") as info:
+        peft_c.merge_checkpoint(base_of(name), existing, [ADAPTERS / name], progress=boom)
+    assert isinstance(info.value.__cause__, peft_c.CancelledError)
+    assert sorted(p.name for p in existing.iterdir()) == ["keep.txt"]
+
+
+def test_merge_errors(tmp_path):
+    name = "llama_lora"
+    with pytest.raises(ValueError):
+        peft_c.merge_checkpoint(base_of(name), tmp_path / "x", [])
+    with pytest.raises(ValueError):
+        peft_c.merge_checkpoint(base_of(name), tmp_path / "x", [(ADAPTERS / name, float("nan"))])
+    with pytest.raises(peft_c.InvalidArgumentError):
+        peft_c.merge_checkpoint(base_of(name), base_of(name), [ADAPTERS / name])
+    with pytest.raises((peft_c.UnresolvedKeyError, peft_c.ShapeMismatchError)):
+        peft_c.merge_checkpoint(FIXTURES / "models" / "gpt2", tmp_path / "y", [ADAPTERS / name])
+    assert not (tmp_path / "y").exists()
+    with pytest.raises(ValueError):
+        peft_c.merge_checkpoint(base_of(name), tmp_path / "z", [ADAPTERS / name], dtype="I32")
+
+
+# ---- buffers -------------------------------------------------------------------------------------------
+
+def lora_modules(adapter):
+    return [m for m in adapter if m.kind.name in ("LINEAR", "CONV1D", "EMBEDDING")]
+
+
+@pytest.mark.parametrize("name", ["llama_lora", "llama_rslora", "llama_dora", "gpt2_lora",
+                                  "llama_bf16_lora", "llama_embedding", "llama_rank_alpha_pattern"])
+def test_merge_into_equals_checkpoint_merge_and_peft(name, tmp_path):
+    base_dir = base_of(name)
+    merged_dir = tmp_path / "merged"
+    peft_c.merge_checkpoint(base_dir, merged_dir, [ADAPTERS / name])
+    merged, _ = read_folder(merged_dir)
+    base, _ = read_folder(base_dir)
+    reference = peft_merged([name])
+    with peft_c.Adapter.open(ADAPTERS / name, base_dir=base_dir) as adapter:
+        for module in lora_modules(adapter):
+            target = module.tensors[0].base_name
+            buffer = base[target].copy()
+            record = peft_c.merge_into(adapter, module.name, buffer, keep_original_rows=True)
+            assert record.active and record.module == module.name and record.saved_bytes > 0
+            assert buffer.tobytes() == merged[target].tobytes(), target  # the same arithmetic
+            if not isinstance(reference, Exception):
+                assert_close(buffer, reference[1][target], target)
+            record.remove(buffer)
+            assert not record.active
+            assert buffer.tobytes() == base[target].tobytes(), target  # bit for bit
+            with pytest.raises(peft_c.InvalidArgumentError):
+                record.remove(buffer)  # spent
+
+
+def test_arithmetic_removal_is_close(tmp_path):
+    with peft_c.Adapter.open(ADAPTERS / "llama_lora") as adapter:
+        base, _ = read_folder(base_of("llama_lora"))
+        module = lora_modules(adapter)[0]
+        target = module.tensors[0].base_name
+        buffer = base[target].copy()
+        record = peft_c.merge_into(adapter, target, buffer, scale=0.5)  # by weight name
+        assert record.saved_bytes == 0
+        assert not np.array_equal(buffer, base[target])
+        record.remove(buffer)
+        assert np.allclose(buffer, base[target], rtol=1e-6, atol=1e-6)
+
+
+def test_merge_into_torch_tensors_and_translated_names():
+    with peft_c.Adapter.open(ADAPTERS / "llama_lora", base_dir=base_of("llama_lora")) as adapter:
+        base, _ = read_folder(base_of("llama_lora"))
+        translator = adapter.translator()
+        module = adapter.module("model.layers.0.self_attn.q_proj")
+        native = translator.to_native(module.tensors[0].key).rsplit("/", 1)[0]
+        target = module.tensors[0].base_name
+        as_numpy = base[target].copy()
+        peft_c.merge_into(adapter, module.name, as_numpy)
+        as_torch = torch.from_numpy(base[target].copy())
+        peft_c.merge_into(adapter, native, as_torch, translator=translator)
+        assert np.array_equal(as_torch.numpy(), as_numpy)
+        # the same bf16 buffer as a torch tensor and as an ml_dtypes array: the same result
+        bf16 = torch.from_numpy(base[target].copy()).to(torch.bfloat16)
+        as_ml = bf16.view(torch.int16).numpy().copy().view(ml_dtypes.bfloat16)
+        peft_c.merge_into(adapter, module.name, bf16)
+        peft_c.merge_into(adapter, module.name, as_ml)
+        assert bf16.view(torch.int16).numpy().tobytes() == as_ml.tobytes()
+        raw = torch.from_numpy(base[target].copy()).to(torch.bfloat16).view(torch.int16).numpy().copy()
+        peft_c.merge_into(adapter, module.name, raw.view(np.uint16), dtype="BF16")
+        assert raw.tobytes() == as_ml.tobytes()
+
+
+def test_merge_into_with_lora_bias():
+    name = "qwen2_lora_bias"
+    reference = peft_merged([name])
+    with peft_c.Adapter.open(ADAPTERS / name, base_dir=base_of(name)) as adapter:
+        base, _ = read_folder(base_of(name))
+        module = next(m for m in lora_modules(adapter) if "lora_B.bias" in [t.role for t in m.tensors])
+        weight_name = module.tensor("lora_A.weight").base_name
+        bias_name = module.tensor("lora_B.bias").base_name
+        weight, bias = base[weight_name].copy(), base[bias_name].copy()
+        with pytest.raises(ValueError, match="bias"):
+            peft_c.merge_into(adapter, module.name, weight)
+        with pytest.raises(ValueError, match="elements"):
+            peft_c.merge_into(adapter, module.name, weight, bias=np.zeros(bias.size + 1, bias.dtype))
+        assert np.array_equal(weight, base[weight_name])  # nothing changed on failure
+        record = peft_c.merge_into(adapter, module.name, weight, bias=bias, keep_original_rows=True)
+        if not isinstance(reference, Exception):
+            assert_close(weight, reference[1][weight_name], weight_name)
+            assert_close(bias, reference[1][bias_name], bias_name)
+        with pytest.raises(ValueError):
+            record.remove(weight)  # the bias is needed too
+        record.remove(weight, bias)
+        assert np.array_equal(weight, base[weight_name]) and np.array_equal(bias, base[bias_name])
+
+
+def test_merge_into_errors():
+    with peft_c.Adapter.open(ADAPTERS / "llama_lora") as adapter:
+        base, _ = read_folder(base_of("llama_lora"))
+        module = lora_modules(adapter)[0]
+        target = module.tensors[0].base_name
+        good = base[target].copy()
+        with pytest.raises(peft_c.NotFoundError):
+            peft_c.merge_into(adapter, "model.layers.9.nothing", good)
+        with pytest.raises(peft_c.ShapeMismatchError):
+            peft_c.merge_into(adapter, module.name, np.zeros((3, 5), np.float32))
+        with pytest.raises(ValueError):
+            peft_c.merge_into(adapter, module.name, good.astype(np.float64))
+        with pytest.raises(ValueError):
+            peft_c.merge_into(adapter, module.name, np.zeros((good.shape[0], good.shape[1] * 2), np.float32)[:, ::2])
+        read_only = good.copy()
+        read_only.flags.writeable = False
+        with pytest.raises(ValueError):
+            peft_c.merge_into(adapter, module.name, read_only)
+        with pytest.raises(ValueError):
+            peft_c.merge_into(adapter, module.name, good.view(np.uint16))  # dtype unknown
+        with pytest.raises(ValueError):
+            peft_c.merge_into(adapter, module.name, good, scale=float("inf"))
+        assert np.array_equal(good, base[target])
+        record = peft_c.merge_into(adapter, module.name, good, keep_original_rows=True)
+        with pytest.raises(ValueError):
+            record.remove(good[:1].copy())  # another shape
+        good[0] += 1  # rows changed since the merge: an exact removal refuses
+        with pytest.raises(peft_c.InvalidArgumentError):
+            record.remove(good)
+
+
+def test_merge_into_from_many_threads():
+    with peft_c.Adapter.open(ADAPTERS / "llama_lora") as adapter:
+        base, _ = read_folder(base_of("llama_lora"))
+        module = lora_modules(adapter)[0]
+        target = module.tensors[0].base_name
+        expected = base[target].copy()
+        peft_c.merge_into(adapter, module.name, expected)
+        buffers = [base[target].copy() for _ in range(8)]
+        start = threading.Barrier(8)
+
+        def work(i):
+            start.wait()
+            for _ in range(20):
+                record = peft_c.merge_into(adapter, module.name, buffers[i], keep_original_rows=True)
+                record.remove(buffers[i])
+            peft_c.merge_into(adapter, module.name, buffers[i])
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(b.tobytes() == expected.tobytes() for b in buffers)
