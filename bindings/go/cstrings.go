@@ -1,0 +1,48 @@
+package peftc
+
+/*
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"strings"
+	"unsafe"
+)
+
+// cstrings collects C copies of Go strings for one call and frees them together.
+type cstrings struct{ list []*C.char }
+
+// add returns a C copy of s; what names the argument in the error for a string holding a NUL byte
+// (C would silently cut it there).
+func (c *cstrings) add(s, what string) (*C.char, error) {
+	if strings.IndexByte(s, 0) >= 0 {
+		return nil, argError("%s contains a NUL byte: %q", what, s)
+	}
+	p := C.CString(s)
+	c.list = append(c.list, p)
+	return p, nil
+}
+
+// addOptional is add, with "" passed as NULL.
+func (c *cstrings) addOptional(s, what string) (*C.char, error) {
+	if s == "" {
+		return nil, nil
+	}
+	return c.add(s, what)
+}
+
+func (c *cstrings) free() {
+	for _, p := range c.list {
+		C.free(unsafe.Pointer(p))
+	}
+	c.list = nil
+}
+
+// goString copies a borrowed C string; NULL becomes "".
+func goString(p *C.char) string {
+	if p == nil {
+		return ""
+	}
+	return C.GoString(p)
+}

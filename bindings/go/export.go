@@ -1,0 +1,147 @@
+package peftc
+
+/*
+#include <stdlib.h>
+#include <stdint.h>
+#include <peft_c.h>
+*/
+import "C"
+
+import (
+	"strconv"
+	"unsafe"
+)
+
+// ExportOption sets an option of Adapter.Export and Combine.
+type ExportOption func(*exportConfig)
+
+type exportConfig struct {
+	dtype       DType
+	peftVersion string
+}
+
+// WithExportDType converts the F64, F32, F16 and BF16 tensors of the output to F32, BF16 or F16
+// (rounding to nearest even, as torch does); KeepDType (the default) keeps each tensor's dtype.
+func WithExportDType(dtype DType) ExportOption { return func(c *exportConfig) { c.dtype = dtype } }
+
+// WithPEFTVersion targets an older PEFT release ("0.13", "0.17.1", ...): the config gets only the
+// fields that release knows, and the export fails with ErrUnsupported naming a field whose value
+// matters to the adapter but that the release does not know. "" (the default) keeps every field.
+func WithPEFTVersion(version string) ExportOption {
+	return func(c *exportConfig) { c.peftVersion = version }
+}
+
+func newExportOptions(opts []ExportOption, cs *cstrings) (*C.peft_export_options, error) {
+	cfg := exportConfig{dtype: KeepDType}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	cver, err := cs.addOptional(cfg.peftVersion, "PEFT version")
+	if err != nil {
+		return nil, err
+	}
+	var o *C.peft_export_options
+	if err := takeError(C.peft_export_options_new(&o)); err != nil {
+		return nil, err
+	}
+	err = takeError(C.peft_export_options_set_dtype(o, C.int32_t(cfg.dtype)))
+	if err == nil {
+		err = takeError(C.peft_export_options_set_peft_version(o, cver))
+	}
+	if err != nil {
+		C.peft_export_options_free(o)
+		return nil, err
+	}
+	return o, nil
+}
+
+// Export writes the adapter as a PEFT adapter folder (adapter_config.json and
+// adapter_model.safetensors, as PeftModel.save_pretrained writes them), creating outDir if needed.
+// Keys are made canonical on the way. Both files appear only when both are complete.
+//
+// Errors: ErrUnsupported naming the field when the target PEFT version cannot express the adapter;
+// ErrInvalidArgument for an empty path or one that is not a folder; ErrIO naming the file.
+func (a *Adapter) Export(outDir string, opts ...ExportOption) error {
+	var cs cstrings
+	defer cs.free()
+	cout, err := cs.add(outDir, "output folder")
+	if err != nil {
+		return err
+	}
+	o, err := newExportOptions(opts, &cs)
+	if err != nil {
+		return err
+	}
+	defer C.peft_export_options_free(o)
+	p, err := a.use()
+	if err != nil {
+		return err
+	}
+	defer a.done()
+	return takeError(C.peft_adapter_export(p, cout, o))
+}
+
+// CombineMethod is how Combine stacks the adapters (PEFT's combination_type).
+type CombineMethod int32
+
+const (
+	// CombineCat stacks the factors (rank = sum of ranks): exactly the weighted sum of the deltas.
+	CombineCat CombineMethod = C.PEFT_COMBINE_CAT
+	// CombineLinear sums sqrt-weighted factors (equal ranks); exact for one adapter only.
+	CombineLinear CombineMethod = C.PEFT_COMBINE_LINEAR
+)
+
+func (m CombineMethod) String() string {
+	switch m {
+	case CombineCat:
+		return "cat"
+	case CombineLinear:
+		return "linear"
+	}
+	return "CombineMethod(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Combine combines adapters into a new adapter folder as PEFT's add_weighted_adapter does, one
+// finite weight per adapter (negative weights subtract). The config is the first adapter's with the
+// new rank; factors are computed in f32 and written as F32 unless WithExportDType says otherwise.
+//
+// Errors: ErrUnsupported for what PEFT cannot combine (DoRA, lora_bias, full tensors, trainable
+// tokens, ...); ErrInvalidArgument for no adapters, a count mismatch, a weight that is not finite or
+// linear with unequal ranks; ErrShapeMismatch naming the module; ErrIO.
+func Combine(adapters []*Adapter, weights []float64, method CombineMethod, outDir string, opts ...ExportOption) error {
+	if len(adapters) == 0 {
+		return argError("no adapters to combine")
+	}
+	if len(weights) != len(adapters) {
+		return argError("%d weights for %d adapters", len(weights), len(adapters))
+	}
+	var cs cstrings
+	defer cs.free()
+	cout, err := cs.add(outDir, "output folder")
+	if err != nil {
+		return err
+	}
+	o, err := newExportOptions(opts, &cs)
+	if err != nil {
+		return err
+	}
+	defer C.peft_export_options_free(o)
+	n := C.size_t(len(adapters))
+	ptrs := (**C.peft_adapter)(C.calloc(n, C.size_t(unsafe.Sizeof((*C.peft_adapter)(nil)))))
+	cweights := (*C.double)(C.calloc(n, C.size_t(unsafe.Sizeof(C.double(0)))))
+	defer C.free(unsafe.Pointer(ptrs))
+	defer C.free(unsafe.Pointer(cweights))
+	ptrSlice, weightSlice := unsafe.Slice(ptrs, len(adapters)), unsafe.Slice(cweights, len(adapters))
+	for i, a := range adapters {
+		if a == nil {
+			return argError("adapter %d is nil", i)
+		}
+		p, err := a.use()
+		if err != nil {
+			return err
+		}
+		defer a.done()
+		ptrSlice[i], weightSlice[i] = p, C.double(weights[i])
+	}
+	return takeError(C.peft_adapter_combine(ptrs, cweights, n, C.int32_t(method), cout, o))
+}

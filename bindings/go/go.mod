@@ -1,0 +1,3 @@
+module github.com/peft-c/peft_c/bindings/go
+
+go 1.24

@@ -1,0 +1,203 @@
+package peftc
+
+/*
+#include <stdint.h>
+#include <peft_c.h>
+peft_error* peftc_set_progress(peft_merge_options* opts, uintptr_t handle);
+*/
+import "C"
+
+import (
+	"context"
+	"math"
+	"runtime/cgo"
+)
+
+// KeepDType keeps every tensor's dtype in a merge (the default of WithMergeDType).
+const KeepDType DType = C.PEFT_MERGE_DTYPE_KEEP
+
+// MergeOption sets an option of MergeCheckpoint.
+type MergeOption func(*mergeConfig)
+
+type mergeAdapter struct {
+	adapter *Adapter
+	dir     string
+	weight  float64
+}
+
+type mergeConfig struct {
+	adapters     []mergeAdapter
+	dtype        DType
+	maxShardSize uint64
+	threads      uint32
+	progress     func(done, total uint64)
+}
+
+// WithAdapter adds an opened adapter to merge, with a weight that multiplies its LoRA scaling (1.0
+// merges it as PEFT's merge_and_unload does). Adapters are applied in the order given. The adapter
+// may have been opened with or without a base; it is checked against the merge's base either way.
+func WithAdapter(a *Adapter, weight float64) MergeOption {
+	return func(c *mergeConfig) { c.adapters = append(c.adapters, mergeAdapter{adapter: a, weight: weight}) }
+}
+
+// WithAdapterDir adds an adapter folder to merge, opened against the base by the merge.
+func WithAdapterDir(dir string, weight float64) MergeOption {
+	return func(c *mergeConfig) { c.adapters = append(c.adapters, mergeAdapter{dir: dir, weight: weight}) }
+}
+
+// WithMergeDType chooses the output dtype: KeepDType (the default), F32, BF16 or F16. Only F64, F32,
+// F16 and BF16 tensors are converted; config.json's dtype is set to match.
+func WithMergeDType(dtype DType) MergeOption { return func(c *mergeConfig) { c.dtype = dtype } }
+
+// WithMaxShardSize reshards the output into shards of at most this many bytes of tensor data, as
+// save_pretrained(max_shard_size=...) does; 0 (the default) keeps the base's files.
+func WithMaxShardSize(bytes uint64) MergeOption {
+	return func(c *mergeConfig) { c.maxShardSize = bytes }
+}
+
+// WithThreads limits the threads a merge uses: 0 (the default) for one per core, 1 for the calling
+// thread only. Results are the same for every value.
+func WithThreads(threads int) MergeOption {
+	return func(c *mergeConfig) {
+		if threads < 0 {
+			threads = 0
+		}
+		c.threads = uint32(min(threads, math.MaxUint32))
+	}
+}
+
+// WithProgress sets a function told the progress of a merge in bytes: done = 0 first, then at least
+// once per tensor, last done = total. It runs on the goroutine that called MergeCheckpoint; a panic
+// in it cancels the merge and is re-raised by MergeCheckpoint.
+func WithProgress(report func(done, total uint64)) MergeOption {
+	return func(c *mergeConfig) { c.progress = report }
+}
+
+// MergeResult is what a checkpoint merge did.
+type MergeResult struct {
+	Merged           uint64   // tensors changed by LoRA, DoRA, lora_B.bias or token rows
+	Replaced         uint64   // tensors replaced whole by an adapter tensor
+	Copied           uint64   // base tensors written unchanged (converted if the dtype changed)
+	Added            uint64   // tensors the base file lacks (an untied output embedding)
+	Bytes            uint64   // tensor bytes written
+	Files            []string // files written, relative to the output folder (weight files first)
+	UntiedEmbeddings bool     // whether tie_word_embeddings was set to false
+	Notes            []string // decisions worth knowing
+}
+
+// progressState is what the progress trampoline reaches through its cgo.Handle.
+type progressState struct {
+	ctx      context.Context
+	report   func(done, total uint64)
+	panicked bool
+	panicVal any
+}
+
+// MergeCheckpoint merges adapters into a base model folder (config.json and model.safetensors or a
+// sharded index) and writes the merged model folder outDir, which transformers' from_pretrained
+// loads as if PEFT's merge_and_unload() had been saved. At least one adapter option is required.
+//
+// Everything is checked before anything is written; the output is all or nothing. Cancelling ctx
+// stops the merge at its next progress point: the error then matches both ErrCancelled and
+// ctx.Err() (context.Canceled or context.DeadlineExceeded), and outDir is as it was.
+//
+// Errors: ErrInvalidArgument (no adapters, outDir = baseDir, conflicting adapters),
+// ErrUnresolvedKey, ErrShapeMismatch, ErrUnsupported, ErrCancelled, ErrIO, and the errors of Open
+// and OpenAdapter for the inputs.
+func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeOption) (*MergeResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &Error{Code: CodeCancelled, Message: "the merge was not started: " + err.Error(), cause: err}
+	}
+	cfg := mergeConfig{dtype: KeepDType}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	var cs cstrings
+	defer cs.free()
+	cbase, err := cs.add(baseDir, "base folder")
+	if err != nil {
+		return nil, err
+	}
+	cout, err := cs.add(outDir, "output folder")
+	if err != nil {
+		return nil, err
+	}
+	var o *C.peft_merge_options
+	if err := takeError(C.peft_merge_options_new(&o)); err != nil {
+		return nil, err
+	}
+	defer C.peft_merge_options_free(o)
+	for _, ma := range cfg.adapters {
+		if err := addMergeAdapter(o, ma, &cs); err != nil {
+			return nil, err
+		}
+	}
+	if err := takeError(C.peft_merge_options_set_dtype(o, C.int32_t(cfg.dtype))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_max_shard_size(o, C.uint64_t(cfg.maxShardSize))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_threads(o, C.uint32_t(cfg.threads))); err != nil {
+		return nil, err
+	}
+	state := &progressState{ctx: ctx, report: cfg.progress}
+	h := cgo.NewHandle(state)
+	defer h.Delete()
+	if err := takeError(C.peftc_set_progress(o, C.uintptr_t(h))); err != nil {
+		return nil, err
+	}
+	var result *C.peft_merge_result
+	err = takeError(C.peft_merge_checkpoint(cbase, cout, o, &result))
+	if state.panicked {
+		C.peft_merge_result_free(result)
+		panic(state.panicVal)
+	}
+	if err != nil {
+		if e, ok := err.(*Error); ok && e.Code == CodeCancelled && ctx.Err() != nil {
+			e.cause = ctx.Err()
+		}
+		return nil, err
+	}
+	defer C.peft_merge_result_free(result)
+	return mergeResult(result), nil
+}
+
+// addMergeAdapter adds one adapter to the C options; the options keep their own reference to an
+// opened adapter, so the Go handle is only needed during the call.
+func addMergeAdapter(o *C.peft_merge_options, ma mergeAdapter, cs *cstrings) error {
+	if ma.adapter == nil {
+		cdir, err := cs.add(ma.dir, "adapter folder")
+		if err != nil {
+			return err
+		}
+		return takeError(C.peft_merge_options_add_adapter_dir(o, cdir, C.double(ma.weight)))
+	}
+	ap, err := ma.adapter.use()
+	if err != nil {
+		return err
+	}
+	defer ma.adapter.done()
+	return takeError(C.peft_merge_options_add_adapter(o, ap, C.double(ma.weight)))
+}
+
+func mergeResult(r *C.peft_merge_result) *MergeResult {
+	count := func(which C.int32_t) uint64 { return uint64(C.peft_merge_result_tensor_count(r, which)) }
+	res := &MergeResult{
+		Merged:           count(C.PEFT_MERGE_TENSORS_MERGED),
+		Replaced:         count(C.PEFT_MERGE_TENSORS_REPLACED),
+		Copied:           count(C.PEFT_MERGE_TENSORS_COPIED),
+		Added:            count(C.PEFT_MERGE_TENSORS_ADDED),
+		Bytes:            uint64(C.peft_merge_result_bytes(r)),
+		Files:            make([]string, C.peft_merge_result_file_count(r)),
+		UntiedEmbeddings: C.peft_merge_result_untied_embeddings(r) != 0,
+		Notes:            make([]string, C.peft_merge_result_note_count(r)),
+	}
+	for i := range res.Files {
+		res.Files[i] = goString(C.peft_merge_result_file_name(r, C.size_t(i)))
+	}
+	for i := range res.Notes {
+		res.Notes[i] = goString(C.peft_merge_result_note(r, C.size_t(i)))
+	}
+	return res
+}

@@ -1,0 +1,81 @@
+// Package peftc is the Go binding of peft_c: it reads and writes safetensors files and checkpoints
+// exactly as HuggingFace's reference does, loads PEFT LoRA adapters, translates tensor names, merges
+// adapters into checkpoints or into host buffers, and exports and combines adapters.
+//
+// It calls the C library through cgo (found with pkg-config, package "peft_c") and uses nothing
+// beyond the Go standard library.
+//
+// # Errors
+//
+// Every failure of the library is a *Error carrying a stable Code and the library's message, which
+// names the file, tensor or key at fault. Each code has a sentinel, so
+//
+//	if errors.Is(err, peftc.ErrInvalidOffset) { ... }
+//	var e *peftc.Error
+//	if errors.As(err, &e) { fmt.Println(e.Code, e.Message) }
+//
+// both work. Using a handle after Close returns an error that matches ErrClosed.
+//
+// # Lifetime
+//
+// Every handle (Checkpoint, Writer, Adapter, Translator, MergeRecord) implements io.Closer. Close is
+// idempotent and safe to call while other goroutines use the handle: the C object is released when
+// the last call in progress returns, and later calls fail with ErrClosed. A handle that is dropped
+// without Close is released by a runtime cleanup once the garbage collector finds it unreachable,
+// but call Close (or defer it) to release file mappings promptly.
+//
+// The C library keeps parents alive for their children (a Translator obtained from an Adapter stays
+// valid after the Adapter is closed), so handles may be closed in any order.
+//
+// Zero-copy views ([Checkpoint.View]) point into memory the C library owns; see View for the rule
+// that keeps them valid.
+//
+// # Threads
+//
+// Checkpoint, Adapter and Translator are read-only and may be used from many goroutines at once.
+// A Writer or a MergeRecord belongs to one goroutine at a time; a call made while another call on
+// the same Writer or MergeRecord is running fails with ErrBusy instead of racing.
+package peftc
+
+/*
+#cgo pkg-config: peft_c
+#include <peft_c.h>
+
+#if PEFT_ABI_VERSION != 1
+#error "this binding is written for peft_c ABI version 1"
+#endif
+*/
+import "C"
+
+import "fmt"
+
+// HeaderVersion is the version of peft_c.h this binding was compiled against ("major.minor.patch").
+var HeaderVersion = fmt.Sprintf("%d.%d.%d", C.PEFT_VERSION_MAJOR, C.PEFT_VERSION_MINOR, C.PEFT_VERSION_PATCH)
+
+// HeaderABIVersion is the ABI version of peft_c.h this binding was compiled against.
+const HeaderABIVersion = uint32(C.PEFT_ABI_VERSION)
+
+// Version is the version string of the peft_c library that is running, e.g. "0.1.0".
+func Version() string { return C.GoString(C.peft_version()) }
+
+// VersionNumber is the running library's version as major*10000 + minor*100 + patch.
+func VersionNumber() uint32 { return uint32(C.peft_version_number()) }
+
+// ABIVersion is the ABI version of the peft_c library that is running.
+func ABIVersion() uint32 { return uint32(C.peft_abi_version()) }
+
+// CheckVersion reports an error when the running library's ABI differs from the header's. The
+// package also checks this when it is initialised and panics on a mismatch, because calling a
+// library with another ABI is not memory-safe.
+func CheckVersion() error {
+	if got := ABIVersion(); got != HeaderABIVersion {
+		return fmt.Errorf("peftc: the peft_c library has ABI version %d, this binding needs %d", got, HeaderABIVersion)
+	}
+	return nil
+}
+
+func init() {
+	if err := CheckVersion(); err != nil {
+		panic(err)
+	}
+}
