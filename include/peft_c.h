@@ -625,10 +625,11 @@ PEFT_API peft_error* peft_writer_break_shard(peft_writer* writer);
 PEFT_API peft_error* peft_writer_set_index_metadata_json(peft_writer* writer, const char* json_object);
 
 /**
- * @brief Ends the declarations and computes every header; creates nothing on disk yet.
+ * @brief Ends the declarations and computes every header.
  *
  * After this, peft_writer_tensor_name() gives the order in which tensors must be written. Called
- * by the first write or by peft_writer_finish() if not called before. A failed start changes nothing.
+ * by the first write or by peft_writer_finish() if not called before. No file is created yet; a
+ * checkpoint writer creates its folder (and missing parents). A failed start changes nothing else.
  * @param writer A writer.
  * @return NULL on success (also when already started); #PEFT_ERR_HEADER_TOO_LARGE when a header
  *         would exceed 100,000,000 bytes; #PEFT_ERR_IO if a checkpoint folder cannot be created;

@@ -113,9 +113,6 @@ std::vector<OutputSpec> ShardedWriter::plan_outputs(const std::vector<TensorDecl
   for (const TensorDecl& d : decls) sizes.push_back(d.nbytes);
   std::vector<std::vector<size_t>> shards = split_into_shards(sizes, max_shard_size_, breaks_);
   if (shards.empty()) shards.emplace_back();  // no tensors: one model.safetensors with the metadata
-  std::error_code error;
-  std::filesystem::create_directories(folder_, error);
-  if (error) fail(PEFT_ERR_IO, "cannot create the folder " + peft::quoted(folder_) + ": " + error.message());
   std::vector<OutputSpec> specs;
   std::vector<std::string> names;
   for (size_t k = 0; k < shards.size(); ++k) {
@@ -128,6 +125,12 @@ std::vector<OutputSpec> ShardedWriter::plan_outputs(const std::vector<TensorDecl
   }
   names_ = std::move(names);
   return specs;
+}
+
+void ShardedWriter::prepare_outputs() {
+  std::error_code error;
+  std::filesystem::create_directories(folder_, error);
+  if (error) fail(PEFT_ERR_IO, "cannot create the folder " + peft::quoted(folder_) + ": " + error.message());
 }
 
 std::vector<std::unique_ptr<AtomicFile>> ShardedWriter::make_extra_files() {

@@ -34,6 +34,7 @@ class ShardedWriter final : public TensorWriter {
 
  protected:
   std::vector<OutputSpec> plan_outputs(const std::vector<TensorDecl>& decls) override;
+  void prepare_outputs() override;  // creates the folder
   std::vector<std::unique_ptr<AtomicFile>> make_extra_files() override;
   void after_commit() noexcept override;
 

@@ -94,6 +94,7 @@ void TensorWriter::start() {
     outputs.push_back(std::move(out));
   }
   if (slots.size() != decls_.size()) fail(PEFT_ERR_INTERNAL, "the output plan does not cover every tensor once");
+  prepare_outputs();
   outputs_ = std::move(outputs);
   slots_ = std::move(slots);
   started_ = true;

@@ -97,6 +97,9 @@ class TensorWriter {
 
   // Splits the declarations into output files (at least one).
   virtual std::vector<OutputSpec> plan_outputs(const std::vector<TensorDecl>& decls) = 0;
+  // Called by start() once the plan is complete, before anything is written (a folder to create).
+  // A throw fails start() with nothing else changed.
+  virtual void prepare_outputs() {}
   // Called once every output is written and flushed, before any is renamed: extra files to commit
   // after the outputs (an index). Their AtomicFiles must be flushed and closed.
   virtual std::vector<std::unique_ptr<AtomicFile>> make_extra_files() { return {}; }

@@ -139,3 +139,19 @@ TEST_CASE("writer sharded: Python-style index JSON of every value kind") {
         "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    \"x\\u00e9\\ud83d\\ude00\",\n    null,\n    true,\n"
         "    {}\n  ],\n  \"c\": []\n}");
 }
+
+TEST_CASE("writer sharded: a failed start creates no folder") {
+  ScratchDir dir;
+  const std::string folder = dir.path("never/created");
+  ShardedWriter writer(folder, 0);
+  writer.set_metadata("big", std::string(kMaxHeaderSize, 'x'));
+  writer.add_tensor("t", DType::U8, {1});
+  try {
+    writer.start();
+    FAIL("start should fail");
+  } catch (const Error& e) {
+    CHECK(e.code() == PEFT_ERR_HEADER_TOO_LARGE);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.path("never")));
+  CHECK_FALSE(writer.started());
+}
