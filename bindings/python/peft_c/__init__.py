@@ -25,6 +25,7 @@ from .checkpoint import Checkpoint, TensorInfo
 from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
+from .export import combine_adapters, export_adapter
 
 __version__ = "0.1.0"
 
@@ -74,8 +75,10 @@ __all__ = [
     "Writer",
     "abi_version",
     "as_dtype",
+    "combine_adapters",
     "convert",
     "dtype_bits",
+    "export_adapter",
     "has_ml_dtypes",
     "library_path",
     "load_library",

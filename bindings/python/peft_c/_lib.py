@@ -181,6 +181,14 @@ PROTOTYPES = {
     "peft_merge_record_module": (c_char_p, [_handle]),
     "peft_merge_record_active": (c_int32, [_handle]),
     "peft_merge_record_saved_bytes": (c_uint64, [_handle]),
+    # exporting and combining adapters
+    "peft_export_options_new": (_err, [POINTER(c_void_p)]),
+    "peft_export_options_free": (None, [_handle]),
+    "peft_export_options_set_dtype": (_err, [_handle, c_int32]),
+    "peft_export_options_set_peft_version": (_err, [_handle, c_char_p]),
+    "peft_adapter_export": (_err, [_handle, c_char_p, _handle]),
+    "peft_adapter_combine": (_err, [POINTER(c_void_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
+                                    _handle]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value
