@@ -1629,6 +1629,145 @@ PEFT_API uint64_t peft_merge_record_saved_bytes(const peft_merge_record* record)
 /* ==== end section: merge ==== */
 
 /* ==== section: export ==== */
+/* ================================================================================================ */
+/** @defgroup export Exporting and combining adapters
+ *
+ *  Both functions write an adapter folder as PEFT's `PeftModel.save_pretrained` does, which
+ *  `PeftModel.from_pretrained` loads with no missing or unexpected keys:
+ *  - `adapter_model.safetensors`: every tensor under `base_model.model.<module>.<role>` (no adapter
+ *    name), metadata `{"format": "pt"}`, in the order the safetensors package writes. Re-exporting
+ *    an adapter that PEFT wrote reproduces its file byte for byte.
+ *  - `adapter_config.json`: `json.dumps(config, indent=2, sort_keys=True)` byte for byte (Python's
+ *    escapes and float spelling), with `inference_mode` true, `peft_type` "LORA", and
+ *    `init_lora_weights` made true where it only chose how fresh factors were drawn (false,
+ *    "gaussian", "eva", "orthogonal", "mica": loading replaces those factors, so the adapter means
+ *    the same). Every other field is kept, unknown ones included, unless a target PEFT version is
+ *    set (peft_export_options_set_peft_version()).
+ *
+ *  Writing is atomic per file: both files are written to temporaries in the output folder (created
+ *  if needed), flushed, and renamed into place only when both are complete, the config last. After
+ *  a failure the folder holds what it held before.
+ *
+ *  Thread safety: export options belong to one thread at a time. Exporting and combining only read
+ *  the adapters, so several calls may run at once on the same adapters; calls writing the same
+ *  output folder at the same time leave one complete result (the last rename wins).
+ *  @{ */
+
+/** Options for peft_adapter_export() and peft_adapter_combine(). Free with peft_export_options_free(). */
+typedef struct peft_export_options peft_export_options;
+
+/** @name Combination methods of peft_adapter_combine() (PEFT's `combination_type`)
+ *  @{ */
+#define PEFT_COMBINE_CAT 0    /**< "cat": factors stacked; rank = sum of ranks; the weighted sum of deltas, exactly. */
+#define PEFT_COMBINE_LINEAR 1 /**< "linear": sqrt-weighted sums of factors; equal ranks; exact for one adapter only. */
+/** @} */
+
+/**
+ * @brief Creates export options with the defaults: tensors keep their dtypes, the config keeps every
+ *        field (as the PEFT version that reads it is the current one).
+ * @param[out] out Receives the options; free them with peft_export_options_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_export_options_new(peft_export_options** out);
+
+/**
+ * @brief Releases export options.
+ * @param opts Options, or NULL. Thread-safe.
+ */
+PEFT_API void peft_export_options_free(peft_export_options* opts);
+
+/**
+ * @brief Converts the F64, F32, F16 and BF16 tensors of the output to one dtype (integer and F8
+ *        tensors are kept as they are).
+ *
+ * Conversion rounds to nearest, ties to even, as torch's `Tensor.to(dtype)` does (see peft_convert()).
+ * @param opts Options.
+ * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16; or -1 to keep each tensor's dtype
+ *        (the default).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or another dtype.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_export_options_set_dtype(peft_export_options* opts, int32_t dtype);
+
+/**
+ * @brief Targets an older PEFT release: the config gets only the fields that release knows.
+ *
+ * PEFT 0.13 and older refuse a config with a field they do not know; 0.14 and newer drop such fields
+ * with a warning. With a target version, fields the release does not know are left out when that
+ * changes nothing (a null, false or empty value, settings of a fresh initialisation such as
+ * `eva_config`, the writer's `peft_version`); a field whose value matters (`use_dora`, `lora_bias`,
+ * `exclude_modules`, `trainable_token_indices`, ...) makes the export fail with
+ * #PEFT_ERR_UNSUPPORTED naming it. The export also fails when the release would read a kept field
+ * differently for one of the adapter's modules (`rank_pattern` / `alpha_pattern` keys before 0.15,
+ * `layers_to_transform` before 0.20). Releases 0.13 to 0.21 are known; later ones get 0.21's fields.
+ * @param opts Options.
+ * @param version "X.Y" or "X.Y.Z", e.g. "0.13"; NULL or "" for the current release (every field kept).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or a malformed version;
+ *         #PEFT_ERR_UNSUPPORTED for a release before 0.13. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_export_options_set_peft_version(peft_export_options* opts, const char* version);
+
+/**
+ * @brief Writes an opened adapter as a PEFT adapter folder (see @ref export).
+ *
+ * Keys are made canonical on the way (the `base_model.model.` prefix added where it was missing, a
+ * `.default` adapter name removed, `lora_magnitude_vector.weight` written as `lora_magnitude_vector`),
+ * so an adapter PEFT would load only partly comes out as one it loads fully. The output folder may be
+ * the adapter's own folder.
+ * @param adapter An adapter (only read).
+ * @param out_dir The output folder (UTF-8); created with its parents if needed.
+ * @param opts Options, or NULL for the defaults. Not kept after the call.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_UNSUPPORTED naming the field when the target PEFT version cannot express the adapter;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter or @p out_dir, an empty path, or a path that
+ *         exists and is not a folder;
+ *         #PEFT_ERR_IO naming the file when the folder cannot be created or written (disk full, ...);
+ *         #PEFT_ERR_IO / format codes if the adapter's file cannot be read any more.
+ *         Thread-safe (see @ref export).
+ */
+PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir,
+                                         const peft_export_options* opts);
+
+/**
+ * @brief Combines adapters into a new adapter folder as PEFT's `add_weighted_adapter` does.
+ *
+ * With `cat`, each module's new lora_A is the rows w_i * s_i * A_i and lora_B the columns B_i of the
+ * adapters that have the module (s_i its scaling), zero-padded to the new rank r = the sum over
+ * adapters of max(r, rank_pattern values). With `linear`, every adapter and module must have the
+ * same rank r; with c_i = w_i * s_i, A = sum sign(c_i) sqrt|c_i| A_i and B = sum sqrt|c_i| B_i. One
+ * adapter always combines as `linear`, as in PEFT. A module missing from some adapters gets
+ * contributions from the others only. Factors are computed in f32 as PEFT does on CPU and written
+ * as F32 unless @p opts sets a dtype.
+ *
+ * The config is the first adapter's with `r` = `lora_alpha` = the new rank, `rank_pattern` =
+ * `alpha_pattern` = {}, and `target_modules` = the union (a sorted list; regular expressions joined
+ * as `(t1)|(t2)`); an `"all-linear"` or absent `target_modules` counts as the adapter's modules.
+ * Everything else is inherited from the first adapter as in PEFT, including `use_rslora`: the new
+ * scaling is then sqrt(r) instead of 1, so the result is sqrt(r) times the weighted sum, exactly as
+ * PEFT's.
+ *
+ * @param adapters @p count adapters (only read).
+ * @param weights @p count finite weights, one per adapter (negative values subtract).
+ * @param count Number of adapters, at least 1.
+ * @param method #PEFT_COMBINE_CAT or #PEFT_COMBINE_LINEAR.
+ * @param out_dir The output folder (UTF-8); created with its parents if needed.
+ * @param opts Options (dtype, target PEFT version), or NULL for the defaults. Not kept after the call.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_UNSUPPORTED for what PEFT cannot combine or would silently get wrong: DoRA,
+ *         lora_bias, full replacement tensors (modules_to_save, `bias="all"`) or trainable tokens, a
+ *         module the first adapter's config does not target (its `layers_to_transform`,
+ *         `exclude_modules`, ... are inherited), regex and list `target_modules` mixed; also what
+ *         peft_adapter_export() refuses for the target version;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, @p count 0, an unknown @p method, a weight
+ *         that is not finite, or `linear` with unequal ranks;
+ *         #PEFT_ERR_SHAPE_MISMATCH naming the module when the adapters' factors do not fit together;
+ *         #PEFT_ERR_IO as for peft_adapter_export().
+ *         Thread-safe (see @ref export).
+ */
+PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const double* weights, size_t count,
+                                          int32_t method, const char* out_dir, const peft_export_options* opts);
+
+/** @} */
 /* ==== end section: export ==== */
 
 #ifdef __cplusplus

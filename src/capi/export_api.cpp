@@ -1,0 +1,94 @@
+// The export section of the C API: export options, adapter export, adapter combination.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capi/adapter_handles.hpp"
+#include "capi/capi_common.hpp"
+#include "core/error.hpp"
+#include "peft/adapter_combine.hpp"
+#include "peft/adapter_export.hpp"
+
+struct peft_export_options {
+  peft::ExportOptions impl;
+};
+
+namespace {
+
+using peft::capi::guarded;
+using peft::capi::require_arg;
+
+peft::ExportOptions options_or_default(const peft_export_options* opts) {
+  return opts == nullptr ? peft::ExportOptions{} : opts->impl;
+}
+
+}  // namespace
+
+extern "C" {
+
+peft_error* peft_export_options_new(peft_export_options** out) {
+  return guarded([&] {
+    require_arg(out, "out");
+    *out = new peft_export_options();
+  });
+}
+
+void peft_export_options_free(peft_export_options* opts) { delete opts; }
+
+peft_error* peft_export_options_set_dtype(peft_export_options* opts, int32_t dtype) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (dtype == -1) {
+      opts->impl.dtype.reset();
+      return;
+    }
+    if (dtype != PEFT_DTYPE_F32 && dtype != PEFT_DTYPE_BF16 && dtype != PEFT_DTYPE_F16)
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "export dtype " + std::to_string(dtype) +
+                                                " is not PEFT_DTYPE_F32, PEFT_DTYPE_BF16, PEFT_DTYPE_F16 or -1");
+    opts->impl.dtype = static_cast<peft::DType>(dtype);
+  });
+}
+
+peft_error* peft_export_options_set_peft_version(peft_export_options* opts, const char* version) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (version == nullptr || version[0] == '\0') {
+      opts->impl.peft_version.reset();
+      return;
+    }
+    opts->impl.peft_version = peft::parse_peft_version(version);
+  });
+}
+
+peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir, const peft_export_options* opts) {
+  return guarded([&] {
+    require_arg(adapter, "adapter");
+    require_arg(out_dir, "out_dir");
+    peft::export_adapter(*adapter->impl, out_dir, options_or_default(opts));
+  });
+}
+
+peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const double* weights, size_t count,
+                                 int32_t method, const char* out_dir, const peft_export_options* opts) {
+  return guarded([&] {
+    require_arg(adapters, "adapters");
+    require_arg(weights, "weights");
+    require_arg(out_dir, "out_dir");
+    if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
+    if (method != PEFT_COMBINE_CAT && method != PEFT_COMBINE_LINEAR)
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT,
+                 "combination method " + std::to_string(method) + " is not PEFT_COMBINE_CAT or PEFT_COMBINE_LINEAR");
+    std::vector<std::shared_ptr<const peft::Adapter>> list;
+    list.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (adapters[i] == nullptr)
+        peft::fail(PEFT_ERR_INVALID_ARGUMENT, "adapters[" + std::to_string(i) + "] is NULL");
+      list.push_back(adapters[i]->impl);
+    }
+    const peft::CombineMethod how = method == PEFT_COMBINE_CAT ? peft::CombineMethod::cat : peft::CombineMethod::linear;
+    peft::combine_adapters(list, std::span<const double>(weights, count), how, out_dir, options_or_default(opts));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,128 @@
+// peftc adapter combine --adapter DIR:WEIGHT ... --method cat|linear --out DIR
+//   [--dtype f32|bf16|f16] [--peft-version X.Y]
+// Combines adapters as PEFT's add_weighted_adapter does ("cat" exact, "linear" approximate) into a
+// new adapter folder.
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+
+namespace peftc {
+namespace {
+
+constexpr const char* kUsage =
+    "adapter combine --adapter DIR:WEIGHT [--adapter DIR:WEIGHT ...] --method cat|linear --out DIR "
+    "[--dtype f32|bf16|f16] [--peft-version X.Y]";
+
+int32_t parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
+  if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
+  if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;
+  return -1;
+}
+
+// "DIR:WEIGHT", split at the last colon (folder names may hold colons); the weight is a finite number.
+bool parse_weighted(const std::string& text, std::string& dir, double& weight) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
+  const std::string number = text.substr(colon + 1);
+  char* end = nullptr;
+  errno = 0;
+  weight = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || errno == ERANGE || !std::isfinite(weight)) return false;
+  dir = text.substr(0, colon);
+  return true;
+}
+
+struct Handles {
+  std::vector<peft_adapter*> adapters;
+  peft_export_options* options = nullptr;
+  ~Handles() {
+    for (peft_adapter* a : adapters) peft_adapter_free(a);
+    peft_export_options_free(options);
+  }
+};
+
+int combine_command(const std::vector<std::string>& args) {
+  std::vector<std::string> dirs;
+  std::vector<double> weights;
+  std::optional<int32_t> method;
+  std::optional<std::string> out;
+  std::optional<std::string> version;
+  int32_t dtype = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i];
+    std::optional<std::string> value;
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const auto take_value = [&]() -> std::optional<std::string> {
+      if (value) return value;
+      if (i + 1 < args.size()) return args[++i];
+      return std::nullopt;
+    };
+    if (arg == "--adapter") {
+      const auto v = take_value();
+      std::string dir;
+      double weight = 0;
+      if (!v || !parse_weighted(*v, dir, weight))
+        return usage_error("--adapter needs DIR:WEIGHT with a finite number, e.g. out/a:0.5", kUsage);
+      dirs.push_back(dir);
+      weights.push_back(weight);
+    } else if (arg == "--method") {
+      const auto v = take_value();
+      if (v && *v == "cat") method = PEFT_COMBINE_CAT;
+      else if (v && *v == "linear") method = PEFT_COMBINE_LINEAR;
+      else return usage_error("--method must be cat or linear", kUsage);
+    } else if (arg == "--out") {
+      out = take_value();
+      if (!out || out->empty()) return usage_error("--out needs a folder", kUsage);
+    } else if (arg == "--dtype") {
+      const auto v = take_value();
+      if (!v) return usage_error("--dtype needs a value", kUsage);
+      dtype = parse_dtype(*v);
+      if (dtype < 0) return usage_error("--dtype must be f32, bf16 or f16, not '" + *v + "'", kUsage);
+    } else if (arg == "--peft-version") {
+      version = take_value();
+      if (!version || version->empty()) return usage_error("--peft-version needs a value such as 0.13", kUsage);
+    } else if (arg == "-h" || arg == "--help") {
+      std::printf("usage: peftc %s\n", kUsage);
+      return kExitOk;
+    } else {
+      return usage_error("unexpected argument '" + args[i] + "'", kUsage);
+    }
+  }
+  if (dirs.empty()) return usage_error("adapter combine needs at least one --adapter DIR:WEIGHT", kUsage);
+  if (!method) return usage_error("adapter combine needs --method cat or --method linear", kUsage);
+  if (!out) return usage_error("adapter combine needs --out DIR", kUsage);
+
+  Handles h;
+  if (peft_error* err = peft_export_options_new(&h.options)) return report(err);
+  if (peft_error* err = peft_export_options_set_dtype(h.options, dtype)) return report(err);
+  if (version) {
+    if (peft_error* err = peft_export_options_set_peft_version(h.options, version->c_str())) return report(err);
+  }
+  for (const std::string& dir : dirs) {
+    peft_adapter* adapter = nullptr;
+    if (peft_error* err = peft_adapter_open(dir.c_str(), nullptr, &adapter)) return report(err);
+    h.adapters.push_back(adapter);
+  }
+  std::vector<const peft_adapter*> list(h.adapters.begin(), h.adapters.end());
+  if (peft_error* err = peft_adapter_combine(list.data(), weights.data(), list.size(), *method, out->c_str(), h.options))
+    return report(err);
+  std::printf("combined %zu adapter(s) (%s) into %s\n", list.size(), *method == PEFT_COMBINE_CAT ? "cat" : "linear",
+              out->c_str());
+  return kExitOk;
+}
+
+const bool registered = register_command({"adapter combine", kUsage, &combine_command});
+
+}  // namespace
+}  // namespace peftc

@@ -1,0 +1,81 @@
+// peftc adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y]: writes an adapter as
+// PEFT's save_pretrained does (canonical keys, {"format":"pt"}, sorted config), optionally converting
+// its float tensors and restricting its config to what an older PEFT release knows.
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+
+namespace peftc {
+namespace {
+
+constexpr const char* kUsage = "adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y]";
+
+int32_t parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
+  if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
+  if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;
+  return -1;
+}
+
+template <class T, void (*Free)(T*)>
+struct Owned {
+  T* p = nullptr;
+  ~Owned() { Free(p); }
+};
+
+int export_command(const std::vector<std::string>& args) {
+  std::vector<std::string> positional;
+  int32_t dtype = -1;
+  std::optional<std::string> version;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string arg = args[i];
+    std::optional<std::string> value;
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const auto take_value = [&]() -> std::optional<std::string> {
+      if (value) return value;
+      if (i + 1 < args.size()) return args[++i];
+      return std::nullopt;
+    };
+    if (arg == "--dtype") {
+      const auto v = take_value();
+      if (!v) return usage_error("--dtype needs a value", kUsage);
+      dtype = parse_dtype(*v);
+      if (dtype < 0) return usage_error("--dtype must be f32, bf16 or f16, not '" + *v + "'", kUsage);
+    } else if (arg == "--peft-version") {
+      version = take_value();
+      if (!version || version->empty()) return usage_error("--peft-version needs a value such as 0.13", kUsage);
+    } else if (arg == "-h" || arg == "--help") {
+      std::printf("usage: peftc %s\n", kUsage);
+      return kExitOk;
+    } else if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+      return usage_error("unknown option '" + arg + "'", kUsage);
+    } else {
+      positional.push_back(args[i]);
+    }
+  }
+  if (positional.size() != 2) return usage_error("adapter export needs IN_DIR and OUT_DIR", kUsage);
+
+  Owned<peft_export_options, peft_export_options_free> options;
+  if (peft_error* err = peft_export_options_new(&options.p)) return report(err);
+  if (peft_error* err = peft_export_options_set_dtype(options.p, dtype)) return report(err);
+  if (version) {
+    if (peft_error* err = peft_export_options_set_peft_version(options.p, version->c_str())) return report(err);
+  }
+  Owned<peft_adapter, peft_adapter_free> adapter;
+  if (peft_error* err = peft_adapter_open(positional[0].c_str(), nullptr, &adapter.p)) return report(err);
+  if (peft_error* err = peft_adapter_export(adapter.p, positional[1].c_str(), options.p)) return report(err);
+  std::printf("exported %zu module(s) to %s\n", peft_adapter_module_count(adapter.p), positional[1].c_str());
+  return kExitOk;
+}
+
+const bool registered = register_command({"adapter export", kUsage, &export_command});
+
+}  // namespace
+}  // namespace peftc
