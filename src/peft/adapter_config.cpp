@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "peft/module_matcher.hpp"
 
 namespace peft {
 namespace {
@@ -319,6 +320,7 @@ LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& sour
   read_lists(f, c);
   check_like_post_init(f, c);
   check_supported(f, c);
+  ModuleMatcher compile_every_pattern(c);  // a bad regex fails here, naming its field
   return c;
 }
 

@@ -23,26 +23,26 @@ ModuleMatcher::ModuleMatcher(const LoraConfig& config)
       default_rank_(config.r),
       default_alpha_(config.lora_alpha) {
   constexpr int32_t kCode = PEFT_ERR_INVALID_CONFIG;
-  if (targets_.kind == ModuleSelector::Kind::regex) target_regex_.emplace(targets_.pattern, kCode, "target_modules");
+  if (targets_.kind == ModuleSelector::Kind::regex) target_regex_.emplace(targets_.pattern, kCode, "field \"target_modules\"");
   // An exclude_modules string is always a regex, even "all-linear".
   if (excludes_.kind == ModuleSelector::Kind::regex || excludes_.kind == ModuleSelector::Kind::all_linear)
-    exclude_regex_.emplace(excludes_.pattern, kCode, "exclude_modules");
+    exclude_regex_.emplace(excludes_.pattern, kCode, "field \"exclude_modules\"");
   if (config.modules_to_save)
     for (const std::string& m : *config.modules_to_save)
-      modules_to_save_.emplace_back("(^|.*\\.)" + m + "($|\\..*)", kCode, "modules_to_save entry " + peft::quoted(m));
+      modules_to_save_.emplace_back("(^|.*\\.)" + m + "($|\\..*)", kCode, "field \"modules_to_save\" entry " + peft::quoted(m));
   if (layers_to_transform_ && layers_to_transform_->empty()) layers_to_transform_.reset();  // [] = every layer
   if (config.layers_pattern.empty()) {
-    layer_regexes_.emplace_back(".*?\\.[^.]*\\.(?P<idx>\\d+)\\.", kCode, "layers_to_transform");
+    layer_regexes_.emplace_back(".*?\\.[^.]*\\.(?P<idx>\\d+)\\.", kCode, "field \"layers_to_transform\"");
   } else {
     for (const std::string& p : config.layers_pattern)
       layer_regexes_.emplace_back("(?:^|.*?\\.)" + p + "\\.(?P<idx>\\d+)\\.", kCode,
-                                  "layers_pattern " + peft::quoted(p));
+                                  "field \"layers_pattern\" entry " + peft::quoted(p));
   }
   for (const auto& [key, rank] : config.rank_pattern)
-    rank_keys_.push_back({key, PythonRegex("(.*\\.)?(" + key + ")$", kCode, "rank_pattern key " + peft::quoted(key)),
+    rank_keys_.push_back({key, PythonRegex("(.*\\.)?(" + key + ")$", kCode, "field \"rank_pattern\" key " + peft::quoted(key)),
                           static_cast<double>(rank)});
   for (const auto& [key, alpha] : config.alpha_pattern)
-    alpha_keys_.push_back({key, PythonRegex("(.*\\.)?(" + key + ")$", kCode, "alpha_pattern key " + peft::quoted(key)),
+    alpha_keys_.push_back({key, PythonRegex("(.*\\.)?(" + key + ")$", kCode, "field \"alpha_pattern\" key " + peft::quoted(key)),
                            alpha});
 }
 

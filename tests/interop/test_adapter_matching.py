@@ -206,3 +206,16 @@ def test_peft_made_adapter(peftc_binary, tmp_path, case):
         if extra:
             assert report["validation"]["ok"]
     check_against_peft_functions(peftc_binary, adapter_dir)
+
+
+# ---- the config, as PEFT writes it ---------------------------------------------------------------
+
+def test_canonical_config_json(peftc_binary, corpus_dir, fixtures_dir):
+    """`adapter inspect --config` is json.dumps(config, indent=2, sort_keys=True) of the file."""
+    dirs = corpus_adapters(corpus_dir) + [d for d in fixture_adapters(fixtures_dir) if d.name not in REFUSED_FIXTURES]
+    for adapter_dir in dirs:
+        run = subprocess.run([str(peftc_binary), "adapter", "inspect", str(adapter_dir), "--config"],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        expected = json.dumps(json.loads((adapter_dir / "adapter_config.json").read_text()), indent=2, sort_keys=True)
+        assert run.stdout == expected + "\n", adapter_dir

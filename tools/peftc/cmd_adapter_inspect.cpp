@@ -1,5 +1,6 @@
-// peftc adapter inspect DIR [--base MODEL_DIR] [--json]: a PEFT LoRA adapter's config, modules
-// (rank, alpha, scaling, layer kind, tensors) and, with --base, its validation against a base model.
+// peftc adapter inspect DIR [--base MODEL_DIR] [--json | --config]: a PEFT LoRA adapter's config,
+// modules (rank, alpha, scaling, layer kind, tensors) and, with --base, its validation against a base
+// model. --config prints only the config, as PEFT writes it (sorted keys, indent 2).
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -11,7 +12,7 @@
 namespace peftc {
 namespace {
 
-constexpr const char* kUsage = "adapter inspect DIR [--base MODEL_DIR] [--json]";
+constexpr const char* kUsage = "adapter inspect DIR [--base MODEL_DIR] [--json | --config]";
 
 const char* kind_name(int32_t kind) {
   switch (kind) {
@@ -165,11 +166,13 @@ peft_error* open_adapter(const std::string& dir, const std::string& base, peft_a
 
 int run_adapter_inspect(const std::vector<std::string>& args) {
   std::string dir, base;
-  bool json = false;
+  bool json = false, config = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--json") {
       json = true;
+    } else if (arg == "--config") {
+      config = true;
     } else if (arg == "--base") {
       if (i + 1 >= args.size()) return usage_error("--base needs a MODEL_DIR", kUsage);
       base = args[++i];
@@ -182,6 +185,7 @@ int run_adapter_inspect(const std::vector<std::string>& args) {
     }
   }
   if (dir.empty()) return usage_error("DIR is missing", kUsage);
+  if (json && config) return usage_error("give --json or --config, not both", kUsage);
 
   peft_adapter* adapter = nullptr;
   Validation validation;
@@ -204,7 +208,9 @@ int run_adapter_inspect(const std::vector<std::string>& args) {
     return report(err);
   }
   const Validation* shown = base.empty() ? nullptr : &validation;
-  if (json) {
+  if (config) {
+    std::printf("%s\n", peft_adapter_config_json(adapter));
+  } else if (json) {
     print_json(adapter, dir, shown);
   } else {
     print_text(adapter, dir, shown);

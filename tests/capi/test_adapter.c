@@ -1,0 +1,330 @@
+/* The adapter section of the C API, from C99: opening adapters (with and without a base), config
+ * getters, modules and their tensors, translators (built-in, user JSON, detection, batches), and the
+ * error contract (stable codes, untouched out-parameters on failure). Uses the fixture adapters and
+ * the real corpus where present. Prints "N passed, M failed" and exits nonzero on any failure. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "peft_c.h"
+
+static int passed = 0;
+static int failed = 0;
+
+#define CHECK(cond)                                                                \
+  do {                                                                             \
+    if (cond) {                                                                    \
+      ++passed;                                                                    \
+    } else {                                                                       \
+      ++failed;                                                                    \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);     \
+    }                                                                              \
+  } while (0)
+
+#define CHECK_OK(call)                                                                      \
+  do {                                                                                      \
+    peft_error* ok_err_ = (call);                                                           \
+    if (ok_err_ == NULL) {                                                                  \
+      ++passed;                                                                             \
+    } else {                                                                                \
+      ++failed;                                                                             \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              peft_error_code_name(peft_error_code(ok_err_)), peft_error_message(ok_err_)); \
+      peft_error_free(ok_err_);                                                             \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_CODE(call, code)                                                                     \
+  do {                                                                                             \
+    peft_error* code_err_ = (call);                                                                \
+    int32_t got_ = peft_error_code(code_err_);                                                     \
+    if (code_err_ != NULL && got_ == (code) && peft_error_message(code_err_)[0] != '\0') {         \
+      ++passed;                                                                                    \
+    } else {                                                                                       \
+      ++failed;                                                                                    \
+      fprintf(stderr, "%s:%d: %s: expected %s, got %s: %s\n", __FILE__, __LINE__, #call,          \
+              peft_error_code_name(code), peft_error_code_name(got_), peft_error_message(code_err_)); \
+    }                                                                                              \
+    peft_error_free(code_err_);                                                                    \
+  } while (0)
+
+static peft_adapter* const kUntouchedAdapter = (peft_adapter*)(uintptr_t)0x5eed;
+static peft_translator* const kUntouchedTranslator = (peft_translator*)(uintptr_t)0x5eed;
+
+static int is_dir(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int has_role(const peft_adapter* a, size_t m, const char* role, size_t* out_tensor) {
+  size_t t;
+  for (t = 0; t < peft_adapter_module_tensor_count(a, m); ++t) {
+    if (strcmp(peft_adapter_module_tensor_role(a, m, t), role) == 0) {
+      *out_tensor = t;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static void test_fixture_adapter(void) {
+  const char* dir = PEFT_TEST_DATA "/adapters/llama_rank_alpha_pattern";
+  const char* base = PEFT_TEST_DATA "/models/llama";
+  peft_adapter_options* opts = NULL;
+  peft_adapter* a = NULL;
+  size_t m, t, count, lora = 0;
+  if (!is_dir(dir) || !is_dir(base)) {
+    printf("skipped: fixture adapters not generated (%s)\n", dir);
+    return;
+  }
+  CHECK_OK(peft_adapter_options_new(&opts));
+  CHECK_OK(peft_adapter_options_set_base_dir(opts, base));
+  CHECK_OK(peft_adapter_open(dir, opts, &a));
+  peft_adapter_options_free(opts);
+  if (a == NULL) return;
+
+  CHECK(strcmp(peft_adapter_peft_type(a), "LORA") == 0);
+  CHECK(peft_adapter_r(a) > 0);
+  CHECK(peft_adapter_lora_alpha(a) > 0);
+  CHECK(peft_adapter_use_rslora(a) == 0);
+  CHECK(peft_adapter_use_dora(a) == 0);
+  CHECK(strcmp(peft_adapter_bias(a), "none") == 0);
+  CHECK(strcmp(peft_adapter_family(a), "llama") == 0);
+  CHECK(strstr(peft_adapter_config_json(a), "\"peft_type\": \"LORA\"") != NULL);
+  CHECK(peft_adapter_config_field(a, "rank_pattern") != NULL);
+  CHECK(peft_adapter_config_field(a, "rank_pattern")[0] == '{');
+  CHECK(peft_adapter_config_field(a, "no_such_field") == NULL);
+  CHECK(peft_adapter_config_field(NULL, "r") == NULL);
+
+  count = peft_adapter_module_count(a);
+  CHECK(count > 0);
+  for (m = 0; m < count; ++m) {
+    int32_t kind = peft_adapter_module_kind(a, m);
+    if (kind == PEFT_LAYER_LINEAR) {
+      size_t ta, tb;
+      int64_t r = peft_adapter_module_rank(a, m);
+      ++lora;
+      CHECK(has_role(a, m, "lora_A.weight", &ta));
+      CHECK(has_role(a, m, "lora_B.weight", &tb));
+      CHECK(peft_adapter_module_tensor_ndim(a, m, ta) == 2);
+      CHECK(peft_adapter_module_tensor_shape(a, m, ta)[0] == (uint64_t)r);
+      CHECK(peft_adapter_module_tensor_shape(a, m, tb)[1] == (uint64_t)r);
+      CHECK(fabs(peft_adapter_module_scaling(a, m) - peft_adapter_module_alpha(a, m) / (double)r) < 1e-12);
+      CHECK(strstr(peft_adapter_module_tensor_key(a, m, ta), "base_model.model.") == peft_adapter_module_tensor_key(a, m, ta));
+      {
+        const char* base_name = peft_adapter_module_tensor_base_name(a, m, ta);
+        size_t len = strlen(base_name);
+        CHECK(len > 7 && strcmp(base_name + len - 7, ".weight") == 0);
+      }
+      {
+        uint64_t n = peft_adapter_module_tensor_shape(a, m, ta)[0] * peft_adapter_module_tensor_shape(a, m, ta)[1];
+        float* buffer = (float*)malloc(n * sizeof(float));
+        CHECK_OK(peft_adapter_module_tensor_read(a, m, ta, PEFT_DTYPE_F32, buffer, n * sizeof(float)));
+        CHECK_CODE(peft_adapter_module_tensor_read(a, m, ta, PEFT_DTYPE_F32, buffer, 3), PEFT_ERR_INVALID_ARGUMENT);
+        free(buffer);
+      }
+    }
+  }
+  CHECK(lora == count);
+  /* Out of range: sentinels, never a crash. */
+  CHECK(peft_adapter_module_name(a, count) == NULL);
+  CHECK(peft_adapter_module_kind(a, count) == -1);
+  CHECK(peft_adapter_module_rank(a, count) == 0);
+  CHECK(peft_adapter_module_tensor_role(a, 0, 99) == NULL);
+  CHECK(peft_adapter_module_tensor_shape(a, count, 0) == NULL);
+  CHECK(peft_adapter_module_tensor_dtype(a, 0, 99) == -1);
+  CHECK_CODE(peft_adapter_module_tensor_read(a, count, 0, PEFT_DTYPE_F32, NULL, 0), PEFT_ERR_INVALID_ARGUMENT);
+
+  CHECK_OK(peft_adapter_find_module(a, peft_adapter_module_name(a, 0), &t));
+  CHECK(t == 0);
+  t = 77;
+  CHECK_CODE(peft_adapter_find_module(a, "no.such.module", &t), PEFT_ERR_NOT_FOUND);
+  CHECK(t == 77);
+  CHECK_OK(peft_adapter_validate(a, base));
+  CHECK_CODE(peft_adapter_validate(a, PEFT_TEST_DATA "/models/gpt2"), PEFT_ERR_UNRESOLVED_KEY);
+  CHECK_CODE(peft_adapter_validate(a, "/nonexistent/base"), PEFT_ERR_NOT_FOUND);
+
+  {
+    peft_translator* tr = NULL;
+    char* native = NULL;
+    char* back = NULL;
+    size_t ta;
+    CHECK_OK(peft_adapter_translator(a, &tr));
+    CHECK(has_role(a, 0, "lora_A.weight", &ta));
+    CHECK_OK(peft_translator_to_native(tr, peft_adapter_module_tensor_key(a, 0, ta), &native));
+    CHECK_OK(peft_translator_to_hf(tr, native, 1, &back));
+    CHECK(back && strcmp(back, peft_adapter_module_tensor_key(a, 0, ta)) == 0);
+    peft_string_free(native);
+    peft_string_free(back);
+    peft_translator_free(tr);
+  }
+  peft_adapter_free(a);
+}
+
+static void test_gpt2_conv1d(void) {
+  const char* dir = PEFT_TEST_DATA "/adapters/gpt2_lora";
+  peft_adapter* a = NULL;
+  size_t m, conv1d = 0;
+  if (!is_dir(dir)) {
+    printf("skipped: %s not generated\n", dir);
+    return;
+  }
+  CHECK_OK(peft_adapter_open(dir, NULL, &a));
+  if (a == NULL) return;
+  for (m = 0; m < peft_adapter_module_count(a); ++m)
+    if (peft_adapter_module_kind(a, m) == PEFT_LAYER_CONV1D) ++conv1d;
+  CHECK(conv1d > 0);
+  peft_adapter_free(a);
+}
+
+static void test_errors(void) {
+  peft_adapter* a = kUntouchedAdapter;
+  peft_adapter_options* opts = NULL;
+  CHECK_CODE(peft_adapter_open("/nonexistent/adapter", NULL, &a), PEFT_ERR_NOT_FOUND);
+  CHECK(a == kUntouchedAdapter);
+  CHECK_CODE(peft_adapter_open(NULL, NULL, &a), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_open("/tmp", NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(a == kUntouchedAdapter);
+  CHECK_CODE(peft_adapter_options_new(NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_options_set_base_dir(NULL, "x"), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_adapter_options_new(&opts));
+  CHECK_OK(peft_adapter_options_set_base_dir(opts, NULL));
+  CHECK_OK(peft_adapter_options_set_translator(opts, NULL));
+  peft_adapter_options_free(opts);
+  CHECK_CODE(peft_adapter_validate(NULL, "x"), PEFT_ERR_INVALID_ARGUMENT);
+  if (is_dir(PEFT_TEST_DATA "/adapters/mixtral_target_parameters")) {
+    CHECK_CODE(peft_adapter_open(PEFT_TEST_DATA "/adapters/mixtral_target_parameters", NULL, &a), PEFT_ERR_UNSUPPORTED);
+    CHECK(a == kUntouchedAdapter);
+  }
+  /* Getters accept NULL. */
+  CHECK(peft_adapter_module_count(NULL) == 0);
+  CHECK(peft_adapter_peft_type(NULL) == NULL);
+  CHECK(peft_adapter_config_json(NULL) == NULL);
+  CHECK(peft_adapter_note_count(NULL) == 0);
+  CHECK(peft_adapter_note(NULL, 0) == NULL);
+  CHECK(peft_adapter_r(NULL) == 0);
+  peft_adapter_free(NULL);
+  peft_adapter_options_free(NULL);
+  peft_translator_free(NULL);
+  peft_string_free(NULL);
+}
+
+static void test_translators(void) {
+  peft_translator* tr = NULL;
+  peft_translator* untouched = kUntouchedTranslator;
+  char* out = NULL;
+  char* list = NULL;
+  const char* keys[3];
+  char* results[3] = {NULL, NULL, NULL};
+  char* sentinel = (char*)(uintptr_t)0x5eed;
+
+  CHECK_OK(peft_translator_builtin_families(&list));
+  CHECK(list && strstr(list, "llama\n") != NULL && strstr(list, "gpt2\n") != NULL);
+  peft_string_free(list);
+
+  CHECK_CODE(peft_translator_new_builtin("no_such_family", &untouched), PEFT_ERR_NOT_FOUND);
+  CHECK_CODE(peft_translator_new_builtin("../etc", &untouched), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(untouched == kUntouchedTranslator);
+  CHECK_OK(peft_translator_new_builtin("llama", &tr));
+  if (tr == NULL) return;
+  CHECK(strcmp(peft_translator_family(tr), "llama") == 0);
+  CHECK_OK(peft_translator_to_native(tr, "model.layers.4.self_attn.q_proj.lora_A.weight", &out));
+  CHECK(out && strcmp(out, "transformer/layer_4/attention/query/lora_a") == 0);
+  peft_string_free(out);
+  out = sentinel;
+  CHECK_CODE(peft_translator_to_native(tr, "model.layers.4.self_attn.nope.lora_A.weight", &out), PEFT_ERR_UNRESOLVED_KEY);
+  CHECK(out == sentinel);
+  CHECK_OK(peft_translator_to_hf(tr, "transformer/layer_4/mlp/down/lora_b", 1, &out));
+  CHECK(out && strcmp(out, "base_model.model.model.layers.4.mlp.down_proj.lora_B.weight") == 0);
+  peft_string_free(out);
+
+  keys[0] = "model.layers.0.mlp.up_proj.weight";
+  keys[1] = "model.layers.0.mlp.sideways.weight";
+  keys[2] = "model.nothing.weight";
+  results[0] = sentinel;
+  {
+    peft_error* err = peft_translator_to_native_batch(tr, keys, 3, results);
+    CHECK(peft_error_code(err) == PEFT_ERR_UNRESOLVED_KEY);
+    CHECK(err && strstr(peft_error_message(err), "sideways") && strstr(peft_error_message(err), "model.nothing"));
+    peft_error_free(err);
+  }
+  CHECK(results[0] == sentinel);
+  CHECK_OK(peft_translator_to_native_batch(tr, keys, 1, results));
+  CHECK(strcmp(results[0], "transformer/layer_0/mlp/up/weight") == 0);
+  {
+    const char* natives[1];
+    char* back[1] = {NULL};
+    natives[0] = results[0];
+    CHECK_OK(peft_translator_to_hf_batch(tr, natives, 1, 0, back));
+    CHECK(back[0] && strcmp(back[0], keys[0]) == 0);
+    peft_string_free(back[0]);
+  }
+  peft_string_free(results[0]);
+  CHECK_CODE(peft_translator_to_native_batch(tr, NULL, 2, results), PEFT_ERR_INVALID_ARGUMENT);
+  peft_translator_free(tr);
+
+  tr = NULL;
+  CHECK_OK(peft_translator_from_json(
+      "{\"family\": \"mine\", \"modules\": [{\"hf\": \"blocks.{i}.proj\", \"native\": \"b{i}/p\"}]}", &tr));
+  CHECK_OK(peft_translator_to_native(tr, "base_model.model.blocks.2.proj.lora_A.weight", &out));
+  CHECK(out && strcmp(out, "b2/p/lora_a") == 0);
+  peft_string_free(out);
+  peft_translator_free(tr);
+  untouched = kUntouchedTranslator;
+  CHECK_CODE(peft_translator_from_json("{\"family\": \"x\"}", &untouched), PEFT_ERR_INVALID_CONFIG);
+  CHECK_CODE(peft_translator_from_file("/nonexistent/table.json", &untouched), PEFT_ERR_IO);
+  CHECK(untouched == kUntouchedTranslator);
+
+  tr = NULL;
+  CHECK_OK(peft_translator_detect(NULL, "Qwen/Qwen2.5-0.5B-Instruct", &tr));
+  CHECK(tr && strcmp(peft_translator_family(tr), "qwen2") == 0);
+  peft_translator_free(tr);
+  CHECK_CODE(peft_translator_detect(NULL, "my-own-model", &untouched), PEFT_ERR_NOT_FOUND);
+  if (is_dir(PEFT_TEST_DATA "/models/bert")) {
+    tr = NULL;
+    CHECK_OK(peft_translator_detect(PEFT_TEST_DATA "/models/bert", NULL, &tr));
+    CHECK(tr && strcmp(peft_translator_family(tr), "bert") == 0);
+    peft_translator_free(tr);
+  }
+}
+
+static void test_corpus(void) {
+  const char* dir = PEFT_CORPUS "/Karangarg01__peft-hate-speech-detection/model";
+  peft_adapter* a = NULL;
+  size_t m, full = 0;
+  if (!is_dir(dir)) {
+    printf("skipped: corpus not found at %s\n", PEFT_CORPUS);
+    return;
+  }
+  CHECK_OK(peft_adapter_open(dir, NULL, &a));
+  if (a == NULL) return;
+  CHECK(strcmp(peft_adapter_task_type(a), "SEQ_CLS") == 0);
+  CHECK(strcmp(peft_adapter_base_model_name_or_path(a), "distilbert-base-uncased") == 0);
+  CHECK(strcmp(peft_adapter_family(a), "distilbert") == 0);
+  for (m = 0; m < peft_adapter_module_count(a); ++m) {
+    if (peft_adapter_module_kind(a, m) == PEFT_LAYER_FULL) {
+      ++full;
+      CHECK(peft_adapter_module_rank(a, m) == 0);
+    } else {
+      CHECK(peft_adapter_module_rank(a, m) == 8);
+      CHECK(peft_adapter_module_scaling(a, m) == 2.0);
+    }
+  }
+  CHECK(full == 2); /* classifier and pre_classifier */
+  peft_adapter_free(a);
+}
+
+int main(void) {
+  test_fixture_adapter();
+  test_gpt2_conv1d();
+  test_errors();
+  test_translators();
+  test_corpus();
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,138 @@
+// adapter_config.json: typed fields, PEFT's defaults, and one test per kind of bad config, each with
+// its stable code and a message naming the field.
+#include <doctest/doctest.h>
+
+#include "peft/adapter_config.hpp"
+#include "test_adapter_support.hpp"
+
+using namespace adapter_test;
+using nlohmann::json;
+
+namespace {
+
+Failure parse_failure(const std::string& text) {
+  try {
+    peft::LoraConfig::parse(text, "adapter_config.json");
+  } catch (const peft::Error& e) {
+    return {e.code(), e.what()};
+  }
+  return {};
+}
+
+void check_fails(const json& patch, int32_t code, const std::string& field) {
+  Failure f = parse_failure(config_text(patch));
+  CAPTURE(patch.dump());
+  CHECK(f.code == code);
+  CHECK(contains(f.message, "\"" + field + "\""));
+}
+
+}  // namespace
+
+TEST_CASE("adapter config: typed fields and PEFT's defaults") {
+  auto c = peft::LoraConfig::parse(R"({"peft_type": "LORA", "target_modules": ["q_proj"]})", "x");
+  CHECK(c.r == 8);  // LoraConfig.r default
+  CHECK_FALSE(c.r_given);
+  CHECK(c.lora_alpha == 8);  // LoraConfig.lora_alpha default
+  CHECK(c.bias == "none");
+  CHECK(c.init_lora_weights.is_bool);
+  CHECK(c.init_lora_weights.flag);
+  CHECK(c.scaling(8, 8) == 1.0);
+  c.use_rslora = true;
+  CHECK(c.scaling(16, 8) == 2.0);
+
+  auto d = peft::LoraConfig::parse(R"({"peft_type": "LORA", "r": 4, "lora_alpha": 11.5, "target_modules": "all-LINEAR",
+      "rank_pattern": {"z": 2, "a": 3}, "layers_pattern": null, "exclude_modules": ".*lm_head",
+      "trainable_token_indices": {"embed_tokens": [1, 2]}, "init_lora_weights": "gaussian", "task_type": "CAUSAL_LM"})",
+                                   "x");
+  CHECK(d.lora_alpha == 11.5);
+  CHECK(d.target_modules.kind == peft::ModuleSelector::Kind::all_linear);
+  CHECK(d.exclude_modules.kind == peft::ModuleSelector::Kind::regex);
+  REQUIRE(d.rank_pattern.size() == 2);
+  CHECK(d.rank_pattern[0].first == "z");  // file order, not sorted: PEFT takes the first match in file order
+  CHECK(d.trainable_token_indices.targets.at(0).second == std::vector<int64_t>{1, 2});
+  CHECK(d.init_lora_weights.method == "gaussian");
+}
+
+TEST_CASE("adapter config: unknown fields survive, canonical JSON is PEFT's sorted indent-2 form") {
+  auto c = peft::LoraConfig::parse(R"({"r": 4, "peft_type": "LORA", "future_field": {"b": 1, "a": [1.5, "é"]}})", "x");
+  std::string canonical = c.canonical_json();
+  // json.dumps({...}, indent=2, sort_keys=True) in CPython gives exactly this text.
+  CHECK(canonical ==
+        "{\n  \"future_field\": {\n    \"a\": [\n      1.5,\n      \"\\u00e9\"\n    ],\n    \"b\": 1\n  },\n"
+        "  \"peft_type\": \"LORA\",\n  \"r\": 4\n}");
+}
+
+TEST_CASE("adapter config: invalid JSON is INVALID_CONFIG") {
+  Failure f = parse_failure("{\"peft_type\": \"LORA\",");
+  CHECK(f.code == PEFT_ERR_INVALID_CONFIG);
+  CHECK(contains(f.message, "invalid JSON"));
+}
+
+TEST_CASE("adapter config: missing peft_type is INVALID_CONFIG") {
+  check_fails({{"peft_type", nullptr}}, PEFT_ERR_INVALID_CONFIG, "peft_type");
+}
+
+TEST_CASE("adapter config: another PEFT method is UNSUPPORTED, an unknown one INVALID_CONFIG") {
+  check_fails({{"peft_type", "IA3"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
+  check_fails({{"peft_type", "ADALORA"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
+  check_fails({{"peft_type", "NOT_A_METHOD"}}, PEFT_ERR_INVALID_CONFIG, "peft_type");
+}
+
+TEST_CASE("adapter config: fields of the wrong type are INVALID_CONFIG naming the field") {
+  check_fails({{"r", "8"}}, PEFT_ERR_INVALID_CONFIG, "r");
+  check_fails({{"r", 8.5}}, PEFT_ERR_INVALID_CONFIG, "r");
+  check_fails({{"r", 0}}, PEFT_ERR_INVALID_CONFIG, "r");
+  check_fails({{"lora_alpha", "16"}}, PEFT_ERR_INVALID_CONFIG, "lora_alpha");
+  check_fails({{"target_modules", 3}}, PEFT_ERR_INVALID_CONFIG, "target_modules");
+  check_fails({{"target_modules", {"q_proj", 1}}}, PEFT_ERR_INVALID_CONFIG, "target_modules");
+  check_fails({{"use_rslora", "yes"}}, PEFT_ERR_INVALID_CONFIG, "use_rslora");
+  check_fails({{"modules_to_save", "classifier"}}, PEFT_ERR_INVALID_CONFIG, "modules_to_save");
+  check_fails({{"layers_to_transform", {0, "1"}}}, PEFT_ERR_INVALID_CONFIG, "layers_to_transform");
+  check_fails({{"rank_pattern", {{"q_proj", "4"}}}}, PEFT_ERR_INVALID_CONFIG, "rank_pattern");
+  check_fails({{"alpha_pattern", {1, 2}}}, PEFT_ERR_INVALID_CONFIG, "alpha_pattern");
+  check_fails({{"init_lora_weights", 1}}, PEFT_ERR_INVALID_CONFIG, "init_lora_weights");
+  check_fails({{"trainable_token_indices", "1"}}, PEFT_ERR_INVALID_CONFIG, "trainable_token_indices");
+}
+
+TEST_CASE("adapter config: values PEFT rejects are INVALID_CONFIG") {
+  check_fails({{"bias", "some"}}, PEFT_ERR_INVALID_CONFIG, "bias");
+  check_fails({{"task_type", "CLASSIFY"}}, PEFT_ERR_INVALID_CONFIG, "task_type");
+  check_fails({{"init_lora_weights", "xavier"}}, PEFT_ERR_INVALID_CONFIG, "init_lora_weights");
+  check_fails({{"layers_pattern", "layers"}}, PEFT_ERR_INVALID_CONFIG, "layers_pattern");
+  check_fails({{"target_modules", ".*q_proj"}, {"layers_to_transform", {0}}}, PEFT_ERR_INVALID_CONFIG,
+              "layers_to_transform");
+  check_fails({{"lora_bias", true}, {"use_dora", true}}, PEFT_ERR_INVALID_CONFIG, "lora_bias");
+  check_fails({{"lora_bias", true}, {"init_lora_weights", "gaussian"}}, PEFT_ERR_INVALID_CONFIG, "lora_bias");
+}
+
+TEST_CASE("adapter config: initialisations that rewrite the base weights are UNSUPPORTED") {
+  for (const char* init : {"pissa", "pissa_niter_4", "olora", "corda", "loftq", "lora_ga"})
+    check_fails({{"init_lora_weights", init}, {"loftq_config", {{"loftq_bits", 4}}}}, PEFT_ERR_UNSUPPORTED,
+                "init_lora_weights");
+  for (const char* init : {"gaussian", "eva", "orthogonal", "mica"})
+    CHECK(parse_failure(config_text({{"init_lora_weights", init}})).code == PEFT_OK);
+}
+
+TEST_CASE("adapter config: LoRA variants with another merge are UNSUPPORTED naming the field") {
+  const std::vector<std::pair<std::string, json>> variants = {
+      {"use_qalora", true},
+      {"alora_invocation_tokens", {1, 2}},
+      {"use_bdlora", json::object()},
+      {"arrow_config", json::object()},
+      {"monteclora_config", json::object()},
+      {"velora_config", json::object()},
+      {"kasa_config", json::object()},
+      {"layer_replication", {{0, 2}}},
+      {"target_parameters", {"mlp.experts.gate_up_proj"}},
+      {"megatron_config", json::object()},
+  };
+  for (const auto& [field, value] : variants) check_fails({{field, value}}, PEFT_ERR_UNSUPPORTED, field);
+  // Their "off" values are fine.
+  CHECK(parse_failure(config_text({{"use_qalora", false}, {"layer_replication", nullptr},
+                                   {"target_parameters", json::array()}, {"use_bdlora", nullptr}}))
+            .code == PEFT_OK);
+}
+
+TEST_CASE("adapter config: a bad regex is INVALID_CONFIG naming the field") {
+  check_fails({{"target_modules", ".*(q_proj"}}, PEFT_ERR_INVALID_CONFIG, "target_modules");
+}

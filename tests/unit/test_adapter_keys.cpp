@@ -1,0 +1,101 @@
+// The key grammar of adapter_model.safetensors (PEFT's get_peft_model_state_dict layout).
+#include <doctest/doctest.h>
+
+#include "peft/key_grammar.hpp"
+
+using peft::TensorRole;
+
+namespace {
+
+struct KeyCase {
+  const char* key;
+  const char* module;
+  TensorRole role;
+  const char* suffix;
+  const char* base_tensor;  // full tensors only
+  bool had_prefix;
+  bool had_adapter_name;
+};
+
+// Keys as PEFT writes them (save_and_load.py) and as its loader accepts them.
+const KeyCase kKeys[] = {
+    {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", "model.layers.0.self_attn.q_proj",
+     TensorRole::lora_a, "lora_A.weight", "", true, false},
+    {"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", "model.layers.0.self_attn.q_proj",
+     TensorRole::lora_b, "lora_B.weight", "", true, false},
+    {"base_model.model.model.layers.0.self_attn.q_proj.lora_B.bias", "model.layers.0.self_attn.q_proj",
+     TensorRole::lora_b_bias, "lora_B.bias", "", true, false},
+    {"base_model.model.model.embed_tokens.lora_embedding_A", "model.embed_tokens", TensorRole::lora_embedding_a,
+     "lora_embedding_A", "", true, false},
+    {"base_model.model.model.embed_tokens.lora_embedding_B", "model.embed_tokens", TensorRole::lora_embedding_b,
+     "lora_embedding_B", "", true, false},
+    {"base_model.model.model.layers.0.mlp.up_proj.lora_magnitude_vector", "model.layers.0.mlp.up_proj",
+     TensorRole::lora_magnitude, "lora_magnitude_vector", "", true, false},
+    {"base_model.model.model.layers.0.mlp.up_proj.lora_magnitude_vector.weight", "model.layers.0.mlp.up_proj",
+     TensorRole::lora_magnitude, "lora_magnitude_vector", "", true, false},
+    {"base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta", "model.embed_tokens",
+     TensorRole::trainable_tokens_delta, "token_adapter.trainable_tokens_delta", "", true, false},
+    // Full replacement tensors.
+    {"base_model.model.classifier.weight", "classifier", TensorRole::full, "weight", "classifier.weight", true, false},
+    {"base_model.model.score.bias", "score", TensorRole::full, "bias", "score.bias", true, false},
+    {"base_model.model.model.layers.0.self_attn.q_proj.base_layer.bias", "model.layers.0.self_attn.q_proj",
+     TensorRole::full, "base_layer.bias", "model.layers.0.self_attn.q_proj.bias", true, false},
+    {"base_model.model.lm_head.base_layer.weight", "lm_head", TensorRole::full, "base_layer.weight",
+     "lm_head.weight", true, false},
+    {"base_model.model.classifier.modules_to_save.default.weight", "classifier", TensorRole::full, "weight",
+     "classifier.weight", true, true},
+    // Without the prefix (transformers' integration), and with the default adapter name left in.
+    {"model.layers.3.self_attn.v_proj.lora_A.weight", "model.layers.3.self_attn.v_proj", TensorRole::lora_a,
+     "lora_A.weight", "", false, false},
+    {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", "model.layers.0.self_attn.q_proj",
+     TensorRole::lora_a, "lora_A.weight", "", true, true},
+    {"base_model.model.model.embed_tokens.lora_embedding_B.default", "model.embed_tokens",
+     TensorRole::lora_embedding_b, "lora_embedding_B", "", true, true},
+    {"base_model.model.model.layers.0.mlp.up_proj.lora_magnitude_vector.default.weight", "model.layers.0.mlp.up_proj",
+     TensorRole::lora_magnitude, "lora_magnitude_vector", "", true, true},
+};
+
+}  // namespace
+
+TEST_CASE("adapter keys: every role PEFT writes resolves to its module") {
+  for (const KeyCase& c : kKeys) {
+    CAPTURE(c.key);
+    auto parsed = peft::parse_adapter_key(c.key);
+    REQUIRE(parsed);
+    CHECK(parsed->module == c.module);
+    CHECK(parsed->role == c.role);
+    CHECK(parsed->role_suffix == c.suffix);
+    CHECK(parsed->had_prefix == c.had_prefix);
+    CHECK(parsed->had_adapter_name == c.had_adapter_name);
+    if (c.role == TensorRole::full) CHECK(parsed->base_tensor == c.base_tensor);
+  }
+}
+
+TEST_CASE("adapter keys: keys that are not LoRA adapter keys do not resolve") {
+  const char* bad[] = {
+      "",
+      "base_model.model.",
+      "weight",                                                         // no module
+      "base_model.model.model..layers.0.lora_A.weight",                  // empty segment
+      "base_model.model.model.layers.0.q_proj.lora_A.my_task.weight",   // another adapter name
+      "base_model.model.model.layers.0.q_proj.lora_E",                  // AdaLoRA
+      "base_model.model.model.layers.0.q_proj.lora_diag.weight",        // KaSA
+      "base_model.model.model.layers.0.q_proj.lora_A",                  // no .weight
+      "base_model.model.model.layers.0.q_proj.lora_A.weight.extra",
+      "base_model.model.classifier.modules_to_save.task2.weight",       // another adapter name
+      "base_model.model.classifier.original_module.weight",             // not saved by PEFT
+      "lora_A.weight",                                                  // no module
+      "base_model.model.model.embed_tokens.token_adapter.other",
+  };
+  for (const char* key : bad) {
+    CAPTURE(key);
+    CHECK_FALSE(peft::parse_adapter_key(key));
+  }
+}
+
+TEST_CASE("adapter keys: the canonical key drops the adapter name and keeps the prefix choice") {
+  auto parsed = peft::parse_adapter_key("base_model.model.x.y.lora_A.default.weight");
+  REQUIRE(parsed);
+  CHECK(parsed->key(true) == "base_model.model.x.y.lora_A.weight");
+  CHECK(parsed->key(false) == "x.y.lora_A.weight");
+}
