@@ -2,5 +2,5 @@
 
 package peftc
 
-// debugGC makes every call collect garbage right after taking its C pointer (build tag "debug").
+// debugGC makes calls collect garbage right after taking their C pointer (build tag "debug").
 const debugGC = false

@@ -2,6 +2,6 @@
 
 package peftc
 
-// debugGC makes every call collect garbage right after taking its C pointer, so a missing
+// debugGC makes calls collect garbage right after taking their C pointer, so a missing
 // runtime.KeepAlive or a handle released too early shows up as a failure (build tag "debug").
 const debugGC = true

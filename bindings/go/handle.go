@@ -29,6 +29,12 @@ type cleanupArg struct {
 	free func(unsafe.Pointer)
 }
 
+// debugCalls counts calls when built with the "debug" tag, which collects garbage every
+// debugGCStride-th call (every call would make the test suite take minutes).
+var debugCalls atomic.Int64
+
+const debugGCStride = 4
+
 // liveHandles counts C objects the binding owns and has not released yet (tests check it).
 var liveHandles atomic.Int64
 
@@ -54,7 +60,7 @@ func (h *handle) acquire() (unsafe.Pointer, error) {
 			return nil, closedError{h.what}
 		}
 		if h.state.CompareAndSwap(s, s+1) {
-			if debugGC {
+			if debugGC && debugCalls.Add(1)%debugGCStride == 0 {
 				runtime.GC() // with -tags debug: collect while the call holds only the pointer
 			}
 			return h.ptr, nil

@@ -25,7 +25,6 @@ var gcStress = os.Getenv("PEFTC_TEST_GC") != ""
 func gcPoint() {
 	if gcStress {
 		runtime.GC()
-		runtime.GC()
 	}
 }
 

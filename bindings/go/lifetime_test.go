@@ -1,0 +1,332 @@
+package peftc_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+
+	peftc "github.com/peft-c/peft_c/bindings/go"
+)
+
+// Every handle type is an io.Closer.
+var (
+	_ io.Closer = (*peftc.Checkpoint)(nil)
+	_ io.Closer = (*peftc.Writer)(nil)
+	_ io.Closer = (*peftc.Adapter)(nil)
+	_ io.Closer = (*peftc.Translator)(nil)
+	_ io.Closer = (*peftc.MergeRecord)(nil)
+	_ io.Writer = (*peftc.Writer)(nil)
+)
+
+// waitForCleanups collects garbage until the number of live handles drops to want. Cleanups run on
+// a goroutine of the runtime after a collection, so this loops a bounded number of times.
+func waitForCleanups(t *testing.T, want int64) {
+	t.Helper()
+	for i := 0; i < 200 && peftc.LiveHandles() > want; i++ {
+		runtime.GC()
+		runtime.Gosched()
+	}
+	if got := peftc.LiveHandles(); got > want {
+		t.Fatalf("%d handles alive, want %d", got, want)
+	}
+}
+
+// Calls after Close fail with ErrClosed (or give zero values), and Close is idempotent.
+func TestUseAfterClose(t *testing.T) {
+	c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = c.View(0)
+	wantClosed(t, err)
+	_, err = c.ReadFloat32(0)
+	wantClosed(t, err)
+	_, err = c.Find("values")
+	wantClosed(t, err)
+	_, err = c.Tensors()
+	wantClosed(t, err)
+	_, err = c.Metadata(0)
+	wantClosed(t, err)
+	_, _, err = c.IndexMetadataJSON()
+	wantClosed(t, err)
+	if c.TensorCount() != 0 || c.FileCount() != 0 {
+		t.Fatal("counts after Close")
+	}
+	var ce error
+	if _, ce = c.Files(); !errors.Is(ce, peftc.ErrClosed) {
+		t.Fatal(ce)
+	}
+	if errors.Is(ce, peftc.ErrBusy) || ce.Error() != "peftc: use of a closed Checkpoint" {
+		t.Fatalf("closed error %q", ce)
+	}
+
+	a, err := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	a.Close()
+	_, err = a.Modules()
+	wantClosed(t, err)
+	_, err = a.Translator()
+	wantClosed(t, err)
+	wantClosed(t, a.Validate(fixture("models", "llama")))
+	wantClosed(t, a.Export(t.TempDir()))
+	_, err = a.MergeBuffer("model.layers.0.self_attn.q_proj", peftc.Float32Buffer(make([]float32, 256), 16, 16), nil)
+	wantClosed(t, err)
+	if a.R() != 0 || a.ConfigJSON() != "" || a.ModuleCount() != 0 || a.Notes() != nil || a.UseDoRA() {
+		t.Fatal("getters after Close")
+	}
+
+	tr, err := peftc.NewBuiltinTranslator("llama")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Close()
+	tr.Close()
+	_, err = tr.ToNative("model.layers.0.self_attn.q_proj.weight")
+	wantClosed(t, err)
+	_, err = tr.ToHFAll([]string{"a"}, true)
+	wantClosed(t, err)
+	if tr.Family() != "" {
+		t.Fatal("Family after Close")
+	}
+
+	w, err := peftc.NewWriter(filepath.Join(t.TempDir(), "x.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.AddTensor("x", peftc.F32, 1)
+	src, _ := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	src.Close()
+	wantClosed(t, w.WriteFromCheckpoint("x", src, 0))
+	w.Close()
+}
+
+// Children keep their parents alive: a translator from an adapter works after the adapter is
+// closed and collected.
+func TestChildOutlivesParent(t *testing.T) {
+	a, err := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := a.Translator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	a = nil
+	runtime.GC()
+	runtime.GC()
+	defer tr.Close()
+	native, err := tr.ToNative("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight")
+	if err != nil || native == "" {
+		t.Fatalf("translator after its adapter was closed: %q %v", native, err)
+	}
+	// A merge record outlives its adapter too.
+	b, _ := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	w := make([]float32, 16*16)
+	rec, err := b.MergeBuffer("model.layers.0.self_attn.q_proj", peftc.Float32Buffer(w, 16, 16), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	runtime.GC()
+	if err := rec.Remove(peftc.Float32Buffer(w, 16, 16), nil); err != nil {
+		t.Fatal(err)
+	}
+	rec.Close()
+}
+
+// Handles dropped without Close are released by the runtime cleanup; closed ones at once.
+func TestCleanupReleasesDroppedHandles(t *testing.T) {
+	waitForCleanups(t, peftc.LiveHandles()) // settle earlier tests' garbage
+	before := peftc.LiveHandles()
+	func() {
+		for i := 0; i < 10; i++ {
+			if _, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := peftc.OpenAdapter(fixture("adapters", "llama_lora")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := peftc.NewBuiltinTranslator("gpt2"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := peftc.NewWriter(filepath.Join(t.TempDir(), "w.safetensors")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}()
+	if peftc.LiveHandles() < before+40 {
+		t.Fatalf("live handles %d, expected at least %d", peftc.LiveHandles(), before+40)
+	}
+	waitForCleanups(t, before)
+	c, _ := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	if peftc.LiveHandles() != before+1 {
+		t.Fatal("open did not count")
+	}
+	c.Close()
+	if peftc.LiveHandles() != before {
+		t.Fatal("Close did not release at once")
+	}
+}
+
+// A view stays valid across collections while its checkpoint is reachable and open.
+func TestViewSurvivesGC(t *testing.T) {
+	for _, pread := range []bool{false, true} {
+		c, err := peftc.Open(fixture("safetensors", "all_dtypes.safetensors"), peftc.WithPread(pread))
+		if err != nil {
+			t.Fatal(err)
+		}
+		infos, _ := c.Tensors()
+		views := make([][]byte, len(infos))
+		sums := make([][32]byte, len(infos))
+		for i := range infos {
+			views[i], _ = c.View(i)
+			sums[i] = sha256.Sum256(bytes.Clone(views[i]))
+		}
+		for round := 0; round < 5; round++ {
+			runtime.GC()
+			garbage := make([][]byte, 1000) // churn the heap
+			for i := range garbage {
+				garbage[i] = make([]byte, 1024)
+			}
+			for i, v := range views {
+				if sha256.Sum256(v) != sums[i] {
+					t.Fatalf("view %d changed after a collection", i)
+				}
+			}
+		}
+		runtime.KeepAlive(c)
+		c.Close()
+	}
+}
+
+// Many goroutines read the same checkpoint, adapter and translator at once (run with -race).
+func TestConcurrentReads(t *testing.T) {
+	c := mustOpen(t, fixture("safetensors", "all_dtypes.safetensors"))
+	a := mustAdapter(t, fixture("adapters", "llama_lora"))
+	tr, err := a.Translator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	infos, _ := c.Tensors()
+	wantSums := make([][32]byte, len(infos))
+	for i := range infos {
+		v, _ := c.View(i)
+		wantSums[i] = sha256.Sum256(v)
+	}
+	wantModules, _ := a.Modules()
+	key := "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight"
+	wantNative, _ := tr.ToNative(key)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for round := 0; round < 20; round++ {
+				i := (g + round) % len(infos)
+				v, err := c.View(i)
+				if err != nil || sha256.Sum256(v) != wantSums[i] {
+					errs <- errors.New("view differs")
+					return
+				}
+				if idx, err := c.Find(infos[i].Name); err != nil || idx != i {
+					errs <- errors.New("find differs")
+					return
+				}
+				if _, err := c.Read(i, infos[i].DType); err != nil {
+					errs <- err
+					return
+				}
+				mods, err := a.Modules()
+				if err != nil || len(mods) != len(wantModules) || mods[g%len(mods)].Name != wantModules[g%len(mods)].Name {
+					errs <- errors.New("modules differ")
+					return
+				}
+				if _, err := a.ReadTensorFloat32(g%len(mods), 0); err != nil {
+					errs <- err
+					return
+				}
+				if n, err := tr.ToNative(key); err != nil || n != wantNative {
+					errs <- errors.New("translation differs")
+					return
+				}
+				if round%5 == 0 {
+					runtime.GC()
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// Close while other goroutines are calling: their calls either succeed or fail with ErrClosed,
+// and the C object is released once, after the last call returns.
+func TestCloseDuringCalls(t *testing.T) {
+	waitForCleanups(t, peftc.LiveHandles())
+	before := peftc.LiveHandles()
+	c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := c.ReadFloat32(1)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	failures := make(chan error, 16)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := 0; i < 500; i++ {
+				got, err := c.ReadFloat32(1)
+				if errors.Is(err, peftc.ErrClosed) {
+					return
+				}
+				if err != nil || !slices.Equal(float32Bits(got), float32Bits(want)) {
+					failures <- errors.New("a read during Close returned wrong data")
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	runtime.Gosched()
+	c.Close()
+	wg.Wait()
+	close(failures)
+	for err := range failures {
+		t.Fatal(err)
+	}
+	if peftc.LiveHandles() != before {
+		t.Fatalf("live handles %d after Close and the last call, want %d", peftc.LiveHandles(), before)
+	}
+}
+
+func float32Bits(f []float32) []uint32 {
+	out := make([]uint32, len(f))
+	for i, v := range f {
+		out[i] = math.Float32bits(v)
+	}
+	return out
+}

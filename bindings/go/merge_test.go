@@ -1,0 +1,642 @@
+package peftc_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	peftc "github.com/peft-c/peft_c/bindings/go"
+)
+
+// loraDelta computes weight * scaling * B @ A in float64 for a Linear module ([out, r] @ [r, in])
+// from the adapter's own tensors, an independent check of the library's merge, together with the
+// magnitude weight * scaling * sum |B_ok A_ki| of each element's terms (which bounds the rounding
+// error of a float32 computation).
+func loraDelta(t *testing.T, a *peftc.Adapter, mod peftc.Module, weight float64) (delta, magnitude []float64) {
+	t.Helper()
+	ai, bi := mod.Tensor("lora_A.weight"), mod.Tensor("lora_B.weight")
+	if mod.Kind != peftc.LayerLinear || ai < 0 || bi < 0 {
+		t.Fatalf("module %s is not a plain Linear LoRA layer", mod.Name)
+	}
+	A, err := a.ReadTensorFloat32(mod.Index, ai)
+	if err != nil {
+		t.Fatal(err)
+	}
+	B, err := a.ReadTensorFloat32(mod.Index, bi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, in, out := int(mod.Tensors[ai].Shape[0]), int(mod.Tensors[ai].Shape[1]), int(mod.Tensors[bi].Shape[0])
+	delta, magnitude = make([]float64, out*in), make([]float64, out*in)
+	s := weight * mod.Scaling
+	for o := 0; o < out; o++ {
+		for i := 0; i < in; i++ {
+			var sum, abs float64
+			for k := 0; k < r; k++ {
+				p := float64(B[o*r+k]) * float64(A[k*in+i])
+				sum, abs = sum+p, abs+math.Abs(p)
+			}
+			delta[o*in+i], magnitude[o*in+i] = s*sum, math.Abs(s)*abs
+		}
+	}
+	return delta, magnitude
+}
+
+// closeTo accepts the rounding of a float32 computation whose terms have this magnitude: a float32
+// dot product of rank r and one addition err by at most (r + 2) units of 2^-24 of it; 8 units
+// covers the fixtures' ranks.
+func closeTo(got float32, want, magnitude float64) bool {
+	return math.Abs(float64(got)-want) <= 8*0x1p-24*magnitude
+}
+
+func readTensor32(t *testing.T, c *peftc.Checkpoint, name string) []float32 {
+	t.Helper()
+	i, err := c.Find(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.ReadFloat32(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// Merging llama_lora into the llama fixture: every targeted weight is W + scaling * B @ A (computed
+// here in float64), every other tensor is the base's byte for byte, and the small files are copied.
+func TestMergeCheckpoint(t *testing.T) {
+	base := fixture("models", "llama")
+	adapterDir := fixture("adapters", "llama_lora")
+	out := filepath.Join(t.TempDir(), "merged")
+	var calls []uint64
+	var total uint64
+	res, err := peftc.MergeCheckpoint(context.Background(), base, out, peftc.WithAdapterDir(adapterDir, 1),
+		peftc.WithProgress(func(done, tot uint64) {
+			calls = append(calls, done)
+			total = tot
+			gcPoint()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := mustAdapter(t, adapterDir, peftc.WithBaseDir(base))
+	baseCkpt := mustOpen(t, base)
+	merged := mustOpen(t, out)
+	if res.Merged != uint64(a.ModuleCount()) || res.Replaced != 0 || res.Added != 0 ||
+		res.Merged+res.Copied != uint64(baseCkpt.TensorCount()) {
+		t.Fatalf("result %+v for %d modules, %d tensors", res, a.ModuleCount(), baseCkpt.TensorCount())
+	}
+	for _, f := range []string{"model.safetensors", "config.json", "generation_config.json"} {
+		if !slices.Contains(res.Files, f) {
+			t.Fatalf("files %v lack %s", res.Files, f)
+		}
+	}
+	sameFile(t, filepath.Join(out, "config.json"), filepath.Join(base, "config.json"))
+	// Progress: 0 first, never decreasing, total at the end, total = bytes written.
+	if len(calls) < 2 || calls[0] != 0 || calls[len(calls)-1] != total || total != res.Bytes ||
+		!slices.IsSorted(calls) {
+		t.Fatalf("progress %v of %d, result bytes %d", calls, total, res.Bytes)
+	}
+	checkMerged(t, baseCkpt, merged, []*peftc.Adapter{a}, []float64{1})
+}
+
+// checkMerged compares a merged checkpoint with base + the weighted deltas of the adapters.
+func checkMerged(t *testing.T, baseCkpt, merged *peftc.Checkpoint, adapters []*peftc.Adapter, weights []float64) {
+	t.Helper()
+	deltas, magnitudes := map[string][]float64{}, map[string][]float64{}
+	for ai, a := range adapters {
+		modules, _ := a.Modules()
+		for _, m := range modules {
+			d, mag := loraDelta(t, a, m, weights[ai])
+			name := m.Tensors[m.Tensor("lora_A.weight")].BaseName
+			if prev, ok := deltas[name]; ok {
+				for i := range d {
+					d[i] += prev[i]
+					mag[i] += magnitudes[name][i]
+				}
+			}
+			deltas[name], magnitudes[name] = d, mag
+		}
+	}
+	infos, _ := baseCkpt.Tensors()
+	if merged.TensorCount() != len(infos) {
+		t.Fatalf("%d tensors merged, base has %d", merged.TensorCount(), len(infos))
+	}
+	for _, info := range infos {
+		mi, err := merged.Find(info.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		delta, targeted := deltas[info.Name]
+		if !targeted {
+			bv, _ := baseCkpt.View(info.Index)
+			mv, _ := merged.View(mi)
+			if !bytes.Equal(bv, mv) {
+				t.Fatalf("untargeted %q changed", info.Name)
+			}
+			continue
+		}
+		w := readTensor32(t, baseCkpt, info.Name)
+		got := readTensor32(t, merged, info.Name)
+		changed := 0
+		for i := range w {
+			want := float64(w[i]) + delta[i]
+			// Adapters merged one after the other round once per adapter.
+			if !closeTo(got[i], want, float64(len(adapters))*(math.Abs(float64(w[i]))+magnitudes[info.Name][i])) {
+				t.Fatalf("%q[%d] = %v, want %v (base %v)", info.Name, i, got[i], want, w[i])
+			}
+			if got[i] != w[i] {
+				changed++
+			}
+		}
+		if changed == 0 {
+			t.Fatalf("%q did not change", info.Name)
+		}
+	}
+}
+
+// Two adapters with weights, applied in order.
+func TestMergeWeightedAdapters(t *testing.T) {
+	base := fixture("models", "llama")
+	a1 := mustAdapter(t, fixture("adapters", "llama_lora"))
+	a2 := mustAdapter(t, fixture("adapters", "llama_lora_second"))
+	out := filepath.Join(t.TempDir(), "merged")
+	_, err := peftc.MergeCheckpoint(context.Background(), base, out,
+		peftc.WithAdapter(a1, 0.75), peftc.WithAdapter(a2, -0.5), peftc.WithThreads(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMerged(t, mustOpen(t, base), mustOpen(t, out), []*peftc.Adapter{a1, a2}, []float64{0.75, -0.5})
+}
+
+// Output dtype and resharding: the tensors come out in BF16, split into shards with an index, and
+// hold the F32 merge rounded once.
+func TestMergeDTypeAndShards(t *testing.T) {
+	base := fixture("models", "llama")
+	dir := t.TempDir()
+	f32Out, bf16Out := filepath.Join(dir, "f32"), filepath.Join(dir, "bf16")
+	ctx := context.Background()
+	if _, err := peftc.MergeCheckpoint(ctx, base, f32Out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := peftc.MergeCheckpoint(ctx, base, bf16Out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peftc.WithMergeDType(peftc.BF16), peftc.WithMaxShardSize(4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(res.Files, "model.safetensors.index.json") {
+		t.Fatalf("no index among %v", res.Files)
+	}
+	f32c, bf16c := mustOpen(t, f32Out), mustOpen(t, bf16Out)
+	if bf16c.FileCount() < 2 {
+		t.Fatalf("%d shards", bf16c.FileCount())
+	}
+	var config map[string]any
+	readJSON(t, filepath.Join(bf16Out, "config.json"), &config)
+	if config["torch_dtype"] != "bfloat16" && config["dtype"] != "bfloat16" {
+		t.Fatalf("config.json dtype not set: %v / %v", config["torch_dtype"], config["dtype"])
+	}
+	infos, _ := f32c.Tensors()
+	for _, info := range infos {
+		bi, err := bf16c.Find(info.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		binfo, _ := bf16c.Tensor(bi)
+		if binfo.DType != peftc.BF16 {
+			t.Fatalf("%q is %v", info.Name, binfo.DType)
+		}
+		f32view, _ := f32c.View(info.Index)
+		want := make([]byte, len(f32view)/2)
+		if err := peftc.Convert(want, peftc.BF16, f32view, peftc.F32); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := bf16c.View(bi)
+		// Rounding the f32 result once to bf16 equals computing in f32 and rounding once, except where
+		// the f32 result itself was a rounding away from a bf16 tie; allow one bf16 ulp there.
+		for i := 0; i+1 < len(got); i += 2 {
+			g := int(uint16(got[i]) | uint16(got[i+1])<<8)
+			w := int(uint16(want[i]) | uint16(want[i+1])<<8)
+			if g != w && (g-w > 1 || w-g > 1) {
+				t.Fatalf("%q element %d: bf16 %#04x, rounded f32 merge %#04x", info.Name, i/2, g, w)
+			}
+		}
+	}
+}
+
+// Cancelling the context stops the merge: the error matches ErrCancelled and context.Canceled, and
+// the output folder is as it was (absent).
+func TestMergeCancel(t *testing.T) {
+	base := fixture("models", "llama")
+	out := filepath.Join(t.TempDir(), "cancelled")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	_, err := peftc.MergeCheckpoint(ctx, base, out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peftc.WithProgress(func(done, total uint64) {
+			if calls++; calls == 2 {
+				cancel()
+			}
+		}))
+	wantCode(t, err, peftc.CodeCancelled)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("%v does not match context.Canceled", err)
+	}
+	if _, statErr := os.Stat(out); !os.IsNotExist(statErr) {
+		t.Fatal("the cancelled merge left its output folder")
+	}
+	// A context that is already done does not start the merge.
+	dead, cancel2 := context.WithTimeout(context.Background(), -1)
+	defer cancel2()
+	_, err = peftc.MergeCheckpoint(dead, base, out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	if !errors.Is(err, peftc.ErrCancelled) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dead context: %v", err)
+	}
+	// An existing output folder keeps its content after a cancelled merge.
+	keep := filepath.Join(t.TempDir(), "existing")
+	os.MkdirAll(keep, 0o755)
+	os.WriteFile(filepath.Join(keep, "model.safetensors"), []byte("old"), 0o644)
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	_, err = peftc.MergeCheckpoint(ctx3, base, keep, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peftc.WithProgress(func(done, total uint64) {
+			if done > 0 {
+				cancel3()
+			}
+		}))
+	cancel3()
+	wantCode(t, err, peftc.CodeCancelled)
+	entries, _ := os.ReadDir(keep)
+	if data, _ := os.ReadFile(filepath.Join(keep, "model.safetensors")); string(data) != "old" || len(entries) != 1 {
+		t.Fatalf("the output folder changed: %d entries", len(entries))
+	}
+}
+
+// A panic in the progress function cancels the merge and is raised again in the caller.
+func TestMergeProgressPanic(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "panicked")
+	defer func() {
+		if r := recover(); r != "progress failed" {
+			t.Fatalf("recovered %v", r)
+		}
+		if _, err := os.Stat(out); !os.IsNotExist(err) {
+			t.Fatal("output left behind")
+		}
+	}()
+	peftc.MergeCheckpoint(context.Background(), fixture("models", "llama"), out,
+		peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peftc.WithProgress(func(done, total uint64) { panic("progress failed") }))
+	t.Fatal("the panic was swallowed")
+}
+
+func TestMergeErrors(t *testing.T) {
+	ctx := context.Background()
+	base := fixture("models", "llama")
+	dir := t.TempDir()
+	_, err := peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "a"))
+	wantCode(t, err, peftc.CodeInvalidArgument) // no adapters
+	_, err = peftc.MergeCheckpoint(ctx, base, base, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	wantCode(t, err, peftc.CodeInvalidArgument) // out = base
+	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "b"), peftc.WithAdapterDir(fixture("adapters", "gpt2_lora"), 1))
+	var e *peftc.Error
+	if !errors.As(err, &e) || (e.Code != peftc.CodeUnresolvedKey && e.Code != peftc.CodeShapeMismatch) {
+		t.Fatalf("gpt2 adapter on llama: %v", err)
+	}
+	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "c"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), math.Inf(1)))
+	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "d"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peftc.WithMergeDType(peftc.I32))
+	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err = peftc.MergeCheckpoint(ctx, filepath.Join(dir, "absent"), filepath.Join(dir, "e"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	if err == nil {
+		t.Fatal("merged a missing base")
+	}
+	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "f\x00"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	wantCode(t, err, peftc.CodeInvalidArgument)
+	a, _ := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	a.Close()
+	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "g"), peftc.WithAdapter(a, 1))
+	wantClosed(t, err)
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 0 {
+		t.Fatalf("failed merges left %d entries", len(entries))
+	}
+}
+
+// The in-memory merge of one layer gives the bytes the checkpoint merge writes, and removing it
+// with the original rows kept restores the buffer bit for bit.
+func TestMergeBufferMatchesCheckpointMerge(t *testing.T) {
+	base := fixture("models", "llama")
+	out := filepath.Join(t.TempDir(), "merged")
+	if _, err := peftc.MergeCheckpoint(context.Background(), base, out,
+		peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 0.5)); err != nil {
+		t.Fatal(err)
+	}
+	a := mustAdapter(t, fixture("adapters", "llama_lora"))
+	baseCkpt, merged := mustOpen(t, base), mustOpen(t, out)
+	modules, _ := a.Modules()
+	for _, m := range modules {
+		name := m.Tensors[m.Tensor("lora_A.weight")].BaseName
+		info, _ := baseCkpt.TensorByName(name)
+		w := readTensor32(t, baseCkpt, name)
+		original := slices.Clone(w)
+		rec, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, info.Shape...), nil,
+			peftc.WithWeight(0.5), peftc.WithKeepOriginalRows(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gcPoint()
+		want := readTensor32(t, merged, name)
+		if !slices.Equal(w, want) {
+			t.Fatalf("%s: buffer merge differs from the checkpoint merge", m.Name)
+		}
+		if rec.Module() != m.Name || !rec.Active() || rec.SavedBytes() == 0 {
+			t.Fatalf("record: %q active=%v saved=%d", rec.Module(), rec.Active(), rec.SavedBytes())
+		}
+		moved := slices.Clone(w) // the buffer may move between merge and removal
+		if err := rec.Remove(peftc.Float32Buffer(moved, info.Shape...), nil); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(moved, original) || rec.Active() {
+			t.Fatalf("%s: removal did not restore the original", m.Name)
+		}
+		wantCode(t, rec.Remove(peftc.Float32Buffer(moved, info.Shape...), nil), peftc.CodeInvalidArgument) // spent
+		rec.Close()
+	}
+}
+
+// Arithmetic removal (no rows kept) in f32, a tensor name instead of a module path, and BF16 buffers.
+func TestMergeBufferArithmetic(t *testing.T) {
+	base := mustOpen(t, fixture("models", "llama"))
+	a := mustAdapter(t, fixture("adapters", "llama_lora"))
+	name := "model.layers.0.self_attn.q_proj.weight"
+	info, _ := base.TensorByName(name)
+	w := readTensor32(t, base, name)
+	original := slices.Clone(w)
+	rec, err := a.MergeBuffer("base_model.model."+name, peftc.Float32Buffer(w, info.Shape...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	if rec.SavedBytes() != 0 {
+		t.Fatal("rows kept without the option")
+	}
+	if err := rec.Remove(peftc.Float32Buffer(w, info.Shape...), nil); err != nil {
+		t.Fatal(err)
+	}
+	mod, _ := a.Module(mustFind(t, a, "model.layers.0.self_attn.q_proj"))
+	_, magnitude := loraDelta(t, a, mod, 1)
+	for i := range w {
+		// Merge and unmerge each round once: twice the error of one merge.
+		if !closeTo(w[i], float64(original[i]), 2*(math.Abs(float64(original[i]))+2*magnitude[i])) {
+			t.Fatalf("element %d: %v after unmerge, was %v", i, w[i], original[i])
+		}
+	}
+	// BF16: the merge equals the F32 merge of the same (widened) values rounded once to BF16, to
+	// within one BF16 ulp where the F32 result itself sits next to a BF16 tie.
+	bf := make([]uint16, len(original))
+	if err := peftc.Convert(uint16Raw(bf), peftc.BF16, float32RawView(original), peftc.F32); err != nil {
+		t.Fatal(err)
+	}
+	widened := make([]float32, len(bf))
+	if err := peftc.Convert(float32RawView(widened), peftc.F32, uint16Raw(bf), peftc.BF16); err != nil {
+		t.Fatal(err)
+	}
+	rec2, err := a.MergeBuffer(name, peftc.Uint16Buffer(bf, peftc.BF16, info.Shape...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec2.Close() // closing the record leaves the merge in place
+	r3, err := a.MergeBuffer(name, peftc.Float32Buffer(widened, info.Shape...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3.Close()
+	want := make([]uint16, len(bf))
+	if err := peftc.Convert(uint16Raw(want), peftc.BF16, float32RawView(widened), peftc.F32); err != nil {
+		t.Fatal(err)
+	}
+	for i := range bf {
+		if d := int(bf[i]) - int(want[i]); d > 1 || d < -1 {
+			t.Fatalf("bf16 merge element %d: %#04x, rounded f32 merge %#04x", i, bf[i], want[i])
+		}
+	}
+}
+
+func mustFind(t *testing.T, a *peftc.Adapter, module string) int {
+	t.Helper()
+	i, err := a.FindModule(module)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return i
+}
+
+func uint16Raw(u []uint16) []byte {
+	return peftc.Uint16Buffer(u, peftc.BF16).Data
+}
+
+func float32RawView(f []float32) []byte { return peftc.Float32Buffer(f).Data }
+
+func TestMergeBufferErrors(t *testing.T) {
+	a := mustAdapter(t, fixture("adapters", "llama_lora"))
+	w := make([]float32, 16*16)
+	layer := "model.layers.0.self_attn.q_proj"
+	buf := peftc.Float32Buffer(w, 16, 16)
+	_, err := a.MergeBuffer("model.layers.0.nothing", buf, nil)
+	wantCode(t, err, peftc.CodeNotFound)
+	_, err = a.MergeBuffer(layer, peftc.Float32Buffer(w, 16, 8), nil) // Data longer than the shape
+	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err = a.MergeBuffer(layer, peftc.Float32Buffer(w[:8*16], 8, 16), nil) // a shape that does not fit
+	wantCode(t, err, peftc.CodeShapeMismatch)
+	_, err = a.MergeBuffer(layer, peftc.Buffer{Data: make([]byte, 256*8), DType: peftc.F64, Shape: []uint64{16, 16}}, nil)
+	wantCode(t, err, peftc.CodeUnsupported)
+	_, err = a.MergeBuffer(layer, buf, nil, peftc.WithWeight(math.NaN()))
+	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err = a.MergeBuffer(layer, peftc.Float32Buffer(w, 1<<40, 1<<40), nil)
+	wantCode(t, err, peftc.CodeValidationOverflow)
+	if slices.ContainsFunc(w, func(f float32) bool { return f != 0 }) {
+		t.Fatal("a failed merge changed the buffer")
+	}
+	rec, err := a.MergeBuffer(layer, buf, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, rec.Remove(peftc.Float32Buffer(w[:128], 8, 16), nil), peftc.CodeInvalidArgument) // another shape
+	rec.Close()
+	wantClosed(t, rec.Remove(buf, nil))
+	if rec.Module() != "" || rec.Active() || rec.SavedBytes() != 0 {
+		t.Fatal("a closed record still answers")
+	}
+}
+
+// lora_bias adapters: the layer's bias buffer gets lora_B.bias; a bias of the wrong length or a
+// missing one is refused before anything changes.
+func TestMergeBufferLoraBias(t *testing.T) {
+	baseDir := fixture("models", "qwen2")
+	base := mustOpen(t, baseDir)
+	a := mustAdapter(t, fixture("adapters", "qwen2_lora_bias"), peftc.WithBaseDir(baseDir))
+	modules, _ := a.Modules()
+	mi := slices.IndexFunc(modules, func(m peftc.Module) bool { return m.Tensor("lora_B.bias") >= 0 })
+	if mi < 0 {
+		t.Fatal("no module with lora_B.bias")
+	}
+	m := modules[mi]
+	weightName := m.Tensors[m.Tensor("lora_A.weight")].BaseName
+	biasName := m.Tensors[m.Tensor("lora_B.bias")].BaseName
+	winfo, _ := base.TensorByName(weightName)
+	w := readTensor32(t, base, weightName)
+	b := readTensor32(t, base, biasName)
+	origB := slices.Clone(b)
+	_, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, winfo.Shape...), nil)
+	wantCode(t, err, peftc.CodeInvalidArgument) // the bias is needed
+	short := peftc.Float32Buffer(b[:len(b)-1], uint64(len(b)-1))
+	_, err = a.MergeBuffer(m.Name, peftc.Float32Buffer(w, winfo.Shape...), &short)
+	wantCode(t, err, peftc.CodeShapeMismatch)
+	bias := peftc.Float32Buffer(b, uint64(len(b)))
+	rec, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, winfo.Shape...), &bias)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	biasTensor, err := a.ReadTensorFloat32(m.Index, m.Tensor("lora_B.bias"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		want := float64(origB[i]) + m.Scaling*float64(biasTensor[i])
+		if !closeTo(b[i], want, math.Abs(want)+1e-6) {
+			t.Fatalf("bias[%d] = %v, want %v", i, b[i], want)
+		}
+	}
+	// The checkpoint merge writes the same bias.
+	out := filepath.Join(t.TempDir(), "merged")
+	if _, err := peftc.MergeCheckpoint(context.Background(), baseDir, out, peftc.WithAdapter(a, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTensor32(t, mustOpen(t, out), biasName); !slices.Equal(got, b) {
+		t.Fatalf("checkpoint merge bias %v, buffer merge %v", got, b)
+	}
+	if err := rec.Remove(peftc.Float32Buffer(w, winfo.Shape...), &bias); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With a translator, layers are named with the host's own names.
+func TestMergeBufferNativeNames(t *testing.T) {
+	base := mustOpen(t, fixture("models", "llama"))
+	a := mustAdapter(t, fixture("adapters", "llama_lora"))
+	tr, err := a.Translator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	name := "model.layers.1.mlp.down_proj.weight"
+	native, err := tr.ToNative(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := base.TensorByName(name)
+	w1 := readTensor32(t, base, name)
+	w2 := slices.Clone(w1)
+	r1, err := a.MergeBuffer(native, peftc.Float32Buffer(w1, info.Shape...), nil, peftc.WithNativeNames(tr))
+	if err != nil {
+		t.Fatalf("merge by native name %q: %v", native, err)
+	}
+	r1.Close()
+	r2, err := a.MergeBuffer(name, peftc.Float32Buffer(w2, info.Shape...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2.Close()
+	if !slices.Equal(w1, w2) {
+		t.Fatal("native and HF names merged differently")
+	}
+	_, err = a.MergeBuffer("no/such/layer", peftc.Float32Buffer(w1, info.Shape...), nil, peftc.WithNativeNames(tr))
+	wantCode(t, err, peftc.CodeUnresolvedKey)
+}
+
+// Merges into different buffers with the same adapter, from many goroutines at once.
+func TestMergeBufferConcurrent(t *testing.T) {
+	base := mustOpen(t, fixture("models", "llama"))
+	a := mustAdapter(t, fixture("adapters", "llama_lora"))
+	modules, _ := a.Modules()
+	want := map[string][]float32{}
+	for _, m := range modules {
+		name := m.Tensors[0].BaseName
+		info, _ := base.TensorByName(name)
+		w := readTensor32(t, base, name)
+		r, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, info.Shape...), nil, peftc.WithBufferThreads(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		want[m.Name] = w
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8*len(modules))
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, m := range modules {
+				name := m.Tensors[0].BaseName
+				info, err := base.TensorByName(name)
+				if err != nil {
+					errs <- err
+					return
+				}
+				w, err := base.ReadFloat32(info.Index)
+				if err != nil {
+					errs <- err
+					return
+				}
+				r, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, info.Shape...), nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				r.Close()
+				if !slices.Equal(w, want[m.Name]) {
+					errs <- errors.New("concurrent merge of " + m.Name + " differs")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// config.json of a merge with tied embeddings and a replaced embedding: the merge unties them and
+// says so.
+func TestMergeEmbeddingUntie(t *testing.T) {
+	var models map[string]struct {
+		Tied bool `json:"tie_word_embeddings"`
+	}
+	readJSON(t, fixture("models", "MANIFEST.json"), &models)
+	out := filepath.Join(t.TempDir(), "merged")
+	res, err := peftc.MergeCheckpoint(context.Background(), fixture("models", "llama"), out,
+		peftc.WithAdapterDir(fixture("adapters", "llama_embedding"), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var config map[string]any
+	readJSON(t, filepath.Join(out, "config.json"), &config)
+	tied, _ := config["tie_word_embeddings"].(bool)
+	if res.UntiedEmbeddings == tied && models["llama"].Tied {
+		t.Fatalf("untied=%v but config says tie_word_embeddings=%v", res.UntiedEmbeddings, tied)
+	}
+	raw, _ := json.Marshal(res)
+	if res.Merged+res.Replaced+res.Copied+res.Added == 0 {
+		t.Fatalf("empty result %s", raw)
+	}
+}
