@@ -393,6 +393,28 @@ PEFT_API peft_error* peft_checkpoint_find(const peft_checkpoint* ckpt, const cha
                                           size_t* out_index);
 
 /**
+ * @brief Finds a tensor by a name given with its length, which may contain NUL bytes (legal in
+ *        safetensors names: JSON can spell `\u0000`).
+ * @param ckpt A checkpoint.
+ * @param name The name's bytes (UTF-8); not NUL-terminated necessarily.
+ * @param name_length Number of bytes of @p name.
+ * @param[out] out_index Receives the tensor's index.
+ * @return As peft_checkpoint_find(). Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_find_n(const peft_checkpoint* ckpt, const char* name, size_t name_length,
+                                            size_t* out_index);
+
+/**
+ * @brief Length in bytes of tensor @p index's name. It differs from `strlen` of
+ *        peft_checkpoint_tensor_name() only for names that contain NUL bytes; the name's storage
+ *        holds this many bytes followed by a NUL.
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
+ * @return The length; 0 if out of range. Thread-safe.
+ */
+PEFT_API size_t peft_checkpoint_tensor_name_length(const peft_checkpoint* ckpt, size_t index);
+
+/**
  * @brief Name of tensor @p index. Tensors are numbered file by file, each file in data order.
  * @param ckpt A checkpoint.
  * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
@@ -902,6 +924,7 @@ PEFT_API peft_error* peft_adapter_validate(const peft_adapter* adapter, const ch
 /**
  * @brief The adapter's config as PEFT writes it: `json.dumps(config, indent=2, sort_keys=True)`,
  *        with every field of the file, unknown ones included.
+ * @param adapter An adapter, or NULL.
  * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if @p adapter is NULL. Thread-safe.
  */
 PEFT_API const char* peft_adapter_config_json(const peft_adapter* adapter);
@@ -916,62 +939,78 @@ PEFT_API const char* peft_adapter_config_json(const peft_adapter* adapter);
 PEFT_API const char* peft_adapter_config_field(const peft_adapter* adapter, const char* field);
 
 /**
- * @brief `r` as PEFT uses it (8 when the file has none). 0 if @p adapter is NULL. Thread-safe.
+ * @brief `r` as PEFT uses it (8 when the file has none).
+ * @param adapter An adapter, or NULL.
+ * @return The rank; 0 if @p adapter is NULL. Thread-safe.
  */
 PEFT_API int64_t peft_adapter_r(const peft_adapter* adapter);
 
 /**
- * @brief `lora_alpha` as PEFT uses it (8 when the file has none). 0 if @p adapter is NULL. Thread-safe.
+ * @brief `lora_alpha` as PEFT uses it (8 when the file has none).
+ * @param adapter An adapter, or NULL.
+ * @return The alpha; 0 if @p adapter is NULL. Thread-safe.
  */
 PEFT_API double peft_adapter_lora_alpha(const peft_adapter* adapter);
 
 /**
- * @brief `use_rslora`: 1 if scaling is lora_alpha / sqrt(r), else 0 (also for NULL). Thread-safe.
+ * @brief `use_rslora`: whether scaling is lora_alpha / sqrt(r) instead of lora_alpha / r.
+ * @param adapter An adapter, or NULL.
+ * @return 1 or 0 (0 for NULL). Thread-safe.
  */
 PEFT_API int32_t peft_adapter_use_rslora(const peft_adapter* adapter);
 
 /**
- * @brief `use_dora`: 1 for a DoRA adapter, else 0 (also for NULL). Thread-safe.
+ * @brief `use_dora`: whether this is a DoRA adapter (with lora_magnitude_vector tensors).
+ * @param adapter An adapter, or NULL.
+ * @return 1 or 0 (0 for NULL). Thread-safe.
  */
 PEFT_API int32_t peft_adapter_use_dora(const peft_adapter* adapter);
 
 /**
- * @brief `lora_bias`: 1 if lora_B carries a bias, else 0 (also for NULL). Thread-safe.
+ * @brief `lora_bias`: whether lora_B carries a bias (lora_B.bias tensors).
+ * @param adapter An adapter, or NULL.
+ * @return 1 or 0 (0 for NULL). Thread-safe.
  */
 PEFT_API int32_t peft_adapter_lora_bias(const peft_adapter* adapter);
 
 /**
  * @brief `fan_in_fan_out` as written in the file (the layout itself is decided from the base).
+ * @param adapter An adapter, or NULL.
  * @return 1 or 0 (0 for NULL). Thread-safe.
  */
 PEFT_API int32_t peft_adapter_fan_in_fan_out(const peft_adapter* adapter);
 
 /**
  * @brief `peft_type` ("LORA").
+ * @param adapter An adapter, or NULL.
  * @return Borrowed string valid while @p adapter lives; NULL for NULL. Thread-safe.
  */
 PEFT_API const char* peft_adapter_peft_type(const peft_adapter* adapter);
 
 /**
  * @brief `bias`: "none", "all" or "lora_only".
+ * @param adapter An adapter, or NULL.
  * @return Borrowed string valid while @p adapter lives; NULL for NULL. Thread-safe.
  */
 PEFT_API const char* peft_adapter_bias(const peft_adapter* adapter);
 
 /**
  * @brief `task_type`, e.g. "CAUSAL_LM".
+ * @param adapter An adapter, or NULL.
  * @return Borrowed string valid while @p adapter lives; NULL when null or absent. Thread-safe.
  */
 PEFT_API const char* peft_adapter_task_type(const peft_adapter* adapter);
 
 /**
  * @brief `base_model_name_or_path`.
+ * @param adapter An adapter, or NULL.
  * @return Borrowed string valid while @p adapter lives; NULL when null or absent. Thread-safe.
  */
 PEFT_API const char* peft_adapter_base_model_name_or_path(const peft_adapter* adapter);
 
 /**
  * @brief The architecture family whose table the adapter uses ("llama", "gpt2", ...).
+ * @param adapter An adapter, or NULL.
  * @return Borrowed string valid while @p adapter lives; NULL when no table applies. Thread-safe.
  */
 PEFT_API const char* peft_adapter_family(const peft_adapter* adapter);
@@ -989,12 +1028,15 @@ PEFT_API peft_error* peft_adapter_translator(const peft_adapter* adapter, peft_t
  * @brief Number of notes: things worth knowing that are not errors (an adapter name removed from
  *        keys, targets that could not be checked without a base, rank_pattern keys matching nothing,
  *        a fan_in_fan_out flag that contradicts the base).
+ * @param adapter An adapter, or NULL.
  * @return The count; 0 for NULL. Thread-safe.
  */
 PEFT_API size_t peft_adapter_note_count(const peft_adapter* adapter);
 
 /**
  * @brief Note @p index (0 .. count - 1).
+ * @param adapter An adapter, or NULL.
+ * @param index Note index (0 .. peft_adapter_note_count() - 1).
  * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_adapter_note(const peft_adapter* adapter, size_t index);
@@ -1002,6 +1044,7 @@ PEFT_API const char* peft_adapter_note(const peft_adapter* adapter, size_t index
 /**
  * @brief Number of modules: LoRA layers and modules with full replacement tensors, in the order of
  *        their first tensor in the file.
+ * @param adapter An adapter, or NULL.
  * @return The count; 0 for NULL. Thread-safe.
  */
 PEFT_API size_t peft_adapter_module_count(const peft_adapter* adapter);
@@ -1018,36 +1061,48 @@ PEFT_API peft_error* peft_adapter_find_module(const peft_adapter* adapter, const
 
 /**
  * @brief Path of module @p module (transformers module name, without "base_model.model.").
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
  * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_adapter_module_name(const peft_adapter* adapter, size_t module);
 
 /**
  * @brief Kind of module @p module: one of the `PEFT_LAYER_*` values.
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
  * @return The kind, or -1 if out of range. Thread-safe.
  */
 PEFT_API int32_t peft_adapter_module_kind(const peft_adapter* adapter, size_t module);
 
 /**
  * @brief Rank of LoRA module @p module (from `rank_pattern` or `r`, equal to the tensors' rank).
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
  * @return The rank; 0 for a full / trainable-tokens module or out of range. Thread-safe.
  */
 PEFT_API int64_t peft_adapter_module_rank(const peft_adapter* adapter, size_t module);
 
 /**
  * @brief Alpha of LoRA module @p module (from `alpha_pattern` or `lora_alpha`).
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
  * @return The alpha; 0 for a full / trainable-tokens module or out of range. Thread-safe.
  */
 PEFT_API double peft_adapter_module_alpha(const peft_adapter* adapter, size_t module);
 
 /**
  * @brief Scaling of LoRA module @p module: alpha / rank, or alpha / sqrt(rank) with use_rslora.
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
  * @return The scaling; 0 for a full / trainable-tokens module or out of range. Thread-safe.
  */
 PEFT_API double peft_adapter_module_scaling(const peft_adapter* adapter, size_t module);
 
 /**
  * @brief Number of tensors of module @p module.
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
  * @return The count; 0 if out of range. Thread-safe.
  */
 PEFT_API size_t peft_adapter_module_tensor_count(const peft_adapter* adapter, size_t module);
@@ -1057,12 +1112,18 @@ PEFT_API size_t peft_adapter_module_tensor_count(const peft_adapter* adapter, si
  *        "lora_A.weight", "lora_B.weight", "lora_B.bias", "lora_embedding_A", "lora_embedding_B",
  *        "lora_magnitude_vector", "token_adapter.trainable_tokens_delta", or for full tensors
  *        "weight", "bias", "base_layer.weight", ...
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
+ * @param tensor Tensor index within the module (0 .. peft_adapter_module_tensor_count() - 1).
  * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_adapter_module_tensor_role(const peft_adapter* adapter, size_t module, size_t tensor);
 
 /**
  * @brief The tensor's key as stored in adapter_model.safetensors.
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
+ * @param tensor Tensor index within the module (0 .. peft_adapter_module_tensor_count() - 1).
  * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_adapter_module_tensor_key(const peft_adapter* adapter, size_t module, size_t tensor);
@@ -1071,6 +1132,9 @@ PEFT_API const char* peft_adapter_module_tensor_key(const peft_adapter* adapter,
  * @brief The base model tensor this tensor applies to (LoRA roles: the module's weight; lora_B.bias:
  *        its bias) or replaces (full tensors, ".base_layer" removed). Resolved against the base when
  *        the adapter was opened with one (its base_model_prefix taken into account).
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
+ * @param tensor Tensor index within the module (0 .. peft_adapter_module_tensor_count() - 1).
  * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_adapter_module_tensor_base_name(const peft_adapter* adapter, size_t module,
@@ -1078,18 +1142,27 @@ PEFT_API const char* peft_adapter_module_tensor_base_name(const peft_adapter* ad
 
 /**
  * @brief Dtype (`PEFT_DTYPE_*`) of a module's tensor.
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
+ * @param tensor Tensor index within the module (0 .. peft_adapter_module_tensor_count() - 1).
  * @return The dtype, or -1 if out of range. Thread-safe.
  */
 PEFT_API int32_t peft_adapter_module_tensor_dtype(const peft_adapter* adapter, size_t module, size_t tensor);
 
 /**
  * @brief Number of dimensions of a module's tensor.
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
+ * @param tensor Tensor index within the module (0 .. peft_adapter_module_tensor_count() - 1).
  * @return The rank; 0 if out of range. Thread-safe.
  */
 PEFT_API size_t peft_adapter_module_tensor_ndim(const peft_adapter* adapter, size_t module, size_t tensor);
 
 /**
  * @brief Shape of a module's tensor: ndim values.
+ * @param adapter An adapter, or NULL.
+ * @param module Module index (0 .. peft_adapter_module_count() - 1).
+ * @param tensor Tensor index within the module (0 .. peft_adapter_module_tensor_count() - 1).
  * @return Borrowed array valid while @p adapter lives; NULL for a scalar or out of range. Thread-safe.
  */
 PEFT_API const uint64_t* peft_adapter_module_tensor_shape(const peft_adapter* adapter, size_t module,
@@ -1178,6 +1251,7 @@ PEFT_API void peft_translator_free(peft_translator* translator);
 
 /**
  * @brief The table's family name.
+ * @param translator A translator, or NULL.
  * @return Borrowed string valid while @p translator lives; NULL for NULL. Thread-safe.
  */
 PEFT_API const char* peft_translator_family(const peft_translator* translator);
