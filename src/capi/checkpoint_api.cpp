@@ -1,5 +1,6 @@
 // The reading section of the C API: open options and checkpoints. Each handle wraps the C++
 // object; a checkpoint handle shares ownership so children (adapters, merge jobs) can keep it alive.
+#include <cstring>
 #include <cstdint>
 #include <memory>
 
@@ -137,12 +138,20 @@ size_t peft_checkpoint_tensor_count(const peft_checkpoint* ckpt) {
 }
 
 peft_error* peft_checkpoint_find(const peft_checkpoint* ckpt, const char* name, size_t* out_index) {
+  return peft_checkpoint_find_n(ckpt, name, name ? std::strlen(name) : 0, out_index);
+}
+
+peft_error* peft_checkpoint_find_n(const peft_checkpoint* ckpt, const char* name, size_t name_length,
+                                   size_t* out_index) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(ckpt, "ckpt");
     peft::capi::require_arg(name, "name");
     peft::capi::require_arg(out_index, "out_index");
-    const auto found = ckpt->impl->find(name);
-    if (!found) peft::fail(PEFT_ERR_NOT_FOUND, "tensor " + peft::quoted(name) + " is not in the checkpoint");
+    const std::string_view wanted(name, name_length);
+    const auto found = ckpt->impl->find(wanted);
+    if (!found) {
+      peft::fail(PEFT_ERR_NOT_FOUND, "tensor " + peft::quoted(std::string(wanted)) + " is not in the checkpoint");
+    }
     *out_index = *found;
   });
 }
@@ -150,6 +159,11 @@ peft_error* peft_checkpoint_find(const peft_checkpoint* ckpt, const char* name, 
 const char* peft_checkpoint_tensor_name(const peft_checkpoint* ckpt, size_t index) {
   const peft::TensorInfo* info = tensor_or_null(ckpt, index);
   return info != nullptr ? info->name.c_str() : nullptr;
+}
+
+size_t peft_checkpoint_tensor_name_length(const peft_checkpoint* ckpt, size_t index) {
+  const peft::TensorInfo* info = tensor_or_null(ckpt, index);
+  return info != nullptr ? info->name.size() : 0;
 }
 
 int32_t peft_checkpoint_tensor_dtype(const peft_checkpoint* ckpt, size_t index) {

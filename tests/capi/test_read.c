@@ -422,7 +422,40 @@ static void test_pread_view_matches_read(void) {
   peft_checkpoint_free(ckpt);
 }
 
+/* Names may hold NUL bytes (JSON "\u0000"): the length-aware accessors see all of them. */
+static void test_names_with_nul(void) {
+  static const char header[] = "{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                               "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}";
+  unsigned char bytes[256];
+  size_t n = sizeof header - 1, padded = (n + 7) / 8 * 8, i;
+  peft_checkpoint* ckpt = NULL;
+  size_t found = 99;
+  for (i = 0; i < 8; ++i) bytes[i] = (unsigned char)((padded >> (8 * i)) & 0xff);
+  memcpy(bytes + 8, header, n);
+  memset(bytes + 8 + n, ' ', padded - n);
+  bytes[8 + padded] = 7;
+  bytes[9 + padded] = 9;
+  CHECK_OK(peft_checkpoint_open_memory(bytes, 10 + padded, NULL, &ckpt));
+  if (ckpt == NULL) return;
+  CHECK(peft_checkpoint_tensor_name_length(ckpt, 0) == 3);
+  CHECK(memcmp(peft_checkpoint_tensor_name(ckpt, 0), "a\0b", 4) == 0);
+  CHECK(peft_checkpoint_tensor_name_length(ckpt, 1) == 1);
+  CHECK(peft_checkpoint_tensor_name_length(ckpt, 2) == 0);
+  CHECK(peft_checkpoint_tensor_name_length(NULL, 0) == 0);
+  CHECK_OK(peft_checkpoint_find_n(ckpt, "a\0b", 3, &found));
+  CHECK(found == 0);
+  CHECK_OK(peft_checkpoint_find_n(ckpt, "a\0b", 1, &found));
+  CHECK(found == 1);
+  found = 99;
+  CHECK_CODE(peft_checkpoint_find_n(ckpt, "a\0c", 3, &found), PEFT_ERR_NOT_FOUND);
+  CHECK(found == 99);
+  CHECK_CODE(peft_checkpoint_find_n(ckpt, NULL, 3, &found), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_checkpoint_find_n(NULL, "a", 1, &found), PEFT_ERR_INVALID_ARGUMENT);
+  peft_checkpoint_free(ckpt);
+}
+
 int main(void) {
+  test_names_with_nul();
   unsigned char bytes[512];
   size_t size = build_file(bytes, sizeof bytes);
   CHECK(size > 0);
