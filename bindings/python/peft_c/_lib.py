@@ -68,7 +68,10 @@ PROTOTYPES = {
     "peft_checkpoint_index_metadata_json": (c_char_p, [_handle]),
     "peft_checkpoint_tensor_count": (c_size_t, [_handle]),
     "peft_checkpoint_find": (_err, [_handle, c_char_p, POINTER(c_size_t)]),
-    "peft_checkpoint_tensor_name": (c_char_p, [_handle, c_size_t]),
+    "peft_checkpoint_find_n": (_err, [_handle, c_char_p, c_size_t, POINTER(c_size_t)]),
+    # a void pointer, not c_char_p: names may hold NUL bytes, read with their length
+    "peft_checkpoint_tensor_name": (c_void_p, [_handle, c_size_t]),
+    "peft_checkpoint_tensor_name_length": (c_size_t, [_handle, c_size_t]),
     "peft_checkpoint_tensor_dtype": (c_int32, [_handle, c_size_t]),
     "peft_checkpoint_tensor_ndim": (c_size_t, [_handle, c_size_t]),
     "peft_checkpoint_tensor_shape": (POINTER(c_uint64), [_handle, c_size_t]),

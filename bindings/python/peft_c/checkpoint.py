@@ -85,6 +85,13 @@ def _open_options(use_pread: bool, max_header_size: Optional[int]):
         library.peft_open_options_free(opts)
 
 
+
+def _tensor_name(library, ptr, index: int) -> str:
+    """Tensor ``index``'s name with every byte, NULs included (JSON can spell them)."""
+    raw = ctypes.string_at(library.peft_checkpoint_tensor_name(ptr, index),
+                           library.peft_checkpoint_tensor_name_length(ptr, index))
+    return raw.decode("utf-8", "surrogateescape")
+
 class Checkpoint:
     """A validated, opened safetensors file, folder or sharded checkpoint (read-only).
 
@@ -229,8 +236,7 @@ class Checkpoint:
         if self._names is None:
             library = lib()
             count = library.peft_checkpoint_tensor_count(handle.ptr)
-            self._names = tuple(text(library.peft_checkpoint_tensor_name(handle.ptr, i))
-                                for i in range(count))
+            self._names = tuple(_tensor_name(library, handle.ptr, i) for i in range(count))
         return self._names
 
     def __iter__(self) -> Iterator[str]:
@@ -251,10 +257,8 @@ class Checkpoint:
             key = key.index
         if isinstance(key, str):
             encoded = key.encode("utf-8", "surrogateescape")
-            if b"\0" in encoded:
-                raise ValueError("tensor names with a NUL character cannot be looked up")
             out = c_size_t()
-            check(library.peft_checkpoint_find(handle.ptr, encoded, byref(out)))
+            check(library.peft_checkpoint_find_n(handle.ptr, encoded, len(encoded), byref(out)))
             return out.value
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             return _as_index(int(key), library.peft_checkpoint_tensor_count(handle.ptr), "tensor index")
@@ -277,7 +281,7 @@ class Checkpoint:
         file_index = library.peft_checkpoint_tensor_file(ptr, index)
         info = TensorInfo(
             index=index,
-            name=text(library.peft_checkpoint_tensor_name(ptr, index)),
+            name=_tensor_name(library, ptr, index),
             dtype=DType(library.peft_checkpoint_tensor_dtype(ptr, index)).name,
             shape=shape,
             data_offsets=(begin.value, end.value),
