@@ -1,0 +1,491 @@
+//! Raw declarations of the peft_c C API, written by hand from `include/peft_c.h`.
+//!
+//! Everything here is `unsafe` and mirrors the header one to one: the same names, the same
+//! parameters, C types mapped to their Rust equivalents (`int32_t` → `i32`, `size_t` → `usize`,
+//! `const char*` → `*const c_char`, `T**` → `*mut *mut T`, ...). The header's documentation
+//! (ownership, errors, thread safety) applies unchanged; read it there. Use the `peft-c` crate for
+//! a safe interface.
+//!
+//! The test `tests/header.rs` parses the header and fails when a function, callback type, opaque
+//! type or constant is missing here or declared differently. For that, the declarations go through
+//! small macros that also record each declaration's name and types (the hidden `FUNCTIONS`,
+//! `CALLBACKS`, `OPAQUE_TYPES` and `CONSTANTS` tables).
+#![no_std]
+#![allow(non_camel_case_types)]
+
+pub use core::ffi::{c_char, c_void};
+
+/// A declaration as the macros below recorded it: the name and the Rust types as written.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Declaration {
+    pub name: &'static str,
+    pub params: &'static [&'static str],
+    /// The return type, or "" for none.
+    pub ret: &'static str,
+}
+
+macro_rules! opaque_types {
+    ($($(#[$attr:meta])* $name:ident;)*) => {
+        $(
+            $(#[$attr])*
+            #[repr(C)]
+            pub struct $name {
+                _private: [u8; 0],
+                // Neither Send, Sync nor Unpin: only the safe crate decides what may cross threads.
+                _marker: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+            }
+        )*
+        /// The opaque handle types declared in this crate.
+        #[doc(hidden)]
+        pub const OPAQUE_TYPES: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+macro_rules! callback_types {
+    ($($(#[$attr:meta])* pub type $name:ident = fn($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;)*) => {
+        $(
+            $(#[$attr])*
+            pub type $name = Option<unsafe extern "C" fn($($arg: $ty),*) -> $ret>;
+        )*
+        /// The callback types declared in this crate (parameter and return types of the function).
+        #[doc(hidden)]
+        pub const CALLBACKS: &[Declaration] = &[$(
+            Declaration { name: stringify!($name), params: &[$(stringify!($ty)),*], ret: stringify!($ret) }
+        ),*];
+    };
+}
+
+macro_rules! constants {
+    ($($(#[$attr:meta])* pub const $name:ident: $ty:ty = $value:expr;)*) => {
+        $(
+            $(#[$attr])*
+            pub const $name: $ty = $value;
+        )*
+        /// The constants declared in this crate with their values.
+        #[doc(hidden)]
+        pub const CONSTANTS: &[(&str, i64)] = &[$((stringify!($name), $name as i64)),*];
+    };
+}
+
+macro_rules! functions {
+    ($($(#[$attr:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
+        extern "C" {
+            $(
+                $(#[$attr])*
+                pub fn $name($($arg: $ty),*) $(-> $ret)?;
+            )*
+        }
+        /// The functions declared in this crate.
+        #[doc(hidden)]
+        pub const FUNCTIONS: &[Declaration] = &[$(
+            Declaration {
+                name: stringify!($name),
+                params: &[$(stringify!($ty)),*],
+                ret: concat!("" $(, stringify!($ret))?),
+            }
+        ),*];
+        /// The address of every declared function, which makes the linker resolve each symbol.
+        #[doc(hidden)]
+        pub fn function_addresses() -> [(&'static str, usize); FUNCTIONS.len()] {
+            [$((stringify!($name), $name as *const () as usize)),*]
+        }
+    };
+}
+
+opaque_types! {
+    /// An error: a stable code and a message.
+    peft_error;
+    /// Options for opening files.
+    peft_open_options;
+    /// A validated, opened checkpoint: one file or a folder of shards.
+    peft_checkpoint;
+    /// A streaming writer of one safetensors file or of a checkpoint folder.
+    peft_writer;
+    /// A loaded LoRA adapter.
+    peft_adapter;
+    /// Options for `peft_adapter_open`.
+    peft_adapter_options;
+    /// A key translator backed by an architecture table.
+    peft_translator;
+    /// Options of a checkpoint merge.
+    peft_merge_options;
+    /// What a checkpoint merge did.
+    peft_merge_result;
+    /// Options of a buffer merge.
+    peft_merge_buffer_options;
+    /// One adapter layer merged into a host buffer, and what removing it needs.
+    peft_merge_record;
+    /// Options for `peft_adapter_export` and `peft_adapter_combine`.
+    peft_export_options;
+}
+
+callback_types! {
+    /// A source of tensor bytes for `peft_writer_write_from_callback`: returns 0 to continue.
+    pub type peft_tensor_source_fn = fn(user_data: *mut c_void, offset: u64, dst: *mut c_void, nbytes: u64) -> i32;
+    /// Progress of a long operation: returns 0 to continue, nonzero to cancel.
+    pub type peft_progress_fn = fn(user_data: *mut c_void, done: u64, total: u64) -> i32;
+}
+
+constants! {
+    pub const PEFT_VERSION_MAJOR: u32 = 0;
+    pub const PEFT_VERSION_MINOR: u32 = 1;
+    pub const PEFT_VERSION_PATCH: u32 = 0;
+    /// major * 10000 + minor * 100 + patch.
+    pub const PEFT_VERSION_NUMBER: u32 = PEFT_VERSION_MAJOR * 10000 + PEFT_VERSION_MINOR * 100 + PEFT_VERSION_PATCH;
+    /// ABI version of the header; equals the shared library's SONAME number.
+    pub const PEFT_ABI_VERSION: u32 = 1;
+
+    pub const PEFT_OK: i32 = 0;
+    pub const PEFT_ERR_HEADER_TOO_SMALL: i32 = 1;
+    pub const PEFT_ERR_HEADER_TOO_LARGE: i32 = 2;
+    pub const PEFT_ERR_INVALID_HEADER_LENGTH: i32 = 3;
+    pub const PEFT_ERR_INVALID_HEADER_UTF8: i32 = 4;
+    pub const PEFT_ERR_INVALID_HEADER: i32 = 5;
+    pub const PEFT_ERR_INVALID_OFFSET: i32 = 6;
+    pub const PEFT_ERR_VALIDATION_OVERFLOW: i32 = 7;
+    pub const PEFT_ERR_MISALIGNED_SLICE: i32 = 8;
+    pub const PEFT_ERR_TENSOR_INVALID_INFO: i32 = 9;
+    pub const PEFT_ERR_METADATA_INCOMPLETE_BUFFER: i32 = 10;
+    pub const PEFT_ERR_IO: i32 = 20;
+    pub const PEFT_ERR_NOT_FOUND: i32 = 21;
+    pub const PEFT_ERR_UNSUPPORTED: i32 = 22;
+    pub const PEFT_ERR_UNRESOLVED_KEY: i32 = 23;
+    pub const PEFT_ERR_SHAPE_MISMATCH: i32 = 24;
+    pub const PEFT_ERR_INVALID_ARGUMENT: i32 = 25;
+    pub const PEFT_ERR_OUT_OF_MEMORY: i32 = 26;
+    pub const PEFT_ERR_CANCELLED: i32 = 27;
+    pub const PEFT_ERR_INVALID_CONFIG: i32 = 28;
+    pub const PEFT_ERR_INVALID_CHECKPOINT: i32 = 29;
+    pub const PEFT_ERR_INTERNAL: i32 = 99;
+
+    pub const PEFT_DTYPE_BOOL: i32 = 0;
+    pub const PEFT_DTYPE_F4: i32 = 1;
+    pub const PEFT_DTYPE_F6_E2M3: i32 = 2;
+    pub const PEFT_DTYPE_F6_E3M2: i32 = 3;
+    pub const PEFT_DTYPE_U8: i32 = 4;
+    pub const PEFT_DTYPE_I8: i32 = 5;
+    pub const PEFT_DTYPE_F8_E5M2: i32 = 6;
+    pub const PEFT_DTYPE_F8_E4M3: i32 = 7;
+    pub const PEFT_DTYPE_F8_E8M0: i32 = 8;
+    pub const PEFT_DTYPE_F8_E4M3FNUZ: i32 = 9;
+    pub const PEFT_DTYPE_F8_E5M2FNUZ: i32 = 10;
+    pub const PEFT_DTYPE_I16: i32 = 11;
+    pub const PEFT_DTYPE_U16: i32 = 12;
+    pub const PEFT_DTYPE_F16: i32 = 13;
+    pub const PEFT_DTYPE_BF16: i32 = 14;
+    pub const PEFT_DTYPE_I32: i32 = 15;
+    pub const PEFT_DTYPE_U32: i32 = 16;
+    pub const PEFT_DTYPE_F32: i32 = 17;
+    pub const PEFT_DTYPE_C64: i32 = 18;
+    pub const PEFT_DTYPE_F64: i32 = 19;
+    pub const PEFT_DTYPE_I64: i32 = 20;
+    pub const PEFT_DTYPE_U64: i32 = 21;
+    pub const PEFT_DTYPE_COUNT: i32 = 22;
+
+    pub const PEFT_LAYER_LINEAR: i32 = 0;
+    pub const PEFT_LAYER_CONV1D: i32 = 1;
+    pub const PEFT_LAYER_EMBEDDING: i32 = 2;
+    pub const PEFT_LAYER_CONV2D: i32 = 3;
+    pub const PEFT_LAYER_FULL: i32 = 4;
+    pub const PEFT_LAYER_TRAINABLE_TOKENS: i32 = 5;
+
+    pub const PEFT_MERGE_DTYPE_KEEP: i32 = -1;
+    pub const PEFT_MERGE_TENSORS_MERGED: i32 = 0;
+    pub const PEFT_MERGE_TENSORS_REPLACED: i32 = 1;
+    pub const PEFT_MERGE_TENSORS_COPIED: i32 = 2;
+    pub const PEFT_MERGE_TENSORS_ADDED: i32 = 3;
+
+    pub const PEFT_COMBINE_CAT: i32 = 0;
+    pub const PEFT_COMBINE_LINEAR: i32 = 1;
+}
+
+functions! {
+    // ---- versions
+    pub fn peft_version() -> *const c_char;
+    pub fn peft_version_number() -> u32;
+    pub fn peft_abi_version() -> u32;
+
+    // ---- errors
+    pub fn peft_error_code(err: *const peft_error) -> i32;
+    pub fn peft_error_message(err: *const peft_error) -> *const c_char;
+    pub fn peft_error_free(err: *mut peft_error);
+    pub fn peft_error_code_name(code: i32) -> *const c_char;
+
+    // ---- dtypes
+    pub fn peft_dtype_name(dtype: i32) -> *const c_char;
+    pub fn peft_dtype_from_name(name: *const c_char) -> i32;
+    pub fn peft_dtype_bits(dtype: i32) -> u32;
+    pub fn peft_convert(src_dtype: i32, src: *const c_void, dst_dtype: i32, dst: *mut c_void, count: u64)
+        -> *mut peft_error;
+
+    // ---- reading
+    pub fn peft_open_options_new(out: *mut *mut peft_open_options) -> *mut peft_error;
+    pub fn peft_open_options_free(opts: *mut peft_open_options);
+    pub fn peft_open_options_set_max_header_size(opts: *mut peft_open_options, max_bytes: u64) -> *mut peft_error;
+    pub fn peft_open_options_set_use_pread(opts: *mut peft_open_options, use_pread: i32) -> *mut peft_error;
+    pub fn peft_checkpoint_open(path: *const c_char, opts: *const peft_open_options, out: *mut *mut peft_checkpoint)
+        -> *mut peft_error;
+    pub fn peft_checkpoint_open_memory(
+        data: *const c_void,
+        size: usize,
+        opts: *const peft_open_options,
+        out: *mut *mut peft_checkpoint,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_free(ckpt: *mut peft_checkpoint);
+    pub fn peft_checkpoint_file_count(ckpt: *const peft_checkpoint) -> usize;
+    pub fn peft_checkpoint_file_path(ckpt: *const peft_checkpoint, file_index: usize) -> *const c_char;
+    pub fn peft_checkpoint_has_metadata(ckpt: *const peft_checkpoint, file_index: usize) -> i32;
+    pub fn peft_checkpoint_metadata_count(ckpt: *const peft_checkpoint, file_index: usize) -> usize;
+    pub fn peft_checkpoint_metadata_key(ckpt: *const peft_checkpoint, file_index: usize, entry: usize)
+        -> *const c_char;
+    pub fn peft_checkpoint_metadata_value(ckpt: *const peft_checkpoint, file_index: usize, entry: usize)
+        -> *const c_char;
+    pub fn peft_checkpoint_index_metadata_json(ckpt: *const peft_checkpoint) -> *const c_char;
+    pub fn peft_checkpoint_tensor_count(ckpt: *const peft_checkpoint) -> usize;
+    pub fn peft_checkpoint_find(ckpt: *const peft_checkpoint, name: *const c_char, out_index: *mut usize)
+        -> *mut peft_error;
+    pub fn peft_checkpoint_find_n(
+        ckpt: *const peft_checkpoint,
+        name: *const c_char,
+        name_length: usize,
+        out_index: *mut usize,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_tensor_name_length(ckpt: *const peft_checkpoint, index: usize) -> usize;
+    pub fn peft_checkpoint_tensor_name(ckpt: *const peft_checkpoint, index: usize) -> *const c_char;
+    pub fn peft_checkpoint_tensor_dtype(ckpt: *const peft_checkpoint, index: usize) -> i32;
+    pub fn peft_checkpoint_tensor_ndim(ckpt: *const peft_checkpoint, index: usize) -> usize;
+    pub fn peft_checkpoint_tensor_shape(ckpt: *const peft_checkpoint, index: usize) -> *const u64;
+    pub fn peft_checkpoint_tensor_offsets(
+        ckpt: *const peft_checkpoint,
+        index: usize,
+        out_begin: *mut u64,
+        out_end: *mut u64,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_tensor_file(ckpt: *const peft_checkpoint, index: usize) -> usize;
+    pub fn peft_checkpoint_tensor_view(
+        ckpt: *const peft_checkpoint,
+        index: usize,
+        out_data: *mut *const c_void,
+        out_nbytes: *mut u64,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_tensor_read(
+        ckpt: *const peft_checkpoint,
+        index: usize,
+        dtype: i32,
+        dst: *mut c_void,
+        dst_nbytes: u64,
+    ) -> *mut peft_error;
+
+    // ---- writer
+    pub fn peft_writer_new(path: *const c_char, out: *mut *mut peft_writer) -> *mut peft_error;
+    pub fn peft_writer_new_checkpoint(folder: *const c_char, max_shard_size: u64, out: *mut *mut peft_writer)
+        -> *mut peft_error;
+    pub fn peft_writer_free(writer: *mut peft_writer);
+    pub fn peft_writer_add_tensor(
+        writer: *mut peft_writer,
+        name: *const c_char,
+        dtype: i32,
+        shape: *const u64,
+        ndim: usize,
+    ) -> *mut peft_error;
+    pub fn peft_writer_set_metadata_present(writer: *mut peft_writer, present: i32) -> *mut peft_error;
+    pub fn peft_writer_set_metadata(writer: *mut peft_writer, key: *const c_char, value: *const c_char)
+        -> *mut peft_error;
+    pub fn peft_writer_break_shard(writer: *mut peft_writer) -> *mut peft_error;
+    pub fn peft_writer_set_index_metadata_json(writer: *mut peft_writer, json_object: *const c_char)
+        -> *mut peft_error;
+    pub fn peft_writer_start(writer: *mut peft_writer) -> *mut peft_error;
+    pub fn peft_writer_tensor_count(writer: *const peft_writer) -> usize;
+    pub fn peft_writer_tensor_name(writer: *const peft_writer, position: usize) -> *const c_char;
+    pub fn peft_writer_tensor_declaration(writer: *const peft_writer, position: usize) -> usize;
+    pub fn peft_writer_file_count(writer: *const peft_writer) -> usize;
+    pub fn peft_writer_file_path(writer: *const peft_writer, file_index: usize) -> *const c_char;
+    pub fn peft_writer_begin_tensor(writer: *mut peft_writer, name: *const c_char, src_dtype: i32) -> *mut peft_error;
+    pub fn peft_writer_write(writer: *mut peft_writer, data: *const c_void, nbytes: u64) -> *mut peft_error;
+    pub fn peft_writer_write_tensor(
+        writer: *mut peft_writer,
+        name: *const c_char,
+        src_dtype: i32,
+        data: *const c_void,
+        nbytes: u64,
+    ) -> *mut peft_error;
+    pub fn peft_writer_write_from_callback(
+        writer: *mut peft_writer,
+        name: *const c_char,
+        src_dtype: i32,
+        source: peft_tensor_source_fn,
+        user_data: *mut c_void,
+    ) -> *mut peft_error;
+    pub fn peft_writer_write_from_checkpoint(
+        writer: *mut peft_writer,
+        name: *const c_char,
+        ckpt: *const peft_checkpoint,
+        index: usize,
+    ) -> *mut peft_error;
+    pub fn peft_writer_finish(writer: *mut peft_writer) -> *mut peft_error;
+
+    // ---- adapter
+    pub fn peft_string_free(text: *mut c_char);
+    pub fn peft_adapter_options_new(out: *mut *mut peft_adapter_options) -> *mut peft_error;
+    pub fn peft_adapter_options_free(opts: *mut peft_adapter_options);
+    pub fn peft_adapter_options_set_base_dir(opts: *mut peft_adapter_options, base_dir: *const c_char)
+        -> *mut peft_error;
+    pub fn peft_adapter_options_set_translator(opts: *mut peft_adapter_options, translator: *const peft_translator)
+        -> *mut peft_error;
+    pub fn peft_adapter_open(dir: *const c_char, opts: *const peft_adapter_options, out: *mut *mut peft_adapter)
+        -> *mut peft_error;
+    pub fn peft_adapter_free(adapter: *mut peft_adapter);
+    pub fn peft_adapter_validate(adapter: *const peft_adapter, base_dir: *const c_char) -> *mut peft_error;
+    pub fn peft_adapter_config_json(adapter: *const peft_adapter) -> *const c_char;
+    pub fn peft_adapter_config_field(adapter: *const peft_adapter, field: *const c_char) -> *const c_char;
+    pub fn peft_adapter_r(adapter: *const peft_adapter) -> i64;
+    pub fn peft_adapter_lora_alpha(adapter: *const peft_adapter) -> f64;
+    pub fn peft_adapter_use_rslora(adapter: *const peft_adapter) -> i32;
+    pub fn peft_adapter_use_dora(adapter: *const peft_adapter) -> i32;
+    pub fn peft_adapter_lora_bias(adapter: *const peft_adapter) -> i32;
+    pub fn peft_adapter_fan_in_fan_out(adapter: *const peft_adapter) -> i32;
+    pub fn peft_adapter_peft_type(adapter: *const peft_adapter) -> *const c_char;
+    pub fn peft_adapter_bias(adapter: *const peft_adapter) -> *const c_char;
+    pub fn peft_adapter_task_type(adapter: *const peft_adapter) -> *const c_char;
+    pub fn peft_adapter_base_model_name_or_path(adapter: *const peft_adapter) -> *const c_char;
+    pub fn peft_adapter_family(adapter: *const peft_adapter) -> *const c_char;
+    pub fn peft_adapter_translator(adapter: *const peft_adapter, out: *mut *mut peft_translator) -> *mut peft_error;
+    pub fn peft_adapter_note_count(adapter: *const peft_adapter) -> usize;
+    pub fn peft_adapter_note(adapter: *const peft_adapter, index: usize) -> *const c_char;
+    pub fn peft_adapter_module_count(adapter: *const peft_adapter) -> usize;
+    pub fn peft_adapter_find_module(adapter: *const peft_adapter, name: *const c_char, out_index: *mut usize)
+        -> *mut peft_error;
+    pub fn peft_adapter_module_name(adapter: *const peft_adapter, module: usize) -> *const c_char;
+    pub fn peft_adapter_module_kind(adapter: *const peft_adapter, module: usize) -> i32;
+    pub fn peft_adapter_module_rank(adapter: *const peft_adapter, module: usize) -> i64;
+    pub fn peft_adapter_module_alpha(adapter: *const peft_adapter, module: usize) -> f64;
+    pub fn peft_adapter_module_scaling(adapter: *const peft_adapter, module: usize) -> f64;
+    pub fn peft_adapter_module_tensor_count(adapter: *const peft_adapter, module: usize) -> usize;
+    pub fn peft_adapter_module_tensor_role(adapter: *const peft_adapter, module: usize, tensor: usize)
+        -> *const c_char;
+    pub fn peft_adapter_module_tensor_key(adapter: *const peft_adapter, module: usize, tensor: usize)
+        -> *const c_char;
+    pub fn peft_adapter_module_tensor_base_name(adapter: *const peft_adapter, module: usize, tensor: usize)
+        -> *const c_char;
+    pub fn peft_adapter_module_tensor_dtype(adapter: *const peft_adapter, module: usize, tensor: usize) -> i32;
+    pub fn peft_adapter_module_tensor_ndim(adapter: *const peft_adapter, module: usize, tensor: usize) -> usize;
+    pub fn peft_adapter_module_tensor_shape(adapter: *const peft_adapter, module: usize, tensor: usize)
+        -> *const u64;
+    pub fn peft_adapter_module_tensor_read(
+        adapter: *const peft_adapter,
+        module: usize,
+        tensor: usize,
+        dtype: i32,
+        dst: *mut c_void,
+        dst_nbytes: u64,
+    ) -> *mut peft_error;
+    pub fn peft_adapter_module_token_indices(adapter: *const peft_adapter, module: usize, out_count: *mut usize)
+        -> *const i64;
+    pub fn peft_translator_new_builtin(family: *const c_char, out: *mut *mut peft_translator) -> *mut peft_error;
+    pub fn peft_translator_from_file(path: *const c_char, out: *mut *mut peft_translator) -> *mut peft_error;
+    pub fn peft_translator_from_json(json: *const c_char, out: *mut *mut peft_translator) -> *mut peft_error;
+    pub fn peft_translator_detect(
+        base_dir: *const c_char,
+        model_name: *const c_char,
+        out: *mut *mut peft_translator,
+    ) -> *mut peft_error;
+    pub fn peft_translator_builtin_families(out: *mut *mut c_char) -> *mut peft_error;
+    pub fn peft_translator_free(translator: *mut peft_translator);
+    pub fn peft_translator_family(translator: *const peft_translator) -> *const c_char;
+    pub fn peft_translator_to_native(translator: *const peft_translator, hf_key: *const c_char, out: *mut *mut c_char)
+        -> *mut peft_error;
+    pub fn peft_translator_to_hf(
+        translator: *const peft_translator,
+        native_key: *const c_char,
+        with_peft_prefix: i32,
+        out: *mut *mut c_char,
+    ) -> *mut peft_error;
+    pub fn peft_translator_to_native_batch(
+        translator: *const peft_translator,
+        hf_keys: *const *const c_char,
+        count: usize,
+        out: *mut *mut c_char,
+    ) -> *mut peft_error;
+    pub fn peft_translator_to_hf_batch(
+        translator: *const peft_translator,
+        native_keys: *const *const c_char,
+        count: usize,
+        with_peft_prefix: i32,
+        out: *mut *mut c_char,
+    ) -> *mut peft_error;
+
+    // ---- merge
+    pub fn peft_merge_options_new(out: *mut *mut peft_merge_options) -> *mut peft_error;
+    pub fn peft_merge_options_free(opts: *mut peft_merge_options);
+    pub fn peft_merge_options_add_adapter(opts: *mut peft_merge_options, adapter: *const peft_adapter, weight: f64)
+        -> *mut peft_error;
+    pub fn peft_merge_options_add_adapter_dir(opts: *mut peft_merge_options, dir: *const c_char, weight: f64)
+        -> *mut peft_error;
+    pub fn peft_merge_options_set_dtype(opts: *mut peft_merge_options, dtype: i32) -> *mut peft_error;
+    pub fn peft_merge_options_set_max_shard_size(opts: *mut peft_merge_options, max_shard_size: u64)
+        -> *mut peft_error;
+    pub fn peft_merge_options_set_threads(opts: *mut peft_merge_options, threads: u32) -> *mut peft_error;
+    pub fn peft_merge_options_set_progress(opts: *mut peft_merge_options, fn_: peft_progress_fn, user_data: *mut c_void)
+        -> *mut peft_error;
+    pub fn peft_merge_checkpoint(
+        base_dir: *const c_char,
+        out_dir: *const c_char,
+        opts: *const peft_merge_options,
+        out_result: *mut *mut peft_merge_result,
+    ) -> *mut peft_error;
+    pub fn peft_merge_result_free(result: *mut peft_merge_result);
+    pub fn peft_merge_result_tensor_count(result: *const peft_merge_result, which: i32) -> u64;
+    pub fn peft_merge_result_bytes(result: *const peft_merge_result) -> u64;
+    pub fn peft_merge_result_file_count(result: *const peft_merge_result) -> usize;
+    pub fn peft_merge_result_file_name(result: *const peft_merge_result, index: usize) -> *const c_char;
+    pub fn peft_merge_result_untied_embeddings(result: *const peft_merge_result) -> i32;
+    pub fn peft_merge_result_note_count(result: *const peft_merge_result) -> usize;
+    pub fn peft_merge_result_note(result: *const peft_merge_result, index: usize) -> *const c_char;
+    pub fn peft_merge_buffer_options_new(out: *mut *mut peft_merge_buffer_options) -> *mut peft_error;
+    pub fn peft_merge_buffer_options_free(opts: *mut peft_merge_buffer_options);
+    pub fn peft_merge_buffer_options_set_weight(opts: *mut peft_merge_buffer_options, weight: f64) -> *mut peft_error;
+    pub fn peft_merge_buffer_options_set_keep_original_rows(opts: *mut peft_merge_buffer_options, keep: i32)
+        -> *mut peft_error;
+    pub fn peft_merge_buffer_options_set_threads(opts: *mut peft_merge_buffer_options, threads: u32)
+        -> *mut peft_error;
+    pub fn peft_merge_buffer_options_set_translator(
+        opts: *mut peft_merge_buffer_options,
+        translator: *const peft_translator,
+    ) -> *mut peft_error;
+    pub fn peft_merge_buffer_apply(
+        adapter: *const peft_adapter,
+        name: *const c_char,
+        data: *mut c_void,
+        dtype: i32,
+        shape: *const u64,
+        ndim: usize,
+        bias: *mut c_void,
+        bias_dtype: i32,
+        opts: *const peft_merge_buffer_options,
+        out: *mut *mut peft_merge_record,
+    ) -> *mut peft_error;
+    pub fn peft_merge_buffer_remove(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void)
+        -> *mut peft_error;
+    pub fn peft_merge_record_free(record: *mut peft_merge_record);
+    pub fn peft_merge_record_module(record: *const peft_merge_record) -> *const c_char;
+    pub fn peft_merge_record_active(record: *const peft_merge_record) -> i32;
+    pub fn peft_merge_record_saved_bytes(record: *const peft_merge_record) -> u64;
+
+    // ---- export
+    pub fn peft_export_options_new(out: *mut *mut peft_export_options) -> *mut peft_error;
+    pub fn peft_export_options_free(opts: *mut peft_export_options);
+    pub fn peft_export_options_set_dtype(opts: *mut peft_export_options, dtype: i32) -> *mut peft_error;
+    pub fn peft_export_options_set_peft_version(opts: *mut peft_export_options, version: *const c_char)
+        -> *mut peft_error;
+    pub fn peft_adapter_export(adapter: *const peft_adapter, out_dir: *const c_char, opts: *const peft_export_options)
+        -> *mut peft_error;
+    pub fn peft_adapter_combine(
+        adapters: *const *const peft_adapter,
+        weights: *const f64,
+        count: usize,
+        method: i32,
+        out_dir: *const c_char,
+        opts: *const peft_export_options,
+    ) -> *mut peft_error;
+}

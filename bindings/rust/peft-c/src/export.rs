@@ -1,0 +1,117 @@
+//! Exporting adapters as PEFT adapter folders and combining adapters (add_weighted_adapter).
+
+use std::fmt;
+use std::path::Path;
+
+use peft_c_sys as sys;
+
+use crate::adapter::Adapter;
+use crate::dtype::DType;
+use crate::error::{check, Error, Result};
+use crate::ffi::{c_path, c_string, handle, new_handle};
+
+handle!(
+    /// Options of [`Adapter::export`] and [`combine_adapters`]: the tensors' dtype and the PEFT
+    /// release the config targets.
+    ///
+    /// Belongs to one thread at a time (`Send`, not `Sync`).
+    ExportOptions,
+    sys::peft_export_options,
+    sys::peft_export_options_free
+);
+
+// SAFETY: the header lets options move between threads; they are not shared (not Sync).
+unsafe impl Send for ExportOptions {}
+
+impl ExportOptions {
+    /// The defaults: tensors keep their dtypes, the config keeps every field.
+    pub fn new() -> Result<ExportOptions> {
+        // SAFETY: the constructor stores an owned handle or fails.
+        Ok(ExportOptions { raw: unsafe { new_handle(|out| sys::peft_export_options_new(out))? } })
+    }
+
+    /// Converts the float tensors to F32, BF16 or F16 (None keeps each tensor's dtype).
+    pub fn set_dtype(&mut self, dtype: Option<DType>) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_export_options_set_dtype(self.raw.as_ptr(), dtype.map_or(-1, DType::raw)))? };
+        Ok(self)
+    }
+
+    /// Targets an older PEFT release ("0.13", "0.17.1"); None for the current one.
+    pub fn set_peft_version(&mut self, version: Option<&str>) -> Result<&mut Self> {
+        let version = version.map(|v| c_string(v, "PEFT version")).transpose()?;
+        let ptr = version.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        // SAFETY: a live handle and a valid string or NULL.
+        unsafe { check(sys::peft_export_options_set_peft_version(self.raw.as_ptr(), ptr))? };
+        Ok(self)
+    }
+}
+
+impl fmt::Debug for ExportOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExportOptions").finish_non_exhaustive()
+    }
+}
+
+impl Adapter {
+    /// Writes the adapter as a PEFT adapter folder (`adapter_model.safetensors` and
+    /// `adapter_config.json` as `save_pretrained` writes them), atomically. `out_dir` is created if
+    /// needed and may be the adapter's own folder.
+    pub fn export(&self, out_dir: impl AsRef<Path>, options: Option<&ExportOptions>) -> Result<()> {
+        let out = c_path(out_dir.as_ref())?;
+        let opts = options.map_or(std::ptr::null(), ExportOptions::as_ptr);
+        // SAFETY: live handles, a valid string.
+        unsafe { check(sys::peft_adapter_export(self.as_ptr(), out.as_ptr(), opts)) }
+    }
+}
+
+/// How [`combine_adapters`] combines (PEFT's `combination_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CombineMethod {
+    /// "cat": factors stacked; the rank is the sum of ranks; exactly the weighted sum of deltas.
+    Cat,
+    /// "linear": sqrt-weighted sums of factors; equal ranks; exact for one adapter only.
+    Linear,
+}
+
+impl CombineMethod {
+    /// The `PEFT_COMBINE_*` value.
+    pub fn raw(self) -> i32 {
+        match self {
+            CombineMethod::Cat => sys::PEFT_COMBINE_CAT,
+            CombineMethod::Linear => sys::PEFT_COMBINE_LINEAR,
+        }
+    }
+}
+
+/// Combines adapters with weights into a new adapter folder as PEFT's `add_weighted_adapter` does.
+/// `adapters` and `weights` must have the same length.
+pub fn combine_adapters(
+    adapters: &[&Adapter],
+    weights: &[f64],
+    method: CombineMethod,
+    out_dir: impl AsRef<Path>,
+    options: Option<&ExportOptions>,
+) -> Result<()> {
+    if adapters.len() != weights.len() {
+        return Err(Error::invalid_argument(format!(
+            "{} adapters but {} weights",
+            adapters.len(),
+            weights.len()
+        )));
+    }
+    let out = c_path(out_dir.as_ref())?;
+    let handles: Vec<*const sys::peft_adapter> = adapters.iter().map(|a| a.as_ptr()).collect();
+    let opts = options.map_or(std::ptr::null(), ExportOptions::as_ptr);
+    // SAFETY: `count` live adapters and weights; a valid string.
+    unsafe {
+        check(sys::peft_adapter_combine(
+            handles.as_ptr(),
+            weights.as_ptr(),
+            handles.len(),
+            method.raw(),
+            out.as_ptr(),
+            opts,
+        ))
+    }
+}

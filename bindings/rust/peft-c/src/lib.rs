@@ -1,0 +1,131 @@
+//! Safe Rust binding of peft_c: read, write, translate, merge and export HuggingFace safetensors
+//! checkpoints and PEFT LoRA adapters.
+//!
+//! ```no_run
+//! use peft_c::{Adapter, Checkpoint, MergeOptions};
+//!
+//! # fn main() -> peft_c::Result<()> {
+//! let ckpt = Checkpoint::open("model.safetensors")?;
+//! for tensor in ckpt.tensors() {
+//!     let bytes: &[u8] = ckpt.view(tensor.index)?; // zero-copy, lives as long as `ckpt`
+//!     println!("{} {} {:?} {} bytes", tensor.name, tensor.dtype, tensor.shape, bytes.len());
+//! }
+//! let adapter = Adapter::open_with_base("adapter_dir", "base_dir")?;
+//! let mut options = MergeOptions::new()?;
+//! options.add_adapter(&adapter, 1.0)?;
+//! peft_c::merge_checkpoint("base_dir", "merged_dir", &options)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Handles, lifetimes and threads
+//!
+//! Every library object is one Rust type that frees it on drop. The library keeps parents alive
+//! for their children (an adapter for a merge's options, a table for a translator's users), so
+//! drop order never matters. What the library lends (tensor views, names, shapes) borrows from the
+//! handle it came from, and the compiler keeps it from outliving it.
+//!
+//! The header states thread safety per type, and the marker traits follow it:
+//! read-only handles ([`Checkpoint`], [`Adapter`], [`Translator`], [`MergeResult`]) are
+//! `Send + Sync`; writers, options and merge records belong to one thread at a time and are only
+//! `Send`:
+//!
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::Writer>();
+//! ```
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::MergeOptions>();
+//! ```
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::MergeRecord>();
+//! ```
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::ExportOptions>();
+//! ```
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::MergeBufferOptions>();
+//! ```
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::OpenOptions>();
+//! ```
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::AdapterOptions>();
+//! ```
+//!
+//! A view cannot outlive its checkpoint:
+//!
+//! ```compile_fail
+//! let view = {
+//!     let ckpt = peft_c::Checkpoint::open("model.safetensors").unwrap();
+//!     ckpt.view(0).unwrap()
+//! };
+//! ```
+//!
+//! # Errors
+//!
+//! Every fallible call returns [`Result`]; an [`Error`] carries the library's stable
+//! [`ErrorCode`] and a message naming the file, tensor or key at fault.
+//!
+//! # Callbacks
+//!
+//! Progress and tensor-source callbacks are closures. A closure that panics cancels the operation
+//! cleanly inside the library and the panic is resumed once the library has returned; it never
+//! unwinds through C.
+#![warn(missing_docs)]
+
+mod adapter;
+mod callback;
+mod checkpoint;
+mod dtype;
+mod error;
+mod export;
+mod ffi;
+mod merge;
+mod merge_buffer;
+mod translator;
+mod writer;
+
+pub use adapter::{Adapter, AdapterOptions, LayerKind, Module, ModuleTensor};
+pub use checkpoint::{Checkpoint, OpenOptions, TensorInfo};
+pub use dtype::{convert, DType, Element};
+pub use error::{Error, ErrorCode, Result};
+pub use export::{combine_adapters, CombineMethod, ExportOptions};
+pub use merge::{merge_checkpoint, merge_checkpoint_with_progress, MergeOptions, MergeResult};
+pub use merge_buffer::{merge_into, Buffer, MergeBufferOptions, MergeRecord};
+pub use translator::Translator;
+pub use writer::Writer;
+
+/// The raw declarations, for what this crate does not wrap.
+pub use peft_c_sys as sys;
+
+/// The version (major, minor, patch) of the header this binding was written against.
+pub const HEADER_VERSION: (u32, u32, u32) =
+    (sys::PEFT_VERSION_MAJOR, sys::PEFT_VERSION_MINOR, sys::PEFT_VERSION_PATCH);
+
+/// The ABI version of the header this binding was written against.
+pub const HEADER_ABI_VERSION: u32 = sys::PEFT_ABI_VERSION;
+
+/// The running library's version as a string such as "0.1.0".
+pub fn version() -> &'static str {
+    // SAFETY: a static NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(sys::peft_version()) }.to_str().unwrap_or("")
+}
+
+/// The running library's version as major * 10000 + minor * 100 + patch.
+pub fn version_number() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { sys::peft_version_number() }
+}
+
+/// The running library's ABI version (its SONAME number).
+pub fn abi_version() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { sys::peft_abi_version() }
+}

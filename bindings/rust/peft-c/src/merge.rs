@@ -1,0 +1,214 @@
+//! Merging adapters into a base model folder, streaming, with progress and cancellation.
+
+use std::fmt;
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use peft_c_sys as sys;
+
+use crate::adapter::Adapter;
+use crate::callback::{progress_trampoline, CallbackState};
+use crate::dtype::DType;
+use crate::error::{check, Result};
+use crate::ffi::{borrowed_str, c_path, handle, new_handle};
+
+handle!(
+    /// Options of a checkpoint merge: the adapters with their weights, the output dtype and layout,
+    /// the number of threads.
+    ///
+    /// Belongs to one thread at a time (`Send`, not `Sync`).
+    MergeOptions,
+    sys::peft_merge_options,
+    sys::peft_merge_options_free
+);
+
+// SAFETY: the header lets options move between threads; they are not shared (not Sync).
+unsafe impl Send for MergeOptions {}
+
+impl MergeOptions {
+    /// The defaults: no adapters, dtypes kept, the base's shard layout, one thread per core.
+    pub fn new() -> Result<MergeOptions> {
+        // SAFETY: the constructor stores an owned handle or fails.
+        Ok(MergeOptions { raw: unsafe { new_handle(|out| sys::peft_merge_options_new(out))? } })
+    }
+
+    fn ptr(&mut self) -> *mut sys::peft_merge_options {
+        self.raw.as_ptr()
+    }
+
+    /// Adds an opened adapter with a weight that multiplies its LoRA scaling (1.0 merges it as
+    /// PEFT's merge_and_unload does). The options keep the adapter alive.
+    pub fn add_adapter(&mut self, adapter: &Adapter, weight: f64) -> Result<&mut Self> {
+        // SAFETY: live handles.
+        unsafe { check(sys::peft_merge_options_add_adapter(self.ptr(), adapter.as_ptr(), weight))? };
+        Ok(self)
+    }
+
+    /// Adds an adapter folder, opened by the merge against the base (its errors come from the merge).
+    pub fn add_adapter_dir(&mut self, dir: impl AsRef<Path>, weight: f64) -> Result<&mut Self> {
+        let dir = c_path(dir.as_ref())?;
+        // SAFETY: a live handle and a valid string (copied).
+        unsafe { check(sys::peft_merge_options_add_adapter_dir(self.ptr(), dir.as_ptr(), weight))? };
+        Ok(self)
+    }
+
+    /// The output dtype: None keeps every tensor's; F32, BF16 or F16 convert the float tensors.
+    pub fn set_dtype(&mut self, dtype: Option<DType>) -> Result<&mut Self> {
+        let raw = dtype.map_or(sys::PEFT_MERGE_DTYPE_KEEP, DType::raw);
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_dtype(self.ptr(), raw))? };
+        Ok(self)
+    }
+
+    /// Reshards the output by size (bytes of tensor data per shard); 0 keeps the base's layout.
+    pub fn set_max_shard_size(&mut self, max_shard_size: u64) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_max_shard_size(self.ptr(), max_shard_size))? };
+        Ok(self)
+    }
+
+    /// Limits the threads (0: one per core; 1: only the calling thread). Results do not change.
+    pub fn set_threads(&mut self, threads: u32) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_threads(self.ptr(), threads))? };
+        Ok(self)
+    }
+}
+
+impl fmt::Debug for MergeOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MergeOptions").finish_non_exhaustive()
+    }
+}
+
+handle!(
+    /// What a checkpoint merge did. Read-only (`Send + Sync`).
+    MergeResult,
+    sys::peft_merge_result,
+    sys::peft_merge_result_free
+);
+
+// SAFETY: a result is never changed after the merge; its getters are documented thread-safe.
+unsafe impl Send for MergeResult {}
+// SAFETY: as above.
+unsafe impl Sync for MergeResult {}
+
+impl MergeResult {
+    fn count(&self, which: i32) -> u64 {
+        // SAFETY: a live handle.
+        unsafe { sys::peft_merge_result_tensor_count(self.as_ptr(), which) }
+    }
+
+    /// Tensors changed by LoRA, DoRA, lora_B.bias or token rows.
+    pub fn merged(&self) -> u64 {
+        self.count(sys::PEFT_MERGE_TENSORS_MERGED)
+    }
+
+    /// Tensors replaced whole by an adapter tensor.
+    pub fn replaced(&self) -> u64 {
+        self.count(sys::PEFT_MERGE_TENSORS_REPLACED)
+    }
+
+    /// Base tensors written unchanged (converted if the dtype changed).
+    pub fn copied(&self) -> u64 {
+        self.count(sys::PEFT_MERGE_TENSORS_COPIED)
+    }
+
+    /// Tensors the base file lacks (an untied output embedding).
+    pub fn added(&self) -> u64 {
+        self.count(sys::PEFT_MERGE_TENSORS_ADDED)
+    }
+
+    /// Tensor bytes written.
+    pub fn bytes(&self) -> u64 {
+        // SAFETY: a live handle.
+        unsafe { sys::peft_merge_result_bytes(self.as_ptr()) }
+    }
+
+    /// Files written into the output folder, relative to it (weight files first, in order).
+    pub fn files(&self) -> Vec<&str> {
+        // SAFETY: a live handle; strings live as long as self.
+        unsafe {
+            (0..sys::peft_merge_result_file_count(self.as_ptr()))
+                .filter_map(|i| borrowed_str(sys::peft_merge_result_file_name(self.as_ptr(), i)))
+                .collect()
+        }
+    }
+
+    /// Whether `tie_word_embeddings` was set to false in config.json.
+    pub fn untied_embeddings(&self) -> bool {
+        // SAFETY: a live handle.
+        unsafe { sys::peft_merge_result_untied_embeddings(self.as_ptr()) != 0 }
+    }
+
+    /// Notes: decisions worth knowing (untied embeddings, added tensors).
+    pub fn notes(&self) -> Vec<&str> {
+        // SAFETY: a live handle; strings live as long as self.
+        unsafe {
+            (0..sys::peft_merge_result_note_count(self.as_ptr()))
+                .filter_map(|i| borrowed_str(sys::peft_merge_result_note(self.as_ptr(), i)))
+                .collect()
+        }
+    }
+}
+
+impl fmt::Debug for MergeResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MergeResult")
+            .field("merged", &self.merged())
+            .field("replaced", &self.replaced())
+            .field("copied", &self.copied())
+            .field("added", &self.added())
+            .field("bytes", &self.bytes())
+            .field("files", &self.files())
+            .finish()
+    }
+}
+
+fn run_merge(base_dir: &Path, out_dir: &Path, options: *const sys::peft_merge_options) -> Result<MergeResult> {
+    let (base, out) = (c_path(base_dir)?, c_path(out_dir)?);
+    // SAFETY: valid strings and options; the result is ours on success.
+    let raw = unsafe { new_handle(|result| sys::peft_merge_checkpoint(base.as_ptr(), out.as_ptr(), options, result))? };
+    Ok(MergeResult { raw })
+}
+
+/// Merges the adapters of `options` into the base model folder `base_dir` and writes the merged
+/// model folder `out_dir` (created if needed; unchanged on failure).
+pub fn merge_checkpoint(
+    base_dir: impl AsRef<Path>,
+    out_dir: impl AsRef<Path>,
+    options: &MergeOptions,
+) -> Result<MergeResult> {
+    run_merge(base_dir.as_ref(), out_dir.as_ref(), options.as_ptr())
+}
+
+/// [`merge_checkpoint`] with a progress callback, called on this thread with (bytes done, bytes in
+/// all): first with done = 0, then at least once per tensor, last with done = total. Returning
+/// `ControlFlow::Break(())` cancels the merge ([`crate::ErrorCode::Cancelled`]) and leaves `out_dir` as it
+/// was; a panic in the callback does the same and is then resumed.
+pub fn merge_checkpoint_with_progress<F>(
+    base_dir: impl AsRef<Path>,
+    out_dir: impl AsRef<Path>,
+    options: &mut MergeOptions,
+    progress: F,
+) -> Result<MergeResult>
+where
+    F: FnMut(u64, u64) -> ControlFlow<()>,
+{
+    let mut state = CallbackState::<F>::new(progress);
+    // SAFETY: the callback state outlives the merge; the callback is removed again below, before
+    // the state goes away, so the options never keep a dangling pointer.
+    unsafe {
+        check(sys::peft_merge_options_set_progress(
+            options.ptr(),
+            Some(progress_trampoline::<F>),
+            state.as_user_data(),
+        ))?;
+    }
+    let result = run_merge(base_dir.as_ref(), out_dir.as_ref(), options.as_ptr());
+    // SAFETY: a live handle; clearing cannot fail for it.
+    let cleared = unsafe { check(sys::peft_merge_options_set_progress(options.ptr(), None, std::ptr::null_mut())) };
+    state.finish(); // re-raises a panic of the callback
+    cleared?;
+    result
+}
