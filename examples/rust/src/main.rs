@@ -27,15 +27,21 @@ fn run(base: &Path, adapter_dir: &Path, out: &Path) -> peft_c::Result<()> {
     options.add_adapter(&adapter, 1.0)?;
     let merged_dir = out.join("merged");
     let mut next_report = 0;
-    let result = peft_c::merge_checkpoint_with_progress(base, &merged_dir, &mut options, |done, total| {
-        let percent = done * 100 / total.max(1);
-        if percent >= next_report {
-            eprintln!("merging: {percent}% of {total} bytes");
-            next_report = percent + 25;
-        }
-        ControlFlow::Continue(()) // ControlFlow::Break(()) would cancel the merge
-    })?;
-    println!("{}: {} tensors merged, {} copied", merged_dir.display(), result.merged(), result.copied());
+    let result =
+        peft_c::merge_checkpoint_with_progress(base, &merged_dir, &mut options, |done, total| {
+            let percent = done * 100 / total.max(1);
+            if percent >= next_report {
+                eprintln!("merging: {percent}% of {total} bytes");
+                next_report = percent + 25;
+            }
+            ControlFlow::Continue(()) // ControlFlow::Break(()) would cancel the merge
+        })?;
+    println!(
+        "{}: {} tensors merged, {} copied",
+        merged_dir.display(),
+        result.merged(),
+        result.copied()
+    );
 
     // Export the adapter as PEFT's save_pretrained writes it.
     let adapter_out = out.join("adapter");

@@ -433,7 +433,11 @@ fn checker_notices_differences() {
     assert_eq!(header.unknown.len(), 1, "{:?}", header.unknown);
 
     let wrong = [
-        Declaration { name: "peft_f", params: &["*const *const peft_thing", "u64", "*mut *mut c_char", "*mut *const c_void"], ret: "*mut peft_error" },
+        Declaration {
+            name: "peft_f",
+            params: &["*const *const peft_thing", "u64", "*mut *mut c_char", "*mut *const c_void"],
+            ret: "*mut peft_error",
+        },
         Declaration { name: "peft_extra", params: &[], ret: "" },
     ];
     let mut problems = Vec::new();

@@ -128,9 +128,8 @@ impl Checkpoint {
     fn from_bytes_impl(data: &[u8], options: Option<&OpenOptions>) -> Result<Checkpoint> {
         let opts = options.map_or(std::ptr::null(), OpenOptions::as_ptr);
         // SAFETY: data.len() readable bytes; the library copies them.
-        let raw = unsafe {
-            new_handle(|out| sys::peft_checkpoint_open_memory(data.as_ptr().cast(), data.len(), opts, out))?
-        };
+        let raw =
+            unsafe { new_handle(|out| sys::peft_checkpoint_open_memory(data.as_ptr().cast(), data.len(), opts, out))? };
         Ok(Checkpoint { raw })
     }
 
@@ -332,9 +331,6 @@ pub(crate) fn buffer_size(name: &str, count: u64, dtype: DType) -> Result<usize>
 
 impl fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Checkpoint")
-            .field("files", &self.file_count())
-            .field("tensors", &self.len())
-            .finish()
+        f.debug_struct("Checkpoint").field("files", &self.file_count()).field("tensors", &self.len()).finish()
     }
 }

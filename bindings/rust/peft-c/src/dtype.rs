@@ -171,9 +171,9 @@ pub(crate) fn as_bytes_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
 /// The element count is taken from `src`; `dst` must hold exactly as many elements.
 /// Returns the number of elements converted.
 pub fn convert(src_dtype: DType, src: &[u8], dst_dtype: DType, dst: &mut [u8]) -> Result<u64> {
-    let count = src_dtype.elements_in(src.len() as u64).ok_or_else(|| {
-        Error::invalid_argument(format!("{} bytes are not whole {} elements", src.len(), src_dtype))
-    })?;
+    let count = src_dtype
+        .elements_in(src.len() as u64)
+        .ok_or_else(|| Error::invalid_argument(format!("{} bytes are not whole {} elements", src.len(), src_dtype)))?;
     if dst_dtype.bytes_for(count) != Some(dst.len() as u64) {
         return Err(Error::invalid_argument(format!(
             "{count} {src_dtype} elements need {:?} bytes of {dst_dtype}, the destination has {}",

@@ -94,11 +94,7 @@ pub fn combine_adapters(
     options: Option<&ExportOptions>,
 ) -> Result<()> {
     if adapters.len() != weights.len() {
-        return Err(Error::invalid_argument(format!(
-            "{} adapters but {} weights",
-            adapters.len(),
-            weights.len()
-        )));
+        return Err(Error::invalid_argument(format!("{} adapters but {} weights", adapters.len(), weights.len())));
     }
     let out = c_path(out_dir.as_ref())?;
     let handles: Vec<*const sys::peft_adapter> = adapters.iter().map(|a| a.as_ptr()).collect();

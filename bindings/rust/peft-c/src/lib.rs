@@ -68,6 +68,18 @@
 //! };
 //! ```
 //!
+//! Nor can a source callback touch its own writer (the library is in the middle of a call on it):
+//!
+//! ```compile_fail
+//! let mut w = peft_c::Writer::new("x.safetensors").unwrap();
+//! w.add_tensor("x", peft_c::DType::F32, &[1]).unwrap();
+//! w.write_from_fn("x", peft_c::DType::F32, |_, _| {
+//!     w.write(&[0; 4]).unwrap();
+//!     Ok(())
+//! })
+//! .unwrap();
+//! ```
+//!
 //! # Errors
 //!
 //! Every fallible call returns [`Result`]; an [`Error`] carries the library's stable
@@ -106,8 +118,7 @@ pub use writer::Writer;
 pub use peft_c_sys as sys;
 
 /// The version (major, minor, patch) of the header this binding was written against.
-pub const HEADER_VERSION: (u32, u32, u32) =
-    (sys::PEFT_VERSION_MAJOR, sys::PEFT_VERSION_MINOR, sys::PEFT_VERSION_PATCH);
+pub const HEADER_VERSION: (u32, u32, u32) = (sys::PEFT_VERSION_MAJOR, sys::PEFT_VERSION_MINOR, sys::PEFT_VERSION_PATCH);
 
 /// The ABI version of the header this binding was written against.
 pub const HEADER_ABI_VERSION: u32 = sys::PEFT_ABI_VERSION;

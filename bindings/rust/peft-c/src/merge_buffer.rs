@@ -193,11 +193,8 @@ pub fn merge_into(
         }
     }
     let c_name = c_string(name, "layer name")?;
-    let layout = BufferLayout {
-        dtype: weight.dtype(),
-        len: weight.len(),
-        bias: bias.as_ref().map(|b| (b.dtype(), b.len())),
-    };
+    let layout =
+        BufferLayout { dtype: weight.dtype(), len: weight.len(), bias: bias.as_ref().map(|b| (b.dtype(), b.len())) };
     let (bias_ptr, bias_dtype) = match bias.as_mut() {
         Some(b) => (b.as_mut_ptr(), b.dtype().raw()),
         None => (std::ptr::null_mut(), DType::F32.raw()),

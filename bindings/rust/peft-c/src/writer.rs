@@ -51,7 +51,9 @@ impl Writer {
     pub fn add_tensor(&mut self, name: &str, dtype: DType, shape: &[u64]) -> Result<()> {
         let name = c_string(name, "tensor name")?;
         // SAFETY: valid arguments; shape is copied.
-        unsafe { check(sys::peft_writer_add_tensor(self.ptr(), name.as_ptr(), dtype.raw(), shape.as_ptr(), shape.len())) }
+        unsafe {
+            check(sys::peft_writer_add_tensor(self.ptr(), name.as_ptr(), dtype.raw(), shape.as_ptr(), shape.len()))
+        }
     }
 
     /// Chooses whether the file has a `__metadata__` entry at all (false also removes set keys).
@@ -190,9 +192,7 @@ impl Writer {
     pub fn write_from_checkpoint(&mut self, name: &str, checkpoint: &Checkpoint, index: usize) -> Result<()> {
         let name = c_string(name, "tensor name")?;
         // SAFETY: valid handles and string.
-        unsafe {
-            check(sys::peft_writer_write_from_checkpoint(self.ptr(), name.as_ptr(), checkpoint.as_ptr(), index))
-        }
+        unsafe { check(sys::peft_writer_write_from_checkpoint(self.ptr(), name.as_ptr(), checkpoint.as_ptr(), index)) }
     }
 
     /// Completes the output: flushes every file and renames it into place. A missing tensor is an

@@ -150,7 +150,10 @@ fn narrowing_conversions_match_torch() {
         let mut got = vec![0u8; samples.len() / 2];
         convert(DType::F32, &samples, dtype, &mut got).unwrap();
         for (i, (g, w)) in u16s(&got).into_iter().zip(want).enumerate() {
-            assert!(g == w || (is_nan16(dtype, g) && is_nan16(dtype, w)), "f32 sample {i} -> {dtype}: {g:#x}, torch {w:#x}");
+            assert!(
+                g == w || (is_nan16(dtype, g) && is_nan16(dtype, w)),
+                "f32 sample {i} -> {dtype}: {g:#x}, torch {w:#x}"
+            );
         }
     }
     let samples = read_fixture("f64_samples.bin");
