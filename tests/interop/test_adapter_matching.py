@@ -219,3 +219,64 @@ def test_canonical_config_json(peftc_binary, corpus_dir, fixtures_dir):
         assert run.returncode == 0, run.stderr
         expected = json.dumps(json.loads((adapter_dir / "adapter_config.json").read_text()), indent=2, sort_keys=True)
         assert run.stdout == expected + "\n", adapter_dir
+
+
+# ---- what PEFT's loader accepts and refuses ------------------------------------------------------
+
+def test_default_adapter_name_in_keys(peftc_binary, tmp_path):
+    """Keys that still carry the adapter name "default" (lora_A.default.weight): PEFT 0.21 loads them
+    under the default name, and peftc reads the same modules and ranks (and says so in a note)."""
+    from safetensors.torch import load_file, save_file
+
+    model, base = tiny_llama(tmp_path)
+    peft_model = get_peft_model(model, LoraConfig(target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    plain = tmp_path / "plain"
+    peft_model.save_pretrained(plain)
+    named = tmp_path / "named"
+    named.mkdir()
+    (named / "adapter_config.json").write_text((plain / "adapter_config.json").read_text())
+    state = load_file(str(plain / "adapter_model.safetensors"))
+    renamed = {k.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight"): v
+               for k, v in state.items()}
+    save_file(renamed, str(named / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+    fresh, _ = tiny_llama(tmp_path / "fresh")
+    loaded = PeftModel.from_pretrained(fresh, str(named))
+    for key, value in state.items():
+        module, _, rest = key.removeprefix(PREFIX).partition(".lora_")
+        layer = loaded.base_model.model.get_submodule(module)
+        assert torch.equal(getattr(layer, "lora_" + rest.split(".")[0])["default"].weight, value)
+
+    report = inspect_ok(peftc_binary, named)
+    assert {m["module"] for m in report["modules"]} == set(peft_layers(loaded))
+    assert any('"default"' in note for note in report["notes"])
+
+
+def test_shape_mismatch_agrees_with_peft(peftc_binary, tmp_path):
+    """An adapter loaded on a base with other MLP sizes: PEFT refuses it with size mismatches, and
+    peftc's validation names exactly the same modules."""
+    import re
+
+    model, base = tiny_llama(tmp_path)
+    peft_model = get_peft_model(model, LoraConfig(target_modules=["q_proj", "up_proj", "down_proj"],
+                                                  init_lora_weights=False))
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(adapter)
+    other_config = transformers.LlamaConfig(hidden_size=16, intermediate_size=40, num_hidden_layers=3,
+                                            num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                            vocab_size=32, max_position_embeddings=32)
+    other = transformers.LlamaForCausalLM(other_config)
+    other_dir = tmp_path / "other_base"
+    other.save_pretrained(other_dir)
+
+    with pytest.raises(RuntimeError) as failure:
+        PeftModel.from_pretrained(other, str(adapter))
+    peft_modules = set(re.findall(r"size mismatch for base_model\.model\.(\S+?)\.lora_[AB]\.", str(failure.value)))
+    assert peft_modules
+
+    run = inspect(peftc_binary, adapter, "--base", str(other_dir))
+    assert run.returncode == 1
+    validation = json.loads(run.stdout)["validation"]
+    assert validation["code"] == "SHAPE_MISMATCH"
+    peftc_modules = set(re.findall(r'module "([^"]+)"', validation["message"]))
+    assert peftc_modules == peft_modules
