@@ -280,3 +280,67 @@ def test_shape_mismatch_agrees_with_peft(peftc_binary, tmp_path):
     assert validation["code"] == "SHAPE_MISMATCH"
     peftc_modules = set(re.findall(r'module "([^"]+)"', validation["message"]))
     assert peftc_modules == peft_modules
+
+
+# Configs PEFT itself refuses (LoraConfig.__post_init__ / PeftConfig) are INVALID_CONFIG; configs PEFT
+# accepts but whose merge is not plain LoRA, or that rewrite the base at load, are UNSUPPORTED.
+REFUSED_BY_PEFT = {
+    "layers_pattern_alone": {"layers_pattern": "layers"},
+    "layers_with_regex": {"target_modules": ".*q_proj", "layers_to_transform": [0]},
+    "lora_bias_with_dora": {"lora_bias": True, "use_dora": True},
+    "bad_task_type": {"task_type": "CLASSIFY"},
+    "no_peft_type": {"peft_type": None},
+}
+UNSUPPORTED_BUT_VALID = {
+    "pissa": {"init_lora_weights": "pissa"},
+    "olora": {"init_lora_weights": "olora"},
+    "qalora": {"use_qalora": True},
+    "layer_replication": {"layer_replication": [[0, 2], [1, 3]]},
+    "target_parameters": {"target_parameters": ["mlp.experts.gate_up_proj"]},
+    "ia3": {"peft_type": "IA3", "feedforward_modules": ["q_proj"]},
+}
+
+
+@pytest.fixture(scope="module")
+def plain_adapter(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plain")
+    model, _ = tiny_llama(root)
+    get_peft_model(model, LoraConfig(target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(root / "a")
+    return root / "a"
+
+
+def patched(plain_adapter, tmp_path, patch):
+    import shutil
+
+    out = tmp_path / "patched"
+    shutil.copytree(plain_adapter, out)
+    config = json.loads((out / "adapter_config.json").read_text())
+    for key, value in patch.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_BY_PEFT))
+def test_configs_peft_refuses(peftc_binary, plain_adapter, tmp_path, case):
+    adapter = patched(plain_adapter, tmp_path, REFUSED_BY_PEFT[case])
+    with pytest.raises(Exception):
+        PeftConfig.from_pretrained(str(adapter))
+    run = inspect(peftc_binary, adapter)
+    assert run.returncode == 1
+    assert run.stderr.startswith("peftc: error: INVALID_CONFIG: "), run.stderr
+
+
+@pytest.mark.parametrize("case", sorted(UNSUPPORTED_BUT_VALID))
+def test_configs_peft_accepts_but_peftc_refuses(peftc_binary, plain_adapter, tmp_path, case):
+    patch = UNSUPPORTED_BUT_VALID[case]
+    adapter = patched(plain_adapter, tmp_path, patch)
+    PeftConfig.from_pretrained(str(adapter))  # valid for PEFT
+    run = inspect(peftc_binary, adapter)
+    assert run.returncode == 1
+    assert run.stderr.startswith("peftc: error: UNSUPPORTED: "), run.stderr
+    field = next(k for k in patch if k != "feedforward_modules")
+    assert f'"{field}"' in run.stderr
