@@ -206,8 +206,8 @@ func TestAdapterOpenErrors(t *testing.T) {
 	os.WriteFile(filepath.Join(wrongType, "adapter_config.json"), []byte(`{"peft_type": "LORA", "r": "four"}`), 0o644)
 	_, err = peftc.OpenAdapter(wrongType)
 	wantCode(t, err, peftc.CodeInvalidConfig)
-	if !strings.Contains(err.Error(), `"r"`) && !strings.Contains(err.Error(), "r:") && !strings.Contains(err.Error(), " r ") {
-		t.Logf("note: message does not quote the field: %v", err)
+	if !strings.Contains(err.Error(), `"r"`) {
+		t.Fatalf("the message does not name the field: %v", err)
 	}
 
 	pickle := filepath.Join(dir, "pickle")

@@ -224,21 +224,19 @@ func (c *Checkpoint) IndexMetadataJSON() (json string, ok bool, err error) {
 	return C.GoString(s), true, nil
 }
 
-// Find returns the index of the tensor with this exact name, or an ErrNotFound error.
+// Find returns the index of the tensor with this exact name, or an ErrNotFound error. The name may
+// hold NUL bytes (JSON can spell them, so safetensors names can contain them).
 func (c *Checkpoint) Find(name string) (int, error) {
 	var cs cstrings
 	defer cs.free()
-	cname, err := cs.add(name, "tensor name")
-	if err != nil {
-		return -1, err
-	}
+	cname := cs.addBytes(name)
 	p, err := c.use()
 	if err != nil {
 		return -1, err
 	}
 	defer c.done()
 	var index C.size_t
-	if err := takeError(C.peft_checkpoint_find(p, cname, &index)); err != nil {
+	if err := takeError(C.peft_checkpoint_find_n(p, cname, C.size_t(len(name)), &index)); err != nil {
 		return -1, err
 	}
 	return int(index), nil
@@ -286,7 +284,7 @@ func tensorInfo(p *C.peft_checkpoint, index int) (TensorInfo, error) {
 	i := C.size_t(index)
 	info := TensorInfo{
 		Index: index,
-		Name:  goString(C.peft_checkpoint_tensor_name(p, i)),
+		Name:  C.GoStringN(C.peft_checkpoint_tensor_name(p, i), C.int(C.peft_checkpoint_tensor_name_length(p, i))),
 		DType: DType(C.peft_checkpoint_tensor_dtype(p, i)),
 		Shape: copyShape(C.peft_checkpoint_tensor_shape(p, i), C.peft_checkpoint_tensor_ndim(p, i)),
 		File:  int(C.peft_checkpoint_tensor_file(p, i)),

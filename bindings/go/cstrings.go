@@ -24,6 +24,13 @@ func (c *cstrings) add(s, what string) (*C.char, error) {
 	return p, nil
 }
 
+// addBytes returns a C copy of all of s, NUL bytes included, for the calls that take a length.
+func (c *cstrings) addBytes(s string) *C.char {
+	p := C.CString(s) // copies every byte of s, then a NUL
+	c.list = append(c.list, p)
+	return p
+}
+
 // addOptional is add, with "" passed as NULL.
 func (c *cstrings) addOptional(s, what string) (*C.char, error) {
 	if s == "" {

@@ -38,6 +38,15 @@ func waitForCleanups(t *testing.T, want int64) {
 	}
 }
 
+// settle runs the cleanups of earlier tests' dropped handles, so that counts taken afterwards move
+// only with the current test's handles.
+func settle() {
+	for i := 0; i < 20; i++ {
+		runtime.GC()
+		runtime.Gosched()
+	}
+}
+
 // Calls after Close fail with ErrClosed (or give zero values), and Close is idempotent.
 func TestUseAfterClose(t *testing.T) {
 	c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
@@ -152,27 +161,34 @@ func TestChildOutlivesParent(t *testing.T) {
 
 // Handles dropped without Close are released by the runtime cleanup; closed ones at once.
 func TestCleanupReleasesDroppedHandles(t *testing.T) {
-	waitForCleanups(t, peftc.LiveHandles()) // settle earlier tests' garbage
+	settle()
 	before := peftc.LiveHandles()
-	func() {
-		for i := 0; i < 10; i++ {
-			if _, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors")); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := peftc.OpenAdapter(fixture("adapters", "llama_lora")); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := peftc.NewBuiltinTranslator("gpt2"); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := peftc.NewWriter(filepath.Join(t.TempDir(), "w.safetensors")); err != nil {
-				t.Fatal(err)
-			}
+	kept := []any{}
+	for i := 0; i < 10; i++ {
+		c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	if peftc.LiveHandles() < before+40 {
-		t.Fatalf("live handles %d, expected at least %d", peftc.LiveHandles(), before+40)
+		a, err := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := peftc.NewBuiltinTranslator("gpt2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := peftc.NewWriter(filepath.Join(t.TempDir(), "w.safetensors"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept = append(kept, c, a, tr, w)
 	}
+	runtime.GC()
+	if peftc.LiveHandles() != before+40 {
+		t.Fatalf("live handles %d while 40 are reachable, want %d", peftc.LiveHandles(), before+40)
+	}
+	runtime.KeepAlive(kept)
+	kept = nil // dropped without Close
 	waitForCleanups(t, before)
 	c, _ := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
 	if peftc.LiveHandles() != before+1 {
@@ -283,7 +299,7 @@ func TestConcurrentReads(t *testing.T) {
 // Close while other goroutines are calling: their calls either succeed or fail with ErrClosed,
 // and the C object is released once, after the last call returns.
 func TestCloseDuringCalls(t *testing.T) {
-	waitForCleanups(t, peftc.LiveHandles())
+	settle()
 	before := peftc.LiveHandles()
 	c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
 	if err != nil {

@@ -3,7 +3,8 @@
 # `bash bindings/go/test.sh`, after installing the library into build/prefix with PKG_CONFIG_PATH and
 # LD_LIBRARY_PATH pointing there. Steps: gofmt, go vet, go test, go test -race, a run that forces
 # garbage collection inside every few calls (-tags debug, PEFTC_TEST_GC=1), the README snippet check,
-# then build and run examples/go on the fixtures. Exits nonzero if any step fails.
+# then build and run examples/go on the fixtures. PEFT_GO_ASAN=1 adds a go test -asan run (leaks).
+# Exits nonzero if any step fails.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 
@@ -109,6 +110,11 @@ step "go vet" vet
 step "go test" gotest plain
 step "go test -race" gotest race -race
 step "go test -tags debug (forced GC)" gotest_forced_gc
+if [ "${PEFT_GO_ASAN:-0}" = 1 ]; then
+  # Optional (about two minutes more): AddressSanitizer, with LeakSanitizer at exit reporting C
+  # memory that nothing frees; TestMain also waits for every handle's release before exiting.
+  step "go test -asan (leaks)" gotest asan -asan
+fi
 step "README snippet" readme_snippet
 step "examples/go" example
 
