@@ -535,7 +535,8 @@ PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, si
  *  and the writer can only be freed.
  *
  *  Thread safety: a writer belongs to one thread at a time; different writers are independent.
- *  Names must not contain NUL bytes (C strings), so such tensors cannot be written through this API.
+ *  A name holding NUL bytes is declared with peft_writer_add_tensor_n() and written by passing NULL
+ *  as the name ("the next tensor"); peft_writer_tensor_name_length() gives its full length.
  *  @{ */
 
 /** A streaming writer of one safetensors file or of a checkpoint folder. Free with peft_writer_free(). */
@@ -604,6 +605,19 @@ PEFT_API void peft_writer_free(peft_writer* writer);
  */
 PEFT_API peft_error* peft_writer_add_tensor(peft_writer* writer, const char* name, int32_t dtype,
                                             const uint64_t* shape, size_t ndim);
+
+/**
+ * @brief Declares a tensor whose name is given with its length (it may then hold NUL bytes).
+ * @param writer A writer that has not started.
+ * @param name The name's bytes (UTF-8), not necessarily NUL-terminated. Copied.
+ * @param name_length Number of bytes of @p name.
+ * @param dtype Its `PEFT_DTYPE_*` in the file.
+ * @param shape @p ndim dimensions (may be NULL when @p ndim is 0). Copied.
+ * @param ndim Number of dimensions.
+ * @return As peft_writer_add_tensor().
+ */
+PEFT_API peft_error* peft_writer_add_tensor_n(peft_writer* writer, const char* name, size_t name_length,
+                                              int32_t dtype, const uint64_t* shape, size_t ndim);
 
 /**
  * @brief Chooses whether the file has a `__metadata__` entry at all.
@@ -678,6 +692,16 @@ PEFT_API size_t peft_writer_tensor_count(const peft_writer* writer);
 PEFT_API const char* peft_writer_tensor_name(const peft_writer* writer, size_t position);
 
 /**
+ * @brief Length in bytes of the name at @p position; differs from `strlen` of
+ *        peft_writer_tensor_name() only for a name holding NUL bytes (its storage holds this many
+ *        bytes followed by a NUL).
+ * @param writer A started writer.
+ * @param position 0 .. peft_writer_tensor_count() - 1.
+ * @return The length; 0 before peft_writer_start() or out of range.
+ */
+PEFT_API size_t peft_writer_tensor_name_length(const peft_writer* writer, size_t position);
+
+/**
  * @brief Declaration index (0-based, in peft_writer_add_tensor() order) of the tensor at @p position.
  * @param writer A started writer.
  * @param position 0 .. peft_writer_tensor_count() - 1.
@@ -703,7 +727,7 @@ PEFT_API const char* peft_writer_file_path(const peft_writer* writer, size_t fil
 /**
  * @brief Begins the next tensor, whose bytes then come through peft_writer_write().
  * @param writer A writer.
- * @param name Must be the next tensor in the writer's order.
+ * @param name Must be the next tensor in the writer's order; NULL means that tensor, whatever its name.
  * @param src_dtype Dtype of the bytes that will be given: the declared dtype for a plain copy, or
  *        another one to convert from (see peft_convert()).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT naming the tensor when it is not the next one
@@ -728,7 +752,7 @@ PEFT_API peft_error* peft_writer_write(peft_writer* writer, const void* data, ui
 /**
  * @brief Writes the next tensor whole from a buffer.
  * @param writer A writer.
- * @param name Must be the next tensor in the writer's order.
+ * @param name Must be the next tensor in the writer's order; NULL means that tensor, whatever its name.
  * @param src_dtype Dtype of @p data (the declared dtype, or one to convert from).
  * @param data The tensor's bytes, little-endian, row-major; not kept after the call.
  * @param nbytes Their number: elements x size of @p src_dtype.
@@ -742,7 +766,7 @@ PEFT_API peft_error* peft_writer_write_tensor(peft_writer* writer, const char* n
 /**
  * @brief Writes the next tensor whole from a callback that fills chunks.
  * @param writer A writer.
- * @param name Must be the next tensor in the writer's order.
+ * @param name Must be the next tensor in the writer's order; NULL means that tensor, whatever its name.
  * @param src_dtype Dtype of the bytes the callback gives (the declared dtype, or one to convert from).
  * @param source Called for each chunk until the tensor is complete (not called for zero bytes).
  * @param user_data Passed to @p source unchanged.
@@ -759,7 +783,7 @@ PEFT_API peft_error* peft_writer_write_from_callback(peft_writer* writer, const 
  * dtype differs from the source's; the pages read are released as the write goes, so rewriting a
  * large checkpoint does not keep it resident.
  * @param writer A writer.
- * @param name Must be the next tensor in the writer's order.
+ * @param name Must be the next tensor in the writer's order; NULL means that tensor, whatever its name.
  * @param ckpt The source checkpoint; only used during the call.
  * @param index The source tensor (see peft_checkpoint_find()); it must have the declared shape.
  * @return NULL on success; #PEFT_ERR_SHAPE_MISMATCH for another shape; #PEFT_ERR_UNSUPPORTED for a

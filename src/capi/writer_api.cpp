@@ -4,6 +4,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "capi/capi_common.hpp"
@@ -43,6 +44,25 @@ peft::ShardedWriter& require_sharded(peft_writer* writer, const char* what) {
   return *writer->sharded;
 }
 
+// The tensor a write call names: `name`, or the next one in the writer's order when it is NULL (the
+// only way to write a name that holds NUL bytes).
+std::string_view target_name(peft_writer* writer, const char* name) {
+  if (name != nullptr) return name;
+  writer->impl->start();
+  const size_t next = writer->impl->next_position();
+  if (next >= writer->impl->tensor_count()) {
+    peft::fail(PEFT_ERR_INVALID_ARGUMENT, "every declared tensor is already written");
+  }
+  return writer->impl->tensor_at(next).name;
+}
+
+void add_tensor(peft_writer* writer, std::string name, int32_t dtype, const uint64_t* shape, size_t ndim) {
+  require_arg(writer, "writer");
+  if (ndim > 0) require_arg(shape, "shape");
+  std::vector<uint64_t> dims(shape, shape + ndim);
+  writer->impl->add_tensor(std::move(name), checked_dtype(dtype, "dtype"), std::move(dims));
+}
+
 }  // namespace
 
 extern "C" {
@@ -74,11 +94,16 @@ void peft_writer_free(peft_writer* writer) { delete writer; }
 peft_error* peft_writer_add_tensor(peft_writer* writer, const char* name, int32_t dtype, const uint64_t* shape,
                                    size_t ndim) {
   return guarded([&] {
-    require_arg(writer, "writer");
     require_arg(name, "name");
-    if (ndim > 0) require_arg(shape, "shape");
-    std::vector<uint64_t> dims(shape, shape + ndim);
-    writer->impl->add_tensor(name, checked_dtype(dtype, "dtype"), std::move(dims));
+    add_tensor(writer, name, dtype, shape, ndim);
+  });
+}
+
+peft_error* peft_writer_add_tensor_n(peft_writer* writer, const char* name, size_t name_length, int32_t dtype,
+                                     const uint64_t* shape, size_t ndim) {
+  return guarded([&] {
+    if (name_length > 0) require_arg(name, "name");
+    add_tensor(writer, std::string(name == nullptr ? "" : name, name_length), dtype, shape, ndim);
   });
 }
 
@@ -128,6 +153,11 @@ const char* peft_writer_tensor_name(const peft_writer* writer, size_t position) 
   return writer->impl->tensor_at(position).name.c_str();
 }
 
+size_t peft_writer_tensor_name_length(const peft_writer* writer, size_t position) {
+  if (writer == nullptr || !writer->impl->started() || position >= writer->impl->tensor_count()) return 0;
+  return writer->impl->tensor_at(position).name.size();
+}
+
 size_t peft_writer_tensor_declaration(const peft_writer* writer, size_t position) {
   if (writer == nullptr || !writer->impl->started() || position >= writer->impl->tensor_count()) {
     return std::numeric_limits<size_t>::max();
@@ -148,9 +178,8 @@ const char* peft_writer_file_path(const peft_writer* writer, size_t file_index) 
 peft_error* peft_writer_begin_tensor(peft_writer* writer, const char* name, int32_t src_dtype) {
   return guarded([&] {
     require_arg(writer, "writer");
-    require_arg(name, "name");
     const peft::DType dtype = checked_dtype(src_dtype, "src_dtype");
-    writer->impl->begin_tensor(name, dtype);
+    writer->impl->begin_tensor(target_name(writer, name), dtype);
   });
 }
 
@@ -165,10 +194,9 @@ peft_error* peft_writer_write_tensor(peft_writer* writer, const char* name, int3
                                      uint64_t nbytes) {
   return guarded([&] {
     require_arg(writer, "writer");
-    require_arg(name, "name");
     if (nbytes > 0) require_arg(data, "data");
     const peft::DType dtype = checked_dtype(src_dtype, "src_dtype");
-    writer->impl->write_tensor(name, dtype, data, nbytes);
+    writer->impl->write_tensor(target_name(writer, name), dtype, data, nbytes);
   });
 }
 
@@ -176,10 +204,9 @@ peft_error* peft_writer_write_from_callback(peft_writer* writer, const char* nam
                                             peft_tensor_source_fn source, void* user_data) {
   return guarded([&] {
     require_arg(writer, "writer");
-    require_arg(name, "name");
     require_arg(reinterpret_cast<const void*>(source), "source");
     const peft::DType dtype = checked_dtype(src_dtype, "src_dtype");
-    writer->impl->write_from(name, dtype, [&](uint64_t offset, void* dst, uint64_t nbytes) {
+    writer->impl->write_from(target_name(writer, name), dtype, [&](uint64_t offset, void* dst, uint64_t nbytes) {
       return source(user_data, offset, dst, nbytes) == 0;
     });
   });
@@ -189,9 +216,8 @@ peft_error* peft_writer_write_from_checkpoint(peft_writer* writer, const char* n
                                               size_t index) {
   return guarded([&] {
     require_arg(writer, "writer");
-    require_arg(name, "name");
     require_arg(ckpt, "ckpt");
-    writer->impl->write_from_checkpoint(name, *ckpt->impl, index);
+    writer->impl->write_from_checkpoint(target_name(writer, name), *ckpt->impl, index);
   });
 }
 

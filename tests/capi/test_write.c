@@ -369,6 +369,41 @@ static void test_checkpoint_folder(void) {
   peft_checkpoint_free(src);
 }
 
+/* Names holding NUL bytes: declared with their length, written with a NULL name ("the next"). */
+static void test_names_with_nul(void) {
+  char path[512];
+  peft_writer* w = NULL;
+  peft_checkpoint* ck = NULL;
+  const char name[] = "a\0b";
+  const uint64_t shape[1] = {2};
+  const float values[2] = {1.f, 2.f};
+  size_t index = 99;
+  in_scratch("nul.safetensors", path, sizeof path);
+  CHECK_OK(peft_writer_new(path, &w));
+  CHECK_OK(peft_writer_add_tensor_n(w, name, 3, PEFT_DTYPE_F32, shape, 1));
+  CHECK_OK(peft_writer_add_tensor(w, "a", PEFT_DTYPE_F32, shape, 1)); /* not a duplicate of "a\0b" */
+  CHECK_CODE(peft_writer_add_tensor_n(w, name, 3, PEFT_DTYPE_F32, shape, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_writer_add_tensor_n(w, NULL, 3, PEFT_DTYPE_F32, shape, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(peft_writer_tensor_name_length(w, 0) == 0); /* not started */
+  CHECK_OK(peft_writer_start(w));
+  CHECK(peft_writer_tensor_name_length(w, 0) == 1);
+  CHECK(peft_writer_tensor_name_length(w, 1) == 3);
+  CHECK(memcmp(peft_writer_tensor_name(w, 1), name, 4) == 0);
+  CHECK(peft_writer_tensor_name_length(w, 2) == 0);
+  CHECK_OK(peft_writer_write_tensor(w, NULL, PEFT_DTYPE_F32, values, sizeof values));
+  CHECK_OK(peft_writer_begin_tensor(w, NULL, PEFT_DTYPE_F32));
+  CHECK_OK(peft_writer_write(w, values, sizeof values));
+  CHECK_CODE(peft_writer_write_tensor(w, NULL, PEFT_DTYPE_F32, values, sizeof values), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_writer_finish(w));
+  peft_writer_free(w);
+  CHECK_OK(peft_checkpoint_open(path, NULL, &ck));
+  if (ck == NULL) return;
+  CHECK_OK(peft_checkpoint_find_n(ck, name, 3, &index));
+  CHECK(index == 1);
+  CHECK(peft_checkpoint_tensor_name_length(ck, 1) == 3);
+  peft_checkpoint_free(ck);
+}
+
 int main(void) {
   snprintf(scratch, sizeof scratch, "/tmp/peft_test_write_XXXXXX");
   if (mkdtemp(scratch) == NULL) {
@@ -379,6 +414,7 @@ int main(void) {
   test_metadata_states();
   test_cancel_and_free();
   test_checkpoint_folder();
+  test_names_with_nul();
   remove_tree(scratch);
   printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;

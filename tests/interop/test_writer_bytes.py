@@ -442,3 +442,30 @@ def test_refusals_match_the_reference(api, tmp_path):
     finally:
         lib.peft_writer_free(writer)
     assert list(tmp_path.iterdir()) == []
+
+
+def _fixture_and_corpus_files():
+    fixtures = pathlib.Path(os.environ.get("PEFT_TEST_DATA") or REPO / "tests" / "fixtures") / "safetensors"
+    corpus = pathlib.Path(os.environ.get("PEFT_CORPUS") or REPO.parent / "shared" / "corpus" / "real")
+    files = sorted(fixtures.glob("*.safetensors")) + (sorted(corpus.rglob("*.safetensors")) if corpus.is_dir() else [])
+    return [pytest.param(f, id=f.name if f.parent == fixtures else str(f.relative_to(corpus))) for f in files] or \
+        [pytest.param(None, marks=pytest.mark.skip(reason="no fixtures or corpus files"), id="absent")]
+
+
+@pytest.mark.parametrize("path", _fixture_and_corpus_files())
+def test_peftc_convert_equals_python_resave(peftc, scratch, path):
+    """Every valid fixture and corpus file, loaded and saved again by the reference, and rewritten by
+    `peftc convert`: the same bytes (names holding NUL bytes included)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as exc:  # e.g. shapes numpy/torch cannot hold
+        pytest.skip(f"the reference cannot load it: {exc}")
+    reference = st_torch.save(tensors, metadata=metadata)
+    out = scratch / "converted.safetensors"
+    result = subprocess.run([str(peftc), "convert", str(path), str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert_same_file(out.read_bytes(), reference, metadata, str(path))

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,18 +129,12 @@ int run_convert(const Options& opts) {
         peft_checkpoint_tensor_file(ckpt.p, i) != peft_checkpoint_tensor_file(ckpt.p, i - 1)) {
       if ((err = peft_writer_break_shard(writer.p))) return report(err);
     }
-    // A name with a NUL byte comes through the C API cut short; refuse rather than rename it.
+    // With its length, a name holding NUL bytes comes through whole.
     const char* name = peft_checkpoint_tensor_name(ckpt.p, i);
-    size_t found = SIZE_MAX;
-    if (peft_error* lookup = peft_checkpoint_find(ckpt.p, name, &found)) peft_error_free(lookup);
-    if (found != i) {
-      std::fprintf(stderr, "peftc: error: UNSUPPORTED: tensor %zu's name contains a NUL byte, which the C API "
-                           "cannot pass\n", i);
-      return kExitFailure;
-    }
+    const size_t name_length = peft_checkpoint_tensor_name_length(ckpt.p, i);
     const int32_t src_dtype = peft_checkpoint_tensor_dtype(ckpt.p, i);
     const int32_t dtype = opts.dtype >= 0 && converts(src_dtype) ? opts.dtype : src_dtype;
-    err = peft_writer_add_tensor(writer.p, name, dtype,
+    err = peft_writer_add_tensor_n(writer.p, name, name_length, dtype,
                                  peft_checkpoint_tensor_shape(ckpt.p, i), peft_checkpoint_tensor_ndim(ckpt.p, i));
     if (err) return report(err);
   }
@@ -149,7 +142,8 @@ int run_convert(const Options& opts) {
   if ((err = peft_writer_start(writer.p))) return report(err);
   for (size_t p = 0; p < count; ++p) {
     const size_t source = peft_writer_tensor_declaration(writer.p, p);
-    err = peft_writer_write_from_checkpoint(writer.p, peft_writer_tensor_name(writer.p, p), ckpt.p, source);
+    // NULL: the tensor the writer expects next, which is the one declared as `source`.
+    err = peft_writer_write_from_checkpoint(writer.p, nullptr, ckpt.p, source);
     if (err) return report(err);
   }
   const size_t files = peft_writer_file_count(writer.p);
