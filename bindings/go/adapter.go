@@ -134,6 +134,9 @@ func freeAdapter(p unsafe.Pointer) { C.peft_adapter_free((*C.peft_adapter)(p)) }
 
 // Close releases the adapter (translators obtained from it stay valid). Idempotent; returns nil.
 func (a *Adapter) Close() error {
+	if a == nil {
+		return nil
+	}
 	a.h.close()
 	return nil
 }

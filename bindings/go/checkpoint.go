@@ -137,6 +137,9 @@ func freeCheckpoint(p unsafe.Pointer) { C.peft_checkpoint_free((*C.peft_checkpoi
 // Close releases the checkpoint. It is idempotent and always returns nil. Views obtained from the
 // checkpoint become invalid; calls made later fail with ErrClosed.
 func (c *Checkpoint) Close() error {
+	if c == nil {
+		return nil
+	}
 	c.h.close()
 	return nil
 }

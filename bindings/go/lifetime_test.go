@@ -124,6 +124,16 @@ func TestUseAfterClose(t *testing.T) {
 	w.Close()
 }
 
+// Close on a nil handle does nothing, as peft_<type>_free(NULL) does.
+func TestNilClose(t *testing.T) {
+	for _, c := range []io.Closer{(*peftc.Checkpoint)(nil), (*peftc.Writer)(nil), (*peftc.Adapter)(nil),
+		(*peftc.Translator)(nil), (*peftc.MergeRecord)(nil)} {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // Children keep their parents alive: a translator from an adapter works after the adapter is
 // closed and collected.
 func TestChildOutlivesParent(t *testing.T) {

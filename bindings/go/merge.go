@@ -58,12 +58,18 @@ func WithMaxShardSize(bytes uint64) MergeOption {
 // WithThreads limits the threads a merge uses: 0 (the default) for one per core, 1 for the calling
 // thread only. Results are the same for every value.
 func WithThreads(threads int) MergeOption {
-	return func(c *mergeConfig) {
-		if threads < 0 {
-			threads = 0
-		}
-		c.threads = uint32(min(threads, math.MaxUint32))
+	return func(c *mergeConfig) { c.threads = clampThreads(threads) }
+}
+
+// clampThreads maps a thread count to the C API's uint32 (negative counts mean "one per core": 0).
+func clampThreads(threads int) uint32 {
+	switch {
+	case threads < 0:
+		return 0
+	case uint64(threads) > math.MaxUint32:
+		return math.MaxUint32
 	}
+	return uint32(threads)
 }
 
 // WithProgress sets a function told the progress of a merge in bytes: done = 0 first, then at least

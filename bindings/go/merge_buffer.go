@@ -82,7 +82,7 @@ func WithKeepOriginalRows(keep bool) BufferMergeOption {
 
 // WithBufferThreads limits the threads one buffer merge uses (0, the default: one per core).
 func WithBufferThreads(threads int) BufferMergeOption {
-	return func(c *bufferMergeConfig) { c.threads = uint32(max(threads, 0)) }
+	return func(c *bufferMergeConfig) { c.threads = clampThreads(threads) }
 }
 
 // WithNativeNames makes MergeBuffer read the layer name as the host's own name, through a translator.
@@ -320,6 +320,9 @@ func loraBiasLength(p *C.peft_adapter, module string) (uint64, bool) {
 
 // Close releases the record without touching any buffer (the merge stays). Idempotent; returns nil.
 func (r *MergeRecord) Close() error {
+	if r == nil {
+		return nil
+	}
 	r.h.close()
 	return nil
 }

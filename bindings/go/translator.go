@@ -103,6 +103,9 @@ func BuiltinFamilies() ([]string, error) {
 
 // Close releases the translator. Idempotent; returns nil.
 func (t *Translator) Close() error {
+	if t == nil {
+		return nil
+	}
 	t.h.close()
 	return nil
 }

@@ -73,6 +73,9 @@ func freeWriter(p unsafe.Pointer) { C.peft_writer_free((*C.peft_writer)(p)) }
 // Close releases the writer; an unfinished output is discarded (the target keeps its old content).
 // Idempotent; always returns nil.
 func (w *Writer) Close() error {
+	if w == nil {
+		return nil
+	}
 	w.h.close()
 	return nil
 }
