@@ -1,0 +1,243 @@
+// P/Invoke declarations of include/peft_c.h, one to one. Nothing here is public: the wrappers in this
+// folder turn errors into exceptions and handles into IDisposable objects.
+//
+// Marshalling rules kept throughout (see bindings/csharp/README.md):
+// - strings go in as NUL-terminated UTF-8 byte[] built by Utf8.Encode (never the marshaller's string
+//   conversion) and come out as IntPtr decoded by Utf8.Decode, so the encoding is UTF-8 on every platform;
+// - size_t is UIntPtr, uint64_t ulong, int32_t int (booleans included: no bool in any signature);
+// - a fallible call returns ErrorHandle, a SafeHandle that owns the peft_error (invalid when NULL);
+// - handles go in as their SafeHandle type, so the marshaller holds a reference during the call and a
+//   disposed handle fails with ObjectDisposedException instead of reaching C.
+using System;
+using System.Runtime.InteropServices;
+
+namespace PeftC
+{
+    [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+    internal delegate int NativeTensorSource(IntPtr userData, ulong offset, IntPtr dst, ulong nbytes);
+
+    [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+    internal delegate int NativeProgress(IntPtr userData, ulong done, ulong total);
+
+    internal static unsafe class Native
+    {
+        // Mono maps "peft_c" to libpeft_c.so; PeftC.dll.config maps it to the ABI-versioned SONAME.
+        internal const string Lib = "peft_c";
+        private const CallingConvention Cdecl = CallingConvention.Cdecl;
+
+        // ---- versions ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_version();
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern uint peft_version_number();
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern uint peft_abi_version();
+
+        // ---- errors ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_error_code(ErrorHandle err);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_error_message(ErrorHandle err);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_error_free(IntPtr err);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_error_code_name(int code);
+
+        // ---- dtypes ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_dtype_name(int dtype);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_dtype_from_name(byte[] name);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern uint peft_dtype_bits(int dtype);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_convert(int srcDtype, void* src, int dstDtype, void* dst, ulong count);
+
+        // ---- reading ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_open_options_new(out OpenOptionsHandle opts);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_open_options_free(IntPtr opts);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_open_options_set_max_header_size(OpenOptionsHandle opts, ulong maxBytes);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_open_options_set_use_pread(OpenOptionsHandle opts, int usePread);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_open(byte[] path, OpenOptionsHandle opts, out CheckpointHandle ckpt);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_open_memory(void* data, UIntPtr size, OpenOptionsHandle opts,
+                                                                       out CheckpointHandle ckpt);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_checkpoint_free(IntPtr ckpt);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_checkpoint_file_count(CheckpointHandle c);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_checkpoint_file_path(CheckpointHandle c, UIntPtr file);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_checkpoint_has_metadata(CheckpointHandle c, UIntPtr file);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_checkpoint_metadata_count(CheckpointHandle c, UIntPtr file);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern IntPtr peft_checkpoint_metadata_key(CheckpointHandle c, UIntPtr file, UIntPtr entry);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern IntPtr peft_checkpoint_metadata_value(CheckpointHandle c, UIntPtr file, UIntPtr entry);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_checkpoint_index_metadata_json(CheckpointHandle c);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_checkpoint_tensor_count(CheckpointHandle c);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_find_n(CheckpointHandle c, byte[] name, UIntPtr nameLength, out UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_checkpoint_tensor_name_length(CheckpointHandle c, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_checkpoint_tensor_name(CheckpointHandle c, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_checkpoint_tensor_dtype(CheckpointHandle c, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_checkpoint_tensor_ndim(CheckpointHandle c, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong* peft_checkpoint_tensor_shape(CheckpointHandle c, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_tensor_offsets(CheckpointHandle c, UIntPtr i, out ulong begin, out ulong end);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_checkpoint_tensor_file(CheckpointHandle c, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_tensor_view(CheckpointHandle c, UIntPtr i, out IntPtr data, out ulong nbytes);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_tensor_read(CheckpointHandle c, UIntPtr i, int dtype, void* dst, ulong dstNbytes);
+
+        // ---- writer ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_new(byte[] path, out WriterHandle w);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_writer_new_checkpoint(byte[] folder, ulong maxShardSize, out WriterHandle w);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_writer_free(IntPtr w);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_writer_add_tensor_n(WriterHandle w, byte[] name, UIntPtr nameLength, int dtype,
+                                                                    ulong[] shape, UIntPtr ndim);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_set_metadata_present(WriterHandle w, int present);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_set_metadata(WriterHandle w, byte[] key, byte[] value);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_break_shard(WriterHandle w);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_set_index_metadata_json(WriterHandle w, byte[] json);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_start(WriterHandle w);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_writer_tensor_count(WriterHandle w);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_writer_tensor_name(WriterHandle w, UIntPtr position);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_writer_tensor_name_length(WriterHandle w, UIntPtr position);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_writer_tensor_declaration(WriterHandle w, UIntPtr position);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_writer_file_count(WriterHandle w);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_writer_file_path(WriterHandle w, UIntPtr file);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_begin_tensor(WriterHandle w, byte[] name, int srcDtype);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_write(WriterHandle w, void* data, ulong nbytes);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_writer_write_tensor(WriterHandle w, byte[] name, int srcDtype, void* data, ulong nbytes);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_writer_write_from_callback(WriterHandle w, byte[] name, int srcDtype,
+                                                                           NativeTensorSource source, IntPtr userData);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_writer_write_from_checkpoint(WriterHandle w, byte[] name, CheckpointHandle c, UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_writer_finish(WriterHandle w);
+
+        // ---- adapters and translators ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_string_free(IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_adapter_options_new(out AdapterOptionsHandle o);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_adapter_options_free(IntPtr o);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_options_set_base_dir(AdapterOptionsHandle o, byte[] baseDir);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_options_set_translator(AdapterOptionsHandle o, TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_open(byte[] dir, AdapterOptionsHandle o, out AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_adapter_free(IntPtr a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_adapter_validate(AdapterHandle a, byte[] baseDir);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_config_json(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_config_field(AdapterHandle a, byte[] field);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern long peft_adapter_r(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern double peft_adapter_lora_alpha(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_adapter_use_rslora(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_adapter_use_dora(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_adapter_lora_bias(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_adapter_fan_in_fan_out(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_peft_type(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_bias(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_task_type(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_base_model_name_or_path(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_family(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_adapter_translator(AdapterHandle a, out TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_adapter_note_count(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_note(AdapterHandle a, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_adapter_module_count(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_find_module(AdapterHandle a, byte[] name, out UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_module_name(AdapterHandle a, UIntPtr m);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_adapter_module_kind(AdapterHandle a, UIntPtr m);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern long peft_adapter_module_rank(AdapterHandle a, UIntPtr m);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern double peft_adapter_module_alpha(AdapterHandle a, UIntPtr m);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern double peft_adapter_module_scaling(AdapterHandle a, UIntPtr m);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_adapter_module_tensor_count(AdapterHandle a, UIntPtr m);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern IntPtr peft_adapter_module_tensor_role(AdapterHandle a, UIntPtr m, UIntPtr t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern IntPtr peft_adapter_module_tensor_key(AdapterHandle a, UIntPtr m, UIntPtr t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern IntPtr peft_adapter_module_tensor_base_name(AdapterHandle a, UIntPtr m, UIntPtr t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern int peft_adapter_module_tensor_dtype(AdapterHandle a, UIntPtr m, UIntPtr t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern UIntPtr peft_adapter_module_tensor_ndim(AdapterHandle a, UIntPtr m, UIntPtr t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ulong* peft_adapter_module_tensor_shape(AdapterHandle a, UIntPtr m, UIntPtr t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_module_tensor_read(AdapterHandle a, UIntPtr m, UIntPtr t, int dtype,
+                                                                           void* dst, ulong dstNbytes);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern long* peft_adapter_module_token_indices(AdapterHandle a, UIntPtr m, out UIntPtr count);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_new_builtin(byte[] family, out TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_translator_from_file(byte[] path, out TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_translator_from_json(byte[] json, out TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_detect(byte[] baseDir, byte[] modelName, out TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_translator_builtin_families(out IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_translator_free(IntPtr t);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_translator_family(TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_to_native(TranslatorHandle t, byte[] hfKey, out IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_to_hf(TranslatorHandle t, byte[] nativeKey, int withPeftPrefix, out IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_to_native_batch(TranslatorHandle t, IntPtr* keys, UIntPtr count, IntPtr* result);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_to_hf_batch(TranslatorHandle t, IntPtr* keys, UIntPtr count, int withPeftPrefix,
+                                                                       IntPtr* result);
+
+        // ---- merge ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_merge_options_new(out MergeOptionsHandle o);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_merge_options_free(IntPtr o);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_add_adapter(MergeOptionsHandle o, AdapterHandle a, double weight);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_add_adapter_dir(MergeOptionsHandle o, byte[] dir, double weight);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_merge_options_set_dtype(MergeOptionsHandle o, int dtype);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_max_shard_size(MergeOptionsHandle o, ulong maxShardSize);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_merge_options_set_threads(MergeOptionsHandle o, uint threads);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_progress(MergeOptionsHandle o, NativeProgress fn, IntPtr userData);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_checkpoint(byte[] baseDir, byte[] outDir, MergeOptionsHandle o, out MergeResultHandle r);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_merge_result_free(IntPtr r);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_merge_result_tensor_count(MergeResultHandle r, int which);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_merge_result_bytes(MergeResultHandle r);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_merge_result_file_count(MergeResultHandle r);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_result_file_name(MergeResultHandle r, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_merge_result_untied_embeddings(MergeResultHandle r);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_merge_result_note_count(MergeResultHandle r);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_result_note(MergeResultHandle r, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_merge_buffer_options_new(out MergeBufferOptionsHandle o);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_merge_buffer_options_free(IntPtr o);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_buffer_options_set_weight(MergeBufferOptionsHandle o, double weight);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_buffer_options_set_keep_original_rows(MergeBufferOptionsHandle o, int keep);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_buffer_options_set_threads(MergeBufferOptionsHandle o, uint threads);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_buffer_options_set_translator(MergeBufferOptionsHandle o, TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_buffer_apply(AdapterHandle a, byte[] name, void* data, int dtype, ulong[] shape,
+                                                                   UIntPtr ndim, void* bias, int biasDtype, MergeBufferOptionsHandle o,
+                                                                   out MergeRecordHandle record);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_buffer_remove(MergeRecordHandle record, void* data, void* bias);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_merge_record_free(IntPtr record);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_record_module(MergeRecordHandle record);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_merge_record_active(MergeRecordHandle record);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_merge_record_saved_bytes(MergeRecordHandle record);
+
+        // ---- export ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_export_options_new(out ExportOptionsHandle o);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_export_options_free(IntPtr o);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_export_options_set_dtype(ExportOptionsHandle o, int dtype);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_export_options_set_peft_version(ExportOptionsHandle o, byte[] version);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_export(AdapterHandle a, byte[] outDir, ExportOptionsHandle o);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_combine(IntPtr* adapters, double[] weights, UIntPtr count, int method,
+                                                                byte[] outDir, ExportOptionsHandle o);
+    }
+}
