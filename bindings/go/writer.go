@@ -11,6 +11,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/cgo"
+	"strings"
 	"unsafe"
 )
 
@@ -25,7 +26,8 @@ import (
 // A Writer belongs to one goroutine at a time: a call made while another is running fails with
 // ErrBusy.
 type Writer struct {
-	h handle
+	h    handle
+	next int // position (in the writer's order) of the next tensor to begin; guarded by h.busy
 }
 
 // NewWriter creates a writer of one .safetensors file at path (whose folder must exist when writing
@@ -109,16 +111,59 @@ func (w *Writer) call(strs []string, what []string, fn func(p *C.peft_writer, s 
 	return takeError(fn(p, cstrs))
 }
 
-// AddTensor declares a tensor: its name (UTF-8, not "__metadata__", not declared before), dtype in
-// the file and shape (none for a scalar).
+// AddTensor declares a tensor: its name (UTF-8, not "__metadata__", not declared before; it may
+// hold NUL bytes), dtype in the file and shape (none for a scalar).
 func (w *Writer) AddTensor(name string, dtype DType, shape ...uint64) error {
 	var shapePtr *C.uint64_t
 	if len(shape) > 0 {
 		shapePtr = (*C.uint64_t)(unsafe.Pointer(&shape[0]))
 	}
-	return w.call([]string{name}, []string{"tensor name"}, func(p *C.peft_writer, s []*C.char) *C.peft_error {
-		return C.peft_writer_add_tensor(p, s[0], C.int32_t(dtype), shapePtr, C.size_t(len(shape)))
+	var cs cstrings
+	defer cs.free()
+	cname := cs.addBytes(name)
+	return w.call(nil, nil, func(p *C.peft_writer, _ []*C.char) *C.peft_error {
+		return C.peft_writer_add_tensor_n(p, cname, C.size_t(len(name)), C.int32_t(dtype), shapePtr, C.size_t(len(shape)))
 	})
+}
+
+// writeCall runs a call that begins the next tensor: name must be that tensor's. A name holding NUL
+// bytes cannot travel as a C string, so the binding checks it against the writer's order itself and
+// passes NULL ("the next tensor"). A successful call moves on to the following tensor.
+func (w *Writer) writeCall(name string, fn func(p *C.peft_writer, cname *C.char) *C.peft_error) error {
+	var cs cstrings
+	defer cs.free()
+	p, err := w.use()
+	if err != nil {
+		return err
+	}
+	defer w.done()
+	var cname *C.char
+	if strings.IndexByte(name, 0) < 0 {
+		cname = C.CString(name)
+		cs.list = append(cs.list, cname)
+	} else {
+		if err := takeError(C.peft_writer_start(p)); err != nil {
+			return err
+		}
+		next := positionName(p, w.next)
+		if w.next >= int(C.peft_writer_tensor_count(p)) || next != name {
+			return argError("tensor %q is not the next one to write (that is %q)", name, next)
+		}
+	}
+	if err := takeError(fn(p, cname)); err != nil {
+		return err
+	}
+	w.next++
+	return nil
+}
+
+// positionName is the full name (NUL bytes included) of the tensor at a position of a started writer.
+func positionName(p *C.peft_writer, position int) string {
+	s := C.peft_writer_tensor_name(p, C.size_t(position))
+	if s == nil {
+		return ""
+	}
+	return C.GoStringN(s, C.int(C.peft_writer_tensor_name_length(p, C.size_t(position))))
 }
 
 // SetMetadataPresent chooses whether the file has a __metadata__ entry at all: false removes it and
@@ -185,7 +230,7 @@ func (w *Writer) Order() (WriteOrder, error) {
 	n := int(C.peft_writer_tensor_count(p))
 	order := WriteOrder{Names: make([]string, n), Declarations: make([]int, n)}
 	for i := 0; i < n; i++ {
-		order.Names[i] = goString(C.peft_writer_tensor_name(p, C.size_t(i)))
+		order.Names[i] = positionName(p, i)
 		order.Declarations[i] = int(C.peft_writer_tensor_declaration(p, C.size_t(i)))
 	}
 	files := int(C.peft_writer_file_count(p))
@@ -199,15 +244,15 @@ func (w *Writer) Order() (WriteOrder, error) {
 // WriteTensor writes the next tensor whole: data holds its bytes in srcType (the declared dtype, or
 // one to convert from).
 func (w *Writer) WriteTensor(name string, srcType DType, data []byte) error {
-	return w.call([]string{name}, []string{"tensor name"}, func(p *C.peft_writer, s []*C.char) *C.peft_error {
-		return C.peft_writer_write_tensor(p, s[0], C.int32_t(srcType), bytePtr(data), C.uint64_t(len(data)))
+	return w.writeCall(name, func(p *C.peft_writer, cname *C.char) *C.peft_error {
+		return C.peft_writer_write_tensor(p, cname, C.int32_t(srcType), bytePtr(data), C.uint64_t(len(data)))
 	})
 }
 
 // BeginTensor begins the next tensor, whose bytes (in srcType) then come through Write.
 func (w *Writer) BeginTensor(name string, srcType DType) error {
-	return w.call([]string{name}, []string{"tensor name"}, func(p *C.peft_writer, s []*C.char) *C.peft_error {
-		return C.peft_writer_begin_tensor(p, s[0], C.int32_t(srcType))
+	return w.writeCall(name, func(p *C.peft_writer, cname *C.char) *C.peft_error {
+		return C.peft_writer_begin_tensor(p, cname, C.int32_t(srcType))
 	})
 }
 
@@ -241,8 +286,8 @@ func (w *Writer) WriteFrom(name string, srcType DType, fill func(offset uint64, 
 	state := &sourceState{fill: fill}
 	h := cgo.NewHandle(state)
 	defer h.Delete()
-	err := w.call([]string{name}, []string{"tensor name"}, func(p *C.peft_writer, s []*C.char) *C.peft_error {
-		return C.peftc_write_from_source(p, s[0], C.int32_t(srcType), C.uintptr_t(h))
+	err := w.writeCall(name, func(p *C.peft_writer, cname *C.char) *C.peft_error {
+		return C.peftc_write_from_source(p, cname, C.int32_t(srcType), C.uintptr_t(h))
 	})
 	if state.panicked {
 		panic(state.panicVal)
@@ -278,8 +323,8 @@ func (w *Writer) WriteFromCheckpoint(name string, ckpt *Checkpoint, index int) e
 		return err
 	}
 	defer ckpt.done()
-	return w.call([]string{name}, []string{"tensor name"}, func(p *C.peft_writer, s []*C.char) *C.peft_error {
-		return C.peft_writer_write_from_checkpoint(p, s[0], cp, C.size_t(index))
+	return w.writeCall(name, func(p *C.peft_writer, cname *C.char) *C.peft_error {
+		return C.peft_writer_write_from_checkpoint(p, cname, cp, C.size_t(index))
 	})
 }
 
