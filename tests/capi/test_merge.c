@@ -1,0 +1,421 @@
+/* The merge section of the C API, from C99: every function of checkpoint merges (options, result,
+ * progress and cancellation) and of buffer merges (options, apply, remove, records), with the
+ * documented errors. Prints "N passed, M failed" and exits nonzero on any failure. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dirent.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "peft_c.h"
+
+static int passed = 0;
+static int failed = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (cond) {                                                                \
+      ++passed;                                                                \
+    } else {                                                                   \
+      ++failed;                                                                \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_OK(call)                                                                      \
+  do {                                                                                      \
+    peft_error* ok_err_ = (call);                                                           \
+    if (ok_err_ == NULL) {                                                                  \
+      ++passed;                                                                             \
+    } else {                                                                                \
+      ++failed;                                                                             \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              peft_error_code_name(peft_error_code(ok_err_)), peft_error_message(ok_err_)); \
+      peft_error_free(ok_err_);                                                             \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_CODE_NAMING(call, code, needle)                                                 \
+  do {                                                                                        \
+    peft_error* code_err_ = (call);                                                           \
+    int32_t got_ = peft_error_code(code_err_);                                                \
+    const char* msg_ = peft_error_message(code_err_);                                         \
+    const char* needle_ = (needle);                                                           \
+    if (code_err_ != NULL && got_ == (code) && msg_[0] != '\0' &&                             \
+        (needle_ == NULL || strstr(msg_, needle_) != NULL)) {                                 \
+      ++passed;                                                                               \
+    } else {                                                                                  \
+      ++failed;                                                                               \
+      fprintf(stderr, "%s:%d: %s: expected %s, got %s: %s\n", __FILE__, __LINE__, #call,     \
+              peft_error_code_name(code), peft_error_code_name(got_), msg_);                  \
+    }                                                                                         \
+    peft_error_free(code_err_);                                                               \
+  } while (0)
+#define CHECK_CODE(call, code) CHECK_CODE_NAMING(call, code, NULL)
+
+static char scratch[256];
+static char path_buf[512];
+
+static const char* data_path(const char* rel) {
+  snprintf(path_buf, sizeof path_buf, "%s/%s", PEFT_TEST_DATA, rel);
+  return path_buf;
+}
+
+static const char* scratch_path(const char* rel) {
+  static char buf[512];
+  snprintf(buf, sizeof buf, "%s/%s", scratch, rel);
+  return buf;
+}
+
+static int exists(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+static void remove_tree(const char* path) {
+  DIR* dir = opendir(path);
+  if (dir != NULL) {
+    struct dirent* e;
+    while ((e = readdir(dir)) != NULL) {
+      char child[1024];
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+      remove_tree(child);
+    }
+    closedir(dir);
+    rmdir(path);
+  } else {
+    unlink(path);
+  }
+}
+
+struct progress_log {
+  uint64_t calls;
+  uint64_t last_done;
+  uint64_t total;
+  int monotone;
+  uint64_t cancel_at; /* 0: never */
+};
+
+static int32_t on_progress(void* user, uint64_t done, uint64_t total) {
+  struct progress_log* log = (struct progress_log*)user;
+  if (log->calls > 0 && done < log->last_done) log->monotone = 0;
+  log->calls++;
+  log->last_done = done;
+  log->total = total;
+  return log->cancel_at != 0 && log->calls >= log->cancel_at ? 1 : 0;
+}
+
+/* A tensor of a checkpoint folder read as `dtype`, malloc'd; *nbytes receives its size. */
+static void* read_tensor(const char* folder, const char* name, int32_t dtype, uint64_t* nbytes) {
+  peft_checkpoint* ckpt = NULL;
+  size_t index = 0;
+  uint64_t elements = 1;
+  size_t d;
+  void* data = NULL;
+  if (peft_checkpoint_open(folder, NULL, &ckpt) != NULL) return NULL;
+  if (peft_checkpoint_find(ckpt, name, &index) == NULL) {
+    for (d = 0; d < peft_checkpoint_tensor_ndim(ckpt, index); ++d) elements *= peft_checkpoint_tensor_shape(ckpt, index)[d];
+    *nbytes = elements * (peft_dtype_bits(dtype) / 8);
+    data = malloc((size_t)*nbytes);
+    if (data != NULL && peft_checkpoint_tensor_read(ckpt, index, dtype, data, *nbytes) != NULL) {
+      free(data);
+      data = NULL;
+    }
+  }
+  peft_checkpoint_free(ckpt);
+  return data;
+}
+
+static void test_checkpoint_options(void) {
+  peft_merge_options* opts = NULL;
+  peft_adapter* adapter = NULL;
+  CHECK_CODE(peft_merge_options_new(NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_OK(peft_adapter_open(data_path("adapters/llama_lora"), NULL, &adapter));
+  CHECK_CODE(peft_merge_options_add_adapter(NULL, adapter, 1.0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter(opts, NULL, 1.0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter(opts, adapter, NAN), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter(opts, adapter, INFINITY), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter_dir(NULL, "x", 1.0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter_dir(opts, NULL, 1.0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter_dir(opts, "", 1.0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter_dir(opts, "x", NAN), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_set_dtype(NULL, PEFT_DTYPE_F32), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_set_dtype(opts, PEFT_DTYPE_I32), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_set_dtype(opts, PEFT_DTYPE_F64), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_set_dtype(opts, PEFT_DTYPE_F16));
+  CHECK_OK(peft_merge_options_set_dtype(opts, PEFT_DTYPE_BF16));
+  CHECK_OK(peft_merge_options_set_dtype(opts, PEFT_DTYPE_F32));
+  CHECK_OK(peft_merge_options_set_dtype(opts, PEFT_MERGE_DTYPE_KEEP));
+  CHECK_CODE(peft_merge_options_set_max_shard_size(NULL, 0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_set_max_shard_size(opts, 0));
+  CHECK_CODE(peft_merge_options_set_threads(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_set_threads(opts, 2));
+  CHECK_CODE(peft_merge_options_set_progress(NULL, on_progress, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_set_progress(opts, NULL, NULL));
+
+  /* No adapter yet. */
+  CHECK_CODE_NAMING(peft_merge_checkpoint(data_path("models/llama"), scratch_path("none"), opts, NULL),
+                    PEFT_ERR_INVALID_ARGUMENT, "no adapter");
+  CHECK_OK(peft_merge_options_add_adapter(opts, adapter, 1.0));
+  peft_adapter_free(adapter); /* the options keep their own reference */
+  CHECK_CODE(peft_merge_checkpoint(NULL, scratch_path("x"), opts, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_checkpoint(data_path("models/llama"), NULL, opts, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_checkpoint(data_path("models/llama"), scratch_path("x"), NULL, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_checkpoint(data_path("models/llama"), data_path("models/llama"), opts, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_checkpoint(data_path("models/no_such_model"), scratch_path("x"), opts, NULL),
+             PEFT_ERR_NOT_FOUND);
+  CHECK(!exists(scratch_path("x")));
+  /* Without a result. */
+  CHECK_OK(peft_merge_checkpoint(data_path("models/llama"), scratch_path("plain"), opts, NULL));
+  CHECK(exists(scratch_path("plain/model.safetensors")));
+  peft_merge_options_free(opts);
+  peft_merge_options_free(NULL);
+}
+
+static void test_checkpoint_merge(void) {
+  peft_merge_options* opts = NULL;
+  peft_merge_result* result = NULL;
+  struct progress_log plog = {0, 0, 0, 1, 0};
+  size_t i;
+  int saw_config = 0;
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/llama_lora"), 0.5));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/llama_lora_second"), 0.5));
+  CHECK_OK(peft_merge_options_set_dtype(opts, PEFT_DTYPE_BF16));
+  CHECK_OK(peft_merge_options_set_max_shard_size(opts, 10000));
+  CHECK_OK(peft_merge_options_set_threads(opts, 0));
+  CHECK_OK(peft_merge_options_set_progress(opts, on_progress, &plog));
+  CHECK_OK(peft_merge_checkpoint(data_path("models/llama"), scratch_path("two"), opts, &result));
+  CHECK(result != NULL);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_MERGED) == 14);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_REPLACED) == 0);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_COPIED) == 7);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_ADDED) == 0);
+  CHECK(peft_merge_result_tensor_count(result, 99) == 0);
+  CHECK(peft_merge_result_bytes(result) == 6736 * 2);
+  CHECK(peft_merge_result_file_count(result) >= 4);
+  CHECK(strcmp(peft_merge_result_file_name(result, 0), "model-00001-of-00002.safetensors") == 0);
+  for (i = 0; i < peft_merge_result_file_count(result); ++i) {
+    saw_config = saw_config || strcmp(peft_merge_result_file_name(result, i), "config.json") == 0;
+  }
+  CHECK(saw_config);
+  CHECK(peft_merge_result_file_name(result, peft_merge_result_file_count(result)) == NULL);
+  CHECK(peft_merge_result_untied_embeddings(result) == 0);
+  CHECK(peft_merge_result_note_count(result) == 0);
+  CHECK(peft_merge_result_note(result, 0) == NULL);
+  CHECK(exists(scratch_path("two/model.safetensors.index.json")));
+  CHECK(plog.calls >= 22 && plog.monotone && plog.last_done == plog.total && plog.total == 6736 * 2);
+  peft_merge_result_free(result);
+  peft_merge_result_free(NULL);
+  CHECK(peft_merge_result_tensor_count(NULL, PEFT_MERGE_TENSORS_MERGED) == 0);
+  CHECK(peft_merge_result_bytes(NULL) == 0);
+  CHECK(peft_merge_result_file_count(NULL) == 0);
+  CHECK(peft_merge_result_file_name(NULL, 0) == NULL);
+  CHECK(peft_merge_result_untied_embeddings(NULL) == 0);
+  CHECK(peft_merge_result_note_count(NULL) == 0);
+  CHECK(peft_merge_result_note(NULL, 0) == NULL);
+
+  /* Cancelling leaves no folder behind; a callback that never cancels does no harm. */
+  plog.calls = 0;
+  plog.cancel_at = 3;
+  result = NULL;
+  CHECK_CODE(peft_merge_checkpoint(data_path("models/llama"), scratch_path("cancelled"), opts, &result),
+             PEFT_ERR_CANCELLED);
+  CHECK(result == NULL);
+  CHECK(!exists(scratch_path("cancelled")));
+  peft_merge_options_free(opts);
+
+  /* Adapters of another model: every unresolved tensor is reported, nothing is written. */
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/gpt2_lora"), 1.0));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/bert_seqcls_lora"), 1.0));
+  CHECK_CODE_NAMING(peft_merge_checkpoint(data_path("models/llama"), scratch_path("wrong"), opts, NULL),
+                    PEFT_ERR_UNRESOLVED_KEY, "classifier");
+  CHECK(!exists(scratch_path("wrong")));
+  peft_merge_options_free(opts);
+  /* Two adapters replacing the same tensors conflict. */
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/bert_seqcls_lora"), 1.0));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/bert_seqcls_lora"), 1.0));
+  CHECK_CODE_NAMING(peft_merge_checkpoint(data_path("models/bert"), scratch_path("conflict"), opts, NULL),
+                    PEFT_ERR_INVALID_ARGUMENT, "replaced by both");
+  peft_merge_options_free(opts);
+}
+
+static void test_buffer_merge(void) {
+  peft_adapter* adapter = NULL;
+  peft_adapter* biased = NULL;
+  peft_merge_buffer_options* opts = NULL;
+  peft_merge_record* record = NULL;
+  peft_merge_record* second = NULL;
+  peft_merge_options* merge_opts = NULL;
+  peft_translator* llama = NULL;
+  uint64_t nbytes = 0, merged_bytes = 0, bias_bytes = 0, wb = 0;
+  const uint64_t shape[2] = {16, 16};
+  const uint64_t bad_shape[2] = {16, 15};
+  float* weight = read_tensor(data_path("models/llama"), "model.layers.0.self_attn.q_proj.weight", PEFT_DTYPE_F32, &nbytes);
+  float* original = malloc((size_t)nbytes);
+  float* merged = NULL;
+  uint16_t* bf16 = read_tensor(data_path("models/llama"), "model.layers.0.self_attn.q_proj.weight", PEFT_DTYPE_BF16, &wb);
+  uint16_t* bf16_original = malloc((size_t)wb);
+  float* qweight = read_tensor(data_path("models/qwen2"), "model.layers.0.self_attn.q_proj.weight", PEFT_DTYPE_F32, &nbytes);
+  float* qbias = read_tensor(data_path("models/qwen2"), "model.layers.0.self_attn.q_proj.bias", PEFT_DTYPE_F32, &bias_bytes);
+  float* qbias_original = malloc((size_t)bias_bytes);
+  CHECK(weight != NULL && original != NULL && bf16 != NULL && qweight != NULL && qbias != NULL);
+  if (weight == NULL || original == NULL || bf16 == NULL || bf16_original == NULL || qweight == NULL ||
+      qbias == NULL || qbias_original == NULL)
+    return;
+  memcpy(original, weight, (size_t)nbytes);
+  memcpy(bf16_original, bf16, (size_t)wb);
+  memcpy(qbias_original, qbias, (size_t)bias_bytes);
+
+  CHECK_OK(peft_adapter_open(data_path("adapters/llama_lora"), NULL, &adapter));
+  CHECK_CODE(peft_merge_buffer_options_new(NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_options_new(&opts));
+  CHECK_CODE(peft_merge_buffer_options_set_weight(NULL, 1.0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_options_set_weight(opts, NAN), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_options_set_weight(opts, 1.0));
+  CHECK_CODE(peft_merge_buffer_options_set_keep_original_rows(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_options_set_keep_original_rows(opts, 1));
+  CHECK_CODE(peft_merge_buffer_options_set_threads(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_options_set_threads(opts, 2));
+  CHECK_CODE(peft_merge_buffer_options_set_translator(NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_options_set_translator(opts, NULL));
+
+  /* Errors change nothing. */
+  CHECK_CODE(peft_merge_buffer_apply(NULL, "model.layers.0.self_attn.q_proj", weight, PEFT_DTYPE_F32, shape, 2, NULL, 0,
+                                     opts, &record), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_apply(adapter, NULL, weight, PEFT_DTYPE_F32, shape, 2, NULL, 0, opts, &record),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_apply(adapter, "model.layers.0.self_attn.q_proj", NULL, PEFT_DTYPE_F32, shape, 2, NULL,
+                                     0, opts, &record), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_apply(adapter, "model.layers.0.self_attn.q_proj", weight, PEFT_DTYPE_F32, shape, 2,
+                                     NULL, 0, opts, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_apply(adapter, "model.layers.0.self_attn.q_proj", weight, PEFT_DTYPE_F32, NULL, 2,
+                                     NULL, 0, opts, &record), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_apply(adapter, "model.layers.0.self_attn.q_proj", weight, PEFT_DTYPE_I32, shape, 2,
+                                     NULL, 0, opts, &record), PEFT_ERR_UNSUPPORTED);
+  CHECK_CODE(peft_merge_buffer_apply(adapter, "model.layers.0.self_attn.q_proj", weight, PEFT_DTYPE_F32, bad_shape, 2,
+                                     NULL, 0, opts, &record), PEFT_ERR_SHAPE_MISMATCH);
+  CHECK_CODE_NAMING(peft_merge_buffer_apply(adapter, "model.layers.9.self_attn.q_proj", weight, PEFT_DTYPE_F32, shape,
+                                            2, NULL, 0, opts, &record), PEFT_ERR_NOT_FOUND, "layers.9");
+  CHECK(record == NULL);
+  CHECK(memcmp(weight, original, (size_t)nbytes) == 0);
+
+  /* Merge with kept rows: equals the checkpoint merge, and comes off bit for bit. */
+  CHECK_OK(peft_merge_buffer_apply(adapter, "model.layers.0.self_attn.q_proj.weight", weight, PEFT_DTYPE_F32, shape, 2,
+                                   NULL, 0, opts, &record));
+  CHECK(record != NULL);
+  CHECK(strcmp(peft_merge_record_module(record), "model.layers.0.self_attn.q_proj") == 0);
+  CHECK(peft_merge_record_active(record) == 1);
+  CHECK(peft_merge_record_saved_bytes(record) > 0);
+  CHECK(memcmp(weight, original, (size_t)nbytes) != 0);
+  CHECK_OK(peft_merge_options_new(&merge_opts));
+  CHECK_OK(peft_merge_options_add_adapter_dir(merge_opts, data_path("adapters/llama_lora"), 1.0));
+  CHECK_OK(peft_merge_checkpoint(data_path("models/llama"), scratch_path("single"), merge_opts, NULL));
+  peft_merge_options_free(merge_opts);
+  merged = read_tensor(scratch_path("single"), "model.layers.0.self_attn.q_proj.weight", PEFT_DTYPE_F32, &merged_bytes);
+  CHECK(merged != NULL && merged_bytes == nbytes && memcmp(weight, merged, (size_t)nbytes) == 0);
+  free(merged);
+  /* A second merge on top must come off first. */
+  CHECK_OK(peft_translator_new_builtin("llama", &llama));
+  CHECK_OK(peft_merge_buffer_options_set_translator(opts, llama));
+  peft_translator_free(llama); /* the options keep the table */
+  CHECK_CODE(peft_merge_buffer_apply(adapter, "no/such/module", weight, PEFT_DTYPE_F32, shape, 2, NULL, 0, opts,
+                                     &second), PEFT_ERR_UNRESOLVED_KEY);
+  CHECK_OK(peft_merge_buffer_apply(adapter, "transformer/layer_0/attention/query", weight, PEFT_DTYPE_F32, shape, 2,
+                                   NULL, 0, opts, &second));
+  CHECK_CODE(peft_merge_buffer_remove(record, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_remove(second, weight, NULL));
+  CHECK(peft_merge_record_active(second) == 0);
+  CHECK_CODE(peft_merge_buffer_remove(second, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_remove(NULL, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_remove(record, NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_remove(record, weight, NULL));
+  CHECK(memcmp(weight, original, (size_t)nbytes) == 0);
+  peft_merge_record_free(record);
+  peft_merge_record_free(second);
+  peft_merge_record_free(NULL);
+  CHECK(peft_merge_record_module(NULL) == NULL);
+  CHECK(peft_merge_record_active(NULL) == 0);
+  CHECK(peft_merge_record_saved_bytes(NULL) == 0);
+
+  /* Without kept rows (default options): PEFT's arithmetic unmerge, close to the original. */
+  record = NULL;
+  CHECK_OK(peft_merge_buffer_apply(adapter, "model.layers.0.self_attn.q_proj", bf16, PEFT_DTYPE_BF16, shape, 2, NULL,
+                                   0, NULL, &record));
+  CHECK(peft_merge_record_saved_bytes(record) == 0);
+  CHECK(memcmp(bf16, bf16_original, (size_t)wb) != 0);
+  CHECK_OK(peft_merge_buffer_remove(record, bf16, NULL));
+  {
+    /* Each element back within one bf16 rounding of the merged weight's scale. */
+    size_t k, far = 0;
+    float now = 0.0f, before = 0.0f, scale = 0.0f;
+    for (k = 0; k < wb / 2; ++k) {
+      CHECK_OK(peft_convert(PEFT_DTYPE_BF16, &bf16_original[k], PEFT_DTYPE_F32, &before, 1));
+      if (fabsf(before) > scale) scale = fabsf(before);
+    }
+    for (k = 0; k < wb / 2; ++k) {
+      peft_error_free(peft_convert(PEFT_DTYPE_BF16, &bf16[k], PEFT_DTYPE_F32, &now, 1));
+      peft_error_free(peft_convert(PEFT_DTYPE_BF16, &bf16_original[k], PEFT_DTYPE_F32, &before, 1));
+      if (fabsf(now - before) > scale / 128.0f) ++far;
+    }
+    CHECK(far == 0);
+  }
+  peft_merge_record_free(record);
+
+  /* lora_B.bias: the bias buffer is required, and restored too. */
+  CHECK_OK(peft_adapter_open(data_path("adapters/qwen2_lora_bias"), NULL, &biased));
+  CHECK_OK(peft_merge_buffer_options_set_translator(opts, NULL));
+  record = NULL;
+  CHECK_CODE_NAMING(peft_merge_buffer_apply(biased, "model.layers.0.self_attn.q_proj", qweight, PEFT_DTYPE_F32, shape,
+                                            2, NULL, PEFT_DTYPE_F32, opts, &record), PEFT_ERR_INVALID_ARGUMENT, "bias");
+  CHECK_OK(peft_merge_buffer_apply(biased, "model.layers.0.self_attn.q_proj", qweight, PEFT_DTYPE_F32, shape, 2, qbias,
+                                   PEFT_DTYPE_F32, opts, &record));
+  CHECK(memcmp(qbias, qbias_original, (size_t)bias_bytes) != 0);
+  CHECK_CODE(peft_merge_buffer_remove(record, qweight, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_remove(record, qweight, qbias));
+  CHECK(memcmp(qbias, qbias_original, (size_t)bias_bytes) == 0);
+  peft_merge_record_free(record);
+
+  peft_merge_buffer_options_free(opts);
+  peft_merge_buffer_options_free(NULL);
+  peft_adapter_free(adapter);
+  peft_adapter_free(biased);
+  free(weight);
+  free(original);
+  free(bf16);
+  free(bf16_original);
+  free(qweight);
+  free(qbias);
+  free(qbias_original);
+}
+
+int main(void) {
+  char model_file[512];
+  snprintf(model_file, sizeof model_file, "%s/models/llama/model.safetensors", PEFT_TEST_DATA);
+  if (!exists(model_file)) {
+    printf("SKIP: fixtures not generated (%s is absent)\n", model_file);
+    return 0;
+  }
+  snprintf(scratch, sizeof scratch, "/tmp/peft_test_merge_XXXXXX");
+  if (mkdtemp(scratch) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_checkpoint_options();
+  test_checkpoint_merge();
+  test_buffer_merge();
+  remove_tree(scratch);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,112 @@
+// Buffer merges through an adapter: finding the module by HF or native name, and merging into and
+// removing from a host's weight, bit for bit with kept rows.
+#include <doctest/doctest.h>
+
+#include "core/error.hpp"
+#include "peft/merge_pipeline_inmemory.hpp"
+#include "test_merge_pipeline_support.hpp"
+
+using namespace merge_pipeline_test;
+
+namespace {
+
+struct HostWeight {
+  std::vector<uint8_t> bytes;
+  std::vector<int64_t> shape;
+  peft::DType dtype;
+  peft::merge::WeightView view(int64_t rows, int64_t cols) { return {bytes.data(), dtype, rows, cols}; }
+};
+
+HostWeight host_weight(const std::string& base, const std::string& name, peft::DType dtype) {
+  auto ckpt = peft::Checkpoint::open(base);
+  const size_t i = *ckpt->find(name);
+  HostWeight w;
+  w.dtype = dtype;
+  uint64_t n = 1;
+  for (uint64_t d : ckpt->tensor(i).shape) {
+    w.shape.push_back(static_cast<int64_t>(d));
+    n *= d;
+  }
+  w.bytes.resize(peft::converted_byte_size(dtype, n));
+  ckpt->read(i, dtype, w.bytes.data(), w.bytes.size());
+  return w;
+}
+
+int32_t error_code(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const peft::Error& e) {
+    return e.code();
+  }
+  return PEFT_OK;
+}
+
+}  // namespace
+
+TEST_CASE("merge pipeline: a buffer merge equals the checkpoint merge and comes off bit for bit") {
+  if (!fixtures_present()) return;
+  Scratch dir;
+  merge(model("llama"), dir.path("out"), {{adapter_dir("llama_lora"), 0.75}});
+  auto merged = peft::Checkpoint::open(dir.path("out"));
+  auto adapter = open_adapter(adapter_dir("llama_lora"));
+  for (const char* name : {"model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj.weight",
+                           "base_model.model.model.layers.0.self_attn.k_proj"}) {
+    for (peft::DType dtype : {peft::DType::F32, peft::DType::BF16, peft::DType::F16}) {
+      const std::string label = std::string(name) + " " + std::string(peft::dtype_name(dtype));
+      CAPTURE(label);
+      const peft::AdapterModule& m = peft::find_lora_module(*adapter, name, nullptr);
+      HostWeight w = host_weight(model("llama"), m.name + ".weight", dtype);
+      const std::vector<uint8_t> original = w.bytes;
+      peft::InMemoryModule im = peft::inmemory_module(adapter, m, w.shape);
+      peft::InMemoryMergeOptions options;
+      options.weight = 0.75;
+      options.keep_original_rows = true;
+      auto record = peft::MergeRecord::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, options);
+      CHECK(w.bytes != original);
+      if (dtype == peft::DType::F32) CHECK(w.bytes == raw(*merged, m.name + ".weight"));
+      record.remove(w.view(im.layout.rows(), im.layout.cols()), nullptr);
+      CHECK(w.bytes == original);
+    }
+  }
+}
+
+TEST_CASE("merge pipeline: buffer merges address modules by native name, Conv1D by shape, DoRA exactly") {
+  if (!fixtures_present()) return;
+  auto adapter = open_adapter(adapter_dir("llama_lora"));
+  const peft::Translator llama = peft::Translator::for_family("llama");
+  CHECK(peft::find_lora_module(*adapter, "transformer/layer_0/attention/query", &llama).name ==
+        "model.layers.0.self_attn.q_proj");
+  CHECK(peft::find_lora_module(*adapter, "transformer/layer_1/mlp/down/weight", &llama).name ==
+        "model.layers.1.mlp.down_proj");
+  CHECK(error_code([&] { peft::find_lora_module(*adapter, "no/such/thing", &llama); }) == PEFT_ERR_UNRESOLVED_KEY);
+  CHECK(error_code([&] { peft::find_lora_module(*adapter, "model.layers.7.self_attn.q_proj", nullptr); }) ==
+        PEFT_ERR_NOT_FOUND);
+  auto bert = open_adapter(adapter_dir("bert_seqcls_lora"));
+  CHECK(error_code([&] { peft::find_lora_module(*bert, "classifier", nullptr); }) == PEFT_ERR_UNSUPPORTED);
+  const peft::AdapterModule& q = peft::find_lora_module(*adapter, "model.layers.0.self_attn.q_proj", nullptr);
+  const std::vector<int64_t> wrong{16, 17};
+  CHECK(error_code([&] { peft::inmemory_module(adapter, q, wrong); }) == PEFT_ERR_SHAPE_MISMATCH);
+
+  // GPT-2's c_attn: [in, out] storage is recognised from the buffer's shape.
+  auto gpt2 = open_adapter(adapter_dir("gpt2_lora"));
+  const peft::AdapterModule& c_attn = peft::find_lora_module(*gpt2, "transformer.h.0.attn.c_attn", nullptr);
+  HostWeight w = host_weight(model("gpt2"), "transformer.h.0.attn.c_attn.weight", peft::DType::BF16);
+  peft::InMemoryModule im = peft::inmemory_module(gpt2, c_attn, w.shape);
+  CHECK(im.layout.transposed);
+  const auto original = w.bytes;
+  auto record = peft::MergeRecord::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, {1.0, true, 0});
+  record.remove(w.view(im.layout.rows(), im.layout.cols()), nullptr);
+  CHECK(w.bytes == original);
+
+  auto dora = open_adapter(adapter_dir("llama_dora"));
+  const peft::AdapterModule& v = peft::find_lora_module(*dora, "model.layers.1.self_attn.v_proj", nullptr);
+  HostWeight dw = host_weight(model("llama"), "model.layers.1.self_attn.v_proj.weight", peft::DType::F16);
+  peft::InMemoryModule dim = peft::inmemory_module(dora, v, dw.shape);
+  CHECK(dim.magnitude != nullptr);
+  const auto dora_original = dw.bytes;
+  auto dora_record = peft::MergeRecord::apply(dw.view(dim.layout.rows(), dim.layout.cols()), nullptr, dim,
+                                              {1.0, true, 1});
+  CHECK(dw.bytes != dora_original);
+  dora_record.remove(dw.view(dim.layout.rows(), dim.layout.cols()), nullptr);
+  CHECK(dw.bytes == dora_original);
+}
