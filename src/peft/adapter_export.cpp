@@ -16,6 +16,8 @@ namespace fs = std::filesystem;
 void prepare_folder(const std::string& out_dir) {
   if (out_dir.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "the output folder path is empty");
   std::error_code ec;
+  if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
+    fail(PEFT_ERR_INVALID_ARGUMENT, "the output path " + peft::quoted(out_dir) + " exists and is not a folder");
   fs::create_directories(out_dir, ec);
   if (ec) fail(PEFT_ERR_IO, "cannot create the output folder " + peft::quoted(out_dir) + ": " + ec.message());
   if (!fs::is_directory(out_dir, ec))

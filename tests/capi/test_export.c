@@ -1,0 +1,308 @@
+/* The export section of the C API, from C99: export options, peft_adapter_export and
+ * peft_adapter_combine, their results read back through the API, and every documented error.
+ * Prints "N passed, M failed" and exits nonzero on any failure. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dirent.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "peft_c.h"
+
+static int passed = 0;
+static int failed = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (cond) {                                                                \
+      ++passed;                                                                \
+    } else {                                                                   \
+      ++failed;                                                                \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_OK(call)                                                                      \
+  do {                                                                                      \
+    peft_error* ok_err_ = (call);                                                           \
+    if (ok_err_ == NULL) {                                                                  \
+      ++passed;                                                                             \
+    } else {                                                                                \
+      ++failed;                                                                             \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              peft_error_code_name(peft_error_code(ok_err_)), peft_error_message(ok_err_)); \
+      peft_error_free(ok_err_);                                                             \
+    }                                                                                       \
+  } while (0)
+
+/* Checks the code, and that the message names `needle` (NULL: any non-empty message). */
+#define CHECK_CODE_NAMING(call, code, needle)                                             \
+  do {                                                                                    \
+    peft_error* code_err_ = (call);                                                       \
+    int32_t got_ = peft_error_code(code_err_);                                            \
+    const char* msg_ = peft_error_message(code_err_);                                     \
+    const char* needle_ = (needle);                                                       \
+    if (code_err_ != NULL && got_ == (code) && msg_[0] != '\0' &&                         \
+        (needle_ == NULL || strstr(msg_, needle_) != NULL)) {                             \
+      ++passed;                                                                           \
+    } else {                                                                              \
+      ++failed;                                                                           \
+      fprintf(stderr, "%s:%d: %s: expected %s, got %s: %s\n", __FILE__, __LINE__, #call, \
+              peft_error_code_name(code), peft_error_code_name(got_), msg_);              \
+    }                                                                                     \
+    peft_error_free(code_err_);                                                           \
+  } while (0)
+#define CHECK_CODE(call, code) CHECK_CODE_NAMING(call, code, NULL)
+
+static char scratch[256];
+
+static const char* in_scratch(const char* name, char* buf, size_t size) {
+  snprintf(buf, size, "%s/%s", scratch, name);
+  return buf;
+}
+
+static const char* fixture(const char* name, char* buf, size_t size) {
+  snprintf(buf, size, "%s/adapters/%s", PEFT_TEST_DATA, name);
+  return buf;
+}
+
+static int exists(const char* path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+/* The whole file in a malloc'd buffer (NULL if unreadable); *size receives its length. */
+static char* slurp(const char* path, long* size) {
+  FILE* f = fopen(path, "rb");
+  char* data;
+  if (f == NULL) return NULL;
+  fseek(f, 0, SEEK_END);
+  *size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  data = (char*)malloc((size_t)*size + 1);
+  if (data != NULL && fread(data, 1, (size_t)*size, f) != (size_t)*size) {
+    free(data);
+    data = NULL;
+  }
+  fclose(f);
+  return data;
+}
+
+static int same_file(const char* a, const char* b) {
+  long na = -1, nb = -2;
+  char* da = slurp(a, &na);
+  char* db = slurp(b, &nb);
+  int same = da != NULL && db != NULL && na == nb && memcmp(da, db, (size_t)na) == 0;
+  free(da);
+  free(db);
+  return same;
+}
+
+static void remove_tree(const char* folder) {
+  DIR* dir = opendir(folder);
+  struct dirent* e;
+  char path[512];
+  if (dir == NULL) return;
+  while ((e = readdir(dir)) != NULL) {
+    struct stat st;
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    snprintf(path, sizeof path, "%s/%s", folder, e->d_name);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+      remove_tree(path);
+    } else {
+      unlink(path);
+    }
+  }
+  closedir(dir);
+  rmdir(folder);
+}
+
+static peft_adapter* open_fixture(const char* name) {
+  char dir[512];
+  peft_adapter* a = NULL;
+  CHECK_OK(peft_adapter_open(fixture(name, dir, sizeof dir), NULL, &a));
+  return a;
+}
+
+static void test_options(void) {
+  peft_export_options* opts = NULL;
+  CHECK_CODE(peft_export_options_new(NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_export_options_new(&opts));
+  CHECK(opts != NULL);
+
+  CHECK_OK(peft_export_options_set_dtype(opts, PEFT_DTYPE_F32));
+  CHECK_OK(peft_export_options_set_dtype(opts, PEFT_DTYPE_F16));
+  CHECK_OK(peft_export_options_set_dtype(opts, PEFT_DTYPE_BF16));
+  CHECK_OK(peft_export_options_set_dtype(opts, -1));
+  CHECK_CODE(peft_export_options_set_dtype(opts, PEFT_DTYPE_I32), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_dtype(opts, PEFT_DTYPE_F64), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_dtype(opts, 1000), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_dtype(NULL, PEFT_DTYPE_F32), PEFT_ERR_INVALID_ARGUMENT);
+
+  CHECK_OK(peft_export_options_set_peft_version(opts, "0.13"));
+  CHECK_OK(peft_export_options_set_peft_version(opts, "0.17.1"));
+  CHECK_OK(peft_export_options_set_peft_version(opts, NULL));
+  CHECK_OK(peft_export_options_set_peft_version(opts, ""));
+  CHECK_CODE_NAMING(peft_export_options_set_peft_version(opts, "zero.13"), PEFT_ERR_INVALID_ARGUMENT, "zero.13");
+  CHECK_CODE_NAMING(peft_export_options_set_peft_version(opts, "0.12"), PEFT_ERR_UNSUPPORTED, "0.13");
+  CHECK_CODE(peft_export_options_set_peft_version(NULL, "0.13"), PEFT_ERR_INVALID_ARGUMENT);
+
+  peft_export_options_free(opts);
+  peft_export_options_free(NULL);
+}
+
+static void test_export(void) {
+  char src[512], out[512], a[1024], b[1024];
+  peft_adapter* lora = open_fixture("llama_lora");
+  peft_adapter* bias = open_fixture("qwen2_lora_bias");
+  peft_adapter* back = NULL;
+  peft_export_options* opts = NULL;
+  size_t m, t;
+  int all_bf16 = 1;
+  if (lora == NULL || bias == NULL) return;
+
+  /* Defaults: PEFT's own files, byte for byte. */
+  CHECK_OK(peft_adapter_export(lora, in_scratch("plain", out, sizeof out), NULL));
+  fixture("llama_lora", src, sizeof src);
+  snprintf(a, sizeof a, "%s/adapter_model.safetensors", out);
+  snprintf(b, sizeof b, "%s/adapter_model.safetensors", src);
+  CHECK(same_file(a, b));
+  snprintf(a, sizeof a, "%s/adapter_config.json", out);
+  snprintf(b, sizeof b, "%s/adapter_config.json", src);
+  CHECK(same_file(a, b));
+
+  /* A dtype and a target version. */
+  CHECK_OK(peft_export_options_new(&opts));
+  CHECK_OK(peft_export_options_set_dtype(opts, PEFT_DTYPE_BF16));
+  CHECK_OK(peft_export_options_set_peft_version(opts, "0.13"));
+  CHECK_OK(peft_adapter_export(lora, in_scratch("nested/bf16_013", out, sizeof out), opts));
+  CHECK_OK(peft_adapter_open(out, NULL, &back));
+  if (back != NULL) {
+    CHECK(peft_adapter_module_count(back) == peft_adapter_module_count(lora));
+    for (m = 0; m < peft_adapter_module_count(back); ++m)
+      for (t = 0; t < peft_adapter_module_tensor_count(back, m); ++t)
+        all_bf16 = all_bf16 && peft_adapter_module_tensor_dtype(back, m, t) == PEFT_DTYPE_BF16;
+    CHECK(all_bf16);
+    CHECK(peft_adapter_config_field(back, "peft_version") == NULL);
+    CHECK(peft_adapter_config_field(back, "exclude_modules") == NULL);
+    CHECK(strcmp(peft_adapter_config_field(back, "inference_mode"), "true") == 0);
+    CHECK(strcmp(peft_adapter_config_field(back, "r"), "4") == 0);
+    peft_adapter_free(back);
+  }
+
+  /* lora_bias does not exist in PEFT 0.13: refused, nothing written. */
+  CHECK_CODE_NAMING(peft_adapter_export(bias, in_scratch("bias_013", out, sizeof out), opts), PEFT_ERR_UNSUPPORTED,
+                    "lora_bias");
+  CHECK(!exists(out));
+  CHECK_OK(peft_export_options_set_peft_version(opts, "0.14"));
+  CHECK_OK(peft_adapter_export(bias, in_scratch("bias_014", out, sizeof out), opts));
+
+  /* Argument errors. */
+  CHECK_CODE(peft_adapter_export(NULL, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_export(lora, NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_export(lora, "", NULL), PEFT_ERR_INVALID_ARGUMENT);
+  snprintf(a, sizeof a, "%s/adapter_config.json", in_scratch("plain", out, sizeof out));
+  CHECK_CODE(peft_adapter_export(lora, a, NULL), PEFT_ERR_INVALID_ARGUMENT); /* a file, not a folder */
+  CHECK(same_file(a, b));
+
+  peft_export_options_free(opts);
+  peft_adapter_free(lora);
+  peft_adapter_free(bias);
+}
+
+static void test_combine(void) {
+  char out[512];
+  const double weights[2] = {0.5, 1.5};
+  const double bad_weights[2] = {1.0, NAN};
+  peft_adapter* first = open_fixture("llama_lora");
+  peft_adapter* second = open_fixture("llama_lora_second");
+  peft_adapter* pattern = open_fixture("llama_rank_alpha_pattern");
+  peft_adapter* dora = open_fixture("llama_dora");
+  peft_adapter* back = NULL;
+  peft_export_options* opts = NULL;
+  const peft_adapter* pair[2];
+  const peft_adapter* with_null[2];
+  const peft_adapter* unequal[2];
+  const peft_adapter* with_dora[2];
+  size_t m;
+  int ranks_ok = 1;
+  if (first == NULL || second == NULL || pattern == NULL || dora == NULL) return;
+  pair[0] = first;
+  pair[1] = second;
+  with_null[0] = first;
+  with_null[1] = NULL;
+  unequal[0] = pattern;
+  unequal[1] = first;
+  with_dora[0] = first;
+  with_dora[1] = dora;
+
+  CHECK_OK(peft_adapter_combine(pair, weights, 2, PEFT_COMBINE_CAT, in_scratch("cat", out, sizeof out), NULL));
+  CHECK_OK(peft_adapter_open(out, NULL, &back));
+  if (back != NULL) {
+    CHECK(peft_adapter_r(back) == 8);
+    CHECK(peft_adapter_lora_alpha(back) == 8.0);
+    for (m = 0; m < peft_adapter_module_count(back); ++m)
+      ranks_ok = ranks_ok && peft_adapter_module_rank(back, m) == 8 && peft_adapter_module_scaling(back, m) == 1.0;
+    CHECK(ranks_ok);
+    CHECK(strcmp(peft_adapter_config_field(back, "rank_pattern"), "{}") == 0);
+    peft_adapter_free(back);
+    back = NULL;
+  }
+
+  CHECK_OK(peft_export_options_new(&opts));
+  CHECK_OK(peft_export_options_set_dtype(opts, PEFT_DTYPE_F16));
+  CHECK_OK(peft_adapter_combine(pair, weights, 2, PEFT_COMBINE_LINEAR, in_scratch("linear", out, sizeof out), opts));
+  CHECK_OK(peft_adapter_open(out, NULL, &back));
+  if (back != NULL) {
+    CHECK(peft_adapter_r(back) == 4);
+    CHECK(peft_adapter_module_tensor_dtype(back, 0, 0) == PEFT_DTYPE_F16);
+    peft_adapter_free(back);
+  }
+
+  /* Errors: nothing is written. */
+  in_scratch("failed", out, sizeof out);
+  CHECK_CODE(peft_adapter_combine(NULL, weights, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_combine(pair, NULL, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_combine(pair, weights, 2, PEFT_COMBINE_CAT, NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_combine(pair, weights, 0, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE_NAMING(peft_adapter_combine(pair, weights, 2, 7, out, NULL), PEFT_ERR_INVALID_ARGUMENT, "7");
+  CHECK_CODE_NAMING(peft_adapter_combine(with_null, weights, 2, PEFT_COMBINE_CAT, out, NULL),
+                    PEFT_ERR_INVALID_ARGUMENT, "adapters[1]");
+  CHECK_CODE(peft_adapter_combine(pair, bad_weights, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE_NAMING(peft_adapter_combine(unequal, weights, 2, PEFT_COMBINE_LINEAR, out, NULL),
+                    PEFT_ERR_INVALID_ARGUMENT, "rank");
+  CHECK_CODE_NAMING(peft_adapter_combine(with_dora, weights, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_UNSUPPORTED,
+                    "DoRA");
+  CHECK(!exists(out));
+
+  peft_export_options_free(opts);
+  peft_adapter_free(first);
+  peft_adapter_free(second);
+  peft_adapter_free(pattern);
+  peft_adapter_free(dora);
+}
+
+int main(void) {
+  char probe[512];
+  snprintf(probe, sizeof probe, "%s/adapters/llama_lora/adapter_config.json", PEFT_TEST_DATA);
+  if (!exists(probe)) {
+    printf("SKIP: fixture %s is absent (run tests/fixtures/generate.py)\n", probe);
+    return 0;
+  }
+  snprintf(scratch, sizeof scratch, "/tmp/peft_test_export_XXXXXX");
+  if (mkdtemp(scratch) == NULL) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_options();
+  test_export();
+  test_combine();
+  remove_tree(scratch);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
