@@ -2,8 +2,9 @@
 # Tests of the Rust binding and the Rust example. scripts/test.sh runs it from the repository root as
 # `bash bindings/rust/test.sh`, after installing the library into build/prefix with PKG_CONFIG_PATH and
 # LD_LIBRARY_PATH pointing there. Steps: cargo fmt --check, cargo clippy, cargo test --locked (the
-# header check of peft-c-sys, the peft-c tests and doctests), the README snippet check, then build and
-# run examples/rust on the fixtures and compare its merged model byte for byte with `peftc merge`.
+# header check of peft-c-sys, the peft-c tests and doctests), cargo doc, the README snippet check,
+# then build and run examples/rust on the fixtures and compare its merged model byte for byte with
+# `peftc merge`.
 # Exits nonzero if any step fails.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -106,6 +107,8 @@ else
   echo "-- rust: cargo clippy: skipped (no clippy component)"
 fi
 step "cargo test" cargo_test
+step "cargo doc (warnings are errors)" env RUSTDOCFLAGS="-D warnings" bash -c \
+  'cd "$1" && "$2" doc --locked --no-deps --workspace -q' _ "$root/bindings/rust" "$cargo"
 step "README snippet" readme_snippet
 step "examples/rust" example
 

@@ -289,6 +289,14 @@ functions! {
         shape: *const u64,
         ndim: usize,
     ) -> *mut peft_error;
+    pub fn peft_writer_add_tensor_n(
+        writer: *mut peft_writer,
+        name: *const c_char,
+        name_length: usize,
+        dtype: i32,
+        shape: *const u64,
+        ndim: usize,
+    ) -> *mut peft_error;
     pub fn peft_writer_set_metadata_present(writer: *mut peft_writer, present: i32) -> *mut peft_error;
     pub fn peft_writer_set_metadata(writer: *mut peft_writer, key: *const c_char, value: *const c_char)
         -> *mut peft_error;
@@ -298,6 +306,7 @@ functions! {
     pub fn peft_writer_start(writer: *mut peft_writer) -> *mut peft_error;
     pub fn peft_writer_tensor_count(writer: *const peft_writer) -> usize;
     pub fn peft_writer_tensor_name(writer: *const peft_writer, position: usize) -> *const c_char;
+    pub fn peft_writer_tensor_name_length(writer: *const peft_writer, position: usize) -> usize;
     pub fn peft_writer_tensor_declaration(writer: *const peft_writer, position: usize) -> usize;
     pub fn peft_writer_file_count(writer: *const peft_writer) -> usize;
     pub fn peft_writer_file_path(writer: *const peft_writer, file_index: usize) -> *const c_char;

@@ -27,12 +27,21 @@ struct Signature {
     ret: String,
 }
 
+/// A struct field: a plain value of a Rust type, or a function pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Field {
+    Value { name: String, ty: String },
+    Function { name: String, signature: Signature },
+}
+
 #[derive(Debug, Default)]
 struct Header {
     functions: BTreeMap<String, Signature>,
     callbacks: BTreeMap<String, Signature>,
     opaque_types: Vec<String>,
     constants: BTreeMap<String, i64>,
+    /// Structs defined in the header (`typedef struct X { ... } X;`), fields in order.
+    structs: BTreeMap<String, Vec<Field>>,
     /// Statements the parser could not classify.
     unknown: Vec<String>,
 }
@@ -244,6 +253,63 @@ fn split_signature(tokens: &[String]) -> Option<(&[String], &str, &[String])> {
     Some((&tokens[..open - 1], tokens[open - 1].as_str(), &tokens[open + 1..tokens.len() - 1]))
 }
 
+/// Parses one struct field: `T name` or `R (*name)(PARAMS)`.
+fn parse_field(tokens: &[String]) -> Result<Field, String> {
+    if let Some(open) = tokens.windows(2).position(|w| w[0] == "(" && w[1] == "*") {
+        let ok = tokens.len() > open + 4 && tokens[open + 3] == ")" && tokens[open + 4] == "(";
+        if !ok || tokens.last().map(String::as_str) != Some(")") {
+            return Err(format!("not a function pointer field: {}", tokens.join(" ")));
+        }
+        let ret = rust_type(&tokens[..open])?;
+        let params = parameter_types(&tokens[open + 5..tokens.len() - 1])?;
+        return Ok(Field::Function { name: tokens[open + 2].clone(), signature: Signature { params, ret } });
+    }
+    match tokens.split_last() {
+        Some((name, ty)) if is_identifier(name) && !ty.is_empty() => {
+            Ok(Field::Value { name: name.clone(), ty: rust_type(ty)? })
+        }
+        _ => Err(format!("not a field: {}", tokens.join(" "))),
+    }
+}
+
+/// Removes every `typedef struct X { FIELDS } X;` from `code`, recording its fields in `header`.
+fn take_structs(code: &str, header: &mut Header) -> String {
+    let mut rest = code;
+    let mut out = String::new();
+    while let Some(start) = rest.find("typedef struct") {
+        let Some(open) = rest[start..].find(['{', ';']).map(|i| start + i) else { break };
+        if rest.as_bytes()[open] == b';' {
+            out.push_str(&rest[..=open]); // an opaque typedef
+            rest = &rest[open + 1..];
+            continue;
+        }
+        let Some(close) = rest[open..].find('}').map(|i| open + i) else { break };
+        let Some(end) = rest[close..].find(';').map(|i| close + i) else { break };
+        out.push_str(&rest[..start]);
+        let head = tokenize(&rest[start..open]);
+        let tail = tokenize(&rest[close + 1..end]);
+        let name = head.get(2).cloned().unwrap_or_default();
+        if head.len() != 3 || tail != [name.clone()] {
+            header.unknown.push(format!("struct {}", head.join(" ")));
+        }
+        let mut fields = Vec::new();
+        for field in rest[open + 1..close].split(';') {
+            let tokens = tokenize(field);
+            if tokens.is_empty() {
+                continue;
+            }
+            match parse_field(&tokens) {
+                Ok(f) => fields.push(f),
+                Err(e) => header.unknown.push(format!("struct {name}: {e}")),
+            }
+        }
+        header.structs.insert(name, fields);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn parse_header(text: &str) -> Header {
     let mut header = Header::default();
     let text = strip_comments(text);
@@ -270,6 +336,7 @@ fn parse_header(text: &str) -> Header {
         code.push('\n');
     }
     let code = code.replace("extern \"C\" {", " ");
+    let code = take_structs(&code, &mut header);
     for statement in code.split(';') {
         let tokens: Vec<String> = tokenize(statement).into_iter().skip_while(|t| t == "}").collect();
         if tokens.is_empty() {
@@ -411,6 +478,11 @@ fn checker_notices_differences() {
         PEFT_API peft_error* peft_f(const peft_thing* const* things, size_t n, char** out, const void** view);
         PEFT_API void peft_g(void);
         struct oddity { int x; };
+        typedef struct peft_table {
+          uint32_t size;
+          const char* (*name)(void);
+          peft_error* (*open)(const char* path, peft_thing** out);
+        } peft_table;
     "#;
     let header = parse_header(sample);
     assert_eq!(header.constants.get("PEFT_B"), Some(&31));
@@ -431,6 +503,20 @@ fn checker_notices_differences() {
     assert_eq!(header.functions["peft_g"], Signature { params: vec![], ret: String::new() });
     assert_eq!(header.callbacks["peft_cb"].params, ["*mutc_void", "*constu64"]);
     assert_eq!(header.unknown.len(), 1, "{:?}", header.unknown);
+    assert_eq!(
+        header.structs["peft_table"],
+        [
+            Field::Value { name: "size".into(), ty: "u32".into() },
+            Field::Function { name: "name".into(), signature: Signature { params: vec![], ret: "*constc_char".into() } },
+            Field::Function {
+                name: "open".into(),
+                signature: Signature {
+                    params: vec!["*constc_char".into(), "*mut*mutpeft_thing".into()],
+                    ret: "*mutpeft_error".into()
+                }
+            },
+        ]
+    );
 
     let wrong = [
         Declaration {

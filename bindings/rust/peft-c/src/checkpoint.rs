@@ -215,7 +215,8 @@ impl Checkpoint {
         }
     }
 
-    /// What the header says about tensor `index`; None when out of range.
+    /// What the header says about tensor `index`; None when out of range (or when its dtype is
+    /// newer than this binding).
     pub fn tensor(&self, index: usize) -> Option<TensorInfo<'_>> {
         // SAFETY: a live handle; every getter checks the index; borrowed data lives as long as self.
         unsafe {
@@ -236,10 +237,9 @@ impl Checkpoint {
         self.tensor(index).ok_or_else(|| Error::new(ErrorCode::Internal, format!("tensor {name:?} vanished")))
     }
 
-    /// Every tensor, in index order.
-    pub fn tensors(&self) -> impl ExactSizeIterator<Item = TensorInfo<'_>> + '_ {
-        // Indices below len() are always valid, so no tensor is skipped.
-        (0..self.len()).map(move |i| self.tensor(i).expect("tensor index below the count"))
+    /// Every tensor, in index order (a tensor of a dtype newer than this binding is skipped).
+    pub fn tensors(&self) -> impl Iterator<Item = TensorInfo<'_>> + '_ {
+        (0..self.len()).filter_map(move |i| self.tensor(i))
     }
 
     /// A zero-copy view of tensor `index`'s bytes (little-endian, row-major), valid as long as

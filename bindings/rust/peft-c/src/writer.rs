@@ -1,5 +1,6 @@
 //! Writing safetensors files and checkpoint folders, byte-identical to the reference writer.
 
+use std::ffi::{c_char, CString};
 use std::fmt;
 use std::path::Path;
 
@@ -9,19 +10,28 @@ use crate::callback::{source_trampoline, CallbackState};
 use crate::checkpoint::Checkpoint;
 use crate::dtype::{as_bytes, require_little_endian, DType, Element};
 use crate::error::{check, Error, ErrorCode, Result};
-use crate::ffi::{borrowed_path, borrowed_str, c_path, c_string, handle, new_handle};
+use crate::ffi::{borrowed_path, borrowed_slice, c_path, c_string, new_handle};
 
-handle!(
-    /// A streaming writer of one `.safetensors` file ([`Writer::new`]) or of a checkpoint folder
-    /// laid out as transformers writes it ([`Writer::checkpoint`]).
-    ///
-    /// Declare every tensor, then write each in [`Writer::order`], then [`Writer::finish`]. The
-    /// output appears atomically when finishing succeeds; dropping an unfinished writer discards it.
-    /// A writer belongs to one thread at a time (`Send`, not `Sync`).
-    Writer,
-    sys::peft_writer,
-    sys::peft_writer_free
-);
+/// A streaming writer of one `.safetensors` file ([`Writer::new`]) or of a checkpoint folder laid
+/// out as transformers writes it ([`Writer::checkpoint`]).
+///
+/// Declare every tensor, then write each in [`Writer::order`], then [`Writer::finish`]. The output
+/// appears atomically when finishing succeeds; dropping an unfinished writer discards it. A writer
+/// belongs to one thread at a time (`Send`, not `Sync`).
+pub struct Writer {
+    raw: std::ptr::NonNull<sys::peft_writer>,
+    /// Position, in the writer's order, of the next tensor to begin. Every successful call that
+    /// begins a tensor begins the one at this position (the library refuses any other), so counting
+    /// them tells which tensor comes next.
+    next: usize,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // SAFETY: owned by self and freed once, here; an unfinished output is discarded.
+        unsafe { sys::peft_writer_free(self.raw.as_ptr()) }
+    }
+}
 
 // SAFETY: the header lets a writer be used by one thread at a time, any thread; it is not Sync and
 // every mutating call takes &mut self.
@@ -32,7 +42,8 @@ impl Writer {
     pub fn new(path: impl AsRef<Path>) -> Result<Writer> {
         let path = c_path(path.as_ref())?;
         // SAFETY: a valid string; the constructor stores an owned handle.
-        Ok(Writer { raw: unsafe { new_handle(|out| sys::peft_writer_new(path.as_ptr(), out))? } })
+        let raw = unsafe { new_handle(|out| sys::peft_writer_new(path.as_ptr(), out))? };
+        Ok(Writer { raw, next: 0 })
     }
 
     /// A writer of a checkpoint folder, sharded by `max_shard_size` bytes of tensor data (0: one file).
@@ -40,19 +51,31 @@ impl Writer {
         let folder = c_path(folder.as_ref())?;
         // SAFETY: as above.
         let raw = unsafe { new_handle(|out| sys::peft_writer_new_checkpoint(folder.as_ptr(), max_shard_size, out))? };
-        Ok(Writer { raw })
+        Ok(Writer { raw, next: 0 })
+    }
+
+    /// The raw handle, for calls through `peft-c-sys`. It stays owned by `self`.
+    pub fn as_ptr(&self) -> *const sys::peft_writer {
+        self.raw.as_ptr()
     }
 
     fn ptr(&mut self) -> *mut sys::peft_writer {
         self.raw.as_ptr()
     }
 
-    /// Declares a tensor.
+    /// Declares a tensor: its name (UTF-8, not `__metadata__`, not declared before; it may hold NUL
+    /// bytes), its dtype in the file and its shape (empty for a scalar).
     pub fn add_tensor(&mut self, name: &str, dtype: DType, shape: &[u64]) -> Result<()> {
-        let name = c_string(name, "tensor name")?;
-        // SAFETY: valid arguments; shape is copied.
+        // SAFETY: name.len() readable bytes and shape.len() dimensions, both copied.
         unsafe {
-            check(sys::peft_writer_add_tensor(self.ptr(), name.as_ptr(), dtype.raw(), shape.as_ptr(), shape.len()))
+            check(sys::peft_writer_add_tensor_n(
+                self.ptr(),
+                name.as_ptr().cast(),
+                name.len(),
+                dtype.raw(),
+                shape.as_ptr(),
+                shape.len(),
+            ))
         }
     }
 
@@ -94,10 +117,18 @@ impl Writer {
         unsafe { sys::peft_writer_tensor_count(self.raw.as_ptr()) }
     }
 
-    /// Name of the tensor to write at `position`; None before [`Writer::start`] or out of range.
+    /// Name of the tensor to write at `position` (NUL bytes included); None before
+    /// [`Writer::start`] or out of range.
     pub fn tensor_name(&self, position: usize) -> Option<&str> {
-        // SAFETY: the string lives as long as the writer.
-        unsafe { borrowed_str(sys::peft_writer_tensor_name(self.raw.as_ptr(), position)) }
+        // SAFETY: the name's storage holds `length` bytes (then a NUL) and lives as long as the writer.
+        unsafe {
+            let ptr = sys::peft_writer_tensor_name(self.raw.as_ptr(), position);
+            if ptr.is_null() {
+                return None;
+            }
+            let length = sys::peft_writer_tensor_name_length(self.raw.as_ptr(), position);
+            std::str::from_utf8(borrowed_slice(ptr.cast::<u8>(), length)).ok()
+        }
     }
 
     /// Declaration index of the tensor at `position`; None before start or out of range.
@@ -124,11 +155,39 @@ impl Writer {
         unsafe { borrowed_path(sys::peft_writer_file_path(self.raw.as_ptr(), file)) }
     }
 
+    /// The C name to pass for the next tensor, which must be `name`. A name holding NUL bytes
+    /// cannot travel as a C string: the binding checks it against the writer's order itself and
+    /// passes NULL, which the library reads as "the next tensor".
+    fn next_tensor_name(&mut self, name: &str) -> Result<Option<CString>> {
+        if !name.contains('\0') {
+            return c_string(name, "tensor name").map(Some);
+        }
+        self.start()?;
+        match self.tensor_name(self.next) {
+            Some(next) if next == name => Ok(None),
+            next => Err(Error::invalid_argument(format!(
+                "tensor {name:?} is not the next one to write (that is {:?})",
+                next.unwrap_or("none: every tensor has begun")
+            ))),
+        }
+    }
+
+    /// Runs a call that begins the next tensor, named `name`, and moves on once it succeeds.
+    fn begin_call(
+        &mut self,
+        name: &str,
+        call: impl FnOnce(*mut sys::peft_writer, *const c_char) -> Result<()>,
+    ) -> Result<()> {
+        let c_name = self.next_tensor_name(name)?;
+        call(self.ptr(), c_name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()))?;
+        self.next += 1;
+        Ok(())
+    }
+
     /// Begins the next tensor; its bytes (of `src_dtype`) then come through [`Writer::write`].
     pub fn begin_tensor(&mut self, name: &str, src_dtype: DType) -> Result<()> {
-        let name = c_string(name, "tensor name")?;
-        // SAFETY: valid arguments.
-        unsafe { check(sys::peft_writer_begin_tensor(self.ptr(), name.as_ptr(), src_dtype.raw())) }
+        // SAFETY: a live handle and a valid name or NULL.
+        self.begin_call(name, |w, name| unsafe { check(sys::peft_writer_begin_tensor(w, name, src_dtype.raw())) })
     }
 
     /// Appends bytes of the tensor begun with [`Writer::begin_tensor`].
@@ -140,17 +199,12 @@ impl Writer {
     /// Writes the next tensor whole from bytes of `src_dtype` (converted when it is not the
     /// declared dtype).
     pub fn write_tensor(&mut self, name: &str, src_dtype: DType, data: &[u8]) -> Result<()> {
-        let name = c_string(name, "tensor name")?;
-        // SAFETY: data.len() readable bytes, not kept.
-        unsafe {
-            check(sys::peft_writer_write_tensor(
-                self.ptr(),
-                name.as_ptr(),
-                src_dtype.raw(),
-                data.as_ptr().cast(),
-                data.len() as u64,
-            ))
-        }
+        self.begin_call(name, |w, name| {
+            // SAFETY: data.len() readable bytes, not kept.
+            unsafe {
+                check(sys::peft_writer_write_tensor(w, name, src_dtype.raw(), data.as_ptr().cast(), data.len() as u64))
+            }
+        })
     }
 
     /// Writes the next tensor whole from typed values (converted when `T` is not the declared dtype).
@@ -167,18 +221,20 @@ impl Writer {
     where
         F: FnMut(u64, &mut [u8]) -> std::io::Result<()>,
     {
-        let c_name = c_string(name, "tensor name")?;
         let mut state = CallbackState::<F, std::io::Error>::new(source);
-        // SAFETY: the state outlives the call and the trampoline matches its type.
-        let result = unsafe {
-            check(sys::peft_writer_write_from_callback(
-                self.ptr(),
-                c_name.as_ptr(),
-                src_dtype.raw(),
-                Some(source_trampoline::<F>),
-                state.as_user_data(),
-            ))
-        };
+        let user_data = state.as_user_data();
+        let result = self.begin_call(name, |w, name| {
+            // SAFETY: the state outlives the call and the trampoline matches its type.
+            unsafe {
+                check(sys::peft_writer_write_from_callback(
+                    w,
+                    name,
+                    src_dtype.raw(),
+                    Some(source_trampoline::<F>),
+                    user_data,
+                ))
+            }
+        });
         match (result, state.finish()) {
             (Err(e), Some(reason)) if e.code() == ErrorCode::Cancelled => {
                 Err(Error::new(ErrorCode::Cancelled, format!("{}: {reason}", e.message())))
@@ -190,9 +246,10 @@ impl Writer {
     /// Writes the next tensor from tensor `index` of an opened checkpoint (streamed, converted to
     /// the declared dtype if needed).
     pub fn write_from_checkpoint(&mut self, name: &str, checkpoint: &Checkpoint, index: usize) -> Result<()> {
-        let name = c_string(name, "tensor name")?;
-        // SAFETY: valid handles and string.
-        unsafe { check(sys::peft_writer_write_from_checkpoint(self.ptr(), name.as_ptr(), checkpoint.as_ptr(), index)) }
+        self.begin_call(name, |w, name| {
+            // SAFETY: live handles and a valid name or NULL.
+            unsafe { check(sys::peft_writer_write_from_checkpoint(w, name, checkpoint.as_ptr(), index)) }
+        })
     }
 
     /// Completes the output: flushes every file and renames it into place. A missing tensor is an
