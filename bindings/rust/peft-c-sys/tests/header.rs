@@ -507,7 +507,10 @@ fn checker_notices_differences() {
         header.structs["peft_table"],
         [
             Field::Value { name: "size".into(), ty: "u32".into() },
-            Field::Function { name: "name".into(), signature: Signature { params: vec![], ret: "*constc_char".into() } },
+            Field::Function {
+                name: "name".into(),
+                signature: Signature { params: vec![], ret: "*constc_char".into() }
+            },
             Field::Function {
                 name: "open".into(),
                 signature: Signature {
