@@ -271,27 +271,28 @@ COMBINATIONS = [
 ]
 
 
-def _peft_combination(names, weights, how):
-    base = base_dir(names[0])
-    model = PeftModel.from_pretrained(load_base(base), ADAPTERS / names[0], adapter_name="a0").eval()
-    for i, name in enumerate(names[1:], start=1):
-        model.load_adapter(ADAPTERS / name, adapter_name=f"a{i}")
-    model.add_weighted_adapter([f"a{i}" for i in range(len(names))], weights, "combined", combination_type=how)
+def _peft_combination(dirs, weights, how, base):
+    model = PeftModel.from_pretrained(load_base(base), dirs[0], adapter_name="a0").eval()
+    for i, d in enumerate(dirs[1:], start=1):
+        model.load_adapter(d, adapter_name=f"a{i}")
+    model.add_weighted_adapter([f"a{i}" for i in range(len(dirs))], weights, "combined", combination_type=how)
     model.set_adapter("combined")
     return model
 
 
-@pytest.mark.parametrize("names,weights,how", COMBINATIONS,
-                         ids=["+".join(c[0]) + f"-{c[2]}" for c in COMBINATIONS])
-def test_combine_equals_add_weighted_adapter(names, weights, how, peftc_binary, tmp_path):
-    out = tmp_path / "combined"
+def _factors(layer, name):
+    if name in layer.lora_A:
+        return layer.lora_A[name].weight, layer.lora_B[name].weight
+    return layer.lora_embedding_A[name], layer.lora_embedding_B[name]
+
+
+def _check_combination(peftc, dirs, weights, how, base, out):
     args = ["adapter", "combine", "--method", how, "--out", out]
-    for name, weight in zip(names, weights):
-        args += ["--adapter", f"{ADAPTERS / name}:{weight!r}"]
-    run(peftc_binary, *args)
-    base = base_dir(names[0])
+    for d, weight in zip(dirs, weights):
+        args += ["--adapter", f"{d}:{weight!r}"]
+    run(peftc, *args)
     ours = load_clean(base, out)
-    reference = _peft_combination(names, weights, how)
+    reference = _peft_combination(dirs, weights, how, base)
 
     # The config PEFT would save for the combination (target_modules: a set, in hash order for PEFT).
     reference_config = reference.peft_config["combined"].to_dict()
@@ -315,8 +316,8 @@ def test_combine_equals_add_weighted_adapter(names, weights, how, peftc_binary, 
     for module_name, layer in ours_layers.items():
         ref = ref_layers[module_name]
         assert layer.scaling["default"] == ref.scaling["combined"], module_name
-        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
-        ra, rb = ref.lora_A["combined"].weight, ref.lora_B["combined"].weight
+        a, b = _factors(layer, "default")
+        ra, rb = _factors(ref, "combined")
         assert a.shape == ra.shape and b.shape == rb.shape, module_name
         # -0.0 and 0.0 compare equal: PEFT's padding is a random init times 0.0
         assert torch.equal(a, ra), module_name
@@ -324,6 +325,41 @@ def test_combine_equals_add_weighted_adapter(names, weights, how, peftc_binary, 
         with torch.no_grad():
             assert torch.equal(layer.get_delta_weight("default"), ref.get_delta_weight("combined")), module_name
     assert torch.equal(logits(ours, base), logits(reference, base))
+
+
+@pytest.mark.parametrize("names,weights,how", COMBINATIONS,
+                         ids=["+".join(c[0]) + f"-{c[2]}" for c in COMBINATIONS])
+def test_combine_equals_add_weighted_adapter(names, weights, how, peftc_binary, tmp_path):
+    _check_combination(peftc_binary, [ADAPTERS / n for n in names], weights, how, base_dir(names[0]),
+                       tmp_path / "combined")
+
+
+def _make_adapter(base: pathlib.Path, out: pathlib.Path, seed: int, **lora) -> pathlib.Path:
+    """A PEFT adapter with seeded random factors, saved without full embedding copies."""
+    model = peft.get_peft_model(load_base(base), LoraConfig(**lora))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out, save_embedding_layers=False)
+    return out
+
+
+@pytest.mark.parametrize("how", ["cat", "linear"])
+def test_combine_embedding_and_conv_layers(how, peftc_binary, tmp_path):
+    llama = FIXTURES / "models" / "llama"
+    rank2 = 2 if how == "cat" else 4  # cat takes different ranks
+    first = _make_adapter(llama, tmp_path / "e1", 1, r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"],
+                          task_type="CAUSAL_LM")
+    second = _make_adapter(llama, tmp_path / "e2", 2, r=rank2, lora_alpha=4, target_modules=["embed_tokens"],
+                           task_type="CAUSAL_LM")
+    _check_combination(peftc_binary, [first, second], [0.8, -0.6], how, llama, tmp_path / "emb")
+
+    vit = FIXTURES / "models" / "vit"
+    c1 = _make_adapter(vit, tmp_path / "c1", 3, r=4, lora_alpha=8, target_modules=["projection"])
+    c2 = _make_adapter(vit, tmp_path / "c2", 4, r=rank2, lora_alpha=16, target_modules=["projection"])
+    _check_combination(peftc_binary, [c1, c2], [1.5, 0.5], how, vit, tmp_path / "conv")
 
 
 def test_combine_refuses_what_peft_would_get_wrong(peftc_binary, tmp_path):
@@ -341,7 +377,8 @@ def test_combine_refuses_what_peft_would_get_wrong(peftc_binary, tmp_path):
 def test_layers_to_transform_inheritance_is_what_peft_does(tmp_path):
     """The refusal above is justified: PEFT's combination with llama_layers_to_transform first silently
     loses llama_lora's layer-0 modules."""
-    model = _peft_combination(["llama_layers_to_transform", "llama_lora"], [1.0, 1.0], "cat")
+    model = _peft_combination([ADAPTERS / "llama_layers_to_transform", ADAPTERS / "llama_lora"], [1.0, 1.0], "cat",
+                              base_dir("llama_lora"))
     adapted = {n for n, m in model.named_modules() if isinstance(m, LoraLayer) and "combined" in m.lora_A}
     assert adapted and all(".layers.1." in n for n in adapted)
     from_lora = {n for n, m in model.named_modules() if isinstance(m, LoraLayer) and "a1" in m.lora_A}
