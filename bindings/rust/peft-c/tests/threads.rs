@@ -110,3 +110,40 @@ fn adapter_and_translator_are_shared_across_threads() {
         }
     });
 }
+
+/// Handles that belong to one thread at a time may move to another thread and be used there.
+#[test]
+fn writer_and_options_move_between_threads() {
+    let tmp = common::TempDir::new("threads-move");
+    let path = tmp.join("moved.safetensors");
+    let mut writer = peft_c::Writer::new(&path).unwrap();
+    writer.add_tensor("x", DType::F32, &[2]).unwrap();
+    let writer = std::thread::spawn(move || {
+        writer.write_tensor_as("x", &[1.0f32, 2.0]).unwrap();
+        writer
+    })
+    .join()
+    .unwrap();
+    std::thread::spawn(move || {
+        let mut writer = writer;
+        writer.finish().unwrap();
+    })
+    .join()
+    .unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    assert_eq!(ckpt.read_as::<f32>(0).unwrap(), [1.0, 2.0]);
+
+    let mut options = peft_c::MergeOptions::new().unwrap();
+    options.add_adapter_dir(fixture(&["adapters", "llama_lora"]), 1.0).unwrap();
+    let out = tmp.join("merged");
+    let result = std::thread::spawn(move || peft_c::merge_checkpoint(fixture(&["models", "llama"]), out, &options))
+        .join()
+        .unwrap()
+        .unwrap();
+    // The result is Sync: read it from several threads.
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| assert!(result.merged() > 0 && !result.files().is_empty()));
+        }
+    });
+}
