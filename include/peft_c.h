@@ -1353,11 +1353,12 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
  *  - the files laid out like the base's (same shards, same names, a new index when the base has
  *    one), or resharded by size as `save_pretrained(max_shard_size=...)` does;
  *  - `config.json` copied; rewritten (as transformers writes it) only when the dtype changes
- *    (`dtype` / `torch_dtype`) or tied embeddings must be untied: when an adapter replaces the input
- *    embedding or changes the output embedding of a model with `tie_word_embeddings`, the flag is
- *    set to false and an output embedding the base file lacks is added with the original values,
- *    as PEFT's merged model has them. LoRA on a tied input embedding keeps the tie (PEFT merges it in
- *    place into the one shared parameter);
+ *    (`dtype` / `torch_dtype`) or tied embeddings must be untied: when an adapter swaps in a
+ *    `modules_to_save` copy of the input embedding, or changes the output embedding, of a model
+ *    with `tie_word_embeddings`, the flag is set to false and an output embedding the base file
+ *    lacks is added with the original values, as PEFT's merged model has them. LoRA, trainable
+ *    tokens and saved `base_layer` weights on a tied input embedding keep the tie (PEFT changes the
+ *    one shared parameter in place);
  *  - the base folder's other files (tokenizer files, generation_config.json, README.md, ...)
  *    copied; weight files of other formats and subfolders are not.
  *
@@ -1867,6 +1868,183 @@ PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, c
 
 /** @} */
 /* ==== end section: export ==== */
+
+/* ==== section: api table ==== */
+/* ================================================================================================ */
+/** @defgroup plugin The function table (for dlopen)
+ *  A plugin or a host that loads `libpeft_c.so.<ABI>` with `dlopen` needs one symbol,
+ *  `peft_get_api`, to reach every function: it returns a table of function pointers. The table is
+ *  append-only within an ABI version: a function added later goes at its end, nothing is removed,
+ *  reordered or retyped (tests/abi checks this against a committed baseline), so a table from a
+ *  newer library serves an older caller unchanged. A caller compiled against a newer header reads
+ *  only the entries that lie within `size` bytes.
+ *  @{ */
+
+/** Every function of this header, in a stable order. Each entry points to the function named in
+ *  its comment, with the same signature and documentation. */
+typedef struct peft_api {
+  uint32_t abi;  /**< The ABI version this table implements (#PEFT_ABI_VERSION). */
+  uint32_t size; /**< sizeof(peft_api) in the library that filled the table. */
+  const char* (*version)(void); /**< peft_version() */
+  uint32_t (*version_number)(void); /**< peft_version_number() */
+  uint32_t (*abi_version)(void); /**< peft_abi_version() */
+  int32_t (*error_code)(const peft_error* err); /**< peft_error_code() */
+  const char* (*error_message)(const peft_error* err); /**< peft_error_message() */
+  void (*error_free)(peft_error* err); /**< peft_error_free() */
+  const char* (*error_code_name)(int32_t code); /**< peft_error_code_name() */
+  const char* (*dtype_name)(int32_t dtype); /**< peft_dtype_name() */
+  int32_t (*dtype_from_name)(const char* name); /**< peft_dtype_from_name() */
+  uint32_t (*dtype_bits)(int32_t dtype); /**< peft_dtype_bits() */
+  peft_error* (*convert)(int32_t src_dtype, const void* src, int32_t dst_dtype, void* dst, uint64_t count); /**< peft_convert() */
+  peft_error* (*open_options_new)(peft_open_options** out); /**< peft_open_options_new() */
+  void (*open_options_free)(peft_open_options* opts); /**< peft_open_options_free() */
+  peft_error* (*open_options_set_max_header_size)(peft_open_options* opts, uint64_t max_bytes); /**< peft_open_options_set_max_header_size() */
+  peft_error* (*open_options_set_use_pread)(peft_open_options* opts, int32_t use_pread); /**< peft_open_options_set_use_pread() */
+  peft_error* (*checkpoint_open)(const char* path, const peft_open_options* opts, peft_checkpoint** out); /**< peft_checkpoint_open() */
+  peft_error* (*checkpoint_open_memory)(const void* data, size_t size, const peft_open_options* opts, peft_checkpoint** out); /**< peft_checkpoint_open_memory() */
+  void (*checkpoint_free)(peft_checkpoint* ckpt); /**< peft_checkpoint_free() */
+  size_t (*checkpoint_file_count)(const peft_checkpoint* ckpt); /**< peft_checkpoint_file_count() */
+  const char* (*checkpoint_file_path)(const peft_checkpoint* ckpt, size_t file_index); /**< peft_checkpoint_file_path() */
+  int32_t (*checkpoint_has_metadata)(const peft_checkpoint* ckpt, size_t file_index); /**< peft_checkpoint_has_metadata() */
+  size_t (*checkpoint_metadata_count)(const peft_checkpoint* ckpt, size_t file_index); /**< peft_checkpoint_metadata_count() */
+  const char* (*checkpoint_metadata_key)(const peft_checkpoint* ckpt, size_t file_index, size_t entry); /**< peft_checkpoint_metadata_key() */
+  const char* (*checkpoint_metadata_value)(const peft_checkpoint* ckpt, size_t file_index, size_t entry); /**< peft_checkpoint_metadata_value() */
+  const char* (*checkpoint_index_metadata_json)(const peft_checkpoint* ckpt); /**< peft_checkpoint_index_metadata_json() */
+  size_t (*checkpoint_tensor_count)(const peft_checkpoint* ckpt); /**< peft_checkpoint_tensor_count() */
+  peft_error* (*checkpoint_find)(const peft_checkpoint* ckpt, const char* name, size_t* out_index); /**< peft_checkpoint_find() */
+  peft_error* (*checkpoint_find_n)(const peft_checkpoint* ckpt, const char* name, size_t name_length, size_t* out_index); /**< peft_checkpoint_find_n() */
+  size_t (*checkpoint_tensor_name_length)(const peft_checkpoint* ckpt, size_t index); /**< peft_checkpoint_tensor_name_length() */
+  const char* (*checkpoint_tensor_name)(const peft_checkpoint* ckpt, size_t index); /**< peft_checkpoint_tensor_name() */
+  int32_t (*checkpoint_tensor_dtype)(const peft_checkpoint* ckpt, size_t index); /**< peft_checkpoint_tensor_dtype() */
+  size_t (*checkpoint_tensor_ndim)(const peft_checkpoint* ckpt, size_t index); /**< peft_checkpoint_tensor_ndim() */
+  const uint64_t* (*checkpoint_tensor_shape)(const peft_checkpoint* ckpt, size_t index); /**< peft_checkpoint_tensor_shape() */
+  peft_error* (*checkpoint_tensor_offsets)(const peft_checkpoint* ckpt, size_t index, uint64_t* out_begin, uint64_t* out_end); /**< peft_checkpoint_tensor_offsets() */
+  size_t (*checkpoint_tensor_file)(const peft_checkpoint* ckpt, size_t index); /**< peft_checkpoint_tensor_file() */
+  peft_error* (*checkpoint_tensor_view)(const peft_checkpoint* ckpt, size_t index, const void** out_data, uint64_t* out_nbytes); /**< peft_checkpoint_tensor_view() */
+  peft_error* (*checkpoint_tensor_read)(const peft_checkpoint* ckpt, size_t index, int32_t dtype, void* dst, uint64_t dst_nbytes); /**< peft_checkpoint_tensor_read() */
+  peft_error* (*writer_new)(const char* path, peft_writer** out); /**< peft_writer_new() */
+  peft_error* (*writer_new_checkpoint)(const char* folder, uint64_t max_shard_size, peft_writer** out); /**< peft_writer_new_checkpoint() */
+  void (*writer_free)(peft_writer* writer); /**< peft_writer_free() */
+  peft_error* (*writer_add_tensor)(peft_writer* writer, const char* name, int32_t dtype, const uint64_t* shape, size_t ndim); /**< peft_writer_add_tensor() */
+  peft_error* (*writer_add_tensor_n)(peft_writer* writer, const char* name, size_t name_length, int32_t dtype, const uint64_t* shape, size_t ndim); /**< peft_writer_add_tensor_n() */
+  peft_error* (*writer_set_metadata_present)(peft_writer* writer, int32_t present); /**< peft_writer_set_metadata_present() */
+  peft_error* (*writer_set_metadata)(peft_writer* writer, const char* key, const char* value); /**< peft_writer_set_metadata() */
+  peft_error* (*writer_break_shard)(peft_writer* writer); /**< peft_writer_break_shard() */
+  peft_error* (*writer_set_index_metadata_json)(peft_writer* writer, const char* json_object); /**< peft_writer_set_index_metadata_json() */
+  peft_error* (*writer_start)(peft_writer* writer); /**< peft_writer_start() */
+  size_t (*writer_tensor_count)(const peft_writer* writer); /**< peft_writer_tensor_count() */
+  const char* (*writer_tensor_name)(const peft_writer* writer, size_t position); /**< peft_writer_tensor_name() */
+  size_t (*writer_tensor_name_length)(const peft_writer* writer, size_t position); /**< peft_writer_tensor_name_length() */
+  size_t (*writer_tensor_declaration)(const peft_writer* writer, size_t position); /**< peft_writer_tensor_declaration() */
+  size_t (*writer_file_count)(const peft_writer* writer); /**< peft_writer_file_count() */
+  const char* (*writer_file_path)(const peft_writer* writer, size_t file_index); /**< peft_writer_file_path() */
+  peft_error* (*writer_begin_tensor)(peft_writer* writer, const char* name, int32_t src_dtype); /**< peft_writer_begin_tensor() */
+  peft_error* (*writer_write)(peft_writer* writer, const void* data, uint64_t nbytes); /**< peft_writer_write() */
+  peft_error* (*writer_write_tensor)(peft_writer* writer, const char* name, int32_t src_dtype, const void* data, uint64_t nbytes); /**< peft_writer_write_tensor() */
+  peft_error* (*writer_write_from_callback)(peft_writer* writer, const char* name, int32_t src_dtype, peft_tensor_source_fn source, void* user_data); /**< peft_writer_write_from_callback() */
+  peft_error* (*writer_write_from_checkpoint)(peft_writer* writer, const char* name, const peft_checkpoint* ckpt, size_t index); /**< peft_writer_write_from_checkpoint() */
+  peft_error* (*writer_finish)(peft_writer* writer); /**< peft_writer_finish() */
+  void (*string_free)(char* text); /**< peft_string_free() */
+  peft_error* (*adapter_options_new)(peft_adapter_options** out); /**< peft_adapter_options_new() */
+  void (*adapter_options_free)(peft_adapter_options* opts); /**< peft_adapter_options_free() */
+  peft_error* (*adapter_options_set_base_dir)(peft_adapter_options* opts, const char* base_dir); /**< peft_adapter_options_set_base_dir() */
+  peft_error* (*adapter_options_set_translator)(peft_adapter_options* opts, const peft_translator* translator); /**< peft_adapter_options_set_translator() */
+  peft_error* (*adapter_open)(const char* dir, const peft_adapter_options* opts, peft_adapter** out); /**< peft_adapter_open() */
+  void (*adapter_free)(peft_adapter* adapter); /**< peft_adapter_free() */
+  peft_error* (*adapter_validate)(const peft_adapter* adapter, const char* base_dir); /**< peft_adapter_validate() */
+  const char* (*adapter_config_json)(const peft_adapter* adapter); /**< peft_adapter_config_json() */
+  const char* (*adapter_config_field)(const peft_adapter* adapter, const char* field); /**< peft_adapter_config_field() */
+  int64_t (*adapter_r)(const peft_adapter* adapter); /**< peft_adapter_r() */
+  double (*adapter_lora_alpha)(const peft_adapter* adapter); /**< peft_adapter_lora_alpha() */
+  int32_t (*adapter_use_rslora)(const peft_adapter* adapter); /**< peft_adapter_use_rslora() */
+  int32_t (*adapter_use_dora)(const peft_adapter* adapter); /**< peft_adapter_use_dora() */
+  int32_t (*adapter_lora_bias)(const peft_adapter* adapter); /**< peft_adapter_lora_bias() */
+  int32_t (*adapter_fan_in_fan_out)(const peft_adapter* adapter); /**< peft_adapter_fan_in_fan_out() */
+  const char* (*adapter_peft_type)(const peft_adapter* adapter); /**< peft_adapter_peft_type() */
+  const char* (*adapter_bias)(const peft_adapter* adapter); /**< peft_adapter_bias() */
+  const char* (*adapter_task_type)(const peft_adapter* adapter); /**< peft_adapter_task_type() */
+  const char* (*adapter_base_model_name_or_path)(const peft_adapter* adapter); /**< peft_adapter_base_model_name_or_path() */
+  const char* (*adapter_family)(const peft_adapter* adapter); /**< peft_adapter_family() */
+  peft_error* (*adapter_translator)(const peft_adapter* adapter, peft_translator** out); /**< peft_adapter_translator() */
+  size_t (*adapter_note_count)(const peft_adapter* adapter); /**< peft_adapter_note_count() */
+  const char* (*adapter_note)(const peft_adapter* adapter, size_t index); /**< peft_adapter_note() */
+  size_t (*adapter_module_count)(const peft_adapter* adapter); /**< peft_adapter_module_count() */
+  peft_error* (*adapter_find_module)(const peft_adapter* adapter, const char* name, size_t* out_index); /**< peft_adapter_find_module() */
+  const char* (*adapter_module_name)(const peft_adapter* adapter, size_t module); /**< peft_adapter_module_name() */
+  int32_t (*adapter_module_kind)(const peft_adapter* adapter, size_t module); /**< peft_adapter_module_kind() */
+  int64_t (*adapter_module_rank)(const peft_adapter* adapter, size_t module); /**< peft_adapter_module_rank() */
+  double (*adapter_module_alpha)(const peft_adapter* adapter, size_t module); /**< peft_adapter_module_alpha() */
+  double (*adapter_module_scaling)(const peft_adapter* adapter, size_t module); /**< peft_adapter_module_scaling() */
+  size_t (*adapter_module_tensor_count)(const peft_adapter* adapter, size_t module); /**< peft_adapter_module_tensor_count() */
+  const char* (*adapter_module_tensor_role)(const peft_adapter* adapter, size_t module, size_t tensor); /**< peft_adapter_module_tensor_role() */
+  const char* (*adapter_module_tensor_key)(const peft_adapter* adapter, size_t module, size_t tensor); /**< peft_adapter_module_tensor_key() */
+  const char* (*adapter_module_tensor_base_name)(const peft_adapter* adapter, size_t module, size_t tensor); /**< peft_adapter_module_tensor_base_name() */
+  int32_t (*adapter_module_tensor_dtype)(const peft_adapter* adapter, size_t module, size_t tensor); /**< peft_adapter_module_tensor_dtype() */
+  size_t (*adapter_module_tensor_ndim)(const peft_adapter* adapter, size_t module, size_t tensor); /**< peft_adapter_module_tensor_ndim() */
+  const uint64_t* (*adapter_module_tensor_shape)(const peft_adapter* adapter, size_t module, size_t tensor); /**< peft_adapter_module_tensor_shape() */
+  peft_error* (*adapter_module_tensor_read)(const peft_adapter* adapter, size_t module, size_t tensor, int32_t dtype, void* dst, uint64_t dst_nbytes); /**< peft_adapter_module_tensor_read() */
+  const int64_t* (*adapter_module_token_indices)(const peft_adapter* adapter, size_t module, size_t* out_count); /**< peft_adapter_module_token_indices() */
+  peft_error* (*translator_new_builtin)(const char* family, peft_translator** out); /**< peft_translator_new_builtin() */
+  peft_error* (*translator_from_file)(const char* path, peft_translator** out); /**< peft_translator_from_file() */
+  peft_error* (*translator_from_json)(const char* json, peft_translator** out); /**< peft_translator_from_json() */
+  peft_error* (*translator_detect)(const char* base_dir, const char* model_name, peft_translator** out); /**< peft_translator_detect() */
+  peft_error* (*translator_builtin_families)(char** out); /**< peft_translator_builtin_families() */
+  void (*translator_free)(peft_translator* translator); /**< peft_translator_free() */
+  const char* (*translator_family)(const peft_translator* translator); /**< peft_translator_family() */
+  peft_error* (*translator_to_native)(const peft_translator* translator, const char* hf_key, char** out); /**< peft_translator_to_native() */
+  peft_error* (*translator_to_hf)(const peft_translator* translator, const char* native_key, int32_t with_peft_prefix, char** out); /**< peft_translator_to_hf() */
+  peft_error* (*translator_to_native_batch)(const peft_translator* translator, const char* const* hf_keys, size_t count, char** out); /**< peft_translator_to_native_batch() */
+  peft_error* (*translator_to_hf_batch)(const peft_translator* translator, const char* const* native_keys, size_t count, int32_t with_peft_prefix, char** out); /**< peft_translator_to_hf_batch() */
+  peft_error* (*merge_options_new)(peft_merge_options** out); /**< peft_merge_options_new() */
+  void (*merge_options_free)(peft_merge_options* opts); /**< peft_merge_options_free() */
+  peft_error* (*merge_options_add_adapter)(peft_merge_options* opts, const peft_adapter* adapter, double weight); /**< peft_merge_options_add_adapter() */
+  peft_error* (*merge_options_add_adapter_dir)(peft_merge_options* opts, const char* dir, double weight); /**< peft_merge_options_add_adapter_dir() */
+  peft_error* (*merge_options_set_dtype)(peft_merge_options* opts, int32_t dtype); /**< peft_merge_options_set_dtype() */
+  peft_error* (*merge_options_set_max_shard_size)(peft_merge_options* opts, uint64_t max_shard_size); /**< peft_merge_options_set_max_shard_size() */
+  peft_error* (*merge_options_set_threads)(peft_merge_options* opts, uint32_t threads); /**< peft_merge_options_set_threads() */
+  peft_error* (*merge_options_set_progress)(peft_merge_options* opts, peft_progress_fn fn, void* user_data); /**< peft_merge_options_set_progress() */
+  peft_error* (*merge_checkpoint)(const char* base_dir, const char* out_dir, const peft_merge_options* opts, peft_merge_result** out_result); /**< peft_merge_checkpoint() */
+  void (*merge_result_free)(peft_merge_result* result); /**< peft_merge_result_free() */
+  uint64_t (*merge_result_tensor_count)(const peft_merge_result* result, int32_t which); /**< peft_merge_result_tensor_count() */
+  uint64_t (*merge_result_bytes)(const peft_merge_result* result); /**< peft_merge_result_bytes() */
+  size_t (*merge_result_file_count)(const peft_merge_result* result); /**< peft_merge_result_file_count() */
+  const char* (*merge_result_file_name)(const peft_merge_result* result, size_t index); /**< peft_merge_result_file_name() */
+  int32_t (*merge_result_untied_embeddings)(const peft_merge_result* result); /**< peft_merge_result_untied_embeddings() */
+  size_t (*merge_result_note_count)(const peft_merge_result* result); /**< peft_merge_result_note_count() */
+  const char* (*merge_result_note)(const peft_merge_result* result, size_t index); /**< peft_merge_result_note() */
+  peft_error* (*merge_buffer_options_new)(peft_merge_buffer_options** out); /**< peft_merge_buffer_options_new() */
+  void (*merge_buffer_options_free)(peft_merge_buffer_options* opts); /**< peft_merge_buffer_options_free() */
+  peft_error* (*merge_buffer_options_set_weight)(peft_merge_buffer_options* opts, double weight); /**< peft_merge_buffer_options_set_weight() */
+  peft_error* (*merge_buffer_options_set_keep_original_rows)(peft_merge_buffer_options* opts, int32_t keep); /**< peft_merge_buffer_options_set_keep_original_rows() */
+  peft_error* (*merge_buffer_options_set_threads)(peft_merge_buffer_options* opts, uint32_t threads); /**< peft_merge_buffer_options_set_threads() */
+  peft_error* (*merge_buffer_options_set_translator)(peft_merge_buffer_options* opts, const peft_translator* translator); /**< peft_merge_buffer_options_set_translator() */
+  peft_error* (*merge_buffer_apply)(const peft_adapter* adapter, const char* name, void* data, int32_t dtype, const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype, const peft_merge_buffer_options* opts, peft_merge_record** out); /**< peft_merge_buffer_apply() */
+  peft_error* (*merge_buffer_remove)(peft_merge_record* record, void* data, void* bias); /**< peft_merge_buffer_remove() */
+  void (*merge_record_free)(peft_merge_record* record); /**< peft_merge_record_free() */
+  const char* (*merge_record_module)(const peft_merge_record* record); /**< peft_merge_record_module() */
+  int32_t (*merge_record_active)(const peft_merge_record* record); /**< peft_merge_record_active() */
+  uint64_t (*merge_record_saved_bytes)(const peft_merge_record* record); /**< peft_merge_record_saved_bytes() */
+  peft_error* (*export_options_new)(peft_export_options** out); /**< peft_export_options_new() */
+  void (*export_options_free)(peft_export_options* opts); /**< peft_export_options_free() */
+  peft_error* (*export_options_set_dtype)(peft_export_options* opts, int32_t dtype); /**< peft_export_options_set_dtype() */
+  peft_error* (*export_options_set_peft_version)(peft_export_options* opts, const char* version); /**< peft_export_options_set_peft_version() */
+  peft_error* (*adapter_export)(const peft_adapter* adapter, const char* out_dir, const peft_export_options* opts); /**< peft_adapter_export() */
+  peft_error* (*adapter_combine)(const peft_adapter* const* adapters, const double* weights, size_t count, int32_t method, const char* out_dir, const peft_export_options* opts); /**< peft_adapter_combine() */
+} peft_api;
+
+/**
+ * @brief The function table of an ABI version: the one entry point a dlopen plugin needs.
+ * @param abi_version The ABI version the caller was compiled for (#PEFT_ABI_VERSION).
+ * @return A static table, valid for the life of the process; NULL when this library does not
+ *         implement @p abi_version. Thread-safe.
+ */
+PEFT_API const peft_api* peft_get_api(uint32_t abi_version);
+
+/** The type of peft_get_api(), for `dlsym`. */
+typedef const peft_api* (*peft_get_api_fn)(uint32_t abi_version);
+
+/** @} */
+/* ==== end section: api table ==== */
 
 #ifdef __cplusplus
 } /* extern "C" */
