@@ -271,6 +271,16 @@ void check_like_post_init(const FieldReader& f, LoraConfig& c) {
     f.wrong_type("target_parameters", "a list of strings or null");
 }
 
+// Fields this library does not use, checked for the types PEFT expects so that a broken file is
+// reported rather than carried along.
+void check_other_types(const FieldReader& f, LoraConfig& c) {
+  if (f.optional_string("megatron_core")) c.megatron_core = *f.optional_string("megatron_core");
+  if (const auto* v = f.get("qalora_group_size"); v && !v->is_number_integer())
+    f.wrong_type("qalora_group_size", "an integer");
+  for (const char* field : {"loftq_config", "eva_config", "corda_config", "lora_ga_config", "auto_mapping"})
+    if (const auto* v = f.get(field); v && !v->is_object()) f.wrong_type(field, "an object or null");
+}
+
 void check_supported(const FieldReader& f, LoraConfig& c) {
   for (const char* field : kUnsupportedVariantFields)
     if (f.present_non_null(field))
@@ -319,6 +329,7 @@ LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& sour
   read_init(f, c.document, c);
   read_lists(f, c);
   check_like_post_init(f, c);
+  check_other_types(f, c);
   check_supported(f, c);
   ModuleMatcher compile_every_pattern(c);  // a bad regex fails here, naming its field
   return c;

@@ -80,6 +80,7 @@ struct LoraConfig {
   std::vector<std::pair<std::string, int64_t>> rank_pattern;  // file order: first match wins
   std::vector<std::pair<std::string, double>> alpha_pattern;  // file order: first match wins
   TrainableTokenIndices trainable_token_indices;
+  std::string megatron_core = "megatron.core";
 
   // Parses adapter_config.json text. `source` names the file in messages.
   static LoraConfig parse(std::string_view json_text, const std::string& source);

@@ -92,6 +92,9 @@ TEST_CASE("adapter config: fields of the wrong type are INVALID_CONFIG naming th
   check_fails({{"alpha_pattern", {1, 2}}}, PEFT_ERR_INVALID_CONFIG, "alpha_pattern");
   check_fails({{"init_lora_weights", 1}}, PEFT_ERR_INVALID_CONFIG, "init_lora_weights");
   check_fails({{"trainable_token_indices", "1"}}, PEFT_ERR_INVALID_CONFIG, "trainable_token_indices");
+  check_fails({{"loftq_config", {1, 2}}}, PEFT_ERR_INVALID_CONFIG, "loftq_config");
+  check_fails({{"megatron_core", 3}}, PEFT_ERR_INVALID_CONFIG, "megatron_core");
+  check_fails({{"qalora_group_size", "16"}}, PEFT_ERR_INVALID_CONFIG, "qalora_group_size");
 }
 
 TEST_CASE("adapter config: values PEFT rejects are INVALID_CONFIG") {
