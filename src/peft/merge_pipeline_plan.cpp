@@ -32,6 +32,15 @@ std::string join_list(const std::vector<std::string>& items) {
 
 std::string adapter_label(const PlannedAdapter& a) { return "adapter " + peft::quoted(a.adapter->dir()); }
 
+// PEFT's _set_trainable wraps every module whose name ends with a modules_to_save entry (a plain
+// suffix test); its tensors are saved without "base_layer".
+bool is_modules_to_save(const PlannedAdapter& a, const AdapterModule& m, const AdapterTensor& t) {
+  if (t.suffix.starts_with("base_layer.") || !a.adapter->config().modules_to_save) return false;
+  for (const std::string& entry : *a.adapter->config().modules_to_save)
+    if (!entry.empty() && m.name.ends_with(entry)) return true;
+  return false;
+}
+
 bool is_merge_storage(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
 
 std::shared_ptr<const ArchTable> table_for(const Adapter* adapter, const BaseModel& base) {
@@ -164,7 +173,7 @@ class Planner {
                                 peft::quoted(a.adapter->dir() + ": " + t.key));
             continue;
           }
-          slot = TensorSource{&a, &t};
+          slot = TensorSource{&a, &t, is_modules_to_save(a, m, t)};
         }
       }
     }
@@ -246,12 +255,13 @@ class Planner {
   }
 
   // transformers ties the output embedding to the input embedding when tie_word_embeddings is true.
-  // PEFT changes LoRA, DoRA and trainable-token layers in place, on the one parameter both modules
-  // share, so they stay tied; a full replacement (modules_to_save) swaps one module for another, and
-  // PEFT then sets tie_word_embeddings = false. Here: the pair is untied when the input embedding is
-  // replaced or the output embedding is changed at all (a checkpoint that stores it although tied
-  // would otherwise lose the change on loading); an output embedding the base file does not store is
-  // then added, holding the original input embedding, as PEFT's untied model does.
+  // PEFT changes LoRA, DoRA and trainable-token layers, and loads saved base_layer weights, in place,
+  // into the one parameter both modules share, so they stay tied; a modules_to_save copy swaps one
+  // module for another, and PEFT then sets tie_word_embeddings = false. Here: the pair is untied when
+  // the input embedding is swapped or the output embedding is changed at all (a checkpoint that
+  // stores it although tied would otherwise lose the change on loading); an output embedding the
+  // base file does not store is then added, holding the original input embedding, as PEFT's untied
+  // model does.
   void handle_tied_embeddings() {
     const nlohmann::json& config = plan_.base.config;
     if (!config.is_object()) return;
@@ -278,7 +288,7 @@ class Planner {
     const std::string output_name = *table->output_embedding() + ".weight";
     auto output = plan_.base.find(*table->output_embedding(), "weight", table.get());
     const PlannedTensor& in = plan_.tensors[*input];
-    const bool untie = in.replacement.has_value() ||
+    const bool untie = (in.replacement && in.replacement->swaps_module) ||
                        (output && plan_.tensors[*output].action != TensorAction::copy);
     if (!untie) return;
     plan_.untie_embeddings = true;
@@ -296,7 +306,7 @@ class Planner {
     copy.shape = in.shape;
     copy.out_nbytes = in.out_nbytes;
     copy.action = TensorAction::duplicate;
-    plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " is replaced by an adapter, so " +
+    plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " is replaced by a modules_to_save copy, so " +
                           peft::quoted(output_name) + " was added holding the base's original embedding");
     plan_.tensors.insert(plan_.tensors.begin() + static_cast<ptrdiff_t>(*input) + 1, std::move(copy));
   }

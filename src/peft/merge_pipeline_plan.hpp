@@ -68,6 +68,10 @@ struct LoraTerm {
 struct TensorSource {  // one tensor of an adapter's checkpoint
   const PlannedAdapter* adapter = nullptr;
   const AdapterTensor* tensor = nullptr;
+  // The tensor belongs to a modules_to_save copy, which PEFT's merge swaps in for the base module
+  // (other full tensors, like saved `base_layer` weights and bias="all" biases, are loaded into the
+  // base module's own parameters).
+  bool swaps_module = false;
 };
 
 struct TokenRows {
