@@ -7,9 +7,9 @@
 //! a safe interface.
 //!
 //! The test `tests/header.rs` parses the header and fails when a function, callback type, opaque
-//! type or constant is missing here or declared differently. For that, the declarations go through
-//! small macros that also record each declaration's name and types (the hidden `FUNCTIONS`,
-//! `CALLBACKS`, `OPAQUE_TYPES` and `CONSTANTS` tables).
+//! type, struct field or constant is missing here or declared differently. For that, the
+//! declarations go through small macros that also record each declaration's name and types (the
+//! hidden `FUNCTIONS`, `CALLBACKS`, `OPAQUE_TYPES`, `STRUCTS` and `CONSTANTS` tables).
 #![no_std]
 #![allow(non_camel_case_types)]
 
@@ -93,6 +93,50 @@ macro_rules! functions {
     };
 }
 
+/// A field of a struct of the header, as the `api_table!` macro recorded it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub enum Field {
+    /// A plain value of this Rust type.
+    Value { name: &'static str, ty: &'static str },
+    /// A function pointer.
+    Function(Declaration),
+}
+
+macro_rules! api_table {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident {
+            values { $($(#[$vattr:meta])* pub $vfield:ident: $vty:ty,)* }
+            $(pub fn $ffield:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $target:ident;)*
+        }
+    ) => {
+        $(#[$attr])*
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        pub struct $name {
+            $($(#[$vattr])* pub $vfield: $vty,)*
+            $(#[doc = concat!("`", stringify!($target), "`")] pub $ffield: Option<unsafe extern "C" fn($($arg: $ty),*) $(-> $ret)?>,)*
+        }
+        /// The structs declared in this crate with their fields in order.
+        #[doc(hidden)]
+        pub const STRUCTS: &[(&str, &[Field])] = &[(stringify!($name), &[
+            $(Field::Value { name: stringify!($vfield), ty: stringify!($vty) },)*
+            $(Field::Function(Declaration {
+                name: stringify!($ffield),
+                params: &[$(stringify!($ty)),*],
+                ret: concat!("" $(, stringify!($ret))?),
+            }),)*
+        ])];
+        /// Calls `visit(field, address in the table, address of the exported function)` for every
+        /// function entry of a table.
+        #[doc(hidden)]
+        pub fn visit_api_entries(table: &$name, mut visit: impl FnMut(&'static str, usize, usize)) {
+            $(visit(stringify!($ffield), table.$ffield.map_or(0, |f| f as *const () as usize), $target as *const () as usize);)*
+        }
+    };
+}
+
 opaque_types! {
     /// An error: a stable code and a message.
     peft_error;
@@ -125,6 +169,8 @@ callback_types! {
     pub type peft_tensor_source_fn = fn(user_data: *mut c_void, offset: u64, dst: *mut c_void, nbytes: u64) -> i32;
     /// Progress of a long operation: returns 0 to continue, nonzero to cancel.
     pub type peft_progress_fn = fn(user_data: *mut c_void, done: u64, total: u64) -> i32;
+    /// The type of `peft_get_api`, for `dlsym`.
+    pub type peft_get_api_fn = fn(abi_version: u32) -> *const peft_api;
 }
 
 constants! {
@@ -497,4 +543,165 @@ functions! {
         out_dir: *const c_char,
         opts: *const peft_export_options,
     ) -> *mut peft_error;
+
+    // ---- api table
+    pub fn peft_get_api(abi_version: u32) -> *const peft_api;
+}
+
+api_table! {
+    /// Every function of the header in a stable, append-only order (see `peft_get_api`): what a
+    /// host that loads the library with `dlopen` needs. Read only the entries within `size` bytes.
+    pub struct peft_api {
+        values {
+            /// The ABI version this table implements (`PEFT_ABI_VERSION`).
+            pub abi: u32,
+            /// `sizeof(peft_api)` in the library that filled the table.
+            pub size: u32,
+        }
+        pub fn version() -> *const c_char = peft_version;
+        pub fn version_number() -> u32 = peft_version_number;
+        pub fn abi_version() -> u32 = peft_abi_version;
+        pub fn error_code(err: *const peft_error) -> i32 = peft_error_code;
+        pub fn error_message(err: *const peft_error) -> *const c_char = peft_error_message;
+        pub fn error_free(err: *mut peft_error) = peft_error_free;
+        pub fn error_code_name(code: i32) -> *const c_char = peft_error_code_name;
+        pub fn dtype_name(dtype: i32) -> *const c_char = peft_dtype_name;
+        pub fn dtype_from_name(name: *const c_char) -> i32 = peft_dtype_from_name;
+        pub fn dtype_bits(dtype: i32) -> u32 = peft_dtype_bits;
+        pub fn convert(src_dtype: i32, src: *const c_void, dst_dtype: i32, dst: *mut c_void, count: u64) -> *mut peft_error = peft_convert;
+        pub fn open_options_new(out: *mut *mut peft_open_options) -> *mut peft_error = peft_open_options_new;
+        pub fn open_options_free(opts: *mut peft_open_options) = peft_open_options_free;
+        pub fn open_options_set_max_header_size(opts: *mut peft_open_options, max_bytes: u64) -> *mut peft_error = peft_open_options_set_max_header_size;
+        pub fn open_options_set_use_pread(opts: *mut peft_open_options, use_pread: i32) -> *mut peft_error = peft_open_options_set_use_pread;
+        pub fn checkpoint_open(path: *const c_char, opts: *const peft_open_options, out: *mut *mut peft_checkpoint) -> *mut peft_error = peft_checkpoint_open;
+        pub fn checkpoint_open_memory(data: *const c_void, size: usize, opts: *const peft_open_options, out: *mut *mut peft_checkpoint) -> *mut peft_error = peft_checkpoint_open_memory;
+        pub fn checkpoint_free(ckpt: *mut peft_checkpoint) = peft_checkpoint_free;
+        pub fn checkpoint_file_count(ckpt: *const peft_checkpoint) -> usize = peft_checkpoint_file_count;
+        pub fn checkpoint_file_path(ckpt: *const peft_checkpoint, file_index: usize) -> *const c_char = peft_checkpoint_file_path;
+        pub fn checkpoint_has_metadata(ckpt: *const peft_checkpoint, file_index: usize) -> i32 = peft_checkpoint_has_metadata;
+        pub fn checkpoint_metadata_count(ckpt: *const peft_checkpoint, file_index: usize) -> usize = peft_checkpoint_metadata_count;
+        pub fn checkpoint_metadata_key(ckpt: *const peft_checkpoint, file_index: usize, entry: usize) -> *const c_char = peft_checkpoint_metadata_key;
+        pub fn checkpoint_metadata_value(ckpt: *const peft_checkpoint, file_index: usize, entry: usize) -> *const c_char = peft_checkpoint_metadata_value;
+        pub fn checkpoint_index_metadata_json(ckpt: *const peft_checkpoint) -> *const c_char = peft_checkpoint_index_metadata_json;
+        pub fn checkpoint_tensor_count(ckpt: *const peft_checkpoint) -> usize = peft_checkpoint_tensor_count;
+        pub fn checkpoint_find(ckpt: *const peft_checkpoint, name: *const c_char, out_index: *mut usize) -> *mut peft_error = peft_checkpoint_find;
+        pub fn checkpoint_find_n(ckpt: *const peft_checkpoint, name: *const c_char, name_length: usize, out_index: *mut usize) -> *mut peft_error = peft_checkpoint_find_n;
+        pub fn checkpoint_tensor_name_length(ckpt: *const peft_checkpoint, index: usize) -> usize = peft_checkpoint_tensor_name_length;
+        pub fn checkpoint_tensor_name(ckpt: *const peft_checkpoint, index: usize) -> *const c_char = peft_checkpoint_tensor_name;
+        pub fn checkpoint_tensor_dtype(ckpt: *const peft_checkpoint, index: usize) -> i32 = peft_checkpoint_tensor_dtype;
+        pub fn checkpoint_tensor_ndim(ckpt: *const peft_checkpoint, index: usize) -> usize = peft_checkpoint_tensor_ndim;
+        pub fn checkpoint_tensor_shape(ckpt: *const peft_checkpoint, index: usize) -> *const u64 = peft_checkpoint_tensor_shape;
+        pub fn checkpoint_tensor_offsets(ckpt: *const peft_checkpoint, index: usize, out_begin: *mut u64, out_end: *mut u64) -> *mut peft_error = peft_checkpoint_tensor_offsets;
+        pub fn checkpoint_tensor_file(ckpt: *const peft_checkpoint, index: usize) -> usize = peft_checkpoint_tensor_file;
+        pub fn checkpoint_tensor_view(ckpt: *const peft_checkpoint, index: usize, out_data: *mut *const c_void, out_nbytes: *mut u64) -> *mut peft_error = peft_checkpoint_tensor_view;
+        pub fn checkpoint_tensor_read(ckpt: *const peft_checkpoint, index: usize, dtype: i32, dst: *mut c_void, dst_nbytes: u64) -> *mut peft_error = peft_checkpoint_tensor_read;
+        pub fn writer_new(path: *const c_char, out: *mut *mut peft_writer) -> *mut peft_error = peft_writer_new;
+        pub fn writer_new_checkpoint(folder: *const c_char, max_shard_size: u64, out: *mut *mut peft_writer) -> *mut peft_error = peft_writer_new_checkpoint;
+        pub fn writer_free(writer: *mut peft_writer) = peft_writer_free;
+        pub fn writer_add_tensor(writer: *mut peft_writer, name: *const c_char, dtype: i32, shape: *const u64, ndim: usize) -> *mut peft_error = peft_writer_add_tensor;
+        pub fn writer_add_tensor_n(writer: *mut peft_writer, name: *const c_char, name_length: usize, dtype: i32, shape: *const u64, ndim: usize) -> *mut peft_error = peft_writer_add_tensor_n;
+        pub fn writer_set_metadata_present(writer: *mut peft_writer, present: i32) -> *mut peft_error = peft_writer_set_metadata_present;
+        pub fn writer_set_metadata(writer: *mut peft_writer, key: *const c_char, value: *const c_char) -> *mut peft_error = peft_writer_set_metadata;
+        pub fn writer_break_shard(writer: *mut peft_writer) -> *mut peft_error = peft_writer_break_shard;
+        pub fn writer_set_index_metadata_json(writer: *mut peft_writer, json_object: *const c_char) -> *mut peft_error = peft_writer_set_index_metadata_json;
+        pub fn writer_start(writer: *mut peft_writer) -> *mut peft_error = peft_writer_start;
+        pub fn writer_tensor_count(writer: *const peft_writer) -> usize = peft_writer_tensor_count;
+        pub fn writer_tensor_name(writer: *const peft_writer, position: usize) -> *const c_char = peft_writer_tensor_name;
+        pub fn writer_tensor_name_length(writer: *const peft_writer, position: usize) -> usize = peft_writer_tensor_name_length;
+        pub fn writer_tensor_declaration(writer: *const peft_writer, position: usize) -> usize = peft_writer_tensor_declaration;
+        pub fn writer_file_count(writer: *const peft_writer) -> usize = peft_writer_file_count;
+        pub fn writer_file_path(writer: *const peft_writer, file_index: usize) -> *const c_char = peft_writer_file_path;
+        pub fn writer_begin_tensor(writer: *mut peft_writer, name: *const c_char, src_dtype: i32) -> *mut peft_error = peft_writer_begin_tensor;
+        pub fn writer_write(writer: *mut peft_writer, data: *const c_void, nbytes: u64) -> *mut peft_error = peft_writer_write;
+        pub fn writer_write_tensor(writer: *mut peft_writer, name: *const c_char, src_dtype: i32, data: *const c_void, nbytes: u64) -> *mut peft_error = peft_writer_write_tensor;
+        pub fn writer_write_from_callback(writer: *mut peft_writer, name: *const c_char, src_dtype: i32, source: peft_tensor_source_fn, user_data: *mut c_void) -> *mut peft_error = peft_writer_write_from_callback;
+        pub fn writer_write_from_checkpoint(writer: *mut peft_writer, name: *const c_char, ckpt: *const peft_checkpoint, index: usize) -> *mut peft_error = peft_writer_write_from_checkpoint;
+        pub fn writer_finish(writer: *mut peft_writer) -> *mut peft_error = peft_writer_finish;
+        pub fn string_free(text: *mut c_char) = peft_string_free;
+        pub fn adapter_options_new(out: *mut *mut peft_adapter_options) -> *mut peft_error = peft_adapter_options_new;
+        pub fn adapter_options_free(opts: *mut peft_adapter_options) = peft_adapter_options_free;
+        pub fn adapter_options_set_base_dir(opts: *mut peft_adapter_options, base_dir: *const c_char) -> *mut peft_error = peft_adapter_options_set_base_dir;
+        pub fn adapter_options_set_translator(opts: *mut peft_adapter_options, translator: *const peft_translator) -> *mut peft_error = peft_adapter_options_set_translator;
+        pub fn adapter_open(dir: *const c_char, opts: *const peft_adapter_options, out: *mut *mut peft_adapter) -> *mut peft_error = peft_adapter_open;
+        pub fn adapter_free(adapter: *mut peft_adapter) = peft_adapter_free;
+        pub fn adapter_validate(adapter: *const peft_adapter, base_dir: *const c_char) -> *mut peft_error = peft_adapter_validate;
+        pub fn adapter_config_json(adapter: *const peft_adapter) -> *const c_char = peft_adapter_config_json;
+        pub fn adapter_config_field(adapter: *const peft_adapter, field: *const c_char) -> *const c_char = peft_adapter_config_field;
+        pub fn adapter_r(adapter: *const peft_adapter) -> i64 = peft_adapter_r;
+        pub fn adapter_lora_alpha(adapter: *const peft_adapter) -> f64 = peft_adapter_lora_alpha;
+        pub fn adapter_use_rslora(adapter: *const peft_adapter) -> i32 = peft_adapter_use_rslora;
+        pub fn adapter_use_dora(adapter: *const peft_adapter) -> i32 = peft_adapter_use_dora;
+        pub fn adapter_lora_bias(adapter: *const peft_adapter) -> i32 = peft_adapter_lora_bias;
+        pub fn adapter_fan_in_fan_out(adapter: *const peft_adapter) -> i32 = peft_adapter_fan_in_fan_out;
+        pub fn adapter_peft_type(adapter: *const peft_adapter) -> *const c_char = peft_adapter_peft_type;
+        pub fn adapter_bias(adapter: *const peft_adapter) -> *const c_char = peft_adapter_bias;
+        pub fn adapter_task_type(adapter: *const peft_adapter) -> *const c_char = peft_adapter_task_type;
+        pub fn adapter_base_model_name_or_path(adapter: *const peft_adapter) -> *const c_char = peft_adapter_base_model_name_or_path;
+        pub fn adapter_family(adapter: *const peft_adapter) -> *const c_char = peft_adapter_family;
+        pub fn adapter_translator(adapter: *const peft_adapter, out: *mut *mut peft_translator) -> *mut peft_error = peft_adapter_translator;
+        pub fn adapter_note_count(adapter: *const peft_adapter) -> usize = peft_adapter_note_count;
+        pub fn adapter_note(adapter: *const peft_adapter, index: usize) -> *const c_char = peft_adapter_note;
+        pub fn adapter_module_count(adapter: *const peft_adapter) -> usize = peft_adapter_module_count;
+        pub fn adapter_find_module(adapter: *const peft_adapter, name: *const c_char, out_index: *mut usize) -> *mut peft_error = peft_adapter_find_module;
+        pub fn adapter_module_name(adapter: *const peft_adapter, module: usize) -> *const c_char = peft_adapter_module_name;
+        pub fn adapter_module_kind(adapter: *const peft_adapter, module: usize) -> i32 = peft_adapter_module_kind;
+        pub fn adapter_module_rank(adapter: *const peft_adapter, module: usize) -> i64 = peft_adapter_module_rank;
+        pub fn adapter_module_alpha(adapter: *const peft_adapter, module: usize) -> f64 = peft_adapter_module_alpha;
+        pub fn adapter_module_scaling(adapter: *const peft_adapter, module: usize) -> f64 = peft_adapter_module_scaling;
+        pub fn adapter_module_tensor_count(adapter: *const peft_adapter, module: usize) -> usize = peft_adapter_module_tensor_count;
+        pub fn adapter_module_tensor_role(adapter: *const peft_adapter, module: usize, tensor: usize) -> *const c_char = peft_adapter_module_tensor_role;
+        pub fn adapter_module_tensor_key(adapter: *const peft_adapter, module: usize, tensor: usize) -> *const c_char = peft_adapter_module_tensor_key;
+        pub fn adapter_module_tensor_base_name(adapter: *const peft_adapter, module: usize, tensor: usize) -> *const c_char = peft_adapter_module_tensor_base_name;
+        pub fn adapter_module_tensor_dtype(adapter: *const peft_adapter, module: usize, tensor: usize) -> i32 = peft_adapter_module_tensor_dtype;
+        pub fn adapter_module_tensor_ndim(adapter: *const peft_adapter, module: usize, tensor: usize) -> usize = peft_adapter_module_tensor_ndim;
+        pub fn adapter_module_tensor_shape(adapter: *const peft_adapter, module: usize, tensor: usize) -> *const u64 = peft_adapter_module_tensor_shape;
+        pub fn adapter_module_tensor_read(adapter: *const peft_adapter, module: usize, tensor: usize, dtype: i32, dst: *mut c_void, dst_nbytes: u64) -> *mut peft_error = peft_adapter_module_tensor_read;
+        pub fn adapter_module_token_indices(adapter: *const peft_adapter, module: usize, out_count: *mut usize) -> *const i64 = peft_adapter_module_token_indices;
+        pub fn translator_new_builtin(family: *const c_char, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_new_builtin;
+        pub fn translator_from_file(path: *const c_char, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_from_file;
+        pub fn translator_from_json(json: *const c_char, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_from_json;
+        pub fn translator_detect(base_dir: *const c_char, model_name: *const c_char, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_detect;
+        pub fn translator_builtin_families(out: *mut *mut c_char) -> *mut peft_error = peft_translator_builtin_families;
+        pub fn translator_free(translator: *mut peft_translator) = peft_translator_free;
+        pub fn translator_family(translator: *const peft_translator) -> *const c_char = peft_translator_family;
+        pub fn translator_to_native(translator: *const peft_translator, hf_key: *const c_char, out: *mut *mut c_char) -> *mut peft_error = peft_translator_to_native;
+        pub fn translator_to_hf(translator: *const peft_translator, native_key: *const c_char, with_peft_prefix: i32, out: *mut *mut c_char) -> *mut peft_error = peft_translator_to_hf;
+        pub fn translator_to_native_batch(translator: *const peft_translator, hf_keys: *const *const c_char, count: usize, out: *mut *mut c_char) -> *mut peft_error = peft_translator_to_native_batch;
+        pub fn translator_to_hf_batch(translator: *const peft_translator, native_keys: *const *const c_char, count: usize, with_peft_prefix: i32, out: *mut *mut c_char) -> *mut peft_error = peft_translator_to_hf_batch;
+        pub fn merge_options_new(out: *mut *mut peft_merge_options) -> *mut peft_error = peft_merge_options_new;
+        pub fn merge_options_free(opts: *mut peft_merge_options) = peft_merge_options_free;
+        pub fn merge_options_add_adapter(opts: *mut peft_merge_options, adapter: *const peft_adapter, weight: f64) -> *mut peft_error = peft_merge_options_add_adapter;
+        pub fn merge_options_add_adapter_dir(opts: *mut peft_merge_options, dir: *const c_char, weight: f64) -> *mut peft_error = peft_merge_options_add_adapter_dir;
+        pub fn merge_options_set_dtype(opts: *mut peft_merge_options, dtype: i32) -> *mut peft_error = peft_merge_options_set_dtype;
+        pub fn merge_options_set_max_shard_size(opts: *mut peft_merge_options, max_shard_size: u64) -> *mut peft_error = peft_merge_options_set_max_shard_size;
+        pub fn merge_options_set_threads(opts: *mut peft_merge_options, threads: u32) -> *mut peft_error = peft_merge_options_set_threads;
+        pub fn merge_options_set_progress(opts: *mut peft_merge_options, fn_: peft_progress_fn, user_data: *mut c_void) -> *mut peft_error = peft_merge_options_set_progress;
+        pub fn merge_checkpoint(base_dir: *const c_char, out_dir: *const c_char, opts: *const peft_merge_options, out_result: *mut *mut peft_merge_result) -> *mut peft_error = peft_merge_checkpoint;
+        pub fn merge_result_free(result: *mut peft_merge_result) = peft_merge_result_free;
+        pub fn merge_result_tensor_count(result: *const peft_merge_result, which: i32) -> u64 = peft_merge_result_tensor_count;
+        pub fn merge_result_bytes(result: *const peft_merge_result) -> u64 = peft_merge_result_bytes;
+        pub fn merge_result_file_count(result: *const peft_merge_result) -> usize = peft_merge_result_file_count;
+        pub fn merge_result_file_name(result: *const peft_merge_result, index: usize) -> *const c_char = peft_merge_result_file_name;
+        pub fn merge_result_untied_embeddings(result: *const peft_merge_result) -> i32 = peft_merge_result_untied_embeddings;
+        pub fn merge_result_note_count(result: *const peft_merge_result) -> usize = peft_merge_result_note_count;
+        pub fn merge_result_note(result: *const peft_merge_result, index: usize) -> *const c_char = peft_merge_result_note;
+        pub fn merge_buffer_options_new(out: *mut *mut peft_merge_buffer_options) -> *mut peft_error = peft_merge_buffer_options_new;
+        pub fn merge_buffer_options_free(opts: *mut peft_merge_buffer_options) = peft_merge_buffer_options_free;
+        pub fn merge_buffer_options_set_weight(opts: *mut peft_merge_buffer_options, weight: f64) -> *mut peft_error = peft_merge_buffer_options_set_weight;
+        pub fn merge_buffer_options_set_keep_original_rows(opts: *mut peft_merge_buffer_options, keep: i32) -> *mut peft_error = peft_merge_buffer_options_set_keep_original_rows;
+        pub fn merge_buffer_options_set_threads(opts: *mut peft_merge_buffer_options, threads: u32) -> *mut peft_error = peft_merge_buffer_options_set_threads;
+        pub fn merge_buffer_options_set_translator(opts: *mut peft_merge_buffer_options, translator: *const peft_translator) -> *mut peft_error = peft_merge_buffer_options_set_translator;
+        pub fn merge_buffer_apply(adapter: *const peft_adapter, name: *const c_char, data: *mut c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *mut c_void, bias_dtype: i32, opts: *const peft_merge_buffer_options, out: *mut *mut peft_merge_record) -> *mut peft_error = peft_merge_buffer_apply;
+        pub fn merge_buffer_remove(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void) -> *mut peft_error = peft_merge_buffer_remove;
+        pub fn merge_record_free(record: *mut peft_merge_record) = peft_merge_record_free;
+        pub fn merge_record_module(record: *const peft_merge_record) -> *const c_char = peft_merge_record_module;
+        pub fn merge_record_active(record: *const peft_merge_record) -> i32 = peft_merge_record_active;
+        pub fn merge_record_saved_bytes(record: *const peft_merge_record) -> u64 = peft_merge_record_saved_bytes;
+        pub fn export_options_new(out: *mut *mut peft_export_options) -> *mut peft_error = peft_export_options_new;
+        pub fn export_options_free(opts: *mut peft_export_options) = peft_export_options_free;
+        pub fn export_options_set_dtype(opts: *mut peft_export_options, dtype: i32) -> *mut peft_error = peft_export_options_set_dtype;
+        pub fn export_options_set_peft_version(opts: *mut peft_export_options, version: *const c_char) -> *mut peft_error = peft_export_options_set_peft_version;
+        pub fn adapter_export(adapter: *const peft_adapter, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_export;
+        pub fn adapter_combine(adapters: *const *const peft_adapter, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_combine;
+    }
 }

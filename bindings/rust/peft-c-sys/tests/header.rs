@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use peft_c_sys::{Declaration, CALLBACKS, CONSTANTS, FUNCTIONS, OPAQUE_TYPES};
+use peft_c_sys::{Declaration, CALLBACKS, CONSTANTS, FUNCTIONS, OPAQUE_TYPES, STRUCTS};
 
 fn header_path() -> PathBuf {
     match std::env::var_os("PEFT_C_HEADER") {
@@ -412,6 +412,49 @@ fn compare(kind: &str, header: &BTreeMap<String, Signature>, crate_decls: &[Decl
     }
 }
 
+fn crate_field(field: &peft_c_sys::Field) -> Field {
+    match field {
+        peft_c_sys::Field::Value { name, ty } => {
+            Field::Value { name: name.to_string(), ty: ty.chars().filter(|c| !c.is_whitespace()).collect() }
+        }
+        peft_c_sys::Field::Function(decl) => {
+            Field::Function { name: decl.name.to_string(), signature: signature_of(decl) }
+        }
+    }
+}
+
+/// Structs: the same fields in the same order (the layout is the ABI). Function pointer fields of
+/// the header must also have the signature of the function they stand for (`peft_<field>`).
+fn compare_structs(header: &Header, problems: &mut Vec<String>) {
+    let declared: BTreeMap<String, Vec<Field>> =
+        STRUCTS.iter().map(|(name, fields)| (name.to_string(), fields.iter().map(crate_field).collect())).collect();
+    for (name, want) in &header.structs {
+        let Some(got) = declared.get(name) else {
+            problems.push(format!("struct {name} is in the header but not in peft-c-sys"));
+            continue;
+        };
+        if got.len() != want.len() {
+            problems.push(format!("struct {name}: {} fields in peft-c-sys, {} in the header", got.len(), want.len()));
+        }
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            if g != w {
+                problems.push(format!("struct {name} field {i}: peft-c-sys has {g:?}, the header {w:?}"));
+            }
+        }
+        for field in want {
+            if let Field::Function { name: field_name, signature } = field {
+                let function = format!("peft_{field_name}");
+                if header.functions.get(&function) != Some(signature) {
+                    problems.push(format!("struct {name} field {field_name} is not the signature of {function}"));
+                }
+            }
+        }
+    }
+    for name in declared.keys().filter(|n| !header.structs.contains_key(*n)) {
+        problems.push(format!("struct {name} is in peft-c-sys but not in the header"));
+    }
+}
+
 fn parsed_header() -> Header {
     let path = header_path();
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
@@ -436,6 +479,8 @@ fn declarations_match_the_header() {
     if opaque_header != opaque_crate {
         problems.push(format!("opaque types: header {opaque_header:?}, peft-c-sys {opaque_crate:?}"));
     }
+
+    compare_structs(&header, &mut problems);
 
     let crate_constants: BTreeMap<String, i64> = CONSTANTS.iter().map(|(n, v)| (n.to_string(), *v)).collect();
     for (name, value) in &header.constants {
@@ -464,6 +509,28 @@ fn library_matches_the_declared_version() {
     let (abi, number) = unsafe { (peft_c_sys::peft_abi_version(), peft_c_sys::peft_version_number()) };
     assert_eq!(abi, peft_c_sys::PEFT_ABI_VERSION);
     assert_eq!(number, peft_c_sys::PEFT_VERSION_NUMBER);
+}
+
+/// The table of the running library: its ABI, a size covering every entry declared here, and each
+/// entry pointing at the exported function of the same name.
+#[test]
+fn api_table_points_at_the_exported_functions() {
+    // SAFETY: takes any integer; returns NULL or a static table.
+    let table = unsafe { peft_c_sys::peft_get_api(peft_c_sys::PEFT_ABI_VERSION) };
+    assert!(!table.is_null(), "no table for ABI {}", peft_c_sys::PEFT_ABI_VERSION);
+    // SAFETY: a static table at least as large as the library's sizeof(peft_api), checked below
+    // before any entry is read.
+    let table = unsafe { &*table };
+    assert_eq!(table.abi, peft_c_sys::PEFT_ABI_VERSION);
+    assert!(table.size as usize >= std::mem::size_of::<peft_c_sys::peft_api>(), "table of {} bytes", table.size);
+    let mut entries = 0;
+    peft_c_sys::visit_api_entries(table, |name, in_table, exported| {
+        assert_eq!(in_table, exported, "entry {name} does not point at peft_{name}");
+        entries += 1;
+    });
+    assert_eq!(entries, FUNCTIONS.len() - 1, "every function but peft_get_api has an entry");
+    // SAFETY: as above.
+    assert!(unsafe { peft_c_sys::peft_get_api(peft_c_sys::PEFT_ABI_VERSION + 1000) }.is_null());
 }
 
 // The checker itself must be able to fail: mismatches that it has to notice.
