@@ -201,8 +201,9 @@ PEFT_API uint32_t peft_dtype_bits(int32_t dtype);
 /**
  * @brief Converts @p count elements from one dtype to another.
  *
- * Supported: any of F64, F32, F16, BF16, F8_E4M3, F8_E5M2, BOOL and the integer types into F64, F32,
- * F16 or BF16; and any dtype into itself (a copy). Floats are rounded to nearest, ties to even; NaN
+ * Supported: any of F64, F32, F16, BF16, the five F8 types (E4M3, E5M2, E8M0, E4M3FNUZ, E5M2FNUZ),
+ * BOOL and the integer types into F64, F32, F16 or BF16; and any dtype into itself (a copy). C64 and
+ * the sub-byte F4/F6 types convert only to themselves. Floats are rounded to nearest, ties to even; NaN
  * stays NaN and infinities stay infinite; integers convert as C would to double and then round once.
  *
  * @param src_dtype Dtype of @p src.

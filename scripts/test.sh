@@ -8,6 +8,8 @@ cd "$root"
 jobs=$(nproc)
 fuzz_seconds=${PEFT_FUZZ_SECONDS:-60}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/peft_c/ccache}
+# Toolchains the machine brings outside the system PATH (Go, Rust through rustup).
+export PATH=$PATH:/usr/local/go/bin:$HOME/.cargo/bin
 
 step() { printf '\n==== %s ====\n' "$*"; }
 failures=()
