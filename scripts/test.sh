@@ -8,6 +8,7 @@ cd "$root"
 jobs=$(nproc)
 fuzz_seconds=${PEFT_FUZZ_SECONDS:-60}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/peft_c/ccache}
+export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1   # a fresh clone elsewhere reuses the cache
 # Toolchains the machine brings outside the system PATH (Go, Rust through rustup).
 export PATH=$PATH:/usr/local/go/bin:$HOME/.cargo/bin
 
