@@ -77,7 +77,7 @@ class Executor {
   // Streams one tensor's bytes (in `src_dtype`) to the writer in chunks, with progress reports.
   void stream(const PlannedTensor& p, DType src_dtype, const uint8_t* data, uint64_t size, bool release) {
     writer_.begin_tensor(p.name, src_dtype);
-    const uint64_t unit = src_dtype == p.out_dtype ? 1 : dtype_bits(src_dtype) / 8;
+    const uint64_t unit = src_dtype == p.out_dtype ? 1 : std::max<uint64_t>(1, dtype_bits(src_dtype) / 8);
     const uint64_t chunk = std::max<uint64_t>(unit, kChunkBytes / unit * unit);
     const uint8_t* released = data;
     for (uint64_t offset = 0; offset < size;) {

@@ -2,6 +2,9 @@
 // removing from a host's weight, bit for bit with kept rows.
 #include <doctest/doctest.h>
 
+#include <functional>
+#include <thread>
+
 #include "core/error.hpp"
 #include "peft/merge_pipeline_inmemory.hpp"
 #include "test_merge_pipeline_support.hpp"
@@ -109,4 +112,39 @@ TEST_CASE("merge pipeline: buffer merges address modules by native name, Conv1D 
   CHECK(dw.bytes != dora_original);
   dora_record.remove(dw.view(dim.layout.rows(), dim.layout.cols()), nullptr);
   CHECK(dw.bytes == dora_original);
+}
+
+TEST_CASE("merge pipeline: buffer merges of one adapter run concurrently on different buffers") {
+  if (!fixtures_present()) return;
+  auto adapter = open_adapter(adapter_dir("llama_lora"));
+  const std::vector<std::string> names = {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.up_proj",
+                                          "model.layers.1.mlp.down_proj", "model.layers.1.self_attn.o_proj"};
+  std::vector<HostWeight> weights, expected;
+  for (const std::string& name : names) {
+    weights.push_back(host_weight(model("llama"), name + ".weight", peft::DType::BF16));
+    // What a merge on its own gives.
+    HostWeight w = weights.back();
+    const peft::AdapterModule& m = peft::find_lora_module(*adapter, name, nullptr);
+    peft::InMemoryModule im = peft::inmemory_module(adapter, m, w.shape);
+    peft::MergeRecord::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, {0.5, false, 1});
+    expected.push_back(std::move(w));
+  }
+  const std::vector<HostWeight> originals = weights;
+  std::vector<int> ok(names.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < names.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        const peft::AdapterModule& m = peft::find_lora_module(*adapter, names[t], nullptr);
+        peft::InMemoryModule im = peft::inmemory_module(adapter, m, weights[t].shape);
+        auto view = weights[t].view(im.layout.rows(), im.layout.cols());
+        auto record = peft::MergeRecord::apply(view, nullptr, im, {0.5, true, 2});
+        const bool merged_right = weights[t].bytes == expected[t].bytes;
+        record.remove(view, nullptr);
+        if (merged_right && weights[t].bytes == originals[t].bytes) ++ok[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t t = 0; t < names.size(); ++t) CHECK(ok[t] == 20);
 }
