@@ -33,7 +33,7 @@ class Translator {
       : p_(pattern), code_(code), what_(what) {}
 
   std::string run(bool* ascii) {
-    verbose_stack_.push_back(prescan_global_verbose());
+    verbose_stack_.push_back({prescan_global_verbose(), 0});
     while (i_ < p_.size()) step();
     if (verbose_stack_.size() != 1) error("missing ), unterminated subpattern");
     if (ascii) *ascii = ascii_;
@@ -45,7 +45,20 @@ class Translator {
     fail(code_, what_ + ": invalid regular expression " + peft::quoted(std::string(p_)) + " (Python re: " +
                     reason + " at position " + std::to_string(i_) + ")");
   }
-  bool verbose() const { return verbose_stack_.back(); }
+  bool verbose() const { return verbose_stack_.back().verbose; }
+  void open_group(bool verbose, bool capturing) {
+    int number = 0;
+    if (capturing) {
+      number = ++groups_opened_;
+      group_closed_.push_back(false);
+    }
+    verbose_stack_.push_back({verbose, number});
+  }
+  // Python refers only to groups that exist and are closed; PCRE2 would accept more.
+  void check_reference(int number) {
+    if (number <= 0 || number > groups_opened_) error("invalid group reference " + std::to_string(number));
+    if (!group_closed_[static_cast<size_t>(number)]) error("cannot refer to an open group");
+  }
   char peek(size_t ahead = 0) const { return i_ + ahead < p_.size() ? p_[i_ + ahead] : '\0'; }
   bool has(size_t ahead) const { return i_ + ahead < p_.size(); }
 
@@ -84,6 +97,7 @@ class Translator {
       case '(': group(); break;
       case ')':
         if (verbose_stack_.size() == 1) error("unbalanced parenthesis");
+        if (int number = verbose_stack_.back().capture; number > 0) group_closed_[static_cast<size_t>(number)] = true;
         verbose_stack_.pop_back();
         out_ += ')';
         ++i_;
@@ -133,7 +147,8 @@ class Translator {
           return;
         }
       }
-      out_ += "\\g{" + digits + "}";  // a group reference; PCRE2 checks that the group exists
+      check_reference(std::stoi(digits));
+      out_ += "\\g{" + digits + "}";
       return;
     }
     if (is_ascii_alpha(c)) error(std::string("bad escape \\") + c);
@@ -172,7 +187,13 @@ class Translator {
       out_ += '^';
       ++i_;
     }
+    // PCRE2 reads "[:", "[." and "[=" at the start of a class as POSIX syntax; Python does not.
     bool first = true;
+    if (peek() == ':' || peek() == '.' || peek() == '=') {
+      out_ += '\\';
+      out_ += p_[i_++];
+      first = false;
+    }
     while (true) {
       if (!has(0)) error("unterminated character set");
       char c = p_[i_];
@@ -240,21 +261,21 @@ class Translator {
       if (peek(1) == '*') error("nothing to repeat");  // PCRE2 would read a (*VERB)
       out_ += '(';
       ++i_;
-      verbose_stack_.push_back(verbose());
+      open_group(verbose(), true);
       return;
     }
     char c = peek(2);
     if (c == ':' || c == '=' || c == '!' || c == '>') {
       out_.append(p_.substr(i_, 3));
       i_ += 3;
-      verbose_stack_.push_back(verbose());
+      open_group(verbose(), false);
       return;
     }
     if (c == '<') {
       if (peek(3) == '=' || peek(3) == '!') {
         out_.append(p_.substr(i_, 4));
         i_ += 4;
-        verbose_stack_.push_back(verbose());
+        open_group(verbose(), false);
         return;
       }
       error("unknown extension ?<" + std::string(1, peek(3)));
@@ -264,16 +285,26 @@ class Translator {
       if (d == '<') {  // (?P<name>...): PCRE2 accepts the same spelling
         size_t close = p_.find('>', i_ + 4);
         if (close == std::string_view::npos) error("missing >, unterminated name");
-        check_group_name(p_.substr(i_ + 4, close - (i_ + 4)));
+        std::string name(p_.substr(i_ + 4, close - (i_ + 4)));
+        check_group_name(name);
+        for (const auto& [known, number] : group_names_)
+          if (known == name) error("redefinition of group name " + peft::quoted(name));
         out_.append(p_.substr(i_, close + 1 - i_));
         i_ = close + 1;
-        verbose_stack_.push_back(verbose());
+        open_group(verbose(), true);
+        group_names_.emplace_back(name, groups_opened_);
         return;
       }
       if (d == '=') {  // (?P=name): a back reference, same spelling in PCRE2
         size_t close = p_.find(')', i_ + 4);
         if (close == std::string_view::npos) error("missing ), unterminated name");
-        check_group_name(p_.substr(i_ + 4, close - (i_ + 4)));
+        std::string name(p_.substr(i_ + 4, close - (i_ + 4)));
+        check_group_name(name);
+        int number = 0;
+        for (const auto& [known, n] : group_names_)
+          if (known == name) number = n;
+        if (number == 0) error("unknown group name " + peft::quoted(name));
+        check_reference(number);
         out_.append(p_.substr(i_, close + 1 - i_));
         i_ = close + 1;
         return;
@@ -304,7 +335,7 @@ class Translator {
       }
       out_ += ')';
       i_ = close + 1;
-      verbose_stack_.push_back(verbose());
+      open_group(verbose(), false);
       return;
     }
     flags(was_at_start);
@@ -352,7 +383,7 @@ class Translator {
     std::string kept_add = pcre_flags(add), kept_remove = pcre_flags(remove);
     out_ += "(?" + kept_add + (kept_remove.empty() ? "" : "-" + kept_remove) + ":";
     i_ = j + 1;
-    verbose_stack_.push_back(scoped_verbose);
+    open_group(scoped_verbose, false);
   }
 
   void check_group_name(std::string_view name) {
@@ -396,7 +427,15 @@ class Translator {
   const std::string& what_;
   size_t i_ = 0;
   std::string out_;
-  std::vector<bool> verbose_stack_;
+  // One frame per open parenthesis: its verbose mode and, for a capturing group, its number.
+  struct Frame {
+    bool verbose;
+    int capture;  // 0 for a non-capturing group
+  };
+  std::vector<Frame> verbose_stack_;
+  int groups_opened_ = 0;
+  std::vector<bool> group_closed_{false};  // index = group number (0 unused)
+  std::vector<std::pair<std::string, int>> group_names_;
   bool at_start_ = true;
   bool ascii_ = false;
 };

@@ -127,6 +127,34 @@ TEST_CASE("adapter python_regex: translation of Python-only syntax") {
   CHECK(ascii);
 }
 
+namespace {
+struct DiffCase {
+  const char* pattern;
+  long long bits;  // -1: CPython rejects the pattern; else bit 3*i+j for subject i and fullmatch/match/search
+};
+#include "test_adapter_python_regex_cases.inc"
+}  // namespace
+
+TEST_CASE("adapter python_regex: random patterns are accepted, rejected and matched exactly as CPython does") {
+  size_t rejected = 0;
+  for (const DiffCase& c : kDiffCases) {
+    CAPTURE(c.pattern);
+    if (c.bits < 0) {
+      CHECK(compile_error(c.pattern) == PEFT_ERR_INVALID_CONFIG);
+      ++rejected;
+      continue;
+    }
+    peft::PythonRegex regex(c.pattern, PEFT_ERR_INVALID_CONFIG, "test");
+    for (size_t i = 0; i < sizeof kDiffSubjects / sizeof kDiffSubjects[0]; ++i) {
+      CAPTURE(kDiffSubjects[i]);
+      CHECK(regex.fullmatch(kDiffSubjects[i]) == bool(c.bits >> (3 * i) & 1));
+      CHECK(regex.match(kDiffSubjects[i]) == bool(c.bits >> (3 * i + 1) & 1));
+      CHECK(regex.search(kDiffSubjects[i]) == bool(c.bits >> (3 * i + 2) & 1));
+    }
+  }
+  CHECK(rejected > 100);  // the sample exercises both sides
+}
+
 TEST_CASE("adapter python_regex: catastrophic backtracking fails instead of hanging") {
   peft::PythonRegex regex("(a+)+$", PEFT_ERR_INVALID_CONFIG, "target_modules");
   std::string subject(64, 'a');
