@@ -344,3 +344,96 @@ def test_configs_peft_accepts_but_peftc_refuses(peftc_binary, plain_adapter, tmp
     assert run.stderr.startswith("peftc: error: UNSUPPORTED: "), run.stderr
     field = next(k for k in patch if k != "feedforward_modules")
     assert f'"{field}"' in run.stderr
+
+
+# ---- random configs: PEFT's functions decide, peftc must agree -----------------------------------
+
+MODULE_NAMES = [f"model.layers.{layer}.{block}.{proj}" for layer in range(12)
+                for block, projs in (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                                     ("mlp", ("gate_proj", "up_proj", "down_proj")))
+                for proj in projs] + [f"model.layers.{layer}.block_sparse_moe.experts.{e}.w1"
+                                      for layer in range(3) for e in range(3)] + ["lm_head", "model.embed_tokens"]
+SUFFIXES = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "self_attn.q_proj", "mlp.up_proj",
+            "w1", "experts.1.w1", "lm_head", "layers.1.self_attn.v_proj", "model.layers.3.mlp.down_proj"]
+REGEXES = [r".*\.(q|v)_proj", r"model\.layers\.\d*[13579]\..*", r".*layers\.1\d?\..*_proj", r".*(?<!gate)_proj",
+           r"(?i).*Q_PROJ", r".*\.experts\.[0-1]\.w1", r"model\.layers\.(?P<l>\d+)\.mlp\.(up|down)_proj"]
+KEYS = ["q_proj", "^model.layers.1.self_attn.q_proj", r"layers\.[2-4]\..*", "mlp.*", r"experts\.\d+\.w1", "o_proj",
+        "^q_proj", "v_proj$", r"self_attn\.(k|v)_proj", "proj", "model.layers.10.*"]
+
+
+def random_config(rng):
+    config = {"peft_type": "LORA", "r": rng.choice([2, 4]), "lora_alpha": rng.choice([4, 8, 3.5]),
+              "use_rslora": rng.random() < 0.3}
+    if rng.random() < 0.35:
+        config["target_modules"] = rng.choice(REGEXES)
+    else:
+        config["target_modules"] = rng.sample(SUFFIXES, rng.randint(1, 5))
+        if rng.random() < 0.4:
+            config["layers_to_transform"] = rng.choice([1, [0, 2], [1, 3, 10], []])
+            if rng.random() < 0.5:
+                config["layers_pattern"] = rng.choice(["layers", ["experts", "layers"], "h"])
+    if rng.random() < 0.4:
+        config["exclude_modules"] = rng.choice([rng.sample(SUFFIXES, 2), r".*\.1\..*", r"lm_head|.*o_proj"])
+    if rng.random() < 0.2:
+        config["modules_to_save"] = rng.choice([["lm_head"], ["up_proj"]])
+    for field in ("rank_pattern", "alpha_pattern"):
+        if rng.random() < 0.6:
+            keys = rng.sample(KEYS, rng.randint(1, 4))
+            config[field] = {k: rng.choice([1, 3, 6]) if field == "rank_pattern" else rng.choice([2, 5.5, 9])
+                             for k in keys}
+    return config
+
+
+def expected_modules(config_dir):
+    config = PeftConfig.from_pretrained(str(config_dir))
+    out = {}
+    for name in MODULE_NAMES:
+        found = check_target_module_exists(config, name)
+        if found and not isinstance(found, _ExcludedModule):
+            out[name] = peft_rank_alpha_scaling(config, name)
+    return out
+
+
+def write_adapter(adapter_dir, config, modules):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    adapter_dir.mkdir(parents=True, exist_ok=True)
+    (adapter_dir / "adapter_config.json").write_text(json.dumps(config))
+    tensors = {}
+    for name, rank in modules.items():
+        tensors[f"{PREFIX}{name}.lora_A.weight"] = np.zeros((rank, 8), dtype=np.float32)
+        tensors[f"{PREFIX}{name}.lora_B.weight"] = np.zeros((8, rank), dtype=np.float32)
+    save_file(tensors, str(adapter_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_configs_agree_with_peft(peftc_binary, tmp_path, seed):
+    import random
+
+    rng = random.Random(seed)
+    config = random_config(rng)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "adapter_config.json").write_text(json.dumps(config))
+    expected = expected_modules(probe)
+    if not expected:
+        pytest.skip("this config targets none of the module names")
+    adapter = tmp_path / "adapter"
+    write_adapter(adapter, config, {name: r for name, (r, _, _) in expected.items()})
+    report = inspect_ok(peftc_binary, adapter)
+    reported = {m["module"]: m for m in report["modules"]}
+    assert set(reported) == set(expected)
+    for name, (r, alpha, scaling) in expected.items():
+        assert (reported[name]["rank"], reported[name]["alpha"]) == (r, alpha), name
+        assert reported[name]["scaling"] == pytest.approx(scaling, rel=1e-15), name
+
+    # One more module that PEFT does not target: peftc refuses, naming it.
+    untargeted = [n for n in MODULE_NAMES if n not in expected]
+    if untargeted:
+        extra = rng.choice(untargeted)
+        bad = tmp_path / "bad"
+        write_adapter(bad, config, {**{name: r for name, (r, _, _) in expected.items()}, extra: config["r"]})
+        run = inspect(peftc_binary, bad)
+        assert run.returncode == 1
+        assert run.stderr.startswith("peftc: error: INVALID_CONFIG: ") and f'"{extra}"' in run.stderr
