@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "capi/capi_common.hpp"
+#include "capi/checkpoint_handle.hpp"
 #include "core/dtype.hpp"
 #include "safetensors/checkpoint.hpp"
 
@@ -12,9 +13,6 @@ struct peft_open_options {
   peft::OpenOptions options;
 };
 
-struct peft_checkpoint {
-  std::shared_ptr<const peft::Checkpoint> impl;
-};
 
 namespace {
 

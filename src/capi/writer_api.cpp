@@ -8,16 +8,12 @@
 #include <vector>
 
 #include "capi/capi_common.hpp"
+#include "capi/checkpoint_handle.hpp"
 #include "core/dtype.hpp"
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/sharded_writer.hpp"
 #include "safetensors/writer.hpp"
 
-// Token for token the definition in capi/checkpoint_api.cpp (one definition per the ODR), so that
-// a writer can stream from a checkpoint handle without a shared private header.
-struct peft_checkpoint {
-  std::shared_ptr<const peft::Checkpoint> impl;
-};
 
 struct peft_writer {
   std::unique_ptr<peft::TensorWriter> impl;
