@@ -48,7 +48,11 @@ def run_inspect(path):
 def check_same(path):
     order, infos, metadata = reference_view(path)
     ours = run_inspect(path)
-    assert [t["name"] for t in ours["tensors"]] == order
+    # Data order; zero-size tensors that share an offset have no order of their own (the reference
+    # visits them in hash-map order), so only the offsets must not decrease.
+    assert sorted(t["name"] for t in ours["tensors"]) == sorted(order)
+    offsets = [t["data_offsets"] for t in ours["tensors"]]
+    assert offsets == sorted(offsets)
     for t in ours["tensors"]:
         assert (t["dtype"], t["shape"], t["data_offsets"]) == tuple(infos[t["name"]])
     assert ours["metadata"] == metadata

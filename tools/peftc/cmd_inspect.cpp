@@ -37,7 +37,8 @@ void print_json(const peft_checkpoint* ckpt, bool is_folder) {
     peft_error_free(peft_checkpoint_tensor_offsets(ckpt, i, &begin, &end));
     uint64_t offsets[2] = {begin, end};
     if (i) out += ",";
-    out += "{\"name\":" + json_string(peft_checkpoint_tensor_name(ckpt, i)) +
+    out += "{\"name\":" + json_string(peft_checkpoint_tensor_name(ckpt, i),
+                                       peft_checkpoint_tensor_name_length(ckpt, i)) +
            ",\"dtype\":" + json_string(peft_dtype_name(peft_checkpoint_tensor_dtype(ckpt, i))) +
            ",\"shape\":" + json_uint_array(peft_checkpoint_tensor_shape(ckpt, i),
                                            peft_checkpoint_tensor_ndim(ckpt, i)) +

@@ -3,15 +3,17 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 namespace peftc {
 
-// A JSON string literal: quotes, backslashes and control characters escaped; UTF-8 passes through.
-inline std::string json_string(const char* text) {
+// A JSON string literal of `length` bytes: quotes, backslashes and control characters (NUL
+// included) escaped; UTF-8 passes through.
+inline std::string json_string(const char* text, size_t length) {
   std::string out = "\"";
-  for (const char* p = text; *p != '\0'; ++p) {
-    unsigned char c = static_cast<unsigned char>(*p);
+  for (size_t i = 0; i < length; ++i) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -33,7 +35,9 @@ inline std::string json_string(const char* text) {
   return out + "\"";
 }
 
-inline std::string json_string(const std::string& text) { return json_string(text.c_str()); }
+inline std::string json_string(const char* text) { return json_string(text, std::strlen(text)); }
+
+inline std::string json_string(const std::string& text) { return json_string(text.data(), text.size()); }
 
 // A JSON array of unsigned integers.
 inline std::string json_uint_array(const uint64_t* values, size_t count) {

@@ -143,8 +143,8 @@ def test_contains_and_lookup_errors(opened):
         opened.tensor(1.0)
     with pytest.raises(TypeError):
         opened.tensor(True)
-    with pytest.raises(ValueError):
-        opened.tensor("a\0b")
+    with pytest.raises(peft_c.NotFoundError):  # looked up with its length: a NUL is just a byte
+        opened.tensor("f32\0")
 
 
 def test_metadata_equals_reference(opened, np_file):
