@@ -121,12 +121,47 @@ void scalar_range(const unsigned char* src, unsigned char* dst, size_t begin, si
   }
 }
 
+// How far ahead of the loads the loop asks for source lines. The hardware prefetcher alone leaves
+// the narrowing kernels (two loads per store) well short of memory bandwidth; measured on a 2-core
+// Xeon VM, 2 KiB ahead took f32 -> bf16 from 0.64 to 0.87 of memcpy speed (thread CPU time).
+constexpr size_t kPrefetchBytes = 2048;
+
 template <class Op, bool Stream>
 PEFT_AVX2 size_t vector_range(const unsigned char* src, unsigned char* dst, size_t begin, size_t n) {
   constexpr size_t kStep = 16;
+  constexpr size_t kIn = sizeof(typename Op::In);
+  constexpr size_t kOut = sizeof(typename Op::Out);
+  constexpr size_t kAhead = kPrefetchBytes / kIn;  // elements
   size_t i = begin;
-  for (; i + kStep <= n; i += kStep) {
-    Op::template vector<Stream>(src + i * sizeof(typename Op::In), dst + i * sizeof(typename Op::Out));
+  // The prefetched address stays inside the source, so no out-of-range pointer is ever formed.
+  const size_t prefetch_end = n > kAhead ? n - kAhead : 0;
+  for (; i + kStep <= prefetch_end; i += kStep) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + (i + kAhead) * kIn), _MM_HINT_T0);
+    Op::template vector<Stream>(src + i * kIn, dst + i * kOut);
+  }
+  for (; i + kStep <= n; i += kStep) Op::template vector<Stream>(src + i * kIn, dst + i * kOut);
+  return i;
+}
+
+// The streaming loop for large arrays: four 4 KiB pages of source at a time, 16 elements from each
+// in turn (the way glibc's memcpy moves large blocks). Four concurrent page streams keep more
+// memory requests in flight than one sequential stream; measured on a 2-core Xeon VM this took
+// bf16 -> f32 from 0.69 to 0.80 of memcpy speed and f32 -> bf16 from 0.89 to 0.94.
+template <class Op>
+PEFT_AVX2 size_t interleaved_pages(const unsigned char* src, unsigned char* dst, size_t begin, size_t n) {
+  constexpr size_t kStep = 16;
+  constexpr size_t kIn = sizeof(typename Op::In);
+  constexpr size_t kOut = sizeof(typename Op::Out);
+  constexpr size_t kPage = 4096 / kIn;  // elements per source page
+  constexpr size_t kPages = 4;
+  size_t i = begin;
+  for (; i + kPages * kPage <= n; i += kPages * kPage) {
+    for (size_t j = 0; j < kPage; j += kStep) {
+      for (size_t page = 0; page < kPages; ++page) {
+        const size_t k = i + page * kPage + j;
+        Op::template vector<true>(src + k * kIn, dst + k * kOut);
+      }
+    }
   }
   return i;
 }
@@ -140,7 +175,8 @@ PEFT_AVX2 void run(const unsigned char* src, unsigned char* dst, size_t n) {
   if (n * kOut >= kStreamingThresholdBytes && address % kOut == 0) {
     const size_t head = ((32 - address % 32) % 32) / kOut;
     scalar_range<Op>(src, dst, 0, head);
-    const size_t done = vector_range<Op, true>(src, dst, head, n);
+    const size_t pages_done = interleaved_pages<Op>(src, dst, head, n);
+    const size_t done = vector_range<Op, true>(src, dst, pages_done, n);
     _mm_sfence();  // order the streaming stores before anything the caller does next
     scalar_range<Op>(src, dst, done, n);
     return;
