@@ -204,7 +204,8 @@ PEFT_API uint32_t peft_dtype_bits(int32_t dtype);
  * Supported: any of F64, F32, F16, BF16, the five F8 types (E4M3, E5M2, E8M0, E4M3FNUZ, E5M2FNUZ),
  * BOOL and the integer types into F64, F32, F16 or BF16; and any dtype into itself (a copy). C64 and
  * the sub-byte F4/F6 types convert only to themselves. Floats are rounded to nearest, ties to even; NaN
- * stays NaN and infinities stay infinite; integers convert as C would to double and then round once.
+ * stays NaN (made quiet) and infinities stay infinite. F64 and integers go into F16 and BF16 through F32
+ * (two roundings, exactly as torch does); into F32 and F64 they round once.
  *
  * @param src_dtype Dtype of @p src.
  * @param src @p count elements, little-endian; any alignment.
