@@ -116,6 +116,7 @@ typedef struct peft_error peft_error;
 #define PEFT_ERR_CANCELLED 27 /**< A callback asked to stop. */
 #define PEFT_ERR_INVALID_CONFIG 28 /**< An adapter_config.json or other JSON file that is wrong. */
 #define PEFT_ERR_INVALID_CHECKPOINT 29 /**< A checkpoint folder or index that is wrong. */
+#define PEFT_ERR_OVER_BUDGET 30 /**< Memory that a budget would have to exceed (pinned data fills it). */
 #define PEFT_ERR_INTERNAL 99 /**< A bug in peft_c. Please report it. */
 
 /**
@@ -1870,6 +1871,350 @@ PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, c
 
 /** @} */
 /* ==== end section: export ==== */
+
+/* ==== section: serving ==== */
+/* ================================================================================================ */
+/** @defgroup serving Serving many adapters over one base model
+ *
+ *  What a model server needs to serve many LoRA adapters over one base model it already holds in
+ *  memory:
+ *
+ *  **Registry** (#peft_registry): adapters registered under names, by folder or from bytes in
+ *  memory. Registering reads and validates the config and the safetensors header only; the tensors
+ *  of the LoRA layers load on first use (peft_registry_acquire()), converted once to the
+ *  registry's storage dtype (F32, BF16 or F16; rounding to nearest even, as torch's `.to()`). Loaded
+ *  adapters stay in memory under a byte budget, least recently used first out. An acquired adapter
+ *  (a #peft_lease) is pinned: it is never evicted while any lease or host model holds it. Eviction
+ *  frees an adapter's memory at once. Registering under a name that exists replaces it for new
+ *  acquisitions, while leases on the old version keep working with it; the old version's memory
+ *  is freed when its last lease goes. The budget counts the loaded tensors (the storage-dtype
+ *  bytes of every lora_A, lora_B, lora_B.bias and DoRA magnitude), never exceeded: a load that
+ *  cannot fit, even after evicting everything unpinned, fails with #PEFT_ERR_OVER_BUDGET.
+ *  Registered adapters that are not loaded hold their config, their header and (for adapters
+ *  registered from memory) a copy of their bytes, outside the budget.
+ *
+ *  **Hot-swap** (#peft_host_model): the host gives its weight buffers once (name, pointer, dtype,
+ *  shape); peft_host_model_swap() then switches the adapter merged into them from one to another,
+ *  or to none, in place: the current adapter is taken out, bit for bit by default (the original
+ *  rows are kept, see peft_merge_buffer_options_set_keep_original_rows()), and the new one merged
+ *  with peft_merge_buffer_apply()'s arithmetic, from the registry's stored factors.
+ *
+ *  **Unmerged LoRA** (peft_lora_apply()): for a batch of activations and one layer, adds each
+ *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
+ *  into the output the host computed with the base weight, as PEFT's forward of an unmerged model
+ *  with mixed-batch `adapter_names` does. Rows are grouped by adapter and each group costs two
+ *  BLAS matrix products.
+ *
+ *  Names of layers: HuggingFace module paths ("model.layers.0.self_attn.q_proj") or weight names
+ *  ("...q_proj.weight"), with or without "base_model.model."; with a translator given to
+ *  peft_registry_new() (for peft_lora_apply()) or peft_host_model_set_translator() (for the host's
+ *  weights), the host's own names.
+ *
+ *  Thread safety: a registry and its leases may be used from any number of threads at once
+ *  (register, acquire, release, trim, stats, apply). A host model belongs to one thread at a time,
+ *  and nothing else may read or write its buffers during a swap.
+ *  @{ */
+
+/** A registry of adapters under a memory budget. Free with peft_registry_free(). */
+typedef struct peft_registry peft_registry;
+/** An acquired adapter of a registry: loaded and pinned until released with peft_lease_release(). */
+typedef struct peft_lease peft_lease;
+/** The weight buffers of a host's model, into which adapters are swapped. Free with peft_host_model_free(). */
+typedef struct peft_host_model peft_host_model;
+
+/** Counters of a registry (peft_registry_stats()). */
+typedef struct peft_registry_stats {
+  uint64_t size;              /**< Set by the caller to sizeof(peft_registry_stats); fields past it are not written. */
+  uint64_t budget_bytes;      /**< The byte budget. */
+  uint64_t loaded_bytes;      /**< Bytes of adapter tensors in memory now (never above the budget). */
+  uint64_t peak_loaded_bytes; /**< The highest loaded_bytes seen. */
+  uint64_t registered;        /**< Names registered now. */
+  uint64_t loaded;            /**< Adapter versions in memory now (replaced versions still leased included). */
+  uint64_t pinned;            /**< Of those, versions held by at least one lease or host model. */
+  uint64_t loads;             /**< Loads of tensors since the registry was made. */
+  uint64_t hits;              /**< Acquisitions that found the tensors in memory. */
+  uint64_t evictions;         /**< Loaded versions evicted to make room or by peft_registry_trim(). */
+} peft_registry_stats;
+
+/** What a swap did (peft_host_model_swap()). */
+typedef struct peft_swap_stats {
+  uint64_t size;             /**< Set by the caller to sizeof(peft_swap_stats); fields past it are not written. */
+  double remove_seconds;     /**< Wall time taking the previous adapter out. */
+  double merge_seconds;      /**< Wall time merging the new adapter in. */
+  uint64_t layers_removed;   /**< Layers of the previous adapter taken out. */
+  uint64_t layers_merged;    /**< Layers of the new adapter merged in. */
+  uint64_t saved_bytes;      /**< Bytes of original rows kept for the next exact removal. */
+} peft_swap_stats;
+
+/**
+ * @brief Creates an empty registry.
+ * @param storage_dtype Dtype the tensors are kept in once loaded: #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or
+ *        #PEFT_DTYPE_F16.
+ * @param budget_bytes Most bytes of loaded tensors held at once.
+ * @param translator Makes peft_lora_apply() read layer names as the host's own names (the table is
+ *        shared; the handle may be freed afterwards), or NULL for HuggingFace names.
+ * @param[out] out Receives the registry; free it with peft_registry_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p out or another dtype. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_new(int32_t storage_dtype, uint64_t budget_bytes,
+                                       const peft_translator* translator, peft_registry** out);
+
+/**
+ * @brief Releases a registry. Leases and host models that hold its adapters keep them until they
+ *        release them.
+ * @param registry A registry, or NULL. No other call on @p registry may run at the same time.
+ */
+PEFT_API void peft_registry_free(peft_registry* registry);
+
+/**
+ * @brief Registers the adapter in a folder under a name, or replaces the adapter of that name.
+ *
+ * Opens and validates the adapter as peft_adapter_open() does (reading its config and the header
+ * of `adapter_model.safetensors`, no tensor data), and checks that its LoRA layers can be served:
+ * layers whose tensors are not F64/F32/F16/BF16 are refused.
+ * @param registry A registry.
+ * @param name The name (UTF-8, not empty).
+ * @param dir The adapter folder.
+ * @param opts Options as for peft_adapter_open() (a base model to validate against), or NULL.
+ * @return NULL on success; the errors of peft_adapter_open(); #PEFT_ERR_UNSUPPORTED for tensors of
+ *         another dtype; #PEFT_ERR_INVALID_ARGUMENT for NULL or an empty name. On failure the
+ *         registry is unchanged (an adapter of that name stays). Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_register(peft_registry* registry, const char* name, const char* dir,
+                                           const peft_adapter_options* opts);
+
+/**
+ * @brief Registers an adapter held in memory under a name, or replaces the adapter of that name.
+ *
+ * As peft_registry_register(), from the text of `adapter_config.json` and the bytes of
+ * `adapter_model.safetensors`; both are copied.
+ * @param registry A registry.
+ * @param name The name (UTF-8, not empty).
+ * @param config_json The config's JSON text (UTF-8, NUL-terminated).
+ * @param weights The safetensors bytes.
+ * @param weights_size Their length.
+ * @param opts Options as for peft_adapter_open(), or NULL.
+ * @return As peft_registry_register(); format errors for bytes that are not a valid safetensors
+ *         file; #PEFT_ERR_INVALID_CONFIG for a config that is not valid. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_register_memory(peft_registry* registry, const char* name,
+                                                  const char* config_json, const void* weights,
+                                                  size_t weights_size, const peft_adapter_options* opts);
+
+/**
+ * @brief Removes a name. Leases on its adapter keep working; its memory goes with the last of them.
+ * @param registry A registry.
+ * @param name A registered name.
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND for a name not registered; #PEFT_ERR_INVALID_ARGUMENT
+ *         for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_unregister(peft_registry* registry, const char* name);
+
+/**
+ * @brief The registered names, in the order they were first registered.
+ * @param registry A registry.
+ * @param[out] out Receives the names, each followed by a newline ("" when none); free it with
+ *             peft_string_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_names(const peft_registry* registry, char** out);
+
+/**
+ * @brief Acquires the adapter registered under a name: loads its tensors if they are not in memory
+ *        and pins it until the lease is released.
+ *
+ * Loading reads the LoRA layers' tensors and converts them to the storage dtype; to make room it
+ * first evicts unpinned adapters, least recently used first. Threads acquiring an adapter that is
+ * being loaded wait for that one load.
+ * @param registry A registry.
+ * @param name A registered name.
+ * @param[out] out Receives the lease; release it with peft_lease_release().
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND for a name not registered; #PEFT_ERR_OVER_BUDGET when
+ *         the adapter does not fit in the budget beside the pinned ones; #PEFT_ERR_IO or a format
+ *         error when reading the tensors fails (a file changed or removed since registration);
+ *         #PEFT_ERR_OUT_OF_MEMORY; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_acquire(peft_registry* registry, const char* name, peft_lease** out);
+
+/**
+ * @brief Evicts every loaded adapter that nothing pins.
+ * @param registry A registry.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_trim(peft_registry* registry);
+
+/**
+ * @brief Changes the byte budget, evicting unpinned adapters (least recently used first) until the
+ *        loaded bytes fit.
+ * @param registry A registry.
+ * @param budget_bytes The new budget.
+ * @return NULL on success; #PEFT_ERR_OVER_BUDGET, with nothing evicted and the budget unchanged,
+ *         when the pinned adapters alone take more; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_set_budget(peft_registry* registry, uint64_t budget_bytes);
+
+/**
+ * @brief Reads the registry's counters.
+ * @param registry A registry.
+ * @param[in,out] stats Its `size` set by the caller; the other fields are filled (one consistent
+ *                snapshot).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a `size` below 16. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_stats(const peft_registry* registry, peft_registry_stats* stats);
+
+/**
+ * @brief Releases a lease: the adapter is unpinned (and becomes evictable once nothing else holds it).
+ * @param lease A lease, or NULL. Thread-safe; each lease is released once.
+ */
+PEFT_API void peft_lease_release(peft_lease* lease);
+
+/**
+ * @brief The name the leased adapter was acquired under.
+ * @param lease A lease.
+ * @return Borrowed UTF-8 string valid while @p lease lives; NULL for NULL. Thread-safe.
+ */
+PEFT_API const char* peft_lease_name(const peft_lease* lease);
+
+/**
+ * @brief The version of the leased adapter: the registry numbers registrations 1, 2, 3, ... so a
+ *        replacement has a higher version than what it replaced.
+ * @param lease A lease.
+ * @return The version; 0 for NULL. Thread-safe.
+ */
+PEFT_API uint64_t peft_lease_version(const peft_lease* lease);
+
+/**
+ * @brief Bytes the leased adapter's loaded tensors take (what it counts against the budget).
+ * @param lease A lease.
+ * @return The byte count; 0 for NULL. Thread-safe.
+ */
+PEFT_API uint64_t peft_lease_bytes(const peft_lease* lease);
+
+/**
+ * @brief Whether the leased adapter has a LoRA layer of that name.
+ * @param lease A lease.
+ * @param module A layer name (see @ref serving; host names when the registry has a translator).
+ * @return 1 or 0 (0 for NULL arguments). Thread-safe.
+ */
+PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* module);
+
+/**
+ * @brief Adds the LoRA contribution of each row's adapter to one layer's output, without merging.
+ *
+ * For every row i with an adapter a = @p leases[@p row_lease[i]] that has a LoRA layer
+ * @p module: y[i] += scaling_a * (x[i] A_a^T) B_a^T (+ scaling_a * lora_B.bias_a with lora_bias),
+ * computed in F32 (F32 BLAS products, rows of one adapter together) and rounded once into @p y's
+ * dtype. Rows whose index is -1, or whose adapter has no such layer, are left unchanged (PEFT's
+ * mixed-batch forward does the same). The scaling is the layer's (alpha / r, or alpha / sqrt(r) with
+ * rslora, after rank and alpha patterns). Linear and GPT-2 Conv1D layers are supported; their
+ * LoRA factors are the same.
+ * @param module The layer (see @ref serving).
+ * @param leases The adapters of this batch.
+ * @param lease_count Their number (at least 1).
+ * @param row_lease @p rows indices into @p leases, or -1 for no adapter; NULL when every row uses
+ *        @p leases[0].
+ * @param x Activations: @p rows x @p in_features, row-major, @p x_dtype elements.
+ * @param x_dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @param rows Number of rows (tokens); 0 does nothing.
+ * @param in_features The layer's input features.
+ * @param y The layer's output for the same rows, @p rows x @p out_features, row-major; changed in place.
+ * @param y_dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @param out_features The layer's output features.
+ * @return NULL on success, and @p y is unchanged on failure: #PEFT_ERR_SHAPE_MISMATCH naming the
+ *         adapter when its layer's features differ from @p in_features / @p out_features;
+ *         #PEFT_ERR_UNSUPPORTED for a DoRA, embedding or Conv2d layer (PEFT refuses mixed batches
+ *         with DoRA too) or another dtype; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or an index
+ *         out of range; #PEFT_ERR_OUT_OF_MEMORY. Thread-safe; calls writing different outputs may
+ *         run at once, also with the same leases.
+ */
+PEFT_API peft_error* peft_lora_apply(const char* module, const peft_lease* const* leases, size_t lease_count,
+                                     const int32_t* row_lease, const void* x, int32_t x_dtype, uint64_t rows,
+                                     uint64_t in_features, void* y, int32_t y_dtype, uint64_t out_features);
+
+/**
+ * @brief Creates a host model with no weights.
+ * @param[out] out Receives it; free it with peft_host_model_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_host_model_new(peft_host_model** out);
+
+/**
+ * @brief Releases a host model and its hold on the merged adapter, without touching the buffers
+ *        (swap to none first to leave them as they were).
+ * @param host A host model, or NULL.
+ */
+PEFT_API void peft_host_model_free(peft_host_model* host);
+
+/**
+ * @brief Makes the host model read weight names as the host's own names, through a translator.
+ * @param host A host model with no weights added yet.
+ * @param translator A translator (its table is shared; the handle may be freed afterwards), or NULL
+ *        for HuggingFace names (the default).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host or after weights were added.
+ */
+PEFT_API peft_error* peft_host_model_set_translator(peft_host_model* host, const peft_translator* translator);
+
+/**
+ * @brief Keeps the original rows of merged layers so that swapping out restores them bit for bit
+ *        (the default, at up to the size of the adapted weights in memory), or not (PEFT's
+ *        arithmetic unmerge, which in BF16/F16 may change last bits, swap after swap).
+ * @param host A host model.
+ * @param exact Nonzero for exact restoration; takes effect at the next merge.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL.
+ */
+PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t exact);
+
+/**
+ * @brief Gives the host model one weight buffer (owned by the caller, which keeps it valid and in
+ *        place while the host model lives).
+ * @param host A host model.
+ * @param name The weight's name or its layer's (see @ref serving).
+ * @param data The weight: row-major, @p dtype elements.
+ * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @param shape @p ndim dimensions ([out, in] for Linear, [in, out] for GPT-2 Conv1D,
+ *        [num_embeddings, dim] for embeddings). Copied.
+ * @param ndim 2, or 4 for Conv2d.
+ * @param bias The layer's bias buffer (needed by adapters with lora_bias), or NULL.
+ * @param bias_dtype Dtype of @p bias; ignored without one.
+ * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve @p name;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a layer given twice or while an adapter is merged;
+ *         #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for a zero dimension.
+ */
+PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, void* data, int32_t dtype,
+                                                const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype);
+
+/**
+ * @brief Switches the adapter merged into the host's buffers: takes the current one out (if any)
+ *        and merges @p lease's in (if not NULL), scaled by @p weight.
+ *
+ * Everything is checked before a buffer changes: every LoRA layer of the new adapter must have
+ * its weight in the host model, with a fitting shape. The host model holds the new adapter (pinned
+ * in its registry) until the next swap or peft_host_model_free(); the caller may release its own
+ * lease at once.
+ * @param host A host model.
+ * @param lease The adapter to merge, or NULL for none.
+ * @param weight Multiplies the adapter's scaling (1.0 for the adapter as trained); finite.
+ * @param[in,out] stats NULL, or counters whose `size` the caller set.
+ * @return NULL on success; on failure the buffers hold what they held before:
+ *         #PEFT_ERR_UNRESOLVED_KEY listing the adapter's layers the host model has no weight for;
+ *         #PEFT_ERR_SHAPE_MISMATCH naming a layer whose weight does not fit;
+ *         #PEFT_ERR_UNSUPPORTED when the adapter replaces whole tensors (modules_to_save, trainable
+ *         tokens), which a swap does not do; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
+ *         that is not finite, a missing bias buffer, or (exact mode) buffers changed since the last
+ *         merge by someone else; #PEFT_ERR_OUT_OF_MEMORY.
+ */
+PEFT_API peft_error* peft_host_model_swap(peft_host_model* host, const peft_lease* lease, double weight,
+                                          peft_swap_stats* stats);
+
+/**
+ * @brief The name of the adapter merged into the host's buffers.
+ * @param host A host model.
+ * @return Borrowed UTF-8 string valid until the next swap; NULL when none (or for NULL).
+ */
+PEFT_API const char* peft_host_model_current(const peft_host_model* host);
+
+/** @} */
+/* ==== end section: serving ==== */
 
 /* ==== section: api table ==== */
 /* ================================================================================================ */

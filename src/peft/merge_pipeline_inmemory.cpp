@@ -15,8 +15,9 @@ std::string strip_prefix(std::string_view name) {
   return std::string(name);
 }
 
-// Module paths `name` may stand for, most specific first.
-std::vector<std::string> candidates(std::string_view name, const Translator* translator) {
+}  // namespace
+
+std::vector<std::string> module_candidates(std::string_view name, const Translator* translator) {
   std::vector<std::string> out;
   if (translator == nullptr) {
     const std::string plain = strip_prefix(name);
@@ -35,6 +36,8 @@ std::vector<std::string> candidates(std::string_view name, const Translator* tra
                                       peft::quoted(std::string(name)) + " to a module");
   return out;
 }
+
+namespace {
 
 const AdapterTensor* factor_a(const AdapterModule& m) {
   return m.find(m.kind == LayerKind::embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
@@ -58,7 +61,7 @@ std::vector<int64_t> signed_shape(const std::vector<uint64_t>& shape) {
 }  // namespace
 
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator) {
-  const std::vector<std::string> names = candidates(name, translator);
+  const std::vector<std::string> names = module_candidates(name, translator);
   const AdapterModule* found = nullptr;
   for (const std::string& c : names) {
     found = adapter.find_module(c);

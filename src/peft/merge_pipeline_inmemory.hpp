@@ -10,13 +10,19 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "peft/adapter.hpp"
 #include "peft/inmemory_merge.hpp"
 #include "peft/translator.hpp"
 
 namespace peft {
+
+// The HuggingFace module paths a layer name may stand for, most specific first (see Names above).
+// PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the name.
+std::vector<std::string> module_candidates(std::string_view name, const Translator* translator);
 
 // The LoRA module `name` addresses. PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the
 // name, PEFT_ERR_NOT_FOUND when the adapter has no such module, PEFT_ERR_UNSUPPORTED for a module

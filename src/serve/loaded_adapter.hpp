@@ -1,0 +1,81 @@
+// The LoRA layers of one registered adapter, loaded into memory in the registry's storage dtype:
+// what the registry counts against its budget, what peft_lora_apply() multiplies with and what a
+// host model's swap merges. Built by LoadedAdapter::load (registry.cpp's loader), immutable
+// afterwards, shared by every lease of that adapter version; freed when the registry evicts it
+// and no lease or host model holds it.
+//
+// Thread safety: immutable; every method may be called from many threads at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "peft/adapter.hpp"
+
+namespace peft::serve {
+
+// One LoRA layer. Factors as PEFT stores them: A = lora_A [rank, a_cols] and B = lora_B [b_rows, rank]
+// (embeddings: lora_embedding_A [rank, num_embeddings], lora_embedding_B [dim, rank]; Conv2d: A
+// flattened to [rank, in * kh * kw]). For Linear and GPT-2 Conv1D layers a_cols is in_features and
+// b_rows out_features.
+struct LoadedLayer {
+  std::string module;       // HuggingFace module path, e.g. "model.layers.0.self_attn.q_proj"
+  LayerKind kind = LayerKind::linear;  // linear, conv1d, embedding or conv2d
+  int64_t rank = 0;
+  int64_t a_cols = 0;
+  int64_t b_rows = 0;
+  std::vector<int64_t> a_shape, b_shape;  // as stored in the file (Conv2d A is 4-D)
+  double scaling = 0;       // PEFT's scaling after rank/alpha patterns and rslora
+  // Element offsets into LoadedAdapter's storage; npos when absent.
+  static constexpr size_t npos = static_cast<size_t>(-1);
+  size_t a = npos;          // rank * a_cols elements
+  size_t b = npos;          // b_rows * rank elements
+  size_t bias = npos;       // lora_B.bias, b_rows elements (lora_bias=True)
+  size_t magnitude = npos;  // DoRA lora_magnitude_vector, b_rows elements
+};
+
+class LoadedAdapter {
+ public:
+  // Bytes load() will allocate for `adapter`'s LoRA layers in `storage` (the budget charge); reads
+  // only the header. UNSUPPORTED when a LoRA tensor is not F64/F32/F16/BF16.
+  static uint64_t bytes_needed(const Adapter& adapter, DType storage);
+
+  // Reads every LoRA layer's tensors and converts them to `storage` (F32, BF16 or F16), in one
+  // allocation. Full-tensor and trainable-token modules are not loaded (layers() skips them;
+  // has_replacements() reports them). IO / format errors when the file cannot be read.
+  static std::shared_ptr<const LoadedAdapter> load(std::shared_ptr<const Adapter> adapter, DType storage);
+
+  DType dtype() const { return dtype_; }
+  uint64_t bytes() const { return bytes_; }
+  const Adapter& adapter() const { return *adapter_; }
+  const std::shared_ptr<const Adapter>& adapter_ptr() const { return adapter_; }
+  const std::vector<LoadedLayer>& layers() const { return layers_; }
+  // Whether the adapter also has modules_to_save / bias="all" / trainable-token tensors.
+  bool has_replacements() const { return has_replacements_; }
+
+  // The layer of a HuggingFace module path (exactly as in LoadedLayer::module); null when absent.
+  // Callers normalise names first (see module_candidates in merge_pipeline_inmemory.hpp).
+  const LoadedLayer* find(std::string_view module) const;
+
+  // Pointer to element `offset` of the storage (in dtype() elements).
+  const void* data(size_t offset) const;
+  // Copies `count` elements from `offset` as f32 into `out`.
+  void read_f32(size_t offset, size_t count, float* out) const;
+
+ private:
+  DType dtype_ = DType::F32;
+  uint64_t bytes_ = 0;
+  std::shared_ptr<const Adapter> adapter_;
+  std::vector<LoadedLayer> layers_;
+  std::unordered_map<std::string, size_t> by_module_;
+  bool has_replacements_ = false;
+  std::unique_ptr<unsigned char[]> storage_;
+};
+
+}  // namespace peft::serve
