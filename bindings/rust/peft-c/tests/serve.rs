@@ -254,13 +254,13 @@ fn budget_evicts_least_recently_used_and_refuses_what_cannot_fit() {
     let a = registry.acquire("a").unwrap();
     let b = registry.acquire("b").unwrap();
     expect_code(registry.acquire("c"), ErrorCode::OverBudget); // both pinned
-    drop(b);
-    drop(a); // a is now the most recently used
+    drop((a, b));
+    drop(registry.acquire("a").unwrap()); // a hit: a is now the most recently used
     drop(registry.acquire("c").unwrap()); // evicts b
     let stats = registry.stats().unwrap();
-    assert_eq!((stats.loaded, stats.loaded_bytes, stats.evictions, stats.hits), (2, 2 * bytes, 1, 0), "{stats:?}");
+    assert_eq!((stats.loaded, stats.loaded_bytes, stats.evictions, stats.hits), (2, 2 * bytes, 1, 1), "{stats:?}");
     drop(registry.acquire("a").unwrap()); // still loaded: a hit
-    assert_eq!(registry.stats().unwrap().hits, 1);
+    assert_eq!(registry.stats().unwrap().hits, 2);
 
     // A budget below what is pinned is refused, with nothing evicted.
     let a = registry.acquire("a").unwrap();
@@ -330,7 +330,9 @@ fn lora_apply_adds_the_product_of_the_factors() {
     lora_apply("lm_head", &[&a, &b], Some(&[0, 1, 0]), BufferRef::F32(&x), 16, Buffer::F32(&mut y), 64).unwrap();
     assert_eq!(bits(&y), bits(&y0));
     // No rows: nothing to do.
-    lora_apply(&lora[0].0, &[&a], None, BufferRef::F32(&[]), 16, Buffer::F32(&mut []), 16).unwrap();
+    let (module, factors) = &lora[0];
+    let (inputs, outputs) = (factors.inputs as u64, factors.outputs as u64);
+    lora_apply(module, &[&a], None, BufferRef::F32(&[]), inputs, Buffer::F32(&mut []), outputs).unwrap();
 }
 
 #[test]
@@ -374,8 +376,8 @@ fn lora_apply_in_16_bit_storage_and_outputs() {
 
 #[test]
 fn lora_apply_errors_leave_the_output_unchanged() {
-    let registry = registry_with(DType::F32, LOTS, &[("a", LORA), ("dora", "llama_dora")]);
-    let (a, dora) = (registry.acquire("a").unwrap(), registry.acquire("dora").unwrap());
+    let registry = registry_with(DType::F32, LOTS, &[("support", LORA), ("dora", "llama_dora")]);
+    let (a, dora) = (registry.acquire("support").unwrap(), registry.acquire("dora").unwrap());
     let module = "model.layers.0.self_attn.q_proj"; // 16 -> 16
     let x = pseudo_random(2 * 16, 7);
     let y0 = pseudo_random(2 * 16, 8);
@@ -392,8 +394,8 @@ fn lora_apply_errors_leave_the_output_unchanged() {
     // Checked by the library.
     expect_code(apply(&[&a], Some(&[0, 1]), &x, 16, 16), ErrorCode::InvalidArgument);
     expect_code(apply(&[&a], Some(&[0, -2]), &x, 16, 16), ErrorCode::InvalidArgument);
-    let err = expect_code(apply(&[&a], None, &x, 8, 32), ErrorCode::ShapeMismatch); // 4 rows of 8 -> 32
-    assert!(err.message().contains('a'), "{err}");
+    let err = expect_code(apply(&[&a], None, &x, 8, 8), ErrorCode::ShapeMismatch); // 4 rows of 8 -> 8
+    assert!(err.message().contains("support"), "{err}");
     expect_code(apply(&[&a, &dora], Some(&[0, 1]), &x, 16, 16), ErrorCode::Unsupported);
     let mut z = y0.clone();
     expect_code(
@@ -476,20 +478,21 @@ fn registry_and_leases_are_shared_across_threads() {
     registry.trim().unwrap();
 
     let shared = Arc::new(registry.acquire("b").unwrap());
-    let over_budget = std::sync::atomic::AtomicU64::new(0);
+    let served = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|scope| {
         for thread in 0..8usize {
-            let (registry, shared, expected, over_budget) = (&registry, Arc::clone(&shared), &expected, &over_budget);
+            let (registry, shared, expected, served) = (&registry, Arc::clone(&shared), &expected, &served);
             let apply = &apply;
             scope.spawn(move || {
                 for round in 0..40 {
                     let which = (thread + round) % 3;
                     match registry.acquire(["a", "b", "c"][which]) {
-                        Ok(lease) => assert!(apply(&lease) == expected[which], "thread {thread} round {round}"),
-                        Err(e) => {
-                            assert_eq!(e.code(), ErrorCode::OverBudget, "{e}");
-                            over_budget.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        Ok(lease) => {
+                            assert!(apply(&lease) == expected[which], "thread {thread} round {round}");
+                            served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
+                        // Two adapters pinned by other threads leave no room for a third.
+                        Err(e) => assert_eq!(e.code(), ErrorCode::OverBudget, "{e}"),
                     }
                     assert!(apply(&shared) == expected[1], "the shared lease, thread {thread}");
                     assert!(registry.stats().unwrap().loaded_bytes <= 2 * bytes);
@@ -497,10 +500,12 @@ fn registry_and_leases_are_shared_across_threads() {
             });
         }
     });
-    // Every acquisition either succeeded or was refused: nothing stays pinned but the shared lease.
+    // b, pinned by the shared lease, is always served (13 or 14 rounds of 40 per thread).
+    assert!(served.into_inner() >= 8 * 13);
+    // Nothing stays pinned but the shared lease, and the budget held throughout.
     let stats = registry.stats().unwrap();
     assert_eq!(stats.pinned, 1, "{stats:?}");
-    assert_eq!(stats.loads + stats.hits + over_budget.into_inner(), 3 + 8 * 40, "{stats:?}");
+    assert!(stats.peak_loaded_bytes <= 2 * bytes, "{stats:?}");
     // The last owner of a lease may be another thread.
     std::thread::spawn(move || drop(shared)).join().unwrap();
     assert_eq!(registry.stats().unwrap().pinned, 0);
@@ -631,7 +636,8 @@ fn host_model_in_16_bits_exact_and_arithmetic() {
                 Some(BufferRef::BF16(v) | BufferRef::F16(v)) => v.to_vec(),
                 other => panic!("{name}: {other:?}"),
             };
-            for round in 0..3 {
+            // Exact: three rounds of a and b, then none. Arithmetic: a, then none.
+            for round in 0..if exact { 3 } else { 1 } {
                 let stats = host.swap(Some(&registry.acquire("a").unwrap()), 1.0).unwrap();
                 assert_eq!(stats.saved_bytes > 0, exact, "{stats:?}");
                 if round == 0 {
@@ -639,21 +645,32 @@ fn host_model_in_16_bits_exact_and_arithmetic() {
                         assert_eq!(&view(&host, name), want, "{dtype} {name}: the swap differs from merge_into");
                     }
                 }
-                host.swap(Some(&registry.acquire("b").unwrap()), 1.0).unwrap();
+                if exact {
+                    host.swap(Some(&registry.acquire("b").unwrap()), 1.0).unwrap();
+                }
             }
             host.swap(None, 1.0).unwrap();
             drop(host);
-            for ((name, _, _), (got, want)) in weights.iter().zip(buffers.iter().zip(&originals)) {
+            // PEFT's unmerge rounds once more: within half an ulp of the merge and half of the unmerge.
+            let ulp = if dtype == DType::BF16 { f32::powi(2.0, -7) } else { f32::powi(2.0, -10) };
+            let (mut checked, mut moved) = (0, 0);
+            for (((name, _, _), (got, original)), merged) in
+                weights.iter().zip(buffers.iter().zip(&originals)).zip(&want_a)
+            {
                 if exact {
-                    assert_eq!(got, want, "{dtype} {name}: not restored bit for bit");
-                } else {
-                    // PEFT's arithmetic unmerge, six times: close, though last bits may differ.
-                    let (got, want) = (from_16(dtype, got), from_16(dtype, want));
-                    for (g, w) in got.iter().zip(&want) {
-                        assert!((g - w).abs() <= 0.05 * w.abs() + 1e-2, "{dtype} {name}: {g} vs {w}");
-                    }
+                    assert_eq!(got, original, "{dtype} {name}: not restored bit for bit");
+                    continue;
+                }
+                let (got, original, merged) = (from_16(dtype, got), from_16(dtype, original), from_16(dtype, merged));
+                for ((g, w), m) in got.iter().zip(&original).zip(&merged) {
+                    let bound = 1.01 * ulp * w.abs().max(m.abs()) + f32::powi(2.0, -24);
+                    assert!((g - w).abs() <= bound, "{dtype} {name}: {g} after unmerge, was {w}");
+                    checked += 1;
+                    moved += usize::from((m - w).abs() > bound);
                 }
             }
+            // The bound is tight enough that leaving the adapter merged would have failed it.
+            assert!(exact || moved * 2 > checked, "{dtype}: the merge moved only {moved} of {checked} elements");
         }
     }
 }
