@@ -604,7 +604,7 @@ functions! {
         -> *mut peft_error;
     pub fn peft_registry_trim(registry: *mut peft_registry) -> *mut peft_error;
     pub fn peft_registry_set_budget(registry: *mut peft_registry, budget_bytes: u64) -> *mut peft_error;
-    pub fn peft_registry_stats(registry: *const peft_registry, stats: *mut peft_registry_stats) -> *mut peft_error;
+    pub fn peft_registry_get_stats(registry: *const peft_registry, stats: *mut peft_registry_stats) -> *mut peft_error;
     pub fn peft_lease_release(lease: *mut peft_lease);
     pub fn peft_lease_name(lease: *const peft_lease) -> *const c_char;
     pub fn peft_lease_version(lease: *const peft_lease) -> u64;
@@ -651,7 +651,7 @@ functions! {
 }
 
 value_structs! {
-    /// Counters of a registry (`peft_registry_stats`).
+    /// Counters of a registry (`peft_registry_get_stats`).
     pub struct peft_registry_stats {
         /// Set by the caller to `size_of::<peft_registry_stats>()`; fields past it are not written.
         pub size: u64,

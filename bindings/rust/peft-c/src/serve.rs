@@ -193,7 +193,7 @@ impl Registry {
             ..Default::default()
         };
         // SAFETY: a live registry and a struct whose size field says how large it is.
-        unsafe { check(sys::peft_registry_stats(self.as_ptr(), &mut raw))? };
+        unsafe { check(sys::peft_registry_get_stats(self.as_ptr(), &mut raw))? };
         Ok(RegistryStats {
             budget_bytes: raw.budget_bytes,
             loaded_bytes: raw.loaded_bytes,
