@@ -6,15 +6,20 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "capi/serve_handles.hpp"
 #include "core/bf16.hpp"
 #include "core/error.hpp"
 #include "core/f16.hpp"
 #include "serve/lora_apply.hpp"
+#include "serve/registry.hpp"
 #include "test_merge_math_support.hpp"
 
 using merge_test::Buffer;
@@ -48,6 +53,9 @@ struct Group {
         b(random_buffer(dtype, size_t(out * rank_), seed + 1, float(1.0 / std::sqrt(double(rank_))))),
         bias(random_buffer(dtype, size_t(out), seed + 2)),
         has_bias(with_bias) {}
+  Group(int64_t rank_, double scaling_, Buffer a_, Buffer b_, std::optional<Buffer> bias_)
+      : rank(rank_), scaling(scaling_), a(std::move(a_)), b(std::move(b_)),
+        bias(bias_ ? std::move(*bias_) : Buffer(a.dtype, 0)), has_bias(bias_.has_value()) {}
   LoraFactors factors() const {
     return {a.dtype, a.bytes.data(), b.bytes.data(), has_bias ? bias.bytes.data() : nullptr, rank, scaling};
   }
@@ -314,4 +322,156 @@ TEST_CASE("lora apply: bad arguments fail before y is written") {
   LoraBatch batch = p.batch(y);
   batch.y = nullptr;
   CHECK(code_of([&] { apply_lora(f, batch); }) == PEFT_ERR_INVALID_ARGUMENT);
+}
+
+// ---- peft_lora_apply: leases of a registry holding fixture adapters --------------------------------
+
+namespace {
+
+std::string fixture_dir(const std::string& adapter) { return std::string(PEFT_TEST_DATA) + "/adapters/" + adapter; }
+
+// The layer `module` of a fixture adapter, read with the adapter API (not the registry's loader)
+// and rounded to the registry's storage dtype; the scaling comes from the test, worked out from
+// the adapter's config (lora_alpha / r).
+Group fixture_group(const std::string& adapter_name, const std::string& module, DType storage, double scaling) {
+  peft_adapter* adapter = nullptr;
+  REQUIRE(peft_adapter_open(fixture_dir(adapter_name).c_str(), nullptr, &adapter) == nullptr);
+  size_t m = 0;
+  REQUIRE(peft_adapter_find_module(adapter, module.c_str(), &m) == nullptr);
+  std::optional<Buffer> a, b, bias;
+  int64_t rank = 0;
+  for (size_t t = 0; t < peft_adapter_module_tensor_count(adapter, m); ++t) {
+    const std::string role = peft_adapter_module_tensor_role(adapter, m, t);
+    const uint64_t* shape = peft_adapter_module_tensor_shape(adapter, m, t);
+    size_t count = 1;
+    for (size_t d = 0; d < peft_adapter_module_tensor_ndim(adapter, m, t); ++d) count *= size_t(shape[d]);
+    std::vector<float> values(count);
+    REQUIRE(peft_adapter_module_tensor_read(adapter, m, t, PEFT_DTYPE_F32, values.data(), count * 4) == nullptr);
+    Buffer stored(storage, count);
+    for (size_t i = 0; i < count; ++i) stored.set(i, values[i]);
+    if (role == "lora_A.weight") {
+      rank = int64_t(shape[0]);
+      a = std::move(stored);
+    } else if (role == "lora_B.weight") {
+      b = std::move(stored);
+    } else if (role == "lora_B.bias") {
+      bias = std::move(stored);
+    }
+  }
+  peft_adapter_free(adapter);
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  return Group(rank, scaling, std::move(*a), std::move(*b), std::move(bias));
+}
+
+struct Served {
+  peft::serve::Registry registry;
+  std::vector<std::unique_ptr<peft_lease>> leases;
+  explicit Served(DType storage) : registry(storage, uint64_t(1) << 24, std::nullopt) {}
+  const peft_lease* acquire(const std::string& adapter) {
+    registry.add(adapter, peft::Adapter::open(fixture_dir(adapter), {}));
+    leases.push_back(std::make_unique<peft_lease>(peft_lease{registry.acquire(adapter)}));
+    return leases.back().get();
+  }
+};
+
+// Runs peft_lora_apply on a copy of p.y; returns the error code (0 for success) and the message.
+std::pair<int32_t, std::string> c_apply(const Problem& p, const char* module, const std::vector<const peft_lease*>& leases,
+                                        Buffer& y, const int32_t* row_lease) {
+  peft_error* error = peft_lora_apply(module, leases.empty() ? nullptr : leases.data(), leases.size(), row_lease,
+                                      p.x.bytes.data(), int32_t(p.x.dtype), p.rows, uint64_t(p.in), y.bytes.data(),
+                                      int32_t(y.dtype), uint64_t(p.out));
+  if (error == nullptr) return {0, ""};
+  std::pair<int32_t, std::string> result{peft_error_code(error), peft_error_message(error)};
+  peft_error_free(error);
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("peft_lora_apply: a mixed batch of fixture adapters, layers named as modules or weights") {
+  // F32 storage with f32 activations; BF16 storage (factors rounded on load) with bf16 x and f16 y.
+  for (auto [storage, x_dtype, y_dtype] : {std::tuple{DType::F32, DType::F32, DType::F32},
+                                           std::tuple{DType::BF16, DType::BF16, DType::F16}}) {
+    CAPTURE(peft::dtype_name(storage));
+    Served served(storage);
+    const std::vector<const peft_lease*> leases = {served.acquire("llama_lora"), served.acquire("llama_lora_second"),
+                                                   served.acquire("llama_embedding")};
+    const std::string module = "model.layers.0.mlp.down_proj";  // 32 -> 16; llama_embedding has no such layer
+    Problem p(x_dtype, y_dtype, 32, 16, 7, 12);
+    p.groups.push_back(fixture_group("llama_lora", module, storage, 8.0 / 4));
+    p.groups.push_back(fixture_group("llama_lora_second", module, storage, 16.0 / 4));
+    p.groups.push_back(p.groups[0]);  // stands in for llama_embedding's absent layer
+    p.present = {true, true, false};
+    p.row_group = {0, 1, -1, 0, 2, 1, 0};
+    for (const char* name : {"model.layers.0.mlp.down_proj", "base_model.model.model.layers.0.mlp.down_proj.weight"}) {
+      CAPTURE(name);
+      Buffer y = p.y;
+      CHECK(c_apply(p, name, leases, y, p.row_group.data()).first == 0);
+      p.check(y);
+    }
+  }
+}
+
+TEST_CASE("peft_lora_apply: lora_B.bias, GPT-2 Conv1D, every row on leases[0]") {
+  Served served(DType::F32);
+  {
+    const std::vector<const peft_lease*> leases = {served.acquire("qwen2_lora_bias")};
+    Problem p(DType::F32, DType::F32, 16, 16, 5, 13);
+    p.groups.push_back(fixture_group("qwen2_lora_bias", "model.layers.0.self_attn.q_proj", DType::F32, 8.0 / 4));
+    p.present = {true};
+    REQUIRE(p.groups[0].has_bias);
+    Buffer y = p.y;
+    CHECK(c_apply(p, "model.layers.0.self_attn.q_proj", leases, y, nullptr).first == 0);
+    p.check(y);
+  }
+  {
+    const std::vector<const peft_lease*> leases = {served.acquire("gpt2_lora")};
+    Problem p(DType::F32, DType::F32, 16, 48, 1, 14);  // c_attn: 16 -> 48 (base weight [16, 48])
+    p.groups.push_back(fixture_group("gpt2_lora", "transformer.h.0.attn.c_attn", DType::F32, 8.0 / 4));
+    p.present = {true};
+    Buffer y = p.y;
+    CHECK(c_apply(p, "transformer.h.0.attn.c_attn", leases, y, nullptr).first == 0);
+    p.check(y);
+  }
+}
+
+TEST_CASE("peft_lora_apply: errors name what is wrong and leave y unchanged") {
+  Served served(DType::F32);
+  const peft_lease* lora = served.acquire("llama_lora");
+  const peft_lease* dora = served.acquire("llama_dora");
+  const peft_lease* embedding = served.acquire("llama_embedding");
+  Problem p(DType::F32, DType::F32, 16, 16, 4, 15);  // q_proj: 16 -> 16
+  std::vector<int32_t> row_lease = {0, 0, 0, 0};
+  const auto fails = [&](int32_t code, const char* module, const std::vector<const peft_lease*>& leases,
+                         const std::string& message_part) {
+    Buffer y = p.y;
+    const auto [got, message] = c_apply(p, module, leases, y, row_lease.data());
+    CHECK(got == code);
+    CHECK(message.find(message_part) != std::string::npos);
+    CHECK(y.bytes == p.y.bytes);
+  };
+  const char* q_proj = "model.layers.0.self_attn.q_proj";
+  fails(PEFT_ERR_SHAPE_MISMATCH, "model.layers.0.mlp.down_proj", {lora}, "\"llama_lora\"");
+  fails(PEFT_ERR_UNSUPPORTED, q_proj, {lora, dora}, "DoRA");
+  fails(PEFT_ERR_UNSUPPORTED, "model.embed_tokens", {embedding}, "embedding");
+  fails(PEFT_ERR_INVALID_ARGUMENT, nullptr, {lora}, "module");
+  fails(PEFT_ERR_INVALID_ARGUMENT, q_proj, {}, "lease");
+  fails(PEFT_ERR_INVALID_ARGUMENT, q_proj, {lora, nullptr}, "leases[1]");
+  row_lease.back() = 1;
+  fails(PEFT_ERR_INVALID_ARGUMENT, q_proj, {lora}, "row 3");
+  row_lease.back() = 0;
+
+  Buffer y = p.y;
+  const std::vector<const peft_lease*> leases = {lora};
+  for (int32_t dtype : {int32_t(PEFT_DTYPE_I32), int32_t(PEFT_DTYPE_F64), int32_t(9999)}) {
+    peft_error* error = peft_lora_apply(q_proj, leases.data(), 1, nullptr, p.x.bytes.data(), dtype, p.rows, 16,
+                                        y.bytes.data(), PEFT_DTYPE_F32, 16);
+    CHECK(peft_error_code(error) == PEFT_ERR_UNSUPPORTED);
+    peft_error_free(error);
+  }
+  CHECK(y.bytes == p.y.bytes);
+  // No rows: nothing to do, and x and y may be NULL.
+  CHECK(peft_lora_apply(q_proj, leases.data(), 1, nullptr, nullptr, PEFT_DTYPE_F32, 0, 16, nullptr, PEFT_DTYPE_F32, 16) ==
+        nullptr);
 }
