@@ -217,7 +217,7 @@ PROTOTYPES = {
     "peft_registry_acquire": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
     "peft_registry_trim": (_err, [_handle]),
     "peft_registry_set_budget": (_err, [_handle, c_uint64]),
-    "peft_registry_stats": (_err, [_handle, POINTER(RegistryStatsStruct)]),
+    "peft_registry_get_stats": (_err, [_handle, POINTER(RegistryStatsStruct)]),
     "peft_lease_release": (None, [_handle]),
     "peft_lease_name": (c_char_p, [_handle]),
     "peft_lease_version": (c_uint64, [_handle]),

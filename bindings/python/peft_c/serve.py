@@ -241,7 +241,7 @@ class Registry:
 
     def stats(self) -> RegistryStats:
         raw = RegistryStatsStruct(size=ctypes.sizeof(RegistryStatsStruct))
-        check(lib().peft_registry_stats(self._live().ptr, byref(raw)))
+        check(lib().peft_registry_get_stats(self._live().ptr, byref(raw)))
         return RegistryStats(**{name: int(getattr(raw, name)) for name, _ in RegistryStatsStruct._fields_
                                 if name != "size"})
 
