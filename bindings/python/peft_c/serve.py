@@ -321,7 +321,7 @@ def lora_apply(module: str, leases: Union[Lease, Sequence[Lease]], row_lease, x,
 class _HostState:
     """The C host model and the arrays it points into, kept alive together."""
 
-    __slots__ = ("owned", "arrays")
+    __slots__ = ("owned", "arrays", "__weakref__")
 
     def __init__(self, owned: Owned):
         self.owned = owned
