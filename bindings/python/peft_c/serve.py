@@ -273,9 +273,7 @@ def _row_leases(row_lease, rows: int) -> Optional[np.ndarray]:
     if row_lease is None:
         return None
     indices = np.asarray(row_lease)
-    if indices.size == 0 and indices.dtype.kind == "f":
-        indices = indices.astype(np.int32)  # np.asarray([]) is float64
-    if indices.dtype.kind not in "iu":
+    if indices.dtype.kind not in "iu" and indices.size:  # (an empty list becomes float64)
         raise TypeError(f"row_lease must hold integers, not {indices.dtype}")
     if indices.shape != (rows,):
         raise ValueError(f"row_lease must have one index per row ({rows}), not shape {list(indices.shape)}")

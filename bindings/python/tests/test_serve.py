@@ -320,7 +320,8 @@ def test_lora_apply_forms_of_the_arguments(registry):
     with pytest.raises(ValueError):
         peft_c.lora_apply(Q0, lease, None, x16.view(np.uint16), y)
     # zero rows do nothing
-    peft_c.lora_apply(Q0, lease, None, np.zeros((0, 16), np.float32), np.zeros((0, 16), np.float32))
+    for rows in (None, []):
+        peft_c.lora_apply(Q0, lease, rows, np.zeros((0, 16), np.float32), np.zeros((0, 16), np.float32))
     # a layer no adapter has leaves every row as it was
     y = y0.copy()
     peft_c.lora_apply("model.layers.5.self_attn.q_proj", lease, None, x, y)
