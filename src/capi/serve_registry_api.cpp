@@ -50,7 +50,8 @@ peft_error* peft_registry_new(int32_t storage_dtype, uint64_t budget_bytes, cons
     require_arg(out, "out");
     if (storage_dtype != PEFT_DTYPE_F32 && storage_dtype != PEFT_DTYPE_BF16 && storage_dtype != PEFT_DTYPE_F16) {
       const char* name = peft::is_valid_dtype(storage_dtype) ? peft_dtype_name(storage_dtype) : nullptr;
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "storage dtype " + (name ? std::string(name) : std::to_string(storage_dtype)) +
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "storage dtype " +
+                                                (name ? std::string(name) : std::to_string(storage_dtype)) +
                                                 " is not F32, BF16 or F16");
     }
     std::optional<peft::Translator> names;
@@ -129,15 +130,16 @@ peft_error* peft_registry_set_budget(peft_registry* registry, uint64_t budget_by
   });
 }
 
-peft_error* peft_registry_stats(const peft_registry* registry, struct peft_registry_stats* stats) {
+peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry_stats* stats) {
   return guarded([&] {
     require_arg(registry, "registry");
     require_arg(stats, "stats");
-    constexpr size_t kFirstField = offsetof(struct peft_registry_stats, budget_bytes);
+    constexpr size_t kFirstField = offsetof(peft_registry_stats, budget_bytes);
     if (stats->size < kFirstField + sizeof(uint64_t))
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "stats->size is " + std::to_string(stats->size) + "; set it to sizeof(peft_registry_stats)");
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT,
+                 "stats->size is " + std::to_string(stats->size) + "; set it to sizeof(peft_registry_stats)");
     const peft::serve::RegistryStats s = registry->impl->stats();
-    struct peft_registry_stats full = {};
+    peft_registry_stats full = {};
     full.budget_bytes = s.budget_bytes;
     full.loaded_bytes = s.loaded_bytes;
     full.peak_loaded_bytes = s.peak_loaded_bytes;

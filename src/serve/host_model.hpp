@@ -2,8 +2,9 @@
 // (peft_c.h, "Serving many adapters", hot-swap):
 //
 //   HostModel host;
-//   host.add_weight("model.layers.0.self_attn.q_proj.weight", q, DType::BF16, {4096, 4096}, nullptr, DType::F32);
-//   ...
+//   const std::vector<int64_t> shape{4096, 4096};
+//   host.add_weight("model.layers.0.self_attn.q_proj.weight", q, DType::BF16, shape, nullptr, DType::F32);
+//   ...                              // every weight an adapter may adapt
 //   host.swap(lease_a.get(), 1.0);   // A merged
 //   host.swap(lease_b.get(), 1.0);   // A out (bit for bit), B in
 //   host.swap(nullptr, 1.0);         // the buffers as they were given

@@ -79,11 +79,11 @@ static char* slurp(const char* path, size_t* size) {
   return data;
 }
 
-static struct peft_registry_stats stats_of(const peft_registry* registry) {
-  struct peft_registry_stats s;
+static peft_registry_stats stats_of(const peft_registry* registry) {
+  peft_registry_stats s;
   memset(&s, 0, sizeof s);
   s.size = sizeof s;
-  CHECK_OK(peft_registry_stats(registry, &s));
+  CHECK_OK(peft_registry_get_stats(registry, &s));
   return s;
 }
 
@@ -101,7 +101,7 @@ static void test_lifecycle(void) {
   peft_lease* first = NULL;
   peft_lease* again = NULL;
   peft_lease* other = NULL;
-  struct peft_registry_stats s;
+  peft_registry_stats s;
   uint64_t size;
 
   CHECK_OK(peft_registry_new(PEFT_DTYPE_BF16, 1u << 20, NULL, &registry));
@@ -235,7 +235,7 @@ done:
 
 static void test_stats_size(void) {
   peft_registry* registry = NULL;
-  struct peft_registry_stats s;
+  peft_registry_stats s;
   uint64_t short_stats[4];
   CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 12345, NULL, &registry));
   if (registry == NULL) return;
@@ -243,7 +243,7 @@ static void test_stats_size(void) {
   /* A caller that knows only the first two counters gets those, and nothing past them is written. */
   memset(short_stats, 0xab, sizeof short_stats);
   short_stats[0] = 3 * sizeof(uint64_t);
-  CHECK_OK(peft_registry_stats(registry, (struct peft_registry_stats*)(void*)short_stats));
+  CHECK_OK(peft_registry_get_stats(registry, (peft_registry_stats*)(void*)short_stats));
   CHECK(short_stats[0] == 3 * sizeof(uint64_t));
   CHECK(short_stats[1] == 12345);
   CHECK(short_stats[2] == 0);
@@ -251,16 +251,16 @@ static void test_stats_size(void) {
   /* A size that is not a whole number of fields writes only the whole ones. */
   memset(short_stats, 0xab, sizeof short_stats);
   short_stats[0] = 3 * sizeof(uint64_t) - 1;
-  CHECK_OK(peft_registry_stats(registry, (struct peft_registry_stats*)(void*)short_stats));
+  CHECK_OK(peft_registry_get_stats(registry, (peft_registry_stats*)(void*)short_stats));
   CHECK(short_stats[1] == 12345);
   CHECK(short_stats[2] == UINT64_C(0xabababababababab));
 
   memset(&s, 0, sizeof s);
   s.size = 15;
-  CHECK_CODE(peft_registry_stats(registry, &s), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_get_stats(registry, &s), PEFT_ERR_INVALID_ARGUMENT);
   CHECK(s.budget_bytes == 0);
   s.size = sizeof s + 64; /* a newer caller's larger struct: the fields this library has are filled */
-  CHECK_OK(peft_registry_stats(registry, &s));
+  CHECK_OK(peft_registry_get_stats(registry, &s));
   CHECK(s.budget_bytes == 12345);
   peft_registry_free(registry);
 }
@@ -268,7 +268,7 @@ static void test_stats_size(void) {
 static void test_errors(void) {
   peft_registry* registry = kUntouchedRegistry;
   peft_lease* lease = kUntouchedLease;
-  struct peft_registry_stats s;
+  peft_registry_stats s;
   char* names = NULL;
   const char* dir = LLAMA_LORA;
 
@@ -309,8 +309,8 @@ static void test_errors(void) {
   CHECK_CODE(peft_registry_trim(NULL), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_registry_set_budget(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
   s.size = sizeof s;
-  CHECK_CODE(peft_registry_stats(NULL, &s), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_registry_stats(registry, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_get_stats(NULL, &s), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_get_stats(registry, NULL), PEFT_ERR_INVALID_ARGUMENT);
 
   /* The tolerant calls take NULL. */
   peft_lease_release(NULL);

@@ -164,8 +164,10 @@ void check_loaded(const LoadedAdapter& loaded, const Adapter& adapter) {
     check_tensor(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b, layer->b);
     check_tensor(TensorRole::lora_b_bias, layer->bias);
     check_tensor(TensorRole::lora_magnitude, layer->magnitude);
-    const auto& a_shape = adapter.checkpoint().tensor(m.find(embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a)->index).shape;
-    const auto& b_shape = adapter.checkpoint().tensor(m.find(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b)->index).shape;
+    const AdapterTensor* a = m.find(embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
+    const AdapterTensor* b = m.find(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b);
+    const auto& a_shape = adapter.checkpoint().tensor(a->index).shape;
+    const auto& b_shape = adapter.checkpoint().tensor(b->index).shape;
     CHECK(layer->a_shape == std::vector<int64_t>(a_shape.begin(), a_shape.end()));
     CHECK(layer->b_shape == std::vector<int64_t>(b_shape.begin(), b_shape.end()));
     int64_t a_cols = 1;
@@ -271,7 +273,8 @@ TEST_CASE("loaded adapter: tensors that cannot be served are refused from the he
 
   // A Conv2d lora_B with a kernel is not the [out, r] matrix consumers read.
   const auto kernel_dir = tmp.path / "kernel";
-  adapter_test::write_text(kernel_dir / "adapter_config.json", adapter_test::config_text({{"target_modules", {"conv"}}}));
+  adapter_test::write_text(kernel_dir / "adapter_config.json",
+                           adapter_test::config_text({{"target_modules", {"conv"}}}));
   {
     std::ofstream out(kernel_dir / "adapter_model.safetensors", std::ios::binary);
     out << safetensors_bytes({{"base_model.model.conv.lora_A.weight", DType::F32, {2, 3, 1, 1}, ramp(6, 0, 1)},
@@ -562,10 +565,12 @@ TEST_CASE("registry: errors") {
         PEFT_ERR_HEADER_TOO_SMALL);
   std::string corrupt = v.weights;
   corrupt[9] = '!';
-  CHECK(code_of([&] { Adapter::open_memory(v.config, corrupt.data(), corrupt.size(), {}); }) == PEFT_ERR_INVALID_HEADER);
+  CHECK(code_of([&] { Adapter::open_memory(v.config, corrupt.data(), corrupt.size(), {}); }) ==
+        PEFT_ERR_INVALID_HEADER);
   CHECK(code_of([&] { Adapter::open_memory("{not json", v.weights.data(), v.weights.size(), {}); }) ==
         PEFT_ERR_INVALID_CONFIG);
-  CHECK(code_of([&] { Adapter::open_memory(R"({"peft_type": "LORA", "r": "four"})", v.weights.data(), v.weights.size(), {}); }) ==
+  const std::string wrong_type = R"({"peft_type": "LORA", "r": "four"})";
+  CHECK(code_of([&] { Adapter::open_memory(wrong_type, v.weights.data(), v.weights.size(), {}); }) ==
         PEFT_ERR_INVALID_CONFIG);
   CHECK(registry.names() == std::vector<std::string>{"x"});
   CHECK(registry.acquire("x")->version() == 1);
@@ -591,7 +596,8 @@ TEST_CASE("registry: layer names, with and without a translator") {
   auto rs = plain.acquire("rs");
   CHECK(rs->find_layer("model.layers.0.mlp.up_proj.weight") == nullptr);
   CHECK(lease->find_layer("model.layers.0.mlp.up_proj.weight") != nullptr);
-  CHECK(rs->find_layer("model.layers.0.self_attn.q_proj.weight") == rs->loaded().find("model.layers.0.self_attn.q_proj"));
+  CHECK(rs->find_layer("model.layers.0.self_attn.q_proj.weight") ==
+        rs->loaded().find("model.layers.0.self_attn.q_proj"));
 
   Registry native(DType::F32, 1 << 20, peft::Translator::for_family("llama"));
   native.add("x", open_fixture("llama_lora"));
@@ -662,7 +668,8 @@ TEST_CASE("registry concurrency: threads acquire, release, replace, trim and cha
           auto [it, inserted] = version_adapter.emplace(lease->version(), adapter);
           check(it->second == adapter);
         }
-        check(lease->find_layer("model.layers.1.mlp.up_proj.weight") == lease->loaded().find("model.layers.1.mlp.up_proj"));
+        check(lease->find_layer("model.layers.1.mlp.up_proj.weight") ==
+              lease->loaded().find("model.layers.1.mlp.up_proj"));
         // Most leases go at once; some are kept (at most two per thread) for later releases.
         if (held.size() < 2 && rng() % 8 == 0) held.push_back(lease->clone());
         if (held.empty() && rng() % 4 == 0) held.push_back(std::move(lease));
@@ -732,7 +739,8 @@ TEST_CASE("registry soak: thousands of register / acquire / release / evict cycl
         if (cycle % 64 == 0) memories.push_back(lease->loaded_ptr());
         held.push_back(std::move(lease));
       }
-      if (held.size() > 3 || (!held.empty() && rng() % 3 == 0)) held.erase(held.begin() + static_cast<std::ptrdiff_t>(rng() % held.size()));
+      if (held.size() > 3 || (!held.empty() && rng() % 3 == 0))
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(rng() % held.size()));
       if (cycle % 97 == 0) registry.trim();
       if (cycle % 251 == 0 && cycle > 0) {
         registry.remove(name(n));
