@@ -852,5 +852,28 @@ api_table! {
         pub fn export_options_set_peft_version(opts: *mut peft_export_options, version: *const c_char) -> *mut peft_error = peft_export_options_set_peft_version;
         pub fn adapter_export(adapter: *const peft_adapter, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_export;
         pub fn adapter_combine(adapters: *const *const peft_adapter, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_combine;
+        pub fn registry_new(storage_dtype: i32, budget_bytes: u64, translator: *const peft_translator, out: *mut *mut peft_registry) -> *mut peft_error = peft_registry_new;
+        pub fn registry_free(registry: *mut peft_registry) = peft_registry_free;
+        pub fn registry_register(registry: *mut peft_registry, name: *const c_char, dir: *const c_char, opts: *const peft_adapter_options) -> *mut peft_error = peft_registry_register;
+        pub fn registry_register_memory(registry: *mut peft_registry, name: *const c_char, config_json: *const c_char, weights: *const c_void, weights_size: usize, opts: *const peft_adapter_options) -> *mut peft_error = peft_registry_register_memory;
+        pub fn registry_unregister(registry: *mut peft_registry, name: *const c_char) -> *mut peft_error = peft_registry_unregister;
+        pub fn registry_names(registry: *const peft_registry, out: *mut *mut c_char) -> *mut peft_error = peft_registry_names;
+        pub fn registry_acquire(registry: *mut peft_registry, name: *const c_char, out: *mut *mut peft_lease) -> *mut peft_error = peft_registry_acquire;
+        pub fn registry_trim(registry: *mut peft_registry) -> *mut peft_error = peft_registry_trim;
+        pub fn registry_set_budget(registry: *mut peft_registry, budget_bytes: u64) -> *mut peft_error = peft_registry_set_budget;
+        pub fn registry_get_stats(registry: *const peft_registry, stats: *mut peft_registry_stats) -> *mut peft_error = peft_registry_get_stats;
+        pub fn lease_release(lease: *mut peft_lease) = peft_lease_release;
+        pub fn lease_name(lease: *const peft_lease) -> *const c_char = peft_lease_name;
+        pub fn lease_version(lease: *const peft_lease) -> u64 = peft_lease_version;
+        pub fn lease_bytes(lease: *const peft_lease) -> u64 = peft_lease_bytes;
+        pub fn lease_has_module(lease: *const peft_lease, module: *const c_char) -> i32 = peft_lease_has_module;
+        pub fn lora_apply(module: *const c_char, leases: *const *const peft_lease, lease_count: usize, row_lease: *const i32, x: *const c_void, x_dtype: i32, rows: u64, in_features: u64, y: *mut c_void, y_dtype: i32, out_features: u64) -> *mut peft_error = peft_lora_apply;
+        pub fn host_model_new(out: *mut *mut peft_host_model) -> *mut peft_error = peft_host_model_new;
+        pub fn host_model_free(host: *mut peft_host_model) = peft_host_model_free;
+        pub fn host_model_set_translator(host: *mut peft_host_model, translator: *const peft_translator) -> *mut peft_error = peft_host_model_set_translator;
+        pub fn host_model_set_exact(host: *mut peft_host_model, exact: i32) -> *mut peft_error = peft_host_model_set_exact;
+        pub fn host_model_add_weight(host: *mut peft_host_model, name: *const c_char, data: *mut c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *mut c_void, bias_dtype: i32) -> *mut peft_error = peft_host_model_add_weight;
+        pub fn host_model_swap(host: *mut peft_host_model, lease: *const peft_lease, weight: f64, stats: *mut peft_swap_stats) -> *mut peft_error = peft_host_model_swap;
+        pub fn host_model_current(host: *const peft_host_model) -> *const c_char = peft_host_model_current;
     }
 }
