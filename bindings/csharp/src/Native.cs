@@ -19,7 +19,7 @@ namespace PeftC
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     internal delegate int NativeProgress(IntPtr userData, ulong done, ulong total);
 
-    /// <summary>peft_registry_stats: <c>Size</c> is set to the struct's size before the call.</summary>
+    /// <summary>peft_registry_stats (peft_registry_get_stats): <c>Size</c> is set to the struct's size before the call.</summary>
     [StructLayout(LayoutKind.Sequential)]
     internal struct NativeRegistryStats
     {
@@ -286,7 +286,7 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_registry_set_budget(RegistryHandle registry, ulong budgetBytes);
         [DllImport(Lib, CallingConvention = Cdecl)]
-        internal static extern ErrorHandle peft_registry_stats(RegistryHandle registry, ref NativeRegistryStats stats);
+        internal static extern ErrorHandle peft_registry_get_stats(RegistryHandle registry, ref NativeRegistryStats stats);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_lease_release(IntPtr lease);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_lease_name(LeaseHandle lease);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_lease_version(LeaseHandle lease);

@@ -191,7 +191,7 @@ namespace PeftC
             get
             {
                 var s = new NativeRegistryStats { Size = (ulong)Marshal.SizeOf(typeof(NativeRegistryStats)) };
-                PeftException.Check(Native.peft_registry_stats(Handle, ref s));
+                PeftException.Check(Native.peft_registry_get_stats(Handle, ref s));
                 return new RegistryStats(s);
             }
         }
