@@ -241,7 +241,7 @@ void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps
     for (size_t i = 0; i < layers.size(); ++i) {
       const uint64_t shape[2] = {static_cast<uint64_t>(layers[i].out), static_cast<uint64_t>(layers[i].in)};
       check(peft_host_model_add_weight(host, layers[i].module.c_str(), weights[i].data(), PEFT_DTYPE_BF16, shape, 2,
-                                       nullptr, 0),
+                                       nullptr, 0, 0),
             "add_weight");
     }
     std::vector<double> in, ab, out;

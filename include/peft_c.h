@@ -2176,12 +2176,16 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
  * @param ndim 2, or 4 for Conv2d.
  * @param bias The layer's bias buffer (needed by adapters with lora_bias), or NULL.
  * @param bias_dtype Dtype of @p bias; ignored without one.
+ * @param bias_elements Number of elements of @p bias (the layer's output features: shape[0] of a
+ *        Linear or Conv2d weight, shape[1] of a GPT-2 Conv1D weight, shape[1] of an embedding);
+ *        ignored without a bias. A swap refuses a layer whose output features differ.
  * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve @p name;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a layer given twice or while an adapter is merged;
  *         #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for a zero dimension.
  */
 PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, void* data, int32_t dtype,
-                                                const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype);
+                                                const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype,
+                                                uint64_t bias_elements);
 
 /**
  * @brief Switches the adapter merged into the host's buffers: takes the current one out (if any)
@@ -2397,7 +2401,7 @@ typedef struct peft_api {
   void (*host_model_free)(peft_host_model* host); /**< peft_host_model_free() */
   peft_error* (*host_model_set_translator)(peft_host_model* host, const peft_translator* translator); /**< peft_host_model_set_translator() */
   peft_error* (*host_model_set_exact)(peft_host_model* host, int32_t exact); /**< peft_host_model_set_exact() */
-  peft_error* (*host_model_add_weight)(peft_host_model* host, const char* name, void* data, int32_t dtype, const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype); /**< peft_host_model_add_weight() */
+  peft_error* (*host_model_add_weight)(peft_host_model* host, const char* name, void* data, int32_t dtype, const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype, uint64_t bias_elements); /**< peft_host_model_add_weight() */
   peft_error* (*host_model_swap)(peft_host_model* host, const peft_lease* lease, double weight, peft_swap_stats* stats); /**< peft_host_model_swap() */
   const char* (*host_model_current)(const peft_host_model* host); /**< peft_host_model_current() */
 } peft_api;
