@@ -1922,7 +1922,7 @@ typedef struct peft_lease peft_lease;
 /** The weight buffers of a host's model, into which adapters are swapped. Free with peft_host_model_free(). */
 typedef struct peft_host_model peft_host_model;
 
-/** Counters of a registry (peft_registry_stats()). */
+/** Counters of a registry (peft_registry_get_stats()). */
 typedef struct peft_registry_stats {
   uint64_t size;              /**< Set by the caller to sizeof(peft_registry_stats); fields past it are not written. */
   uint64_t budget_bytes;      /**< The byte budget. */
@@ -2060,7 +2060,7 @@ PEFT_API peft_error* peft_registry_set_budget(peft_registry* registry, uint64_t 
  *                snapshot).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a `size` below 16. Thread-safe.
  */
-PEFT_API peft_error* peft_registry_stats(const peft_registry* registry, peft_registry_stats* stats);
+PEFT_API peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry_stats* stats);
 
 /**
  * @brief Releases a lease: the adapter is unpinned (and becomes evictable once nothing else holds it).
