@@ -264,7 +264,7 @@ func (r *Registry) Stats() (RegistryStats, error) {
 	defer r.done()
 	var s C.struct_peft_registry_stats
 	s.size = C.uint64_t(unsafe.Sizeof(s))
-	if err := takeError(C.peft_registry_stats(p, &s)); err != nil {
+	if err := takeError(C.peft_registry_get_stats(p, &s)); err != nil {
 		return RegistryStats{}, err
 	}
 	return RegistryStats{
