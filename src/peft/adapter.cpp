@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "core/error.hpp"
 #include "peft/arch_registry.hpp"
@@ -319,19 +320,21 @@ struct AdapterBuilder {
     note_unused_patterns(matcher);
   }
 
-  static std::shared_ptr<const Adapter> build(const std::string& dir, const std::string& config_path,
-                                              const std::string& weights_path, const Adapter::Options& options) {
+  // open_checkpoint() opens the weights once the config is read and the table chosen.
+  template <class OpenCheckpoint>
+  static std::shared_ptr<const Adapter> build(const std::string& dir, LoraConfig config,
+                                              OpenCheckpoint open_checkpoint, const Adapter::Options& options) {
     auto adapter = std::make_shared<Adapter>();
     Adapter& a = *adapter;
     a.dir_ = dir;
-    a.config_ = LoraConfig::from_file(config_path);
+    a.config_ = std::move(config);
     AdapterBuilder b{a, options, std::nullopt, {}, {}};
     if (!options.base_dir.empty()) {
       b.base = BaseModel::open(options.base_dir, options.open);
       a.base_dir_ = options.base_dir;
     }
     b.choose_table();
-    a.checkpoint_ = Checkpoint::open(weights_path, options.open);
+    a.checkpoint_ = open_checkpoint();
     b.group_keys();
     b.resolve_modules();
     if (b.base) {
@@ -380,12 +383,22 @@ std::shared_ptr<const Adapter> Adapter::open(const std::string& dir, const Optio
                                      ".save_pretrained(dir, safe_serialization=True))");
     fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " has no adapter_model.safetensors");
   }
-  return AdapterBuilder::build(dir, config.string(), weights.string(), options);
+  return open_files(config.string(), weights.string(), options);
 }
 
 std::shared_ptr<const Adapter> Adapter::open_files(const std::string& config_path, const std::string& weights_path,
                                                    const Options& options) {
-  return AdapterBuilder::build(fs::path(config_path).parent_path().string(), config_path, weights_path, options);
+  return AdapterBuilder::build(
+      fs::path(config_path).parent_path().string(), LoraConfig::from_file(config_path),
+      [&] { return Checkpoint::open(weights_path, options.open); }, options);
+}
+
+std::shared_ptr<const Adapter> Adapter::open_memory(std::string_view config_json, const void* weights,
+                                                    size_t weights_size, const Options& options) {
+  return AdapterBuilder::build(
+      std::string(kMemoryAdapterDir),
+      LoraConfig::parse(config_json, std::string(kMemoryAdapterDir) + "/adapter_config.json"),
+      [&] { return Checkpoint::open_memory(weights, weights_size, options.open); }, options);
 }
 
 void Adapter::validate(const std::string& base_dir, const OpenOptions& open) const {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "peft/adapter_config.hpp"
@@ -67,6 +68,9 @@ struct AdapterModule {
   const AdapterTensor* find_suffix(const std::string& suffix) const;
 };
 
+// Adapter::dir() of an adapter opened from memory (as SafetensorsFile names memory files).
+inline constexpr std::string_view kMemoryAdapterDir = "<memory>";
+
 class Adapter {
  public:
   struct Options {
@@ -81,6 +85,11 @@ class Adapter {
   // The same from explicit paths (a config file and a safetensors file).
   static std::shared_ptr<const Adapter> open_files(const std::string& config_path, const std::string& weights_path,
                                                    const Options& options);
+  // The same from memory: the text of adapter_config.json and the bytes of adapter_model.safetensors
+  // (both copied). dir() is then kMemoryAdapterDir. PEFT_ERR_INVALID_CONFIG for a config that is not
+  // valid, format errors for bytes that are not a valid safetensors file.
+  static std::shared_ptr<const Adapter> open_memory(std::string_view config_json, const void* weights,
+                                                    size_t weights_size, const Options& options);
 
   const std::string& dir() const { return dir_; }
   const LoraConfig& config() const { return config_; }

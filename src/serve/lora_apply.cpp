@@ -1,0 +1,285 @@
+#include "serve/lora_apply.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/convert.hpp"
+#include "core/error.hpp"
+
+namespace peft::serve {
+namespace {
+
+// Per-thread scratch, reused across calls so that a server's steady stream of calls does not
+// allocate. Contents are not kept between calls.
+class Scratch {
+ public:
+  float* floats(size_t count) { return reserve(floats_, float_capacity_, count); }
+  size_t* indices(size_t count) { return reserve(indices_, index_capacity_, count); }
+  // Returns what a call with unusually large shapes took, so that one such call does not pin
+  // that much memory in every thread that ever made it.
+  void trim() {
+    if (float_capacity_ * sizeof(float) > kKeptScratchBytes) {
+      floats_.reset();
+      float_capacity_ = 0;
+    }
+    if (index_capacity_ * sizeof(size_t) > kKeptScratchBytes) {
+      indices_.reset();
+      index_capacity_ = 0;
+    }
+  }
+
+ private:
+  template <class T>
+  static T* reserve(std::unique_ptr<T[]>& data, size_t& capacity, size_t count) {
+    if (count > capacity) {
+      data.reset();
+      capacity = 0;
+      data.reset(new T[count]);  // uninitialised: every element is written before it is read
+      capacity = count;
+    }
+    return data.get();
+  }
+  std::unique_ptr<float[]> floats_;
+  size_t float_capacity_ = 0;
+  std::unique_ptr<size_t[]> indices_;
+  size_t index_capacity_ = 0;
+};
+
+thread_local Scratch scratch;
+
+struct TrimScratchOnExit {
+  ~TrimScratchOnExit() { scratch.trim(); }
+};
+
+void check_dtype(DType dtype, const char* what) {
+  if (dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16) return;
+  const std::string name = is_valid_dtype(static_cast<int32_t>(dtype))
+                               ? std::string(dtype_name(dtype))
+                               : std::to_string(static_cast<int32_t>(dtype));
+  fail(PEFT_ERR_UNSUPPORTED, std::string(what) + " dtype " + name + " is not supported (F32, BF16 and F16 are)");
+}
+
+// BLAS takes dimensions as int.
+void check_dimension(int64_t value, const std::string& what) {
+  if (value < 1 || value > INT_MAX)
+    fail(PEFT_ERR_INVALID_ARGUMENT, what + " is " + std::to_string(value) + "; it must be from 1 to " +
+                                        std::to_string(INT_MAX));
+}
+
+size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+// Bytes of rows x columns elements of dtype; INVALID_ARGUMENT when that does not fit in memory.
+size_t byte_size(uint64_t rows, uint64_t columns, DType dtype, const char* what) {
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(rows, columns, &bytes) || __builtin_mul_overflow(bytes, dtype_size(dtype), &bytes) ||
+      bytes > SIZE_MAX)
+    fail(PEFT_ERR_INVALID_ARGUMENT, std::string(what) + " of " + std::to_string(rows) + " x " +
+                                        std::to_string(columns) + " elements is too large");
+  return static_cast<size_t>(bytes);
+}
+
+void check_factors(const LoraFactors& f, size_t group) {
+  const std::string name = "adapter " + std::to_string(group);
+  check_dtype(f.dtype, (name + " factor").c_str());
+  if (f.a == nullptr || f.b == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, name + ": lora_A and lora_B must not be NULL");
+  check_dimension(f.rank, name + "'s rank");
+}
+
+// The rows of one group: [first, first + count) or, when list is set, list[0 .. count) (ascending).
+struct RowSet {
+  const size_t* list = nullptr;
+  size_t first = 0;
+  size_t count = 0;
+  size_t row(size_t k) const { return list ? list[k] : first + k; }
+};
+
+// Calls fn(row, position, length) for each run of consecutive rows among rows.row(k0 .. k0 + n).
+template <class Fn>
+void for_each_run(const RowSet& rows, size_t k0, size_t n, Fn&& fn) {
+  size_t start = 0;
+  for (size_t k = 1; k <= n; ++k) {
+    if (k == n || rows.row(k0 + k) != rows.row(k0 + k - 1) + 1) {
+      fn(rows.row(k0 + start), start, k - start);
+      start = k;
+    }
+  }
+}
+
+// T [n, rank] = X [n, in] A^T.
+void multiply_by_a(size_t n, int in, int rank, const float* x, const float* a, float* t) {
+  if (n == 1)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, rank, in, 1.0f, a, in, x, 1, 0.0f, t, 1);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), rank, in, 1.0f, x, in, a, in, 0.0f, t,
+                rank);
+}
+
+// C [n, out] += scaling * T [n, rank] B^T.
+void accumulate_b(size_t n, int rank, int out, float scaling, const float* t, const float* b, float* c) {
+  if (n == 1)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, rank, scaling, b, rank, t, 1, 1.0f, c, 1);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, rank, scaling, t, rank, b, rank,
+                1.0f, c, out);
+}
+
+// The f32 buffers of one call, carved from the thread's scratch before anything is written.
+struct Buffers {
+  float* factors = nullptr;  // widened A, B and bias of the group being applied
+  float* x = nullptr;        // a block of x's rows, when they must be gathered or widened
+  float* t = nullptr;        // a block of X A^T
+  float* y = nullptr;        // a block of y's rows, when they must be gathered or widened
+};
+
+void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batch, const Buffers& buffers) {
+  const size_t in = batch.in_features, out = batch.out_features, rank = static_cast<size_t>(f.rank);
+  const float scaling = static_cast<float>(f.scaling);
+
+  const float* a = static_cast<const float*>(f.a);
+  const float* b = static_cast<const float*>(f.b);
+  const float* bias = static_cast<const float*>(f.bias);
+  if (f.dtype != DType::F32) {
+    float* wide = buffers.factors;
+    convert(f.dtype, f.a, DType::F32, wide, rank * in);
+    convert(f.dtype, f.b, DType::F32, wide + rank * in, out * rank);
+    a = wide;
+    b = wide + rank * in;
+    if (f.bias) {
+      convert(f.dtype, f.bias, DType::F32, wide + rank * (in + out), out);
+      bias = wide + rank * (in + out);
+    }
+  }
+
+  const size_t x_size = dtype_size(batch.x_dtype), y_size = dtype_size(batch.y_dtype);
+  const auto* x_bytes = static_cast<const unsigned char*>(batch.x);
+  auto* y_bytes = static_cast<unsigned char*>(batch.y);
+
+  for (size_t k0 = 0; k0 < rows.count; k0 += kBlockRows) {
+    const size_t n = std::min<size_t>(kBlockRows, rows.count - k0);
+    const size_t first = rows.row(k0);
+    const bool consecutive = rows.row(k0 + n - 1) - first == n - 1;
+
+    const float* x = nullptr;
+    if (consecutive && batch.x_dtype == DType::F32) {
+      x = reinterpret_cast<const float*>(x_bytes + first * in * x_size);
+    } else {
+      for_each_run(rows, k0, n, [&](size_t row, size_t position, size_t length) {
+        convert(batch.x_dtype, x_bytes + row * in * x_size, DType::F32, buffers.x + position * in, length * in);
+      });
+      x = buffers.x;
+    }
+
+    const bool y_in_place = consecutive && batch.y_dtype == DType::F32;
+    float* c = y_in_place ? reinterpret_cast<float*>(y_bytes + first * out * y_size) : buffers.y;
+    if (!y_in_place) {
+      for_each_run(rows, k0, n, [&](size_t row, size_t position, size_t length) {
+        convert(batch.y_dtype, y_bytes + row * out * y_size, DType::F32, c + position * out, length * out);
+      });
+    }
+
+    multiply_by_a(n, static_cast<int>(in), static_cast<int>(rank), x, a, buffers.t);
+    accumulate_b(n, static_cast<int>(rank), static_cast<int>(out), scaling, buffers.t, b, c);
+    if (bias) {
+      for (size_t i = 0; i < n; ++i) {
+        float* row = c + i * out;
+        for (size_t j = 0; j < out; ++j) row[j] += scaling * bias[j];
+      }
+    }
+
+    if (!y_in_place) {
+      for_each_run(rows, k0, n, [&](size_t row, size_t position, size_t length) {
+        convert(DType::F32, c + position * out, batch.y_dtype, y_bytes + row * out * y_size, length * out);
+      });
+    }
+  }
+}
+
+}  // namespace
+
+void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBatch& batch) {
+  // ---- checks: nothing is written before all of them pass ----
+  if (groups.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "no adapters given");
+  check_dtype(batch.x_dtype, "x");
+  check_dtype(batch.y_dtype, "y");
+  check_dimension(static_cast<int64_t>(std::min<uint64_t>(batch.in_features, INT64_MAX)), "in_features");
+  check_dimension(static_cast<int64_t>(std::min<uint64_t>(batch.out_features, INT64_MAX)), "out_features");
+  const size_t x_bytes = byte_size(batch.rows, batch.in_features, batch.x_dtype, "x");
+  const size_t y_bytes = byte_size(batch.rows, batch.out_features, batch.y_dtype, "y");
+  if (batch.rows > 0 && batch.x == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "x must not be NULL");
+  if (batch.rows > 0 && batch.y == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "y must not be NULL");
+  const auto x_begin = reinterpret_cast<uintptr_t>(batch.x), y_begin = reinterpret_cast<uintptr_t>(batch.y);
+  if (batch.rows > 0 && x_begin < y_begin + y_bytes && y_begin < x_begin + x_bytes)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "x and y must not overlap");
+
+  size_t factor_floats = 0, max_rank = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g]) continue;
+    const LoraFactors& f = *groups[g];
+    check_factors(f, g);
+    const size_t rank = static_cast<size_t>(f.rank);
+    max_rank = std::max(max_rank, rank);
+    if (f.dtype != DType::F32)
+      factor_floats = std::max(factor_floats, rank * (batch.in_features + batch.out_features) +
+                                                  (f.bias ? batch.out_features : 0));
+  }
+  if (batch.rows == 0) return;
+
+  TrimScratchOnExit trim_scratch;
+  const size_t rows = batch.rows, group_count = groups.size();
+
+  // Group the rows (a stable counting sort, so every group's rows stay ascending); this also
+  // checks every index before anything is written.
+  std::span<const size_t> group_start;  // group g's rows are order[group_start[g] .. group_start[g + 1])
+  const size_t* order = nullptr;
+  if (batch.row_group) {
+    size_t* start = scratch.indices(rows + group_count + 1);
+    size_t* place = start + group_count + 1;
+    std::fill(start, start + group_count + 1, size_t(0));
+    for (size_t i = 0; i < rows; ++i) {
+      const int32_t g = batch.row_group[i];
+      if (g < -1 || (g >= 0 && static_cast<size_t>(g) >= group_count))
+        fail(PEFT_ERR_INVALID_ARGUMENT, "the adapter index of row " + std::to_string(i) + " is " + std::to_string(g) +
+                                            "; it must be -1 or from 0 to " + std::to_string(group_count - 1));
+      if (g >= 0) ++start[g + 1];
+    }
+    for (size_t g = 0; g < group_count; ++g) start[g + 1] += start[g];
+    // Place row i at the next free slot of its group; start[g] then ends at group g's end, which
+    // is group g + 1's start: shift back by one group afterwards.
+    for (size_t i = 0; i < rows; ++i) {
+      const int32_t g = batch.row_group[i];
+      if (g >= 0) place[start[g]++] = i;
+    }
+    std::copy_backward(start, start + group_count, start + group_count + 1);
+    start[0] = 0;
+    group_start = {start, group_count + 1};
+    order = place;
+  }
+  if (max_rank == 0) return;  // no adapter has this layer
+
+  const bool gathered = batch.row_group != nullptr;
+  const size_t block = std::min<size_t>(rows, kBlockRows);
+  const size_t x_floats = gathered || batch.x_dtype != DType::F32 ? block * batch.in_features : 0;
+  const size_t y_floats = gathered || batch.y_dtype != DType::F32 ? block * batch.out_features : 0;
+  Buffers buffers;
+  buffers.factors = scratch.floats(factor_floats + x_floats + block * max_rank + y_floats);
+  buffers.x = buffers.factors + factor_floats;
+  buffers.t = buffers.x + x_floats;
+  buffers.y = buffers.t + block * max_rank;
+
+  // ---- the products ----
+  if (!gathered) {
+    if (groups[0]) apply_group(*groups[0], RowSet{nullptr, 0, rows}, batch, buffers);
+    return;
+  }
+  for (size_t g = 0; g < group_count; ++g) {
+    const size_t count = group_start[g + 1] - group_start[g];
+    if (groups[g] && count > 0) apply_group(*groups[g], RowSet{order + group_start[g], 0, count}, batch, buffers);
+  }
+}
+
+}  // namespace peft::serve

@@ -1,0 +1,71 @@
+// Unmerged LoRA on activations (peft_lora_apply()): adds each row's adapter contribution to the
+// output a host computed with the base weight, as PEFT's unmerged forward with mixed-batch
+// `adapter_names` does (peft/tuners/lora/layer.py, Linear._mixed_batch_forward):
+//
+//   y[i] += scaling_g * (x[i] A_g^T) B_g^T  (+ scaling_g * bias_g)    for every row i of group g
+//
+// with A = lora_A [rank, in], B = lora_B [out, rank] and bias = lora_B.bias [out] (lora_bias=True;
+// it is part of lora_B's output, so the scaling multiplies it too). Rows of no group, and rows of a
+// group that has no factors (the adapter has no such layer), are left unchanged, bit for bit.
+//
+// Numerics: everything in f32. Rows of one group are multiplied together, two BLAS products per
+// block of rows: T = X A^T, then C = Y + float(scaling) * T B^T with C holding y's rows as f32;
+// then C += float(scaling) * bias and C is rounded once into y's dtype (nearest, ties to even).
+// PEFT computes in the factors' dtype and rounds the LoRA output before adding it; for f32 the
+// results agree to f32 rounding, for bf16/f16 ours is the single rounding of nearly the exact sum.
+//
+// Memory: factors stored narrower than f32 are widened per call; rows are processed in blocks of
+// kBlockRows so the scratch stays small. Scratch is per thread and reused across calls (freed after
+// a call that needed more than kKeptScratchBytes). No copy is made of x's rows when x is f32 and a
+// block's rows are consecutive, nor of y's rows when y is f32.
+//
+// Thread safety: no shared mutable state; calls writing different outputs may run at once, with
+// the same factors too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "core/dtype.hpp"
+
+namespace peft::serve {
+
+// One adapter's LoRA factors for one layer, row-major in their storage dtype (F32, BF16 or F16).
+struct LoraFactors {
+  DType dtype = DType::F32;
+  const void* a = nullptr;     // lora_A [rank, in_features]
+  const void* b = nullptr;     // lora_B [out_features, rank]
+  const void* bias = nullptr;  // lora_B.bias [out_features], or null
+  int64_t rank = 0;
+  double scaling = 0;
+};
+
+// One layer's activations for a batch of rows (tokens). x and y must not overlap.
+struct LoraBatch {
+  const void* x = nullptr;  // [rows, in_features], row-major
+  DType x_dtype = DType::F32;
+  void* y = nullptr;        // [rows, out_features], row-major; changed in place
+  DType y_dtype = DType::F32;
+  uint64_t rows = 0;
+  uint64_t in_features = 0;
+  uint64_t out_features = 0;
+  // rows entries: the group of each row, or -1 for none. Null: every row belongs to groups[0].
+  const int32_t* row_group = nullptr;
+};
+
+// Rows per block of the products: large enough for BLAS to run at full speed, small enough that a
+// block of f32 rows of x and y stays in the caches.
+inline constexpr uint64_t kBlockRows = 64;
+// Scratch above this is returned to the allocator at the end of the call.
+inline constexpr size_t kKeptScratchBytes = size_t(32) << 20;
+
+// Adds the LoRA contribution of each row's group into batch.y. groups[g] is nullopt when group g's
+// adapter has no factors for this layer. Everything is checked before y is written; on failure y
+// is unchanged: INVALID_ARGUMENT for no groups, null pointers (x and y may be null when rows is
+// 0), features or ranks below 1 or above what BLAS takes (2^31 - 1), a group index out of range,
+// sizes that overflow, overlapping x and y; UNSUPPORTED for dtypes other than F32, BF16 and F16.
+void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBatch& batch);
+
+}  // namespace peft::serve
