@@ -88,16 +88,35 @@ func WithTranslator(t *Translator) AdapterOption { return func(c *adapterConfig)
 // base, tensors the base lacks); ErrShapeMismatch (with a base); ErrInvalidCheckpoint; the format
 // errors for a damaged safetensors file.
 func OpenAdapter(dir string, opts ...AdapterOption) (*Adapter, error) {
-	var cfg adapterConfig
-	for _, o := range opts {
-		o(&cfg)
-	}
 	var cs cstrings
 	defer cs.free()
 	cdir, err := cs.add(dir, "adapter folder")
 	if err != nil {
 		return nil, err
 	}
+	o, err := newAdapterOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_adapter_options_free(o)
+	var out *C.peft_adapter
+	if err := takeError(C.peft_adapter_open(cdir, o, &out)); err != nil {
+		return nil, err
+	}
+	a := &Adapter{}
+	track(a, &a.h, unsafe.Pointer(out), "Adapter", freeAdapter)
+	return a, nil
+}
+
+// newAdapterOptions builds the C options of OpenAdapter and Registry.Register; the caller frees them
+// with peft_adapter_options_free.
+func newAdapterOptions(opts []AdapterOption) (*C.peft_adapter_options, error) {
+	var cfg adapterConfig
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	var cs cstrings
+	defer cs.free()
 	cbase, err := cs.addOptional(cfg.baseDir, "base folder")
 	if err != nil {
 		return nil, err
@@ -106,28 +125,19 @@ func OpenAdapter(dir string, opts ...AdapterOption) (*Adapter, error) {
 	if err := takeError(C.peft_adapter_options_new(&o)); err != nil {
 		return nil, err
 	}
-	defer C.peft_adapter_options_free(o)
-	if err := takeError(C.peft_adapter_options_set_base_dir(o, cbase)); err != nil {
-		return nil, err
-	}
-	if cfg.translator != nil {
-		tp, err := cfg.translator.use()
-		if err != nil {
-			return nil, err
-		}
-		err = takeError(C.peft_adapter_options_set_translator(o, tp))
-		cfg.translator.done()
-		if err != nil {
-			return nil, err
+	err = takeError(C.peft_adapter_options_set_base_dir(o, cbase)) // the options keep a copy
+	if err == nil && cfg.translator != nil {
+		var tp *C.peft_translator
+		if tp, err = cfg.translator.use(); err == nil {
+			err = takeError(C.peft_adapter_options_set_translator(o, tp))
+			cfg.translator.done()
 		}
 	}
-	var out *C.peft_adapter
-	if err := takeError(C.peft_adapter_open(cdir, o, &out)); err != nil {
+	if err != nil {
+		C.peft_adapter_options_free(o)
 		return nil, err
 	}
-	a := &Adapter{}
-	track(a, &a.h, unsafe.Pointer(out), "Adapter", freeAdapter)
-	return a, nil
+	return o, nil
 }
 
 func freeAdapter(p unsafe.Pointer) { C.peft_adapter_free((*C.peft_adapter)(p)) }

@@ -36,6 +36,7 @@ const (
 	CodeCancelled                Code = C.PEFT_ERR_CANCELLED
 	CodeInvalidConfig            Code = C.PEFT_ERR_INVALID_CONFIG
 	CodeInvalidCheckpoint        Code = C.PEFT_ERR_INVALID_CHECKPOINT
+	CodeOverBudget               Code = C.PEFT_ERR_OVER_BUDGET
 	CodeInternal                 Code = C.PEFT_ERR_INTERNAL
 )
 
@@ -98,6 +99,7 @@ var (
 	ErrCancelled                = &Error{Code: CodeCancelled}
 	ErrInvalidConfig            = &Error{Code: CodeInvalidConfig}
 	ErrInvalidCheckpoint        = &Error{Code: CodeInvalidCheckpoint}
+	ErrOverBudget               = &Error{Code: CodeOverBudget}
 	ErrInternal                 = &Error{Code: CodeInternal}
 )
 
@@ -105,8 +107,8 @@ var (
 var (
 	// ErrClosed is matched by the error of a call on a handle after Close.
 	ErrClosed = errors.New("peftc: use of a closed handle")
-	// ErrBusy is matched by the error of a call on a Writer or MergeRecord while another call on it
-	// is running (they belong to one goroutine at a time).
+	// ErrBusy is matched by the error of a call on a Writer, MergeRecord or HostModel while another
+	// call on it is running (they belong to one goroutine at a time).
 	ErrBusy = errors.New("peftc: handle is in use by another call")
 )
 
@@ -120,7 +122,8 @@ var sentinels = map[Code]*Error{
 	CodeIO: ErrIO, CodeNotFound: ErrNotFound, CodeUnsupported: ErrUnsupported,
 	CodeUnresolvedKey: ErrUnresolvedKey, CodeShapeMismatch: ErrShapeMismatch,
 	CodeInvalidArgument: ErrInvalidArgument, CodeOutOfMemory: ErrOutOfMemory, CodeCancelled: ErrCancelled,
-	CodeInvalidConfig: ErrInvalidConfig, CodeInvalidCheckpoint: ErrInvalidCheckpoint, CodeInternal: ErrInternal,
+	CodeInvalidConfig: ErrInvalidConfig, CodeInvalidCheckpoint: ErrInvalidCheckpoint, CodeOverBudget: ErrOverBudget,
+	CodeInternal: ErrInternal,
 }
 
 // Sentinel returns the sentinel of a code, or nil for CodeOK and values that are not codes.
