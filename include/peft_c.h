@@ -1922,7 +1922,7 @@ typedef struct peft_lease peft_lease;
 /** The weight buffers of a host's model, into which adapters are swapped. Free with peft_host_model_free(). */
 typedef struct peft_host_model peft_host_model;
 
-/** Counters of a registry (peft_registry_stats()). */
+/** Counters of a registry (peft_registry_get_stats()). */
 typedef struct peft_registry_stats {
   uint64_t size;              /**< Set by the caller to sizeof(peft_registry_stats); fields past it are not written. */
   uint64_t budget_bytes;      /**< The byte budget. */
@@ -2060,7 +2060,7 @@ PEFT_API peft_error* peft_registry_set_budget(peft_registry* registry, uint64_t 
  *                snapshot).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a `size` below 16. Thread-safe.
  */
-PEFT_API peft_error* peft_registry_stats(const peft_registry* registry, peft_registry_stats* stats);
+PEFT_API peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry_stats* stats);
 
 /**
  * @brief Releases a lease: the adapter is unpinned (and becomes evictable once nothing else holds it).
@@ -2377,6 +2377,29 @@ typedef struct peft_api {
   peft_error* (*export_options_set_peft_version)(peft_export_options* opts, const char* version); /**< peft_export_options_set_peft_version() */
   peft_error* (*adapter_export)(const peft_adapter* adapter, const char* out_dir, const peft_export_options* opts); /**< peft_adapter_export() */
   peft_error* (*adapter_combine)(const peft_adapter* const* adapters, const double* weights, size_t count, int32_t method, const char* out_dir, const peft_export_options* opts); /**< peft_adapter_combine() */
+  peft_error* (*registry_new)(int32_t storage_dtype, uint64_t budget_bytes, const peft_translator* translator, peft_registry** out); /**< peft_registry_new() */
+  void (*registry_free)(peft_registry* registry); /**< peft_registry_free() */
+  peft_error* (*registry_register)(peft_registry* registry, const char* name, const char* dir, const peft_adapter_options* opts); /**< peft_registry_register() */
+  peft_error* (*registry_register_memory)(peft_registry* registry, const char* name, const char* config_json, const void* weights, size_t weights_size, const peft_adapter_options* opts); /**< peft_registry_register_memory() */
+  peft_error* (*registry_unregister)(peft_registry* registry, const char* name); /**< peft_registry_unregister() */
+  peft_error* (*registry_names)(const peft_registry* registry, char** out); /**< peft_registry_names() */
+  peft_error* (*registry_acquire)(peft_registry* registry, const char* name, peft_lease** out); /**< peft_registry_acquire() */
+  peft_error* (*registry_trim)(peft_registry* registry); /**< peft_registry_trim() */
+  peft_error* (*registry_set_budget)(peft_registry* registry, uint64_t budget_bytes); /**< peft_registry_set_budget() */
+  peft_error* (*registry_get_stats)(const peft_registry* registry, peft_registry_stats* stats); /**< peft_registry_get_stats() */
+  void (*lease_release)(peft_lease* lease); /**< peft_lease_release() */
+  const char* (*lease_name)(const peft_lease* lease); /**< peft_lease_name() */
+  uint64_t (*lease_version)(const peft_lease* lease); /**< peft_lease_version() */
+  uint64_t (*lease_bytes)(const peft_lease* lease); /**< peft_lease_bytes() */
+  int32_t (*lease_has_module)(const peft_lease* lease, const char* module); /**< peft_lease_has_module() */
+  peft_error* (*lora_apply)(const char* module, const peft_lease* const* leases, size_t lease_count, const int32_t* row_lease, const void* x, int32_t x_dtype, uint64_t rows, uint64_t in_features, void* y, int32_t y_dtype, uint64_t out_features); /**< peft_lora_apply() */
+  peft_error* (*host_model_new)(peft_host_model** out); /**< peft_host_model_new() */
+  void (*host_model_free)(peft_host_model* host); /**< peft_host_model_free() */
+  peft_error* (*host_model_set_translator)(peft_host_model* host, const peft_translator* translator); /**< peft_host_model_set_translator() */
+  peft_error* (*host_model_set_exact)(peft_host_model* host, int32_t exact); /**< peft_host_model_set_exact() */
+  peft_error* (*host_model_add_weight)(peft_host_model* host, const char* name, void* data, int32_t dtype, const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype); /**< peft_host_model_add_weight() */
+  peft_error* (*host_model_swap)(peft_host_model* host, const peft_lease* lease, double weight, peft_swap_stats* stats); /**< peft_host_model_swap() */
+  const char* (*host_model_current)(const peft_host_model* host); /**< peft_host_model_current() */
 } peft_api;
 
 /**

@@ -2,11 +2,14 @@
 # Tests of the Go binding and the Go example. scripts/test.sh runs it from the repository root as
 # `bash bindings/go/test.sh`, after installing the library into build/prefix with PKG_CONFIG_PATH and
 # LD_LIBRARY_PATH pointing there. Steps: gofmt, go vet, go test, go test -race, a run that forces
-# garbage collection inside every few calls (-tags debug, PEFTC_TEST_GC=1), the README snippet check,
-# then build and run examples/go on the fixtures. PEFT_GO_ASAN=1 adds a go test -asan run (leaks).
+# garbage collection inside every few calls (-tags debug, PEFTC_TEST_GC=1),
+# go test -asan (AddressSanitizer and LeakSanitizer), the README snippet check, then build and run
+# examples/go on the fixtures and compare its merged model byte for byte with `peftc merge` (PEFTC,
+# default build/peftc).
 # Exits nonzero if any step fails.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+peftc=${PEFTC:-$root/build/peftc}
 
 go=$(command -v go || true)
 if [ -z "$go" ] && [ -x /usr/local/go/bin/go ]; then go=/usr/local/go/bin/go; fi
@@ -95,13 +98,31 @@ readme_snippet() {
   fi
 }
 
+# Runs the example on the fixtures; its merged model (every safetensors file and config.json) must be
+# byte-identical to what `peftc merge` writes from the same base and adapter.
 example() {
+  local base=tests/fixtures/models/llama adapter=tests/fixtures/adapters/llama_lora
   (cd "$root/examples/go" && "$go" build -o "$work/example" .) || return 1
-  (cd "$root" && "$work/example" -base tests/fixtures/models/llama -adapter tests/fixtures/adapters/llama_lora \
-      -out "$work/example-out") || return 1
-  for f in merged/model.safetensors merged/config.json adapter/adapter_model.safetensors adapter/adapter_config.json; do
+  (cd "$root" && "$work/example" -base "$base" -adapter "$adapter" -out "$work/example-out") || return 1
+  for f in merged/config.json adapter/adapter_model.safetensors adapter/adapter_config.json; do
     [ -s "$work/example-out/$f" ] || { echo "the example did not write $f"; return 1; }
   done
+  if [ ! -x "$peftc" ]; then
+    echo "no peftc at $peftc (set PEFTC) to compare the example's merge with"
+    return 1
+  fi
+  (cd "$root" && "$peftc" merge --base "$base" --adapter "$adapter" --out "$work/peftc-out" >/dev/null) || return 1
+  local expected actual name
+  expected=$(cd "$work/peftc-out" && ls -- *.safetensors 2>/dev/null | sort)
+  actual=$(cd "$work/example-out/merged" && ls -- *.safetensors 2>/dev/null | sort)
+  if [ -z "$expected" ] || [ "$expected" != "$actual" ]; then
+    echo "the safetensors files differ: peftc merge wrote [$expected], the Go example [$actual]"
+    return 1
+  fi
+  for name in $expected config.json; do
+    cmp -- "$work/peftc-out/$name" "$work/example-out/merged/$name" || return 1
+  done
+  echo "   the Go example's merge is byte-identical to peftc merge ($(echo "$expected" | wc -w) safetensors file(s) and config.json)"
 }
 
 echo "-- go: $("$go" version), peft_c $(pkg-config --modversion peft_c) from $libdir"
@@ -110,11 +131,9 @@ step "go vet" vet
 step "go test" gotest plain
 step "go test -race" gotest race -race
 step "go test -tags debug (forced GC)" gotest_forced_gc
-if [ "${PEFT_GO_ASAN:-0}" = 1 ]; then
-  # Optional (about two minutes more): AddressSanitizer, with LeakSanitizer at exit reporting C
-  # memory that nothing frees; TestMain also waits for every handle's release before exiting.
-  step "go test -asan (leaks)" gotest asan -asan
-fi
+# AddressSanitizer, with LeakSanitizer at exit reporting C memory that nothing frees; TestMain also
+# waits for every handle's release before exiting.
+step "go test -asan (leaks)" gotest asan -asan
 step "README snippet" readme_snippet
 step "examples/go" example
 

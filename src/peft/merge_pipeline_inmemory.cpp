@@ -86,6 +86,30 @@ const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view n
   return *found;
 }
 
+merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_shape, std::span<const int64_t> a_shape,
+                               std::span<const int64_t> b_shape, const std::string& module) {
+  merge::ModuleKind merge_kind = merge::ModuleKind::linear;
+  switch (kind) {
+    case LayerKind::embedding: merge_kind = merge::ModuleKind::embedding; break;
+    case LayerKind::conv2d: merge_kind = merge::ModuleKind::conv; break;
+    case LayerKind::linear:
+    case LayerKind::conv1d: {
+      merge_kind = kind == LayerKind::conv1d ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear;
+      if (weight_shape.size() == 2 && a_shape.size() == 2 && b_shape.size() == 2) {
+        const int64_t out = b_shape[0], in = a_shape[1];
+        const bool fits_linear = weight_shape[0] == out && weight_shape[1] == in;
+        const bool fits_conv1d = weight_shape[0] == in && weight_shape[1] == out;
+        if (fits_linear != fits_conv1d)
+          merge_kind = fits_linear ? merge::ModuleKind::linear : merge::ModuleKind::conv1d_gpt2;
+      }
+      break;
+    }
+    default:
+      fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(module) + " is not a LoRA layer");
+  }
+  return merge::layout_for(merge_kind, weight_shape, a_shape, b_shape, 1, module);
+}
+
 InMemoryModule inmemory_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                std::span<const int64_t> weight_shape) {
   const Checkpoint& ckpt = adapter->checkpoint();
@@ -95,30 +119,10 @@ InMemoryModule inmemory_module(const std::shared_ptr<const Adapter>& adapter, co
   const auto a_shape = signed_shape(ckpt.tensor(a->index).shape);
   const auto b_shape = signed_shape(ckpt.tensor(b->index).shape);
 
-  merge::ModuleKind kind = merge::ModuleKind::linear;
-  switch (m.kind) {
-    case LayerKind::embedding: kind = merge::ModuleKind::embedding; break;
-    case LayerKind::conv2d: kind = merge::ModuleKind::conv; break;
-    case LayerKind::linear:
-    case LayerKind::conv1d: {
-      kind = m.kind == LayerKind::conv1d ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear;
-      if (weight_shape.size() == 2 && a_shape.size() == 2 && b_shape.size() == 2) {
-        const int64_t out = b_shape[0], in = a_shape[1];
-        const bool fits_linear = weight_shape[0] == out && weight_shape[1] == in;
-        const bool fits_conv1d = weight_shape[0] == in && weight_shape[1] == out;
-        if (fits_linear != fits_conv1d)
-          kind = fits_linear ? merge::ModuleKind::linear : merge::ModuleKind::conv1d_gpt2;
-      }
-      break;
-    }
-    default:
-      fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " is not a LoRA layer");
-  }
-
   auto owned = std::make_shared<OwnedFactors>();
   owned->adapter = adapter;
   InMemoryModule module;
-  module.layout = merge::layout_for(kind, weight_shape, a_shape, b_shape, 1, m.name);
+  module.layout = lora_layout(m.kind, weight_shape, a_shape, b_shape, m.name);
   owned->a = ckpt.read_f32(a->index);
   owned->b = ckpt.read_f32(b->index);
   if (const AdapterTensor* mag = m.find(TensorRole::lora_magnitude)) {

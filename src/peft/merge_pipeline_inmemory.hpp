@@ -29,10 +29,17 @@ std::vector<std::string> module_candidates(std::string_view name, const Translat
 // that is not a LoRA layer (full replacement tensors and trainable tokens are not merged in memory).
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator);
 
+// The layout of a LoRA layer's delta in a weight of `weight_shape`, from the factors' shapes as
+// stored (lora_A, lora_B; embeddings: lora_embedding_A/B). Linear vs GPT-2 Conv1D follows the
+// weight's shape when only one fits, `kind` (the adapter's decision) when both do (a square weight).
+// PEFT_ERR_SHAPE_MISMATCH naming `module` when the weight does not fit; PEFT_ERR_UNSUPPORTED for a
+// kind that is not a LoRA layer.
+merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_shape, std::span<const int64_t> a_shape,
+                               std::span<const int64_t> b_shape, const std::string& module);
+
 // The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
-// its layout for a weight of `weight_shape`. Linear vs GPT-2 Conv1D follows the weight's shape
-// when only one fits, the adapter's decision when both do (a square weight).
-// PEFT_ERR_SHAPE_MISMATCH when the weight does not fit the module.
+// its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight
+// does not fit the module.
 InMemoryModule inmemory_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
                                std::span<const int64_t> weight_shape);
 

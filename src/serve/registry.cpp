@@ -22,7 +22,11 @@ namespace peft::serve {
 // One registered version of a name. Everything below `bytes` is guarded by the core's mutex.
 struct RegistryEntry {
   RegistryEntry(std::string name_, std::shared_ptr<const Adapter> adapter_, uint64_t bytes_)
-      : name(std::move(name_)), adapter(std::move(adapter_)), bytes(bytes_), lru_node{this}, lru_pos(lru_node.begin()) {}
+      : name(std::move(name_)),
+        adapter(std::move(adapter_)),
+        bytes(bytes_),
+        lru_node{this},
+        lru_pos(lru_node.begin()) {}
 
   const std::string name;
   uint64_t version = 0;  // set once under the lock, before any lease exists
@@ -246,8 +250,9 @@ struct RegistryCore {
     std::lock_guard lock(mutex);
     const uint64_t fixed = unevictable_bytes();
     if (fixed > new_budget)
-      fail(PEFT_ERR_OVER_BUDGET, "cannot set the budget to " + std::to_string(new_budget) + " bytes: pinned adapters and "
-                                     "loads under way hold " + std::to_string(fixed) + " bytes");
+      fail(PEFT_ERR_OVER_BUDGET, "cannot set the budget to " + std::to_string(new_budget) +
+                                     " bytes: pinned adapters and loads under way hold " + std::to_string(fixed) +
+                                     " bytes");
     budget = new_budget;
     while (loaded_bytes + reserved_bytes > budget) evict_last(garbage);
   }

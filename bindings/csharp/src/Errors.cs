@@ -27,6 +27,7 @@ namespace PeftC
         Cancelled = 27,
         InvalidConfig = 28,
         InvalidCheckpoint = 29,
+        OverBudget = 30,
         Internal = 99,
     }
 

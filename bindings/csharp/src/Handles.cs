@@ -3,6 +3,8 @@
 // the marshaller keeps it alive and refuses it after disposal for the length of every call it is passed
 // to. Children keep their parents alive in C (reference counting), so release order never matters.
 using System;
+using System.Buffers;
+using System.Collections.Generic;
 using System.Runtime.InteropServices;
 
 namespace PeftC
@@ -84,6 +86,40 @@ namespace PeftC
     internal sealed class ExportOptionsHandle : PeftHandle
     {
         protected override bool ReleaseHandle() { Native.peft_export_options_free(handle); return true; }
+    }
+
+    internal sealed class RegistryHandle : PeftHandle
+    {
+        protected override bool ReleaseHandle() { Native.peft_registry_free(handle); return true; }
+    }
+
+    internal sealed class LeaseHandle : PeftHandle
+    {
+        protected override bool ReleaseHandle() { Native.peft_lease_release(handle); return true; }
+    }
+
+    /// <summary>A host model, and the pins of the managed buffers it was given: C keeps their addresses for its
+    /// whole life, so they are unpinned only after the C object is freed (which never touches the buffers).</summary>
+    internal sealed class HostModelHandle : PeftHandle
+    {
+        private readonly List<MemoryHandle> pins_ = new List<MemoryHandle>();
+
+        /// <summary>Keeps <paramref name="pin"/> until the host model is released.</summary>
+        internal void KeepPinned(MemoryHandle pin)
+        {
+            lock (pins_) pins_.Add(pin);
+        }
+
+        protected override bool ReleaseHandle()
+        {
+            Native.peft_host_model_free(handle);
+            lock (pins_)
+            {
+                foreach (MemoryHandle pin in pins_) pin.Dispose();
+                pins_.Clear();
+            }
+            return true;
+        }
     }
 
     /// <summary>Shared disposal logic of the public wrappers: the handle, and the ObjectDisposedException.</summary>

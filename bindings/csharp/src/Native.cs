@@ -19,6 +19,34 @@ namespace PeftC
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     internal delegate int NativeProgress(IntPtr userData, ulong done, ulong total);
 
+    /// <summary>peft_registry_stats (peft_registry_get_stats): <c>Size</c> is set to the struct's size before the call.</summary>
+    [StructLayout(LayoutKind.Sequential)]
+    internal struct NativeRegistryStats
+    {
+        internal ulong Size;
+        internal ulong BudgetBytes;
+        internal ulong LoadedBytes;
+        internal ulong PeakLoadedBytes;
+        internal ulong Registered;
+        internal ulong Loaded;
+        internal ulong Pinned;
+        internal ulong Loads;
+        internal ulong Hits;
+        internal ulong Evictions;
+    }
+
+    /// <summary>peft_swap_stats: <c>Size</c> is set to the struct's size before the call.</summary>
+    [StructLayout(LayoutKind.Sequential)]
+    internal struct NativeSwapStats
+    {
+        internal ulong Size;
+        internal double RemoveSeconds;
+        internal double MergeSeconds;
+        internal ulong LayersRemoved;
+        internal ulong LayersMerged;
+        internal ulong SavedBytes;
+    }
+
     internal static unsafe class Native
     {
         // Mono maps "peft_c" to libpeft_c.so; PeftC.dll.config maps it to the ABI-versioned SONAME.
@@ -239,5 +267,44 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_combine(IntPtr* adapters, double[] weights, UIntPtr count, int method,
                                                                 byte[] outDir, ExportOptionsHandle o);
+
+        // ---- serving ----
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_new(int storageDtype, ulong budgetBytes, TranslatorHandle translator,
+                                                             out RegistryHandle registry);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_registry_free(IntPtr registry);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_register(RegistryHandle registry, byte[] name, byte[] dir, AdapterOptionsHandle opts);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_register_memory(RegistryHandle registry, byte[] name, byte[] configJson,
+                                                                         void* weights, UIntPtr weightsSize, AdapterOptionsHandle opts);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_unregister(RegistryHandle registry, byte[] name);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_names(RegistryHandle registry, out IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_acquire(RegistryHandle registry, byte[] name, out LeaseHandle lease);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_trim(RegistryHandle registry);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_set_budget(RegistryHandle registry, ulong budgetBytes);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_get_stats(RegistryHandle registry, ref NativeRegistryStats stats);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_lease_release(IntPtr lease);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_lease_name(LeaseHandle lease);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_lease_version(LeaseHandle lease);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_lease_bytes(LeaseHandle lease);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_lease_has_module(LeaseHandle lease, byte[] module);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_lora_apply(byte[] module, IntPtr* leases, UIntPtr leaseCount, int* rowLease, void* x,
+                                                           int xDtype, ulong rows, ulong inFeatures, void* y, int yDtype, ulong outFeatures);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_host_model_new(out HostModelHandle host);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_host_model_free(IntPtr host);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_host_model_set_translator(HostModelHandle host, TranslatorHandle translator);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_host_model_set_exact(HostModelHandle host, int exact);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_host_model_add_weight(HostModelHandle host, byte[] name, void* data, int dtype, ulong[] shape,
+                                                                      UIntPtr ndim, void* bias, int biasDtype);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_host_model_swap(HostModelHandle host, LeaseHandle lease, double weight, ref NativeSwapStats stats);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);
     }
 }

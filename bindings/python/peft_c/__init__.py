@@ -26,6 +26,7 @@ from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
 from .export import combine_adapters, export_adapter
+from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
 
 __version__ = "0.1.0"
 
@@ -61,6 +62,11 @@ __all__ = [
     "MergeResult",
     "Translator",
     "Checkpoint",
+    "HostModel",
+    "Lease",
+    "Registry",
+    "RegistryStats",
+    "SwapStats",
     "DTYPES",
     "DTYPE_COUNT",
     "DType",
@@ -82,6 +88,7 @@ __all__ = [
     "has_ml_dtypes",
     "library_path",
     "load_library",
+    "lora_apply",
     "merge_checkpoint",
     "merge_into",
     "numpy_dtype",

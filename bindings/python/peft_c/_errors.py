@@ -33,6 +33,7 @@ ERROR_CODES: Tuple[Tuple[int, str], ...] = (
     (27, "CANCELLED"),
     (28, "INVALID_CONFIG"),
     (29, "INVALID_CHECKPOINT"),
+    (30, "OVER_BUDGET"),
     (99, "INTERNAL"),
 )
 

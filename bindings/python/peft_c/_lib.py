@@ -35,6 +35,21 @@ SOURCE_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64, c_void_p, c_uint64)
 #: The C callback type ``peft_progress_fn``.
 PROGRESS_FN = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64, c_uint64)
 
+
+class RegistryStatsStruct(ctypes.Structure):
+    """``struct peft_registry_stats`` (the caller sets ``size``)."""
+
+    _fields_ = [("size", c_uint64), ("budget_bytes", c_uint64), ("loaded_bytes", c_uint64),
+                ("peak_loaded_bytes", c_uint64), ("registered", c_uint64), ("loaded", c_uint64),
+                ("pinned", c_uint64), ("loads", c_uint64), ("hits", c_uint64), ("evictions", c_uint64)]
+
+
+class SwapStatsStruct(ctypes.Structure):
+    """``struct peft_swap_stats`` (the caller sets ``size``)."""
+
+    _fields_ = [("size", c_uint64), ("remove_seconds", ctypes.c_double), ("merge_seconds", ctypes.c_double),
+                ("layers_removed", c_uint64), ("layers_merged", c_uint64), ("saved_bytes", c_uint64)]
+
 # name -> (restype, argtypes). Every function of include/peft_c.h that the binding calls.
 PROTOTYPES = {
     # versions
@@ -192,6 +207,33 @@ PROTOTYPES = {
     "peft_adapter_export": (_err, [_handle, c_char_p, _handle]),
     "peft_adapter_combine": (_err, [POINTER(c_void_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
                                     _handle]),
+    # serving: registry, leases, unmerged apply, host models
+    "peft_registry_new": (_err, [c_int32, c_uint64, _handle, POINTER(c_void_p)]),
+    "peft_registry_free": (None, [_handle]),
+    "peft_registry_register": (_err, [_handle, c_char_p, c_char_p, _handle]),
+    "peft_registry_register_memory": (_err, [_handle, c_char_p, c_char_p, c_void_p, c_size_t, _handle]),
+    "peft_registry_unregister": (_err, [_handle, c_char_p]),
+    "peft_registry_names": (_err, [_handle, POINTER(c_void_p)]),
+    "peft_registry_acquire": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
+    "peft_registry_trim": (_err, [_handle]),
+    "peft_registry_set_budget": (_err, [_handle, c_uint64]),
+    "peft_registry_get_stats": (_err, [_handle, POINTER(RegistryStatsStruct)]),
+    "peft_lease_release": (None, [_handle]),
+    "peft_lease_name": (c_char_p, [_handle]),
+    "peft_lease_version": (c_uint64, [_handle]),
+    "peft_lease_bytes": (c_uint64, [_handle]),
+    "peft_lease_has_module": (c_int32, [_handle, c_char_p]),
+    # row_lease is a void pointer: an int32 array's address, or None
+    "peft_lora_apply": (_err, [c_char_p, POINTER(c_void_p), c_size_t, c_void_p, c_void_p, c_int32, c_uint64,
+                               c_uint64, c_void_p, c_int32, c_uint64]),
+    "peft_host_model_new": (_err, [POINTER(c_void_p)]),
+    "peft_host_model_free": (None, [_handle]),
+    "peft_host_model_set_translator": (_err, [_handle, _handle]),
+    "peft_host_model_set_exact": (_err, [_handle, c_int32]),
+    "peft_host_model_add_weight": (_err, [_handle, c_char_p, c_void_p, c_int32, POINTER(c_uint64), c_size_t,
+                                          c_void_p, c_int32]),
+    "peft_host_model_swap": (_err, [_handle, _handle, ctypes.c_double, POINTER(SwapStatsStruct)]),
+    "peft_host_model_current": (c_char_p, [_handle]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

@@ -93,7 +93,7 @@ macro_rules! functions {
     };
 }
 
-/// A field of a struct of the header, as the `api_table!` macro recorded it.
+/// A field of a struct of the header, as the `value_structs!` and `api_table!` macros recorded it.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub enum Field {
@@ -101,6 +101,29 @@ pub enum Field {
     Value { name: &'static str, ty: &'static str },
     /// A function pointer.
     Function(Declaration),
+}
+
+/// Structs of plain values that the caller and the library fill in (counters and the like).
+macro_rules! value_structs {
+    ($(
+        $(#[$attr:meta])*
+        pub struct $name:ident { $($(#[$fattr:meta])* pub $field:ident: $ty:ty,)* }
+    )*) => {
+        $(
+            $(#[$attr])*
+            #[repr(C)]
+            #[derive(Debug, Clone, Copy, Default, PartialEq)]
+            pub struct $name {
+                $($(#[$fattr])* pub $field: $ty,)*
+            }
+            impl $name {
+                /// The struct's name and fields in order, for the header check.
+                #[doc(hidden)]
+                pub const DECLARATION: (&'static str, &'static [Field]) =
+                    (stringify!($name), &[$(Field::Value { name: stringify!($field), ty: stringify!($ty) }),*]);
+            }
+        )*
+    };
 }
 
 macro_rules! api_table {
@@ -118,16 +141,18 @@ macro_rules! api_table {
             $($(#[$vattr])* pub $vfield: $vty,)*
             $(#[doc = concat!("`", stringify!($target), "`")] pub $ffield: Option<unsafe extern "C" fn($($arg: $ty),*) $(-> $ret)?>,)*
         }
-        /// The structs declared in this crate with their fields in order.
-        #[doc(hidden)]
-        pub const STRUCTS: &[(&str, &[Field])] = &[(stringify!($name), &[
-            $(Field::Value { name: stringify!($vfield), ty: stringify!($vty) },)*
-            $(Field::Function(Declaration {
-                name: stringify!($ffield),
-                params: &[$(stringify!($ty)),*],
-                ret: concat!("" $(, stringify!($ret))?),
-            }),)*
-        ])];
+        impl $name {
+            /// The struct's name and fields in order, for the header check.
+            #[doc(hidden)]
+            pub const DECLARATION: (&'static str, &'static [Field]) = (stringify!($name), &[
+                $(Field::Value { name: stringify!($vfield), ty: stringify!($vty) },)*
+                $(Field::Function(Declaration {
+                    name: stringify!($ffield),
+                    params: &[$(stringify!($ty)),*],
+                    ret: concat!("" $(, stringify!($ret))?),
+                }),)*
+            ]);
+        }
         /// Calls `visit(field, address in the table, address of the exported function)` for every
         /// function entry of a table.
         #[doc(hidden)]
@@ -162,6 +187,12 @@ opaque_types! {
     peft_merge_record;
     /// Options for `peft_adapter_export` and `peft_adapter_combine`.
     peft_export_options;
+    /// A registry of adapters under a memory budget.
+    peft_registry;
+    /// An acquired adapter of a registry, loaded and pinned until released.
+    peft_lease;
+    /// The weight buffers of a host's model, into which adapters are swapped.
+    peft_host_model;
 }
 
 callback_types! {
@@ -203,6 +234,7 @@ constants! {
     pub const PEFT_ERR_CANCELLED: i32 = 27;
     pub const PEFT_ERR_INVALID_CONFIG: i32 = 28;
     pub const PEFT_ERR_INVALID_CHECKPOINT: i32 = 29;
+    pub const PEFT_ERR_OVER_BUDGET: i32 = 30;
     pub const PEFT_ERR_INTERNAL: i32 = 99;
 
     pub const PEFT_DTYPE_BOOL: i32 = 0;
@@ -544,9 +576,126 @@ functions! {
         opts: *const peft_export_options,
     ) -> *mut peft_error;
 
+    // ---- serving
+    pub fn peft_registry_new(
+        storage_dtype: i32,
+        budget_bytes: u64,
+        translator: *const peft_translator,
+        out: *mut *mut peft_registry,
+    ) -> *mut peft_error;
+    pub fn peft_registry_free(registry: *mut peft_registry);
+    pub fn peft_registry_register(
+        registry: *mut peft_registry,
+        name: *const c_char,
+        dir: *const c_char,
+        opts: *const peft_adapter_options,
+    ) -> *mut peft_error;
+    pub fn peft_registry_register_memory(
+        registry: *mut peft_registry,
+        name: *const c_char,
+        config_json: *const c_char,
+        weights: *const c_void,
+        weights_size: usize,
+        opts: *const peft_adapter_options,
+    ) -> *mut peft_error;
+    pub fn peft_registry_unregister(registry: *mut peft_registry, name: *const c_char) -> *mut peft_error;
+    pub fn peft_registry_names(registry: *const peft_registry, out: *mut *mut c_char) -> *mut peft_error;
+    pub fn peft_registry_acquire(registry: *mut peft_registry, name: *const c_char, out: *mut *mut peft_lease)
+        -> *mut peft_error;
+    pub fn peft_registry_trim(registry: *mut peft_registry) -> *mut peft_error;
+    pub fn peft_registry_set_budget(registry: *mut peft_registry, budget_bytes: u64) -> *mut peft_error;
+    pub fn peft_registry_get_stats(registry: *const peft_registry, stats: *mut peft_registry_stats) -> *mut peft_error;
+    pub fn peft_lease_release(lease: *mut peft_lease);
+    pub fn peft_lease_name(lease: *const peft_lease) -> *const c_char;
+    pub fn peft_lease_version(lease: *const peft_lease) -> u64;
+    pub fn peft_lease_bytes(lease: *const peft_lease) -> u64;
+    pub fn peft_lease_has_module(lease: *const peft_lease, module: *const c_char) -> i32;
+    pub fn peft_lora_apply(
+        module: *const c_char,
+        leases: *const *const peft_lease,
+        lease_count: usize,
+        row_lease: *const i32,
+        x: *const c_void,
+        x_dtype: i32,
+        rows: u64,
+        in_features: u64,
+        y: *mut c_void,
+        y_dtype: i32,
+        out_features: u64,
+    ) -> *mut peft_error;
+    pub fn peft_host_model_new(out: *mut *mut peft_host_model) -> *mut peft_error;
+    pub fn peft_host_model_free(host: *mut peft_host_model);
+    pub fn peft_host_model_set_translator(host: *mut peft_host_model, translator: *const peft_translator)
+        -> *mut peft_error;
+    pub fn peft_host_model_set_exact(host: *mut peft_host_model, exact: i32) -> *mut peft_error;
+    pub fn peft_host_model_add_weight(
+        host: *mut peft_host_model,
+        name: *const c_char,
+        data: *mut c_void,
+        dtype: i32,
+        shape: *const u64,
+        ndim: usize,
+        bias: *mut c_void,
+        bias_dtype: i32,
+    ) -> *mut peft_error;
+    pub fn peft_host_model_swap(
+        host: *mut peft_host_model,
+        lease: *const peft_lease,
+        weight: f64,
+        stats: *mut peft_swap_stats,
+    ) -> *mut peft_error;
+    pub fn peft_host_model_current(host: *const peft_host_model) -> *const c_char;
+
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
 }
+
+value_structs! {
+    /// Counters of a registry (`peft_registry_get_stats`).
+    pub struct peft_registry_stats {
+        /// Set by the caller to `size_of::<peft_registry_stats>()`; fields past it are not written.
+        pub size: u64,
+        /// The byte budget.
+        pub budget_bytes: u64,
+        /// Bytes of adapter tensors in memory now (never above the budget).
+        pub loaded_bytes: u64,
+        /// The highest `loaded_bytes` seen.
+        pub peak_loaded_bytes: u64,
+        /// Names registered now.
+        pub registered: u64,
+        /// Adapter versions in memory now (replaced versions still leased included).
+        pub loaded: u64,
+        /// Of those, versions held by at least one lease or host model.
+        pub pinned: u64,
+        /// Loads of tensors since the registry was made.
+        pub loads: u64,
+        /// Acquisitions that found the tensors in memory.
+        pub hits: u64,
+        /// Loaded versions evicted to make room or by `peft_registry_trim`.
+        pub evictions: u64,
+    }
+
+    /// What a swap did (`peft_host_model_swap`).
+    pub struct peft_swap_stats {
+        /// Set by the caller to `size_of::<peft_swap_stats>()`; fields past it are not written.
+        pub size: u64,
+        /// Wall time taking the previous adapter out.
+        pub remove_seconds: f64,
+        /// Wall time merging the new adapter in.
+        pub merge_seconds: f64,
+        /// Layers of the previous adapter taken out.
+        pub layers_removed: u64,
+        /// Layers of the new adapter merged in.
+        pub layers_merged: u64,
+        /// Bytes of original rows kept for the next exact removal.
+        pub saved_bytes: u64,
+    }
+}
+
+/// The structs declared in this crate with their fields in order.
+#[doc(hidden)]
+pub const STRUCTS: &[(&str, &[Field])] =
+    &[peft_registry_stats::DECLARATION, peft_swap_stats::DECLARATION, peft_api::DECLARATION];
 
 api_table! {
     /// Every function of the header in a stable, append-only order (see `peft_get_api`): what a
@@ -703,5 +852,28 @@ api_table! {
         pub fn export_options_set_peft_version(opts: *mut peft_export_options, version: *const c_char) -> *mut peft_error = peft_export_options_set_peft_version;
         pub fn adapter_export(adapter: *const peft_adapter, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_export;
         pub fn adapter_combine(adapters: *const *const peft_adapter, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_combine;
+        pub fn registry_new(storage_dtype: i32, budget_bytes: u64, translator: *const peft_translator, out: *mut *mut peft_registry) -> *mut peft_error = peft_registry_new;
+        pub fn registry_free(registry: *mut peft_registry) = peft_registry_free;
+        pub fn registry_register(registry: *mut peft_registry, name: *const c_char, dir: *const c_char, opts: *const peft_adapter_options) -> *mut peft_error = peft_registry_register;
+        pub fn registry_register_memory(registry: *mut peft_registry, name: *const c_char, config_json: *const c_char, weights: *const c_void, weights_size: usize, opts: *const peft_adapter_options) -> *mut peft_error = peft_registry_register_memory;
+        pub fn registry_unregister(registry: *mut peft_registry, name: *const c_char) -> *mut peft_error = peft_registry_unregister;
+        pub fn registry_names(registry: *const peft_registry, out: *mut *mut c_char) -> *mut peft_error = peft_registry_names;
+        pub fn registry_acquire(registry: *mut peft_registry, name: *const c_char, out: *mut *mut peft_lease) -> *mut peft_error = peft_registry_acquire;
+        pub fn registry_trim(registry: *mut peft_registry) -> *mut peft_error = peft_registry_trim;
+        pub fn registry_set_budget(registry: *mut peft_registry, budget_bytes: u64) -> *mut peft_error = peft_registry_set_budget;
+        pub fn registry_get_stats(registry: *const peft_registry, stats: *mut peft_registry_stats) -> *mut peft_error = peft_registry_get_stats;
+        pub fn lease_release(lease: *mut peft_lease) = peft_lease_release;
+        pub fn lease_name(lease: *const peft_lease) -> *const c_char = peft_lease_name;
+        pub fn lease_version(lease: *const peft_lease) -> u64 = peft_lease_version;
+        pub fn lease_bytes(lease: *const peft_lease) -> u64 = peft_lease_bytes;
+        pub fn lease_has_module(lease: *const peft_lease, module: *const c_char) -> i32 = peft_lease_has_module;
+        pub fn lora_apply(module: *const c_char, leases: *const *const peft_lease, lease_count: usize, row_lease: *const i32, x: *const c_void, x_dtype: i32, rows: u64, in_features: u64, y: *mut c_void, y_dtype: i32, out_features: u64) -> *mut peft_error = peft_lora_apply;
+        pub fn host_model_new(out: *mut *mut peft_host_model) -> *mut peft_error = peft_host_model_new;
+        pub fn host_model_free(host: *mut peft_host_model) = peft_host_model_free;
+        pub fn host_model_set_translator(host: *mut peft_host_model, translator: *const peft_translator) -> *mut peft_error = peft_host_model_set_translator;
+        pub fn host_model_set_exact(host: *mut peft_host_model, exact: i32) -> *mut peft_error = peft_host_model_set_exact;
+        pub fn host_model_add_weight(host: *mut peft_host_model, name: *const c_char, data: *mut c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *mut c_void, bias_dtype: i32) -> *mut peft_error = peft_host_model_add_weight;
+        pub fn host_model_swap(host: *mut peft_host_model, lease: *const peft_lease, weight: f64, stats: *mut peft_swap_stats) -> *mut peft_error = peft_host_model_swap;
+        pub fn host_model_current(host: *const peft_host_model) -> *const c_char = peft_host_model_current;
     }
 }

@@ -49,6 +49,9 @@ pub enum ErrorCode {
     InvalidConfig,
     /// A checkpoint folder or index that is wrong.
     InvalidCheckpoint,
+    /// An adapter does not fit in a registry's byte budget beside the pinned ones (or pinned
+    /// adapters alone exceed a smaller budget).
+    OverBudget,
     /// A bug in peft_c.
     Internal,
     /// A code this binding does not know (from a newer library).
@@ -57,7 +60,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every known code, in numeric order.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::HeaderTooSmall,
         ErrorCode::HeaderTooLarge,
         ErrorCode::InvalidHeaderLength,
@@ -78,6 +81,7 @@ impl ErrorCode {
         ErrorCode::Cancelled,
         ErrorCode::InvalidConfig,
         ErrorCode::InvalidCheckpoint,
+        ErrorCode::OverBudget,
         ErrorCode::Internal,
     ];
 
@@ -104,6 +108,7 @@ impl ErrorCode {
             sys::PEFT_ERR_CANCELLED => ErrorCode::Cancelled,
             sys::PEFT_ERR_INVALID_CONFIG => ErrorCode::InvalidConfig,
             sys::PEFT_ERR_INVALID_CHECKPOINT => ErrorCode::InvalidCheckpoint,
+            sys::PEFT_ERR_OVER_BUDGET => ErrorCode::OverBudget,
             sys::PEFT_ERR_INTERNAL => ErrorCode::Internal,
             other => ErrorCode::Unknown(other),
         }
@@ -132,6 +137,7 @@ impl ErrorCode {
             ErrorCode::Cancelled => sys::PEFT_ERR_CANCELLED,
             ErrorCode::InvalidConfig => sys::PEFT_ERR_INVALID_CONFIG,
             ErrorCode::InvalidCheckpoint => sys::PEFT_ERR_INVALID_CHECKPOINT,
+            ErrorCode::OverBudget => sys::PEFT_ERR_OVER_BUDGET,
             ErrorCode::Internal => sys::PEFT_ERR_INTERNAL,
             ErrorCode::Unknown(code) => code,
         }

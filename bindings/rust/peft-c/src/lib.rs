@@ -1,5 +1,6 @@
 //! Safe Rust binding of peft_c: read, write, translate, merge and export HuggingFace safetensors
-//! checkpoints and PEFT LoRA adapters.
+//! checkpoints and PEFT LoRA adapters, and serve many adapters over one base model ([`Registry`],
+//! [`Lease`], [`lora_apply`], [`HostModel`]).
 //!
 //! ```no_run
 //! use peft_c::{Adapter, Checkpoint, MergeOptions};
@@ -26,9 +27,9 @@
 //! handle it came from, and the compiler keeps it from outliving it.
 //!
 //! The header states thread safety per type, and the marker traits follow it:
-//! read-only handles ([`Checkpoint`], [`Adapter`], [`Translator`], [`MergeResult`]) are
-//! `Send + Sync`; writers, options and merge records belong to one thread at a time and are only
-//! `Send`:
+//! read-only handles ([`Checkpoint`], [`Adapter`], [`Translator`], [`MergeResult`]) and the
+//! internally synchronised serving handles ([`Registry`], [`Lease`]) are `Send + Sync`; writers,
+//! options, merge records and host models belong to one thread at a time and are only `Send`:
 //!
 //! ```compile_fail
 //! fn shared<T: Sync>() {}
@@ -58,6 +59,10 @@
 //! fn shared<T: Sync>() {}
 //! shared::<peft_c::AdapterOptions>();
 //! ```
+//! ```compile_fail
+//! fn shared<T: Sync>() {}
+//! shared::<peft_c::HostModel<'static>>();
+//! ```
 //!
 //! A view cannot outlive its checkpoint:
 //!
@@ -80,6 +85,10 @@
 //! .unwrap();
 //! ```
 //!
+//! A [`HostModel`] borrows the host's weight buffers mutably for its whole life: safe code reads
+//! them only through the host model's views, which end before the next swap (its documentation
+//! shows what the compiler refuses).
+//!
 //! # Errors
 //!
 //! Every fallible call returns [`Result`]; an [`Error`] carries the library's stable
@@ -101,6 +110,7 @@ mod export;
 mod ffi;
 mod merge;
 mod merge_buffer;
+mod serve;
 mod translator;
 mod writer;
 
@@ -111,6 +121,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use export::{combine_adapters, CombineMethod, ExportOptions};
 pub use merge::{merge_checkpoint, merge_checkpoint_with_progress, MergeOptions, MergeResult};
 pub use merge_buffer::{merge_into, Buffer, MergeBufferOptions, MergeRecord};
+pub use serve::{lora_apply, BufferRef, HostModel, Lease, Registry, RegistryStats, SwapStats};
 pub use translator::Translator;
 pub use writer::Writer;
 

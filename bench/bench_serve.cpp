@@ -1,0 +1,352 @@
+// Serving benchmark (issue 7): four transformer blocks of LLaMA-7B shapes (hidden 4096, MLP 11008;
+// q/k/v/o 4096x4096, gate/up 11008x4096, down 4096x11008) with synthetic weights and synthetic
+// adapters on all seven linear layers of each block, through the public C API:
+//   1. registration time per adapter (config + safetensors header, no tensor reads);
+//   2. first-use load time (acquire of an adapter not in memory, from the page cache) and the time
+//      of an acquire that finds it loaded;
+//   3. swap time of merged adapters in host-owned bf16 weights (none -> A, A -> B, B -> none, exact
+//      restoration) against a full reload of the base weights from a safetensors file in the page
+//      cache;
+//   4. the cost of unmerged LoRA (peft_lora_apply) beside the base matmul alone (cblas_sgemm, f32),
+//      for batches of 1, 16 and 256 rows and ranks 8, 16 and 64, per layer shape.
+// Results are best-of-N wall times; the machine's other load makes single runs noisy.
+//
+// Usage: bench_serve [repetitions]   (default 5)
+#include <cblas.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "peft_c.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+constexpr int kBlocks = 4;
+constexpr int64_t kHidden = 4096;
+constexpr int64_t kMlp = 11008;
+
+struct Layer {
+  std::string module;  // HuggingFace module path
+  int64_t out, in;
+};
+
+std::vector<Layer> model_layers() {
+  std::vector<Layer> layers;
+  for (int b = 0; b < kBlocks; ++b) {
+    const std::string p = "model.layers." + std::to_string(b) + ".";
+    for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      layers.push_back({p + "self_attn." + m, kHidden, kHidden});
+    layers.push_back({p + "mlp.gate_proj", kMlp, kHidden});
+    layers.push_back({p + "mlp.up_proj", kMlp, kHidden});
+    layers.push_back({p + "mlp.down_proj", kHidden, kMlp});
+  }
+  return layers;
+}
+
+void check(peft_error* err, const char* what) {
+  if (err == nullptr) return;
+  std::fprintf(stderr, "bench_serve: %s: %s (%s)\n", what, peft_error_message(err),
+               peft_error_code_name(peft_error_code(err)));
+  std::exit(1);
+}
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double best_of(int reps, const std::function<void()>& fn) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = clock_type::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+// bf16 bits of a float (round to nearest even), for synthetic data.
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// Fills with small pseudo-random bf16 values quickly (a multiplicative hash per element).
+void fill_bf16(uint16_t* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t h = (static_cast<uint32_t>(i) + seed * 0x9E3779B9u) * 2654435761u;
+    p[i] = to_bf16((static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * scale);
+  }
+}
+
+// Writes a PEFT adapter folder: rank `rank`, alpha 2 * rank, bf16 factors on every layer.
+void write_adapter(const fs::path& dir, const std::vector<Layer>& layers, int64_t rank, uint32_t seed) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "adapter_config.json")
+      << "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"r\": " << rank
+      << ", \"lora_alpha\": " << 2 * rank
+      << ", \"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", "
+         "\"down_proj\"], \"base_model_name_or_path\": \"synthetic-llama-7b-4-blocks\"}\n";
+  peft_writer* w = nullptr;
+  check(peft_writer_new((dir / "adapter_model.safetensors").c_str(), &w), "writer");
+  for (const Layer& l : layers) {
+    const uint64_t a[2] = {static_cast<uint64_t>(rank), static_cast<uint64_t>(l.in)};
+    const uint64_t b[2] = {static_cast<uint64_t>(l.out), static_cast<uint64_t>(rank)};
+    check(peft_writer_add_tensor(w, ("base_model.model." + l.module + ".lora_A.weight").c_str(), PEFT_DTYPE_BF16, a, 2),
+          "add");
+    check(peft_writer_add_tensor(w, ("base_model.model." + l.module + ".lora_B.weight").c_str(), PEFT_DTYPE_BF16, b, 2),
+          "add");
+  }
+  check(peft_writer_start(w), "start");
+  std::vector<uint16_t> buffer;
+  for (size_t i = 0; i < peft_writer_tensor_count(w); ++i) {
+    const std::string name = peft_writer_tensor_name(w, i);
+    const Layer* layer = nullptr;
+    for (const Layer& l : layers)
+      if (name.rfind("base_model.model." + l.module + ".", 0) == 0) layer = &l;
+    const bool is_a = name.find("lora_A") != std::string::npos;
+    buffer.resize(static_cast<size_t>(rank * (is_a ? layer->in : layer->out)));
+    fill_bf16(buffer.data(), buffer.size(), seed * 131 + static_cast<uint32_t>(i), is_a ? 0.05f : 0.02f);
+    check(peft_writer_write_tensor(w, nullptr, PEFT_DTYPE_BF16, buffer.data(), buffer.size() * 2), "write");
+  }
+  check(peft_writer_finish(w), "finish");
+  peft_writer_free(w);
+}
+
+peft_registry_stats registry_stats(const peft_registry* registry) {
+  peft_registry_stats s{};
+  s.size = sizeof s;
+  check(peft_registry_get_stats(registry, &s), "stats");
+  return s;
+}
+
+void bench_registry(const fs::path& root, const std::vector<Layer>& layers, int count) {
+  std::printf("\n## registration and first-use load: %d adapters, rank 16, 28 layers each, bf16 storage\n", count);
+  for (int i = 0; i < count; ++i) write_adapter(root / ("reg" + std::to_string(i)), layers, 16, 100 + i);
+  peft_registry* registry = nullptr;
+  check(peft_registry_new(PEFT_DTYPE_BF16, uint64_t{4} << 30, nullptr, &registry), "registry");
+  std::vector<double> reg, load, hit;
+  for (int i = 0; i < count; ++i) {
+    const std::string name = "reg" + std::to_string(i);
+    const auto t0 = clock_type::now();
+    check(peft_registry_register(registry, name.c_str(), (root / name).c_str(), nullptr), "register");
+    reg.push_back(seconds_since(t0));
+  }
+  const uint64_t loads_before = registry_stats(registry).loads;
+  uint64_t bytes = 0;
+  for (int i = 0; i < count; ++i) {
+    const std::string name = "reg" + std::to_string(i);
+    peft_lease* lease = nullptr;
+    auto t0 = clock_type::now();
+    check(peft_registry_acquire(registry, name.c_str(), &lease), "acquire");
+    load.push_back(seconds_since(t0));
+    bytes = peft_lease_bytes(lease);
+    peft_lease_release(lease);
+    t0 = clock_type::now();
+    check(peft_registry_acquire(registry, name.c_str(), &lease), "acquire");
+    hit.push_back(seconds_since(t0));
+    peft_lease_release(lease);
+  }
+  const peft_registry_stats s = registry_stats(registry);
+  std::printf("  register (median of %d)        %8.3f ms   (tensor loads during registration: %llu)\n", count,
+              median(reg) * 1e3, static_cast<unsigned long long>(loads_before));
+  std::printf("  first acquire, loads %5.1f MB  %8.3f ms\n", static_cast<double>(bytes) / 1e6, median(load) * 1e3);
+  std::printf("  acquire of a loaded adapter    %8.3f us\n", median(hit) * 1e6);
+  std::printf("  loads %llu, hits %llu, loaded %.1f MB\n", static_cast<unsigned long long>(s.loads),
+              static_cast<unsigned long long>(s.hits), static_cast<double>(s.loaded_bytes) / 1e6);
+  peft_registry_free(registry);
+}
+
+void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps) {
+  std::printf("\n## hot-swap in host bf16 weights (4 blocks, 28 layers) against a full reload\n");
+  std::vector<std::vector<uint16_t>> weights;
+  uint64_t total = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    weights.emplace_back(static_cast<size_t>(layers[i].out * layers[i].in));
+    fill_bf16(weights.back().data(), weights.back().size(), 7 + static_cast<uint32_t>(i), 0.04f);
+    total += weights.back().size() * 2;
+  }
+  const fs::path base = root / "base.safetensors";
+  {
+    peft_writer* w = nullptr;
+    check(peft_writer_new(base.c_str(), &w), "writer");
+    for (const Layer& l : layers) {
+      const uint64_t shape[2] = {static_cast<uint64_t>(l.out), static_cast<uint64_t>(l.in)};
+      check(peft_writer_add_tensor(w, (l.module + ".weight").c_str(), PEFT_DTYPE_BF16, shape, 2), "add");
+    }
+    check(peft_writer_start(w), "start");
+    for (size_t k = 0; k < peft_writer_tensor_count(w); ++k) {  // in the writer's order
+      const std::string name = peft_writer_tensor_name(w, k);
+      for (size_t i = 0; i < layers.size(); ++i)
+        if (name == layers[i].module + ".weight")
+          check(peft_writer_write_tensor(w, nullptr, PEFT_DTYPE_BF16, weights[i].data(), weights[i].size() * 2),
+                "write");
+    }
+    check(peft_writer_finish(w), "finish");
+    peft_writer_free(w);
+  }
+  const double reload = best_of(reps, [&] {
+    peft_checkpoint* ckpt = nullptr;
+    check(peft_checkpoint_open(base.c_str(), nullptr, &ckpt), "open");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      size_t index = 0;
+      check(peft_checkpoint_find(ckpt, (layers[i].module + ".weight").c_str(), &index), "find");
+      check(peft_checkpoint_tensor_read(ckpt, index, PEFT_DTYPE_BF16, weights[i].data(), weights[i].size() * 2), "read");
+    }
+    peft_checkpoint_free(ckpt);
+  });
+  std::printf("  full reload of %.2f GB of base weights (page cache): %8.1f ms\n", static_cast<double>(total) / 1e9,
+              reload * 1e3);
+
+  write_adapter(root / "swapA", layers, 16, 1);
+  write_adapter(root / "swapB", layers, 16, 2);
+  peft_registry* registry = nullptr;
+  check(peft_registry_new(PEFT_DTYPE_BF16, uint64_t{1} << 30, nullptr, &registry), "registry");
+  check(peft_registry_register(registry, "A", (root / "swapA").c_str(), nullptr), "register");
+  check(peft_registry_register(registry, "B", (root / "swapB").c_str(), nullptr), "register");
+  peft_lease *a = nullptr, *b = nullptr;
+  check(peft_registry_acquire(registry, "A", &a), "acquire");
+  check(peft_registry_acquire(registry, "B", &b), "acquire");
+
+  for (int exact : {1, 0}) {
+    peft_host_model* host = nullptr;
+    check(peft_host_model_new(&host), "host");
+    check(peft_host_model_set_exact(host, exact), "exact");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const uint64_t shape[2] = {static_cast<uint64_t>(layers[i].out), static_cast<uint64_t>(layers[i].in)};
+      check(peft_host_model_add_weight(host, layers[i].module.c_str(), weights[i].data(), PEFT_DTYPE_BF16, shape, 2,
+                                       nullptr, 0),
+            "add_weight");
+    }
+    std::vector<double> in, ab, out;
+    uint64_t saved = 0;
+    for (int r = 0; r < reps; ++r) {
+      peft_swap_stats s{};
+      s.size = sizeof s;
+      auto t0 = clock_type::now();
+      check(peft_host_model_swap(host, a, 1.0, &s), "swap none->A");
+      in.push_back(seconds_since(t0));
+      t0 = clock_type::now();
+      check(peft_host_model_swap(host, b, 1.0, &s), "swap A->B");
+      ab.push_back(seconds_since(t0));
+      saved = s.saved_bytes;
+      t0 = clock_type::now();
+      check(peft_host_model_swap(host, nullptr, 1.0, &s), "swap B->none");
+      out.push_back(seconds_since(t0));
+    }
+    std::printf("  %s restoration: none->A %7.1f ms, A->B %7.1f ms, B->none %7.1f ms (median of %d); "
+                "A->B = %.2f x a full reload; rows kept %.2f GB\n",
+                exact ? "exact     " : "arithmetic", median(in) * 1e3, median(ab) * 1e3, median(out) * 1e3, reps,
+                median(ab) / reload, static_cast<double>(saved) / 1e9);
+    peft_host_model_free(host);
+  }
+  peft_lease_release(a);
+  peft_lease_release(b);
+  peft_registry_free(registry);
+}
+
+void bench_apply(const fs::path& root, const std::vector<Layer>& layers, int reps) {
+  std::printf("\n## unmerged LoRA (peft_lora_apply, f32 activations, bf16 factors) against the base matmul alone "
+              "(cblas_sgemm, f32 weight)\n");
+  std::printf("  %-16s %6s %5s %12s %12s %9s\n", "layer", "batch", "rank", "base ms", "apply ms", "overhead");
+  const int64_t ranks[] = {8, 16, 64};
+  peft_registry* registry = nullptr;
+  check(peft_registry_new(PEFT_DTYPE_BF16, uint64_t{1} << 30, nullptr, &registry), "registry");
+  std::vector<peft_lease*> leases;
+  for (int64_t rank : ranks) {
+    const std::string name = "apply_r" + std::to_string(rank);
+    write_adapter(root / name, layers, rank, static_cast<uint32_t>(rank));
+    check(peft_registry_register(registry, name.c_str(), (root / name).c_str(), nullptr), "register");
+    leases.emplace_back();
+    check(peft_registry_acquire(registry, name.c_str(), &leases.back()), "acquire");
+  }
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // One layer of each shape: attention (4096x4096), MLP up (11008x4096), MLP down (4096x11008).
+  for (size_t li : {size_t{0}, size_t{5}, size_t{6}}) {
+    const Layer& l = layers[li];
+    std::vector<float> w(static_cast<size_t>(l.out * l.in));
+    for (auto& v : w) v = normal(rng) * 0.02f;
+    for (int64_t batch : {1, 16, 256}) {
+      std::vector<float> x(static_cast<size_t>(batch * l.in)), y(static_cast<size_t>(batch * l.out));
+      for (auto& v : x) v = normal(rng);
+      const double base = best_of(reps, [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(batch), static_cast<int>(l.out),
+                    static_cast<int>(l.in), 1.0f, x.data(), static_cast<int>(l.in), w.data(), static_cast<int>(l.in),
+                    0.0f, y.data(), static_cast<int>(l.out));
+      });
+      for (size_t r = 0; r < leases.size(); ++r) {
+        const double apply = best_of(reps, [&] {
+          check(peft_lora_apply(l.module.c_str(), &leases[r], 1, nullptr, x.data(), PEFT_DTYPE_F32,
+                                static_cast<uint64_t>(batch), static_cast<uint64_t>(l.in), y.data(), PEFT_DTYPE_F32,
+                                static_cast<uint64_t>(l.out)),
+                "apply");
+        });
+        std::printf("  %-16s %6lld %5lld %12.3f %12.3f %8.1f%%\n", l.module.substr(15).c_str(),
+                    static_cast<long long>(batch), static_cast<long long>(ranks[r]), base * 1e3, apply * 1e3,
+                    100.0 * apply / base);
+      }
+      if (batch > 1) {  // a mixed batch: rows cycling over the three adapters
+        std::vector<int32_t> rows(static_cast<size_t>(batch));
+        for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i % leases.size());
+        const double apply = best_of(reps, [&] {
+          check(peft_lora_apply(l.module.c_str(), leases.data(), leases.size(), rows.data(), x.data(), PEFT_DTYPE_F32,
+                                static_cast<uint64_t>(batch), static_cast<uint64_t>(l.in), y.data(), PEFT_DTYPE_F32,
+                                static_cast<uint64_t>(l.out)),
+                "apply mixed");
+        });
+        std::printf("  %-16s %6lld %5s %12.3f %12.3f %8.1f%%\n", l.module.substr(15).c_str(),
+                    static_cast<long long>(batch), "mixed", base * 1e3, apply * 1e3, 100.0 * apply / base);
+      }
+    }
+  }
+  for (peft_lease* lease : leases) peft_lease_release(lease);
+  peft_registry_free(registry);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  char tmpl[] = "/tmp/peft_bench_serve_XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const fs::path root = tmpl;
+  const std::vector<Layer> layers = model_layers();
+  std::printf("serving benchmark: %d LLaMA-7B blocks (%zu linear layers), best/median of %d, peft_c %s\n", kBlocks,
+              layers.size(), reps, peft_version());
+  bench_registry(root, layers, 16);
+  bench_apply(root, layers, reps);
+  bench_swap(root, layers, reps);
+  std::printf("\npeak RSS %.0f MB\n", peak_rss_mb());
+  fs::remove_all(root);
+  return 0;
+}

@@ -1,0 +1,177 @@
+// The registry part of the serving section of the C API: registries, registration, leases, stats.
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "capi/adapter_handles.hpp"
+#include "capi/capi_common.hpp"
+#include "capi/serve_handles.hpp"
+#include "core/error.hpp"
+
+namespace {
+
+using peft::capi::guarded;
+using peft::capi::require_arg;
+
+peft::Adapter::Options adapter_options(const peft_adapter_options* opts) {
+  peft::Adapter::Options options;
+  if (opts != nullptr) {
+    options.base_dir = opts->base_dir;
+    options.table = opts->table;
+  }
+  return options;
+}
+
+std::string registry_name(const char* name) {
+  require_arg(name, "name");
+  if (name[0] == '\0') peft::fail(PEFT_ERR_INVALID_ARGUMENT, "name must not be empty");
+  return name;
+}
+
+// A malloc'd copy, released by peft_string_free() (as the adapter section's strings).
+char* malloc_copy(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+peft_error* peft_registry_new(int32_t storage_dtype, uint64_t budget_bytes, const peft_translator* translator,
+                              peft_registry** out) {
+  return guarded([&] {
+    require_arg(out, "out");
+    if (storage_dtype != PEFT_DTYPE_F32 && storage_dtype != PEFT_DTYPE_BF16 && storage_dtype != PEFT_DTYPE_F16) {
+      const char* name = peft::is_valid_dtype(storage_dtype) ? peft_dtype_name(storage_dtype) : nullptr;
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "storage dtype " +
+                                                (name ? std::string(name) : std::to_string(storage_dtype)) +
+                                                " is not F32, BF16 or F16");
+    }
+    std::optional<peft::Translator> names;
+    if (translator != nullptr) names = translator->impl;
+    auto registry = std::make_unique<peft_registry>();
+    registry->impl = std::make_unique<peft::serve::Registry>(static_cast<peft::DType>(storage_dtype), budget_bytes,
+                                                             std::move(names));
+    *out = registry.release();
+  });
+}
+
+void peft_registry_free(peft_registry* registry) { delete registry; }
+
+peft_error* peft_registry_register(peft_registry* registry, const char* name, const char* dir,
+                                   const peft_adapter_options* opts) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    const std::string key = registry_name(name);
+    require_arg(dir, "dir");
+    registry->impl->add(key, peft::Adapter::open(dir, adapter_options(opts)));
+  });
+}
+
+peft_error* peft_registry_register_memory(peft_registry* registry, const char* name, const char* config_json,
+                                          const void* weights, size_t weights_size,
+                                          const peft_adapter_options* opts) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    const std::string key = registry_name(name);
+    require_arg(config_json, "config_json");
+    if (weights_size != 0) require_arg(weights, "weights");
+    registry->impl->add(key, peft::Adapter::open_memory(config_json, weights, weights_size, adapter_options(opts)));
+  });
+}
+
+peft_error* peft_registry_unregister(peft_registry* registry, const char* name) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    require_arg(name, "name");
+    registry->impl->remove(name);
+  });
+}
+
+peft_error* peft_registry_names(const peft_registry* registry, char** out) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    require_arg(out, "out");
+    std::string list;
+    for (const std::string& name : registry->impl->names()) list += name + "\n";
+    *out = malloc_copy(list);
+  });
+}
+
+peft_error* peft_registry_acquire(peft_registry* registry, const char* name, peft_lease** out) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    require_arg(name, "name");
+    require_arg(out, "out");
+    auto lease = std::make_unique<peft_lease>();
+    lease->impl = registry->impl->acquire(name);
+    *out = lease.release();
+  });
+}
+
+peft_error* peft_registry_trim(peft_registry* registry) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    registry->impl->trim();
+  });
+}
+
+peft_error* peft_registry_set_budget(peft_registry* registry, uint64_t budget_bytes) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    registry->impl->set_budget(budget_bytes);
+  });
+}
+
+peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry_stats* stats) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    require_arg(stats, "stats");
+    constexpr size_t kFirstField = offsetof(peft_registry_stats, budget_bytes);
+    if (stats->size < kFirstField + sizeof(uint64_t))
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT,
+                 "stats->size is " + std::to_string(stats->size) + "; set it to sizeof(peft_registry_stats)");
+    const peft::serve::RegistryStats s = registry->impl->stats();
+    peft_registry_stats full = {};
+    full.budget_bytes = s.budget_bytes;
+    full.loaded_bytes = s.loaded_bytes;
+    full.peak_loaded_bytes = s.peak_loaded_bytes;
+    full.registered = s.registered;
+    full.loaded = s.loaded;
+    full.pinned = s.pinned;
+    full.loads = s.loads;
+    full.hits = s.hits;
+    full.evictions = s.evictions;
+    // Only whole fields within the caller's size (an older caller's smaller struct); `size` stays.
+    size_t end = stats->size < sizeof full ? static_cast<size_t>(stats->size) : sizeof full;
+    end -= end % sizeof(uint64_t);
+    std::memcpy(reinterpret_cast<char*>(stats) + kFirstField, reinterpret_cast<const char*>(&full) + kFirstField,
+                end - kFirstField);
+  });
+}
+
+void peft_lease_release(peft_lease* lease) { delete lease; }
+
+const char* peft_lease_name(const peft_lease* lease) { return lease ? lease->impl->name().c_str() : nullptr; }
+
+uint64_t peft_lease_version(const peft_lease* lease) { return lease ? lease->impl->version() : 0; }
+
+uint64_t peft_lease_bytes(const peft_lease* lease) { return lease ? lease->impl->loaded().bytes() : 0; }
+
+int32_t peft_lease_has_module(const peft_lease* lease, const char* module) {
+  if (lease == nullptr || module == nullptr) return 0;
+  try {
+    return lease->impl->find_layer(module) != nullptr ? 1 : 0;
+  } catch (...) {
+    return 0;  // a name the translator does not resolve is not a layer of the adapter
+  }
+}
+
+}  // extern "C"

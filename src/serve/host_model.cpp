@@ -1,0 +1,263 @@
+// HostModel: an adapter swapped in and out of a host's weight buffers, all or nothing.
+#include "serve/host_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "core/error.hpp"
+#include "peft/merge_pipeline_inmemory.hpp"
+
+namespace peft::serve {
+
+namespace testing {
+SwapFaultHook swap_fault_hook = nullptr;
+}  // namespace testing
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void check_buffer_dtype(DType dtype, const std::string& what) {
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    fail(PEFT_ERR_UNSUPPORTED, what + " is " + std::string(dtype_name(dtype)) + "; host weights must be F32, BF16 or F16");
+}
+
+// The f32 factors of one adapter's merged layers, shared by their InMemoryModules. The pin keeps
+// the adapter loaded (and pinned in its registry) while any layer of it is merged; with F32
+// storage the factors point into that LoadedAdapter, otherwise into `converted`.
+struct AdapterFactors {
+  std::shared_ptr<const Lease> pin;
+  std::vector<float> converted;  // every element of the storage, at the same offsets
+};
+
+// The code and message of an exception caught inside a swap.
+std::pair<int32_t, std::string> describe(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& error) {
+    return {error.code(), error.what()};
+  } catch (const std::bad_alloc&) {
+    return {PEFT_ERR_OUT_OF_MEMORY, "out of memory"};
+  } catch (const std::exception& error) {
+    return {PEFT_ERR_INTERNAL, std::string("internal error: ") + error.what()};
+  } catch (...) {
+    return {PEFT_ERR_INTERNAL, "internal error: unknown exception"};
+  }
+}
+
+void fault_point(bool merging) {
+  if (testing::swap_fault_hook) testing::swap_fault_hook(merging);
+}
+
+}  // namespace
+
+void HostModel::set_translator(std::optional<Translator> translator) {
+  if (!weights_.empty())
+    fail(PEFT_ERR_INVALID_ARGUMENT, "the translator of a host model must be set before its weights are added");
+  translator_ = std::move(translator);
+}
+
+void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::span<const int64_t> shape, void* bias,
+                           DType bias_dtype) {
+  const std::string what = "weight " + peft::quoted(std::string(name));
+  if (data == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, what + ": data must not be NULL");
+  if (current_ || !merged_.empty())
+    fail(PEFT_ERR_INVALID_ARGUMENT, what + ": weights cannot be added while an adapter is merged (swap to none first)");
+  check_buffer_dtype(dtype, what);
+  if (bias != nullptr) check_buffer_dtype(bias_dtype, what + ": the bias");
+  if (shape.size() != 2 && shape.size() != 4)
+    fail(PEFT_ERR_SHAPE_MISMATCH, what + " has " + std::to_string(shape.size()) +
+                                      " dimensions; host weights have 2 (4 for Conv2d)");
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] < 1)
+      fail(PEFT_ERR_SHAPE_MISMATCH, what + ": dimension " + std::to_string(i) + " is " + std::to_string(shape[i]));
+
+  const std::vector<std::string> modules = module_candidates(name, translator_ ? &*translator_ : nullptr);
+  for (const std::string& module : modules)
+    if (auto it = weight_of_module_.find(module); it != weight_of_module_.end())
+      fail(PEFT_ERR_INVALID_ARGUMENT, what + " stands for layer " + peft::quoted(module) + ", which weight " +
+                                          peft::quoted(weights_[it->second].name) + " was given for already");
+
+  weights_.push_back({std::string(name), data, dtype, {shape.begin(), shape.end()}, bias, bias_dtype});
+  try {
+    for (const std::string& module : modules) weight_of_module_.emplace(module, weights_.size() - 1);
+  } catch (...) {
+    for (const std::string& module : modules) weight_of_module_.erase(module);
+    weights_.pop_back();
+    throw;
+  }
+}
+
+std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lease>& pin, double weight) const {
+  const LoadedAdapter& loaded = pin->loaded();
+  const std::string adapter = "adapter " + peft::quoted(pin->name());
+  if (loaded.has_replacements())
+    fail(PEFT_ERR_UNSUPPORTED, adapter + " replaces whole tensors (modules_to_save, bias=\"all\" or trainable " +
+                                   "tokens); a swap merges LoRA layers only");
+
+  std::vector<std::string> missing;
+  for (const LoadedLayer& layer : loaded.layers())
+    if (!weight_of_module_.contains(layer.module)) missing.push_back(peft::quoted(layer.module));
+  if (!missing.empty()) {
+    std::string message = "the host model has no weight for " + std::to_string(missing.size()) + " of the " +
+                          std::to_string(loaded.layers().size()) + " layers of " + adapter + ": ";
+    for (size_t i = 0; i < missing.size(); ++i) message += (i ? ", " : "") + missing[i];
+    fail(PEFT_ERR_UNRESOLVED_KEY, message);
+  }
+
+  std::vector<Layer> layers;
+  layers.reserve(loaded.layers().size());
+  for (const LoadedLayer& loaded_layer : loaded.layers()) {
+    Layer layer;
+    layer.weight = weight_of_module_.at(loaded_layer.module);
+    const Weight& w = weights_[layer.weight];
+    InMemoryModule& m = layer.module;
+    m.layout = lora_layout(loaded_layer.kind, w.shape, loaded_layer.a_shape, loaded_layer.b_shape, loaded_layer.module);
+    // The storage holds rank x a_cols and b_rows x rank elements: the layout must read exactly those.
+    if (m.layout.in != loaded_layer.a_cols || m.layout.out != loaded_layer.b_rows)
+      fail(PEFT_ERR_INTERNAL, adapter + ": layer " + peft::quoted(loaded_layer.module) + " has " +
+                                  std::to_string(loaded_layer.b_rows) + " x " + std::to_string(loaded_layer.a_cols) +
+                                  " factors but a layout of " + std::to_string(m.layout.out) + " x " +
+                                  std::to_string(m.layout.in));
+    if (loaded_layer.bias != LoadedLayer::npos && w.bias == nullptr)
+      fail(PEFT_ERR_INVALID_ARGUMENT, adapter + ": layer " + peft::quoted(loaded_layer.module) +
+                                          " has a lora_B.bias; give the host model the layer's bias buffer with weight " +
+                                          peft::quoted(w.name));
+    m.rank = loaded_layer.rank;
+    m.scaling = loaded_layer.scaling;
+    layer.options.weight = weight;
+    layer.options.keep_original_rows = exact_;
+    layers.push_back(std::move(layer));
+  }
+
+  // The factors as f32, converted all at once (offsets stay those of the storage).
+  auto factors = std::make_shared<AdapterFactors>();
+  factors->pin = pin;
+  const float* base = nullptr;
+  if (!loaded.layers().empty()) {
+    if (loaded.dtype() == DType::F32) {
+      base = static_cast<const float*>(loaded.data(0));
+    } else {
+      const size_t elements = static_cast<size_t>(loaded.bytes() / (dtype_bits(loaded.dtype()) / 8));
+      factors->converted.resize(elements);
+      loaded.read_f32(0, elements, factors->converted.data());
+      base = factors->converted.data();
+    }
+  }
+  auto at = [base](size_t offset) { return offset == LoadedLayer::npos ? nullptr : base + offset; };
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LoadedLayer& loaded_layer = loaded.layers()[i];
+    InMemoryModule& m = layers[i].module;
+    m.lora_a = at(loaded_layer.a);
+    m.lora_b = at(loaded_layer.b);
+    m.lora_bias = at(loaded_layer.bias);
+    m.magnitude = at(loaded_layer.magnitude);
+    m.keep_alive = factors;
+  }
+  return layers;
+}
+
+merge::WeightView HostModel::weight_view(const Layer& layer) const {
+  const Weight& w = weights_[layer.weight];
+  return {w.data, w.dtype, layer.module.layout.rows(), layer.module.layout.cols()};
+}
+
+std::optional<merge::WeightView> HostModel::bias_view(const Layer& layer) const {
+  const Weight& w = weights_[layer.weight];
+  if (layer.module.lora_bias == nullptr) return std::nullopt;
+  return merge::WeightView{w.bias, w.bias_dtype, 1, layer.module.layout.out};
+}
+
+// merged_ has room for the layer (swap reserves it before any buffer changes), so once the merge
+// succeeded nothing can fail before it is recorded.
+void HostModel::merge_layer(Layer layer) {
+  fault_point(true);
+  const std::optional<merge::WeightView> bias = bias_view(layer);
+  layer.record = MergeRecord::apply(weight_view(layer), bias ? &*bias : nullptr, layer.module, layer.options);
+  merged_.push_back(std::move(layer));
+}
+
+// Takes the newest merged layer out; on failure that layer stays merged and recorded.
+HostModel::Layer HostModel::unmerge_newest() {
+  fault_point(false);
+  Layer& layer = merged_.back();
+  const std::optional<merge::WeightView> bias = bias_view(layer);
+  layer.record.remove(weight_view(layer), bias ? &*bias : nullptr);
+  Layer out = std::move(layer);
+  merged_.pop_back();
+  return out;
+}
+
+// Every merged layer out, newest first; returns them (records empty) in application order. On
+// failure the layers taken out so far are merged again and the error is rethrown.
+std::vector<HostModel::Layer> HostModel::unmerge_all() {
+  std::vector<Layer> removed;
+  removed.reserve(merged_.size());  // the only allocation, before anything changes
+  try {
+    while (!merged_.empty()) removed.push_back(unmerge_newest());
+  } catch (...) {
+    std::reverse(removed.begin(), removed.end());
+    restore(std::move(removed), merged_.size(), std::current_exception());
+  }
+  std::reverse(removed.begin(), removed.end());
+  return removed;
+}
+
+// Undoes a failed step: takes out the layers merged after the first `keep`, merges `previous`
+// again (in application order) and rethrows `failure`. If that fails as well, merged_ still lists
+// exactly what is merged, no adapter is current, and the error says so.
+void HostModel::restore(std::vector<Layer> previous, size_t keep, std::exception_ptr failure) {
+  try {
+    while (merged_.size() > keep) unmerge_newest();
+    for (Layer& layer : previous) merge_layer(std::move(layer));
+  } catch (...) {
+    current_.reset();
+    const auto [code, message] = describe(failure);
+    const auto [undo_code, undo_message] = describe(std::current_exception());
+    fail(code, message + "; putting the previous adapter back failed too (" + undo_message + "): " +
+                   std::to_string(merged_.size()) + " layers are merged and no adapter is current; swap again");
+  }
+  std::rethrow_exception(failure);
+}
+
+SwapStats HostModel::swap(const Lease* lease, double weight) {
+  if (!std::isfinite(weight)) fail(PEFT_ERR_INVALID_ARGUMENT, "the adapter weight must be a finite number");
+  SwapStats stats;
+
+  // Everything about the new adapter is checked, and its factors converted, before a buffer changes.
+  const Clock::time_point prepare_start = Clock::now();
+  std::shared_ptr<const Lease> pin;
+  std::vector<Layer> next;
+  if (lease != nullptr) {
+    pin = lease->clone();
+    next = prepare(pin, weight);
+  }
+  merged_.reserve(next.size());
+  const double prepare_seconds = seconds_since(prepare_start);
+
+  const Clock::time_point remove_start = Clock::now();
+  stats.layers_removed = merged_.size();
+  std::vector<Layer> previous = unmerge_all();
+  stats.remove_seconds = seconds_since(remove_start);
+
+  const Clock::time_point merge_start = Clock::now();
+  try {
+    for (Layer& layer : next) merge_layer(std::move(layer));
+  } catch (...) {
+    restore(std::move(previous), 0, std::current_exception());
+  }
+  stats.merge_seconds = prepare_seconds + seconds_since(merge_start);
+  stats.layers_merged = merged_.size();
+  for (const Layer& layer : merged_) stats.saved_bytes += layer.record.saved_bytes();
+  current_ = std::move(pin);
+  return stats;
+}
+
+}  // namespace peft::serve

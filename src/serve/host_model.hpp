@@ -1,0 +1,142 @@
+// The weight buffers of a host's model and the adapter merged into them, switched in place
+// (peft_c.h, "Serving many adapters", hot-swap):
+//
+//   HostModel host;
+//   const std::vector<int64_t> shape{4096, 4096};
+//   host.add_weight("model.layers.0.self_attn.q_proj.weight", q, DType::BF16, shape, nullptr, DType::F32);
+//   ...                              // every weight an adapter may adapt
+//   host.swap(lease_a.get(), 1.0);   // A merged
+//   host.swap(lease_b.get(), 1.0);   // A out (bit for bit), B in
+//   host.swap(nullptr, 1.0);         // the buffers as they were given
+//
+// A swap checks everything about the new adapter (every LoRA layer has a weight, shapes fit, no
+// replaced tensors, a bias buffer where lora_bias needs one) and converts its factors to f32 before
+// any buffer changes; then it takes the current adapter out, newest layer first, and merges the new
+// one layer by layer (MergeRecord, inmemory_merge.hpp). Should a step fail after that (out of memory,
+// or in exact mode a buffer someone else changed since the merge), the swap undoes what it did and
+// merges the previous adapter back, then throws. In exact mode that puts back the very bytes of
+// before: removal restores the saved original rows, and merging is a deterministic function of the
+// original bytes, so re-merging writes what the first merge wrote. In arithmetic mode the undo is
+// itself an arithmetic unmerge and re-merge, so the buffers may differ from before in last bits, as
+// after any swap away and back in that mode. If undoing fails too, the host model records exactly
+// the layers that are still merged (current() is then null) and the next swap takes them out.
+//
+// Memory: the merged adapter stays pinned in its registry, its factors are held as f32 (borrowed
+// from the registry's storage when that is F32, converted copies otherwise), and in exact mode each
+// merged layer keeps the original rows it changed (up to the size of the weight).
+//
+// Thread safety: a HostModel belongs to one thread at a time; nothing else may read or write its
+// buffers during a swap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "peft/inmemory_merge.hpp"
+#include "peft/translator.hpp"
+#include "serve/registry.hpp"
+
+namespace peft::serve {
+
+// What a swap did.
+struct SwapStats {
+  double remove_seconds = 0;   // taking the previous adapter out
+  double merge_seconds = 0;    // checking and converting the new adapter, and merging it in
+  uint64_t layers_removed = 0;
+  uint64_t layers_merged = 0;
+  uint64_t saved_bytes = 0;    // original rows kept for the next exact removal
+};
+
+class HostModel {
+ public:
+  HostModel() = default;
+  // Releases the merged adapter's pin without touching the buffers.
+  ~HostModel() = default;
+  HostModel(const HostModel&) = delete;
+  HostModel& operator=(const HostModel&) = delete;
+
+  // Names of weights added later are read through `translator` (nullopt: HuggingFace names).
+  // INVALID_ARGUMENT once weights were added.
+  void set_translator(std::optional<Translator> translator);
+  // Exact removal (keep the original rows, the default) or PEFT's arithmetic unmerge; applies to
+  // layers merged from the next swap on.
+  void set_exact(bool exact) { exact_ = exact; }
+  bool exact() const { return exact_; }
+
+  // One weight buffer, owned by the caller and kept in place while this lives. `name` is the
+  // weight's or its layer's name (module_candidates, merge_pipeline_inmemory.hpp); shape has 2
+  // dimensions, 4 for Conv2d; bias (may be null) is the layer's bias. UNRESOLVED_KEY when the
+  // translator does not resolve the name; INVALID_ARGUMENT for a null pointer, a layer given twice
+  // or while an adapter is merged; UNSUPPORTED for a dtype other than F32/BF16/F16;
+  // SHAPE_MISMATCH for another number of dimensions or a zero dimension.
+  void add_weight(std::string_view name, void* data, DType dtype, std::span<const int64_t> shape, void* bias,
+                  DType bias_dtype);
+  size_t weight_count() const { return weights_.size(); }
+
+  // Takes the current adapter out and merges `lease`'s in (null: none), scaled by `weight`. The
+  // host model pins the new adapter itself (Lease::clone). Errors (buffers as before, see above):
+  // INVALID_ARGUMENT for a weight that is not finite, a missing bias buffer or (exact mode) a
+  // buffer changed since the merge; UNSUPPORTED for an adapter with replaced tensors
+  // (modules_to_save, bias="all", trainable tokens); UNRESOLVED_KEY listing every layer without a
+  // weight; SHAPE_MISMATCH naming a layer whose weight does not fit; OUT_OF_MEMORY.
+  SwapStats swap(const Lease* lease, double weight);
+
+  // The adapter merged now; null when none.
+  const Lease* current() const { return current_.get(); }
+  // Layers merged now (in application order).
+  size_t merged_layers() const { return merged_.size(); }
+
+ private:
+  struct Weight {
+    std::string name;
+    void* data = nullptr;
+    DType dtype = DType::F32;
+    std::vector<int64_t> shape;
+    void* bias = nullptr;
+    DType bias_dtype = DType::F32;
+  };
+  // One layer of an adapter in one weight: what to merge, and its record while merged.
+  struct Layer {
+    size_t weight = 0;  // index into weights_
+    InMemoryModule module;
+    InMemoryMergeOptions options;
+    MergeRecord record;
+  };
+
+  std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;
+  merge::WeightView weight_view(const Layer& layer) const;
+  std::optional<merge::WeightView> bias_view(const Layer& layer) const;
+  void merge_layer(Layer layer);
+  Layer unmerge_newest();
+  std::vector<Layer> unmerge_all();
+  [[noreturn]] void restore(std::vector<Layer> previous, size_t keep, std::exception_ptr failure);
+
+  std::optional<Translator> translator_;
+  bool exact_ = true;
+  std::vector<Weight> weights_;
+  std::unordered_map<std::string, size_t> weight_of_module_;  // every module path a weight stands for
+  std::shared_ptr<const Lease> current_;  // the pin on the merged adapter
+  std::vector<Layer> merged_;             // application order
+};
+
+namespace testing {
+
+// Fault injection for tests only (not exported from the shared library, which hides every
+// non-peft_ symbol). When set, it runs before each layer a swap merges (`merging`) or takes out
+// (not `merging`), the steps of undoing a failed swap included; what it throws, that step throws.
+// Null (the default) injects nothing.
+using SwapFaultHook = void (*)(bool merging);
+extern SwapFaultHook swap_fault_hook;
+
+}  // namespace testing
+
+}  // namespace peft::serve

@@ -1,0 +1,377 @@
+/* The host-model functions of the serving section, from C99: a registry's adapters swapped into the
+ * fixture LLaMA's weights (F32 and BF16 buffers) and out again, compared with peft_merge_buffer_apply
+ * byte for byte, the swap counters, and the documented errors (NULL arguments included).
+ * Prints "N passed, M failed" and exits nonzero on any failure. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "peft_c.h"
+
+static int passed = 0;
+static int failed = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (cond) {                                                                \
+      ++passed;                                                                \
+    } else {                                                                   \
+      ++failed;                                                                \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_OK(call)                                                                      \
+  do {                                                                                      \
+    peft_error* ok_err_ = (call);                                                           \
+    if (ok_err_ == NULL) {                                                                  \
+      ++passed;                                                                             \
+    } else {                                                                                \
+      ++failed;                                                                             \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
+              peft_error_code_name(peft_error_code(ok_err_)), peft_error_message(ok_err_)); \
+      peft_error_free(ok_err_);                                                             \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_CODE_NAMING(call, code, needle)                                                 \
+  do {                                                                                        \
+    peft_error* code_err_ = (call);                                                           \
+    int32_t got_ = peft_error_code(code_err_);                                                \
+    const char* msg_ = peft_error_message(code_err_);                                         \
+    const char* needle_ = (needle);                                                           \
+    if (code_err_ != NULL && got_ == (code) && msg_[0] != '\0' &&                             \
+        (needle_ == NULL || strstr(msg_, needle_) != NULL)) {                                 \
+      ++passed;                                                                               \
+    } else {                                                                                  \
+      ++failed;                                                                               \
+      fprintf(stderr, "%s:%d: %s: expected %s, got %s: %s\n", __FILE__, __LINE__, #call,     \
+              peft_error_code_name(code), peft_error_code_name(got_), msg_);                  \
+    }                                                                                         \
+    peft_error_free(code_err_);                                                               \
+  } while (0)
+#define CHECK_CODE(call, code) CHECK_CODE_NAMING(call, code, NULL)
+
+/* A fixture path; each call returns a different one of 8 buffers, so a few may be held at once. */
+static const char* data_path(const char* rel) {
+  static char buffers[8][512];
+  static int next = 0;
+  char* out = buffers[next++ % 8];
+  snprintf(out, sizeof buffers[0], "%s/%s", PEFT_TEST_DATA, rel);
+  return out;
+}
+
+/* The 2-D weights of a fixture model (the 16 of the LLaMA fixture), held as the host would. */
+#define MAX_WEIGHTS 32
+struct host_weights {
+  size_t count;
+  int32_t dtype;
+  char names[MAX_WEIGHTS][128];
+  uint64_t shapes[MAX_WEIGHTS][2];
+  uint64_t nbytes[MAX_WEIGHTS];
+  unsigned char* data[MAX_WEIGHTS];
+};
+
+static int load_weights(const char* folder, int32_t dtype, struct host_weights* w) {
+  peft_checkpoint* ckpt = NULL;
+  size_t i;
+  memset(w, 0, sizeof *w);
+  w->dtype = dtype;
+  if (peft_checkpoint_open(folder, NULL, &ckpt) != NULL) return 0;
+  for (i = 0; i < peft_checkpoint_tensor_count(ckpt) && w->count < MAX_WEIGHTS; ++i) {
+    const char* name = peft_checkpoint_tensor_name(ckpt, i);
+    const uint64_t* shape = peft_checkpoint_tensor_shape(ckpt, i);
+    size_t length = strlen(name);
+    size_t k = w->count;
+    if (peft_checkpoint_tensor_ndim(ckpt, i) != 2 || length < 7 || strcmp(name + length - 7, ".weight") != 0 ||
+        length >= sizeof w->names[k])
+      continue;
+    memcpy(w->names[k], name, length + 1);
+    w->shapes[k][0] = shape[0];
+    w->shapes[k][1] = shape[1];
+    w->nbytes[k] = shape[0] * shape[1] * (peft_dtype_bits(dtype) / 8);
+    w->data[k] = (unsigned char*)malloc((size_t)w->nbytes[k]);
+    if (w->data[k] == NULL || peft_checkpoint_tensor_read(ckpt, i, dtype, w->data[k], w->nbytes[k]) != NULL) break;
+    w->count++;
+  }
+  peft_checkpoint_free(ckpt);
+  return w->count > 0;
+}
+
+static void copy_weights(const struct host_weights* from, struct host_weights* to) {
+  size_t k;
+  for (k = 0; k < from->count; ++k) memcpy(to->data[k], from->data[k], (size_t)from->nbytes[k]);
+}
+
+static int same_weights(const struct host_weights* x, const struct host_weights* y) {
+  size_t k;
+  for (k = 0; k < x->count; ++k)
+    if (memcmp(x->data[k], y->data[k], (size_t)x->nbytes[k]) != 0) return 0;
+  return 1;
+}
+
+static void free_weights(struct host_weights* w) {
+  size_t k;
+  for (k = 0; k < w->count; ++k) free(w->data[k]);
+}
+
+static peft_error* add_all(peft_host_model* host, struct host_weights* w) {
+  size_t k;
+  for (k = 0; k < w->count; ++k) {
+    peft_error* err = peft_host_model_add_weight(host, w->names[k], w->data[k], w->dtype, w->shapes[k], 2, NULL, 0);
+    if (err != NULL) return err;
+  }
+  return NULL;
+}
+
+/* peft_merge_buffer_apply of every module of an adapter into `w` (the reference a swap must equal
+ * when the registry stores F32 factors). */
+static int buffer_merge(const char* adapter_dir, double weight, struct host_weights* w) {
+  peft_adapter* adapter = NULL;
+  peft_merge_buffer_options* opts = NULL;
+  size_t m, k;
+  int ok = peft_adapter_open(adapter_dir, NULL, &adapter) == NULL && peft_merge_buffer_options_new(&opts) == NULL &&
+           peft_merge_buffer_options_set_weight(opts, weight) == NULL;
+  for (m = 0; ok && m < peft_adapter_module_count(adapter); ++m) {
+    char name[160];
+    snprintf(name, sizeof name, "%s.weight", peft_adapter_module_name(adapter, m));
+    for (k = 0; k < w->count && strcmp(w->names[k], name) != 0; ++k) {
+    }
+    if (k == w->count) {
+      ok = 0;
+    } else {
+      peft_merge_record* record = NULL;
+      ok = peft_merge_buffer_apply(adapter, name, w->data[k], w->dtype, w->shapes[k], 2, NULL, 0, opts, &record) == NULL;
+      peft_merge_record_free(record);
+    }
+  }
+  peft_merge_buffer_options_free(opts);
+  peft_adapter_free(adapter);
+  return ok;
+}
+
+static peft_lease* acquire(peft_registry* registry, const char* name) {
+  peft_lease* lease = NULL;
+  CHECK_OK(peft_registry_acquire(registry, name, &lease));
+  return lease;
+}
+
+static void test_swaps(int32_t dtype) {
+  struct host_weights buffers, original, with_a, with_b;
+  peft_registry* registry = NULL;
+  peft_host_model* host = NULL;
+  peft_lease* lease = NULL;
+  peft_swap_stats stats;
+  const char* a_dir = data_path("adapters/llama_lora");
+  const char* llama = data_path("models/llama");
+  CHECK(load_weights(llama, dtype, &buffers));
+  CHECK(load_weights(llama, dtype, &original));
+  CHECK(load_weights(llama, dtype, &with_a));
+  CHECK(load_weights(llama, dtype, &with_b));
+  CHECK(buffer_merge(a_dir, 0.75, &with_a));
+  CHECK(buffer_merge(data_path("adapters/llama_lora_second"), 1.0, &with_b));
+
+  CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 1u << 24, NULL, &registry));
+  CHECK_OK(peft_registry_register(registry, "a", a_dir, NULL));
+  CHECK_OK(peft_registry_register(registry, "b", data_path("adapters/llama_lora_second"), NULL));
+  CHECK_OK(peft_host_model_new(&host));
+  CHECK_OK(add_all(host, &buffers));
+  CHECK(peft_host_model_current(host) == NULL);
+
+  /* none -> a; the caller's lease may go at once. */
+  lease = acquire(registry, "a");
+  memset(&stats, 0, sizeof stats);
+  stats.size = sizeof stats;
+  CHECK_OK(peft_host_model_swap(host, lease, 0.75, &stats));
+  peft_lease_release(lease);
+  CHECK(stats.size == sizeof stats);
+  CHECK(stats.layers_removed == 0);
+  CHECK(stats.layers_merged == 14);
+  CHECK(stats.saved_bytes > 0);
+  CHECK(stats.remove_seconds >= 0 && stats.merge_seconds >= 0);
+  CHECK(peft_host_model_current(host) != NULL && strcmp(peft_host_model_current(host), "a") == 0);
+  CHECK(same_weights(&buffers, &with_a));
+
+  /* a -> b, with counters only up to remove_seconds: the fields past `size` stay as they were. */
+  lease = acquire(registry, "b");
+  memset(&stats, 0xAB, sizeof stats);
+  stats.size = 16;
+  CHECK_OK(peft_host_model_swap(host, lease, 1.0, &stats));
+  peft_lease_release(lease);
+  CHECK(stats.size == 16);
+  CHECK(stats.remove_seconds >= 0);
+  CHECK(stats.layers_merged == UINT64_C(0xABABABABABABABAB));
+  CHECK(strcmp(peft_host_model_current(host), "b") == 0);
+  CHECK(same_weights(&buffers, &with_b));
+
+  /* b -> none: the original bytes. */
+  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
+  CHECK(peft_host_model_current(host) == NULL);
+  CHECK(same_weights(&buffers, &original));
+
+  /* Arithmetic mode keeps no rows. */
+  CHECK_OK(peft_host_model_set_exact(host, 0));
+  lease = acquire(registry, "a");
+  stats.size = sizeof stats;
+  CHECK_OK(peft_host_model_swap(host, lease, 0.75, &stats));
+  CHECK(stats.saved_bytes == 0);
+  CHECK(same_weights(&buffers, &with_a));
+  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
+  peft_lease_release(lease);
+
+  /* The host model keeps its adapter after the registry is gone; freeing it leaves the buffers. */
+  CHECK_OK(peft_host_model_set_exact(host, 1));
+  copy_weights(&original, &buffers);
+  lease = acquire(registry, "a");
+  CHECK_OK(peft_host_model_swap(host, lease, 0.75, NULL));
+  peft_lease_release(lease);
+  peft_registry_free(registry);
+  CHECK(strcmp(peft_host_model_current(host), "a") == 0);
+  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
+  CHECK(same_weights(&buffers, &original));
+  peft_host_model_free(host);
+  CHECK(same_weights(&buffers, &original));
+
+  free_weights(&buffers);
+  free_weights(&original);
+  free_weights(&with_a);
+  free_weights(&with_b);
+}
+
+/* Weights named by the host's own names, read through a translator. */
+static void test_translator(void) {
+  struct host_weights buffers, original, with_a;
+  peft_registry* registry = NULL;
+  peft_host_model* host = NULL;
+  peft_translator* llama = NULL;
+  peft_lease* lease = NULL;
+  uint64_t shape[2] = {16, 16};
+  size_t k;
+  CHECK(load_weights(data_path("models/llama"), PEFT_DTYPE_BF16, &buffers));
+  CHECK(load_weights(data_path("models/llama"), PEFT_DTYPE_BF16, &original));
+  CHECK(load_weights(data_path("models/llama"), PEFT_DTYPE_BF16, &with_a));
+  CHECK(buffer_merge(data_path("adapters/llama_lora"), 1.0, &with_a));
+  CHECK_OK(peft_translator_new_builtin("llama", &llama));
+  CHECK_OK(peft_host_model_new(&host));
+  CHECK_OK(peft_host_model_set_translator(host, llama));
+  for (k = 0; k < buffers.count; ++k) {
+    char* native = NULL;
+    CHECK_OK(peft_translator_to_native(llama, buffers.names[k], &native));
+    if (native != NULL)
+      CHECK_OK(peft_host_model_add_weight(host, native, buffers.data[k], PEFT_DTYPE_BF16, buffers.shapes[k], 2, NULL, 0));
+    peft_string_free(native);
+  }
+  peft_translator_free(llama); /* the host model shares the table */
+  CHECK_CODE(peft_host_model_set_translator(host, NULL), PEFT_ERR_INVALID_ARGUMENT); /* weights were added */
+  CHECK_CODE(peft_host_model_add_weight(host, "no/such/thing", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+             PEFT_ERR_UNRESOLVED_KEY);
+
+  CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 1u << 24, NULL, &registry));
+  CHECK_OK(peft_registry_register(registry, "a", data_path("adapters/llama_lora"), NULL));
+  lease = acquire(registry, "a");
+  CHECK_OK(peft_host_model_swap(host, lease, 1.0, NULL));
+  CHECK(same_weights(&buffers, &with_a));
+  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
+  CHECK(same_weights(&buffers, &original));
+  peft_lease_release(lease);
+  peft_registry_free(registry);
+  peft_host_model_free(host);
+  free_weights(&buffers);
+  free_weights(&original);
+  free_weights(&with_a);
+}
+
+static void test_errors(void) {
+  struct host_weights buffers, merged;
+  peft_registry* registry = NULL;
+  peft_host_model* host = NULL;
+  peft_lease* all = NULL;
+  peft_lease* attention = NULL;
+  peft_lease* classifier = NULL;
+  uint64_t shape[2] = {16, 16};
+  uint64_t zero[2] = {16, 0};
+  uint64_t three[3] = {4, 4, 16};
+  size_t k;
+  CHECK(load_weights(data_path("models/llama"), PEFT_DTYPE_BF16, &buffers));
+  CHECK(load_weights(data_path("models/llama"), PEFT_DTYPE_BF16, &merged));
+
+  CHECK_CODE(peft_host_model_new(NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_set_translator(NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_set_exact(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_add_weight(NULL, "w", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_swap(NULL, NULL, 1.0, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(peft_host_model_current(NULL) == NULL);
+  peft_host_model_free(NULL);
+
+  CHECK_OK(peft_host_model_new(&host));
+  CHECK_CODE(peft_host_model_add_weight(host, NULL, buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", NULL, PEFT_DTYPE_BF16, shape, 2, NULL, 0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, NULL, 2, NULL, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_I32, shape, 2, NULL, 0),
+             PEFT_ERR_UNSUPPORTED);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, buffers.data[1], 99),
+             PEFT_ERR_UNSUPPORTED);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, zero, 2, NULL, 0),
+             PEFT_ERR_SHAPE_MISMATCH);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, three, 3, NULL, 0),
+             PEFT_ERR_SHAPE_MISMATCH);
+
+  /* Only the attention projections. */
+  for (k = 0; k < buffers.count; ++k)
+    if (strstr(buffers.names[k], "self_attn") != NULL)
+      CHECK_OK(peft_host_model_add_weight(host, buffers.names[k], buffers.data[k], PEFT_DTYPE_BF16, buffers.shapes[k], 2,
+                                          NULL, 0));
+  CHECK_CODE_NAMING(peft_host_model_add_weight(host, "model.layers.0.self_attn.q_proj", buffers.data[0], PEFT_DTYPE_BF16,
+                                               shape, 2, NULL, 0),
+                    PEFT_ERR_INVALID_ARGUMENT, "model.layers.0.self_attn.q_proj");
+
+  CHECK_OK(peft_registry_new(PEFT_DTYPE_BF16, 1u << 24, NULL, &registry));
+  CHECK_OK(peft_registry_register(registry, "all", data_path("adapters/llama_lora"), NULL));
+  CHECK_OK(peft_registry_register(registry, "attention", data_path("adapters/llama_rslora"), NULL));
+  CHECK_OK(peft_registry_register(registry, "classifier", data_path("adapters/bert_seqcls_lora"), NULL));
+  all = acquire(registry, "all");
+  attention = acquire(registry, "attention");
+  classifier = acquire(registry, "classifier");
+
+  CHECK_OK(peft_host_model_swap(host, attention, 1.0, NULL));
+  copy_weights(&buffers, &merged); /* what a refused swap must leave */
+  CHECK_CODE_NAMING(peft_host_model_swap(host, all, 1.0, NULL), PEFT_ERR_UNRESOLVED_KEY, "model.layers.1.mlp.gate_proj");
+  CHECK_CODE_NAMING(peft_host_model_swap(host, classifier, 1.0, NULL), PEFT_ERR_UNSUPPORTED, "modules_to_save");
+  CHECK_CODE(peft_host_model_swap(host, all, NAN, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_add_weight(host, "extra", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(same_weights(&buffers, &merged));
+  CHECK(strcmp(peft_host_model_current(host), "attention") == 0);
+  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
+
+  peft_lease_release(all);
+  peft_lease_release(attention);
+  peft_lease_release(classifier);
+  peft_registry_free(registry);
+  peft_host_model_free(host);
+  free_weights(&buffers);
+  free_weights(&merged);
+}
+
+int main(void) {
+  struct stat st;
+  const char* model_file = data_path("models/llama/model.safetensors");
+  if (stat(model_file, &st) != 0) {
+    printf("SKIP: fixtures not generated (%s is absent)\n", model_file);
+    return 0;
+  }
+  test_swaps(PEFT_DTYPE_F32);
+  test_swaps(PEFT_DTYPE_BF16);
+  test_translator();
+  test_errors();
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
