@@ -24,15 +24,15 @@ std::optional<LoraFactors> layer_factors(const peft::serve::Lease& lease, const 
                                          uint64_t out_features) {
   const LoadedLayer* layer = lease.find_layer(module);
   if (layer == nullptr) return std::nullopt;
-  const std::string where = "adapter " + peft::quoted(lease.name()) + " layer " + peft::quoted(layer->module);
+  const auto where = [&] { return "adapter " + peft::quoted(lease.name()) + " layer " + peft::quoted(layer->module); };
   if (layer->kind != peft::LayerKind::linear && layer->kind != peft::LayerKind::conv1d)
-    peft::fail(PEFT_ERR_UNSUPPORTED, where + " is of kind " + peft::layer_kind_name(layer->kind) +
+    peft::fail(PEFT_ERR_UNSUPPORTED, where() + " is of kind " + peft::layer_kind_name(layer->kind) +
                                          "; unmerged apply supports Linear and Conv1D layers");
   // PEFT refuses adapter_names with DoRA ("Cannot pass `adapter_names` when DoRA is enabled").
   if (layer->magnitude != LoadedLayer::npos)
-    peft::fail(PEFT_ERR_UNSUPPORTED, where + " is a DoRA layer; unmerged apply does not support DoRA");
+    peft::fail(PEFT_ERR_UNSUPPORTED, where() + " is a DoRA layer; unmerged apply does not support DoRA");
   if (static_cast<uint64_t>(layer->a_cols) != in_features || static_cast<uint64_t>(layer->b_rows) != out_features)
-    peft::fail(PEFT_ERR_SHAPE_MISMATCH, where + " has " + std::to_string(layer->a_cols) + " input and " +
+    peft::fail(PEFT_ERR_SHAPE_MISMATCH, where() + " has " + std::to_string(layer->a_cols) + " input and " +
                                             std::to_string(layer->b_rows) + " output features; the call gives " +
                                             std::to_string(in_features) + " and " + std::to_string(out_features));
   const peft::serve::LoadedAdapter& loaded = lease.loaded();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
@@ -56,22 +57,32 @@ struct TrimScratchOnExit {
   ~TrimScratchOnExit() { scratch.trim(); }
 };
 
-void check_dtype(DType dtype, const char* what) {
-  if (dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16) return;
-  const std::string name = is_valid_dtype(static_cast<int32_t>(dtype))
-                               ? std::string(dtype_name(dtype))
-                               : std::to_string(static_cast<int32_t>(dtype));
-  fail(PEFT_ERR_UNSUPPORTED, std::string(what) + " dtype " + name + " is not supported (F32, BF16 and F16 are)");
+bool is_supported(DType dtype) { return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16; }
+
+[[noreturn]] void fail_dtype(DType dtype, const std::string& what) {
+  const std::string name = is_valid_dtype(static_cast<int32_t>(dtype)) ? std::string(dtype_name(dtype))
+                                                                       : std::to_string(static_cast<int32_t>(dtype));
+  fail(PEFT_ERR_UNSUPPORTED, what + " dtype " + name + " is not supported (F32, BF16 and F16 are)");
 }
 
 // BLAS takes dimensions as int.
-void check_dimension(int64_t value, const std::string& what) {
-  if (value < 1 || value > INT_MAX)
-    fail(PEFT_ERR_INVALID_ARGUMENT, what + " is " + std::to_string(value) + "; it must be from 1 to " +
-                                        std::to_string(INT_MAX));
+template <class Int>
+bool is_blas_dimension(Int value) {
+  return std::cmp_greater_equal(value, 1) && std::cmp_less_equal(value, INT_MAX);
+}
+
+template <class Int>
+[[noreturn]] void fail_dimension(Int value, const std::string& what) {
+  fail(PEFT_ERR_INVALID_ARGUMENT,
+       what + " is " + std::to_string(value) + "; it must be from 1 to " + std::to_string(INT_MAX));
 }
 
 size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+bool is_aligned(const void* data, DType dtype) { return reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0; }
+
+// Whether f32 rows at `data` can be used in place, without a copy.
+bool is_f32_in_place(const void* data, DType dtype) { return dtype == DType::F32 && is_aligned(data, DType::F32); }
 
 // Bytes of rows x columns elements of dtype; INVALID_ARGUMENT when that does not fit in memory.
 size_t byte_size(uint64_t rows, uint64_t columns, DType dtype, const char* what) {
@@ -83,11 +94,14 @@ size_t byte_size(uint64_t rows, uint64_t columns, DType dtype, const char* what)
   return static_cast<size_t>(bytes);
 }
 
+// Messages are built only on failure: this runs on every call.
 void check_factors(const LoraFactors& f, size_t group) {
-  const std::string name = "adapter " + std::to_string(group);
-  check_dtype(f.dtype, (name + " factor").c_str());
-  if (f.a == nullptr || f.b == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, name + ": lora_A and lora_B must not be NULL");
-  check_dimension(f.rank, name + "'s rank");
+  const auto name = [group] { return "adapter " + std::to_string(group); };
+  if (!is_supported(f.dtype)) fail_dtype(f.dtype, name() + " factor");
+  if (f.a == nullptr || f.b == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": lora_A and lora_B must not be NULL");
+  if (!is_aligned(f.a, f.dtype) || !is_aligned(f.b, f.dtype) || !is_aligned(f.bias, f.dtype))
+    fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": factors must be aligned to their element size");
+  if (!is_blas_dimension(f.rank)) fail_dimension(f.rank, name() + "'s rank");
 }
 
 // The rows of one group: [first, first + count) or, when list is set, list[0 .. count) (ascending).
@@ -165,7 +179,7 @@ void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batc
     const bool consecutive = rows.row(k0 + n - 1) - first == n - 1;
 
     const float* x = nullptr;
-    if (consecutive && batch.x_dtype == DType::F32) {
+    if (consecutive && is_f32_in_place(batch.x, batch.x_dtype)) {
       x = reinterpret_cast<const float*>(x_bytes + first * in * x_size);
     } else {
       for_each_run(rows, k0, n, [&](size_t row, size_t position, size_t length) {
@@ -174,7 +188,7 @@ void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batc
       x = buffers.x;
     }
 
-    const bool y_in_place = consecutive && batch.y_dtype == DType::F32;
+    const bool y_in_place = consecutive && is_f32_in_place(batch.y, batch.y_dtype);
     float* c = y_in_place ? reinterpret_cast<float*>(y_bytes + first * out * y_size) : buffers.y;
     if (!y_in_place) {
       for_each_run(rows, k0, n, [&](size_t row, size_t position, size_t length) {
@@ -204,10 +218,10 @@ void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batc
 void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBatch& batch) {
   // ---- checks: nothing is written before all of them pass ----
   if (groups.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "no adapters given");
-  check_dtype(batch.x_dtype, "x");
-  check_dtype(batch.y_dtype, "y");
-  check_dimension(static_cast<int64_t>(std::min<uint64_t>(batch.in_features, INT64_MAX)), "in_features");
-  check_dimension(static_cast<int64_t>(std::min<uint64_t>(batch.out_features, INT64_MAX)), "out_features");
+  if (!is_supported(batch.x_dtype)) fail_dtype(batch.x_dtype, "x");
+  if (!is_supported(batch.y_dtype)) fail_dtype(batch.y_dtype, "y");
+  if (!is_blas_dimension(batch.in_features)) fail_dimension(batch.in_features, "in_features");
+  if (!is_blas_dimension(batch.out_features)) fail_dimension(batch.out_features, "out_features");
   const size_t x_bytes = byte_size(batch.rows, batch.in_features, batch.x_dtype, "x");
   const size_t y_bytes = byte_size(batch.rows, batch.out_features, batch.y_dtype, "y");
   if (batch.rows > 0 && batch.x == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "x must not be NULL");
@@ -263,8 +277,8 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
 
   const bool gathered = batch.row_group != nullptr;
   const size_t block = std::min<size_t>(rows, kBlockRows);
-  const size_t x_floats = gathered || batch.x_dtype != DType::F32 ? block * batch.in_features : 0;
-  const size_t y_floats = gathered || batch.y_dtype != DType::F32 ? block * batch.out_features : 0;
+  const size_t x_floats = gathered || !is_f32_in_place(batch.x, batch.x_dtype) ? block * batch.in_features : 0;
+  const size_t y_floats = gathered || !is_f32_in_place(batch.y, batch.y_dtype) ? block * batch.out_features : 0;
   Buffers buffers;
   buffers.factors = scratch.floats(factor_floats + x_floats + block * max_rank + y_floats);
   buffers.x = buffers.factors + factor_floats;

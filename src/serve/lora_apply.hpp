@@ -17,7 +17,8 @@
 // Memory: factors stored narrower than f32 are widened per call; rows are processed in blocks of
 // kBlockRows so the scratch stays small. Scratch is per thread and reused across calls (freed after
 // a call that needed more than kKeptScratchBytes). No copy is made of x's rows when x is f32 and a
-// block's rows are consecutive, nor of y's rows when y is f32.
+// block's rows are consecutive, nor of y's rows when y is f32 and they are (x and y may have any
+// alignment; f32 rows not aligned to 4 bytes are copied).
 //
 // Thread safety: no shared mutable state; calls writing different outputs may run at once, with
 // the same factors too.
@@ -32,7 +33,8 @@
 
 namespace peft::serve {
 
-// One adapter's LoRA factors for one layer, row-major in their storage dtype (F32, BF16 or F16).
+// One adapter's LoRA factors for one layer, row-major in their storage dtype (F32, BF16 or F16),
+// aligned to their element size (as LoadedAdapter's storage is).
 struct LoraFactors {
   DType dtype = DType::F32;
   const void* a = nullptr;     // lora_A [rank, in_features]
@@ -64,8 +66,9 @@ inline constexpr size_t kKeptScratchBytes = size_t(32) << 20;
 // Adds the LoRA contribution of each row's group into batch.y. groups[g] is nullopt when group g's
 // adapter has no factors for this layer. Everything is checked before y is written; on failure y
 // is unchanged: INVALID_ARGUMENT for no groups, null pointers (x and y may be null when rows is
-// 0), features or ranks below 1 or above what BLAS takes (2^31 - 1), a group index out of range,
-// sizes that overflow, overlapping x and y; UNSUPPORTED for dtypes other than F32, BF16 and F16.
+// 0), misaligned factors, features or ranks below 1 or above what BLAS takes (2^31 - 1), a group
+// index out of range, sizes that overflow, overlapping x and y; UNSUPPORTED for dtypes other than
+// F32, BF16 and F16.
 void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBatch& batch);
 
 }  // namespace peft::serve

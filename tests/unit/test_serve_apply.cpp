@@ -243,6 +243,21 @@ TEST_CASE("lora apply: groups in consecutive runs, across blocks of rows") {
   }
 }
 
+TEST_CASE("lora apply: f32 rows at any alignment") {
+  Problem p(DType::F32, DType::F32, 40, 24, 9, 21);
+  p.add_group(DType::F32, 4, 2.0, true, 22);
+  std::vector<unsigned char> x(p.x.bytes.size() + 1), y(p.y.bytes.size() + 1);
+  std::memcpy(x.data() + 1, p.x.bytes.data(), p.x.bytes.size());
+  std::memcpy(y.data() + 1, p.y.bytes.data(), p.y.bytes.size());
+  Buffer result = p.y;
+  LoraBatch batch = p.batch(result);
+  batch.x = x.data() + 1;
+  batch.y = y.data() + 1;
+  apply_lora(p.factors(), batch);
+  std::memcpy(result.bytes.data(), y.data() + 1, result.bytes.size());
+  p.check(result);
+}
+
 TEST_CASE("lora apply: no rows, or no adapter with the layer, changes nothing") {
   Problem p(DType::F32, DType::BF16, 16, 8, 6, 1);
   p.add_group(DType::F32, 2, 1.0, false, 2);
@@ -309,6 +324,7 @@ TEST_CASE("lora apply: bad arguments fail before y is written") {
   fails(PEFT_ERR_INVALID_ARGUMENT, [](Groups& g, LoraBatch&) { g[1]->a = nullptr; });
   fails(PEFT_ERR_INVALID_ARGUMENT, [](Groups& g, LoraBatch&) { g[1]->b = nullptr; });
   fails(PEFT_ERR_INVALID_ARGUMENT, [](Groups& g, LoraBatch&) { g[1]->rank = 0; });
+  fails(PEFT_ERR_INVALID_ARGUMENT, [](Groups& g, LoraBatch&) { g[0]->a = static_cast<const char*>(g[0]->a) + 2; });
   fails(PEFT_ERR_INVALID_ARGUMENT, [](Groups&, LoraBatch& b) { b.in_features = 0; });
   fails(PEFT_ERR_INVALID_ARGUMENT, [](Groups&, LoraBatch& b) { b.out_features = uint64_t(1) << 31; });
   fails(PEFT_ERR_INVALID_ARGUMENT, [](Groups&, LoraBatch& b) { b.rows = uint64_t(1) << 62; });
