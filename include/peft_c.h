@@ -2123,7 +2123,8 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * @return NULL on success, and @p y is unchanged on failure: #PEFT_ERR_SHAPE_MISMATCH naming the
  *         adapter when its layer's features differ from @p in_features / @p out_features;
  *         #PEFT_ERR_UNSUPPORTED for a DoRA, embedding or Conv2d layer (PEFT refuses mixed batches
- *         with DoRA too) or another dtype; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or an index
+ *         with DoRA too) or another dtype; #PEFT_ERR_UNRESOLVED_KEY when the registry's translator
+ *         does not resolve @p module; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or an index
  *         out of range; #PEFT_ERR_OUT_OF_MEMORY. Thread-safe; calls writing different outputs may
  *         run at once, also with the same leases.
  */
