@@ -1973,12 +1973,12 @@ PEFT_API void peft_registry_free(peft_registry* registry);
  * of `adapter_model.safetensors`, no tensor data), and checks that its LoRA layers can be served:
  * layers whose tensors are not F64/F32/F16/BF16 are refused.
  * @param registry A registry.
- * @param name The name (UTF-8, not empty).
+ * @param name The name (UTF-8, not empty, no newline).
  * @param dir The adapter folder.
  * @param opts Options as for peft_adapter_open() (a base model to validate against), or NULL.
  * @return NULL on success; the errors of peft_adapter_open(); #PEFT_ERR_UNSUPPORTED for tensors of
- *         another dtype; #PEFT_ERR_INVALID_ARGUMENT for NULL or an empty name. On failure the
- *         registry is unchanged (an adapter of that name stays). Thread-safe.
+ *         another dtype; #PEFT_ERR_INVALID_ARGUMENT for NULL, an empty name or one with a newline.
+ *         On failure the registry is unchanged (an adapter of that name stays). Thread-safe.
  */
 PEFT_API peft_error* peft_registry_register(peft_registry* registry, const char* name, const char* dir,
                                            const peft_adapter_options* opts);
@@ -1989,7 +1989,7 @@ PEFT_API peft_error* peft_registry_register(peft_registry* registry, const char*
  * As peft_registry_register(), from the text of `adapter_config.json` and the bytes of
  * `adapter_model.safetensors`; both are copied.
  * @param registry A registry.
- * @param name The name (UTF-8, not empty).
+ * @param name The name (UTF-8, not empty, no newline).
  * @param config_json The config's JSON text (UTF-8, NUL-terminated).
  * @param weights The safetensors bytes.
  * @param weights_size Their length.

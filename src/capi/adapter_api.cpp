@@ -12,15 +12,9 @@
 
 namespace {
 
+using peft::capi::copy_string;
 using peft::capi::guarded;
 using peft::capi::require_arg;
-
-char* copy_string(const std::string& text) {
-  char* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out == nullptr) throw std::bad_alloc();
-  std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
-}
 
 const peft::AdapterModule* module_or_null(const peft_adapter* a, size_t module) {
   if (a == nullptr || module >= a->impl->modules().size()) return nullptr;

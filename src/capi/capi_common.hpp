@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -40,6 +42,14 @@ peft_error* guarded(Body&& body) noexcept {
 // Throws INVALID_ARGUMENT naming the argument when a required pointer is NULL.
 inline void require_arg(const void* pointer, const char* name) {
   if (pointer == nullptr) peft::fail(PEFT_ERR_INVALID_ARGUMENT, std::string(name) + " must not be NULL");
+}
+
+// A malloc'd copy of text, which the caller releases with peft_string_free(). Throws bad_alloc.
+inline char* copy_string(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
 }
 
 }  // namespace peft::capi

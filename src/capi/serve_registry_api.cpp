@@ -32,14 +32,6 @@ std::string registry_name(const char* name) {
   return name;
 }
 
-// A malloc'd copy, released by peft_string_free() (as the adapter section's strings).
-char* malloc_copy(const std::string& text) {
-  char* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out == nullptr) throw std::bad_alloc();
-  std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
-}
-
 }  // namespace
 
 extern "C" {
@@ -101,7 +93,7 @@ peft_error* peft_registry_names(const peft_registry* registry, char** out) {
     require_arg(out, "out");
     std::string list;
     for (const std::string& name : registry->impl->names()) list += name + "\n";
-    *out = malloc_copy(list);
+    *out = peft::capi::copy_string(list);
   });
 }
 

@@ -167,7 +167,7 @@ std::shared_ptr<const LoadedAdapter> LoadedAdapter::load(std::shared_ptr<const A
 }
 
 const LoadedLayer* LoadedAdapter::find(std::string_view module) const {
-  auto it = by_module_.find(std::string(module));
+  auto it = by_module_.find(module);
   return it == by_module_.end() ? nullptr : &layers_[it->second];
 }
 

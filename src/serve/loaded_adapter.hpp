@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <functional>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -73,7 +74,11 @@ class LoadedAdapter {
   uint64_t bytes_ = 0;
   std::shared_ptr<const Adapter> adapter_;
   std::vector<LoadedLayer> layers_;
-  std::unordered_map<std::string, size_t> by_module_;
+  struct NameHash {  // lets find() look up a string_view without making a string
+    using is_transparent = void;
+    size_t operator()(std::string_view name) const { return std::hash<std::string_view>{}(name); }
+  };
+  std::unordered_map<std::string, size_t, NameHash, std::equal_to<>> by_module_;
   bool has_replacements_ = false;
   std::unique_ptr<unsigned char[]> storage_;
 };

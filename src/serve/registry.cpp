@@ -327,6 +327,8 @@ Registry::~Registry() { core_->remove_all(); }
 
 void Registry::add(const std::string& name, std::shared_ptr<const Adapter> adapter) {
   if (name.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "an adapter's registry name must not be empty");
+  if (name.find('\n') != std::string::npos)  // peft_registry_names() lists names one per line
+    fail(PEFT_ERR_INVALID_ARGUMENT, "an adapter's registry name must not contain a newline: " + quoted(name));
   if (!adapter) fail(PEFT_ERR_INVALID_ARGUMENT, "no adapter given to register as " + quoted(name));
   const uint64_t bytes = LoadedAdapter::bytes_needed(*adapter, core_->storage);
   core_->add(name, std::make_shared<RegistryEntry>(name, std::move(adapter), bytes));

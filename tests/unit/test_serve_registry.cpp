@@ -553,6 +553,7 @@ TEST_CASE("registry: errors") {
   Registry registry(DType::F32, 1 << 20, std::nullopt);
   registry.add("x", v.open(0));
   CHECK(code_of([&] { registry.add("", v.open(1)); }) == PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(code_of([&] { registry.add("two\nlines", v.open(1)); }) == PEFT_ERR_INVALID_ARGUMENT);  // names() lists by line
   CHECK(code_of([&] { registry.add("y", nullptr); }) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(code_of([&] { registry.acquire("nope"); }) == PEFT_ERR_NOT_FOUND);
   CHECK(code_of([&] { registry.remove("nope"); }) == PEFT_ERR_NOT_FOUND);
