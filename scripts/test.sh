@@ -54,6 +54,17 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1
 ninja -C build-asan -j"$jobs"
 run "ctest (sanitizers)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -E 'doxygen|exported_symbols'
+# The Python binding's tests on the sanitizer build: no leak report may have a frame in libpeft_c.
+run "python leak check (LeakSanitizer)" scripts/python-leak-check.sh build-asan
+
+step "build (ThreadSanitizer)"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPEFT_TSAN=ON \
+  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+ninja -C build-tsan -j"$jobs" peft_unit
+# The registry's concurrency test (threads acquiring, releasing, replacing, trimming and re-budgeting
+# at once) and its soak test; ThreadSanitizer exits nonzero on any report.
+run "registry concurrency and soak (ThreadSanitizer)" \
+  build-tsan/tests/peft_unit --test-case='registry concurrency*,registry soak*'
 
 if [ -f tests/fuzz/run.sh ]; then
   step "build (libFuzzer)"
