@@ -77,7 +77,8 @@ peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t exact) {
 }
 
 peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, void* data, int32_t dtype,
-                                       const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype) {
+                                       const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype,
+                                       uint64_t bias_elements) {
   return guarded([&] {
     require_arg(host, "host");
     require_arg(name, "name");
@@ -92,7 +93,10 @@ peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, 
                                                 " is " + std::to_string(shape[i]));
       dims.push_back(static_cast<int64_t>(shape[i]));
     }
-    host->impl.add_weight(name, data, weight_dtype, dims, bias, bias_type);
+    if (bias != nullptr && (bias_elements == 0 || bias_elements > static_cast<uint64_t>(INT64_MAX)))
+      peft::fail(PEFT_ERR_SHAPE_MISMATCH, "weight " + peft::quoted(name) + ": the bias has " +
+                                              std::to_string(bias_elements) + " elements");
+    host->impl.add_weight(name, data, weight_dtype, dims, bias, bias_type, static_cast<int64_t>(bias_elements));
   });
 }
 

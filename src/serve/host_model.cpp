@@ -65,13 +65,17 @@ void HostModel::set_translator(std::optional<Translator> translator) {
 }
 
 void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::span<const int64_t> shape, void* bias,
-                           DType bias_dtype) {
+                           DType bias_dtype, int64_t bias_elements) {
   const std::string what = "weight " + peft::quoted(std::string(name));
   if (data == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, what + ": data must not be NULL");
   if (current_ || !merged_.empty())
     fail(PEFT_ERR_INVALID_ARGUMENT, what + ": weights cannot be added while an adapter is merged (swap to none first)");
   check_buffer_dtype(dtype, what);
-  if (bias != nullptr) check_buffer_dtype(bias_dtype, what + ": the bias");
+  if (bias != nullptr) {
+    check_buffer_dtype(bias_dtype, what + ": the bias");
+    if (bias_elements < 1)
+      fail(PEFT_ERR_SHAPE_MISMATCH, what + ": the bias has " + std::to_string(bias_elements) + " elements");
+  }
   if (shape.size() != 2 && shape.size() != 4)
     fail(PEFT_ERR_SHAPE_MISMATCH, what + " has " + std::to_string(shape.size()) +
                                       " dimensions; host weights have 2 (4 for Conv2d)");
@@ -85,7 +89,8 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
       fail(PEFT_ERR_INVALID_ARGUMENT, what + " stands for layer " + peft::quoted(module) + ", which weight " +
                                           peft::quoted(weights_[it->second].name) + " was given for already");
 
-  weights_.push_back({std::string(name), data, dtype, {shape.begin(), shape.end()}, bias, bias_dtype});
+  weights_.push_back({std::string(name), data, dtype, {shape.begin(), shape.end()}, bias, bias_dtype,
+                      bias != nullptr ? bias_elements : 0});
   try {
     for (const std::string& module : modules) weight_of_module_.emplace(module, weights_.size() - 1);
   } catch (...) {
@@ -130,6 +135,11 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
       fail(PEFT_ERR_INVALID_ARGUMENT, adapter + ": layer " + peft::quoted(loaded_layer.module) +
                                           " has a lora_B.bias; give the host model the layer's bias buffer with weight " +
                                           peft::quoted(w.name));
+    if (loaded_layer.bias != LoadedLayer::npos && w.bias_elements != m.layout.out)
+      fail(PEFT_ERR_SHAPE_MISMATCH, adapter + ": layer " + peft::quoted(loaded_layer.module) + " has " +
+                                        std::to_string(m.layout.out) + " output features, but the bias given with " +
+                                        "weight " + peft::quoted(w.name) + " has " +
+                                        std::to_string(w.bias_elements) + " elements");
     m.rank = loaded_layer.rank;
     m.scaling = loaded_layer.scaling;
     layer.options.weight = weight;

@@ -74,12 +74,13 @@ class HostModel {
 
   // One weight buffer, owned by the caller and kept in place while this lives. `name` is the
   // weight's or its layer's name (module_candidates, merge_pipeline_inmemory.hpp); shape has 2
-  // dimensions, 4 for Conv2d; bias (may be null) is the layer's bias. UNRESOLVED_KEY when the
+  // dimensions, 4 for Conv2d; bias (may be null) is the layer's bias, of bias_elements elements (a
+  // swap refuses a lora_B.bias of another length with SHAPE_MISMATCH). UNRESOLVED_KEY when the
   // translator does not resolve the name; INVALID_ARGUMENT for a null pointer, a layer given twice
   // or while an adapter is merged; UNSUPPORTED for a dtype other than F32/BF16/F16;
   // SHAPE_MISMATCH for another number of dimensions or a zero dimension.
   void add_weight(std::string_view name, void* data, DType dtype, std::span<const int64_t> shape, void* bias,
-                  DType bias_dtype);
+                  DType bias_dtype, int64_t bias_elements);
   size_t weight_count() const { return weights_.size(); }
 
   // Takes the current adapter out and merges `lease`'s in (null: none), scaled by `weight`. The
@@ -103,6 +104,7 @@ class HostModel {
     std::vector<int64_t> shape;
     void* bias = nullptr;
     DType bias_dtype = DType::F32;
+    int64_t bias_elements = 0;  // 0 without a bias
   };
   // One layer of an adapter in one weight: what to merge, and its record while merged.
   struct Layer {

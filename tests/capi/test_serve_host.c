@@ -123,7 +123,7 @@ static void free_weights(struct host_weights* w) {
 static peft_error* add_all(peft_host_model* host, struct host_weights* w) {
   size_t k;
   for (k = 0; k < w->count; ++k) {
-    peft_error* err = peft_host_model_add_weight(host, w->names[k], w->data[k], w->dtype, w->shapes[k], 2, NULL, 0);
+    peft_error* err = peft_host_model_add_weight(host, w->names[k], w->data[k], w->dtype, w->shapes[k], 2, NULL, 0, 0);
     if (err != NULL) return err;
   }
   return NULL;
@@ -263,12 +263,12 @@ static void test_translator(void) {
     char* native = NULL;
     CHECK_OK(peft_translator_to_native(llama, buffers.names[k], &native));
     if (native != NULL)
-      CHECK_OK(peft_host_model_add_weight(host, native, buffers.data[k], PEFT_DTYPE_BF16, buffers.shapes[k], 2, NULL, 0));
+      CHECK_OK(peft_host_model_add_weight(host, native, buffers.data[k], PEFT_DTYPE_BF16, buffers.shapes[k], 2, NULL, 0, 0));
     peft_string_free(native);
   }
   peft_translator_free(llama); /* the host model shares the table */
   CHECK_CODE(peft_host_model_set_translator(host, NULL), PEFT_ERR_INVALID_ARGUMENT); /* weights were added */
-  CHECK_CODE(peft_host_model_add_weight(host, "no/such/thing", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(host, "no/such/thing", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0, 0),
              PEFT_ERR_UNRESOLVED_KEY);
 
   CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 1u << 24, NULL, &registry));
@@ -303,34 +303,34 @@ static void test_errors(void) {
   CHECK_CODE(peft_host_model_new(NULL), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_host_model_set_translator(NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_host_model_set_exact(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_host_model_add_weight(NULL, "w", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(NULL, "w", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0, 0),
              PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_host_model_swap(NULL, NULL, 1.0, NULL), PEFT_ERR_INVALID_ARGUMENT);
   CHECK(peft_host_model_current(NULL) == NULL);
   peft_host_model_free(NULL);
 
   CHECK_OK(peft_host_model_new(&host));
-  CHECK_CODE(peft_host_model_add_weight(host, NULL, buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(host, NULL, buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0, 0),
              PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_host_model_add_weight(host, "w", NULL, PEFT_DTYPE_BF16, shape, 2, NULL, 0), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, NULL, 2, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(host, "w", NULL, PEFT_DTYPE_BF16, shape, 2, NULL, 0, 0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, NULL, 2, NULL, 0, 0),
              PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_I32, shape, 2, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_I32, shape, 2, NULL, 0, 0),
              PEFT_ERR_UNSUPPORTED);
-  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, buffers.data[1], 99),
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, buffers.data[1], 99, 4),
              PEFT_ERR_UNSUPPORTED);
-  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, zero, 2, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, zero, 2, NULL, 0, 0),
              PEFT_ERR_SHAPE_MISMATCH);
-  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, three, 3, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, three, 3, NULL, 0, 0),
              PEFT_ERR_SHAPE_MISMATCH);
 
   /* Only the attention projections. */
   for (k = 0; k < buffers.count; ++k)
     if (strstr(buffers.names[k], "self_attn") != NULL)
       CHECK_OK(peft_host_model_add_weight(host, buffers.names[k], buffers.data[k], PEFT_DTYPE_BF16, buffers.shapes[k], 2,
-                                          NULL, 0));
+                                          NULL, 0, 0));
   CHECK_CODE_NAMING(peft_host_model_add_weight(host, "model.layers.0.self_attn.q_proj", buffers.data[0], PEFT_DTYPE_BF16,
-                                               shape, 2, NULL, 0),
+                                               shape, 2, NULL, 0, 0),
                     PEFT_ERR_INVALID_ARGUMENT, "model.layers.0.self_attn.q_proj");
 
   CHECK_OK(peft_registry_new(PEFT_DTYPE_BF16, 1u << 24, NULL, &registry));
@@ -346,7 +346,7 @@ static void test_errors(void) {
   CHECK_CODE_NAMING(peft_host_model_swap(host, all, 1.0, NULL), PEFT_ERR_UNRESOLVED_KEY, "model.layers.1.mlp.gate_proj");
   CHECK_CODE_NAMING(peft_host_model_swap(host, classifier, 1.0, NULL), PEFT_ERR_UNSUPPORTED, "modules_to_save");
   CHECK_CODE(peft_host_model_swap(host, all, NAN, NULL), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_host_model_add_weight(host, "extra", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0),
+  CHECK_CODE(peft_host_model_add_weight(host, "extra", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0, 0),
              PEFT_ERR_INVALID_ARGUMENT);
   CHECK(same_weights(&buffers, &merged));
   CHECK(strcmp(peft_host_model_current(host), "attention") == 0);

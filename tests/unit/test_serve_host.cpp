@@ -74,7 +74,8 @@ class HostBuffers {
     for (Tensor& t : tensors_) {
       if (keep && !keep(t.name)) continue;
       void* bias = with_bias && !t.bias.empty() ? t.bias.data() : nullptr;
-      host.add_weight(rename ? rename(t.name) : t.name, t.weight.data(), dtype_, t.shape, bias, dtype_);
+      const int64_t bias_elements = static_cast<int64_t>(t.bias.size() / (dtype_bits(dtype_) / 8));
+      host.add_weight(rename ? rename(t.name) : t.name, t.weight.data(), dtype_, t.shape, bias, dtype_, bias_elements);
     }
   }
 
@@ -372,7 +373,7 @@ TEST_CASE("serve host: weights named by the host's own names through a translato
   unresolved.set_translator(llama);
   Bytes buffer(16 * 16 * 2);
   const std::vector<int64_t> shape{16, 16};
-  CHECK(error_code([&] { unresolved.add_weight("no/such/thing", buffer.data(), DType::BF16, shape, nullptr, DType::F32); }) ==
+  CHECK(error_code([&] { unresolved.add_weight("no/such/thing", buffer.data(), DType::BF16, shape, nullptr, DType::F32, 0); }) ==
         PEFT_ERR_UNRESOLVED_KEY);
 }
 
@@ -382,21 +383,21 @@ TEST_CASE("serve host: adding weights checks names, dtypes and shapes") {
   Bytes buffer(16 * 16 * 4);
   const std::vector<int64_t> square{16, 16}, zero{16, 0}, three{4, 4, 16}, conv{16, 16, 1, 1};
   void* data = buffer.data();
-  host.add_weight("model.layers.0.self_attn.q_proj.weight", data, DType::F32, square, nullptr, DType::F32);
+  host.add_weight("model.layers.0.self_attn.q_proj.weight", data, DType::F32, square, nullptr, DType::F32, 0);
   // The same layer again, by its module path or with the PEFT prefix.
-  CHECK(error_code([&] { host.add_weight("model.layers.0.self_attn.q_proj", data, DType::F32, square, nullptr, DType::F32); }) ==
+  CHECK(error_code([&] { host.add_weight("model.layers.0.self_attn.q_proj", data, DType::F32, square, nullptr, DType::F32, 0); }) ==
         PEFT_ERR_INVALID_ARGUMENT);
   CHECK(error_code([&] {
           host.add_weight("base_model.model.model.layers.0.self_attn.q_proj.weight", data, DType::F32, square, nullptr,
-                          DType::F32);
+                          DType::F32, 0);
         }) == PEFT_ERR_INVALID_ARGUMENT);
-  CHECK(error_code([&] { host.add_weight("k", data, DType::I8, square, nullptr, DType::F32); }) == PEFT_ERR_UNSUPPORTED);
-  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, square, data, DType::F64); }) == PEFT_ERR_UNSUPPORTED);
-  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, zero, nullptr, DType::F32); }) == PEFT_ERR_SHAPE_MISMATCH);
-  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, three, nullptr, DType::F32); }) == PEFT_ERR_SHAPE_MISMATCH);
-  CHECK(error_code([&] { host.add_weight("k", nullptr, DType::F32, square, nullptr, DType::F32); }) ==
+  CHECK(error_code([&] { host.add_weight("k", data, DType::I8, square, nullptr, DType::F32, 0); }) == PEFT_ERR_UNSUPPORTED);
+  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, square, data, DType::F64, 4); }) == PEFT_ERR_UNSUPPORTED);
+  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, zero, nullptr, DType::F32, 0); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, three, nullptr, DType::F32, 0); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(error_code([&] { host.add_weight("k", nullptr, DType::F32, square, nullptr, DType::F32, 0); }) ==
         PEFT_ERR_INVALID_ARGUMENT);
-  host.add_weight("conv", data, DType::F32, conv, nullptr, DType::F32);
+  host.add_weight("conv", data, DType::F32, conv, nullptr, DType::F32, 0);
   CHECK(host.weight_count() == 2);
 
   // No weights while an adapter is merged.
@@ -406,10 +407,10 @@ TEST_CASE("serve host: adding weights checks names, dtypes and shapes") {
   buffers.add_to(merged);
   auto lease = registry->acquire("r");
   merged.swap(lease.get(), 1.0);
-  CHECK(error_code([&] { merged.add_weight("extra", data, DType::F32, square, nullptr, DType::F32); }) ==
+  CHECK(error_code([&] { merged.add_weight("extra", data, DType::F32, square, nullptr, DType::F32, 0); }) ==
         PEFT_ERR_INVALID_ARGUMENT);
   merged.swap(nullptr, 1.0);
-  merged.add_weight("extra", data, DType::F32, square, nullptr, DType::F32);
+  merged.add_weight("extra", data, DType::F32, square, nullptr, DType::F32, 0);
 }
 
 TEST_CASE("serve host: a swap that cannot be done leaves the buffers and the current adapter as they were") {
@@ -431,7 +432,7 @@ TEST_CASE("serve host: a swap that cannot be done leaves the buffers and the cur
   });
   Bytes odd(3 * 5 * 2);
   host.add_weight("model.layers.1.self_attn.q_proj.weight", odd.data(), DType::BF16, std::vector<int64_t>{3, 5}, nullptr,
-                  DType::F32);
+                  DType::F32, 0);
 
   // Missing weights: every missing layer listed (the MLP of both layers), nothing changed.
   std::string message;
