@@ -10,20 +10,35 @@
 //   host.swap(nullptr, 1.0);         // the buffers as they were given
 //
 // A swap checks everything about the new adapter (every LoRA layer has a weight, shapes fit, no
-// replaced tensors, a bias buffer where lora_bias needs one) and converts its factors to f32 before
-// any buffer changes; then it takes the current adapter out, newest layer first, and merges the new
-// one layer by layer (MergeRecord, inmemory_merge.hpp). Should a step fail after that (out of memory,
-// or in exact mode a buffer someone else changed since the merge), the swap undoes what it did and
-// merges the previous adapter back, then throws. In exact mode that puts back the very bytes of
-// before: removal restores the saved original rows, and merging is a deterministic function of the
-// original bytes, so re-merging writes what the first merge wrote. In arithmetic mode the undo is
-// itself an arithmetic unmerge and re-merge, so the buffers may differ from before in last bits, as
-// after any swap away and back in that mode. If undoing fails too, the host model records exactly
-// the layers that are still merged (current() is then null) and the next swap takes them out.
+// replaced tensors, no two layers on one weight, a bias buffer where lora_bias needs one) and
+// converts its factors to f32 before any buffer changes; then it takes the current adapter out,
+// newest layer first, and merges the new one layer by layer (MergeRecord::apply,
+// inmemory_merge.hpp). Should a step fail after that (out of memory), the swap undoes what it did
+// and merges the previous adapter back, then throws. If undoing fails too, the host model records
+// exactly the layers that are still merged (current() is then null) and the next swap takes them
+// out.
+//
+// Exact mode (the default): the first time a weight is merged in exact mode, the host model copies
+// the bytes its buffer holds then (and its bias's, the first time a lora_bias layer changes it)
+// and keeps that copy, the original, for its own lifetime; taking a layer out writes the original
+// back, whatever the buffer holds, and an exact merge always starts from the original. So in exact
+// mode the buffers hold the original bytes with the current adapter merged in, bit for bit the same
+// whatever was merged before, and a failed swap puts back the very bytes of before. A swap A -> B
+// costs one copy of the weights back and one merge. The host model owns the contents of the
+// buffers while it lives: the host must not write into them (a write into a buffer is undone, or
+// merged over, at the next swap).
+//
+// Arithmetic mode (set_exact(false)): PEFT's unmerge through each layer's MergeRecord, which in
+// BF16/F16 leaves last-bit differences that accumulate swap after swap; the undo of a failed swap
+// is itself an unmerge and re-merge, so the buffers may differ from before in last bits. Layers
+// come out the way they went in, whatever the mode is now. An exact merge into a weight whose
+// original was taken before writes the original back first, dropping what arithmetic unmerges
+// left; a weight merged in exact mode for the first time after arithmetic swaps keeps the bytes
+// they left as its original.
 //
 // Memory: the merged adapter stays pinned in its registry, its factors are held as f32 (borrowed
-// from the registry's storage when that is F32, converted copies otherwise), and in exact mode each
-// merged layer keeps the original rows it changed (up to the size of the weight).
+// from the registry's storage when that is F32, converted copies otherwise), and the originals of
+// every weight (and bias) ever merged in exact mode are kept, once each (SwapStats::saved_bytes).
 //
 // Thread safety: a HostModel belongs to one thread at a time; nothing else may read or write its
 // buffers during a swap.
@@ -53,7 +68,7 @@ struct SwapStats {
   double merge_seconds = 0;    // checking and converting the new adapter, and merging it in
   uint64_t layers_removed = 0;
   uint64_t layers_merged = 0;
-  uint64_t saved_bytes = 0;    // original rows kept for the next exact removal
+  uint64_t saved_bytes = 0;    // bytes of original weights kept for exact restoration
 };
 
 class HostModel {
@@ -67,8 +82,8 @@ class HostModel {
   // Names of weights added later are read through `translator` (nullopt: HuggingFace names).
   // INVALID_ARGUMENT once weights were added.
   void set_translator(std::optional<Translator> translator);
-  // Exact removal (keep the original rows, the default) or PEFT's arithmetic unmerge; applies to
-  // layers merged from the next swap on.
+  // Exact removal (write back a copy of the original bytes, the default) or PEFT's arithmetic
+  // unmerge; applies to layers merged from the next swap on (see above).
   void set_exact(bool exact) { exact_ = exact; }
   bool exact() const { return exact_; }
 
@@ -85,8 +100,8 @@ class HostModel {
 
   // Takes the current adapter out and merges `lease`'s in (null: none), scaled by `weight`. The
   // host model pins the new adapter itself (Lease::clone). Errors (buffers as before, see above):
-  // INVALID_ARGUMENT for a weight that is not finite, a missing bias buffer or (exact mode) a
-  // buffer changed since the merge; UNSUPPORTED for an adapter with replaced tensors
+  // INVALID_ARGUMENT for a weight that is not finite, a missing bias buffer or two layers of the
+  // adapter on one weight; UNSUPPORTED for an adapter with replaced tensors
   // (modules_to_save, bias="all", trainable tokens); UNRESOLVED_KEY listing every layer without a
   // weight; SHAPE_MISMATCH naming a layer whose weight does not fit; OUT_OF_MEMORY.
   SwapStats swap(const Lease* lease, double weight);
@@ -105,18 +120,28 @@ class HostModel {
     void* bias = nullptr;
     DType bias_dtype = DType::F32;
     int64_t bias_elements = 0;  // 0 without a bias
+    // Exact mode: the bytes the buffers held before the first exact merge changed them (the bias's
+    // once a lora_bias layer changed it); null and empty until then, kept from then on.
+    std::unique_ptr<unsigned char[]> original{};
+    std::vector<unsigned char> original_bias{};
+    // An arithmetic merge wrote into the buffers since the originals were last there.
+    bool drifted = false;
+    size_t bytes() const;
   };
-  // One layer of an adapter in one weight: what to merge, and its record while merged.
+  // One layer of an adapter in one weight: what to merge, and how to take it out while merged.
   struct Layer {
     size_t weight = 0;  // index into weights_
     InMemoryModule module;
     InMemoryMergeOptions options;
-    MergeRecord record;
+    bool exact = true;    // taken out by writing the originals back
+    MergeRecord record;   // arithmetic layers while merged: the unmerge
   };
 
   std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;
   merge::WeightView weight_view(const Layer& layer) const;
   std::optional<merge::WeightView> bias_view(const Layer& layer) const;
+  void start_from_original(const Layer& layer);
+  void write_back_original(const Layer& layer);
   void merge_layer(Layer layer);
   Layer unmerge_newest();
   std::vector<Layer> unmerge_all();

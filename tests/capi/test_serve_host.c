@@ -162,17 +162,23 @@ static peft_lease* acquire(peft_registry* registry, const char* name) {
 }
 
 static void test_swaps(int32_t dtype) {
-  struct host_weights buffers, original, with_a, with_b;
+  struct host_weights buffers, original, with_a, with_b, spare;
   peft_registry* registry = NULL;
   peft_host_model* host = NULL;
+  peft_host_model* arithmetic = NULL;
   peft_lease* lease = NULL;
   peft_swap_stats stats;
+  uint64_t adapted_bytes = 0;
+  size_t k;
   const char* a_dir = data_path("adapters/llama_lora");
   const char* llama = data_path("models/llama");
   CHECK(load_weights(llama, dtype, &buffers));
   CHECK(load_weights(llama, dtype, &original));
   CHECK(load_weights(llama, dtype, &with_a));
   CHECK(load_weights(llama, dtype, &with_b));
+  CHECK(load_weights(llama, dtype, &spare));
+  for (k = 0; k < buffers.count; ++k) /* the 14 projections the adapters adapt */
+    if (strstr(buffers.names[k], "_proj.weight") != NULL) adapted_bytes += buffers.nbytes[k];
   CHECK(buffer_merge(a_dir, 0.75, &with_a));
   CHECK(buffer_merge(data_path("adapters/llama_lora_second"), 1.0, &with_b));
 
@@ -192,7 +198,7 @@ static void test_swaps(int32_t dtype) {
   CHECK(stats.size == sizeof stats);
   CHECK(stats.layers_removed == 0);
   CHECK(stats.layers_merged == 14);
-  CHECK(stats.saved_bytes > 0);
+  CHECK(stats.saved_bytes == adapted_bytes); /* their originals, kept from now on */
   CHECK(stats.remove_seconds >= 0 && stats.merge_seconds >= 0);
   CHECK(peft_host_model_current(host) != NULL && strcmp(peft_host_model_current(host), "a") == 0);
   CHECK(same_weights(&buffers, &with_a));
@@ -214,19 +220,36 @@ static void test_swaps(int32_t dtype) {
   CHECK(peft_host_model_current(host) == NULL);
   CHECK(same_weights(&buffers, &original));
 
-  /* Arithmetic mode keeps no rows. */
+  /* Arithmetic mode (PEFT's unmerge); the originals the exact swaps kept stay. */
   CHECK_OK(peft_host_model_set_exact(host, 0));
   lease = acquire(registry, "a");
   stats.size = sizeof stats;
   CHECK_OK(peft_host_model_swap(host, lease, 0.75, &stats));
-  CHECK(stats.saved_bytes == 0);
-  CHECK(same_weights(&buffers, &with_a));
-  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
   peft_lease_release(lease);
+  CHECK(stats.saved_bytes == adapted_bytes);
+  CHECK(same_weights(&buffers, &with_a));
+  /* Exact again with a merged arithmetically: a comes out arithmetically, then the originals go
+   * back before b goes in. */
+  CHECK_OK(peft_host_model_set_exact(host, 1));
+  lease = acquire(registry, "b");
+  CHECK_OK(peft_host_model_swap(host, lease, 1.0, NULL));
+  peft_lease_release(lease);
+  CHECK(same_weights(&buffers, &with_b));
+  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
+  CHECK(same_weights(&buffers, &original));
+
+  /* A host model that never merged exactly keeps nothing. */
+  CHECK_OK(peft_host_model_new(&arithmetic));
+  CHECK_OK(peft_host_model_set_exact(arithmetic, 0));
+  CHECK_OK(add_all(arithmetic, &spare));
+  lease = acquire(registry, "a");
+  CHECK_OK(peft_host_model_swap(arithmetic, lease, 0.75, &stats));
+  peft_lease_release(lease);
+  CHECK(stats.saved_bytes == 0);
+  CHECK(same_weights(&spare, &with_a));
+  peft_host_model_free(arithmetic);
 
   /* The host model keeps its adapter after the registry is gone; freeing it leaves the buffers. */
-  CHECK_OK(peft_host_model_set_exact(host, 1));
-  copy_weights(&original, &buffers);
   lease = acquire(registry, "a");
   CHECK_OK(peft_host_model_swap(host, lease, 0.75, NULL));
   peft_lease_release(lease);
@@ -241,6 +264,7 @@ static void test_swaps(int32_t dtype) {
   free_weights(&original);
   free_weights(&with_a);
   free_weights(&with_b);
+  free_weights(&spare);
 }
 
 /* Weights named by the host's own names, read through a translator. */
