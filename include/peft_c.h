@@ -1895,9 +1895,16 @@ PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, c
  *
  *  **Hot-swap** (#peft_host_model): the host gives its weight buffers once (name, pointer, dtype,
  *  shape); peft_host_model_swap() then switches the adapter merged into them from one to another,
- *  or to none, in place: the current adapter is taken out, bit for bit by default (the original
- *  rows are kept, see peft_merge_buffer_options_set_keep_original_rows()), and the new one merged
- *  with peft_merge_buffer_apply()'s arithmetic, from the registry's stored factors.
+ *  or to none, in place: the current adapter is taken out and the new one merged with
+ *  peft_merge_buffer_apply()'s arithmetic, from the registry's stored factors. By default the
+ *  removal is exact: the first time a weight is merged, the host model copies its bytes (and its
+ *  bias's, the first time a lora_bias layer changes it) and keeps the copy while it lives (memory:
+ *  the size of every weight ever merged, once); taking an adapter out writes the copies back. A
+ *  swap from one adapter to another costs one copy of the adapted weights plus one merge, and the
+ *  buffers hold the original bytes with the current adapter merged in, bit for bit. While the host
+ *  model lives it owns the contents of the buffers: the host reads them but must not write them
+ *  (whatever a buffer holds, taking an adapter out writes its original bytes back).
+ *  peft_host_model_set_exact() chooses PEFT's arithmetic unmerge instead.
  *
  *  **Unmerged LoRA** (peft_lora_apply()): for a batch of activations and one layer, adds each
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
@@ -1943,7 +1950,7 @@ typedef struct peft_swap_stats {
   double merge_seconds;      /**< Wall time merging the new adapter in. */
   uint64_t layers_removed;   /**< Layers of the previous adapter taken out. */
   uint64_t layers_merged;    /**< Layers of the new adapter merged in. */
-  uint64_t saved_bytes;      /**< Bytes of original rows kept for the next exact removal. */
+  uint64_t saved_bytes;      /**< Bytes of original weights kept for exact restoration. */
 } peft_swap_stats;
 
 /**
@@ -2156,9 +2163,16 @@ PEFT_API void peft_host_model_free(peft_host_model* host);
 PEFT_API peft_error* peft_host_model_set_translator(peft_host_model* host, const peft_translator* translator);
 
 /**
- * @brief Keeps the original rows of merged layers so that swapping out restores them bit for bit
- *        (the default, at up to the size of the adapted weights in memory), or not (PEFT's
- *        arithmetic unmerge, which in BF16/F16 may change last bits, swap after swap).
+ * @brief Chooses how swaps take adapters out: exactly (the default), by writing back a copy of each
+ *        weight's original bytes, taken at the weight's first exact merge and kept while the host
+ *        model lives (memory: the size of the adapted weights, once); or by PEFT's arithmetic
+ *        unmerge (no copy; in BF16/F16 it may change last bits, swap after swap).
+ *
+ * Layers come out the way they went in, whatever the mode is at the swap. So when exact mode is
+ * switched on with an adapter merged arithmetically, the next swap takes that adapter out
+ * arithmetically; then, before merging the new one into a weight, it writes back the weight's
+ * original bytes if it kept them before (dropping what arithmetic unmerges left), or otherwise
+ * copies the buffer as it is then as the original. Switching exact mode off keeps the copies.
  * @param host A host model.
  * @param exact Nonzero for exact restoration; takes effect at the next merge.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL.
@@ -2167,7 +2181,8 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
 
 /**
  * @brief Gives the host model one weight buffer (owned by the caller, which keeps it valid and in
- *        place while the host model lives).
+ *        place while the host model lives, and does not write into it then: the host model owns
+ *        its contents, see Hot-swap in @ref serving).
  * @param host A host model.
  * @param name The weight's name or its layer's (see @ref serving).
  * @param data The weight: row-major, @p dtype elements.
@@ -2200,13 +2215,17 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  * @param lease The adapter to merge, or NULL for none.
  * @param weight Multiplies the adapter's scaling (1.0 for the adapter as trained); finite.
  * @param[in,out] stats NULL, or counters whose `size` the caller set.
- * @return NULL on success; on failure the buffers hold what they held before:
+ * @return NULL on success; on failure the previous adapter stays merged (a failure midway
+ *         merges it back: bit for bit in exact mode, up to last bits in arithmetic mode; should
+ *         that fail too, the message says so, peft_host_model_current() returns NULL and the next
+ *         swap takes out the layers still merged):
  *         #PEFT_ERR_UNRESOLVED_KEY listing the adapter's layers the host model has no weight for;
- *         #PEFT_ERR_SHAPE_MISMATCH naming a layer whose weight does not fit;
+ *         #PEFT_ERR_SHAPE_MISMATCH naming a layer whose weight, or whose lora_B.bias (against the
+ *         bias's element count), does not fit;
  *         #PEFT_ERR_UNSUPPORTED when the adapter replaces whole tensors (modules_to_save, trainable
  *         tokens), which a swap does not do; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
- *         that is not finite, a missing bias buffer, or (exact mode) buffers changed since the last
- *         merge by someone else; #PEFT_ERR_OUT_OF_MEMORY.
+ *         that is not finite, a missing bias buffer, or two layers of the adapter on one weight;
+ *         #PEFT_ERR_OUT_OF_MEMORY (the first exact merge of a weight allocates its copy).
  */
 PEFT_API peft_error* peft_host_model_swap(peft_host_model* host, const peft_lease* lease, double weight,
                                           peft_swap_stats* stats);
