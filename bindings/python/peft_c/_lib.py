@@ -231,7 +231,7 @@ PROTOTYPES = {
     "peft_host_model_set_translator": (_err, [_handle, _handle]),
     "peft_host_model_set_exact": (_err, [_handle, c_int32]),
     "peft_host_model_add_weight": (_err, [_handle, c_char_p, c_void_p, c_int32, POINTER(c_uint64), c_size_t,
-                                          c_void_p, c_int32]),
+                                          c_void_p, c_int32, c_uint64]),
     "peft_host_model_swap": (_err, [_handle, _handle, ctypes.c_double, POINTER(SwapStatsStruct)]),
     "peft_host_model_current": (c_char_p, [_handle]),
 }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 from ctypes import byref, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -388,7 +389,11 @@ class HostModel:
         """Gives one weight array (and the layer's bias, needed by adapters with lora_bias), laid out
         as the base model stores it ([out, in] for Linear, [in, out] for GPT-2 Conv1D). The arrays must
         be writable and C-contiguous; this object keeps them referenced. ``dtype`` reads a raw
-        ``uint16`` array as "BF16"."""
+        ``uint16`` array as "BF16".
+
+        The library is told the bias's element count, and never writes past it: a swap of an
+        adapter whose layer has another number of output features than the bias has elements fails
+        with ``ShapeMismatchError``, the arrays unchanged."""
         state = self._live()
         buffer = _buffer(weight, dtype, "weight")
         bias_buffer = _buffer(bias, None, "bias") if bias is not None else None
@@ -396,7 +401,8 @@ class HostModel:
         check(lib().peft_host_model_add_weight(
             state.owned.ptr, _encode(name, "weight names"), buffer.address, int(buffer.dtype), shape,
             len(buffer.shape), bias_buffer.address if bias_buffer else None,
-            int(bias_buffer.dtype) if bias_buffer else 0))
+            int(bias_buffer.dtype) if bias_buffer else 0,
+            math.prod(bias_buffer.shape) if bias_buffer else 0))
         state.arrays.append((weight, bias))
 
     def swap(self, lease: Optional[Lease], weight: float = 1.0) -> SwapStats:

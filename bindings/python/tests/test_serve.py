@@ -707,3 +707,35 @@ def test_lora_bias_needs_the_bias_buffer():
                 peft_c.merge_into(adapter, module.name, weight, bias=bias)
                 assert np.array_equal(arrays[module.name][0], weight)
                 assert np.array_equal(arrays[module.name][1], bias)
+
+
+@pytest.mark.parametrize("change", [-1, 1])
+def test_lora_bias_of_another_length_is_refused_at_swap(change):
+    """A bias one element shorter or longer than v_proj's 8 output features: the swap fails with
+    ShapeMismatchError naming the layer, and no array changes (the bias is not written past its end)."""
+    tensors = load_file(str(FIXTURES / "models" / "qwen2" / "model.safetensors"))
+    wrong = "model.layers.0.self_attn.v_proj"
+    with peft_c.Registry("F32", BUDGET) as reg, peft_c.HostModel() as host:
+        reg.register("bias", ADAPTERS / "qwen2_lora_bias")
+        arrays = {}
+        for name in sorted({key.rsplit(".", 1)[0] for key in tensors if key.endswith("proj.weight")}):
+            weight = tensors[name + ".weight"].astype(np.float32)
+            bias = tensors.get(name + ".bias")
+            bias = None if bias is None else bias.astype(np.float32)
+            if name == wrong:
+                assert bias.shape == (8,)
+                bias = np.resize(bias, 8 + change)
+            arrays[name] = (weight, bias)
+            host.add_weight(name + ".weight", weight, bias=bias)
+        before = {name: tuple(None if a is None else a.copy() for a in pair) for name, pair in arrays.items()}
+        with reg.acquire("bias") as lease, pytest.raises(peft_c.ShapeMismatchError, match="v_proj"):
+            host.swap(lease)
+        assert host.current is None
+        for name, pair in arrays.items():
+            for got, was in zip(pair, before[name]):
+                assert (got is None and was is None) or np.array_equal(got.view(np.uint32), was.view(np.uint32)), name
+
+
+def test_empty_bias_is_refused():
+    with peft_c.HostModel() as host, pytest.raises(peft_c.ShapeMismatchError):
+        host.add_weight(Q0 + ".weight", np.zeros((16, 16), np.float32), bias=np.zeros(0, np.float32))
