@@ -1,6 +1,9 @@
 // Package peftc is the Go binding of peft_c: it reads and writes safetensors files and checkpoints
 // exactly as HuggingFace's reference does, loads PEFT LoRA adapters, translates tensor names, merges
-// adapters into checkpoints or into host buffers, and exports and combines adapters.
+// adapters into checkpoints or into host buffers, exports and combines adapters, and serves many
+// adapters over one base model: a Registry of adapters loaded on first use under a byte budget,
+// Leases that pin them, LoraApply for unmerged LoRA on activations, and a HostModel that swaps
+// adapters into the host's own weight buffers.
 //
 // It calls the C library through cgo (found with pkg-config, package "peft_c") and uses nothing
 // beyond the Go standard library.
@@ -18,23 +21,29 @@
 //
 // # Lifetime
 //
-// Every handle (Checkpoint, Writer, Adapter, Translator, MergeRecord) implements io.Closer. Close is
-// idempotent and safe to call while other goroutines use the handle: the C object is released when
-// the last call in progress returns, and later calls fail with ErrClosed. A handle that is dropped
-// without Close is released by a runtime cleanup once the garbage collector finds it unreachable,
-// but call Close (or defer it) to release file mappings promptly.
+// Every handle (Checkpoint, Writer, Adapter, Translator, MergeRecord, Registry, Lease, HostModel)
+// implements io.Closer. Close is idempotent and safe to call while other goroutines use the handle:
+// the C object is released when the last call in progress returns, and later calls fail with
+// ErrClosed. A handle that is dropped without Close is released by a runtime cleanup once the
+// garbage collector finds it unreachable, but call Close (or defer it) to release file mappings,
+// loaded adapters and pinned buffers promptly.
 //
 // The C library keeps parents alive for their children (a Translator obtained from an Adapter stays
-// valid after the Adapter is closed), so handles may be closed in any order.
+// valid after the Adapter is closed; a Lease, and a HostModel holding an adapter, after the Registry
+// is closed), so handles may be closed in any order.
+//
+// A HostModel keeps the addresses of the weight and bias buffers given to [HostModel.AddWeight];
+// the binding pins them (runtime.Pinner) until the HostModel is closed or collected.
 //
 // Zero-copy views ([Checkpoint.View]) point into memory the C library owns; see View for the rule
 // that keeps them valid.
 //
 // # Threads
 //
-// Checkpoint, Adapter and Translator are read-only and may be used from many goroutines at once.
-// A Writer or a MergeRecord belongs to one goroutine at a time; a call made while another call on
-// the same Writer or MergeRecord is running fails with ErrBusy instead of racing.
+// Checkpoint, Adapter and Translator are read-only and may be used from many goroutines at once, and
+// so may a Registry and its Leases (LoraApply too, with outputs of its own). A Writer, a MergeRecord
+// or a HostModel belongs to one goroutine at a time; a call made while another call on the same one
+// is running fails with ErrBusy instead of racing.
 package peftc
 
 /*

@@ -433,27 +433,21 @@ type HostModel struct {
 	buffers *hostBuffers
 }
 
-// hostBuffers is what the library's host model points into. Weight buffers are the host's own
-// memory, pinned (runtime.Pinner) because the library keeps their addresses between calls. Bias
-// buffers are C copies padded to the largest length the weight's shape allows, because the library
-// learns a bias's length only from the adapter merged into it: each Swap copies the host's biases
-// in and the results back. The handle's free function releases all of it after the C object; it
-// must not reach the HostModel (or the HostModel would never become unreachable).
+// hostBuffers holds the pins of what the library's host model points into: the weight and bias
+// buffers are the host's own memory, pinned (runtime.Pinner) because the library keeps their
+// addresses between calls (cgo lets C keep a Go pointer only while it is pinned). The handle's free
+// function unpins them after the C object is freed; it must not reach the HostModel (or the
+// HostModel would never become unreachable).
 type hostBuffers struct {
 	mu     sync.Mutex // the runtime cleanup may run on another goroutine than the last call
 	pinner runtime.Pinner
-	biases []cBias
 }
 
-// free releases the C host model, then the bias copies and the pins.
+// free releases the C host model, then the pins.
 func (b *hostBuffers) free(p unsafe.Pointer) {
 	C.peft_host_model_free((*C.peft_host_model)(p))
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, c := range b.biases {
-		c.free()
-	}
-	b.biases = nil
 	b.pinner.Unpin()
 }
 
@@ -535,20 +529,31 @@ func (m *HostModel) SetExact(exact bool) error {
 // with or without "base_model.model.", or the host's name with SetTranslator). weight is row-major
 // F32, BF16 or F16: [out, in] for Linear, [in, out] for GPT-2 Conv1D, [num_embeddings, dim] for
 // embeddings, [out, in, kh, kw] for Conv2d. bias is the layer's bias (out_features elements), needed
-// by adapters with lora_bias, or nil.
+// by adapters with lora_bias, or nil; it is kept and pinned like the weight. The library is told
+// its length (bias.Shape is not read) and never writes past it: a Swap of an adapter whose layer
+// has another number of output features fails with ErrShapeMismatch.
 //
 // Errors: ErrUnresolvedKey when the translator does not resolve name; ErrInvalidArgument for a
-// layer given twice, a call while an adapter is merged, or a buffer that does not match its shape;
-// ErrShapeMismatch for a zero dimension or a bias whose length is no output dimension of the weight;
+// layer given twice, a call while an adapter is merged, a buffer that does not match its shape or a
+// bias that is not whole elements; ErrShapeMismatch for a zero dimension or an empty bias;
 // ErrUnsupported for another dtype.
 func (m *HostModel) AddWeight(name string, weight Buffer, bias *Buffer) error {
 	if err := weight.check("weight buffer"); err != nil {
 		return err
 	}
+	var biasPtr unsafe.Pointer
+	var biasDType DType
+	var biasElements uint64
 	if bias != nil {
-		if err := checkHostBias(*bias, weight.Shape, name); err != nil {
+		if err := checkBiasDType(*bias); err != nil {
 			return err
 		}
+		// The library refuses a bias of no elements too, but an empty slice has no address to
+		// pass it as, and NULL would mean no bias at all.
+		if len(bias.Data) == 0 {
+			return &Error{Code: CodeShapeMismatch, Message: fmt.Sprintf("the bias given for %s has no elements", name)}
+		}
+		biasPtr, biasDType, biasElements = bytePtr(bias.Data), bias.DType, uint64(len(bias.Data)/(bias.DType.Bits()/8))
 	}
 	var cs cstrings
 	defer cs.free()
@@ -561,42 +566,24 @@ func (m *HostModel) AddWeight(name string, weight Buffer, bias *Buffer) error {
 		return err
 	}
 	defer m.done()
-	cbias, err := newCBias(bias, weight.Shape)
-	if err != nil {
-		return err
-	}
 	err = takeError(C.peft_host_model_add_weight(p, cname, bytePtr(weight.Data), C.int32_t(weight.DType),
 		(*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(weight.Shape))), C.size_t(len(weight.Shape)),
-		cbias.ptr, C.int32_t(cbias.dtype)))
+		biasPtr, C.int32_t(biasDType), C.uint64_t(biasElements)))
 	runtime.KeepAlive(weight.Shape)
 	if err != nil {
-		cbias.free()
 		return err
 	}
-	// The call's argument kept the buffer alive until now; from here on the library keeps its
-	// address, so it is pinned until the host model is freed.
+	// The call's arguments kept the buffers alive until now; from here on the library keeps their
+	// addresses, so they are pinned until the host model is freed.
 	m.buffers.mu.Lock()
 	defer m.buffers.mu.Unlock()
 	if len(weight.Data) > 0 {
 		m.buffers.pinner.Pin(&weight.Data[0])
 	}
-	if cbias.ptr != nil {
-		m.buffers.biases = append(m.buffers.biases, cbias)
+	if biasPtr != nil {
+		m.buffers.pinner.Pin(&bias.Data[0])
 	}
 	return nil
-}
-
-// checkHostBias checks that a bias is whole elements of a supported dtype and as long as an output
-// dimension of its weight (the first; for a 2-D weight, which may be GPT-2 Conv1D, the second too).
-func checkHostBias(bias Buffer, weightShape []uint64, layer string) error {
-	if err := checkBiasDType(bias); err != nil {
-		return err
-	}
-	n := uint64(len(bias.Data) / (bias.DType.Bits() / 8))
-	if len(weightShape) > 0 && n == weightShape[0] || len(weightShape) == 2 && n == weightShape[1] {
-		return nil
-	}
-	return &Error{Code: CodeShapeMismatch, Message: fmt.Sprintf("the bias given for %s has %d elements, which is no output dimension of its weight %v", layer, n, weightShape)}
 }
 
 // Swap switches the adapter merged into the host's buffers: it takes the current one out (if any)
@@ -606,9 +593,10 @@ func checkHostBias(bias Buffer, weightShape []uint64, layer string) error {
 // Swap or Close; the caller may close its lease at once.
 //
 // Errors: ErrUnresolvedKey listing the adapter's layers the host model has no weight for;
-// ErrShapeMismatch naming a layer whose weight does not fit; ErrUnsupported for an adapter that
-// replaces whole tensors (modules_to_save, trainable tokens); ErrInvalidArgument for a weight that is
-// not finite, a missing bias, or (exact mode) buffers changed since the last merge; ErrOutOfMemory.
+// ErrShapeMismatch naming a layer whose weight, or whose bias's length, does not fit;
+// ErrUnsupported for an adapter that replaces whole tensors (modules_to_save, trainable tokens);
+// ErrInvalidArgument for a weight that is not finite, a missing bias, or (exact mode) buffers
+// changed since the last merge; ErrOutOfMemory.
 func (m *HostModel) Swap(lease *Lease, weight float64) (SwapStats, error) {
 	p, err := m.use()
 	if err != nil {
@@ -622,17 +610,9 @@ func (m *HostModel) Swap(lease *Lease, weight float64) (SwapStats, error) {
 		}
 		defer lease.done()
 	}
-	m.buffers.mu.Lock()
-	defer m.buffers.mu.Unlock()
-	for _, b := range m.buffers.biases {
-		b.copyIn()
-	}
 	var s C.struct_peft_swap_stats
 	s.size = C.uint64_t(unsafe.Sizeof(s))
 	err = takeError(C.peft_host_model_swap(p, lp, C.double(weight), &s))
-	for _, b := range m.buffers.biases {
-		b.copyBack()
-	}
 	if err != nil {
 		return SwapStats{}, err
 	}
@@ -655,11 +635,4 @@ func (m *HostModel) Current() string {
 	}
 	defer m.done()
 	return goString(C.peft_host_model_current(p))
-}
-
-// copyIn copies the host's bias into the C copy, before the library reads it.
-func (c cBias) copyIn() {
-	if c.ptr != nil && len(c.dst) > 0 {
-		copy(unsafe.Slice((*byte)(c.ptr), len(c.dst)), c.dst)
-	}
 }

@@ -3,6 +3,7 @@ package peftc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -883,8 +885,6 @@ func TestHostModelLoraBias(t *testing.T) {
 		name := w.name[:len(w.name)-len(".weight")] + ".bias"
 		b := readTensor32(t, base, name)
 		biases[i] = &hostWeight{name: name, shape: []uint64{uint64(len(b))}, data: b, orig: slices.Clone(b)}
-		wantCode(t, host.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), &peftc.Buffer{
-			Data: peftc.Float32Buffer(b[:5]).Data, DType: peftc.F32}), peftc.CodeShapeMismatch)
 		bias := peftc.Float32Buffer(b, uint64(len(b)))
 		if err := host.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), &bias); err != nil {
 			t.Fatal(err)
@@ -906,6 +906,55 @@ func TestHostModelLoraBias(t *testing.T) {
 	}
 	sameAs(t, ws, nil, "weights swapped back")
 	sameAs(t, biases, nil, "biases swapped back")
+}
+
+// A bias one element shorter or longer than its layer's output features is refused at the swap with
+// ErrShapeMismatch naming the layer; no weight or bias changes (nor is a bias written past its end).
+// An empty bias is refused at once.
+func TestHostModelLoraBiasOfAnotherLength(t *testing.T) {
+	baseDir, dir := fixture("models", "qwen2"), fixture("adapters", "qwen2_lora_bias")
+	base := mustOpen(t, baseDir)
+	adapter := mustAdapter(t, dir, peftc.WithBaseDir(baseDir))
+	reg := mustRegistry(t, peftc.F32, 1<<20)
+	mustRegister(t, reg, "bias", dir)
+	lease := mustAcquire(t, reg, "bias")
+	const wrong = "model.layers.0.self_attn.v_proj.weight" // [8, 16]: 8 output features
+	for _, change := range []int{-1, 1} {
+		ws := readHostWeights(t, base, adapter)
+		var biases []*hostWeight
+		host := mustHostModel(t)
+		for _, w := range ws {
+			name := w.name[:len(w.name)-len(".weight")] + ".bias"
+			b := readTensor32(t, base, name)
+			if w.name == wrong {
+				if len(b) != 8 {
+					t.Fatalf("%s has %d elements, the test expects 8", name, len(b))
+				}
+				b = append(b, 0.5)[:8+change] // the 8 values and one more, or 7 of them
+			}
+			biases = append(biases, &hostWeight{name: name, data: b, orig: slices.Clone(b)})
+			bias := peftc.Float32Buffer(b, uint64(len(b)))
+			if err := host.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), &bias); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := host.Swap(lease, 1)
+		wantCode(t, err, peftc.CodeShapeMismatch)
+		if !strings.Contains(err.Error(), "v_proj") {
+			t.Fatalf("the error does not name the layer: %v", err)
+		}
+		if host.Current() != "" {
+			t.Fatalf("Current after a refused swap: %q", host.Current())
+		}
+		sameAs(t, ws, nil, fmt.Sprintf("weights after a refused swap (bias %+d)", change))
+		sameAs(t, biases, nil, fmt.Sprintf("biases after a refused swap (bias %+d)", change))
+	}
+
+	host := mustHostModel(t)
+	empty := peftc.Buffer{Data: []byte{}, DType: peftc.F32}
+	wantCode(t, host.AddWeight(wrong, peftc.Float32Buffer(make([]float32, 8*16), 8, 16), &empty), peftc.CodeShapeMismatch)
+	odd := peftc.Buffer{Data: make([]byte, 6), DType: peftc.F32}
+	wantCode(t, host.AddWeight(wrong, peftc.Float32Buffer(make([]float32, 8*16), 8, 16), &odd), peftc.CodeInvalidArgument)
 }
 
 // Swaps that cannot be done completely change nothing; weights are refused when they cannot be used.
@@ -1097,7 +1146,7 @@ func TestLeaseOutlivesRegistry(t *testing.T) {
 	sameAs(t, ws, nil, "swapped out")
 }
 
-// Registries, leases and host models (with pinned weights and bias copies) dropped without Close are
+// Registries, leases and host models (with pinned weights and biases) dropped without Close are
 // released by their runtime cleanups; closed ones at once.
 func TestServeCleanup(t *testing.T) {
 	settle()
