@@ -637,6 +637,7 @@ functions! {
         ndim: usize,
         bias: *mut c_void,
         bias_dtype: i32,
+        bias_elements: u64,
     ) -> *mut peft_error;
     pub fn peft_host_model_swap(
         host: *mut peft_host_model,
@@ -872,7 +873,7 @@ api_table! {
         pub fn host_model_free(host: *mut peft_host_model) = peft_host_model_free;
         pub fn host_model_set_translator(host: *mut peft_host_model, translator: *const peft_translator) -> *mut peft_error = peft_host_model_set_translator;
         pub fn host_model_set_exact(host: *mut peft_host_model, exact: i32) -> *mut peft_error = peft_host_model_set_exact;
-        pub fn host_model_add_weight(host: *mut peft_host_model, name: *const c_char, data: *mut c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *mut c_void, bias_dtype: i32) -> *mut peft_error = peft_host_model_add_weight;
+        pub fn host_model_add_weight(host: *mut peft_host_model, name: *const c_char, data: *mut c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *mut c_void, bias_dtype: i32, bias_elements: u64) -> *mut peft_error = peft_host_model_add_weight;
         pub fn host_model_swap(host: *mut peft_host_model, lease: *const peft_lease, weight: f64, stats: *mut peft_swap_stats) -> *mut peft_error = peft_host_model_swap;
         pub fn host_model_current(host: *const peft_host_model) -> *const c_char = peft_host_model_current;
     }

@@ -592,16 +592,16 @@ impl<'a> HostModel<'a> {
     /// `name` is the weight's name or its layer's (a HuggingFace module path, or the host's name
     /// with a translator). `shape` is the weight's: [out, in] for Linear, [in, out] for GPT-2
     /// Conv1D, [num_embeddings, dim] for embeddings, 4-D for Conv2d; `weight` must hold exactly its
-    /// elements. `bias` is the layer's bias, which adapters with lora_bias change: since the
-    /// adapter swapped in decides whether a 2-D weight is [out, in] or [in, out], the bias must
-    /// hold at least as many elements as the larger of the weight's first two dimensions (only
-    /// the first `out` are ever changed). Both lengths are checked by the binding.
+    /// elements (checked by the binding). `bias` is the layer's bias, which adapters with lora_bias
+    /// change; the library is told its length and never writes past it: a [`swap`](HostModel::swap)
+    /// of an adapter whose layer has another number of output features fails with
+    /// [`ErrorCode::ShapeMismatch`](crate::ErrorCode::ShapeMismatch).
     ///
     /// Fails with [`ErrorCode::UnresolvedKey`](crate::ErrorCode::UnresolvedKey) when the translator
     /// does not resolve `name`, [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument)
     /// for a layer given twice or while an adapter is merged, and
-    /// [`ErrorCode::ShapeMismatch`](crate::ErrorCode::ShapeMismatch) for a zero dimension. The
-    /// buffers stay borrowed even when it fails.
+    /// [`ErrorCode::ShapeMismatch`](crate::ErrorCode::ShapeMismatch) for a zero dimension or an
+    /// empty bias. The buffers stay borrowed even when it fails.
     pub fn add_weight(
         &mut self,
         name: &str,
@@ -616,23 +616,14 @@ impl<'a> HostModel<'a> {
                 weight.len()
             )));
         }
-        let bias_needed = shape.iter().take(2).copied().max().unwrap_or(0);
-        if let Some(b) = &bias {
-            if (b.len() as u64) < bias_needed {
-                return Err(Error::invalid_argument(format!(
-                    "the bias buffer of {name:?} holds {} elements; a weight of shape {shape:?} needs {bias_needed} \
-                     (its layer's outputs are either dimension, depending on the adapter)",
-                    b.len()
-                )));
-            }
-        }
         let c_name = c_string(name, "weight name")?;
         let weight = RawBuffer::of(weight);
         let bias = bias.map(RawBuffer::of);
-        let (bias_ptr, bias_dtype) = bias.map_or((std::ptr::null_mut(), DType::F32), |b| (b.data, b.dtype));
-        // SAFETY: the weight buffer holds exactly the shape's elements and the bias at least the
-        // layer's outputs (checked above); both stay exclusively borrowed, and in place, for 'a,
-        // which outlives the host model (the shape is copied).
+        let (bias_ptr, bias_dtype, bias_len) =
+            bias.map_or((std::ptr::null_mut(), DType::F32, 0), |b| (b.data, b.dtype, b.len));
+        // SAFETY: the weight buffer holds exactly the shape's elements (checked above) and the bias
+        // `bias_len`, the length the library is given; both stay exclusively borrowed, and in
+        // place, for 'a, which outlives the host model (the shape is copied).
         unsafe {
             check(sys::peft_host_model_add_weight(
                 self.raw.as_ptr(),
@@ -643,6 +634,7 @@ impl<'a> HostModel<'a> {
                 shape.len(),
                 bias_ptr,
                 bias_dtype.raw(),
+                bias_len as u64,
             ))?
         };
         self.weights.push(HostWeight { name: name.to_string(), weight, bias });
@@ -658,8 +650,9 @@ impl<'a> HostModel<'a> {
     /// Fails with [`ErrorCode::UnresolvedKey`](crate::ErrorCode::UnresolvedKey) listing the
     /// adapter's layers the host model has no weight for,
     /// [`ErrorCode::ShapeMismatch`](crate::ErrorCode::ShapeMismatch) naming a layer whose weight
-    /// does not fit, [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported) when the adapter
-    /// replaces whole tensors (modules_to_save, trainable tokens), and
+    /// does not fit or whose bias has another length than its output features,
+    /// [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported) when the adapter replaces whole
+    /// tensors (modules_to_save, trainable tokens), and
     /// [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a weight that is not
     /// finite or a missing bias buffer.
     pub fn swap(&mut self, lease: Option<&Lease>, weight: f64) -> Result<SwapStats> {

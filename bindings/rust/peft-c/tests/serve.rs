@@ -684,21 +684,11 @@ fn host_model_errors_change_nothing() {
     let a = registry.acquire("a").unwrap();
     let mut late = vec![0f32; 16 * 16];
 
-    // Checked by the binding: the weight holds exactly its shape's elements, the bias enough.
-    let (mut short, mut bias, mut q) = (vec![0f32; 255], vec![0f32; 15], vec![0f32; 256]);
-    let (mut empty, mut nul) = (Vec::<f32>::new(), vec![0f32; 256]);
+    // Checked by the binding: the weight holds exactly its shape's elements.
+    let (mut short, mut empty, mut nul) = (vec![0f32; 255], Vec::<f32>::new(), vec![0f32; 256]);
     let mut host = HostModel::new().unwrap();
     expect_code(
         host.add_weight("model.layers.0.self_attn.q_proj", Buffer::F32(&mut short), &[16, 16], None),
-        ErrorCode::InvalidArgument,
-    );
-    expect_code(
-        host.add_weight(
-            "model.layers.0.self_attn.q_proj",
-            Buffer::F32(&mut q),
-            &[16, 16],
-            Some(Buffer::F32(&mut bias)),
-        ),
         ErrorCode::InvalidArgument,
     );
     expect_code(
@@ -743,22 +733,18 @@ fn host_model_errors_change_nothing() {
     host.swap(None, 1.0).unwrap();
 }
 
-/// A layer of a base model with a bias: the weight and the bias padded to the larger of the
-/// weight's dimensions (what HostModel::add_weight asks for), with `bias_len` real values.
+/// A layer of a base model with a bias: its weight and its bias.
 #[derive(Clone)]
 struct BiasedLayer {
     name: String,
     shape: Vec<u64>,
     weight: Vec<f32>,
     bias: Vec<f32>,
-    bias_len: usize,
 }
 
-/// What padding the library must not touch holds.
-const PADDING: f32 = 7.0;
-
-#[test]
-fn host_model_with_lora_bias_changes_the_bias_and_restores_it() {
+/// The qwen2 fixture's layers that qwen2_lora_bias adapts (q_proj [16, 16], v_proj [8, 16], each
+/// with a bias of its output features), the adapter, and a registry holding it as "bias".
+fn lora_bias_layers() -> (Vec<BiasedLayer>, Adapter, Registry) {
     let base_dir = fixture(&["models", "qwen2"]);
     let base = Checkpoint::open(&base_dir).unwrap();
     let adapter = Adapter::open_with_base(adapter_dir("qwen2_lora_bias"), &base_dir).unwrap();
@@ -766,27 +752,28 @@ fn host_model_with_lora_bias_changes_the_bias_and_restores_it() {
     options.set_base_dir(Some(&base_dir)).unwrap();
     let registry = Registry::new(DType::F32, LOTS, None).unwrap();
     registry.register("bias", adapter_dir("qwen2_lora_bias"), Some(&options)).unwrap();
-    let lease = registry.acquire("bias").unwrap();
-
     let read = |name: &str| base.read_as::<f32>(base.tensor_by_name(name).unwrap().index).unwrap();
-    let mut layers: Vec<BiasedLayer> = adapter
+    let layers = adapter
         .modules()
         .map(|m| {
             let name = m.tensor_by_role("lora_A.weight").unwrap().base_name().to_string();
             let shape = base.tensor_by_name(&name).unwrap().shape.to_vec();
-            let mut bias = read(&name.replace(".weight", ".bias"));
-            let bias_len = bias.len();
-            bias.resize(shape[0].max(shape[1]) as usize, PADDING);
-            BiasedLayer { weight: read(&name), name, shape, bias, bias_len }
+            BiasedLayer { weight: read(&name), bias: read(&name.replace(".weight", ".bias")), name, shape }
         })
         .collect();
-    assert!(layers.iter().any(|l| l.bias_len < l.bias.len()), "no layer with fewer outputs than inputs");
-    // What merge_into makes of each layer with its exact bias.
+    (layers, adapter, registry)
+}
+
+#[test]
+fn host_model_with_lora_bias_changes_the_bias_and_restores_it() {
+    let (mut layers, adapter, registry) = lora_bias_layers();
+    let lease = registry.acquire("bias").unwrap();
+    // What merge_into makes of each layer with its bias.
     let want: Vec<(Vec<f32>, Vec<f32>)> = layers
         .iter()
         .zip(adapter.modules())
         .map(|(layer, module)| {
-            let (mut w, mut b) = (layer.weight.clone(), layer.bias[..layer.bias_len].to_vec());
+            let (mut w, mut b) = (layer.weight.clone(), layer.bias.clone());
             let bias = Some(Buffer::F32(&mut b));
             drop(merge_into(&adapter, module.name(), Buffer::F32(&mut w), &layer.shape, bias, None).unwrap());
             (w, b)
@@ -794,14 +781,7 @@ fn host_model_with_lora_bias_changes_the_bias_and_restores_it() {
         .collect();
     let originals = layers.clone();
 
-    // A bias shorter than the larger dimension is refused; no bias at all fails at the swap.
-    {
-        let layer = layers.iter().find(|l| l.bias_len < l.bias.len()).unwrap();
-        let (mut w, mut b) = (layer.weight.clone(), layer.bias[..layer.bias_len].to_vec());
-        let mut host = HostModel::new().unwrap();
-        let added = host.add_weight(&layer.name, Buffer::F32(&mut w), &layer.shape, Some(Buffer::F32(&mut b)));
-        expect_code(added, ErrorCode::InvalidArgument);
-    }
+    // No bias at all fails at the swap.
     {
         let mut copies: Vec<Vec<f32>> = layers.iter().map(|l| l.weight.clone()).collect();
         let mut host = HostModel::new().unwrap();
@@ -823,8 +803,7 @@ fn host_model_with_lora_bias_changes_the_bias_and_restores_it() {
             panic!("{name}")
         };
         assert!(bits(w) == bits(want_w), "{name}: weight differs from merge_into");
-        assert!(bits(&b[..layer.bias_len]) == bits(want_b), "{name}: bias differs from merge_into");
-        assert!(b[layer.bias_len..].iter().all(|v| *v == PADDING), "{name}: the padding changed");
+        assert!(bits(b) == bits(want_b), "{name}: bias differs from merge_into");
     }
     host.swap(None, 1.0).unwrap();
     drop(host);
@@ -832,6 +811,44 @@ fn host_model_with_lora_bias_changes_the_bias_and_restores_it() {
         let restored = bits(&got.weight) == bits(&original.weight) && bits(&got.bias) == bits(&original.bias);
         assert!(restored, "{}: not restored", got.name);
     }
+}
+
+/// A bias one element shorter or longer than its layer's output features (v_proj: 8) is refused
+/// at the swap, naming the layer, with every buffer unchanged; the element past a short bias is
+/// not written either. An empty bias is refused when it is given.
+#[test]
+fn host_model_refuses_a_bias_of_another_length() {
+    let (layers, _adapter, registry) = lora_bias_layers();
+    let lease = registry.acquire("bias").unwrap();
+    let wrong = layers.iter().position(|l| l.name.ends_with("layers.0.self_attn.v_proj.weight")).unwrap();
+    assert_eq!(layers[wrong].bias.len(), 8);
+    for len in [7, 9] {
+        let mut changed = layers.clone();
+        // The short bias is the front of a 9-element buffer whose last elements it does not own.
+        changed[wrong].bias.resize(9, 0.5);
+        let before = changed.clone();
+        {
+            let mut host = HostModel::new().unwrap();
+            for (i, layer) in changed.iter_mut().enumerate() {
+                let bias = if i == wrong { &mut layer.bias[..len] } else { &mut layer.bias[..] };
+                host.add_weight(&layer.name, Buffer::F32(&mut layer.weight), &layer.shape, Some(Buffer::F32(bias)))
+                    .unwrap();
+            }
+            let error = expect_code(host.swap(Some(&lease), 1.0), ErrorCode::ShapeMismatch);
+            assert!(error.message().contains("v_proj"), "the error does not name the layer: {error}");
+            assert_eq!(host.current(), None);
+        }
+        for (got, was) in changed.iter().zip(&before) {
+            let same = bits(&got.weight) == bits(&was.weight) && bits(&got.bias) == bits(&was.bias);
+            assert!(same, "{}: changed by a refused swap (bias of {len})", got.name);
+        }
+    }
+
+    let layer = &layers[wrong];
+    let (mut w, mut empty) = (layer.weight.clone(), Vec::<f32>::new());
+    let mut host = HostModel::new().unwrap();
+    let added = host.add_weight(&layer.name, Buffer::F32(&mut w), &layer.shape, Some(Buffer::F32(&mut empty)));
+    expect_code(added, ErrorCode::ShapeMismatch);
 }
 
 #[test]
