@@ -302,7 +302,7 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_host_model_set_exact(HostModelHandle host, int exact);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_add_weight(HostModelHandle host, byte[] name, void* data, int dtype, ulong[] shape,
-                                                                      UIntPtr ndim, void* bias, int biasDtype);
+                                                                      UIntPtr ndim, void* bias, int biasDtype, ulong biasElements);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_swap(HostModelHandle host, LeaseHandle lease, double weight, ref NativeSwapStats stats);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);

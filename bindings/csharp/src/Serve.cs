@@ -378,46 +378,65 @@ namespace PeftC
         /// <summary>Adds an F32 weight of <paramref name="shape"/> ([out, in] for Linear, [in, out] for GPT-2 Conv1D,
         /// [num, dim] for embeddings, [out, in, kh, kw] for Conv2d) and its layer's bias (needed by adapters with
         /// lora_bias; its output features: shape[0], or shape[1] for Conv1D). Both arrays are pinned until the host
-        /// model is released.</summary>
+        /// model is released. The library is told the bias's length and never writes past it: a <see cref="Swap"/>
+        /// of an adapter whose layer has another number of output features throws ShapeMismatch.</summary>
         /// <exception cref="PeftException">UnresolvedKey when the translator does not resolve the name; InvalidArgument
-        /// for a layer given twice or while an adapter is merged; ShapeMismatch for a zero dimension.</exception>
+        /// for a layer given twice or while an adapter is merged; ShapeMismatch for a zero dimension or an empty
+        /// bias.</exception>
         public HostModel AddWeight(string name, float[] data, long[] shape, float[] bias = null)
         {
             if (data == null) throw new ArgumentNullException("data");
-            ulong[] dims = CheckedDims(shape, DType.F32, data.Length * 4L, DType.F32, bias == null ? (long?)null : bias.Length * 4L);
+            ulong[] dims = CheckedDims(shape, DType.F32, data.Length * 4L);
             return AddPinned(name, new Memory<float>(data).Pin(), DType.F32, dims,
-                             bias == null ? default(MemoryHandle) : new Memory<float>(bias).Pin(), DType.F32);
+                             bias == null ? default(MemoryHandle) : new Memory<float>(bias).Pin(), DType.F32,
+                             bias == null ? 0 : (ulong)bias.Length);
         }
 
         /// <summary>Adds a weight of <paramref name="dtype"/> (F32, BF16 or F16) and optionally its layer's bias, as
-        /// bytes. Both are pinned (<see cref="Memory{T}.Pin"/>) until the host model is released.</summary>
+        /// bytes (whole elements of <paramref name="biasDtype"/>; its length is passed on as with <c>float[]</c>).
+        /// Both are pinned (<see cref="Memory{T}.Pin"/>) until the host model is released.</summary>
         public HostModel AddWeight(string name, Memory<byte> data, DType dtype, long[] shape, Memory<byte> bias = default(Memory<byte>),
                                    DType biasDtype = DType.F32)
         {
-            ulong[] dims = CheckedDims(shape, dtype, data.Length, biasDtype, bias.IsEmpty ? (long?)null : bias.Length);
-            return AddPinned(name, data.Pin(), dtype, dims, bias.IsEmpty ? default(MemoryHandle) : bias.Pin(), biasDtype);
+            ulong[] dims = CheckedDims(shape, dtype, data.Length);
+            ulong biasElements = 0;
+            if (!bias.IsEmpty)
+            {
+                Serving.RequireFloatDType(biasDtype, "biasDtype");
+                long elementBytes = Peft.ByteSize(biasDtype, 1);
+                if (bias.Length % elementBytes != 0)
+                    throw new ArgumentException("bias has " + bias.Length + " bytes, not whole " + Peft.DTypeName(biasDtype) + " elements", "bias");
+                biasElements = (ulong)(bias.Length / elementBytes);
+            }
+            return AddPinned(name, data.Pin(), dtype, dims, bias.IsEmpty ? default(MemoryHandle) : bias.Pin(), biasDtype, biasElements);
         }
 
-        /// <summary>Adds a weight in unmanaged memory (and optionally its layer's bias, or <see cref="IntPtr.Zero"/>).
-        /// The memory must hold the whole weight (and the layer's output features of bias) and stay valid and in
-        /// place until the host model is disposed: sizes cannot be checked here.</summary>
+        /// <summary>Adds a weight in unmanaged memory and optionally its layer's bias of <paramref name="biasElements"/>
+        /// elements (or <see cref="IntPtr.Zero"/>). The memory must hold the whole weight and the bias's elements and stay
+        /// valid and in place until the host model is disposed: sizes cannot be checked here. The library writes no
+        /// more than <paramref name="biasElements"/> into the bias.</summary>
         public unsafe HostModel AddWeight(string name, IntPtr data, DType dtype, long[] shape, IntPtr bias = default(IntPtr),
-                                          DType biasDtype = DType.F32)
+                                          long biasElements = 0, DType biasDtype = DType.F32)
         {
             ulong[] dims = Dims(shape, dtype);
-            if (bias != IntPtr.Zero) Serving.RequireFloatDType(biasDtype, "biasDtype");
-            Add(Handle, name, (void*)data, dtype, dims, (void*)bias, biasDtype);
+            if (bias != IntPtr.Zero)
+            {
+                Serving.RequireFloatDType(biasDtype, "biasDtype");
+                if (biasElements < 0) throw new ArgumentOutOfRangeException("biasElements", "the bias's element count is negative");
+            }
+            Add(Handle, name, (void*)data, dtype, dims, (void*)bias, biasDtype, bias == IntPtr.Zero ? 0 : (ulong)biasElements);
             return this;
         }
 
         // Hands C the pinned addresses; the host model keeps the pins once C holds the addresses.
-        private unsafe HostModel AddPinned(string name, MemoryHandle data, DType dtype, ulong[] dims, MemoryHandle bias, DType biasDtype)
+        private unsafe HostModel AddPinned(string name, MemoryHandle data, DType dtype, ulong[] dims, MemoryHandle bias, DType biasDtype,
+                                           ulong biasElements)
         {
             HostModelHandle h;
             try
             {
                 h = Handle;
-                Add(h, name, data.Pointer, dtype, dims, bias.Pointer, biasDtype);
+                Add(h, name, data.Pointer, dtype, dims, bias.Pointer, biasDtype, biasElements);
             }
             catch
             {
@@ -430,10 +449,11 @@ namespace PeftC
             return this;
         }
 
-        private static unsafe void Add(HostModelHandle h, string name, void* data, DType dtype, ulong[] dims, void* bias, DType biasDtype)
+        private static unsafe void Add(HostModelHandle h, string name, void* data, DType dtype, ulong[] dims, void* bias, DType biasDtype,
+                                       ulong biasElements)
         {
             PeftException.Check(Native.peft_host_model_add_weight(h, Utf8.Required(name, "name"), data, (int)dtype, dims, (UIntPtr)dims.Length,
-                                                                  bias, (int)biasDtype));
+                                                                  bias, (int)biasDtype, biasElements));
         }
 
         private static ulong[] Dims(long[] shape, DType dtype)
@@ -449,24 +469,13 @@ namespace PeftC
             return dims;
         }
 
-        // Dims, and a weight span of exactly the shape's bytes. C writes the layer's output features into the bias:
-        // shape[0] elements (Linear, Conv2d) or shape[1] (Conv1D [in, out]), so the bias must be one of these.
-        private static ulong[] CheckedDims(long[] shape, DType dtype, long dataBytes, DType biasDtype, long? biasBytes)
+        // Dims, and a weight span of exactly the shape's bytes.
+        private static ulong[] CheckedDims(long[] shape, DType dtype, long dataBytes)
         {
             ulong[] dims = Dims(shape, dtype);
             long elements = 1;
             foreach (long d in shape) elements = checked(elements * d);
             Serving.RequireBytes(dataBytes, Peft.ByteSize(dtype, elements), "data", "[" + string.Join(", ", shape) + "]", dtype);
-            if (biasBytes.HasValue)
-            {
-                Serving.RequireFloatDType(biasDtype, "biasDtype");
-                long elementBytes = Peft.ByteSize(biasDtype, 1);
-                bool fits = shape.Length > 0 && (biasBytes == shape[0] * elementBytes || (shape.Length == 2 && biasBytes == shape[1] * elementBytes));
-                if (!fits)
-                    throw new ArgumentException("bias has " + biasBytes + " bytes; a bias of a [" + string.Join(", ", shape) + "] weight holds " +
-                                                "its output features (" + (shape.Length == 2 ? "shape[0] or shape[1]" : "shape[0]") + ") of " +
-                                                Peft.DTypeName(biasDtype), "bias");
-            }
             return dims;
         }
 
@@ -475,8 +484,8 @@ namespace PeftC
         /// host model holds the adapter (pinned in its registry) until the next swap or its release: the lease may
         /// be disposed at once.</summary>
         /// <exception cref="PeftException">UnresolvedKey listing the adapter's layers without a weight here;
-        /// ShapeMismatch naming a layer whose weight does not fit; Unsupported for modules_to_save or trainable
-        /// tokens; InvalidArgument for a weight that is not finite, a missing bias, or (exact mode) buffers changed
+        /// ShapeMismatch naming a layer whose weight does not fit, or whose bias has another length than its output
+        /// features; Unsupported for modules_to_save or trainable tokens; InvalidArgument for a weight that is not finite, a missing bias, or (exact mode) buffers changed
         /// since the last merge. The buffers hold what they held before on failure.</exception>
         public SwapStats Swap(Lease lease, double weight = 1.0)
         {

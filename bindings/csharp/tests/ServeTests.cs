@@ -728,18 +728,85 @@ namespace PeftC.Tests
                 using (Adapter adapter = Adapter.Open(Fixtures.AdapterDir("qwen2_lora_bias")))
                 using (Checkpoint qwen = Checkpoint.Open(Fixtures.Model("qwen2")))
                 using (Lease l = biasRegistry.Acquire("bias"))
-                using (var host = new HostModel())
                 {
-                    foreach (AdapterModule m in adapter.Modules())
-                        host.AddWeight(m.Name, qwen.ReadSingle(m.Name + ".weight"), qwen.Info(m.Name + ".weight").Shape);
-                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => host.Swap(l), "lora_bias without bias buffers");
+                    using (var host = new HostModel())
+                    {
+                        foreach (AdapterModule m in adapter.Modules())
+                            host.AddWeight(m.Name, qwen.ReadSingle(m.Name + ".weight"), qwen.Info(m.Name + ".weight").Shape);
+                        Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => host.Swap(l), "lora_bias without bias buffers");
+                    }
+                    // A bias one element shorter or longer than v_proj's 8 output features, given as managed bytes or as
+                    // unmanaged memory with its count, both the front of 9 elements: the swap names the layer and changes
+                    // nothing, not even the element past the shorter bias.
+                    const string vProj = "model.layers.0.self_attn.v_proj";
+                    foreach (bool unmanaged in new[] { false, true })
+                        foreach (int length in new[] { 7, 9 })
+                        {
+                            Dictionary<string, float[]> weights = adapter.Modules().ToDictionary(m => m.Name, m => qwen.ReadSingle(m.Name + ".weight"));
+                            Dictionary<string, float[]> biases = adapter.Modules().ToDictionary(m => m.Name, m => qwen.ReadSingle(m.Name + ".bias"));
+                            Assert.Equal(8, biases[vProj].Length, "v_proj's bias");
+                            var vBias = new float[9];  // v_proj's 8 values, then one that the 7-element bias does not own
+                            Array.Copy(biases[vProj], vBias, 8);
+                            vBias[8] = 0.5f;
+                            var vBiasBytes = new byte[9 * 4];
+                            System.Buffer.BlockCopy(vBias, 0, vBiasBytes, 0, vBiasBytes.Length);
+                            byte[] vBiasBefore = (byte[])vBiasBytes.Clone();
+                            float[] vWeight = weights[vProj];
+                            var vWeightBytes = new byte[vWeight.Length * 4];
+                            System.Buffer.BlockCopy(vWeight, 0, vWeightBytes, 0, vWeightBytes.Length);
+                            byte[] vWeightBefore = (byte[])vWeightBytes.Clone();
+                            IntPtr uWeight = Marshal.AllocHGlobal(vWeight.Length * 4), uBias = Marshal.AllocHGlobal(vBiasBytes.Length);
+                            try
+                            {
+                                Marshal.Copy(vWeight, 0, uWeight, vWeight.Length);
+                                Marshal.Copy(vBiasBytes, 0, uBias, vBiasBytes.Length);
+                                using (var host = new HostModel())
+                                {
+                                    foreach (AdapterModule m in adapter.Modules())
+                                    {
+                                        long[] shape = qwen.Info(m.Name + ".weight").Shape;
+                                        if (m.Name != vProj)
+                                            host.AddWeight(m.Name, weights[m.Name], shape, biases[m.Name]);
+                                        else if (unmanaged)
+                                            host.AddWeight(m.Name, uWeight, DType.F32, shape, uBias, length);
+                                        else
+                                            host.AddWeight(m.Name, vWeightBytes, DType.F32, shape, new Memory<byte>(vBiasBytes, 0, length * 4));
+                                    }
+                                    PeftException e = Assert.ThrowsPeft(ErrorCode.ShapeMismatch, () => host.Swap(l),
+                                                                        "a bias of " + length + (unmanaged ? " (unmanaged)" : ""));
+                                    Assert.True(e.Message.Contains("v_proj"), "names the layer: " + e.Message);
+                                    Assert.Equal(null, host.Current, "nothing merged");
+                                }
+                                foreach (AdapterModule m in adapter.Modules())
+                                {
+                                    Assert.SequenceEqual(qwen.ReadSingle(m.Name + ".weight"), weights[m.Name], m.Name + " weight unchanged");
+                                    Assert.SequenceEqual(qwen.ReadSingle(m.Name + ".bias"), biases[m.Name], m.Name + " bias unchanged");
+                                }
+                                var unmanagedWeight = new float[vWeight.Length];
+                                Marshal.Copy(uWeight, unmanagedWeight, 0, unmanagedWeight.Length);
+                                var unmanagedBias = new byte[vBiasBytes.Length];
+                                Marshal.Copy(uBias, unmanagedBias, 0, unmanagedBias.Length);
+                                if (unmanaged) Assert.SequenceEqual(vWeight, unmanagedWeight, "v_proj weight unchanged");
+                                else Assert.SequenceEqual(vWeightBefore, vWeightBytes, "v_proj weight unchanged");
+                                Assert.SequenceEqual(vBiasBefore, unmanaged ? unmanagedBias : vBiasBytes, "v_proj bias (9 elements) unchanged");
+                            }
+                            finally
+                            {
+                                Marshal.FreeHGlobal(uWeight);
+                                Marshal.FreeHGlobal(uBias);
+                            }
+                        }
                 }
 
                 // What the binding refuses before C.
                 using (var host = new HostModel())
                 {
                     Assert.Throws<ArgumentException>(() => host.AddWeight(q.Name, new float[wq.Length - 1], q.Shape), "short weight");
-                    Assert.Throws<ArgumentException>(() => host.AddWeight(q.Name, wq, q.Shape, new float[3]), "bias of no output size");
+                    Assert.ThrowsPeft(ErrorCode.ShapeMismatch, () => host.AddWeight(q.Name, wq, q.Shape, new float[0]), "an empty bias (refused by C)");
+                    Assert.Throws<ArgumentException>(() => host.AddWeight(q.Name, new byte[wq.Length * 4], DType.F32, q.Shape, new byte[6]),
+                                                     "a bias of no whole F32 elements");
+                    Assert.Throws<ArgumentOutOfRangeException>(() => host.AddWeight(q.Name, (IntPtr)16, DType.F32, q.Shape, (IntPtr)16, -1),
+                                                               "a negative bias count");
                     Assert.Throws<ArgumentOutOfRangeException>(() => host.AddWeight(q.Name, wq, new[] { -16L, -16L }), "negative dimensions");
                     Assert.ThrowsPeft(ErrorCode.Unsupported, () => host.AddWeight(q.Name, new byte[wq.Length * 4], DType.I32, q.Shape), "I32 weight");
                     Assert.Throws<ArgumentNullException>(() => host.AddWeight(q.Name, (float[])null, q.Shape));
