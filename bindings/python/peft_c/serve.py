@@ -15,7 +15,9 @@ array given to ``add_weight`` so that their memory stays valid while the library
 it.
 
 Thread safety (the library's): a registry and its leases may be used from many threads at once; a
-host model by one thread at a time, and nobody may touch its arrays during a ``swap``.
+host model by one thread at a time, and nobody may touch its arrays during a ``swap``. While the host
+model lives it owns the arrays' contents: read them, but do not write them (in exact mode, taking an
+adapter out writes the original bytes back, whatever the arrays hold).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class SwapStats:
     merge_seconds: float  #: wall time merging the new adapter in
     layers_removed: int
     layers_merged: int
-    saved_bytes: int  #: bytes of original rows kept for the next exact removal
+    saved_bytes: int  #: bytes of original weights (and biases) the host model keeps for exact removal
 
 
 class Lease:
@@ -381,8 +383,9 @@ class HostModel:
                                                    translator._live().ptr if translator is not None else None))
 
     def set_exact(self, exact: bool) -> None:
-        """True (the default): keep the original rows so that swapping out restores them bit for bit.
-        False: PEFT's arithmetic unmerge. Takes effect at the next merge."""
+        """True (the default): the first exact merge of a weight keeps a copy of its bytes, which
+        taking an adapter out writes back, bit for bit. False: PEFT's arithmetic unmerge (copies
+        already taken are kept). Takes effect at the next merge; a layer comes out the way it went in."""
         check(lib().peft_host_model_set_exact(self._live().owned.ptr, 1 if exact else 0))
 
     def add_weight(self, name: str, weight, *, bias=None, dtype: Optional[DTypeLike] = None) -> None:

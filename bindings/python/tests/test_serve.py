@@ -643,8 +643,9 @@ def test_host_model_errors_change_nothing(registry):
         with pytest.raises(peft_c.InvalidArgumentError):  # no weights while an adapter is merged
             host.add_weight("lm_head.weight", np.zeros((64, 16), np.float32))
         weights[Q0 + ".weight"][0, 0] += 1  # someone else wrote into a merged buffer
-        with pytest.raises(peft_c.InvalidArgumentError):
-            host.swap(None)
+        host.swap(None)  # exact mode writes the original bytes back, whatever the buffer holds
+        for key in weights:
+            assert np.array_equal(weights[key].view(np.uint16), original[key].view(np.uint16)), key
 
 
 def test_host_model_with_a_translator(registry):
