@@ -427,7 +427,9 @@ func LoraApply(module string, leases []*Lease, rowLease []int32, x, y Buffer) er
 // HostModel is the weight buffers of a host's model, into which adapters of a Registry are swapped:
 // the host gives each buffer once (AddWeight), then Swap switches the adapter merged into them, in
 // place. It belongs to one goroutine at a time (a second concurrent call fails with ErrBusy), and
-// nothing else may read or write its buffers during a Swap.
+// nothing else may read or write its buffers during a Swap. While it lives it owns the buffers'
+// contents: the host reads them but does not write them (in exact mode, taking an adapter out
+// writes the original bytes back, whatever the buffers hold).
 type HostModel struct {
 	h       handle
 	buffers *hostBuffers
@@ -457,7 +459,7 @@ type SwapStats struct {
 	MergeTime     time.Duration // merging the new adapter in
 	LayersRemoved uint64        // layers of the previous adapter taken out
 	LayersMerged  uint64        // layers of the new adapter merged in
-	SavedBytes    uint64        // bytes of original rows kept for the next exact removal
+	SavedBytes    uint64        // bytes of original weights (and biases) kept for exact removal
 }
 
 // NewHostModel creates a host model with no weights. By default it reads HuggingFace names and
@@ -511,10 +513,11 @@ func (m *HostModel) SetTranslator(t *Translator) error {
 	return takeError(C.peft_host_model_set_translator(p, tp))
 }
 
-// SetExact chooses how a Swap takes an adapter out, from the next merge on: exact (the default)
-// keeps the original rows of merged layers and restores them bit for bit, at up to the size of the
-// adapted weights in memory; not exact applies PEFT's arithmetic unmerge, which in BF16/F16 may
-// change last bits, swap after swap.
+// SetExact chooses how a Swap takes an adapter out, from the next merge on (a layer comes out the
+// way it went in): exact (the default) keeps a copy of each weight's bytes from its first exact
+// merge, for the host model's life (the size of the adapted weights, once), and writes it back, bit
+// for bit; not exact applies PEFT's arithmetic unmerge, which in BF16/F16 may change last bits,
+// swap after swap (copies already taken are kept).
 func (m *HostModel) SetExact(exact bool) error {
 	p, err := m.use()
 	if err != nil {
@@ -595,8 +598,8 @@ func (m *HostModel) AddWeight(name string, weight Buffer, bias *Buffer) error {
 // Errors: ErrUnresolvedKey listing the adapter's layers the host model has no weight for;
 // ErrShapeMismatch naming a layer whose weight, or whose bias's length, does not fit;
 // ErrUnsupported for an adapter that replaces whole tensors (modules_to_save, trainable tokens);
-// ErrInvalidArgument for a weight that is not finite, a missing bias, or (exact mode) buffers
-// changed since the last merge; ErrOutOfMemory.
+// ErrInvalidArgument for a weight that is not finite, a missing bias, or two layers of the adapter
+// on one weight; ErrOutOfMemory.
 func (m *HostModel) Swap(lease *Lease, weight float64) (SwapStats, error) {
 	p, err := m.use()
 	if err != nil {

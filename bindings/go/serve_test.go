@@ -812,8 +812,9 @@ func TestHostModelSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 	la = mustAcquire(t, reg, "a")
-	if st, err = host.Swap(la, 1); err != nil || st.SavedBytes != 0 {
-		t.Fatalf("inexact swap: %+v, %v", st, err)
+	savedExact := st.SavedBytes // the copies taken by the exact swaps, kept
+	if st, err = host.Swap(la, 1); err != nil || st.SavedBytes != savedExact {
+		t.Fatalf("inexact swap: %+v (%d bytes of copies kept before), %v", st, savedExact, err)
 	}
 	if _, err = host.Swap(nil, 1); err != nil {
 		t.Fatal(err)
@@ -1029,20 +1030,13 @@ func TestHostModelErrors(t *testing.T) {
 	}
 	wantCode(t, good.AddWeight("lm_head", peftc.Float32Buffer(make([]float32, 64*16), 64, 16), nil), peftc.CodeInvalidArgument) // while merged
 
-	// Exact mode: a buffer changed behind the host model's back cannot be restored exactly.
-	merged := slices.Clone(w0.data)
+	// Exact mode: the host model owns the buffers' contents; taking the adapter out writes the
+	// original bytes back over whatever someone else wrote.
 	w0.data[3] += 1
-	changed := slices.Clone(w0.data)
-	_, err = good.Swap(nil, 1)
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	if !slices.Equal(float32Bits(w0.data), float32Bits(changed)) || good.Current() != "a" {
-		t.Fatal("a refused removal changed a buffer or the current adapter")
-	}
-	copy(w0.data, merged)
 	if _, err := good.Swap(nil, 1); err != nil {
 		t.Fatal(err)
 	}
-	sameAs(t, ws, nil, "restored after undoing the change")
+	sameAs(t, ws, nil, "restored over a write behind the host model's back")
 
 	closed := mustAcquire(t, reg, "a")
 	closed.Close()
