@@ -463,7 +463,7 @@ pub struct SwapStats {
     pub layers_removed: u64,
     /// Layers of the new adapter merged in.
     pub layers_merged: u64,
-    /// Bytes of original rows kept for the next exact removal.
+    /// Bytes of original weights (and biases) the host model keeps for exact removal.
     pub saved_bytes: u64,
 }
 
@@ -577,10 +577,11 @@ impl<'a> HostModel<'a> {
         Ok(self)
     }
 
-    /// Keeps the original rows of merged layers so that swapping out restores them bit for bit
-    /// (`true`, the default, at up to the size of the adapted weights in memory), or not (`false`:
-    /// PEFT's arithmetic unmerge, which in BF16/F16 may change last bits, swap after swap). Takes
-    /// effect at the next merge.
+    /// Chooses how swaps take adapters out: exactly (`true`, the default: a copy of each weight's
+    /// bytes, taken at its first exact merge and kept for the host model's life, is written back,
+    /// bit for bit), or by PEFT's arithmetic unmerge (`false`: no copy; in BF16/F16 it may change
+    /// last bits, swap after swap; copies already taken are kept). Takes effect at the next merge;
+    /// a layer comes out the way it went in.
     pub fn set_exact(&mut self, exact: bool) -> Result<&mut Self> {
         // SAFETY: a live host model.
         unsafe { check(sys::peft_host_model_set_exact(self.raw.as_ptr(), i32::from(exact)))? };
@@ -654,7 +655,7 @@ impl<'a> HostModel<'a> {
     /// [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported) when the adapter replaces whole
     /// tensors (modules_to_save, trainable tokens), and
     /// [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a weight that is not
-    /// finite or a missing bias buffer.
+    /// finite, a missing bias buffer, or two layers of the adapter on one weight.
     pub fn swap(&mut self, lease: Option<&Lease>, weight: f64) -> Result<SwapStats> {
         let lease = lease.map_or(std::ptr::null(), Lease::as_ptr);
         let mut raw =
