@@ -64,7 +64,7 @@ namespace PeftC
         public long LayersRemoved { get; private set; }
         /// <summary>Layers of the new adapter merged in.</summary>
         public long LayersMerged { get; private set; }
-        /// <summary>Bytes of original rows kept for the next exact removal.</summary>
+        /// <summary>Bytes of original weights (and biases) the host model keeps for exact removal.</summary>
         public long SavedBytes { get; private set; }
     }
 
@@ -330,7 +330,9 @@ namespace PeftC
     /// <summary>
     /// The weight buffers of a host's model, given once, into which adapters are swapped in place:
     /// <see cref="Swap"/> takes the merged adapter out (bit for bit by default) and merges another in.
-    /// One thread at a time, and nothing may read or write the buffers during a swap.
+    /// One thread at a time, and nothing may read or write the buffers during a swap. While the host model lives it
+    /// owns the buffers' contents: the host reads them but does not write them (in exact mode, taking an adapter out
+    /// writes the original bytes back, whatever they hold).
     /// </summary>
     /// <remarks>
     /// <para>The buffers are the host's. The host model keeps their addresses from <c>AddWeight</c> until it is
@@ -367,8 +369,9 @@ namespace PeftC
             return this;
         }
 
-        /// <summary>Keep the original rows so that swapping out restores them bit for bit (the default), or not
-        /// (PEFT's arithmetic unmerge). Takes effect at the next merge.</summary>
+        /// <summary>Exact removal (the default): a copy of each weight's bytes, taken at its first exact merge and kept
+        /// while the host model lives, is written back, bit for bit; or not (PEFT's arithmetic unmerge; copies already
+        /// taken are kept). Takes effect at the next merge; a layer comes out the way it went in.</summary>
         public HostModel SetExact(bool exact)
         {
             PeftException.Check(Native.peft_host_model_set_exact(Handle, exact ? 1 : 0));
@@ -485,8 +488,9 @@ namespace PeftC
         /// be disposed at once.</summary>
         /// <exception cref="PeftException">UnresolvedKey listing the adapter's layers without a weight here;
         /// ShapeMismatch naming a layer whose weight does not fit, or whose bias has another length than its output
-        /// features; Unsupported for modules_to_save or trainable tokens; InvalidArgument for a weight that is not finite, a missing bias, or (exact mode) buffers changed
-        /// since the last merge. The buffers hold what they held before on failure.</exception>
+        /// features; Unsupported for modules_to_save or trainable tokens; InvalidArgument for a weight that is not
+        /// finite, a missing bias, or two layers of the adapter on one weight. The buffers hold what they held before
+        /// on failure.</exception>
         public SwapStats Swap(Lease lease, double weight = 1.0)
         {
             var s = new NativeSwapStats { Size = (ulong)Marshal.SizeOf(typeof(NativeSwapStats)) };
