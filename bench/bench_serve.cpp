@@ -261,7 +261,7 @@ void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps
       out.push_back(seconds_since(t0));
     }
     std::printf("  %s restoration: none->A %7.1f ms, A->B %7.1f ms, B->none %7.1f ms (median of %d); "
-                "A->B = %.2f x a full reload; rows kept %.2f GB\n",
+                "A->B = %.2f x a full reload; original weights kept %.2f GB\n",
                 exact ? "exact     " : "arithmetic", median(in) * 1e3, median(ab) * 1e3, median(out) * 1e3, reps,
                 median(ab) / reload, static_cast<double>(saved) / 1e9);
     peft_host_model_free(host);
