@@ -11,48 +11,7 @@
 #include <unistd.h>
 
 #include "peft_c.h"
-
-static int passed = 0;
-static int failed = 0;
-
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (cond) {                                                       \
-      ++passed;                                                       \
-    } else {                                                          \
-      ++failed;                                                       \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                 \
-  } while (0)
-
-/* Checks that a call succeeded; prints its message otherwise. */
-#define CHECK_OK(call)                                                                          \
-  do {                                                                                          \
-    peft_error* ok_err_ = (call);                                                               \
-    if (ok_err_ == NULL) {                                                                      \
-      ++passed;                                                                                 \
-    } else {                                                                                    \
-      ++failed;                                                                                 \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,                  \
-              peft_error_code_name(peft_error_code(ok_err_)), peft_error_message(ok_err_));     \
-      peft_error_free(ok_err_);                                                                 \
-    }                                                                                           \
-  } while (0)
-
-/* Checks that a call failed with the given code and a non-empty message. */
-#define CHECK_CODE(call, code)                                                                  \
-  do {                                                                                          \
-    peft_error* code_err_ = (call);                                                             \
-    int32_t got_ = peft_error_code(code_err_);                                                  \
-    if (code_err_ != NULL && got_ == (code) && peft_error_message(code_err_)[0] != '\0') {      \
-      ++passed;                                                                                 \
-    } else {                                                                                    \
-      ++failed;                                                                                 \
-      fprintf(stderr, "%s:%d: %s: expected %s, got %s: %s\n", __FILE__, __LINE__, #call,       \
-              peft_error_code_name(code), peft_error_code_name(got_), peft_error_message(code_err_)); \
-    }                                                                                           \
-    peft_error_free(code_err_);                                                                 \
-  } while (0)
+#include "check.h"
 
 /* A sentinel no call should ever write through a failed out-parameter. */
 static peft_checkpoint* const kUntouchedCkpt = (peft_checkpoint*)(uintptr_t)0x5eed;
@@ -468,6 +427,5 @@ int main(void) {
   test_sharded();
   test_metadata_presence();
   test_pread_view_matches_read();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return check_summary();
 }

@@ -12,50 +12,7 @@
 #include <sys/stat.h>
 
 #include "peft_c.h"
-
-static int passed = 0;
-static int failed = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (cond) {                                                                \
-      ++passed;                                                                \
-    } else {                                                                   \
-      ++failed;                                                                \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                          \
-  } while (0)
-
-#define CHECK_OK(call)                                                                      \
-  do {                                                                                      \
-    peft_error* ok_err_ = (call);                                                           \
-    if (ok_err_ == NULL) {                                                                  \
-      ++passed;                                                                             \
-    } else {                                                                                \
-      ++failed;                                                                             \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,              \
-              peft_error_code_name(peft_error_code(ok_err_)), peft_error_message(ok_err_)); \
-      peft_error_free(ok_err_);                                                             \
-    }                                                                                       \
-  } while (0)
-
-#define CHECK_CODE_NAMING(call, code, needle)                                                 \
-  do {                                                                                        \
-    peft_error* code_err_ = (call);                                                           \
-    int32_t got_ = peft_error_code(code_err_);                                                \
-    const char* msg_ = peft_error_message(code_err_);                                         \
-    const char* needle_ = (needle);                                                           \
-    if (code_err_ != NULL && got_ == (code) && msg_[0] != '\0' &&                             \
-        (needle_ == NULL || strstr(msg_, needle_) != NULL)) {                                 \
-      ++passed;                                                                               \
-    } else {                                                                                  \
-      ++failed;                                                                               \
-      fprintf(stderr, "%s:%d: %s: expected %s, got %s: %s\n", __FILE__, __LINE__, #call,     \
-              peft_error_code_name(code), peft_error_code_name(got_), msg_);                  \
-    }                                                                                         \
-    peft_error_free(code_err_);                                                               \
-  } while (0)
-#define CHECK_CODE(call, code) CHECK_CODE_NAMING(call, code, NULL)
+#include "check.h"
 
 /* A fixture path; each call returns a different one of 8 buffers, so a few may be held at once. */
 static const char* data_path(const char* rel) {
@@ -396,6 +353,5 @@ int main(void) {
   test_swaps(PEFT_DTYPE_BF16);
   test_translator();
   test_errors();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return check_summary();
 }
