@@ -1984,7 +1984,9 @@ PEFT_API void peft_registry_free(peft_registry* registry);
  * @param dir The adapter folder.
  * @param opts Options as for peft_adapter_open() (a base model to validate against), or NULL.
  * @return NULL on success; the errors of peft_adapter_open(); #PEFT_ERR_UNSUPPORTED for tensors of
- *         another dtype; #PEFT_ERR_INVALID_ARGUMENT for NULL, an empty name or one with a newline.
+ *         another dtype; #PEFT_ERR_SHAPE_MISMATCH for a layer whose lora_B.bias or DoRA magnitude
+ *         does not have one value per output feature, or a Conv2d lora_B that is not 1x1;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL, an empty name or one with a newline.
  *         On failure the registry is unchanged (an adapter of that name stays). Thread-safe.
  */
 PEFT_API peft_error* peft_registry_register(peft_registry* registry, const char* name, const char* dir,
@@ -2114,7 +2116,9 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * dtype. Rows whose index is -1, or whose adapter has no such layer, are left unchanged (PEFT's
  * mixed-batch forward does the same). The scaling is the layer's (alpha / r, or alpha / sqrt(r) with
  * rslora, after rank and alpha patterns). Linear and GPT-2 Conv1D layers are supported; their
- * LoRA factors are the same.
+ * LoRA factors are the same. Factors that the registry stores as BF16 or F16 are widened to F32 on
+ * each call (rank x (in + out) values per adapter of the batch); a registry storing F32 spends twice
+ * the memory instead.
  * @param module The layer (see @ref serving).
  * @param leases The adapters of this batch.
  * @param lease_count Their number (at least 1).
