@@ -2227,7 +2227,8 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  *         #PEFT_ERR_SHAPE_MISMATCH naming a layer whose weight, or whose lora_B.bias (against the
  *         bias's element count), does not fit;
  *         #PEFT_ERR_UNSUPPORTED when the adapter replaces whole tensors (modules_to_save, trainable
- *         tokens), which a swap does not do; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
+ *         tokens, biases saved with bias="all", base-layer weights saved with save_embedding_layers),
+ *         which a swap does not do; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
  *         that is not finite, a missing bias buffer, or two layers of the adapter on one weight;
  *         #PEFT_ERR_OUT_OF_MEMORY (the first exact merge of a weight allocates its copy).
  */

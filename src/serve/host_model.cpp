@@ -133,8 +133,8 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
   const LoadedAdapter& loaded = pin->loaded();
   const std::string adapter = "adapter " + peft::quoted(pin->name());
   if (loaded.has_replacements())
-    fail(PEFT_ERR_UNSUPPORTED, adapter + " replaces whole tensors (modules_to_save, bias=\"all\" or trainable " +
-                                   "tokens); a swap merges LoRA layers only");
+    fail(PEFT_ERR_UNSUPPORTED, adapter + " replaces whole tensors (modules_to_save, bias=\"all\", trainable " +
+                                   "tokens or saved base_layer weights); a swap merges LoRA layers only");
 
   std::vector<std::string> missing;
   for (const LoadedLayer& layer : loaded.layers())

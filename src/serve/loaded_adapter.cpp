@@ -160,8 +160,11 @@ std::shared_ptr<const LoadedAdapter> LoadedAdapter::load(std::shared_ptr<const A
     loaded->by_module_.emplace(layer.module, loaded->layers_.size());
     loaded->layers_.push_back(std::move(layer));
   }
+  // Whole tensors replace base tensors: modules_to_save copies, trainable tokens, and tensors saved
+  // beside a LoRA layer's factors (its base_layer weight or bias with bias="all", ...).
   for (const AdapterModule& m : adapter->modules())
-    if (!m.is_lora()) loaded->has_replacements_ = true;
+    for (const AdapterTensor& t : m.tensors)
+      if (!m.is_lora() || !is_lora_role(t.role)) loaded->has_replacements_ = true;
   loaded->adapter_ = std::move(adapter);
   return loaded;
 }

@@ -57,7 +57,8 @@ class LoadedAdapter {
   const Adapter& adapter() const { return *adapter_; }
   const std::shared_ptr<const Adapter>& adapter_ptr() const { return adapter_; }
   const std::vector<LoadedLayer>& layers() const { return layers_; }
-  // Whether the adapter also has modules_to_save / bias="all" / trainable-token tensors.
+  // Whether the adapter also has tensors that replace base tensors: modules_to_save copies, trainable
+  // tokens, or tensors beside a LoRA layer's factors (a saved base_layer weight or bias, bias="all").
   bool has_replacements() const { return has_replacements_; }
 
   // The layer of a HuggingFace module path (exactly as in LoadedLayer::module); null when absent.

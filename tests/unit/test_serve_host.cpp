@@ -336,8 +336,7 @@ TEST_CASE("serve host: GPT-2 Conv1D, embedding, DoRA, lora_bias and RSLoRA swaps
   };
   for (const Case& c : {Case{"gpt2", "gpt2_lora", 1.0}, Case{"llama", "llama_dora", 0.5},
                         Case{"qwen2", "qwen2_lora_bias", 1.5}, Case{"llama", "llama_rslora", 1.0},
-                        Case{"llama", "llama_rank_alpha_pattern", 1.0}, Case{"qwen2", "qwen2_lora", 1.0},
-                        Case{"llama", "llama_embedding", 0.25}}) {
+                        Case{"llama", "llama_rank_alpha_pattern", 1.0}, Case{"qwen2", "qwen2_lora", 1.0}}) {
     CAPTURE(c.adapter);
     auto registry = registry_of(DType::F32, c.base, {{"x", c.adapter}});
     HostBuffers buffers(model(c.base), DType::F32);
@@ -423,10 +422,12 @@ TEST_CASE("serve host: a swap that cannot be done leaves the buffers and the cur
   auto registry = registry_of(DType::BF16, "llama", {{"attention", "llama_rslora"}, {"all", "llama_lora"}});
   registry->add("bert", open_adapter(adapter_dir("bert_seqcls_lora"), model("bert")));
   registry->add("tokens", open_adapter(adapter_dir("llama_trainable_tokens"), model("llama")));
+  registry->add("embedding", open_adapter(adapter_dir("llama_embedding"), model("llama")));  // saved base_layer
   auto attention = registry->acquire("attention");
   auto all = registry->acquire("all");
   auto bert = registry->acquire("bert");
   auto tokens = registry->acquire("tokens");
+  auto embedding = registry->acquire("embedding");
 
   HostBuffers buffers(model("llama"), DType::BF16);
   const std::vector<Bytes> original = buffers.snapshot();
@@ -465,6 +466,8 @@ TEST_CASE("serve host: a swap that cannot be done leaves the buffers and the cur
   CHECK(error_code([&] { fitting.swap(bert.get(), 1.0); }, &message) == PEFT_ERR_UNSUPPORTED);
   CHECK(message.find("modules_to_save") != std::string::npos);
   CHECK(error_code([&] { fitting.swap(tokens.get(), 1.0); }) == PEFT_ERR_UNSUPPORTED);
+  CHECK(error_code([&] { fitting.swap(embedding.get(), 1.0); }, &message) == PEFT_ERR_UNSUPPORTED);
+  CHECK(message.find("base_layer") != std::string::npos);
   CHECK(error_code([&] { fitting.swap(attention.get(), std::numeric_limits<double>::quiet_NaN()); }) ==
         PEFT_ERR_INVALID_ARGUMENT);
   CHECK(error_code([&] { fitting.swap(nullptr, std::numeric_limits<double>::infinity()); }) == PEFT_ERR_INVALID_ARGUMENT);

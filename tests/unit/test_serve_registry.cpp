@@ -283,6 +283,26 @@ TEST_CASE("loaded adapter: tensors that cannot be served are refused from the he
   CHECK(code_of([&] { registry.add("kernel", Adapter::open(kernel_dir.string(), {})); }) == PEFT_ERR_SHAPE_MISMATCH);
 }
 
+TEST_CASE("loaded adapter: tensors saved beside a LoRA layer's factors count as replacements") {
+  // bias="all" saves the adapted layer's bias as "<module>.base_layer.bias"; a swap that merged only
+  // the factors would silently leave the old bias, so such an adapter must report replacements.
+  adapter_test::TempDir tmp;
+  const auto write = [&](const std::string& name, std::vector<TensorData> tensors) {
+    const auto dir = tmp.path / name;
+    adapter_test::write_text(dir / "adapter_config.json",
+                             adapter_test::config_text({{"target_modules", {"proj"}}, {"bias", "all"}}));
+    std::ofstream(dir / "adapter_model.safetensors", std::ios::binary) << safetensors_bytes(tensors);
+    return LoadedAdapter::load(Adapter::open(dir.string(), {}), DType::F32);
+  };
+  const TensorData a{"base_model.model.proj.lora_A.weight", DType::F32, {2, 3}, ramp(6, 0, 1)};
+  const TensorData b{"base_model.model.proj.lora_B.weight", DType::F32, {4, 2}, ramp(8, 0, 1)};
+  const TensorData bias{"base_model.model.proj.base_layer.bias", DType::F32, {4}, ramp(4, 0, 1)};
+  CHECK_FALSE(write("factors", {a, b})->has_replacements());
+  const auto with_bias = write("with_bias", {a, b, bias});
+  CHECK(with_bias->has_replacements());
+  CHECK(with_bias->layers().size() == 1);
+}
+
 TEST_CASE("registry: registering reads no tensor data; the first acquire loads, later ones hit") {
   adapter_test::TempDir tmp;
   fs::copy(kAdapters + "llama_lora", tmp.path / "copy");
