@@ -16,4 +16,4 @@ bench:
 	scripts/bench.sh
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz build-clang build-aarch64

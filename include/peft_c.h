@@ -83,6 +83,30 @@ PEFT_API uint32_t peft_version_number(void);
  */
 PEFT_API uint32_t peft_abi_version(void);
 
+/**
+ * @brief The kernel table the library computes with: "avx512", "avx2" or "portable".
+ *
+ * Dtype conversions and the merge arithmetic run through one table of hand-vectorised loops,
+ * chosen once per process on first use: the highest level that the CPU and the operating system
+ * support, of "avx512" (AVX-512 F, BW, VL and DQ, with AVX2, FMA and F16C), "avx2" (AVX2, FMA and
+ * F16C) and "portable" (plain C++ that the compiler vectorises for the baseline instruction set:
+ * SSE2 on x86-64, NEON on aarch64, where it is the only table). The environment variable
+ * `PEFT_C_KERNELS`, set before that first use to `portable`, `avx2` or `avx512`, lowers the choice
+ * (tests use it to run every table a machine has); a level the CPU lacks gives the highest level
+ * below it, and `auto` or any other value leaves the choice as it is.
+ *
+ * **Which results are bit-identical across tables, machines and thread counts:** dtype
+ * conversions (peft_convert(), conversions on read and write), every merge (checkpoints, buffers,
+ * host models, DoRA norms, several weighted adapters) and its removal, and every file written.
+ * The table changes only the speed there. **Not bit-identical:** peft_lora_apply(), whose products
+ * run through the BLAS library, which picks its own kernels per CPU and thread count; its result
+ * is the exact value within the rounding error of f32 products of that length (see there), rounded
+ * once to the output dtype.
+ *
+ * @return A static string; never NULL. Thread-safe.
+ */
+PEFT_API const char* peft_kernels(void);
+
 /** @} */
 
 /* ================================================================================================ */
@@ -2119,6 +2143,13 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * LoRA factors are the same. Factors that the registry stores as BF16 or F16 are widened to F32 on
  * each call (rank x (in + out) values per adapter of the batch); a registry storing F32 spends twice
  * the memory instead.
+ *
+ * Precision: the BLAS library picks its kernels (and summation order) by CPU and thread count, so
+ * the F32 result is not bit-identical across machines; it lies within gamma(n) x (|y| + |scaling| x
+ * (|x| |A^T|) |B^T| + |scaling x bias|) of the exact value, element by element, with
+ * gamma(n) = n u / (1 - n u), u = 2^-24 and n = in_features + rank + 6 (the depth of rounded
+ * operations). A BF16 or F16 @p y is that F32 result rounded once, to nearest even. The tests check
+ * this bound on every kernel table (see peft_kernels()).
  * @param module The layer (see @ref serving).
  * @param leases The adapters of this batch.
  * @param lease_count Their number (at least 1).
@@ -2429,6 +2460,7 @@ typedef struct peft_api {
   peft_error* (*host_model_add_weight)(peft_host_model* host, const char* name, void* data, int32_t dtype, const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype, uint64_t bias_elements); /**< peft_host_model_add_weight() */
   peft_error* (*host_model_swap)(peft_host_model* host, const peft_lease* lease, double weight, peft_swap_stats* stats); /**< peft_host_model_swap() */
   const char* (*host_model_current)(const peft_host_model* host); /**< peft_host_model_current() */
+  const char* (*kernels)(void); /**< peft_kernels() */
 } peft_api;
 
 /**

@@ -26,7 +26,7 @@ venv=$(scripts/python-env.sh)
 py=$venv/bin/python
 
 step "build (release)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEFT_WERROR=ON \
   -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 ninja -C build -j"$jobs"
 rm -rf build/prefix && cmake --install build --prefix "$root/build/prefix" >/dev/null
@@ -37,7 +37,34 @@ export PEFT_CORPUS=${PEFT_CORPUS:-$root/../shared/corpus/real}
 export PKG_CONFIG_PATH=$root/build/prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export LD_LIBRARY_PATH=$root/build/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
-run "ctest (release)" ctest --test-dir build --output-on-failure -j"$jobs"
+# The kernel table a process uses is the highest the CPU supports unless PEFT_C_KERNELS names a lower
+# one (include/peft_c.h, peft_kernels). The first ctest runs the highest; then the unit and C API
+# tests run again on each lower table that the machine has.
+kernels_of() { PEFT_C_KERNELS=$1 build/peftc --version | sed -n 's/.*(kernels: \(.*\))$/\1/p'; }
+top=$(kernels_of auto)
+run "ctest (release, kernels $top)" ctest --test-dir build --output-on-failure -j"$jobs"
+tables_run=("$top")
+for table in portable avx2 avx512; do
+  [ "$table" = "$top" ] && break
+  if [ "$(kernels_of "$table")" = "$table" ]; then
+    run "unit and C API tests (kernels $table)" env PEFT_C_KERNELS=$table \
+      ctest --test-dir build --output-on-failure -j"$jobs" -R '^(unit|test_[a-z_]+)$'
+    tables_run+=("$table")
+  fi
+done
+echo "kernel tables tested on this machine: ${tables_run[*]}"
+
+step "build (clang)"
+cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEFT_WERROR=ON \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+if ninja -C build-clang -j"$jobs"; then
+  run "ctest (clang)" ctest --test-dir build-clang --output-on-failure -j"$jobs" -E '^doxygen$'
+else
+  echo "---- build (clang): FAILED"; failures+=("build (clang)")
+fi
+
+run "aarch64 (cross-built, qemu-user)" scripts/test-aarch64.sh
 
 # Each suite runs on its own: pytest would take bindings/python/pyproject.toml as the config of both.
 for d in tests/interop bindings/python/tests; do

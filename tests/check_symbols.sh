@@ -2,8 +2,9 @@
 # Fails when the shared library exports a symbol that is not part of the public peft_* API.
 set -euo pipefail
 lib=$1
-leaks=$(nm -D --defined-only "$lib" | awk '$2 ~ /[TDBRWVi]/ {print $3}' | grep -v '^peft_' || true)
-count=$(nm -D --defined-only "$lib" | awk '$2 ~ /[TDBRWVi]/ {print $3}' | grep -c '^peft_' || true)
+nm=${NM:-nm}  # the build's nm: a cross build's reads the target's format
+leaks=$("$nm" -D --defined-only "$lib" | awk '$2 ~ /[TDBRWVi]/ {print $3}' | grep -v '^peft_' || true)
+count=$("$nm" -D --defined-only "$lib" | awk '$2 ~ /[TDBRWVi]/ {print $3}' | grep -c '^peft_' || true)
 if [ -n "$leaks" ]; then
   echo "non-peft symbols exported from $lib:"; echo "$leaks" | head -20; exit 1
 fi

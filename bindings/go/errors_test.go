@@ -87,6 +87,16 @@ func TestErrorNamesTheFile(t *testing.T) {
 	}
 }
 
+func TestKernels(t *testing.T) {
+	got := peftc.Kernels()
+	if got != "portable" && got != "avx2" && got != "avx512" {
+		t.Fatalf("kernel table %q", got)
+	}
+	if os.Getenv("PEFT_C_KERNELS") == "portable" && got != "portable" {
+		t.Errorf("PEFT_C_KERNELS=portable, but the library runs %q", got)
+	}
+}
+
 func TestVersion(t *testing.T) {
 	if err := peftc.CheckVersion(); err != nil {
 		t.Fatal(err)

@@ -73,6 +73,10 @@ func VersionNumber() uint32 { return uint32(C.peft_version_number()) }
 // ABIVersion is the ABI version of the peft_c library that is running.
 func ABIVersion() uint32 { return uint32(C.peft_abi_version()) }
 
+// Kernels names the kernel table the library computes with: "avx512", "avx2" or "portable", chosen
+// once per process (the PEFT_C_KERNELS environment variable can lower it; see peft_kernels).
+func Kernels() string { return C.GoString(C.peft_kernels()) }
+
 // CheckVersion reports an error when the running library's ABI differs from the header's. The
 // package also checks this when it is initialised and panics on a mismatch, because calling a
 // library with another ABI is not memory-safe.

@@ -175,6 +175,7 @@ const peft_api kApiV1 = {
     &peft_host_model_add_weight,
     &peft_host_model_swap,
     &peft_host_model_current,
+    &peft_kernels,
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The hot loops of core/convert.cpp, behind a table of function pointers picked once at run time:
-// AVX2 + F16C when the CPU has them, otherwise portable C++ that the compiler vectorises with the
+// AVX2 + F16C at the kernel level core/kernel_level.hpp chooses, otherwise portable C++ that the compiler vectorises with the
 // baseline instruction set. Internal; exposed so that tests can run every implementation against
 // the same reference tables and the benchmark can compare them.
 #pragma once
@@ -25,7 +25,7 @@ const Kernels& portable();
 // AVX2 + F16C with intrinsics, or nullptr when the CPU (or OS) lacks them or this is not x86-64.
 const Kernels* x86_avx2();
 
-// The fastest available set; chosen on first use.
+// The set of the kernel level in use (kernels::chosen_level()); chosen on first use.
 const Kernels& active();
 
 // Output size from which the x86 kernels write with non-temporal stores (output that large is

@@ -16,6 +16,7 @@
 #include "core/bf16.hpp"
 #include "core/convert_kernels.hpp"
 #include "core/f16.hpp"
+#include "core/kernel_level.hpp"
 
 namespace peft::convert_kernels {
 namespace {
@@ -55,7 +56,8 @@ const Kernels& portable() {
 }
 
 const Kernels& active() {
-  static const Kernels& chosen = x86_avx2() != nullptr ? *x86_avx2() : portable();
+  static const Kernels& chosen =
+      peft::kernels::chosen_level() >= peft::kernels::Level::avx2 && x86_avx2() != nullptr ? *x86_avx2() : portable();
   return chosen;
 }
 

@@ -1,5 +1,5 @@
 // AVX2 + F16C kernels, compiled with target attributes so the library itself still runs on any
-// x86-64; x86_avx2() hands them out only when the CPU has both extensions. Loads are unaligned
+// x86-64; x86_avx2() hands them out only when the CPU has them (core/kernel_level.hpp). Loads are unaligned
 // intrinsics, so any source alignment works. Large outputs are written with non-temporal stores
 // once the destination is 32-byte aligned. Heads and tails go through the scalar functions, which
 // give the same bits.
@@ -7,7 +7,6 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <bit>
@@ -16,6 +15,7 @@
 
 #include "core/bf16.hpp"
 #include "core/f16.hpp"
+#include "core/kernel_level.hpp"
 
 #define PEFT_AVX2 __attribute__((target("avx2,f16c")))
 
@@ -191,27 +191,11 @@ PEFT_AVX2 void f16_to_f32(const unsigned char* s, unsigned char* d, size_t n) { 
 PEFT_AVX2 void f32_to_bf16(const unsigned char* s, unsigned char* d, size_t n) { run<F32ToBf16>(s, d, n); }
 PEFT_AVX2 void f32_to_f16(const unsigned char* s, unsigned char* d, size_t n) { run<F32ToF16>(s, d, n); }
 
-// CPUID rather than __builtin_cpu_supports, whose "f16c" is GCC's alone (clang 14 rejects it).
-// As GCC's check does: AVX2 and F16C count only if the OS saves the YMM state (OSXSAVE set and
-// XCR0 has the SSE and AVX bits).
-bool cpu_has_avx2_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-  constexpr unsigned kOsxsave = 1u << 27, kAvx = 1u << 28, kF16c = 1u << 29;
-  if ((c & (kOsxsave | kAvx | kF16c)) != (kOsxsave | kAvx | kF16c)) return false;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0u));
-  if ((xcr0_lo & 0x6u) != 0x6u) return false;  // XMM (bit 1) and YMM (bit 2) state enabled
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-  return (b & (1u << 5)) != 0;  // AVX2
-}
-
 }  // namespace
 
 const Kernels* x86_avx2() {
-  static constexpr Kernels kernels{"avx2+f16c", bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16};
-  static const bool supported = cpu_has_avx2_f16c();
-  return supported ? &kernels : nullptr;
+  static constexpr Kernels kernels{"avx2", bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16};
+  return peft::kernels::supported_level() >= peft::kernels::Level::avx2 ? &kernels : nullptr;
 }
 
 }  // namespace peft::convert_kernels

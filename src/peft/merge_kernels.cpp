@@ -15,10 +15,10 @@
 
 #include "core/bf16.hpp"
 #include "core/f16.hpp"
+#include "core/kernel_level.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PEFT_MERGE_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -269,38 +269,27 @@ PEFT_DEFINE_TABLE(avx512_impl, "avx512", __attribute__((target("avx512f,avx512bw
 
 const Table& portable() { return portable_impl::table; }
 
-#ifdef PEFT_MERGE_X86
-// __builtin_cpu_supports has no "f16c" in every compiler: CPUID leaf 1, ECX bit 29. (The OS saves
-// the AVX state whenever __builtin_cpu_supports reports AVX2, which the callers require as well.)
-static bool has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
-}
-#endif
+using peft::kernels::Level;
 
 const Table* x86_avx2() {
 #ifdef PEFT_MERGE_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) return &avx2_impl::table;
+  if (peft::kernels::supported_level() >= Level::avx2) return &avx2_impl::table;
 #endif
   return nullptr;
 }
 
 const Table* x86_avx512() {
 #ifdef PEFT_MERGE_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma") && has_f16c())
-    return &avx512_impl::table;
+  if (peft::kernels::supported_level() >= Level::avx512) return &avx512_impl::table;
 #endif
   return nullptr;
 }
 
 const Table& active() {
-  static const Table& chosen = [] () -> const Table& {
-    if (const Table* t = x86_avx512()) return *t;
-    if (const Table* t = x86_avx2()) return *t;
+  static const Table& chosen = []() -> const Table& {
+    const Level level = peft::kernels::chosen_level();
+    if (const Table* t = x86_avx512(); t != nullptr && level >= Level::avx512) return *t;
+    if (const Table* t = x86_avx2(); t != nullptr && level >= Level::avx2) return *t;
     return portable();
   }();
   return chosen;

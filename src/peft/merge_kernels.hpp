@@ -1,8 +1,9 @@
 // The inner loops of the merge math (merge_math.hpp), behind a table of function pointers picked
-// once at run time: AVX-512, AVX2 + FMA, or portable C++. Every table gives bit-identical results:
-// products are accumulated with explicit fused multiply-adds and every other step is one IEEE
-// operation, so the instruction set changes only the speed. Internal; exposed so that tests can
-// run every table against the same reference loops and the benchmark can name the one in use.
+// once at run time by the kernel level (core/kernel_level.hpp): AVX-512, AVX2 + FMA, or portable
+// C++. Every table gives bit-identical results: products are accumulated with explicit fused
+// multiply-adds and every other step is one IEEE operation, so the instruction set changes only
+// the speed. Internal; exposed so that tests can run every table against the same reference loops
+// and the benchmark can name the one in use.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,6 @@ struct Table {
 const Table& portable();
 const Table* x86_avx2();    // nullptr when the CPU lacks AVX2, FMA or F16C, or this is not x86-64
 const Table* x86_avx512();  // nullptr when the CPU lacks AVX-512 F/BW/VL/DQ (or AVX2, FMA, F16C)
-const Table& active();      // the fastest available, chosen on first use
+const Table& active();      // the table of the kernel level in use (core/kernel_level.hpp)
 
 }  // namespace peft::merge::kernels

@@ -7,6 +7,7 @@
 
 usage: check_abi.py HEADER LIBRARY BASELINE
 """
+import os
 import re
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def main():
             problems.append(f"table entry {position} is {table[position]}, the released baseline has {(name, signature)}")
     added = table[len(baseline):]
 
-    nm = subprocess.run(["nm", "-D", "--defined-only", library], check=True, capture_output=True, text=True)
+    nm = subprocess.run([os.environ.get("NM", "nm"), "-D", "--defined-only", library], check=True, capture_output=True, text=True)
     exported = {fields[2] for fields in (line.split() for line in nm.stdout.splitlines())
                 if len(fields) == 3 and fields[1] in "TDBRWVi"}
     exported -= {"_init", "_fini", "_edata", "_end", "__bss_start"}

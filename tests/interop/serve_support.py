@@ -196,6 +196,11 @@ class Reference:
     delta: np.ndarray  # scaling * (x A^T) B^T (+ scaling * lora_B.bias), zero for rows without an adapter here
     terms: np.ndarray  # scaling * |x A^T| |B^T|: the size of what the rank sum adds up (cancellation shows here)
     adapted: np.ndarray  # bool per row: the row's adapter has this layer
+    # The bound on the error of any f32 evaluation of base + delta: gamma(n) = n u / (1 - n u)
+    # (u = 2^-24) times the sum of the magnitudes of all terms, with n = in + rank + 6 roundings
+    # deep (tests/unit/test_serve_apply.cpp derives the count); holds for every summation order and
+    # BLAS kernel.
+    f32_bound: np.ndarray
 
 
 def reference(model, capture: LayerCapture, adapter_names: list[str], rows: np.ndarray) -> Reference:
@@ -206,6 +211,7 @@ def reference(model, capture: LayerCapture, adapter_names: list[str], rows: np.n
     x = capture.x.double().numpy()
     base = capture.base_out.double().numpy()
     delta, terms = np.zeros_like(base), np.zeros_like(base)
+    f32_bound = np.zeros_like(base)
     adapted = np.zeros(len(rows), dtype=bool)
     for index, name in enumerate(adapter_names):
         if name not in layer.lora_A:
@@ -219,8 +225,14 @@ def reference(model, capture: LayerCapture, adapter_names: list[str], rows: np.n
         if layer.lora_B[name].bias is not None:
             delta[selected] += scaling * layer.lora_B[name].bias.detach().double().numpy()
         terms[selected] = abs(scaling) * np.abs(hidden) @ np.abs(b.T)
+        magnitude = np.abs(base[selected]) + abs(scaling) * (np.abs(x[selected]) @ np.abs(a.T)) @ np.abs(b.T)
+        if layer.lora_B[name].bias is not None:
+            magnitude += abs(scaling) * np.abs(layer.lora_B[name].bias.detach().double().numpy())
+        n = a.shape[1] + a.shape[0] + 6
+        u = 2.0 ** -24
+        f32_bound[selected] = n * u / (1 - n * u) * magnitude
         adapted |= selected
-    return Reference(base, base + delta, delta, terms, adapted)
+    return Reference(base, base + delta, delta, terms, adapted, f32_bound)
 
 
 def peft_merged_state(base: pathlib.Path, dtype: torch.dtype, folder: pathlib.Path) -> dict[str, torch.Tensor]:

@@ -199,7 +199,7 @@ TEST_CASE("adapter export: the config keeps unknown fields and means the same") 
   CHECK(text.back() == '}');
 
   // false, "eva", "orthogonal" and "mica" become true as well; true stays true.
-  for (const nlohmann::ordered_json init : {nlohmann::ordered_json(false), nlohmann::ordered_json("eva"),
+  for (const nlohmann::ordered_json& init : {nlohmann::ordered_json(false), nlohmann::ordered_json("eva"),
                                             nlohmann::ordered_json("orthogonal"), nlohmann::ordered_json("mica")}) {
     CAPTURE(init.dump());
     const std::string dir = scratch.path("init_" + std::to_string(std::hash<std::string>()(init.dump())));

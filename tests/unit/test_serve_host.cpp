@@ -555,7 +555,7 @@ TEST_CASE("serve host: switching between exact and arithmetic removal between sw
     host.swap(a.get(), 1.0);
     host.set_exact(true);
     {
-      FaultScope faults({.fail_merges = {5}});
+      FaultScope faults({.fail_merges = {5}, .fail_removes = {}});
       CHECK(error_code([&] { host.swap(b.get(), 1.0); }) == PEFT_ERR_OUT_OF_MEMORY);
     }
     CHECK(host.current()->name() == "a");
@@ -648,7 +648,7 @@ TEST_CASE("serve host: a failure midway (injected) undoes the swap and merges th
 
     // The 6th layer of b fails to merge: b's 5 come out, a's 14 go back.
     {
-      FaultScope faults({.fail_merges = {5}});
+      FaultScope faults({.fail_merges = {5}, .fail_removes = {}});
       std::string message;
       CHECK(error_code([&] { host.swap(b.get(), 1.0); }, &message) == PEFT_ERR_OUT_OF_MEMORY);
       CHECK(message == "injected: merge step");
@@ -657,7 +657,7 @@ TEST_CASE("serve host: a failure midway (injected) undoes the swap and merges th
     }
     // The 9th removal of a fails: the 8 taken out go back.
     {
-      FaultScope faults({.fail_removes = {8}});
+      FaultScope faults({.fail_merges = {}, .fail_removes = {8}});
       CHECK(error_code([&] { host.swap(nullptr, 1.0); }) == PEFT_ERR_OUT_OF_MEMORY);
       CHECK(g_faults.merges == 8);
     }
@@ -688,7 +688,7 @@ TEST_CASE("serve host: when undoing fails too, the host model knows what is merg
   {
     // b's 4th merge fails, and so does putting back a's 3rd layer (3 merges of b, one failed,
     // 3 removals of b, 2 merges of a): 2 of a's layers end merged.
-    FaultScope faults({.fail_merges = {3, 3 + 1 + 2}});
+    FaultScope faults({.fail_merges = {3, 3 + 1 + 2}, .fail_removes = {}});
     std::string message;
     CHECK(error_code([&] { host.swap(b.get(), 1.0); }, &message) == PEFT_ERR_OUT_OF_MEMORY);
     CHECK(message.find("putting the previous adapter back failed too") != std::string::npos);

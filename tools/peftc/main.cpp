@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (args[0] == "--version") {
-    std::printf("peftc %s\n", peft_version());
+    std::printf("peftc %s (kernels: %s)\n", peft_version(), peft_kernels());
     return kExitOk;
   }
   // A two-word command ("adapter inspect") wins over a one-word one.

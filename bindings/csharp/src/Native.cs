@@ -57,6 +57,7 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_version();
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern uint peft_version_number();
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern uint peft_abi_version();
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_kernels();
 
         // ---- errors ----
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_error_code(ErrorHandle err);

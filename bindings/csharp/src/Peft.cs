@@ -49,6 +49,10 @@ namespace PeftC
         /// <summary>The ABI version of the library that is loaded.</summary>
         public static int AbiVersion { get { return checked((int)Native.peft_abi_version()); } }
 
+        /// <summary>The kernel table the library computes with: "avx512", "avx2" or "portable", chosen once per
+        /// process (the PEFT_C_KERNELS environment variable can lower it; see peft_kernels in the header).</summary>
+        public static string Kernels { get { return Utf8.Decode(Native.peft_kernels()); } }
+
         /// <summary>The name of an error code, e.g. "INVALID_OFFSET"; "UNKNOWN" for a value that is no code.</summary>
         public static string ErrorCodeName(ErrorCode code)
         {

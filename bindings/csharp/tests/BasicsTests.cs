@@ -16,6 +16,15 @@ namespace PeftC.Tests
             Assert.Equal(Peft.CompiledAbiVersion, Peft.AbiVersion, "ABI version");
         }
 
+        [Test]
+        public void KernelTableIsNamed()
+        {
+            string kernels = Peft.Kernels;
+            Assert.True(kernels == "portable" || kernels == "avx2" || kernels == "avx512", "kernel table " + kernels);
+            if (System.Environment.GetEnvironmentVariable("PEFT_C_KERNELS") == "portable")
+                Assert.Equal("portable", kernels, "PEFT_C_KERNELS=portable");
+        }
+
         // The enum mirrors the C codes: every member's name, spelled in C style, is the library's name of its value.
         [Test]
         public void ErrorCodesMirrorTheHeader()

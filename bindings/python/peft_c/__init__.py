@@ -46,6 +46,12 @@ def abi_version() -> int:
     return int(_library().peft_abi_version())
 
 
+def kernels() -> str:
+    """The kernel table the library computes with: "avx512", "avx2" or "portable", chosen once per
+    process (the ``PEFT_C_KERNELS`` environment variable can lower it; see ``peft_kernels``)."""
+    return _library().peft_kernels().decode("ascii")
+
+
 def library_path() -> str:
     """Where the loaded library was found (loading it if needed)."""
     return _library().path
@@ -86,6 +92,7 @@ __all__ = [
     "dtype_bits",
     "export_adapter",
     "has_ml_dtypes",
+    "kernels",
     "library_path",
     "load_library",
     "lora_apply",

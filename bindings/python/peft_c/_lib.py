@@ -56,6 +56,7 @@ PROTOTYPES = {
     "peft_version": (c_char_p, []),
     "peft_version_number": (c_uint32, []),
     "peft_abi_version": (c_uint32, []),
+    "peft_kernels": (c_char_p, []),
     # errors
     "peft_error_code": (c_int32, [_err]),
     "peft_error_message": (c_char_p, [_err]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 
@@ -41,6 +42,12 @@ def test_versions_agree_with_header_and_package():
     assert peft_c.version_number() == (consts["VERSION_MAJOR"] * 10000 + consts["VERSION_MINOR"] * 100
                                        + consts["VERSION_PATCH"])
     assert peft_c.abi_version() == consts["ABI_VERSION"] == peft_c.ABI_VERSION
+
+
+def test_kernel_table_is_named():
+    assert peft_c.kernels() in ("portable", "avx2", "avx512")
+    if os.environ.get("PEFT_C_KERNELS") == "portable":
+        assert peft_c.kernels() == "portable"
 
 
 def test_library_names_every_code_as_the_binding_does():

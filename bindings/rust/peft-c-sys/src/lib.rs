@@ -283,6 +283,7 @@ functions! {
     pub fn peft_version() -> *const c_char;
     pub fn peft_version_number() -> u32;
     pub fn peft_abi_version() -> u32;
+    pub fn peft_kernels() -> *const c_char;
 
     // ---- errors
     pub fn peft_error_code(err: *const peft_error) -> i32;
@@ -876,5 +877,6 @@ api_table! {
         pub fn host_model_add_weight(host: *mut peft_host_model, name: *const c_char, data: *mut c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *mut c_void, bias_dtype: i32, bias_elements: u64) -> *mut peft_error = peft_host_model_add_weight;
         pub fn host_model_swap(host: *mut peft_host_model, lease: *const peft_lease, weight: f64, stats: *mut peft_swap_stats) -> *mut peft_error = peft_host_model_swap;
         pub fn host_model_current(host: *const peft_host_model) -> *const c_char = peft_host_model_current;
+        pub fn kernels() -> *const c_char = peft_kernels;
     }
 }

@@ -151,3 +151,10 @@ pub fn abi_version() -> u32 {
     // SAFETY: no arguments.
     unsafe { sys::peft_abi_version() }
 }
+
+/// The kernel table the library computes with: `"avx512"`, `"avx2"` or `"portable"`, chosen once per
+/// process (the `PEFT_C_KERNELS` environment variable can lower it; see `peft_kernels` in the header).
+pub fn kernels() -> &'static str {
+    // SAFETY: no arguments; the result is a static NUL-terminated ASCII string.
+    unsafe { std::ffi::CStr::from_ptr(sys::peft_kernels()) }.to_str().unwrap_or("")
+}

@@ -16,6 +16,15 @@ fn sha256_of_test_support_is_right() {
 }
 
 #[test]
+fn kernel_table_is_named() {
+    let kernels = peft_c::kernels();
+    assert!(["portable", "avx2", "avx512"].contains(&kernels), "kernel table {kernels}");
+    if std::env::var("PEFT_C_KERNELS").as_deref() == Ok("portable") {
+        assert_eq!(kernels, "portable");
+    }
+}
+
+#[test]
 fn versions_match_the_header() {
     assert_eq!(peft_c::abi_version(), peft_c::HEADER_ABI_VERSION);
     let (major, minor, patch) = peft_c::HEADER_VERSION;

@@ -1,0 +1,27 @@
+// Which instruction-set level the kernel tables run at (core/convert_kernels.hpp for dtype
+// conversions, peft/merge_kernels.hpp for the merge arithmetic). One choice for the whole process,
+// made on first use: the highest level this CPU and operating system support, or a lower one named
+// by the environment variable PEFT_C_KERNELS ("portable", "avx2", "avx512"; "auto", unset or any
+// other value: the highest). A level the CPU lacks is never chosen: asking for it gives the highest
+// level below it. peft_kernels() in the public header reports the choice.
+#pragma once
+
+namespace peft::kernels {
+
+enum class Level { portable = 0, avx2 = 1, avx512 = 2 };
+
+// avx2: AVX2, FMA and F16C with the YMM state saved by the OS. avx512: that and AVX-512 F, BW, VL,
+// DQ with the ZMM and mask state saved. Always portable on other architectures.
+Level supported_level();
+
+// The level every table uses, fixed at the first call.
+Level chosen_level();
+
+// "portable", "avx2", "avx512".
+const char* level_name(Level level);
+
+// The level PEFT_C_KERNELS names as text, or supported() for "auto" and anything unknown; then
+// lowered to what the CPU supports. Exposed for the tests; chosen_level() applies it once.
+Level choose_level(const char* request, Level supported);
+
+}  // namespace peft::kernels
