@@ -16,3 +16,6 @@ set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64 -L /usr/aarch64-linux-gnu
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
 # pkg-config (PCRE2) must see the arm64 .pc files, not the host's.
 set(ENV{PKG_CONFIG_LIBDIR} /usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig)
+# Debian installs the CMake packages of the header-only xtensor and xtensor-blas under the host's
+# multiarch folder; they hold no binaries, so the host's serve the target.
+list(APPEND CMAKE_PREFIX_PATH /usr/lib/${CMAKE_HOST_SYSTEM_PROCESSOR}-linux-gnu/cmake)
