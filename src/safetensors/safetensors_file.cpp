@@ -18,7 +18,7 @@ const uint8_t kEmpty[1] = {0};
 
 // Conversions read from the file go through a staging buffer of at most this size (small enough to
 // stay in the cache between the read and the conversion).
-constexpr uint64_t kStagingBytes = uint64_t{1} << 20;
+constexpr uint64_t kStagingBytes = uint64_t{256} << 10;
 
 // A buffer of `n` bytes, not initialised (it is overwritten by a read right away).
 std::unique_ptr<uint8_t[]> uninitialized_bytes(uint64_t n) {
