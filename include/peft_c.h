@@ -256,6 +256,35 @@ PEFT_API peft_error* peft_convert(int32_t src_dtype, const void* src, int32_t ds
  *
  *  Thread safety: a `peft_checkpoint` is read-only after opening; all its functions may be called from
  *  many threads at once.
+ *
+ *  @anchor file_changes
+ *  **Files that change while open.** A checkpoint (and an adapter, a registered adapter, a merge's
+ *  inputs) keeps its files open and reads them when tensors are needed. The library reads them with
+ *  `pread` into its own or the caller's memory, never through a memory mapping, and after each read it
+ *  compares the file's size and modification time with those it had when it was opened:
+ *  - **Truncated** (even grown back afterwards): every later call that reads the file
+ *    (peft_checkpoint_tensor_read(), peft_checkpoint_tensor_view(), peft_writer_write_from_checkpoint(),
+ *    peft_adapter_module_tensor_read(), peft_adapter_export(), peft_adapter_combine(),
+ *    peft_merge_checkpoint(), peft_merge_buffer_apply(), peft_registry_acquire(), ...) fails with
+ *    #PEFT_ERR_IO naming the file, also when the truncation happens during the call. The host never
+ *    receives SIGBUS from the library.
+ *  - **Rewritten in place** (the same file, e.g. `cp new old` or a write into it): detected when its
+ *    size or modification time changed, and reported as #PEFT_ERR_IO. A rewrite that keeps the size
+ *    and falls within the file system's timestamp granularity (a few milliseconds) of the write before
+ *    the opening, or that restores the modification time, is not detected: the new bytes are read.
+ *  - **Replaced by rename** (a new file moved over the name, as atomic writers and peft_c's own
+ *    writers do) or **deleted**: the open handle keeps reading the file it opened, unchanged. Open the
+ *    path again to read the new file.
+ *  After #PEFT_ERR_IO for a changed file, open it again (re-register an adapter) to use its new
+ *  contents; the failed handle stays usable for tensors already held in memory.
+ *
+ *  The one exception is memory the library hands out: a zero-copy view (peft_checkpoint_tensor_view()
+ *  in the default mapped mode) points into a mapping of the file, and the caller's own reads of it
+ *  cannot be intercepted. Touching bytes of such a view after the file was truncated raises SIGBUS in
+ *  the caller (as with any mapping, and with the reference reader), and bytes rewritten in place show
+ *  through the view. A host that does not control its files should use
+ *  peft_checkpoint_tensor_read(), or pread mode (peft_open_options_set_use_pread()), whose views are
+ *  private copies.
  *  @{ */
 
 /** Options for opening files. Owned by the caller; release with peft_open_options_free(). */
@@ -265,7 +294,7 @@ typedef struct peft_open_options peft_open_options;
 typedef struct peft_checkpoint peft_checkpoint;
 
 /**
- * @brief Creates open options with the defaults: memory-mapped, header cap 100,000,000 bytes.
+ * @brief Creates open options with the defaults: views memory-mapped, header cap 100,000,000 bytes.
  * @param[out] out Receives the new options.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
  */
@@ -287,10 +316,14 @@ PEFT_API void peft_open_options_free(peft_open_options* opts);
 PEFT_API peft_error* peft_open_options_set_max_header_size(peft_open_options* opts, uint64_t max_bytes);
 
 /**
- * @brief Chooses between memory mapping (the default) and reading with pread.
+ * @brief Chooses what peft_checkpoint_tensor_view() gives: a pointer into a memory mapping of the
+ *        file (the default) or a private copy read with pread.
  *
- * With pread, nothing is mapped: the header is read once and each tensor is read when it is first
- * viewed (and then kept until the checkpoint is freed) or read with conversion.
+ * Everything else reads with pread in both modes (see @ref file_changes). In mmap mode the file is
+ * mapped at the first view, and views are zero-copy but share the file's fate: bytes removed by a
+ * truncation raise SIGBUS when the caller touches them. With pread nothing is mapped: each tensor is
+ * read when it is first viewed and then kept (in memory, until the checkpoint is freed), so views
+ * stay valid whatever happens to the file, at the cost of that memory.
  * @param opts Options.
  * @param use_pread Nonzero for pread, 0 for mmap.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
@@ -501,26 +534,39 @@ PEFT_API size_t peft_checkpoint_tensor_file(const peft_checkpoint* ckpt, size_t 
  * such views are aligned to the element size; other files may not be. Check before a typed access.
  * A zero-size tensor gives a non-NULL pointer and 0 bytes.
  *
+ * In mmap mode (the default) the pointer is into a read-only mapping of the file, made at the first
+ * view. Each call first checks that the file is unchanged (#PEFT_ERR_IO otherwise), but the bytes are
+ * read by the caller, where the library cannot intercept a fault: if the file is truncated later,
+ * touching the lost bytes raises SIGBUS in the caller's process, and bytes rewritten in place show
+ * through (see @ref file_changes). For files that may change, read with peft_checkpoint_tensor_read()
+ * or open in pread mode, where the view is a private copy taken at the first view of the tensor.
+ *
  * @param[out] out_data Receives the pointer.
  * @param[out] out_nbytes Receives the byte length.
  * @param ckpt A checkpoint.
  * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
- * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if out of range or NULL; #PEFT_ERR_IO if a
- *         pread-mode read fails. Thread-safe.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if out of range or NULL; #PEFT_ERR_IO if the
+ *         file changed since it was opened (mmap mode), or if a pread-mode read fails or finds it
+ *         changed. Thread-safe.
  */
 PEFT_API peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, size_t index,
                                                  const void** out_data, uint64_t* out_nbytes);
 
 /**
  * @brief Reads tensor @p index into the caller's buffer, converting to @p dtype (see peft_convert()).
+ *
+ * Reads the file with pread in both modes (a pread-mode tensor already viewed is copied from its
+ * view), so a file truncated or rewritten since opening gives #PEFT_ERR_IO, never SIGBUS (see
+ * @ref file_changes).
  * @param dtype The dtype wanted in @p dst.
  * @param dst The buffer; any alignment. May be NULL when @p dst_nbytes is 0 (a zero-size tensor).
  * @param dst_nbytes Its size: must equal elements x size of @p dtype.
  * @param ckpt A checkpoint.
  * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return NULL on success; #PEFT_ERR_UNSUPPORTED for a conversion peft_convert() does not do;
- *         #PEFT_ERR_INVALID_ARGUMENT for a wrong size, index or NULL; #PEFT_ERR_IO on a failed read.
- *         On failure @p dst may have been partly written. Thread-safe.
+ *         #PEFT_ERR_INVALID_ARGUMENT for a wrong size, index or NULL; #PEFT_ERR_IO on a failed read
+ *         or a file that changed since it was opened. On failure @p dst may have been partly
+ *         written. Thread-safe.
  */
 PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, size_t index,
                                                  int32_t dtype, void* dst, uint64_t dst_nbytes);
@@ -806,9 +852,11 @@ PEFT_API peft_error* peft_writer_write_from_callback(peft_writer* writer, const 
 /**
  * @brief Writes the next tensor from tensor @p index of an opened checkpoint.
  *
- * The bytes are streamed in chunks from the checkpoint's mapping and converted when the declared
- * dtype differs from the source's; the pages read are released as the write goes, so rewriting a
- * large checkpoint does not keep it resident.
+ * The bytes are read in chunks with pread (never through a mapping, so rewriting a large checkpoint
+ * does not keep it resident) and converted when the declared dtype differs from the source's. A
+ * source file that changed since it was opened fails with #PEFT_ERR_IO before the tensor is begun;
+ * one that changes during the call fails with #PEFT_ERR_IO and discards the output, as any failed
+ * write does (see @ref file_changes).
  * @param writer A writer.
  * @param name Must be the next tensor in the writer's order; NULL means that tensor, whatever its name.
  * @param ckpt The source checkpoint; only used during the call.
@@ -1228,8 +1276,9 @@ PEFT_API const uint64_t* peft_adapter_module_tensor_shape(const peft_adapter* ad
  * @param dst The buffer; any alignment.
  * @param dst_nbytes Its size: must equal elements x size of @p dtype.
  * @return NULL on success; #PEFT_ERR_UNSUPPORTED for a conversion peft_convert() does not do;
- *         #PEFT_ERR_INVALID_ARGUMENT for a wrong size, index or NULL; #PEFT_ERR_IO on a failed read.
- *         On failure @p dst may have been partly written. Thread-safe.
+ *         #PEFT_ERR_INVALID_ARGUMENT for a wrong size, index or NULL; #PEFT_ERR_IO on a failed read
+ *         or when `adapter_model.safetensors` changed since the adapter was opened (see
+ *         @ref file_changes). On failure @p dst may have been partly written. Thread-safe.
  */
 PEFT_API peft_error* peft_adapter_module_tensor_read(const peft_adapter* adapter, size_t module, size_t tensor,
                                                      int32_t dtype, void* dst, uint64_t dst_nbytes);
@@ -1551,8 +1600,10 @@ PEFT_API peft_error* peft_merge_options_set_progress(peft_merge_options* opts, p
  *         #PEFT_ERR_UNSUPPORTED for tensors that cannot be merged in their dtype (e.g. an F8 or F64
  *         weight kept as it is; choose an output dtype) or an adapter kind that is not merged;
  *         #PEFT_ERR_CANCELLED when the progress callback asked to stop;
- *         #PEFT_ERR_IO, #PEFT_ERR_OUT_OF_MEMORY, and the errors of peft_checkpoint_open() and
- *         peft_adapter_open() for the inputs. Nothing is changed in @p out_dir on failure.
+ *         #PEFT_ERR_IO (also when a base or adapter file is truncated or rewritten while the merge
+ *         runs; see @ref file_changes), #PEFT_ERR_OUT_OF_MEMORY, and the errors of
+ *         peft_checkpoint_open() and peft_adapter_open() for the inputs. Nothing is changed in
+ *         @p out_dir on failure.
  *         Thread-safe (merges into different folders may run at once).
  */
 PEFT_API peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, const peft_merge_options* opts,
@@ -2002,7 +2053,10 @@ PEFT_API void peft_registry_free(peft_registry* registry);
  *
  * Opens and validates the adapter as peft_adapter_open() does (reading its config and the header
  * of `adapter_model.safetensors`, no tensor data), and checks that its LoRA layers can be served:
- * layers whose tensors are not F64/F32/F16/BF16 are refused.
+ * layers whose tensors are not F64/F32/F16/BF16 are refused. The weights file stays open until the
+ * adapter is loaded (and while it is registered): if it is truncated or rewritten in place before a
+ * load, peft_registry_acquire() fails with #PEFT_ERR_IO; register the folder again to serve the new
+ * file. A file replaced by rename goes on serving the registered bytes (see @ref file_changes).
  * @param registry A registry.
  * @param name The name (UTF-8, not empty, no newline).
  * @param dir The adapter folder.
@@ -2063,8 +2117,9 @@ PEFT_API peft_error* peft_registry_names(const peft_registry* registry, char** o
  * @param name A registered name.
  * @param[out] out Receives the lease; release it with peft_lease_release().
  * @return NULL on success; #PEFT_ERR_NOT_FOUND for a name not registered; #PEFT_ERR_OVER_BUDGET when
- *         the adapter does not fit in the budget beside the pinned ones; #PEFT_ERR_IO or a format
- *         error when reading the tensors fails (a file changed or removed since registration);
+ *         the adapter does not fit in the budget beside the pinned ones; #PEFT_ERR_IO when reading
+ *         the tensors fails or finds `adapter_model.safetensors` truncated or rewritten since
+ *         registration (never SIGBUS; see @ref file_changes);
  *         #PEFT_ERR_OUT_OF_MEMORY; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
  */
 PEFT_API peft_error* peft_registry_acquire(peft_registry* registry, const char* name, peft_lease** out);

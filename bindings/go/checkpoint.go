@@ -51,8 +51,9 @@ func WithMaxHeaderSize(bytes uint64) OpenOption {
 	return func(c *openConfig) { c.maxHeader, c.setMaxHeader = bytes, true }
 }
 
-// WithPread reads with pread instead of mapping the file: each tensor is read when it is first
-// viewed (and kept until Close) or read with conversion. It does not apply to OpenBytes.
+// WithPread makes View return private copies read with pread instead of slices of a mapping of the
+// file: each tensor is read when it is first viewed and kept until Close. Read and everything else
+// read with pread either way. It does not apply to OpenBytes.
 func WithPread(use bool) OpenOption {
 	return func(c *openConfig) { c.pread = use }
 }
@@ -320,6 +321,11 @@ func copyShape(shape *C.uint64_t, ndim C.size_t) []uint64 {
 // checkpoint reachable while you use the view, for example with a deferred Close or
 // runtime.KeepAlive(ckpt) after the last use. The bytes must not be modified (a mapping is
 // read-only). Copy them (bytes.Clone) to keep them beyond the checkpoint's life.
+//
+// View fails with CodeIO when the file was truncated or rewritten since Open. But a slice of the
+// mapping reads the file directly: if the file is truncated while the slice is in use, touching the
+// lost bytes raises SIGBUS, which the Go runtime turns into a fatal error, and bytes rewritten in
+// place show through. Where files may change, use Read (CodeIO instead) or open WithPread(true).
 //
 // The alignment is whatever the file gives; files written by the reference writer or by peft_c
 // align every tensor to its element size.

@@ -32,22 +32,27 @@ ReadOnlyFile ReadOnlyFile::open(const std::string& path, const std::string& disp
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // O_NONBLOCK: never hang on a FIFO
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) fail_io(shown, "cannot open: ", errno);
-  ReadOnlyFile file(fd, 0, shown);  // owns fd from here on, so every failure below closes it
+  ReadOnlyFile file(fd, shown);  // owns fd from here on, so every failure below closes it
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail_io(shown, "cannot stat: ", errno);
   if (!S_ISREG(st.st_mode)) fail(PEFT_ERR_IO, shown + ": not a regular file");
   file.size_ = static_cast<uint64_t>(st.st_size);
+  file.mtime_sec_ = static_cast<int64_t>(st.st_mtim.tv_sec);
+  file.mtime_nsec_ = static_cast<int64_t>(st.st_mtim.tv_nsec);
   return file;
 }
 
 ReadOnlyFile::ReadOnlyFile(ReadOnlyFile&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), size_(other.size_), display_path_(std::move(other.display_path_)) {}
+    : fd_(std::exchange(other.fd_, -1)), size_(other.size_), mtime_sec_(other.mtime_sec_),
+      mtime_nsec_(other.mtime_nsec_), display_path_(std::move(other.display_path_)) {}
 
 ReadOnlyFile& ReadOnlyFile::operator=(ReadOnlyFile&& other) noexcept {
   if (this != &other) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = std::exchange(other.fd_, -1);
     size_ = other.size_;
+    mtime_sec_ = other.mtime_sec_;
+    mtime_nsec_ = other.mtime_nsec_;
     display_path_ = std::move(other.display_path_);
   }
   return *this;
@@ -70,16 +75,34 @@ void ReadOnlyFile::read_exact(uint64_t offset, void* dst, uint64_t count) const 
       if (errno == EINTR) continue;
       fail_io(display_path_, "read failed: ", errno);
     }
-    if (got == 0) fail(PEFT_ERR_IO, display_path_ + ": unexpected end of file (was it truncated while open?)");
+    if (got == 0) {
+      check_unchanged();  // names the truncation when that is what happened
+      fail(PEFT_ERR_IO, display_path_ + ": unexpected end of file");
+    }
     out += got;
     offset += static_cast<uint64_t>(got);
     count -= static_cast<uint64_t>(got);
   }
+  // After the read, so a change made before or during it is seen.
+  check_unchanged();
+}
+
+void ReadOnlyFile::check_unchanged() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail_io(display_path_, "cannot stat: ", errno);
+  const auto now = static_cast<uint64_t>(st.st_size);
+  if (now < size_)
+    fail(PEFT_ERR_IO, display_path_ + ": the file changed since it was opened: it was truncated from " +
+                          std::to_string(size_) + " to " + std::to_string(now) + " bytes");
+  if (now != size_ || st.st_mtim.tv_sec != mtime_sec_ || st.st_mtim.tv_nsec != mtime_nsec_)
+    fail(PEFT_ERR_IO, display_path_ + ": the file changed since it was opened (its size or modification time "
+                                      "differs); open it again to read the new contents");
 }
 
 FileMap FileMap::map(const ReadOnlyFile& file) {
   const uint64_t size = file.size();
   if (size == 0) return FileMap(kNoBytes, 0, false);
+  file.check_unchanged();
   if (size > std::numeric_limits<size_t>::max())
     fail(PEFT_ERR_IO, file.path() + ": file too large to map on this system");
   void* address = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, file.descriptor(), 0);
@@ -106,24 +129,6 @@ FileMap::~FileMap() { release(); }
 void FileMap::release() noexcept {
   if (mapped_) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
   mapped_ = false;
-}
-
-void FileMap::advise(uint64_t offset, uint64_t length, Advice advice) const noexcept {
-  if (!mapped_ || offset >= size_ || length == 0) return;
-  if (length > size_ - offset) length = size_ - offset;
-  const long page_size = ::sysconf(_SC_PAGESIZE);
-  const uint64_t page = page_size > 0 ? static_cast<uint64_t>(page_size) : 4096;
-  const uint64_t begin = offset / page * page;  // madvise needs a page-aligned start
-  const uint64_t end = offset + length;
-  int native = MADV_NORMAL;
-  switch (advice) {
-    case Advice::normal: native = MADV_NORMAL; break;
-    case Advice::sequential: native = MADV_SEQUENTIAL; break;
-    case Advice::random: native = MADV_RANDOM; break;
-    case Advice::will_need: native = MADV_WILLNEED; break;
-    case Advice::dont_need: native = MADV_DONTNEED; break;
-  }
-  ::madvise(const_cast<uint8_t*>(data_) + begin, static_cast<size_t>(end - begin), native);
 }
 
 }  // namespace peft

@@ -1,5 +1,12 @@
 // Read-only access to a file: an owned descriptor with positioned reads (pread), and a read-only
 // private memory mapping of the whole file. Both report failures as PEFT_ERR_IO naming the path.
+//
+// A file that changes while it is open: every positioned read checks afterwards (fstat) that the
+// file still has the size and modification time it had when it was opened, and fails with
+// PEFT_ERR_IO when it does not, so a truncated or rewritten file is reported rather than served.
+// A mapping cannot be protected that way: touching mapped pages that a truncation removed raises
+// SIGBUS in whoever touches them. The library therefore never reads file data through a mapping
+// itself; mappings exist only for the zero-copy views it hands to callers.
 #pragma once
 
 #include <cstddef>
@@ -27,24 +34,31 @@ class ReadOnlyFile {
   const std::string& path() const { return display_path_; }
   int descriptor() const { return fd_; }
 
-  // Reads exactly `count` bytes at `offset` into `dst`, retrying on EINTR and short reads.
-  // PEFT_ERR_IO if the file ends early or the read fails.
+  // Reads exactly `count` bytes at `offset` into `dst`, retrying on EINTR and short reads, then
+  // checks the file as check_unchanged() does. PEFT_ERR_IO if the file ends early, the read fails or
+  // the file changed; `dst` may then hold part of the bytes.
   void read_exact(uint64_t offset, void* dst, uint64_t count) const;
 
+  // PEFT_ERR_IO naming the file unless its size and modification time (fstat of the open
+  // descriptor) are those it had when it was opened. A change that keeps both (the same size,
+  // within the file system's timestamp granularity of the last write before opening) goes unseen.
+  void check_unchanged() const;
+
  private:
-  ReadOnlyFile(int fd, uint64_t size, std::string display_path)
-      : fd_(fd), size_(size), display_path_(std::move(display_path)) {}
+  ReadOnlyFile(int fd, std::string display_path) : fd_(fd), display_path_(std::move(display_path)) {}
   int fd_ = -1;
   uint64_t size_ = 0;
+  int64_t mtime_sec_ = 0;
+  int64_t mtime_nsec_ = 0;
   std::string display_path_;
 };
 
-// A read-only, private (copy-on-write, never written) mapping of a whole file. An empty file is
-// not mapped at all: data() is then a valid non-null pointer to zero bytes.
+// A read-only, private (copy-on-write, never written) mapping of a whole file, as it was opened. An
+// empty file is not mapped at all: data() is then a valid non-null pointer to zero bytes. Only for
+// memory handed to callers (see above): library code reads files with ReadOnlyFile::read_exact.
 class FileMap {
  public:
-  enum class Advice { normal, sequential, random, will_need, dont_need };
-
+  // Maps `file` (its size at opening); PEFT_ERR_IO if it changed since (check_unchanged()).
   static FileMap map(const ReadOnlyFile& file);
 
   FileMap(FileMap&& other) noexcept;
@@ -55,10 +69,6 @@ class FileMap {
 
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
-
-  // A paging hint for [offset, offset + length) of the file; widened to whole pages, clipped to the
-  // mapping, and ignored where the system does not support it (a hint never fails).
-  void advise(uint64_t offset, uint64_t length, Advice advice) const noexcept;
 
  private:
   FileMap(const uint8_t* data, uint64_t size, bool mapped) : data_(data), size_(size), mapped_(mapped) {}

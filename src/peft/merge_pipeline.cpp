@@ -48,18 +48,12 @@ class Executor {
       const PlannedTensor& p = plan_.tensors[d];
       switch (p.action) {
         case TensorAction::copy:
-        case TensorAction::duplicate: {
-          const auto view = plan_.base.weights->view(p.base_index);
-          stream(p, p.base_dtype, view.data(), view.size(), /*release=*/true);
+        case TensorAction::duplicate:
+          copy_tensor(p, *plan_.base.weights, p.base_index);
           break;
-        }
-        case TensorAction::replace: {
-          const Checkpoint& ckpt = p.replacement->adapter->adapter->checkpoint();
-          const size_t index = p.replacement->tensor->index;
-          const auto view = ckpt.view(index);
-          stream(p, ckpt.tensor(index).dtype, view.data(), view.size(), /*release=*/false);
+        case TensorAction::replace:
+          copy_tensor(p, p.replacement->adapter->adapter->checkpoint(), p.replacement->tensor->index);
           break;
-        }
         case TensorAction::compute:
           write_computed(p);
           break;
@@ -74,17 +68,17 @@ class Executor {
       fail(PEFT_ERR_CANCELLED, "the merge was cancelled by its progress callback");
   }
 
-  // Streams one tensor's bytes (in `src_dtype`) to the writer in chunks, with progress reports.
-  void stream(const PlannedTensor& p, DType src_dtype, const uint8_t* data, uint64_t size, bool release) {
+  // Streams one tensor's bytes (`size` bytes in `src_dtype`) to the writer in chunks, with progress
+  // reports; `chunk_at(offset, n)` gives the address of bytes [offset, offset + n).
+  template <class ChunkAt>
+  void stream(const PlannedTensor& p, DType src_dtype, uint64_t size, ChunkAt&& chunk_at) {
     writer_.begin_tensor(p.name, src_dtype);
     const uint64_t unit = src_dtype == p.out_dtype ? 1 : std::max<uint64_t>(1, dtype_bits(src_dtype) / 8);
     const uint64_t chunk = std::max<uint64_t>(unit, kChunkBytes / unit * unit);
-    const uint8_t* released = data;
     for (uint64_t offset = 0; offset < size;) {
       const uint64_t n = std::min(chunk, size - offset);
-      writer_.write(data + offset, n);
+      writer_.write(chunk_at(offset, n), n);
       offset += n;
-      if (release) released = release_pages(released, data + offset);
       const auto part = static_cast<uint64_t>(static_cast<unsigned __int128>(p.out_nbytes) * offset / size);
       report(done_ + part);
     }
@@ -92,10 +86,26 @@ class Executor {
     if (size == 0) report(done_);
   }
 
+  void stream_buffer(const PlannedTensor& p, const TensorBuffer& buffer) {
+    stream(p, p.work_dtype, buffer.size(), [&](uint64_t offset, uint64_t) { return buffer.data() + offset; });
+  }
+
+  // A tensor copied from a checkpoint as it is (converted by the writer): read with pread chunk by
+  // chunk, never through a mapping, so an input truncated meanwhile fails with PEFT_ERR_IO.
+  void copy_tensor(const PlannedTensor& p, const Checkpoint& ckpt, size_t index) {
+    const TensorInfo& info = ckpt.tensor(index);
+    const uint64_t size = info.nbytes();
+    copy_buffer_.reserve(std::min(size, kChunkBytes), "copying tensor " + peft::quoted(p.name));
+    stream(p, info.dtype, size, [&](uint64_t offset, uint64_t n) {
+      ckpt.read_bytes(index, offset, copy_buffer_.data(), n);
+      return static_cast<const uint8_t*>(copy_buffer_.data());
+    });
+  }
+
   void write_computed(const PlannedTensor& p) {
     if (!threaded_) {
       compute_tensor(plan_, p, options_.threads, inline_buffer_);
-      stream(p, p.work_dtype, inline_buffer_.data(), inline_buffer_.size(), false);
+      stream_buffer(p, inline_buffer_);
       return;
     }
     Ready item;
@@ -108,7 +118,7 @@ class Executor {
     space_cv_.notify_all();
     if (item.error) std::rethrow_exception(item.error);
     if (&plan_.tensors[item.tensor] != &p) fail(PEFT_ERR_INTERNAL, "merged tensors came out of order");
-    stream(p, p.work_dtype, item.buffer.data(), item.buffer.size(), false);
+    stream_buffer(p, item.buffer);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       spare_.push_back(std::move(item.buffer));
@@ -170,6 +180,7 @@ class Executor {
   std::vector<size_t> compute_order_;  // tensors to build, in writer order
   bool threaded_ = false;
   TensorBuffer inline_buffer_;
+  TensorBuffer copy_buffer_;  // chunks of copied tensors
 
   std::thread producer_;
   std::mutex mutex_;

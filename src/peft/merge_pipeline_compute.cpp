@@ -1,8 +1,5 @@
 #include "peft/merge_pipeline_compute.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <new>
 
@@ -161,20 +158,6 @@ void TensorBuffer::reserve(uint64_t nbytes, const std::string& what) {
   size_ = nbytes;
 }
 
-const uint8_t* release_pages(const uint8_t* from, const uint8_t* to) {
-#ifdef MADV_PAGEOUT
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(from) + page - 1) & ~(page - 1);
-  const uintptr_t last = reinterpret_cast<uintptr_t>(to) & ~(page - 1);
-  if (last <= first) return from;
-  (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_PAGEOUT);
-  return reinterpret_cast<const uint8_t*>(last);
-#else
-  (void)to;
-  return from;
-#endif
-}
-
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out) {
   uint64_t elements = 1;
   for (uint64_t d : p.shape) elements *= d;  // checked when planned
@@ -185,8 +168,6 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
   } else {
     const Checkpoint& base = *plan.base.weights;
     base.read(p.base_index, p.work_dtype, out.data(), nbytes);
-    const auto view = base.view(p.base_index);
-    release_pages(view.data(), view.data() + view.size());
   }
   if (!p.lora.empty()) apply_lora(p, out.data(), threads);
   if (!p.lora_bias.empty()) apply_lora_bias(p, out.data(), elements);

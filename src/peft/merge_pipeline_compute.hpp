@@ -27,12 +27,7 @@ class TensorBuffer {
 };
 
 // Fills `out` with tensor `p` (action compute) in p.work_dtype. `threads` as merge::ExecOptions.
-// Releases the base tensor's pages once read, so a merge does not keep the base model resident.
+// Inputs are read with pread (Checkpoint::read), so nothing of the base model stays resident.
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out);
-
-// Asks the kernel to drop the whole pages inside [from, to) from this process's resident set and
-// returns the new frontier (the first byte not released), to pass as `from` next time. Only a hint;
-// it never changes the bytes, so it is safe on memory of any kind.
-const uint8_t* release_pages(const uint8_t* from, const uint8_t* to);
 
 }  // namespace peft

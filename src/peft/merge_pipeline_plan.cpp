@@ -374,9 +374,7 @@ MergePlan plan_merge(const std::string& base_dir, const std::vector<MergeInput>&
   if (options.dtype && !is_merge_storage(*options.dtype))
     fail(PEFT_ERR_INVALID_ARGUMENT, "the output dtype must be F32, BF16 or F16, not " +
                                         std::string(dtype_name(*options.dtype)));
-  MergePlanOptions mapped = options;
-  mapped.open.use_pread = false;  // tensors are viewed and their pages released as they are consumed
-  return Planner(base_dir, mapped).run(inputs);
+  return Planner(base_dir, options).run(inputs);
 }
 
 }  // namespace peft

@@ -153,6 +153,16 @@ void Checkpoint::read(size_t i, DType dtype, void* dst, uint64_t dst_nbytes) con
   files_[at.file]->read(at.local, dtype, dst, dst_nbytes);
 }
 
+void Checkpoint::read_bytes(size_t i, uint64_t offset, void* dst, uint64_t count) const {
+  const Location& at = locate(i);
+  files_[at.file]->read_bytes(at.local, offset, dst, count);
+}
+
+void Checkpoint::check_unchanged(size_t i) const {
+  const Location& at = locate(i);
+  files_[at.file]->check_unchanged();
+}
+
 std::vector<float> Checkpoint::read_f32(size_t i) const {
   const Location& at = locate(i);
   const SafetensorsFile& file = *files_[at.file];

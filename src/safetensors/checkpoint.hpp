@@ -47,10 +47,16 @@ class Checkpoint {
   // Compact JSON of the index's "metadata" object; nullopt without an index or without "metadata".
   const std::optional<std::string>& index_metadata_json() const { return index_metadata_json_; }
 
-  // Zero-copy in mmap mode; read once and cached in pread mode (PEFT_ERR_IO if that read fails).
+  // For callers (the C API's views): zero-copy in mmap mode; read once and cached in pread mode
+  // (PEFT_ERR_IO if that read fails or the file changed). Library code reads with read() or
+  // read_bytes() instead, which never touch a mapping (see SafetensorsFile).
   std::span<const uint8_t> view(size_t i) const;
   // Converted copy into dst (see SafetensorsFile::read for the errors).
   void read(size_t i, DType dtype, void* dst, uint64_t dst_nbytes) const;
+  // Bytes [offset, offset + count) of tensor i's data, unconverted (see SafetensorsFile::read_bytes).
+  void read_bytes(size_t i, uint64_t offset, void* dst, uint64_t count) const;
+  // PEFT_ERR_IO if the file holding tensor i changed since it was opened.
+  void check_unchanged(size_t i) const;
   // The whole tensor as f32 (for merge code); UNSUPPORTED if its dtype does not convert to F32.
   std::vector<float> read_f32(size_t i) const;
 

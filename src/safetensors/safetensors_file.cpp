@@ -1,6 +1,7 @@
 #include "safetensors/safetensors_file.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -15,8 +16,15 @@ namespace {
 // Non-null address for zero-byte views in pread mode (nothing is read or allocated for them).
 const uint8_t kEmpty[1] = {0};
 
-// Conversions of uncached pread tensors go through a bounded staging buffer of this size.
-constexpr uint64_t kStagingBytes = uint64_t{8} << 20;
+// Conversions read from the file go through a staging buffer of at most this size (small enough to
+// stay in the cache between the read and the conversion).
+constexpr uint64_t kStagingBytes = uint64_t{256} << 10;
+
+// A buffer of `n` bytes, not initialised (it is overwritten by a read right away).
+std::unique_ptr<uint8_t[]> uninitialized_bytes(uint64_t n) {
+  if (n > SIZE_MAX) fail(PEFT_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(n) + " bytes");
+  return std::unique_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(n == 0 ? 1 : n)]);
+}
 
 // The parser's messages do not know the file; name it in front, keeping the code.
 template <class Body>
@@ -34,7 +42,7 @@ uint64_t checked_mul(uint64_t a, uint64_t b, const std::string& what) {
   return out;
 }
 
-// Steps 1-8 over bytes that are all present (a mapping or a copy).
+// Steps 1-8 over bytes that are all present (an in-memory copy).
 Header validate_resident(const std::string& path, const uint8_t* data, uint64_t size, const OpenOptions& options) {
   return with_path(path, [&] {
     const HeaderLimits limits{options.max_header_size};
@@ -66,18 +74,9 @@ std::unique_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
                                                              const std::string& display_path) {
   std::unique_ptr<SafetensorsFile> out(new SafetensorsFile());
   out->path_ = display_path.empty() ? path : display_path;
+  out->use_pread_ = options.use_pread;
   ReadOnlyFile file = ReadOnlyFile::open(path, out->path_);
   const uint64_t size = file.size();
-  if (!options.use_pread) {
-    FileMap map = FileMap::map(file);
-    // The header is read right away, the tensors later and in any order.
-    map.advise(0, std::min<uint64_t>(size, 8 + options.max_header_size), FileMap::Advice::will_need);
-    out->header_ = validate_resident(out->path_, map.data(), size, options);
-    check_layout(out->path_, out->header_, size);
-    out->base_ = map.data();
-    out->map_.emplace(std::move(map));
-    return out;  // the mapping outlives the descriptor, which closes here
-  }
   uint8_t prefix[8] = {};
   const size_t prefix_size = static_cast<size_t>(std::min<uint64_t>(size, 8));
   file.read_exact(0, prefix, prefix_size);
@@ -90,8 +89,10 @@ std::unique_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     return parse_header(header_bytes, size);
   });
   check_layout(out->path_, out->header_, size);
-  out->cache_ = std::make_unique<std::atomic<uint8_t*>[]>(out->header_.tensors.size());
-  for (size_t i = 0; i < out->header_.tensors.size(); ++i) out->cache_[i].store(nullptr, std::memory_order_relaxed);
+  if (options.use_pread) {
+    out->cache_ = std::make_unique<std::atomic<uint8_t*>[]>(out->header_.tensors.size());
+    for (size_t i = 0; i < out->header_.tensors.size(); ++i) out->cache_[i].store(nullptr, std::memory_order_relaxed);
+  }
   out->file_.emplace(std::move(file));
   return out;
 }
@@ -106,7 +107,6 @@ std::unique_ptr<const SafetensorsFile> SafetensorsFile::from_memory(const void* 
   if (size > 0) std::memcpy(out->copy_.get(), data, size);
   out->header_ = validate_resident(out->path_, out->copy_.get(), size, options);
   check_layout(out->path_, out->header_, size);
-  out->base_ = out->copy_.get();
   return out;
 }
 
@@ -117,24 +117,55 @@ SafetensorsFile::~SafetensorsFile() {
 
 uint64_t SafetensorsFile::absolute_offset(const TensorInfo& info) const { return header_.data_start() + info.begin; }
 
-const uint8_t* SafetensorsFile::resident_bytes(size_t local) const {
+const uint8_t* SafetensorsFile::held_bytes(size_t local) const {
   const TensorInfo& info = header_.tensors[local];
-  if (base_ != nullptr) return base_ + absolute_offset(info);
+  if (copy_) return copy_.get() + absolute_offset(info);
+  if (!cache_) return nullptr;
   if (info.nbytes() == 0) return kEmpty;
   return cache_[local].load(std::memory_order_acquire);
+}
+
+const uint8_t* SafetensorsFile::mapping() const {
+  if (const uint8_t* base = map_base_.load(std::memory_order_acquire)) return base;
+  std::lock_guard<std::mutex> lock(map_mutex_);
+  if (!map_) map_.emplace(FileMap::map(*file_));  // PEFT_ERR_IO if the file changed since opening
+  map_base_.store(map_->data(), std::memory_order_release);
+  return map_->data();
+}
+
+void SafetensorsFile::check_unchanged() const {
+  if (file_) file_->check_unchanged();
 }
 
 std::span<const uint8_t> SafetensorsFile::view(size_t local) const {
   const TensorInfo& info = tensor(local);
   const uint64_t nbytes = info.nbytes();
-  if (const uint8_t* bytes = resident_bytes(local)) return {bytes, static_cast<size_t>(nbytes)};
+  if (const uint8_t* bytes = held_bytes(local)) return {bytes, static_cast<size_t>(nbytes)};
+  if (!cache_) {
+    // mmap mode: the caller's pointer. Checked now; what happens to it later is the caller's.
+    const uint8_t* base = mapping();
+    file_->check_unchanged();
+    return {base + absolute_offset(info), static_cast<size_t>(nbytes)};
+  }
   // pread mode, first view: read outside any lock; if another thread won the race, keep its copy.
-  std::unique_ptr<uint8_t[]> fresh(new uint8_t[static_cast<size_t>(nbytes)]);
+  std::unique_ptr<uint8_t[]> fresh = uninitialized_bytes(nbytes);
   file_->read_exact(absolute_offset(info), fresh.get(), nbytes);
   uint8_t* expected = nullptr;
   if (cache_[local].compare_exchange_strong(expected, fresh.get(), std::memory_order_acq_rel))
     return {fresh.release(), static_cast<size_t>(nbytes)};
   return {expected, static_cast<size_t>(nbytes)};
+}
+
+void SafetensorsFile::read_bytes(size_t local, uint64_t offset, void* dst, uint64_t count) const {
+  const TensorInfo& info = tensor(local);
+  if (offset > info.nbytes() || count > info.nbytes() - offset)
+    fail(PEFT_ERR_INTERNAL, path_ + ": tensor " + quoted(info.name) + ": byte range outside the tensor");
+  if (count == 0) return;
+  if (const uint8_t* bytes = held_bytes(local)) {
+    std::memcpy(dst, bytes + offset, static_cast<size_t>(count));
+    return;
+  }
+  file_->read_exact(absolute_offset(info) + offset, dst, count);
 }
 
 void SafetensorsFile::read(size_t local, DType dtype, void* dst, uint64_t dst_nbytes) const {
@@ -154,15 +185,14 @@ void SafetensorsFile::read(size_t local, DType dtype, void* dst, uint64_t dst_nb
   if (dst == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, what + ": destination buffer is NULL");
 
   const uint64_t src_nbytes = info.nbytes();
-  if (const uint8_t* src = resident_bytes(local)) {
-    if (map_) map_->advise(absolute_offset(info), src_nbytes, FileMap::Advice::will_need);
+  if (const uint8_t* src = held_bytes(local)) {
     if (dtype == info.dtype)
       std::memcpy(dst, src, static_cast<size_t>(src_nbytes));
     else
       convert(info.dtype, src, dtype, dst, elements);
     return;
   }
-  // pread mode, tensor not cached.
+  // From the file, never through the mapping: a truncation then gives PEFT_ERR_IO, not SIGBUS.
   if (dtype == info.dtype) {
     file_->read_exact(absolute_offset(info), dst, src_nbytes);
     return;
@@ -171,19 +201,19 @@ void SafetensorsFile::read(size_t local, DType dtype, void* dst, uint64_t dst_nb
   const uint32_t dst_bits = dtype_bits(dtype);
   if (src_bits % 8 != 0 || dst_bits % 8 != 0) {
     // Packed dtypes cannot be cut at arbitrary elements: stage the whole tensor.
-    std::vector<uint8_t> staged(static_cast<size_t>(src_nbytes));
-    file_->read_exact(absolute_offset(info), staged.data(), src_nbytes);
-    convert(info.dtype, staged.data(), dtype, dst, elements);
+    const std::unique_ptr<uint8_t[]> staged = uninitialized_bytes(src_nbytes);
+    file_->read_exact(absolute_offset(info), staged.get(), src_nbytes);
+    convert(info.dtype, staged.get(), dtype, dst, elements);
     return;
   }
   const uint64_t src_size = src_bits / 8, dst_size = dst_bits / 8;
   const uint64_t chunk_elements = std::max<uint64_t>(1, kStagingBytes / src_size);
-  std::vector<uint8_t> staging(static_cast<size_t>(std::min(elements, chunk_elements) * src_size));
+  const std::unique_ptr<uint8_t[]> staging = uninitialized_bytes(std::min(elements, chunk_elements) * src_size);
   auto* out = static_cast<uint8_t*>(dst);
   for (uint64_t done = 0; done < elements;) {
     const uint64_t n = std::min(chunk_elements, elements - done);
-    file_->read_exact(absolute_offset(info) + done * src_size, staging.data(), n * src_size);
-    convert(info.dtype, staging.data(), dtype, out + done * dst_size, n);
+    file_->read_exact(absolute_offset(info) + done * src_size, staging.get(), n * src_size);
+    convert(info.dtype, staging.get(), dtype, out + done * dst_size, n);
     done += n;
   }
 }

@@ -20,10 +20,14 @@ void TensorWriter::write_from_checkpoint(std::string_view name, const Checkpoint
     }
     source_bytes(decl, info.dtype);  // UNSUPPORTED before anything is written
   }
-  // A mapped source is released page by page as it is consumed; the view itself comes first so an
-  // I/O error of a pread-mode source is reported before the tensor is begun.
-  const std::span<const uint8_t> bytes = source.view(index);
-  write_span(name, info.dtype, bytes, /*release=*/true);
+  // Read in chunks with pread, never through a mapping, so a source truncated meanwhile gives
+  // PEFT_ERR_IO rather than SIGBUS. A source that changed before this call is reported before the
+  // tensor is begun; one that changes during it discards the output, as any failed write does.
+  source.check_unchanged(index);
+  write_from(name, info.dtype, [&](uint64_t offset, void* dst, uint64_t nbytes) {
+    source.read_bytes(index, offset, dst, nbytes);
+    return true;
+  });
 }
 
 }  // namespace peft

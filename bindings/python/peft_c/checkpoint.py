@@ -119,8 +119,11 @@ class Checkpoint:
              max_header_size: Optional[int] = None) -> "Checkpoint":
         """Opens a ``.safetensors`` file or a checkpoint folder and validates every header.
 
-        ``use_pread`` reads with pread instead of mapping the file; ``max_header_size`` overrides the
-        100,000,000-byte header cap. Raises a ``PeftError`` subclass naming what is wrong.
+        ``use_pread`` makes ``view`` return private copies read with pread instead of arrays over a
+        mapping of the file (``read`` and everything else always read with pread); ``max_header_size``
+        overrides the 100,000,000-byte header cap. Raises a ``PeftError`` subclass naming what is
+        wrong. A file truncated or rewritten in place while open makes later reads raise ``IoError``
+        (see "Files that change while open" in peft_c.h).
         """
         encoded = os.fsencode(path)
         if b"\0" in encoded:
@@ -301,6 +304,11 @@ class Checkpoint:
         The dtype is the tensor's (bfloat16 and float8 through ml_dtypes when installed, else the raw
         unsigned integer of the same width). Packed sub-byte dtypes (F4, F6) and ``raw=True`` give the
         bytes as a flat ``uint8`` array. The array keeps the mapping alive, even past ``close()``.
+
+        The array reads the mapped file directly: if the file is truncated while the array lives,
+        touching the lost bytes kills the process with SIGBUS (the library cannot intercept it), and
+        bytes rewritten in place show through. Where files may change, use ``read`` (``IoError``
+        instead) or open with ``use_pread=True`` (views are then copies taken at the first view).
         """
         handle = self._live()
         info = self.tensor(key)

@@ -49,6 +49,9 @@ def test_close_is_idempotent_and_blocks_further_use(fresh_file):
 def test_context_manager_closes_and_unmaps(fresh_file):
     with peft_c.Checkpoint.open(fresh_file) as ckpt:
         handle = weakref.ref(ckpt._handle)
+        assert not is_mapped(fresh_file)  # reads use pread; the file is mapped at the first view
+        ckpt.view("f64")  # the array goes at once
+        gc.collect()
         assert is_mapped(fresh_file)
     assert ckpt.closed
     assert handle() is None
