@@ -35,7 +35,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEFT_WERROR=ON \
   -DCMAKE_TOOLCHAIN_FILE="$root/cmake/aarch64-linux-gnu.cmake" "${launcher[@]}" >/dev/null
 ninja -C "$build" -j"$(nproc)" peft_c peftc peft_unit $(cd tests/capi && ls -- *.c | sed 's/\.c$//')
 
-file "$build/libpeft_c.so" | grep -q 'ARM aarch64' || { echo "test-aarch64: $build/libpeft_c.so is not an aarch64 library"; exit 1; }
+file -L "$build/libpeft_c.so" | grep -q 'ARM aarch64' || { echo "test-aarch64: $build/libpeft_c.so is not an aarch64 library"; exit 1; }
 echo "test-aarch64: $(qemu-aarch64 --version | head -1)"
 # Tests that start target programs through CTest's emulator, and the checks of the library file.
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -R '^(unit|test_[a-z_]+|exported_symbols|abi)$'
