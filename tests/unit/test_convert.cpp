@@ -162,7 +162,8 @@ TEST_CASE("convert: f8 to f32 matches torch for all 256 patterns of each format"
   };
   const Bytes patterns = all_8_bit_patterns();
   for (const auto& [dtype, table] : formats) {
-    CAPTURE(table);
+    const std::string table_file = table;  // a copy: clang 14 cannot capture a structured binding
+    CAPTURE(table_file);
     const Bytes expected = fixture(table);
     REQUIRE(expected.size() == 256 * 4);
     std::vector<uint32_t> scalar;
@@ -185,7 +186,8 @@ TEST_CASE("convert: f32 to bf16 and f16 match torch on sampled values") {
   const Bytes samples = fixture("f32_samples.bin");
   const std::pair<DType, const char*> targets[] = {{DType::BF16, "f32_to_bf16.bin"}, {DType::F16, "f32_to_f16.bin"}};
   for (const auto& [dst, table] : targets) {
-    CAPTURE(table);
+    const std::string table_file = table;  // a copy: clang 14 cannot capture a structured binding
+    CAPTURE(table_file);
     const Bytes expected = fixture(table);
     REQUIRE(expected.size() * 2 == samples.size());
     std::vector<uint16_t> scalar;
@@ -227,7 +229,8 @@ TEST_CASE("convert: i64 to f64, f32, bf16 and f16 match torch on sampled values"
                                                    {DType::BF16, "i64_to_bf16.bin"},
                                                    {DType::F16, "i64_to_f16.bin"}};
   for (const auto& [dst, table] : targets) {
-    CAPTURE(table);
+    const std::string table_file = table;  // a copy: clang 14 cannot capture a structured binding
+    CAPTURE(table_file);
     const Bytes expected = fixture(table);
     REQUIRE(expected.size() * 64 == samples.size() * peft::dtype_bits(dst));
     check_same(dst, expected, run_convert(DType::I64, samples, dst), "convert()");

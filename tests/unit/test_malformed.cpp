@@ -67,11 +67,15 @@ TEST_CASE("malformed fixtures: every file gets exactly the code the reference gi
   REQUIRE(expected.size() >= 30);
 
   std::set<std::string> codes_seen;
-  for (const auto& [name, entry] : expected.items()) {
+  for (const auto& item : expected.items()) {
+    const std::string name = item.key();
+    const nlohmann::json& entry = item.value();
     CAPTURE(name);
     CAPTURE(entry.value("description", std::string()));
     const std::string file = read_file(dir / name);
-    const auto [code, message] = outcome(file.data(), file.size());
+    const std::pair<std::string, std::string> result = outcome(file.data(), file.size());
+    const std::string& code = result.first;
+    const std::string& message = result.second;
     CAPTURE(message);
     CHECK(code == entry.at("code").get<std::string>());
     if (code != "OK") {

@@ -166,7 +166,9 @@ TEST_CASE("merge pipeline: half-precision bases are merged in their dtype within
     auto out = peft::Checkpoint::open(dir.path("out"));
     const auto expected = reference_merge(*in, {{a, 1.0}});
     CHECK(expected.size() == 6);
-    for (const auto& [name, want] : expected) {
+    for (const auto& entry : expected) {
+      const auto& name = entry.first;
+      const auto& want = entry.second;
       CAPTURE(name);
       const auto got = values(*out, name);
       const peft::DType dtype = in->tensor(*in->find(name)).dtype;

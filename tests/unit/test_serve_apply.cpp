@@ -437,8 +437,9 @@ std::pair<int32_t, std::string> c_apply(const Problem& p, const char* module, co
 
 TEST_CASE("peft_lora_apply: a mixed batch of fixture adapters, layers named as modules or weights") {
   // F32 storage with f32 activations; BF16 storage (factors rounded on load) with bf16 x and f16 y.
-  for (auto [storage, x_dtype, y_dtype] : {std::tuple{DType::F32, DType::F32, DType::F32},
-                                           std::tuple{DType::BF16, DType::BF16, DType::F16}}) {
+  for (auto dtypes : {std::tuple{DType::F32, DType::F32, DType::F32}, std::tuple{DType::BF16, DType::BF16, DType::F16}}) {
+    // Named copies, not a structured binding: clang 14 cannot capture one (CAPTURE is a lambda).
+    const DType storage = std::get<0>(dtypes), x_dtype = std::get<1>(dtypes), y_dtype = std::get<2>(dtypes);
     CAPTURE(peft::dtype_name(storage));
     Served served(storage);
     const std::vector<const peft_lease*> leases = {served.acquire("llama_lora"), served.acquire("llama_lora_second"),

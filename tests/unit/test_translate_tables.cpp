@@ -160,7 +160,9 @@ TEST_CASE("translate tables: family detection from config.json and from the mode
       {"microsoft/Phi-3-mini-4k-instruct", "phi3"}, {"mistralai/Mixtral-8x7B-v0.1", "mixtral"},
       {"tiiuae/falcon-7b", "falcon"},            {"mistralai/Mistral-7B-v0.1", "mistral"},
   };
-  for (const auto& [name, family] : names) {
+  for (const auto& entry : names) {
+    const auto& name = entry.first;
+    const auto& family = entry.second;
     CAPTURE(name);
     auto guess = peft::detect_family(nullptr, std::string(name));
     REQUIRE(guess);
