@@ -1,7 +1,7 @@
 #include "core/json_parse.hpp"
 
+#include <cstddef>
 #include <functional>
-#include <optional>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
