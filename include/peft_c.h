@@ -112,6 +112,12 @@ PEFT_API const char* peft_kernels(void);
 /* ================================================================================================ */
 /** @defgroup errors Errors
  *  Every fallible call returns a `peft_error*`. The codes are stable: a value is never renumbered.
+ *
+ *  Hostile input is an error, never a crash or a wait: JSON nested deeper than 256 levels (an adapter
+ *  config, a base model's config.json, a shard index, a translation table, index metadata) is refused
+ *  with the code of that input (#PEFT_ERR_INVALID_CONFIG, #PEFT_ERR_INVALID_CHECKPOINT,
+ *  #PEFT_ERR_INVALID_ARGUMENT), and a file read by the library that is not a regular file (a FIFO, a
+ *  device, a folder) is #PEFT_ERR_IO.
  *  @{ */
 
 /** An error: a stable code and a message. Owned by the caller; release with peft_error_free(). */

@@ -7,6 +7,8 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
+#include "core/json_parse.hpp"
+#include "core/text_file.hpp"
 #include "peft/arch_registry.hpp"
 #include "peft/validation.hpp"
 
@@ -307,11 +309,8 @@ peft_error* peft_translator_detect(const char* base_dir, const char* model_name,
       std::filesystem::path path = std::filesystem::path(base_dir) / "config.json";
       std::error_code ec;
       if (std::filesystem::is_regular_file(path, ec)) {
-        try {
-          config = nlohmann::json::parse(peft::read_text_file(path.string(), 16ull << 20));
-        } catch (const nlohmann::json::exception& e) {
-          peft::fail(PEFT_ERR_INVALID_CONFIG, path.string() + ": invalid JSON (" + e.what() + ")");
-        }
+        config = peft::parse_json(peft::read_text_file(path.string(), 16ull << 20), PEFT_ERR_INVALID_CONFIG,
+                                  path.string());
       }
     }
     std::optional<std::string> name;

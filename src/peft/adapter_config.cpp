@@ -1,12 +1,10 @@
 #include "peft/adapter_config.hpp"
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.hpp"
+#include "core/json_parse.hpp"
+#include "core/text_file.hpp"
 #include "peft/module_matcher.hpp"
 
 namespace peft {
@@ -299,29 +297,9 @@ void check_supported(const FieldReader& f, LoraConfig& c) {
 
 }  // namespace
 
-std::string read_text_file(const std::string& path, uint64_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(PEFT_ERR_IO, "cannot open " + peft::quoted(path) + ": " + std::strerror(errno));
-  std::ostringstream buffer;
-  char chunk[65536];
-  uint64_t total = 0;
-  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
-    total += static_cast<uint64_t>(in.gcount());
-    if (total > max_bytes)
-      fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(path) + " is larger than " + std::to_string(max_bytes) + " bytes");
-    buffer.write(chunk, in.gcount());
-  }
-  if (in.bad()) fail(PEFT_ERR_IO, "cannot read " + peft::quoted(path));
-  return buffer.str();
-}
-
 LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& source) {
   LoraConfig c;
-  try {
-    c.document = Json::parse(json_text.begin(), json_text.end());
-  } catch (const nlohmann::json::exception& e) {
-    fail(PEFT_ERR_INVALID_CONFIG, source + ": invalid JSON (" + e.what() + ")");
-  }
+  c.document = parse_json_ordered(json_text, PEFT_ERR_INVALID_CONFIG, source);
   if (!c.document.is_object()) fail(PEFT_ERR_INVALID_CONFIG, source + ": must be a JSON object");
   FieldReader f(c.document, source);
   read_peft_type(f, c.document, c);

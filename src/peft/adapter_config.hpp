@@ -82,7 +82,8 @@ struct LoraConfig {
   TrainableTokenIndices trainable_token_indices;
   std::string megatron_core = "megatron.core";
 
-  // Parses adapter_config.json text. `source` names the file in messages.
+  // Parses adapter_config.json text (time linear in its size, nesting bounded: core/json_parse.hpp).
+  // `source` names the file in messages.
   static LoraConfig parse(std::string_view json_text, const std::string& source);
   // Reads and parses a file (PEFT_ERR_IO if it cannot be read).
   static LoraConfig from_file(const std::string& path);
@@ -93,9 +94,5 @@ struct LoraConfig {
   // The document as PEFT writes it: json.dumps(indent=2, sort_keys=True), ASCII-escaped.
   std::string canonical_json() const;
 };
-
-// Reads a whole (small) text file; PEFT_ERR_IO naming the path when it cannot be read, and
-// PEFT_ERR_INVALID_ARGUMENT when it is larger than `max_bytes`.
-std::string read_text_file(const std::string& path, uint64_t max_bytes);
 
 }  // namespace peft

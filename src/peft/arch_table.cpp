@@ -4,6 +4,8 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/json_parse.hpp"
+#include "core/text_file.hpp"
 #include "peft/adapter_config.hpp"
 #include "peft/key_grammar.hpp"
 
@@ -178,12 +180,7 @@ std::shared_ptr<const ArchTable> ArchTable::from_file(const std::string& path) {
 }
 
 std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, const std::string& source) {
-  Json doc;
-  try {
-    doc = Json::parse(json_text.begin(), json_text.end());
-  } catch (const nlohmann::json::exception& e) {
-    bad_table(source, std::string("invalid JSON (") + e.what() + ")");
-  }
+  const Json doc = parse_json_ordered(json_text, PEFT_ERR_INVALID_CONFIG, "translation table " + source);
   if (!doc.is_object()) bad_table(source, "must be a JSON object");
   static const std::set<std::string> known = {
       "format", "version", "family", "description", "detect", "base_model_prefix", "output_embedding",

@@ -1,15 +1,12 @@
 #include "peft/merge_pipeline_writer.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/file_map.hpp"
 #include "safetensors/json_writer.hpp"
 #include "safetensors/shard_index.hpp"
 
@@ -48,26 +45,14 @@ std::set<std::string> existing_model_files(const std::string& folder) {
 }  // namespace
 
 void copy_into(const std::string& source_path, AtomicFile& target) {
-  const int fd = ::open(source_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(PEFT_ERR_IO, "cannot open " + peft::quoted(source_path) + ": " + std::strerror(errno));
+  const ReadOnlyFile source = ReadOnlyFile::open(source_path);  // regular files only: a FIFO never blocks
   std::vector<char> buffer(1 << 20);
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      fail(PEFT_ERR_IO, "cannot read " + peft::quoted(source_path) + ": " + std::strerror(error));
-    }
-    if (n == 0) break;
-    try {
-      target.write(buffer.data(), static_cast<size_t>(n));
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
+  for (uint64_t offset = 0; offset < source.size();) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buffer.size(), source.size() - offset));
+    source.read_exact(offset, buffer.data(), n);
+    target.write(buffer.data(), n);
+    offset += n;
   }
-  ::close(fd);
 }
 
 MergedFolderWriter::MergedFolderWriter(std::string folder, std::vector<OutputFilePlan> files, bool write_index,

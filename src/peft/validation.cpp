@@ -4,6 +4,8 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/json_parse.hpp"
+#include "core/text_file.hpp"
 
 namespace peft {
 namespace {
@@ -187,12 +189,8 @@ BaseModel BaseModel::open(const std::string& dir, const OpenOptions& options) {
     fail(PEFT_ERR_NOT_FOUND, "base model folder " + peft::quoted(dir) + " does not exist or is not a folder");
   fs::path config_path = fs::path(dir) / "config.json";
   if (fs::is_regular_file(config_path, ec)) {
-    std::string text = read_text_file(config_path.string(), kMaxBaseConfigBytes);
-    try {
-      base.config = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      fail(PEFT_ERR_INVALID_CONFIG, config_path.string() + ": invalid JSON (" + e.what() + ")");
-    }
+    base.config = parse_json(read_text_file(config_path.string(), kMaxBaseConfigBytes), PEFT_ERR_INVALID_CONFIG,
+                             config_path.string());
   }
   base.weights = Checkpoint::open(dir, options);
   return base;

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <system_error>
+#include <unordered_set>
 
 #include "core/error.hpp"
 #include "core/file_map.hpp"
+#include "core/json_parse.hpp"
 
 namespace peft {
 
@@ -14,32 +17,9 @@ namespace {
 
 // Real indexes are a few MB even for the largest models; refuse anything absurd before reading it.
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
-// Python's json gives up near depth 1000; nesting this deep is never a real index. Bounding it also
-// bounds the recursion of the JSON serializer used for "metadata".
-constexpr int kMaxJsonDepth = 256;
 
 [[noreturn]] void invalid(const std::string& path, const std::string& message) {
   fail(PEFT_ERR_INVALID_CHECKPOINT, path + ": " + message);
-}
-
-// Deepest nesting of arrays and objects, counting brackets outside strings.
-int json_depth(const std::string& text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 // A shard name must be a relative path made of plain components; symbolic links are checked later
@@ -74,17 +54,16 @@ ShardIndex read_shard_index(const std::string& index_path) {
                             std::to_string(kMaxIndexBytes) + " accepted");
   std::string text(static_cast<size_t>(file.size()), '\0');
   file.read_exact(0, text.data(), text.size());
-  if (json_depth(text) > kMaxJsonDepth) invalid(index_path, "JSON nested too deeply");
+  return parse_shard_index(text, index_path);
+}
 
-  nlohmann::ordered_json doc;
-  try {
-    doc = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    invalid(index_path, std::string("not valid JSON: ") + e.what());
-  }
+ShardIndex parse_shard_index(std::string_view text, const std::string& index_path) {
+  // Nesting bounded: it also bounds the recursion of the serializer used for "metadata" below.
+  const nlohmann::ordered_json doc = parse_json_ordered(text, PEFT_ERR_INVALID_CHECKPOINT, index_path);
   if (!doc.is_object()) invalid(index_path, "the index is not a JSON object");
 
   ShardIndex index;
+  std::unordered_set<std::string_view> distinct;  // views into `doc`
   const auto weight_map = doc.find("weight_map");
   if (weight_map == doc.end()) invalid(index_path, "no \"weight_map\"");
   if (!weight_map->is_object()) invalid(index_path, "\"weight_map\" is not an object");
@@ -94,10 +73,9 @@ ShardIndex read_shard_index(const std::string& index_path) {
     const std::string& name = shard.get_ref<const std::string&>();
     check_shard_name(index_path, tensor, name);
     index.weight_map.emplace_back(tensor, name);
-    index.shards.push_back(name);
+    if (distinct.insert(name).second) index.shards.push_back(name);
   }
   std::sort(index.shards.begin(), index.shards.end());
-  index.shards.erase(std::unique(index.shards.begin(), index.shards.end()), index.shards.end());
 
   // transformers requires a "metadata" object; we accept its absence but not another type.
   const auto metadata = doc.find("metadata");

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,8 @@ struct ShardIndex {
 // `weight_map`, a non-object `metadata`, an empty map, or a shard name that is not a relative path
 // of plain components (absolute, empty, "." or ".." components, NUL bytes); PEFT_ERR_IO if unreadable.
 ShardIndex read_shard_index(const std::string& index_path);
+// The same checks on the text of an index; `index_path` names it in messages.
+ShardIndex parse_shard_index(std::string_view text, const std::string& index_path);
 
 // `folder` joined with `name` the way paths are shown to users ("dir/name", one separator).
 std::string join_path(const std::string& folder, const std::string& name);

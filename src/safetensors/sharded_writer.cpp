@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_parse.hpp"
 #include "safetensors/json_writer.hpp"
 #include "safetensors/utf8.hpp"
 
@@ -100,7 +101,7 @@ void ShardedWriter::break_shard() {
 void ShardedWriter::set_index_metadata_json(const std::string& json_object) {
   if (started()) fail(PEFT_ERR_INVALID_ARGUMENT, "cannot change the index metadata once writing has started");
   if (!is_valid_utf8(json_object)) fail(PEFT_ERR_INVALID_ARGUMENT, "the index metadata is not valid UTF-8");
-  nlohmann::json parsed = nlohmann::json::parse(json_object, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json parsed = parse_json(json_object, PEFT_ERR_INVALID_ARGUMENT, "the index metadata");
   if (!parsed.is_object()) fail(PEFT_ERR_INVALID_ARGUMENT, "the index metadata must be a JSON object");
   index_metadata_json_ = json_object;
 }

@@ -455,7 +455,7 @@ TEST_CASE("checkpoint: index errors are INVALID_CHECKPOINT naming the tensor, sh
   };
   const std::string other = "{\"weight_map\":{}}";
   const std::vector<Case> cases = {
-      {"not json", "{\"weight_map\":", "not valid JSON"},
+      {"not json", "{\"weight_map\":", "invalid JSON"},
       {"not an object", "[]", "not a JSON object"},
       {"no weight_map", "{\"metadata\":{}}", "weight_map"},
       {"weight_map not an object", "{\"weight_map\":[]}", "weight_map"},
@@ -471,7 +471,7 @@ TEST_CASE("checkpoint: index errors are INVALID_CHECKPOINT naming the tensor, sh
       {"tensor in another shard", index_json(R"("z":"a.safetensors")"), "\"z\""},
       {"deep json", "{\"weight_map\":{\"x\":\"a.safetensors\"},\"metadata\":{\"d\":" + std::string(300, '[') +
                         std::string(300, ']') + "}}",
-       "deeply"},
+       "nested deeper than 256 levels"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import pickle
 import threading
 import weakref
@@ -211,6 +212,27 @@ def test_register_memory_equals_the_folder(registry):
     with pytest.raises(peft_c.PeftError):
         registry.register_memory("bad", config, b"")
     assert "bad" not in registry.names()
+
+
+@pytest.mark.parametrize("depth", [100_000, 1_000_000])
+def test_deep_config_is_refused_not_a_crash(registry, depth):
+    # A config nested this deep used to overflow the host's stack (SIGSEGV) while being read.
+    weights = (ADAPTERS / "llama_lora" / "adapter_model.safetensors").read_bytes()
+    config = '{"peft_type": "LORA", "r": 4, "x": ' + "[" * depth + "]" * depth + "}"
+    with pytest.raises(peft_c.InvalidConfigError, match="nested deeper than 256 levels"):
+        registry.register_memory("deep", config, weights)
+    assert "deep" not in registry.names()
+
+
+def test_fifo_config_is_refused_not_a_hang(registry, tmp_path):
+    # Nothing ever writes to the FIFO: a blocking open of it would never return.
+    folder = tmp_path / "fifo"
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes((ADAPTERS / "llama_lora" / "adapter_model.safetensors").read_bytes())
+    os.mkfifo(folder / "adapter_config.json")
+    with pytest.raises(peft_c.IoError, match="not a regular file"):
+        registry.register("fifo", folder)
+    assert "fifo" not in registry.names()
 
 
 def test_replacement_keeps_old_leases_working(registry):
