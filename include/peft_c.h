@@ -577,10 +577,25 @@ PEFT_API peft_error* peft_writer_new(const char* path, peft_writer** out);
  * and listed in `model.safetensors.index.json` (written as transformers v4 writes it:
  * `{"metadata": {"total_size": ...}, "weight_map": {...}}`, indent 2, sorted keys, trailing newline);
  * a single shard is `model.safetensors` with no index. Every shard gets the writer's metadata, which
- * starts as `{"format":"pt"}`. The folder is created if needed. The shards and the index are written
- * to temporaries and renamed into place only at the end, the index last; files of an older layout
- * in the folder (other `model-XXXXX-of-XXXXX.safetensors`, a stale index or `model.safetensors`)
- * are removed only after that succeeded.
+ * starts as `{"format":"pt"}`. The folder is created if needed.
+ *
+ * Replacing a checkpoint already in the folder: readers disagree when a folder holds both
+ * entry points (this library opens `model.safetensors.index.json` first, transformers
+ * `model.safetensors`), so a write never leaves both naming different models. Everything is
+ * written to temporaries and flushed first. For a sharded output, a shard whose name is taken (by
+ * an existing file or a shard the current index lists) gets a per-write token before its suffix
+ * (`model-00001-of-00002.peft-Ab3dE9xZ.safetensors`; peft_writer_file_path() gives the paths,
+ * which the index lists and transformers loads as any other); the shards are renamed into the
+ * folder, a `model.safetensors` is moved aside, and the index is renamed over the old one: the one
+ * commit point. For a single-file output, an old index is moved aside and `model.safetensors` is
+ * renamed over the old one. Then the files of the older layout are removed (`model.safetensors`,
+ * the index, `model-XXXXX-of-XXXXX.safetensors`, tokenized names, the shards the old index listed).
+ * A failure before the commit point leaves the folder as it was. A process killed at any step
+ * leaves the old or the new model, the same for both readers, except only when the layout changes
+ * between one file and shards: killed between moving the old entry point aside and the commit,
+ * the folder holds no model either reader loads. Temporaries of killed runs
+ * (`.<name>.peft-tmp-XXXXXX`) are removed when the next write into the folder starts, and their
+ * orphan shards when it commits. Two writers must not write into one folder at the same time.
  * @param folder The folder (UTF-8).
  * @param max_shard_size Largest shard in bytes of tensor data (headers not counted); 0 for no limit.
  * @param[out] out Receives the writer; free it with peft_writer_free().

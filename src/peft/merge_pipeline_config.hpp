@@ -10,14 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
+#include "safetensors/folder_writer.hpp"
 
 namespace peft {
-
-struct FolderFile {
-  std::string name;                    // file name in the output folder
-  std::string source_path;             // copied from here when `content` is unset
-  std::optional<std::string> content;  // otherwise written with this text
-};
 
 // config.json with `tie_word_embeddings` set to false (when `untie`) and, when `dtype` is set, every
 // "dtype" / "torch_dtype" entry (top level and nested sub-configs) set to its torch name
