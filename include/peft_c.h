@@ -282,8 +282,10 @@ PEFT_API peft_error* peft_open_options_set_use_pread(peft_open_options* opts, in
  * symbolic link leading out), and every tensor it lists must exist in the shard it names. Shards are
  * opened in sorted name order, as transformers does; a tensor a shard holds but the index does not
  * list is included (transformers loads it too), while a tensor held by two shards is refused.
- * Symbolic links that leave the folder are refused even where they are benign, as in the Hugging
- * Face hub cache (snapshot shards link to `../../blobs/`): open such a folder through a copy.
+ * Symbolic links that leave the folder are refused, except in a snapshot folder of the Hugging
+ * Face hub cache (`models--org--name/snapshots/<revision>`), whose files link to `../../blobs/`:
+ * there links may lead anywhere inside that repository's folder `models--org--name`. The same rule
+ * applies to the other files a merge reads from a base folder (config.json, tokenizer files).
  *
  * @param path A file or folder path (UTF-8).
  * @param opts Options, or NULL for the defaults. Not kept after the call.

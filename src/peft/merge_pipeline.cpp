@@ -201,7 +201,7 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir, const std::s
   plan_options.open = options.open;
   const MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
   std::vector<FolderFile> folder_files =
-      plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype);
+      plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype, options.require_config);
 
   std::vector<OutputFilePlan> files;
   for (const PlannedFile& f : plan.files) files.push_back({f.name, f.members, f.metadata});
