@@ -117,6 +117,7 @@ typedef struct peft_error peft_error;
 #define PEFT_ERR_INVALID_CONFIG 28 /**< An adapter_config.json or other JSON file that is wrong. */
 #define PEFT_ERR_INVALID_CHECKPOINT 29 /**< A checkpoint folder or index that is wrong. */
 #define PEFT_ERR_OVER_BUDGET 30 /**< Memory that a budget would have to exceed (pinned data fills it). */
+#define PEFT_ERR_NON_FINITE 31 /**< A computed value that is infinite or NaN (a merged weight, a LoRA scale). */
 #define PEFT_ERR_INTERNAL 99 /**< A bug in peft_c. Please report it. */
 
 /**

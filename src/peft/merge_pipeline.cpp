@@ -95,6 +95,7 @@ class Executor {
   void write_computed(const PlannedTensor& p) {
     if (!threaded_) {
       compute_tensor(plan_, p, options_.threads, inline_buffer_);
+      if (!options_.allow_nonfinite) check_finite(p, inline_buffer_);
       stream(p, p.work_dtype, inline_buffer_.data(), inline_buffer_.size(), false);
       return;
     }
@@ -138,6 +139,7 @@ class Executor {
       item.tensor = d;
       try {
         compute_tensor(plan_, plan_.tensors[d], options_.threads, buffer);
+        if (!options_.allow_nonfinite) check_finite(plan_.tensors[d], buffer);
       } catch (...) {
         item.error = std::current_exception();
       }

@@ -40,6 +40,7 @@ struct CheckpointMergeOptions {
   MergeProgress progress;       // optional
   OpenOptions open;             // header size cap for the base's files
   bool require_config = true;   // false: a base without a readable config.json is merged anyway
+  bool allow_nonfinite = false; // true: merged weights may hold infinities and NaNs
 };
 
 struct CheckpointMergeResult {

@@ -30,6 +30,10 @@ class TensorBuffer {
 // Releases the base tensor's pages once read, so a merge does not keep the base model resident.
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out);
 
+// PEFT_ERR_NON_FINITE naming tensor `p` when `buffer` (its values in p.work_dtype, computed by
+// compute_tensor) holds an infinity or a NaN once rounded to p.out_dtype.
+void check_finite(const PlannedTensor& p, const TensorBuffer& buffer);
+
 // Asks the kernel to drop the whole pages inside [from, to) from this process's resident set and
 // returns the new frontier (the first byte not released), to pass as `from` next time. Only a hint;
 // it never changes the bytes, so it is safe on memory of any kind.

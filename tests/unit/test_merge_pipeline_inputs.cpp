@@ -1,9 +1,11 @@
-// What a merge refuses to take from its inputs: side files linked out of the base folder, and a
-// missing or unusable config.json.
+// What a merge refuses to take from its inputs: side files linked out of the base folder, a
+// missing or unusable config.json, and values that make no sense (a LoRA scale beyond the float
+// range, merged weights that are infinite, a rank beyond 64 bits).
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +33,17 @@ void copy_llama(const std::string& dir) {
   fs::create_directories(dir);
   for (const char* name : {"model.safetensors", "config.json", "generation_config.json"})
     fs::copy_file(model("llama") + "/" + name, dir + "/" + name);
+}
+
+// llama_lora with adapter_config.json changed by `edit` (given as raw JSON text to keep big numbers).
+void write_adapter(const std::string& dir, const std::string& key, const std::string& raw_value) {
+  fs::create_directories(dir);
+  fs::copy_file(adapter_dir("llama_lora") + "/adapter_model.safetensors", dir + "/adapter_model.safetensors");
+  auto config = nlohmann::json::parse(read_file(adapter_dir("llama_lora") + "/adapter_config.json"));
+  config[key] = "@@";
+  std::string text = config.dump(2);
+  text.replace(text.find("\"@@\""), 4, raw_value);
+  std::ofstream(dir + "/adapter_config.json") << text;
 }
 
 }  // namespace
@@ -122,4 +135,48 @@ TEST_CASE("merge inputs: a missing, FIFO or folder config.json fails the merge u
     CHECK(fs::exists(out + "/model.safetensors"));
     CHECK_FALSE(fs::exists(out + "/config.json"));
   }
+}
+
+TEST_CASE("merge inputs: a LoRA scale beyond the float range and non-finite merged weights are refused") {
+  if (!fixtures_present()) return;
+  Scratch s;
+  const std::string base = model("llama");
+  {  // lora_alpha 1e308: the scale itself is no float.
+    write_adapter(s.path("huge"), "lora_alpha", "1e308");
+    std::string message;
+    CHECK(merge_code(base, s.path("huge"), s.path("out1"), {}, &message) == PEFT_ERR_NON_FINITE);
+    CHECK(message.find("lora_alpha") != std::string::npos);
+    CHECK(message.find("2.5e+307") != std::string::npos);  // 1e308 / r = 4
+    CHECK_FALSE(fs::exists(s.path("out1")));
+  }
+  {  // lora_alpha 4e12: a float scale, but merged weights overflow f16.
+    write_adapter(s.path("big"), "lora_alpha", "4e12");
+    peft::CheckpointMergeOptions options;
+    options.dtype = peft::DType::F16;
+    std::string message;
+    CHECK(merge_code(base, s.path("big"), s.path("out2"), options, &message) == PEFT_ERR_NON_FINITE);
+    CHECK(message.find("merged tensor \"model.layers.") != std::string::npos);
+    CHECK(message.find("F16") != std::string::npos);
+    CHECK_FALSE(fs::exists(s.path("out2")));
+    options.allow_nonfinite = true;
+    CHECK(merge_code(base, s.path("big"), s.path("out2"), options) == PEFT_OK);
+    auto merged = peft::Checkpoint::open(s.path("out2"));
+    bool any_infinite = false;
+    for (size_t i = 0; i < merged->tensor_count() && !any_infinite; ++i)
+      for (double v : values(*merged, merged->tensor(i).name)) any_infinite = any_infinite || std::isinf(v);
+    CHECK(any_infinite);
+    // The same adapter into f32 stays finite and merges.
+    options = {};
+    CHECK(merge_code(base, s.path("big"), s.path("out3"), options) == PEFT_OK);
+  }
+}
+
+TEST_CASE("merge inputs: a rank beyond 64 bits is refused as written") {
+  if (!fixtures_present()) return;
+  Scratch s;
+  write_adapter(s.path("a"), "r", "9223372036854775808");
+  std::string message;
+  CHECK(merge_code(model("llama"), s.path("a"), s.path("out"), {}, &message) == PEFT_ERR_INVALID_CONFIG);
+  CHECK(message.find("9223372036854775808") != std::string::npos);
+  CHECK(message.find("-9223372036854775808") == std::string::npos);
 }

@@ -235,6 +235,7 @@ constants! {
     pub const PEFT_ERR_INVALID_CONFIG: i32 = 28;
     pub const PEFT_ERR_INVALID_CHECKPOINT: i32 = 29;
     pub const PEFT_ERR_OVER_BUDGET: i32 = 30;
+    pub const PEFT_ERR_NON_FINITE: i32 = 31;
     pub const PEFT_ERR_INTERNAL: i32 = 99;
 
     pub const PEFT_DTYPE_BOOL: i32 = 0;
