@@ -1525,13 +1525,49 @@ PEFT_API peft_error* peft_merge_options_set_progress(peft_merge_options* opts, p
                                                      void* user_data);
 
 /**
+ * @brief Says whether the merged model needs the base's config.json (the default: it does).
+ *
+ * transformers cannot load a model folder without config.json, so by default a merge fails before
+ * writing anything when the base folder's config.json is missing (#PEFT_ERR_NOT_FOUND), is not a
+ * regular file (a folder, a FIFO: #PEFT_ERR_INVALID_CHECKPOINT), cannot be read (#PEFT_ERR_IO) or
+ * is a symbolic link leading out of the folder (#PEFT_ERR_INVALID_CHECKPOINT). With 0, a base
+ * without a usable config.json is merged and the output has none.
+ * @param opts Options.
+ * @param require 1 (the default) or 0.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_require_config(peft_merge_options* opts, int32_t require);
+
+/**
+ * @brief Allows merged weights that are infinite or NaN (by default they are refused).
+ *
+ * By default every merged tensor is checked once rounded to its storage dtype, and the merge fails
+ * with #PEFT_ERR_NON_FINITE naming the first tensor holding an infinity or a NaN (a LoRA scale
+ * such as `lora_alpha: 1e308`, factors that overflow, a base weight that already held one), with
+ * nothing written. With 1 such tensors are written as computed. A merge weight times LoRA scale that
+ * exceeds the float range is refused (#PEFT_ERR_NON_FINITE) either way.
+ * @param opts Options.
+ * @param allow 0 (the default) or 1.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* opts, int32_t allow);
+
+/**
  * @brief Merges adapters into a base model folder and writes the merged model folder.
  *
  * See the description of this group for what is written. The output folder is created if absent;
  * model files of an older checkpoint in it are replaced only when the merge succeeds (older shards
  * the new layout does not use are then removed); other files in it are kept, and files of the same
- * name as the base folder's small files are replaced.
- * @param base_dir The base model folder (UTF-8): config.json and `model.safetensors` or
+ * name as the base folder's small files are replaced. The folder is replaced as
+ * peft_writer_new_checkpoint() describes: a reader sees the old model or the new one, never a mix.
+ * The base folder's small files are copied when they are regular files; a symbolic link among them
+ * must resolve inside the base folder (or, for a Hugging Face hub cache snapshot
+ * `models--org--name/snapshots/<revision>`, inside `models--org--name`), else the merge fails with
+ * #PEFT_ERR_INVALID_CHECKPOINT naming it; subfolders, FIFOs and devices are not copied.
+ * @param base_dir The base model folder (UTF-8): config.json (see
+ *        peft_merge_options_set_require_config()) and `model.safetensors` or
  *        `model.safetensors.index.json` with its shards.
  * @param out_dir The output folder (UTF-8); must not be @p base_dir.
  * @param opts Options with at least one adapter. Not changed; may be reused.
@@ -1545,6 +1581,10 @@ PEFT_API peft_error* peft_merge_options_set_progress(peft_merge_options* opts, p
  *         #PEFT_ERR_UNSUPPORTED for tensors that cannot be merged in their dtype (e.g. an F8 or F64
  *         weight kept as it is; choose an output dtype) or an adapter kind that is not merged;
  *         #PEFT_ERR_CANCELLED when the progress callback asked to stop;
+ *         #PEFT_ERR_NON_FINITE naming the tensor whose merged weights hold an infinity or a NaN
+ *         (see peft_merge_options_set_allow_nonfinite());
+ *         #PEFT_ERR_NOT_FOUND or #PEFT_ERR_INVALID_CHECKPOINT for a missing or unusable config.json
+ *         (see peft_merge_options_set_require_config()) or a side file linked out of the folder;
  *         #PEFT_ERR_IO, #PEFT_ERR_OUT_OF_MEMORY, and the errors of peft_checkpoint_open() and
  *         peft_adapter_open() for the inputs. Nothing is changed in @p out_dir on failure.
  *         Thread-safe (merges into different folders may run at once).
@@ -2447,6 +2487,8 @@ typedef struct peft_api {
   peft_error* (*host_model_add_weight)(peft_host_model* host, const char* name, void* data, int32_t dtype, const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype, uint64_t bias_elements); /**< peft_host_model_add_weight() */
   peft_error* (*host_model_swap)(peft_host_model* host, const peft_lease* lease, double weight, peft_swap_stats* stats); /**< peft_host_model_swap() */
   const char* (*host_model_current)(const peft_host_model* host); /**< peft_host_model_current() */
+  peft_error* (*merge_options_set_require_config)(peft_merge_options* opts, int32_t require); /**< peft_merge_options_set_require_config() */
+  peft_error* (*merge_options_set_allow_nonfinite)(peft_merge_options* opts, int32_t allow); /**< peft_merge_options_set_allow_nonfinite() */
 } peft_api;
 
 /**
