@@ -647,6 +647,8 @@ functions! {
         stats: *mut peft_swap_stats,
     ) -> *mut peft_error;
     pub fn peft_host_model_current(host: *const peft_host_model) -> *const c_char;
+    pub fn peft_merge_options_set_require_config(opts: *mut peft_merge_options, require: i32) -> *mut peft_error;
+    pub fn peft_merge_options_set_allow_nonfinite(opts: *mut peft_merge_options, allow: i32) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -877,5 +879,7 @@ api_table! {
         pub fn host_model_add_weight(host: *mut peft_host_model, name: *const c_char, data: *mut c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *mut c_void, bias_dtype: i32, bias_elements: u64) -> *mut peft_error = peft_host_model_add_weight;
         pub fn host_model_swap(host: *mut peft_host_model, lease: *const peft_lease, weight: f64, stats: *mut peft_swap_stats) -> *mut peft_error = peft_host_model_swap;
         pub fn host_model_current(host: *const peft_host_model) -> *const c_char = peft_host_model_current;
+        pub fn merge_options_set_require_config(opts: *mut peft_merge_options, require: i32) -> *mut peft_error = peft_merge_options_set_require_config;
+        pub fn merge_options_set_allow_nonfinite(opts: *mut peft_merge_options, allow: i32) -> *mut peft_error = peft_merge_options_set_allow_nonfinite;
     }
 }
