@@ -147,6 +147,7 @@ typedef struct peft_error peft_error;
 #define PEFT_ERR_INVALID_CONFIG 28 /**< An adapter_config.json or other JSON file that is wrong. */
 #define PEFT_ERR_INVALID_CHECKPOINT 29 /**< A checkpoint folder or index that is wrong. */
 #define PEFT_ERR_OVER_BUDGET 30 /**< Memory that a budget would have to exceed (pinned data fills it). */
+#define PEFT_ERR_NON_FINITE 31 /**< A computed value that is infinite or NaN (a merged weight, a LoRA scale). */
 #define PEFT_ERR_INTERNAL 99 /**< A bug in peft_c. Please report it. */
 
 /**
@@ -345,8 +346,10 @@ PEFT_API peft_error* peft_open_options_set_use_pread(peft_open_options* opts, in
  * symbolic link leading out), and every tensor it lists must exist in the shard it names. Shards are
  * opened in sorted name order, as transformers does; a tensor a shard holds but the index does not
  * list is included (transformers loads it too), while a tensor held by two shards is refused.
- * Symbolic links that leave the folder are refused even where they are benign, as in the Hugging
- * Face hub cache (snapshot shards link to `../../blobs/`): open such a folder through a copy.
+ * Symbolic links that leave the folder are refused, except in a snapshot folder of the Hugging
+ * Face hub cache (`models--org--name/snapshots/<revision>`), whose files link to `../../blobs/`:
+ * there links may lead anywhere inside that repository's folder `models--org--name`. The same rule
+ * applies to the other files a merge reads from a base folder (config.json, tokenizer files).
  *
  * @param path A file or folder path (UTF-8).
  * @param opts Options, or NULL for the defaults. Not kept after the call.
@@ -653,10 +656,25 @@ PEFT_API peft_error* peft_writer_new(const char* path, peft_writer** out);
  * and listed in `model.safetensors.index.json` (written as transformers v4 writes it:
  * `{"metadata": {"total_size": ...}, "weight_map": {...}}`, indent 2, sorted keys, trailing newline);
  * a single shard is `model.safetensors` with no index. Every shard gets the writer's metadata, which
- * starts as `{"format":"pt"}`. The folder is created if needed. The shards and the index are written
- * to temporaries and renamed into place only at the end, the index last; files of an older layout
- * in the folder (other `model-XXXXX-of-XXXXX.safetensors`, a stale index or `model.safetensors`)
- * are removed only after that succeeded.
+ * starts as `{"format":"pt"}`. The folder is created if needed.
+ *
+ * Replacing a checkpoint already in the folder: readers disagree when a folder holds both
+ * entry points (this library opens `model.safetensors.index.json` first, transformers
+ * `model.safetensors`), so a write never leaves both naming different models. Everything is
+ * written to temporaries and flushed first. For a sharded output, a shard whose name is taken (by
+ * an existing file or a shard the current index lists) gets a per-write token before its suffix
+ * (`model-00001-of-00002.peft-Ab3dE9xZ.safetensors`; peft_writer_file_path() gives the paths,
+ * which the index lists and transformers loads as any other); the shards are renamed into the
+ * folder, a `model.safetensors` is moved aside, and the index is renamed over the old one: the one
+ * commit point. For a single-file output, an old index is moved aside and `model.safetensors` is
+ * renamed over the old one. Then the files of the older layout are removed (`model.safetensors`,
+ * the index, `model-XXXXX-of-XXXXX.safetensors`, tokenized names, the shards the old index listed).
+ * A failure before the commit point leaves the folder as it was. A process killed at any step
+ * leaves the old or the new model, the same for both readers, except only when the layout changes
+ * between one file and shards: killed between moving the old entry point aside and the commit,
+ * the folder holds no model either reader loads. Temporaries of killed runs
+ * (`.<name>.peft-tmp-XXXXXX`) are removed when the next write into the folder starts, and their
+ * orphan shards when it commits. Two writers must not write into one folder at the same time.
  * @param folder The folder (UTF-8).
  * @param max_shard_size Largest shard in bytes of tensor data (headers not counted); 0 for no limit.
  * @param[out] out Receives the writer; free it with peft_writer_free().
@@ -1586,13 +1604,49 @@ PEFT_API peft_error* peft_merge_options_set_progress(peft_merge_options* opts, p
                                                      void* user_data);
 
 /**
+ * @brief Says whether the merged model needs the base's config.json (the default: it does).
+ *
+ * transformers cannot load a model folder without config.json, so by default a merge fails before
+ * writing anything when the base folder's config.json is missing (#PEFT_ERR_NOT_FOUND), is not a
+ * regular file (a folder, a FIFO: #PEFT_ERR_INVALID_CHECKPOINT), cannot be read (#PEFT_ERR_IO) or
+ * is a symbolic link leading out of the folder (#PEFT_ERR_INVALID_CHECKPOINT). With 0, a base
+ * without a usable config.json is merged and the output has none.
+ * @param opts Options.
+ * @param require 1 (the default) or 0.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_require_config(peft_merge_options* opts, int32_t require);
+
+/**
+ * @brief Allows merged weights that are infinite or NaN (by default they are refused).
+ *
+ * By default every merged tensor is checked once rounded to its storage dtype, and the merge fails
+ * with #PEFT_ERR_NON_FINITE naming the first tensor holding an infinity or a NaN (a LoRA scale
+ * such as `lora_alpha: 1e308`, factors that overflow, a base weight that already held one), with
+ * nothing written. With 1 such tensors are written as computed. A merge weight times LoRA scale that
+ * exceeds the float range is refused (#PEFT_ERR_NON_FINITE) either way.
+ * @param opts Options.
+ * @param allow 0 (the default) or 1.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* opts, int32_t allow);
+
+/**
  * @brief Merges adapters into a base model folder and writes the merged model folder.
  *
  * See the description of this group for what is written. The output folder is created if absent;
  * model files of an older checkpoint in it are replaced only when the merge succeeds (older shards
  * the new layout does not use are then removed); other files in it are kept, and files of the same
- * name as the base folder's small files are replaced.
- * @param base_dir The base model folder (UTF-8): config.json and `model.safetensors` or
+ * name as the base folder's small files are replaced. The folder is replaced as
+ * peft_writer_new_checkpoint() describes: a reader sees the old model or the new one, never a mix.
+ * The base folder's small files are copied when they are regular files; a symbolic link among them
+ * must resolve inside the base folder (or, for a Hugging Face hub cache snapshot
+ * `models--org--name/snapshots/<revision>`, inside `models--org--name`), else the merge fails with
+ * #PEFT_ERR_INVALID_CHECKPOINT naming it; subfolders, FIFOs and devices are not copied.
+ * @param base_dir The base model folder (UTF-8): config.json (see
+ *        peft_merge_options_set_require_config()) and `model.safetensors` or
  *        `model.safetensors.index.json` with its shards.
  * @param out_dir The output folder (UTF-8); must not be @p base_dir.
  * @param opts Options with at least one adapter. Not changed; may be reused.
@@ -1606,6 +1660,10 @@ PEFT_API peft_error* peft_merge_options_set_progress(peft_merge_options* opts, p
  *         #PEFT_ERR_UNSUPPORTED for tensors that cannot be merged in their dtype (e.g. an F8 or F64
  *         weight kept as it is; choose an output dtype) or an adapter kind that is not merged;
  *         #PEFT_ERR_CANCELLED when the progress callback asked to stop;
+ *         #PEFT_ERR_NON_FINITE naming the tensor whose merged weights hold an infinity or a NaN
+ *         (see peft_merge_options_set_allow_nonfinite());
+ *         #PEFT_ERR_NOT_FOUND or #PEFT_ERR_INVALID_CHECKPOINT for a missing or unusable config.json
+ *         (see peft_merge_options_set_require_config()) or a side file linked out of the folder;
  *         #PEFT_ERR_IO (also when a base or adapter file is truncated or rewritten while the merge
  *         runs; see @ref file_changes), #PEFT_ERR_OUT_OF_MEMORY, and the errors of
  *         peft_checkpoint_open() and peft_adapter_open() for the inputs. Nothing is changed in
@@ -2522,6 +2580,8 @@ typedef struct peft_api {
   peft_error* (*host_model_swap)(peft_host_model* host, const peft_lease* lease, double weight, peft_swap_stats* stats); /**< peft_host_model_swap() */
   const char* (*host_model_current)(const peft_host_model* host); /**< peft_host_model_current() */
   const char* (*kernels)(void); /**< peft_kernels() */
+  peft_error* (*merge_options_set_require_config)(peft_merge_options* opts, int32_t require); /**< peft_merge_options_set_require_config() */
+  peft_error* (*merge_options_set_allow_nonfinite)(peft_merge_options* opts, int32_t allow); /**< peft_merge_options_set_allow_nonfinite() */
 } peft_api;
 
 /**

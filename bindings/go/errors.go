@@ -37,6 +37,7 @@ const (
 	CodeInvalidConfig            Code = C.PEFT_ERR_INVALID_CONFIG
 	CodeInvalidCheckpoint        Code = C.PEFT_ERR_INVALID_CHECKPOINT
 	CodeOverBudget               Code = C.PEFT_ERR_OVER_BUDGET
+	CodeNonFinite                Code = C.PEFT_ERR_NON_FINITE
 	CodeInternal                 Code = C.PEFT_ERR_INTERNAL
 )
 
@@ -100,6 +101,7 @@ var (
 	ErrInvalidConfig            = &Error{Code: CodeInvalidConfig}
 	ErrInvalidCheckpoint        = &Error{Code: CodeInvalidCheckpoint}
 	ErrOverBudget               = &Error{Code: CodeOverBudget}
+	ErrNonFinite                = &Error{Code: CodeNonFinite}
 	ErrInternal                 = &Error{Code: CodeInternal}
 )
 
@@ -123,7 +125,7 @@ var sentinels = map[Code]*Error{
 	CodeUnresolvedKey: ErrUnresolvedKey, CodeShapeMismatch: ErrShapeMismatch,
 	CodeInvalidArgument: ErrInvalidArgument, CodeOutOfMemory: ErrOutOfMemory, CodeCancelled: ErrCancelled,
 	CodeInvalidConfig: ErrInvalidConfig, CodeInvalidCheckpoint: ErrInvalidCheckpoint, CodeOverBudget: ErrOverBudget,
-	CodeInternal: ErrInternal,
+	CodeNonFinite: ErrNonFinite, CodeInternal: ErrInternal,
 }
 
 // Sentinel returns the sentinel of a code, or nil for CodeOK and values that are not codes.

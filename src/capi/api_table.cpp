@@ -176,6 +176,8 @@ const peft_api kApiV1 = {
     &peft_host_model_swap,
     &peft_host_model_current,
     &peft_kernels,
+    &peft_merge_options_set_require_config,
+    &peft_merge_options_set_allow_nonfinite,
 };
 
 }  // namespace

@@ -74,6 +74,8 @@ struct peft_merge_options {
   uint32_t threads = 0;
   peft_progress_fn progress = nullptr;
   void* progress_user = nullptr;
+  bool require_config = true;
+  bool allow_nonfinite = false;
 };
 
 struct peft_merge_result {
@@ -156,6 +158,20 @@ peft_error* peft_merge_options_set_threads(peft_merge_options* opts, uint32_t th
   });
 }
 
+peft_error* peft_merge_options_set_require_config(peft_merge_options* opts, int32_t require) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->require_config = require != 0;
+  });
+}
+
+peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* opts, int32_t allow) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->allow_nonfinite = allow != 0;
+  });
+}
+
 peft_error* peft_merge_options_set_progress(peft_merge_options* opts, peft_progress_fn fn, void* user_data) {
   return guarded([&] {
     require_arg(opts, "opts");
@@ -177,6 +193,8 @@ peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, con
     options.dtype = opts->dtype;
     options.max_shard_size = opts->max_shard_size;
     options.threads = opts->threads;
+    options.require_config = opts->require_config;
+    options.allow_nonfinite = opts->allow_nonfinite;
     if (opts->progress) {
       const peft_progress_fn fn = opts->progress;
       void* user = opts->progress_user;

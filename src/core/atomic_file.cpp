@@ -37,8 +37,8 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// Six characters that make a temporary's name unique with high probability; O_EXCL settles the rest.
-std::string random_suffix() {
+// Random characters that make a name unique with high probability; O_EXCL settles the rest.
+std::string random_chars(int count) {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t seed = [] {
     std::random_device device;
@@ -48,8 +48,15 @@ std::string random_suffix() {
   std::mt19937_64 mix(seed ^ now ^ (counter.fetch_add(1) * 0x9E3779B97F4A7C15ull));
   static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   std::string out;
-  for (int i = 0; i < 6; ++i) out += kAlphabet[mix() % (sizeof kAlphabet - 1)];
+  for (int i = 0; i < count; ++i) out += kAlphabet[mix() % (sizeof kAlphabet - 1)];
   return out;
+}
+
+std::string random_suffix() { return random_chars(6); }
+
+std::string temp_name_for(const std::string& target) {
+  const std::string prefix = (target.find('/') == std::string::npos ? std::string() : parent_folder(target) + "/");
+  return prefix + "." + base_name(target).substr(0, kMaxBaseInTempName) + kTempMarker + random_suffix();
 }
 
 }  // namespace
@@ -67,6 +74,22 @@ bool is_atomic_temp_name(const std::string& file_name) {
          file_name.size() == at + std::strlen(kTempMarker) + 6;
 }
 
+std::string atomic_temp_name_for(const std::string& target) { return temp_name_for(target); }
+
+std::string random_token() { return random_chars(8); }
+
+int rename_file(const std::string& from, const std::string& to) {
+  const int error = injected(testing::FileOp::rename, to);
+  if (error != 0) return error;
+  return ::rename(from.c_str(), to.c_str()) == 0 ? 0 : errno;
+}
+
+int remove_file(const std::string& path) {
+  const int error = injected(testing::FileOp::remove, path);
+  if (error != 0) return error;
+  return ::unlink(path.c_str()) == 0 ? 0 : errno;
+}
+
 void sync_directory(const std::string& folder) {
   const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // the rename itself succeeded; durability of the entry is best effort here
@@ -78,11 +101,8 @@ AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
   if (target_.empty() || target_.back() == '/') {
     fail(PEFT_ERR_INVALID_ARGUMENT, "output path " + quoted(target_) + " does not name a file");
   }
-  const std::string folder = parent_folder(target_);
-  const std::string base = base_name(target_).substr(0, kMaxBaseInTempName);
-  const std::string prefix = (target_.find('/') == std::string::npos ? std::string() : folder + "/");
   for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string candidate = prefix + "." + base + kTempMarker + random_suffix();
+    std::string candidate = temp_name_for(target_);
     int fd = -1;
     int error = injected(testing::FileOp::create, target_);
     if (error == 0) {

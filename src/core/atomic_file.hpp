@@ -63,12 +63,24 @@ std::string parent_folder(const std::string& path);
 // True when a file name is one of our temporaries (".<name>.peft-tmp-XXXXXX").
 bool is_atomic_temp_name(const std::string& file_name);
 
+// A free temporary name next to `target` (".<name>.peft-tmp-XXXXXX"), not created.
+std::string atomic_temp_name_for(const std::string& target);
+
+// rename(2) and unlink(2) through the fault hook below (FileOp::rename naming `to`, FileOp::remove):
+// the steps of a folder commit. Return 0 or the errno.
+int rename_file(const std::string& from, const std::string& to);
+int remove_file(const std::string& path);
+
+// Eight random characters from [A-Za-z0-9]: a per-write token for file names.
+std::string random_token();
+
 namespace testing {
 
 // Fault injection for tests only (not exported from the shared library, which hides every
 // non-peft_ symbol). When set, the hook runs before each system call of AtomicFile; returning a
-// nonzero errno makes that call fail with it. NULL (the default) injects nothing.
-enum class FileOp { create, reserve, write, fsync, rename };
+// nonzero errno makes that call fail with it. NULL (the default) injects nothing. A hook may also
+// stop the process there (the kill tests).
+enum class FileOp { create, reserve, write, fsync, rename, remove };
 using FaultHook = int (*)(FileOp op, const std::string& target);
 extern FaultHook fault_hook;
 

@@ -28,6 +28,7 @@ const char* code_name(int32_t code) noexcept {
     case PEFT_ERR_INVALID_CONFIG: return "INVALID_CONFIG";
     case PEFT_ERR_INVALID_CHECKPOINT: return "INVALID_CHECKPOINT";
     case PEFT_ERR_OVER_BUDGET: return "OVER_BUDGET";
+    case PEFT_ERR_NON_FINITE: return "NON_FINITE";
     case PEFT_ERR_INTERNAL: return "INTERNAL";
     default: return "UNKNOWN";
   }

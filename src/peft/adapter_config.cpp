@@ -141,6 +141,8 @@ void read_scalars(const FieldReader& f, LoraConfig& c) {
 
   if (const Json* v = f.get("r")) {
     if (!v->is_number_integer()) f.wrong_type("r", "a positive integer");
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
+      f.invalid("r", "is " + v->dump() + ", more than the largest rank this library handles (2^63 - 1)");
     c.r = v->get<int64_t>();
     c.r_given = true;
   } else if (c.document.contains("r")) {

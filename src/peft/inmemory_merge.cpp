@@ -86,7 +86,7 @@ MergeRecord MergeRecord::apply(const merge::WeightView& weight, const merge::Wei
 
   MergeRecord record;
   record.module_ = module;
-  record.coefficient_ = options.weight * module.scaling;
+  record.coefficient_ = merge::lora_coefficient(options.weight, module.scaling, "in-memory merge");
   record.threads_ = options.threads;
   record.keep_rows_ = options.keep_original_rows;
   record.dtype_ = weight.dtype;

@@ -28,6 +28,7 @@ void check_adapters(std::span<const WeightedFactors> adapters, int64_t out, int6
       fail(PEFT_ERR_INVALID_ARGUMENT, what + ": adapter #" + std::to_string(i) + " has a null factor");
     if (f.rank < 1)
       fail(PEFT_ERR_INVALID_ARGUMENT, what + ": adapter #" + std::to_string(i) + " has rank " + std::to_string(f.rank));
+    lora_coefficient(f.weight, f.scaling, what + ": adapter #" + std::to_string(i));
     int64_t a_size = 0, b_size = 0;
     if (__builtin_add_overflow(total, f.rank, &total) || __builtin_mul_overflow(total, in, &a_size) ||
         __builtin_mul_overflow(total, out, &b_size) || a_size > (int64_t(1) << 60) || b_size > (int64_t(1) << 60))

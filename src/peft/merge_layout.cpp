@@ -1,9 +1,11 @@
 // Which product a module kind merges, checked against the shapes PEFT creates for it
 // (peft/tuners/lora/layer.py: Linear, Embedding, _ConvNd update_layer and get_delta_weight).
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/error.hpp"
+#include "peft/config_writer.hpp"
 #include "peft/merge_math.hpp"
 
 namespace peft::merge {
@@ -37,6 +39,14 @@ double lora_scaling(double lora_alpha, int64_t rank, bool use_rslora) {
   if (rank < 1) fail(PEFT_ERR_INVALID_ARGUMENT, "LoRA rank " + std::to_string(rank) + " is not positive");
   const double r = static_cast<double>(rank);
   return use_rslora ? lora_alpha / std::sqrt(r) : lora_alpha / r;
+}
+
+double lora_coefficient(double weight, double scaling, const std::string& who) {
+  const double product = weight * scaling;
+  if (!(std::fabs(product) <= static_cast<double>(std::numeric_limits<float>::max())))
+    fail(PEFT_ERR_NON_FINITE, who + ": merge weight " + python_float_repr(weight) + " times LoRA scale " +
+                                  python_float_repr(scaling) + " (lora_alpha / r) is not a finite float");
+  return product;
 }
 
 DeltaLayout layout_for(ModuleKind kind, int64_t out, int64_t in) {

@@ -92,6 +92,11 @@ struct LoraFactors {
 // PEFT's scaling: lora_alpha / r, or lora_alpha / sqrt(r) with rslora.
 double lora_scaling(double lora_alpha, int64_t rank, bool use_rslora);
 
+// weight * scaling, the factor a LoRA delta is multiplied by. Merges compute in f32, so a product
+// that is not finite or lies outside the float range would make every merged weight infinite:
+// PEFT_ERR_NON_FINITE naming `who` (and the two numbers) instead.
+double lora_coefficient(double weight, double scaling, const std::string& who);
+
 // A weight (or bias) buffer the caller owns: rows x cols elements, row-major, contiguous, of dtype
 // F32, BF16 or F16 (anything else: UNSUPPORTED). A bias is rows = 1.
 struct WeightView {

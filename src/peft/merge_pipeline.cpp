@@ -105,6 +105,7 @@ class Executor {
   void write_computed(const PlannedTensor& p) {
     if (!threaded_) {
       compute_tensor(plan_, p, options_.threads, inline_buffer_);
+      if (!options_.allow_nonfinite) check_finite(p, inline_buffer_);
       stream_buffer(p, inline_buffer_);
       return;
     }
@@ -148,6 +149,7 @@ class Executor {
       item.tensor = d;
       try {
         compute_tensor(plan_, plan_.tensors[d], options_.threads, buffer);
+        if (!options_.allow_nonfinite) check_finite(plan_.tensors[d], buffer);
       } catch (...) {
         item.error = std::current_exception();
       }
@@ -212,7 +214,7 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir, const std::s
   plan_options.open = options.open;
   const MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
   std::vector<FolderFile> folder_files =
-      plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype);
+      plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype, options.require_config);
 
   std::vector<OutputFilePlan> files;
   for (const PlannedFile& f : plan.files) files.push_back({f.name, f.members, f.metadata});

@@ -39,6 +39,8 @@ struct CheckpointMergeOptions {
   unsigned threads = 0;         // 0: one per hardware thread; 1: everything on the calling thread
   MergeProgress progress;       // optional
   OpenOptions open;             // header size cap for the base's files
+  bool require_config = true;   // false: a base without a readable config.json is merged anyway
+  bool allow_nonfinite = false; // true: merged weights may hold infinities and NaNs
 };
 
 struct CheckpointMergeResult {

@@ -1,9 +1,12 @@
 #include "peft/merge_pipeline_compute.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <new>
 
+#include "core/bf16.hpp"
 #include "core/convert.hpp"
+#include "core/f16.hpp"
 #include "core/error.hpp"
 #include "peft/merge_math.hpp"
 
@@ -156,6 +159,48 @@ void TensorBuffer::reserve(uint64_t nbytes, const std::string& what) {
     capacity_ = std::max<uint64_t>(nbytes, 1);
   }
   size_ = nbytes;
+}
+
+namespace {
+
+// The first element of a merged tensor (in `work` dtype) that is infinite or NaN once rounded to
+// `stored`, the dtype written; `elements` when there is none.
+uint64_t first_nonfinite(DType work, DType stored, const uint8_t* data, uint64_t elements) {
+  const auto finite_stored = [stored](float v) {
+    if (stored == DType::BF16) return (f32_to_bf16(v) & 0x7F80u) != 0x7F80u;
+    if (stored == DType::F16) return (f32_to_f16(v) & 0x7C00u) != 0x7C00u;
+    return std::isfinite(v);
+  };
+  for (uint64_t i = 0; i < elements; ++i) {
+    bool finite = true;
+    if (work == DType::F32) {
+      float v;
+      std::memcpy(&v, data + 4 * i, 4);
+      finite = finite_stored(v);
+    } else if (work == DType::F64) {
+      double v;
+      std::memcpy(&v, data + 8 * i, 8);
+      finite = std::isfinite(v);
+    } else if (work == DType::BF16 || work == DType::F16) {
+      uint16_t v;
+      std::memcpy(&v, data + 2 * i, 2);
+      finite = work == DType::BF16 ? (v & 0x7F80u) != 0x7F80u : (v & 0x7C00u) != 0x7C00u;
+    }
+    if (!finite) return i;
+  }
+  return elements;
+}
+
+}  // namespace
+
+void check_finite(const PlannedTensor& p, const TensorBuffer& buffer) {
+  const uint64_t elements = buffer.size() / std::max<uint64_t>(1, dtype_bits(p.work_dtype) / 8);
+  const uint64_t at = first_nonfinite(p.work_dtype, p.out_dtype, buffer.data(), elements);
+  if (at == elements) return;
+  fail(PEFT_ERR_NON_FINITE, "merged tensor " + peft::quoted(p.name) + " holds an infinity or a NaN in " +
+                                std::string(dtype_name(p.out_dtype)) + " (element " + std::to_string(at) +
+                                "): the adapter's scale or factors are too large for it; nothing was written "
+                                "(allow_nonfinite / --allow-nonfinite writes it anyway)");
 }
 
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out) {

@@ -30,4 +30,8 @@ class TensorBuffer {
 // Inputs are read with pread (Checkpoint::read), so nothing of the base model stays resident.
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out);
 
+// PEFT_ERR_NON_FINITE naming tensor `p` when `buffer` (its values in p.work_dtype, computed by
+// compute_tensor) holds an infinity or a NaN once rounded to p.out_dtype.
+void check_finite(const PlannedTensor& p, const TensorBuffer& buffer);
+
 }  // namespace peft

@@ -6,6 +6,7 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "safetensors/json_writer.hpp"
+#include "safetensors/shard_index.hpp"
 
 namespace peft {
 namespace {
@@ -76,23 +77,39 @@ bool is_model_weight_file(const std::string& name) {
 }
 
 std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config, bool untie,
-                                          std::optional<DType> dtype) {
+                                          std::optional<DType> dtype, bool require_config) {
   std::vector<FolderFile> files;
   std::error_code ec;
   fs::directory_iterator it(base_dir, ec), end;
   if (ec) fail(PEFT_ERR_IO, "cannot list the base model folder " + peft::quoted(base_dir) + ": " + ec.message());
+  bool have_config = false;
   for (; it != end; it.increment(ec)) {
     if (ec) fail(PEFT_ERR_IO, "cannot list the base model folder " + peft::quoted(base_dir) + ": " + ec.message());
     const std::string name = it->path().filename().string();
-    std::error_code type_error;
-    if (!fs::is_regular_file(it->path(), type_error)) continue;  // follows symbolic links (Hub caches)
     if (is_model_weight_file(name) || is_atomic_temp_name(name)) continue;
+    std::error_code type_error;
+    // Links are followed only where the weight files' links may lead (hub caches link to blobs).
+    const std::string source = it->is_symlink(type_error) ? resolve_in_folder(base_dir, name, "the file")
+                                                          : it->path().string();
+    if (!fs::is_regular_file(source, type_error)) {
+      if (name == "config.json" && require_config)
+        fail(PEFT_ERR_INVALID_CHECKPOINT, join_path(base_dir, name) + " is not a regular file (a folder, a FIFO or "
+                                          "a device); the merged model needs its config.json");
+      continue;
+    }
     FolderFile f;
     f.name = name;
-    f.source_path = it->path().string();
-    if (name == "config.json") f.content = updated_config_text(config, untie, dtype);
+    f.source_path = source;
+    if (name == "config.json") {
+      f.content = updated_config_text(config, untie, dtype);
+      have_config = true;
+    }
     files.push_back(std::move(f));
   }
+  if (require_config && !have_config)
+    fail(PEFT_ERR_NOT_FOUND, "the base model folder " + peft::quoted(base_dir) +
+                                 " has no config.json, so transformers could not load the merged model; "
+                                 "merge without it only if the output needs no config (--no-config)");
   std::sort(files.begin(), files.end(), [](const FolderFile& a, const FolderFile& b) { return a.name < b.name; });
   return files;
 }

@@ -10,14 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
+#include "safetensors/folder_writer.hpp"
 
 namespace peft {
-
-struct FolderFile {
-  std::string name;                    // file name in the output folder
-  std::string source_path;             // copied from here when `content` is unset
-  std::optional<std::string> content;  // otherwise written with this text
-};
 
 // config.json with `tie_word_embeddings` set to false (when `untie`) and, when `dtype` is set, every
 // "dtype" / "torch_dtype" entry (top level and nested sub-configs) set to its torch name
@@ -35,8 +30,12 @@ bool is_model_weight_file(const std::string& name);
 
 // The files to put next to the merged weights: config.json (copied or rewritten) and every other
 // regular file directly in `base_dir` that is not a weight file or one of our temporaries.
-// Subfolders are not copied. PEFT_ERR_IO if the folder cannot be listed.
+// Subfolders, FIFOs and other special files are not copied. A symbolic link is followed only
+// where resolve_in_folder() allows (inside the folder, or inside a hub cache repository's folder):
+// PEFT_ERR_INVALID_CHECKPOINT naming it otherwise, or when it dangles. With `require_config`,
+// PEFT_ERR_NOT_FOUND when there is no config.json and PEFT_ERR_INVALID_CHECKPOINT when it is not a
+// regular file (a folder, a FIFO). PEFT_ERR_IO if the folder cannot be listed.
 std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config, bool untie,
-                                          std::optional<DType> dtype);
+                                          std::optional<DType> dtype, bool require_config);
 
 }  // namespace peft

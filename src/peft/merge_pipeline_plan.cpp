@@ -10,6 +10,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "peft/merge_math.hpp"
 #include "peft/arch_registry.hpp"
 #include "safetensors/shard_index.hpp"
 #include "safetensors/sharded_writer.hpp"
@@ -137,7 +138,8 @@ class Planner {
           const AdapterTensor* factor = m.find(m.kind == LayerKind::embedding ? TensorRole::lora_embedding_a
                                                                              : TensorRole::lora_a);
           const size_t target = base_index_of(factor->base_tensor, a);
-          LoraTerm term{&a, &m, a.weight * m.scaling, m.find(TensorRole::lora_magnitude) != nullptr};
+          LoraTerm term{&a, &m,
+                        merge::lora_coefficient(a.weight, m.scaling, adapter_label(a) + ", module " + peft::quoted(m.name)), m.find(TensorRole::lora_magnitude) != nullptr};
           if (!lora_seen.insert({target, &a}).second)
             conflicts.push_back(adapter_label(a) + " has two LoRA modules on base tensor " +
                                 peft::quoted(base().tensor(target).name));

@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
 #include "core/text_file.hpp"
+#include "safetensors/shard_index.hpp"
 
 namespace peft {
 namespace {
@@ -188,6 +189,8 @@ BaseModel BaseModel::open(const std::string& dir, const OpenOptions& options) {
   if (!fs::is_directory(dir, ec))
     fail(PEFT_ERR_NOT_FOUND, "base model folder " + peft::quoted(dir) + " does not exist or is not a folder");
   fs::path config_path = fs::path(dir) / "config.json";
+  // A link may lead where the weight files' links may (resolve_in_folder), not to any file.
+  if (fs::is_symlink(config_path, ec)) config_path = resolve_in_folder(dir, "config.json", "the file");
   if (fs::is_regular_file(config_path, ec)) {
     base.config = parse_json(read_text_file(config_path.string(), kMaxBaseConfigBytes), PEFT_ERR_INVALID_CONFIG,
                              config_path.string());

@@ -86,7 +86,7 @@ ShardIndex parse_shard_index(std::string_view text, const std::string& index_pat
   return index;
 }
 
-std::string resolve_shard(const std::string& folder, const std::string& name) {
+std::string resolve_in_folder(const std::string& folder, const std::string& name, const std::string& what) {
   namespace fs = std::filesystem;
   const std::string shown = join_path(folder, name);
   std::error_code error;
@@ -94,15 +94,26 @@ std::string resolve_shard(const std::string& folder, const std::string& name) {
   if (error) fail(PEFT_ERR_IO, folder + ": " + error.message());
   const fs::path real = fs::canonical(fs::path(shown), error);
   if (error == std::errc::no_such_file_or_directory)
-    fail(PEFT_ERR_INVALID_CHECKPOINT, shown + ": shard named by the index does not exist");
+    fail(PEFT_ERR_INVALID_CHECKPOINT, shown + ": " + what + " does not exist");
   if (error) fail(PEFT_ERR_IO, shown + ": " + error.message());
+  // A snapshot of the hub cache (<cache>/models--org--name/snapshots/<revision>) links its files to
+  // ../../blobs/<hash>: the repository's folder is the limit there.
+  fs::path root = real_folder;
+  const fs::path snapshots = real_folder.parent_path();
+  if (snapshots.filename() == "snapshots" && snapshots.parent_path().filename().native().starts_with("models--"))
+    root = snapshots.parent_path();
   // Compare whole components: "/a/bc" is not inside "/a/b".
-  std::string prefix = real_folder.native();
+  std::string prefix = root.native();
   if (prefix.empty() || prefix.back() != '/') prefix += '/';
   if (real.native().compare(0, prefix.size(), prefix) != 0)
-    fail(PEFT_ERR_INVALID_CHECKPOINT,
-         shown + ": shard resolves to " + real.native() + ", outside the checkpoint folder " + real_folder.native());
+    fail(PEFT_ERR_INVALID_CHECKPOINT, shown + ": " + what + " resolves to " + real.native() + ", outside the " +
+                                          (root == real_folder ? "folder " : "hub cache repository folder ") +
+                                          root.native());
   return real.native();
+}
+
+std::string resolve_shard(const std::string& folder, const std::string& name) {
+  return resolve_in_folder(folder, name, "the shard named by the index");
 }
 
 }  // namespace peft

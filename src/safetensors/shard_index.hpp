@@ -33,8 +33,15 @@ ShardIndex parse_shard_index(std::string_view text, const std::string& index_pat
 // `folder` joined with `name` the way paths are shown to users ("dir/name", one separator).
 std::string join_path(const std::string& folder, const std::string& name);
 
-// The real path of shard `name` in `folder` after resolving symbolic links; it must exist and lie
-// inside the real path of `folder` (PEFT_ERR_INVALID_CHECKPOINT otherwise).
+// The real path of file `name` in `folder` after resolving symbolic links: the one rule for every
+// file read from a model folder (shards, config.json, tokenizer files). It must exist and lie inside
+// the real path of `folder` or, when `folder` is a snapshot of the Hugging Face hub cache
+// (<cache>/models--org--name/snapshots/<revision>, whose files link to ../../blobs/<hash>), inside
+// that repository's folder <cache>/models--org--name. PEFT_ERR_INVALID_CHECKPOINT naming the file
+// (described as `what`) and where it leads otherwise; PEFT_ERR_IO when it cannot be resolved.
+std::string resolve_in_folder(const std::string& folder, const std::string& name, const std::string& what);
+
+// resolve_in_folder() for a shard named by the index.
 std::string resolve_shard(const std::string& folder, const std::string& name);
 
 }  // namespace peft

@@ -3,9 +3,8 @@
 // `model.safetensors` and no index), `{"format":"pt"}` metadata on every shard, and
 // `model.safetensors.index.json` written as transformers v4 writes it.
 //
-// The folder changes as atomically as files allow: every shard and the index are written to
-// temporaries and flushed first; then the shards are renamed into place and the index last; only
-// then are files of an older layout removed (stale shards, a stale index or model.safetensors).
+// The folder is replaced as CheckpointFolderWriter describes (folder_writer.hpp): a shard whose
+// name is taken gets a per-write token in its name, and the index is the commit point.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "safetensors/writer.hpp"
+#include "safetensors/folder_writer.hpp"
 
 namespace peft {
 
-class ShardedWriter final : public TensorWriter {
+class ShardedWriter final : public CheckpointFolderWriter {
  public:
   // `max_shard_size` in bytes of tensor data; 0 means no limit (one shard unless break_shard()).
   // The folder is created (with its parents) when writing starts.
@@ -30,20 +29,15 @@ class ShardedWriter final : public TensorWriter {
   void set_index_metadata_json(const std::string& json_object);
 
   // The file names chosen for the shards (valid after start()).
-  std::vector<std::string> shard_names() const;
+  std::vector<std::string> shard_names() const { return weight_names(); }
 
  protected:
-  std::vector<OutputSpec> plan_outputs(const std::vector<TensorDecl>& decls) override;
-  void prepare_outputs() override;  // creates the folder
-  std::vector<std::unique_ptr<AtomicFile>> make_extra_files() override;
-  void after_commit() noexcept override;
+  FolderLayout plan_layout(const std::vector<TensorDecl>& decls) override;
 
  private:
-  std::string folder_;
   uint64_t max_shard_size_;
   std::vector<size_t> breaks_;  // declaration indices that start a new shard
   std::string index_metadata_json_ = "{}";
-  std::vector<std::string> names_;
 };
 
 // huggingface_hub's split_state_dict_into_shards_factory on sizes alone: a tensor larger than

@@ -343,12 +343,13 @@ void TensorWriter::finish() {
         close_output(out);
       }
     }
-    std::vector<std::unique_ptr<AtomicFile>> extras = make_extra_files();
-    for (Output& out : outputs_) out.file->commit();
-    for (auto& extra : extras) extra->commit();
+    commit_outputs();
   });
   finished_ = true;
-  after_commit();
+}
+
+void TensorWriter::commit_outputs() {
+  for (Output& out : outputs_) out.file->commit();
 }
 
 void TensorWriter::abort() noexcept {

@@ -100,11 +100,9 @@ class TensorWriter {
   // Called by start() once the plan is complete, before anything is written (a folder to create).
   // A throw fails start() with nothing else changed.
   virtual void prepare_outputs() {}
-  // Called once every output is written and flushed, before any is renamed: extra files to commit
-  // after the outputs (an index). Their AtomicFiles must be flushed and closed.
-  virtual std::vector<std::unique_ptr<AtomicFile>> make_extra_files() { return {}; }
-  // Called after every rename succeeded (cleaning stale files); must not throw.
-  virtual void after_commit() noexcept {}
+  // Called by finish() once every output is written and flushed: puts them in place. The default
+  // renames each output over its target in order; a folder writer orders its files itself.
+  virtual void commit_outputs();
 
   struct Output {
     OutputSpec spec;
@@ -114,6 +112,7 @@ class TensorWriter {
     size_t first_position = 0;
   };
   const std::vector<Output>& outputs() const { return outputs_; }
+  std::vector<Output>& outputs() { return outputs_; }
   const std::vector<TensorDecl>& declarations() const { return decls_; }
 
  private:

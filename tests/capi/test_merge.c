@@ -138,6 +138,47 @@ static void test_checkpoint_options(void) {
   peft_merge_options_free(NULL);
 }
 
+/* Copies a file (for a base folder made in the scratch folder). */
+static int copy_file(const char* from, const char* to) {
+  FILE* in = fopen(from, "rb");
+  FILE* out = in ? fopen(to, "wb") : NULL;
+  char buf[65536];
+  size_t n;
+  int ok = in != NULL && out != NULL;
+  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+  if (in) fclose(in);
+  if (out) fclose(out);
+  return ok;
+}
+
+/* peft_merge_options_set_require_config() and peft_merge_options_set_allow_nonfinite(): a base
+ * folder without config.json is refused (NOT_FOUND, nothing written) unless no config is required. */
+static void test_checkpoint_inputs(void) {
+  char base[512], out[512], file[600], model[600];
+  peft_merge_options* opts = NULL;
+  CHECK_CODE(peft_merge_options_set_require_config(NULL, 0), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_set_allow_nonfinite(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(strcmp(peft_error_code_name(PEFT_ERR_NON_FINITE), "NON_FINITE") == 0);
+  snprintf(base, sizeof base, "%s", scratch_path("noconfig"));
+  snprintf(out, sizeof out, "%s", scratch_path("noconfig_out"));
+  snprintf(model, sizeof model, "%s", data_path("models/llama/model.safetensors"));
+  snprintf(file, sizeof file, "%s/model.safetensors", base);
+  CHECK(mkdir(base, 0755) == 0);
+  CHECK(copy_file(model, file));
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/llama_lora"), 1.0));
+  CHECK_CODE_NAMING(peft_merge_checkpoint(base, out, opts, NULL), PEFT_ERR_NOT_FOUND, "config.json");
+  CHECK(!exists(out));
+  CHECK_OK(peft_merge_options_set_require_config(opts, 0));
+  CHECK_OK(peft_merge_options_set_allow_nonfinite(opts, 1));
+  CHECK_OK(peft_merge_checkpoint(base, out, opts, NULL));
+  snprintf(file, sizeof file, "%s/model.safetensors", out);
+  CHECK(exists(file));
+  snprintf(file, sizeof file, "%s/config.json", out);
+  CHECK(!exists(file));
+  peft_merge_options_free(opts);
+}
+
 static void test_checkpoint_merge(void) {
   peft_merge_options* opts = NULL;
   peft_merge_result* result = NULL;
@@ -370,6 +411,7 @@ int main(void) {
     return 1;
   }
   test_checkpoint_options();
+  test_checkpoint_inputs();
   test_checkpoint_merge();
   test_buffer_merge();
   remove_tree(scratch);

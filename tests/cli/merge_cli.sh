@@ -88,5 +88,35 @@ check "a failed merge into an existing folder fails" exit_is 1 "$peftc" merge --
 check "... and leaves it as it was" cmp -s "$work/one/model.safetensors" "$work/keep/model.safetensors"
 check "merging into the base folder is refused" exit_is 1 "$peftc" merge --base "$base" --adapter "$lora" --out "$base"
 
+# ---- inputs that are refused (issue 13) -------------------------------------------------------------
+mkdir -p "$work/linked"
+cp "$base"/* "$work/linked/"
+ln -s /etc/passwd "$work/linked/tokenizer.json"
+"$peftc" merge --base "$work/linked" --adapter "$lora" --out "$work/linked_out" >/dev/null 2>"$work/linked.err"
+check "a side file linked out of the base folder fails with 1" test $? -eq 1
+check "... naming it" contains "$work/linked.err" "peftc: error: INVALID_CHECKPOINT: $work/linked/tokenizer.json"
+check "... and writes nothing" test ! -e "$work/linked_out"
+mkdir -p "$work/noconfig"
+cp "$base/model.safetensors" "$work/noconfig/"
+"$peftc" merge --base "$work/noconfig" --adapter "$lora" --out "$work/noconfig_out" >/dev/null 2>"$work/noconfig.err"
+check "a base without config.json fails with 1" test $? -eq 1
+check "... with NOT_FOUND naming config.json" contains "$work/noconfig.err" "peftc: error: NOT_FOUND:"
+check "... unless --no-config" exit_is 0 "$peftc" merge --base "$work/noconfig" --adapter "$lora" --out "$work/noconfig_out" --no-config
+check "... which writes no config.json" test ! -e "$work/noconfig_out/config.json"
+mkdir -p "$work/huge"
+cp "$lora/adapter_model.safetensors" "$work/huge/"
+sed 's/"lora_alpha": *[0-9.e+-]*/"lora_alpha": 1e308/' "$lora/adapter_config.json" >"$work/huge/adapter_config.json"
+"$peftc" merge --base "$base" --adapter "$work/huge" --out "$work/huge_out" >/dev/null 2>"$work/huge.err"
+check "lora_alpha 1e308 fails with 1" test $? -eq 1
+check "... with NON_FINITE" contains "$work/huge.err" "peftc: error: NON_FINITE:"
+check "... and writes nothing" test ! -e "$work/huge_out"
+sed 's/"lora_alpha": *[0-9.e+-]*/"lora_alpha": 4e12/' "$lora/adapter_config.json" >"$work/huge/adapter_config.json"
+check "merged weights beyond f16 fail with 1" exit_is 1 "$peftc" merge --base "$base" --adapter "$work/huge" --out "$work/huge_out" --dtype f16
+check "... unless --allow-nonfinite" exit_is 0 "$peftc" merge --base "$base" --adapter "$work/huge" --out "$work/huge_out" --dtype f16 --allow-nonfinite
+sed 's/"r": *[0-9]*/"r": 9223372036854775808/' "$lora/adapter_config.json" >"$work/huge/adapter_config.json"
+"$peftc" merge --base "$base" --adapter "$work/huge" --out "$work/huge_r" >/dev/null 2>"$work/huge_r.err"
+check "r = 2^63 fails with 1" test $? -eq 1
+check "... printed as written" contains "$work/huge_r.err" "is 9223372036854775808"
+
 echo "$((checks - failures)) of $checks checks passed"
 [ "$failures" -eq 0 ]

@@ -179,3 +179,34 @@ def test_transformers_sharded_save_is_reproduced(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == files
     for name in files:
         assert (out / name).read_bytes() == (saved / name).read_bytes(), name
+
+
+def test_rewrite_in_place_uses_tokenized_shard_names_that_transformers_loads(model_dir, tmp_path):
+    """A second sharded write into the same folder cannot reuse the shard names the live index lists
+    (a kill would mix old and new shards), so its shards carry a per-write token; the index names
+    them, and transformers and safetensors load them like any others."""
+    import transformers
+
+    source_file = model_dir / "model.safetensors"
+    source = st_torch.load_file(str(source_file))
+    limit = shard_size_for(source)
+    out = tmp_path / "twice"
+    run_convert(source_file, out, "--max-shard-size", limit)
+    first = sorted(p.name for p in out.glob("*.safetensors"))
+    run_convert(source_file, out, "--max-shard-size", limit)
+    second = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(second) == len(first) and not set(first) & set(second), (first, second)
+    assert all(".peft-" in name for name in second), second
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == second
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    loaded = load_folder(out)
+    assert set(loaded) == set(source)
+    shutil.copy(model_dir / "config.json", out / "config.json")
+    config = json.loads((model_dir / "config.json").read_text())
+    model_class = getattr(transformers, config["architectures"][0])
+    model, info = model_class.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    reference = model_class.from_pretrained(model_dir).state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reference[name]), name

@@ -5,9 +5,11 @@
 
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -135,8 +137,9 @@ TEST_CASE("writer fault: a failing shard or index keeps the old checkpoint folde
       declare_three(writer);
       int32_t code;
       {
-        // Renames: shards come first, the index last; failing the first rename changes nothing.
-        HookScope hook(op, EIO, op == testing::FileOp::rename ? 1 : countdown);
+        // Renames: the three shards (to free names) come first, the index last, the commit point;
+        // a failure at any of them removes the new shards again.
+        HookScope hook(op, EIO, countdown);
         code = error_code_of([&] { stream_all(writer, 9); });
       }
       CHECK(code == PEFT_ERR_IO);
@@ -245,4 +248,147 @@ TEST_CASE("writer fault: temporary names are recognisable and unique") {
   a.abort();
   b.abort();
   CHECK(writer_test::entries(dir.path()) == std::vector<std::string>{long_name});
+}
+
+namespace {
+
+// The model a reader finds in `folder`, as "name=fill,..." (every tensor is one repeated byte), or
+// "none" when it finds none it can load. peftc opens the index first; transformers
+// (modeling_utils._get_resolved_checkpoint_files) opens model.safetensors first when it exists.
+std::string model_seen(const std::string& folder, bool transformers_order) {
+  try {
+    std::string path = folder;
+    struct stat st;
+    if (transformers_order && ::stat((folder + "/model.safetensors").c_str(), &st) == 0) path += "/model.safetensors";
+    const auto ckpt = Checkpoint::open(path);
+    std::string seen;
+    for (size_t i = 0; i < ckpt->tensor_count(); ++i) {
+      const auto bytes = ckpt->view(i);
+      const bool uniform = std::all_of(bytes.begin(), bytes.end(), [&](uint8_t b) { return b == bytes[0]; });
+      seen += ckpt->tensor(i).name + "=" + (uniform ? std::to_string(bytes[0]) : "mixed") + ",";
+    }
+    return seen;
+  } catch (const Error&) {
+    return "none";
+  }
+}
+
+// Writes `names` (1 MiB each, byte `fill`) into `folder`: one file, or one shard per tensor.
+void write_model(const std::string& folder, const std::vector<std::string>& names, bool sharded, uint8_t fill) {
+  ShardedWriter writer(folder, sharded ? 1u << 20 : 0);
+  for (const std::string& name : names) writer.add_tensor(name, DType::U8, {1u << 20});
+  stream_all(writer, fill);
+}
+
+std::string expected_seen(const std::vector<std::string>& names, uint8_t fill) {
+  std::string seen;
+  for (const std::string& name : names) seen += name + "=" + std::to_string(fill) + ",";
+  return seen;
+}
+
+int g_kill_at = 0;  // the rename/remove step at which the child kills itself
+int g_steps = 0;
+int kill_at_step(testing::FileOp op, const std::string&) {
+  if ((op == testing::FileOp::rename || op == testing::FileOp::remove) && ++g_steps == g_kill_at) ::raise(SIGKILL);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("writer fault: a process killed at each rename or removal of a folder write leaves one model") {
+  struct Layout {
+    std::vector<std::string> names;
+    bool sharded;
+  };
+  const Layout olds[] = {{{"x", "y"}, false}, {{"x", "y"}, true}, {{"x", "y", "z"}, true}};
+  const Layout news[] = {{{"a", "b", "c"}, false}, {{"a", "b", "c"}, true}};
+  for (const Layout& before : olds) {
+    for (const Layout& after : news) {
+      const std::string old_model = expected_seen(before.names, 1), new_model = expected_seen(after.names, 9);
+      bool completed = false;
+      int steps_killed = 0, no_model = 0;
+      for (int step = 1; !completed && step < 100; ++step) {
+        CAPTURE(before.sharded);
+        CAPTURE(before.names.size());
+        CAPTURE(after.sharded);
+        CAPTURE(step);
+        ScratchDir dir;
+        write_model(dir.path(), before.names, before.sharded, 1);
+        REQUIRE(model_seen(dir.path(), false) == old_model);
+        const pid_t child = ::fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+          g_kill_at = step;
+          g_steps = 0;
+          testing::fault_hook = &kill_at_step;
+          try {
+            write_model(dir.path(), after.names, after.sharded, 9);
+          } catch (...) {
+            ::_exit(3);
+          }
+          ::_exit(0);
+        }
+        int status = 0;
+        REQUIRE(::waitpid(child, &status, 0) == child);
+        if (WIFEXITED(status)) {
+          REQUIRE(WEXITSTATUS(status) == 0);
+          completed = true;
+        } else {
+          REQUIRE(WIFSIGNALED(status));
+          ++steps_killed;
+        }
+        // Both readers see the same model, the old or the new one.
+        const std::string peftc = model_seen(dir.path(), false);
+        CHECK(peftc == model_seen(dir.path(), true));
+        CHECK((peftc == old_model || peftc == new_model || peftc == "none"));
+        if (peftc == "none") ++no_model;
+        if (completed) CHECK(peftc == new_model);
+        // The next write into the folder leaves no temporary and no file of an older layout.
+        write_model(dir.path(), after.names, after.sharded, 7);
+        CHECK(model_seen(dir.path(), true) == expected_seen(after.names, 7));
+        CHECK(writer_test::temporaries(dir.path()).empty());
+        CHECK(writer_test::entries(dir.path()).size() == (after.sharded ? after.names.size() + 1 : 1));
+      }
+      CHECK(completed);
+      CHECK(steps_killed >= (after.sharded ? 4 : 1));  // every shard rename and the index's, at least
+      // Only a change between single-file and sharded has a step with no model (the entry point of
+      // the old layout moved aside just before the new one is renamed in), and only one.
+      CHECK(no_model == (before.sharded != after.sharded ? 1 : 0));
+    }
+  }
+}
+
+TEST_CASE("writer fault: rewriting a sharded folder uses fresh shard names and removes the old ones") {
+  ScratchDir dir;
+  write_model(dir.path(), {"x", "y", "z"}, true, 1);
+  const auto first = writer_test::entries(dir.path());
+  CHECK(first == std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                           "model-00003-of-00003.safetensors", "model.safetensors.index.json"});
+  // Leftovers of killed runs: temporaries (removed when the write starts) and an orphan shard.
+  writer_test::write_file(dir.path(".model.safetensors.peft-tmp-abcdef"), std::string(1000, 'x'));
+  writer_test::write_file(dir.path(".config.json.peft-tmp-ABC123"), "{}");
+  writer_test::write_file(dir.path("model-00001-of-00009.peft-Zz9Zz9Zz.safetensors"), "orphan");
+  writer_test::write_file(dir.path("notes.txt"), "not ours");
+  ShardedWriter writer(dir.path(), 1u << 20);
+  for (const char* name : {"a", "b", "c"}) writer.add_tensor(name, DType::U8, {1u << 20});
+  writer.start();
+  CHECK(writer_test::temporaries(dir.path()).empty());
+  stream_all(writer, 9);
+  const auto names = writer.shard_names();
+  REQUIRE(names.size() == 3);
+  for (const std::string& name : names) {
+    CHECK(is_tokenized_weight_name(name));
+    CHECK(name.rfind("model-0000", 0) == 0);
+  }
+  std::vector<std::string> expected = names;
+  expected.push_back("model.safetensors.index.json");
+  expected.push_back("notes.txt");
+  std::sort(expected.begin(), expected.end());
+  CHECK(writer_test::entries(dir.path()) == expected);
+  CHECK(model_seen(dir.path(), false) == expected_seen({"a", "b", "c"}, 9));
+  // A third write finds the plain names free again.
+  write_model(dir.path(), {"a", "b", "c"}, true, 5);
+  std::vector<std::string> third = first;
+  third.push_back("notes.txt");
+  CHECK(writer_test::entries(dir.path()) == third);
 }

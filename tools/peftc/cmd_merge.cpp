@@ -1,5 +1,5 @@
 // peftc merge --base DIR --adapter DIR[:WEIGHT] ... --out DIR [--dtype keep|f32|bf16|f16]
-//              [--max-shard-size SIZE] [--threads N]
+//              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
 // is. A progress bar goes to stderr when it is a terminal; a summary goes to stdout.
 #include <unistd.h>
@@ -21,7 +21,7 @@ namespace {
 
 constexpr const char* kUsage =
     "merge --base DIR --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR "
-    "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N]";
+    "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite]";
 
 struct AdapterArg {
   std::string dir;
@@ -34,6 +34,8 @@ struct Options {
   int32_t dtype = PEFT_MERGE_DTYPE_KEEP;
   uint64_t max_shard = 0;
   uint32_t threads = 0;
+  bool require_config = true;    // --no-config: a base without config.json is merged anyway
+  bool allow_nonfinite = false;  // --allow-nonfinite: merged weights may be infinite or NaN
 };
 
 template <class T, void (*Free)(T*)>
@@ -148,6 +150,8 @@ int run_merge(const Options& o) {
   if (peft_error* err = peft_merge_options_set_dtype(opts.p, o.dtype)) return report(err);
   if (peft_error* err = peft_merge_options_set_max_shard_size(opts.p, o.max_shard)) return report(err);
   if (peft_error* err = peft_merge_options_set_threads(opts.p, o.threads)) return report(err);
+  if (peft_error* err = peft_merge_options_set_require_config(opts.p, o.require_config ? 1 : 0)) return report(err);
+  if (peft_error* err = peft_merge_options_set_allow_nonfinite(opts.p, o.allow_nonfinite ? 1 : 0)) return report(err);
   ProgressBar bar;
   if (::isatty(STDERR_FILENO)) {
     if (peft_error* err = peft_merge_options_set_progress(opts.p, &ProgressBar::callback, &bar)) return report(err);
@@ -196,6 +200,14 @@ int merge_command(const std::vector<std::string>& args) {
     if (arg == "-h" || arg == "--help") {
       std::printf("usage: peftc %s\n", kUsage);
       return kExitOk;
+    }
+    if (arg == "--no-config" && !value) {
+      o.require_config = false;
+      continue;
+    }
+    if (arg == "--allow-nonfinite" && !value) {
+      o.allow_nonfinite = true;
+      continue;
     }
     const bool known = arg == "--base" || arg == "--adapter" || arg == "--out" || arg == "--dtype" ||
                        arg == "--max-shard-size" || arg == "--threads";

@@ -28,6 +28,7 @@ namespace PeftC
         InvalidConfig = 28,
         InvalidCheckpoint = 29,
         OverBudget = 30,
+        NonFinite = 31,
         Internal = 99,
     }
 

@@ -34,6 +34,7 @@ ERROR_CODES: Tuple[Tuple[int, str], ...] = (
     (28, "INVALID_CONFIG"),
     (29, "INVALID_CHECKPOINT"),
     (30, "OVER_BUDGET"),
+    (31, "NON_FINITE"),
     (99, "INTERNAL"),
 )
 

@@ -235,6 +235,7 @@ constants! {
     pub const PEFT_ERR_INVALID_CONFIG: i32 = 28;
     pub const PEFT_ERR_INVALID_CHECKPOINT: i32 = 29;
     pub const PEFT_ERR_OVER_BUDGET: i32 = 30;
+    pub const PEFT_ERR_NON_FINITE: i32 = 31;
     pub const PEFT_ERR_INTERNAL: i32 = 99;
 
     pub const PEFT_DTYPE_BOOL: i32 = 0;
@@ -647,6 +648,8 @@ functions! {
         stats: *mut peft_swap_stats,
     ) -> *mut peft_error;
     pub fn peft_host_model_current(host: *const peft_host_model) -> *const c_char;
+    pub fn peft_merge_options_set_require_config(opts: *mut peft_merge_options, require: i32) -> *mut peft_error;
+    pub fn peft_merge_options_set_allow_nonfinite(opts: *mut peft_merge_options, allow: i32) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -878,5 +881,7 @@ api_table! {
         pub fn host_model_swap(host: *mut peft_host_model, lease: *const peft_lease, weight: f64, stats: *mut peft_swap_stats) -> *mut peft_error = peft_host_model_swap;
         pub fn host_model_current(host: *const peft_host_model) -> *const c_char = peft_host_model_current;
         pub fn kernels() -> *const c_char = peft_kernels;
+        pub fn merge_options_set_require_config(opts: *mut peft_merge_options, require: i32) -> *mut peft_error = peft_merge_options_set_require_config;
+        pub fn merge_options_set_allow_nonfinite(opts: *mut peft_merge_options, allow: i32) -> *mut peft_error = peft_merge_options_set_allow_nonfinite;
     }
 }

@@ -52,6 +52,8 @@ pub enum ErrorCode {
     /// An adapter does not fit in a registry's byte budget beside the pinned ones (or pinned
     /// adapters alone exceed a smaller budget).
     OverBudget,
+    /// A computed value that is infinite or NaN (a merged weight, a LoRA scale).
+    NonFinite,
     /// A bug in peft_c.
     Internal,
     /// A code this binding does not know (from a newer library).
@@ -60,7 +62,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every known code, in numeric order.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::HeaderTooSmall,
         ErrorCode::HeaderTooLarge,
         ErrorCode::InvalidHeaderLength,
@@ -82,6 +84,7 @@ impl ErrorCode {
         ErrorCode::InvalidConfig,
         ErrorCode::InvalidCheckpoint,
         ErrorCode::OverBudget,
+        ErrorCode::NonFinite,
         ErrorCode::Internal,
     ];
 
@@ -109,6 +112,7 @@ impl ErrorCode {
             sys::PEFT_ERR_INVALID_CONFIG => ErrorCode::InvalidConfig,
             sys::PEFT_ERR_INVALID_CHECKPOINT => ErrorCode::InvalidCheckpoint,
             sys::PEFT_ERR_OVER_BUDGET => ErrorCode::OverBudget,
+            sys::PEFT_ERR_NON_FINITE => ErrorCode::NonFinite,
             sys::PEFT_ERR_INTERNAL => ErrorCode::Internal,
             other => ErrorCode::Unknown(other),
         }
@@ -138,6 +142,7 @@ impl ErrorCode {
             ErrorCode::InvalidConfig => sys::PEFT_ERR_INVALID_CONFIG,
             ErrorCode::InvalidCheckpoint => sys::PEFT_ERR_INVALID_CHECKPOINT,
             ErrorCode::OverBudget => sys::PEFT_ERR_OVER_BUDGET,
+            ErrorCode::NonFinite => sys::PEFT_ERR_NON_FINITE,
             ErrorCode::Internal => sys::PEFT_ERR_INTERNAL,
             ErrorCode::Unknown(code) => code,
         }
