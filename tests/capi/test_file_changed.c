@@ -23,6 +23,7 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 #define LLAMA_LORA PEFT_TEST_DATA "/adapters/llama_lora"
 #define LLAMA_LORA_SECOND PEFT_TEST_DATA "/adapters/llama_lora_second"
@@ -42,40 +43,6 @@ static const char* in_scratch(const char* rel) {
   return buf[next];
 }
 
-static int write_bytes(const char* path, const void* bytes, size_t size) {
-  FILE* f = fopen(path, "wb"); /* truncates and rewrites the same file (inode), as cp does */
-  size_t n;
-  if (f == NULL) return 0;
-  n = fwrite(bytes, 1, size, f);
-  return fclose(f) == 0 && n == size;
-}
-
-static char* slurp(const char* path, size_t* size) {
-  FILE* f = fopen(path, "rb");
-  char* data;
-  long n;
-  if (f == NULL) return NULL;
-  fseek(f, 0, SEEK_END);
-  n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  data = (char*)malloc((size_t)n + 1);
-  if (data != NULL && fread(data, 1, (size_t)n, f) != (size_t)n) {
-    free(data);
-    data = NULL;
-  }
-  *size = (size_t)n;
-  fclose(f);
-  return data;
-}
-
-static int copy_file(const char* from, const char* to) {
-  size_t size = 0;
-  char* data = slurp(from, &size);
-  int ok = data != NULL && write_bytes(to, data, size);
-  free(data);
-  return ok;
-}
-
 /* Sets the file's modification time one day back, as for any file written before it is opened.
  * A change made afterwards then moves the time, whatever the file system's timestamp granularity. */
 static int age(const char* path) {
@@ -88,28 +55,6 @@ static int age(const char* path) {
 static off_t file_size(const char* path) {
   struct stat st;
   return stat(path, &st) == 0 ? st.st_size : -1;
-}
-
-static int exists(const char* path) {
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
-static void remove_tree(const char* path) {
-  DIR* dir = opendir(path);
-  if (dir != NULL) {
-    struct dirent* e;
-    while ((e = readdir(dir)) != NULL) {
-      char child[1024];
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-      remove_tree(child);
-    }
-    closedir(dir);
-    rmdir(path);
-  } else {
-    unlink(path);
-  }
 }
 
 /* Writes the two-tensor file: a[i] = i + offset, b[i] = -(i + offset). The header is padded so the

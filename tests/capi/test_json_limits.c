@@ -16,53 +16,21 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 #define LLAMA_LORA PEFT_TEST_DATA "/adapters/llama_lora"
 #define LLAMA_BASE PEFT_TEST_DATA "/models/llama"
 
 static char root[] = "/tmp/peft_json_limits_XXXXXX";
 
-/* The whole file in a malloc'd buffer (NULL if unreadable); *size receives its length. */
-static char* slurp(const char* path, size_t* size) {
-  FILE* f = fopen(path, "rb");
-  char* data;
-  long n;
-  if (f == NULL) return NULL;
-  fseek(f, 0, SEEK_END);
-  n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  data = malloc((size_t)n + 1);
-  if (data != NULL && fread(data, 1, (size_t)n, f) != (size_t)n) {
-    free(data);
-    data = NULL;
-  }
-  fclose(f);
-  if (data != NULL) data[n] = '\0';
-  *size = (size_t)n;
-  return data;
-}
-
-static int spit(const char* path, const char* data, size_t size) {
-  FILE* f = fopen(path, "wb");
-  int ok;
-  if (f == NULL) return 0;
-  ok = fwrite(data, 1, size, f) == size;
-  return fclose(f) == 0 && ok;
-}
-
 static void path_in(char* out, const char* folder, const char* name) {
   snprintf(out, 4096, "%s/%s/%s", root, folder, name);
 }
 
-static int copy_file(const char* from, const char* folder, const char* name) {
+static int copy_into_folder(const char* from, const char* folder, const char* name) {
   char to[4096];
-  size_t size = 0;
-  char* data = slurp(from, &size);
-  int ok = data != NULL;
   path_in(to, folder, name);
-  if (ok) ok = spit(to, data, size);
-  free(data);
-  return ok;
+  return copy_file(from, to);
 }
 
 /* prefix, then `depth` times `open`, then `middle`, then `depth` times `close`, then suffix. */
@@ -111,15 +79,15 @@ static void test_depth(size_t depth) {
   make_folder("adapter");
   make_folder("base");
   make_folder("index");
-  CHECK(copy_file(LLAMA_LORA "/adapter_model.safetensors", "adapter", "adapter_model.safetensors"));
-  CHECK(copy_file(LLAMA_BASE "/model.safetensors", "base", "model.safetensors"));
-  CHECK(copy_file(LLAMA_BASE "/model.safetensors", "index", "model.safetensors"));
+  CHECK(copy_into_folder(LLAMA_LORA "/adapter_model.safetensors", "adapter", "adapter_model.safetensors"));
+  CHECK(copy_into_folder(LLAMA_BASE "/model.safetensors", "base", "model.safetensors"));
+  CHECK(copy_into_folder(LLAMA_BASE "/model.safetensors", "index", "model.safetensors"));
   path_in(path, "adapter", "adapter_config.json");
-  CHECK(spit(path, deep_config, strlen(deep_config)));
+  CHECK(write_bytes(path, deep_config, strlen(deep_config)));
   path_in(path, "base", "config.json");
-  CHECK(spit(path, deep_base, strlen(deep_base)));
+  CHECK(write_bytes(path, deep_base, strlen(deep_base)));
   path_in(path, "index", "model.safetensors.index.json");
-  CHECK(spit(path, deep_index, strlen(deep_index)));
+  CHECK(write_bytes(path, deep_index, strlen(deep_index)));
 
   /* adapter_config.json: from memory (a registry) and from a folder */
   CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 1u << 20, NULL, &registry));
@@ -178,7 +146,7 @@ static void test_fifo_config(void) {
   peft_registry* registry = NULL;
   peft_adapter* adapter = NULL;
   make_folder("fifo");
-  CHECK(copy_file(LLAMA_LORA "/adapter_model.safetensors", "fifo", "adapter_model.safetensors"));
+  CHECK(copy_into_folder(LLAMA_LORA "/adapter_model.safetensors", "fifo", "adapter_model.safetensors"));
   path_in(path, "fifo", "adapter_config.json");
   CHECK(mkfifo(path, 0600) == 0);
   snprintf(dir, sizeof dir, "%s/fifo", root);

@@ -14,6 +14,7 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 static char scratch[256];
 static char path_buf[512];
@@ -27,28 +28,6 @@ static const char* scratch_path(const char* rel) {
   static char buf[512];
   snprintf(buf, sizeof buf, "%s/%s", scratch, rel);
   return buf;
-}
-
-static int exists(const char* path) {
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
-static void remove_tree(const char* path) {
-  DIR* dir = opendir(path);
-  if (dir != NULL) {
-    struct dirent* e;
-    while ((e = readdir(dir)) != NULL) {
-      char child[1024];
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-      remove_tree(child);
-    }
-    closedir(dir);
-    rmdir(path);
-  } else {
-    unlink(path);
-  }
 }
 
 struct progress_log {
@@ -136,19 +115,6 @@ static void test_checkpoint_options(void) {
   CHECK(exists(scratch_path("plain/model.safetensors")));
   peft_merge_options_free(opts);
   peft_merge_options_free(NULL);
-}
-
-/* Copies a file (for a base folder made in the scratch folder). */
-static int copy_file(const char* from, const char* to) {
-  FILE* in = fopen(from, "rb");
-  FILE* out = in ? fopen(to, "wb") : NULL;
-  char buf[65536];
-  size_t n;
-  int ok = in != NULL && out != NULL;
-  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
-  if (in) fclose(in);
-  if (out) fclose(out);
-  return ok;
 }
 
 /* peft_merge_options_set_require_config() and peft_merge_options_set_allow_nonfinite(): a base

@@ -13,32 +13,13 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 #define LLAMA_LORA PEFT_TEST_DATA "/adapters/llama_lora"
 #define LLAMA_RSLORA PEFT_TEST_DATA "/adapters/llama_rslora"
 
 static peft_lease* const kUntouchedLease = (peft_lease*)(uintptr_t)0x5eed;
 static peft_registry* const kUntouchedRegistry = (peft_registry*)(uintptr_t)0x5eed;
-
-/* The whole file in a malloc'd buffer, NUL-terminated (NULL if unreadable); *size receives its length. */
-static char* slurp(const char* path, size_t* size) {
-  FILE* f = fopen(path, "rb");
-  char* data;
-  long n;
-  if (f == NULL) return NULL;
-  fseek(f, 0, SEEK_END);
-  n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  data = (char*)malloc((size_t)n + 1);
-  if (data != NULL && fread(data, 1, (size_t)n, f) != (size_t)n) {
-    free(data);
-    data = NULL;
-  }
-  if (data != NULL) data[n] = '\0';
-  *size = (size_t)n;
-  fclose(f);
-  return data;
-}
 
 static peft_registry_stats stats_of(const peft_registry* registry) {
   peft_registry_stats s;
