@@ -1,6 +1,5 @@
 #include "safetensors/writer.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,24 +15,6 @@ constexpr size_t kOutputBufferBytes = size_t{1} << 20;  // like the reference's 
 constexpr uint64_t kConvertElements = uint64_t{1} << 18;
 
 uint64_t element_bytes(DType dtype) { return dtype_bits(dtype) / 8; }
-
-// Hands the whole pages inside [from, to) back to the kernel and returns the new frontier (the
-// first byte not yet released). For a file mapping this drops clean pages from the resident set
-// (they are read again if touched); for ordinary memory without swap it does nothing. It never
-// changes the bytes, so it is safe on memory of any kind. A hint: failures are ignored.
-const uint8_t* release_pages(const uint8_t* from, const uint8_t* to) {
-#ifdef MADV_PAGEOUT
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(from) + page - 1) & ~(page - 1);
-  const uintptr_t last = reinterpret_cast<uintptr_t>(to) & ~(page - 1);
-  if (last <= first) return from;
-  (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_PAGEOUT);
-  return reinterpret_cast<const uint8_t*>(last);
-#else
-  (void)to;
-  return from;
-#endif
-}
 
 }  // namespace
 
@@ -262,28 +243,6 @@ void TensorWriter::write_from(std::string_view name, DType src_dtype, const Chun
         fail(PEFT_ERR_CANCELLED, "writing tensor " + quoted(tensor_name) + " was cancelled by its source callback");
       }
       write_unchecked(buffer.data(), n);
-    }
-  });
-}
-
-void TensorWriter::write_span(std::string_view name, DType src_dtype, std::span<const uint8_t> bytes,
-                              bool release) {
-  begin_tensor(name, src_dtype);
-  if (!in_tensor_) return;
-  if (bytes.size() != src_expected_) {
-    abort();
-    fail(PEFT_ERR_INTERNAL, "tensor " + quoted(std::string(name)) + ": the source view has the wrong size");
-  }
-  const uint64_t unit = src_dtype == tensor_at(next_).dtype ? 1 : element_bytes(src_dtype);
-  const uint64_t chunk = std::max<uint64_t>(unit, kStreamChunkBytes / unit * unit);
-  poison_on_failure([&] {
-    const uint8_t* base = bytes.data();
-    const uint8_t* released = base;  // frontier of pages handed back
-    while (in_tensor_) {
-      const uint64_t offset = src_done_;
-      const uint64_t n = std::min<uint64_t>(chunk, src_expected_ - offset);
-      write_unchecked(base + offset, n);
-      if (release) released = release_pages(released, base + offset + n);
     }
   });
 }

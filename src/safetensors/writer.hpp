@@ -132,7 +132,6 @@ class TensorWriter {
   void flush_buffer(Output& out);
   void complete_tensor_if_full();
   void write_unchecked(const void* data, uint64_t nbytes);
-  void write_span(std::string_view name, DType src_dtype, std::span<const uint8_t> bytes, bool release_pages);
 
   std::vector<TensorDecl> decls_;
   std::unordered_map<std::string, size_t> by_name_;
