@@ -12,12 +12,13 @@ export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1   # a fresh clone elsewhere reuse
 # Toolchains the machine brings outside the system PATH (Go, Rust through rustup).
 export PATH=$PATH:/usr/local/go/bin:$HOME/.cargo/bin
 
-step() { printf '\n==== %s ====\n' "$*"; }
+step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
 failures=()
 run() {  # run NAME CMD...: records a failure and continues, so one report lists everything that failed
   local name=$1; shift
   step "$name"
-  if "$@"; then echo "---- $name: ok"; else echo "---- $name: FAILED"; failures+=("$name"); fi
+  local start=$SECONDS
+  if "$@"; then echo "---- $name: ok ($((SECONDS - start)) s)"; else echo "---- $name: FAILED"; failures+=("$name"); fi
 }
 
 step "dependencies"
