@@ -167,11 +167,11 @@ void bench_registry(const fs::path& root, const std::vector<Layer>& layers, int 
     check(peft_registry_acquire(registry, name.c_str(), &lease), "acquire");
     load.push_back(seconds_since(t0));
     bytes = peft_lease_bytes(lease);
-    peft_lease_release(lease);
+    peft_lease_free(lease);
     t0 = clock_type::now();
     check(peft_registry_acquire(registry, name.c_str(), &lease), "acquire");
     hit.push_back(seconds_since(t0));
-    peft_lease_release(lease);
+    peft_lease_free(lease);
   }
   const peft_registry_stats s = registry_stats(registry);
   std::printf("  register (median of %d)        %8.3f ms   (tensor loads during registration: %llu)\n", count,
@@ -266,8 +266,8 @@ void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps
                 median(ab) / reload, static_cast<double>(saved) / 1e9);
     peft_host_model_free(host);
   }
-  peft_lease_release(a);
-  peft_lease_release(b);
+  peft_lease_free(a);
+  peft_lease_free(b);
   peft_registry_free(registry);
 }
 
@@ -326,7 +326,7 @@ void bench_apply(const fs::path& root, const std::vector<Layer>& layers, int rep
       }
     }
   }
-  for (peft_lease* lease : leases) peft_lease_release(lease);
+  for (peft_lease* lease : leases) peft_lease_free(lease);
   peft_registry_free(registry);
 }
 

@@ -4,22 +4,60 @@
  *
  * This is the only public header of peft_c. It is plain C99 and compiles unchanged as C++.
  *
+ * @section contents Contents
+ *
+ * | Section | What it holds |
+ * |---|---|
+ * | @ref version | Version macros and the version of the library you run against. |
+ * | @ref errors | The error object and its stable codes (`PEFT_ERR_*`). |
+ * | @ref strings | Strings and lists the library returns, and how they are released. |
+ * | @ref dtypes | The safetensors dtypes and conversions between them. |
+ * | @ref reading | Opening, indexing and reading safetensors files and checkpoints. |
+ * | @ref writing | Writing safetensors files and checkpoint folders, atomically. |
+ * | @ref adapter | PEFT LoRA adapters, translation of module names, validation against a base. |
+ * | @ref merge | Merging adapters into checkpoints (streaming) and into host buffers, and back out. |
+ * | @ref export | Writing adapters as PEFT does, and combining several into one. |
+ * | @ref serving | A registry with a memory budget, hot swap, unmerged multi-adapter apply. |
+ * | @ref plugin | The function table, for hosts that load the library with `dlopen`. |
+ *
  * @section conventions Conventions (they hold for every function below)
  *
  * - **Handles are opaque.** Every object is an incomplete struct type, created by one function and
  *   released by `peft_<type>_free(p)`, which accepts NULL and returns nothing.
+ * - **Names.** A function is named `peft_<type>_<verb>` after the handle it acts on, which is its
+ *   first argument; constructors are `peft_<type>_new` or `peft_<type>_open`. Where an older name
+ *   breaks this rule, the regular name was added beside it and the older one stays, documented as its
+ *   alias, with the same behaviour (the function table keeps both).
+ * - **Argument order.** The handle acted on (or the input it reads) first, then the other inputs,
+ *   then options (NULL means the defaults), then a callback followed by its `user_data`, and
+ *   out-parameters last.
  * - **Errors are objects.** A fallible call returns `peft_error*`: NULL on success, otherwise an error
  *   the caller owns and releases with peft_error_free(). It carries a stable code (`PEFT_ERR_*`, never
  *   renumbered) and a UTF-8 message naming the file, tensor or key at fault. There is no thread-local
  *   "last error".
  * - **A failed call changes nothing.** Out-parameters are left untouched and no partial object leaks.
  * - **Ownership.** What comes back through a `**out` parameter belongs to the caller and is released
- *   with the matching free function. `const` pointers returned by getters are borrowed: they stay valid
- *   as long as the handle they came from. Memory the library allocates is freed only by the library.
+ *   with the matching free function: a `char*` with peft_string_free(), a list with
+ *   peft_string_list_free(). `const` pointers returned by getters are borrowed: they stay valid as
+ *   long as the handle they came from. Memory the library allocates is freed only by the library.
  * - **Children keep their parents alive** (reference counting), so handles may be freed in any order.
  * - **Types.** Only fixed-width integers, `size_t`, `double`, NUL-terminated UTF-8 `const char*` and
  *   opaque pointers. Booleans are `int32_t` (0 = false, anything else = true); enumerations are
  *   documented `int32_t` constants.
+ * - **Lists.** What a handle holds is read by index: `peft_<type>_<item>_count()` and getters taking
+ *   an index from 0 to count - 1. A list that is not part of a handle (names in a registry, built-in
+ *   families) comes back as a #peft_string_list, a snapshot read the same way.
+ * - **Sentinels.** A getter given NULL or an index out of range does not fail: it returns NULL for a
+ *   pointer, -1 for a dtype or another enumeration, `SIZE_MAX` for an index, and 0 for a count, size
+ *   or boolean (the error getters: "" and #PEFT_OK for NULL).
+ * - **Keeping a dtype.** Where an option chooses an output dtype, #PEFT_DTYPE_KEEP keeps each
+ *   tensor's own dtype.
+ * - **Caller-sized structs.** A struct the caller passes with a leading `size` field (set it to
+ *   `sizeof` the struct) is filled only within `size` bytes, so that callers compiled against an
+ *   older header keep working.
+ * - **Reproducible results.** Conversions, merges, removals and every written file are bit-identical
+ *   across machines, kernel tables and thread counts; unmerged apply (peft_lora_apply()) goes through
+ *   BLAS and is bounded instead (see peft_kernels()).
  * - **Threads.** Read-only handles (an opened checkpoint, a loaded adapter, a translator) may be used
  *   from many threads at once. Writers and merge jobs belong to one thread at a time. Every free
  *   function may be called from any thread.
@@ -181,6 +219,46 @@ PEFT_API const char* peft_error_code_name(int32_t code);
 /** @} */
 
 /* ================================================================================================ */
+/** @defgroup strings Strings and lists
+ *  Text comes back as a `char*` out-parameter the caller frees with peft_string_free(); a list that
+ *  is not part of a handle comes back as a #peft_string_list, a snapshot the caller reads by index and
+ *  frees with peft_string_list_free().
+ *  @{ */
+
+/** An immutable list of UTF-8 strings. Free with peft_string_list_free(). */
+typedef struct peft_string_list peft_string_list;
+
+/**
+ * @brief Releases a string the library returned through a `char**` out-parameter.
+ * @param text A string from this library, or NULL. Thread-safe.
+ */
+PEFT_API void peft_string_free(char* text);
+
+/**
+ * @brief The number of strings in a list.
+ * @param list A list, or NULL.
+ * @return The count; 0 for NULL. Thread-safe.
+ */
+PEFT_API size_t peft_string_list_count(const peft_string_list* list);
+
+/**
+ * @brief One string of a list.
+ * @param list A list.
+ * @param index 0 .. peft_string_list_count() - 1.
+ * @return Borrowed UTF-8 string valid while @p list lives; NULL for NULL or an index out of range.
+ *         Thread-safe.
+ */
+PEFT_API const char* peft_string_list_get(const peft_string_list* list, size_t index);
+
+/**
+ * @brief Releases a list and its strings.
+ * @param list A list, or NULL. Thread-safe.
+ */
+PEFT_API void peft_string_list_free(peft_string_list* list);
+
+/** @} */
+
+/* ================================================================================================ */
 /** @defgroup dtypes Data types
  *  The safetensors dtypes, numbered in the reference's order (which is also its writer's sort rank).
  *  @{ */
@@ -208,6 +286,7 @@ PEFT_API const char* peft_error_code_name(int32_t code);
 #define PEFT_DTYPE_I64 20         /**< Signed 64-bit integer. */
 #define PEFT_DTYPE_U64 21         /**< Unsigned 64-bit integer. */
 #define PEFT_DTYPE_COUNT 22       /**< Number of dtypes; valid values are 0 .. PEFT_DTYPE_COUNT - 1. */
+#define PEFT_DTYPE_KEEP (-1)      /**< For options that choose an output dtype: keep each tensor's own. */
 
 /**
  * @brief The safetensors name of a dtype, e.g. "BF16".
@@ -582,7 +661,6 @@ PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, si
 
 /** @} */
 
-/* ==== section: writer ==== */
 /* ================================================================================================ */
 /** @defgroup writing Writing safetensors files and checkpoints
  *
@@ -904,9 +982,6 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
 
 /** @} */
 
-/* ==== end section: writer ==== */
-
-/* ==== section: adapter ==== */
 /* ================================================================================================ */
 /** @defgroup adapter PEFT LoRA adapters, translation and validation
  *
@@ -952,12 +1027,6 @@ typedef struct peft_translator peft_translator;
 #define PEFT_LAYER_FULL 4             /**< Whole tensors that replace the base's (modules_to_save, biases). */
 #define PEFT_LAYER_TRAINABLE_TOKENS 5 /**< Rows that replace base embedding rows (trainable_token_indices). */
 /** @} */
-
-/**
- * @brief Releases a string the library returned through a `char**` out-parameter.
- * @param text A string from this library, or NULL. Thread-safe.
- */
-PEFT_API void peft_string_free(char* text);
 
 /**
  * @brief Creates adapter options with the defaults: no base model, architecture table detected.
@@ -1360,12 +1429,22 @@ PEFT_API peft_error* peft_translator_from_json(const char* json, peft_translator
 PEFT_API peft_error* peft_translator_detect(const char* base_dir, const char* model_name, peft_translator** out);
 
 /**
- * @brief The built-in families, one per line, sorted ("bert\nbloom\n...").
+ * @brief The built-in families, one per line, sorted ("bert\nbloom\n..."); the older form of
+ *        peft_translator_builtin_family_list().
  * @param[out] out Receives the list; free it with peft_string_free().
  * @return NULL on success (an empty string when no tables are installed);
  *         #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
  */
 PEFT_API peft_error* peft_translator_builtin_families(char** out);
+
+/**
+ * @brief The built-in families, sorted, as a list.
+ * @param[out] out Receives the list (empty when no tables are installed); free it with
+ *             peft_string_list_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL; #PEFT_ERR_OUT_OF_MEMORY.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_builtin_family_list(peft_string_list** out);
 
 /**
  * @brief Releases a translator.
@@ -1430,9 +1509,6 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
                                                  size_t count, int32_t with_peft_prefix, char** out);
 
 /** @} */
-/* ==== end section: adapter ==== */
-
-/* ==== section: merge ==== */
 /* ================================================================================================ */
 /** @defgroup merge Merging adapters into checkpoints and into host buffers
  *
@@ -1474,7 +1550,7 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
  *
  *  **Buffer merge** (peft_merge_buffer_apply()): one LoRA layer of a loaded adapter merged into a
  *  weight the host owns (F32, BF16 or F16, row-major), with the same arithmetic, and taken out again
- *  with peft_merge_buffer_remove(): bit for bit when the original rows were kept
+ *  with peft_merge_record_unmerge(): bit for bit when the original rows were kept
  *  (peft_merge_buffer_options_set_keep_original_rows()), otherwise by PEFT's arithmetic unmerge, which
  *  in BF16/F16 may differ from the original in the last bit. So a server can swap adapters without
  *  reloading its base weights.
@@ -1503,7 +1579,7 @@ typedef struct peft_merge_record peft_merge_record;
  */
 typedef int32_t (*peft_progress_fn)(void* user_data, uint64_t done, uint64_t total);
 
-#define PEFT_MERGE_DTYPE_KEEP (-1) /**< peft_merge_options_set_dtype(): keep every tensor's dtype. */
+#define PEFT_MERGE_DTYPE_KEEP (-1) /**< The older name of #PEFT_DTYPE_KEEP (the same value). */
 
 /** @name What peft_merge_result_tensor_count() counts
  *  @{ */
@@ -1559,7 +1635,7 @@ PEFT_API peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts
 /**
  * @brief Chooses the output dtype.
  * @param opts Options.
- * @param dtype #PEFT_MERGE_DTYPE_KEEP (the default), #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or
+ * @param dtype #PEFT_DTYPE_KEEP (the default), #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or
  *        #PEFT_DTYPE_F16. Only tensors of F64, F32, F16 and BF16 are converted. config.json's
  *        `dtype` / `torch_dtype` are set to match.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another dtype.
@@ -1757,7 +1833,7 @@ PEFT_API peft_error* peft_merge_buffer_options_set_weight(peft_merge_buffer_opti
 
 /**
  * @brief Keeps the original bytes of every row the merge changes, so that
- *        peft_merge_buffer_remove() restores the buffer bit for bit.
+ *        peft_merge_record_unmerge() restores the buffer bit for bit.
  *
  * Costs up to the size of the weight in memory (rows the merge leaves unchanged cost nothing).
  * @param opts Options.
@@ -1837,6 +1913,15 @@ PEFT_API peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const 
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a spent record, a missing bias, or (rows kept) rows
  *         that changed since the merge. Thread-safe for different records and buffers.
  */
+PEFT_API peft_error* peft_merge_record_unmerge(peft_merge_record* record, void* data, void* bias);
+
+/**
+ * @brief The older name of peft_merge_record_unmerge(), with the same behaviour.
+ * @param record A record from peft_merge_buffer_apply() that has not been removed yet.
+ * @param data The weight buffer.
+ * @param bias The bias buffer, needed when the merge changed a bias; otherwise ignored.
+ * @return As peft_merge_record_unmerge(). Thread-safe for different records and buffers.
+ */
 PEFT_API peft_error* peft_merge_buffer_remove(peft_merge_record* record, void* data, void* bias);
 
 /**
@@ -1867,9 +1952,6 @@ PEFT_API int32_t peft_merge_record_active(const peft_merge_record* record);
 PEFT_API uint64_t peft_merge_record_saved_bytes(const peft_merge_record* record);
 
 /** @} */
-/* ==== end section: merge ==== */
-
-/* ==== section: export ==== */
 /* ================================================================================================ */
 /** @defgroup export Exporting and combining adapters
  *
@@ -1923,8 +2005,8 @@ PEFT_API void peft_export_options_free(peft_export_options* opts);
  *
  * Conversion rounds to nearest, ties to even, as torch's `Tensor.to(dtype)` does (see peft_convert()).
  * @param opts Options.
- * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16; or -1 to keep each tensor's dtype
- *        (the default).
+ * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16; or #PEFT_DTYPE_KEEP to keep each
+ *        tensor's dtype (the default).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or another dtype.
  *         Not thread-safe for the same @p opts.
  */
@@ -2009,9 +2091,6 @@ PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, c
                                           int32_t method, const char* out_dir, const peft_export_options* opts);
 
 /** @} */
-/* ==== end section: export ==== */
-
-/* ==== section: serving ==== */
 /* ================================================================================================ */
 /** @defgroup serving Serving many adapters over one base model
  *
@@ -2063,7 +2142,7 @@ PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, c
 
 /** A registry of adapters under a memory budget. Free with peft_registry_free(). */
 typedef struct peft_registry peft_registry;
-/** An acquired adapter of a registry: loaded and pinned until released with peft_lease_release(). */
+/** An acquired adapter of a registry: loaded and pinned until released with peft_lease_free(). */
 typedef struct peft_lease peft_lease;
 /** The weight buffers of a host's model, into which adapters are swapped. Free with peft_host_model_free(). */
 typedef struct peft_host_model peft_host_model;
@@ -2162,13 +2241,23 @@ PEFT_API peft_error* peft_registry_register_memory(peft_registry* registry, cons
 PEFT_API peft_error* peft_registry_unregister(peft_registry* registry, const char* name);
 
 /**
- * @brief The registered names, in the order they were first registered.
+ * @brief The registered names, in the order they were first registered, one per line; the older
+ *        form of peft_registry_name_list().
  * @param registry A registry.
  * @param[out] out Receives the names, each followed by a newline ("" when none); free it with
  *             peft_string_free().
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
  */
 PEFT_API peft_error* peft_registry_names(const peft_registry* registry, char** out);
+
+/**
+ * @brief The registered names, in the order they were first registered, as a list (a snapshot:
+ *        later registrations do not change it).
+ * @param registry A registry.
+ * @param[out] out Receives the list; free it with peft_string_list_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL; #PEFT_ERR_OUT_OF_MEMORY. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_name_list(const peft_registry* registry, peft_string_list** out);
 
 /**
  * @brief Acquires the adapter registered under a name: loads its tensors if they are not in memory
@@ -2179,7 +2268,7 @@ PEFT_API peft_error* peft_registry_names(const peft_registry* registry, char** o
  * being loaded wait for that one load.
  * @param registry A registry.
  * @param name A registered name.
- * @param[out] out Receives the lease; release it with peft_lease_release().
+ * @param[out] out Receives the lease; release it with peft_lease_free().
  * @return NULL on success; #PEFT_ERR_NOT_FOUND for a name not registered; #PEFT_ERR_OVER_BUDGET when
  *         the adapter does not fit in the budget beside the pinned ones; #PEFT_ERR_IO when reading
  *         the tensors fails or finds `adapter_model.safetensors` truncated or rewritten since
@@ -2216,6 +2305,12 @@ PEFT_API peft_error* peft_registry_get_stats(const peft_registry* registry, peft
 
 /**
  * @brief Releases a lease: the adapter is unpinned (and becomes evictable once nothing else holds it).
+ * @param lease A lease, or NULL. Thread-safe; each lease is released once.
+ */
+PEFT_API void peft_lease_free(peft_lease* lease);
+
+/**
+ * @brief The older name of peft_lease_free(), with the same behaviour.
  * @param lease A lease, or NULL. Thread-safe; each lease is released once.
  */
 PEFT_API void peft_lease_release(peft_lease* lease);
@@ -2393,9 +2488,6 @@ PEFT_API peft_error* peft_host_model_swap(peft_host_model* host, const peft_leas
 PEFT_API const char* peft_host_model_current(const peft_host_model* host);
 
 /** @} */
-/* ==== end section: serving ==== */
-
-/* ==== section: api table ==== */
 /* ================================================================================================ */
 /** @defgroup plugin The function table (for dlopen)
  *  A plugin or a host that loads `libpeft_c.so.<ABI>` with `dlopen` needs one symbol,
@@ -2545,7 +2637,7 @@ typedef struct peft_api {
   peft_error* (*merge_buffer_options_set_threads)(peft_merge_buffer_options* opts, uint32_t threads); /**< peft_merge_buffer_options_set_threads() */
   peft_error* (*merge_buffer_options_set_translator)(peft_merge_buffer_options* opts, const peft_translator* translator); /**< peft_merge_buffer_options_set_translator() */
   peft_error* (*merge_buffer_apply)(const peft_adapter* adapter, const char* name, void* data, int32_t dtype, const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype, const peft_merge_buffer_options* opts, peft_merge_record** out); /**< peft_merge_buffer_apply() */
-  peft_error* (*merge_buffer_remove)(peft_merge_record* record, void* data, void* bias); /**< peft_merge_buffer_remove() */
+  peft_error* (*merge_buffer_remove)(peft_merge_record* record, void* data, void* bias); /**< peft_merge_buffer_remove() (older name of peft_merge_record_unmerge()) */
   void (*merge_record_free)(peft_merge_record* record); /**< peft_merge_record_free() */
   const char* (*merge_record_module)(const peft_merge_record* record); /**< peft_merge_record_module() */
   int32_t (*merge_record_active)(const peft_merge_record* record); /**< peft_merge_record_active() */
@@ -2566,7 +2658,7 @@ typedef struct peft_api {
   peft_error* (*registry_trim)(peft_registry* registry); /**< peft_registry_trim() */
   peft_error* (*registry_set_budget)(peft_registry* registry, uint64_t budget_bytes); /**< peft_registry_set_budget() */
   peft_error* (*registry_get_stats)(const peft_registry* registry, peft_registry_stats* stats); /**< peft_registry_get_stats() */
-  void (*lease_release)(peft_lease* lease); /**< peft_lease_release() */
+  void (*lease_release)(peft_lease* lease); /**< peft_lease_release() (older name of peft_lease_free()) */
   const char* (*lease_name)(const peft_lease* lease); /**< peft_lease_name() */
   uint64_t (*lease_version)(const peft_lease* lease); /**< peft_lease_version() */
   uint64_t (*lease_bytes)(const peft_lease* lease); /**< peft_lease_bytes() */
@@ -2582,6 +2674,13 @@ typedef struct peft_api {
   const char* (*kernels)(void); /**< peft_kernels() */
   peft_error* (*merge_options_set_require_config)(peft_merge_options* opts, int32_t require); /**< peft_merge_options_set_require_config() */
   peft_error* (*merge_options_set_allow_nonfinite)(peft_merge_options* opts, int32_t allow); /**< peft_merge_options_set_allow_nonfinite() */
+  size_t (*string_list_count)(const peft_string_list* list); /**< peft_string_list_count() */
+  const char* (*string_list_get)(const peft_string_list* list, size_t index); /**< peft_string_list_get() */
+  void (*string_list_free)(peft_string_list* list); /**< peft_string_list_free() */
+  peft_error* (*translator_builtin_family_list)(peft_string_list** out); /**< peft_translator_builtin_family_list() */
+  peft_error* (*registry_name_list)(const peft_registry* registry, peft_string_list** out); /**< peft_registry_name_list() */
+  void (*lease_free)(peft_lease* lease); /**< peft_lease_free() */
+  peft_error* (*merge_record_unmerge)(peft_merge_record* record, void* data, void* bias); /**< peft_merge_record_unmerge() */
 } peft_api;
 
 /**
@@ -2596,8 +2695,6 @@ PEFT_API const peft_api* peft_get_api(uint32_t abi_version);
 typedef const peft_api* (*peft_get_api_fn)(uint32_t abi_version);
 
 /** @} */
-/* ==== end section: api table ==== */
-
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

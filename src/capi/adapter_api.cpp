@@ -6,6 +6,7 @@
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
+#include "capi/string_list.hpp"
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
 #include "core/text_file.hpp"
@@ -68,8 +69,6 @@ void translate_batch(const char* const* keys, size_t count, char** out, Translat
 }  // namespace
 
 extern "C" {
-
-void peft_string_free(char* text) { std::free(text); }
 
 peft_error* peft_adapter_options_new(peft_adapter_options** out) {
   return guarded([&] {
@@ -331,6 +330,13 @@ peft_error* peft_translator_builtin_families(char** out) {
     std::string list;
     for (const std::string& family : peft::builtin_families()) list += family + "\n";
     *out = copy_string(list);
+  });
+}
+
+peft_error* peft_translator_builtin_family_list(peft_string_list** out) {
+  return guarded([&] {
+    require_arg(out, "out");
+    *out = new peft_string_list{peft::builtin_families()};
   });
 }
 

@@ -178,6 +178,13 @@ const peft_api kApiV1 = {
     &peft_kernels,
     &peft_merge_options_set_require_config,
     &peft_merge_options_set_allow_nonfinite,
+    &peft_string_list_count,
+    &peft_string_list_get,
+    &peft_string_list_free,
+    &peft_translator_builtin_family_list,
+    &peft_registry_name_list,
+    &peft_lease_free,
+    &peft_merge_record_unmerge,
 };
 
 }  // namespace

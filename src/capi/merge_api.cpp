@@ -332,7 +332,7 @@ peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const char* nam
   });
 }
 
-peft_error* peft_merge_buffer_remove(peft_merge_record* record, void* data, void* bias) {
+peft_error* peft_merge_record_unmerge(peft_merge_record* record, void* data, void* bias) {
   return guarded([&] {
     require_arg(record, "record");
     require_arg(data, "data");
@@ -348,6 +348,10 @@ peft_error* peft_merge_buffer_remove(peft_merge_record* record, void* data, void
     }
     record->record.remove(weight, bias_view ? &*bias_view : nullptr);
   });
+}
+
+peft_error* peft_merge_buffer_remove(peft_merge_record* record, void* data, void* bias) {
+  return peft_merge_record_unmerge(record, data, bias);
 }
 
 void peft_merge_record_free(peft_merge_record* record) { delete record; }

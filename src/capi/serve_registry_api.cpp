@@ -10,6 +10,7 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "capi/serve_handles.hpp"
+#include "capi/string_list.hpp"
 #include "core/error.hpp"
 
 namespace {
@@ -97,6 +98,14 @@ peft_error* peft_registry_names(const peft_registry* registry, char** out) {
   });
 }
 
+peft_error* peft_registry_name_list(const peft_registry* registry, peft_string_list** out) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    require_arg(out, "out");
+    *out = new peft_string_list{registry->impl->names()};
+  });
+}
+
 peft_error* peft_registry_acquire(peft_registry* registry, const char* name, peft_lease** out) {
   return guarded([&] {
     require_arg(registry, "registry");
@@ -149,7 +158,9 @@ peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry
   });
 }
 
-void peft_lease_release(peft_lease* lease) { delete lease; }
+void peft_lease_free(peft_lease* lease) { delete lease; }
+
+void peft_lease_release(peft_lease* lease) { peft_lease_free(lease); }
 
 const char* peft_lease_name(const peft_lease* lease) { return lease ? lease->impl->name().c_str() : nullptr; }
 

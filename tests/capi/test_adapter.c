@@ -186,6 +186,23 @@ static void test_translators(void) {
 
   CHECK_OK(peft_translator_builtin_families(&list));
   CHECK(list && strstr(list, "llama\n") != NULL && strstr(list, "gpt2\n") != NULL);
+  {
+    /* The list form holds the same families in the same (sorted) order. */
+    peft_string_list* families = NULL;
+    size_t offset = 0;
+    CHECK_CODE(peft_translator_builtin_family_list(NULL), PEFT_ERR_INVALID_ARGUMENT);
+    CHECK_OK(peft_translator_builtin_family_list(&families));
+    CHECK(peft_string_list_count(families) > 1);
+    for (size_t i = 0; list && i < peft_string_list_count(families); ++i) {
+      const char* family = peft_string_list_get(families, i);
+      size_t length = strlen(family);
+      CHECK(strncmp(list + offset, family, length) == 0 && list[offset + length] == '\n');
+      if (i > 0) CHECK(strcmp(peft_string_list_get(families, i - 1), family) < 0);
+      offset += length + 1;
+    }
+    CHECK(list && list[offset] == '\0');
+    peft_string_list_free(families);
+  }
   peft_string_free(list);
 
   CHECK_CODE(peft_translator_new_builtin("no_such_family", &untouched), PEFT_ERR_NOT_FOUND);

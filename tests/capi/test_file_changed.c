@@ -279,13 +279,13 @@ static void case_registry(void) {
   CHECK(lease == NULL);
   CHECK_OK(peft_registry_acquire(registry, "intact", &lease));
   CHECK(lease != NULL);
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   /* Registering the changed folder again reads it afresh and serves it. */
   CHECK_OK(peft_registry_register(registry, "overwritten", in_scratch("reg_overwritten"), NULL));
   lease = NULL;
   CHECK_OK(peft_registry_acquire(registry, "overwritten", &lease));
   CHECK(lease != NULL);
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   peft_registry_free(registry);
 }
 

@@ -298,13 +298,13 @@ static void test_buffer_merge(void) {
                                      &second), PEFT_ERR_UNRESOLVED_KEY);
   CHECK_OK(peft_merge_buffer_apply(adapter, "transformer/layer_0/attention/query", weight, PEFT_DTYPE_F32, shape, 2,
                                    NULL, 0, opts, &second));
-  CHECK_CODE(peft_merge_buffer_remove(record, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_OK(peft_merge_buffer_remove(second, weight, NULL));
+  CHECK_CODE(peft_merge_record_unmerge(record, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_record_unmerge(second, weight, NULL));
   CHECK(peft_merge_record_active(second) == 0);
-  CHECK_CODE(peft_merge_buffer_remove(second, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_merge_buffer_remove(NULL, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE(peft_merge_buffer_remove(record, NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_OK(peft_merge_buffer_remove(record, weight, NULL));
+  CHECK_CODE(peft_merge_record_unmerge(second, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_record_unmerge(NULL, weight, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_record_unmerge(record, NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_record_unmerge(record, weight, NULL));
   CHECK(memcmp(weight, original, (size_t)nbytes) == 0);
   peft_merge_record_free(record);
   peft_merge_record_free(second);
@@ -319,7 +319,7 @@ static void test_buffer_merge(void) {
                                    0, NULL, &record));
   CHECK(peft_merge_record_saved_bytes(record) == 0);
   CHECK(memcmp(bf16, bf16_original, (size_t)wb) != 0);
-  CHECK_OK(peft_merge_buffer_remove(record, bf16, NULL));
+  CHECK_OK(peft_merge_buffer_remove(record, bf16, NULL)); /* the older name of peft_merge_record_unmerge() */
   {
     /* Each element back within one bf16 rounding of the merged weight's scale. */
     size_t k, far = 0;

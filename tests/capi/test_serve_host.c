@@ -151,7 +151,7 @@ static void test_swaps(int32_t dtype) {
   memset(&stats, 0, sizeof stats);
   stats.size = sizeof stats;
   CHECK_OK(peft_host_model_swap(host, lease, 0.75, &stats));
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   CHECK(stats.size == sizeof stats);
   CHECK(stats.layers_removed == 0);
   CHECK(stats.layers_merged == 14);
@@ -165,7 +165,7 @@ static void test_swaps(int32_t dtype) {
   memset(&stats, 0xAB, sizeof stats);
   stats.size = 16;
   CHECK_OK(peft_host_model_swap(host, lease, 1.0, &stats));
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   CHECK(stats.size == 16);
   CHECK(stats.remove_seconds >= 0);
   CHECK(stats.layers_merged == UINT64_C(0xABABABABABABABAB));
@@ -182,7 +182,7 @@ static void test_swaps(int32_t dtype) {
   lease = acquire(registry, "a");
   stats.size = sizeof stats;
   CHECK_OK(peft_host_model_swap(host, lease, 0.75, &stats));
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   CHECK(stats.saved_bytes == adapted_bytes);
   CHECK(same_weights(&buffers, &with_a));
   /* Exact again with a merged arithmetically: a comes out arithmetically, then the originals go
@@ -190,7 +190,7 @@ static void test_swaps(int32_t dtype) {
   CHECK_OK(peft_host_model_set_exact(host, 1));
   lease = acquire(registry, "b");
   CHECK_OK(peft_host_model_swap(host, lease, 1.0, NULL));
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   CHECK(same_weights(&buffers, &with_b));
   CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
   CHECK(same_weights(&buffers, &original));
@@ -201,7 +201,7 @@ static void test_swaps(int32_t dtype) {
   CHECK_OK(add_all(arithmetic, &spare));
   lease = acquire(registry, "a");
   CHECK_OK(peft_host_model_swap(arithmetic, lease, 0.75, &stats));
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   CHECK(stats.saved_bytes == 0);
   CHECK(same_weights(&spare, &with_a));
   peft_host_model_free(arithmetic);
@@ -209,7 +209,7 @@ static void test_swaps(int32_t dtype) {
   /* The host model keeps its adapter after the registry is gone; freeing it leaves the buffers. */
   lease = acquire(registry, "a");
   CHECK_OK(peft_host_model_swap(host, lease, 0.75, NULL));
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   peft_registry_free(registry);
   CHECK(strcmp(peft_host_model_current(host), "a") == 0);
   CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
@@ -259,7 +259,7 @@ static void test_translator(void) {
   CHECK(same_weights(&buffers, &with_a));
   CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
   CHECK(same_weights(&buffers, &original));
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   peft_registry_free(registry);
   peft_host_model_free(host);
   free_weights(&buffers);
@@ -333,9 +333,9 @@ static void test_errors(void) {
   CHECK(strcmp(peft_host_model_current(host), "attention") == 0);
   CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
 
-  peft_lease_release(all);
-  peft_lease_release(attention);
-  peft_lease_release(classifier);
+  peft_lease_free(all);
+  peft_lease_free(attention);
+  peft_lease_free(classifier);
   peft_registry_free(registry);
   peft_host_model_free(host);
   free_weights(&buffers);

@@ -29,12 +29,22 @@ static peft_registry_stats stats_of(const peft_registry* registry) {
   return s;
 }
 
+/* The names in both forms: the list (peft_registry_name_list) and the older newline-joined text. */
 static int names_are(const peft_registry* registry, const char* expected) {
   char* names = NULL;
+  peft_string_list* list = NULL;
+  char joined[256] = "";
   int same;
   CHECK_OK(peft_registry_names(registry, &names));
-  same = names != NULL && strcmp(names, expected) == 0;
+  CHECK_OK(peft_registry_name_list(registry, &list));
+  for (size_t i = 0; i < peft_string_list_count(list); ++i) {
+    strncat(joined, peft_string_list_get(list, i), sizeof joined - strlen(joined) - 1);
+    strncat(joined, "\n", sizeof joined - strlen(joined) - 1);
+  }
+  CHECK(peft_string_list_get(list, peft_string_list_count(list)) == NULL);
+  same = names != NULL && strcmp(names, expected) == 0 && strcmp(joined, expected) == 0;
   peft_string_free(names);
+  peft_string_list_free(list);
   return same;
 }
 
@@ -86,8 +96,8 @@ static void test_lifecycle(void) {
   s = stats_of(registry);
   CHECK(s.budget_bytes == size);
   CHECK(s.loaded == 1);
-  peft_lease_release(first);
-  peft_lease_release(again);
+  peft_lease_release(first); /* the older name of peft_lease_free() */
+  peft_lease_free(again);
   s = stats_of(registry);
   CHECK(s.pinned == 0);
   CHECK(s.loaded == 1);
@@ -108,7 +118,7 @@ static void test_lifecycle(void) {
   CHECK(peft_lease_version(again) == 3);
   CHECK(peft_lease_has_module(again, "model.layers.0.mlp.up_proj") == 1);
   CHECK(stats_of(registry).loaded == 2);
-  peft_lease_release(other);
+  peft_lease_free(other);
   CHECK(stats_of(registry).loaded == 1); /* the replaced version went with its last lease */
 
   /* Unregistering while leased; trim evicts what nothing pins. */
@@ -117,7 +127,7 @@ static void test_lifecycle(void) {
   CHECK_CODE(peft_registry_acquire(registry, "rs", &other), PEFT_ERR_NOT_FOUND);
   CHECK(peft_lease_has_module(again, "model.layers.0.mlp.up_proj") == 1);
   CHECK_OK(peft_registry_acquire(registry, "support", &first));
-  peft_lease_release(first);
+  peft_lease_free(first);
   CHECK_OK(peft_registry_trim(registry));
   s = stats_of(registry);
   CHECK(s.loaded == 1);
@@ -126,7 +136,7 @@ static void test_lifecycle(void) {
   peft_registry_free(registry);
   CHECK(peft_lease_has_module(again, "model.layers.1.mlp.gate_proj") == 1);
   CHECK(strcmp(peft_lease_name(again), "rs") == 0);
-  peft_lease_release(again);
+  peft_lease_free(again);
 }
 
 static void test_memory_and_translator(void) {
@@ -168,8 +178,8 @@ static void test_memory_and_translator(void) {
   CHECK(names_are(registry, "folder\nmemory\n"));
 
 done:
-  peft_lease_release(folder);
-  peft_lease_release(memory);
+  peft_lease_free(folder);
+  peft_lease_free(memory);
   peft_registry_free(registry);
   free(config);
   free(weights);
@@ -212,6 +222,7 @@ static void test_errors(void) {
   peft_lease* lease = kUntouchedLease;
   peft_registry_stats s;
   char* names = NULL;
+  peft_string_list* list = NULL;
   const char* dir = LLAMA_LORA;
 
   CHECK_CODE(peft_registry_new(PEFT_DTYPE_F32, 1, NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
@@ -242,6 +253,9 @@ static void test_errors(void) {
   CHECK_CODE(peft_registry_unregister(registry, "x"), PEFT_ERR_NOT_FOUND);
   CHECK_CODE(peft_registry_names(NULL, &names), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_registry_names(registry, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_name_list(NULL, &list), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_name_list(registry, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(list == NULL);
   CHECK(names == NULL);
   CHECK_CODE(peft_registry_acquire(NULL, "x", &lease), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_registry_acquire(registry, NULL, &lease), PEFT_ERR_INVALID_ARGUMENT);
@@ -255,7 +269,11 @@ static void test_errors(void) {
   CHECK_CODE(peft_registry_get_stats(registry, NULL), PEFT_ERR_INVALID_ARGUMENT);
 
   /* The tolerant calls take NULL. */
+  peft_lease_free(NULL);
   peft_lease_release(NULL);
+  peft_string_list_free(NULL);
+  CHECK(peft_string_list_count(NULL) == 0);
+  CHECK(peft_string_list_get(NULL, 0) == NULL);
   peft_registry_free(NULL);
   CHECK(peft_lease_name(NULL) == NULL);
   CHECK(peft_lease_version(NULL) == 0);
@@ -265,7 +283,7 @@ static void test_errors(void) {
   lease = NULL;
   CHECK_OK(peft_registry_acquire(registry, "x", &lease));
   CHECK(peft_lease_has_module(lease, NULL) == 0);
-  peft_lease_release(lease);
+  peft_lease_free(lease);
   peft_registry_free(registry);
 }
 

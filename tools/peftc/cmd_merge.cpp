@@ -31,7 +31,7 @@ struct AdapterArg {
 struct Options {
   std::string base, out;
   std::vector<AdapterArg> adapters;
-  int32_t dtype = PEFT_MERGE_DTYPE_KEEP;
+  int32_t dtype = PEFT_DTYPE_KEEP;
   uint64_t max_shard = 0;
   uint32_t threads = 0;
   bool require_config = true;    // --no-config: a base without config.json is merged anyway
@@ -95,7 +95,7 @@ std::optional<uint64_t> parse_size(const std::string& text) {
 }
 
 int32_t parse_dtype(const std::string& name) {
-  if (name == "keep") return PEFT_MERGE_DTYPE_KEEP;
+  if (name == "keep") return PEFT_DTYPE_KEEP;
   if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
   if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
   if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;

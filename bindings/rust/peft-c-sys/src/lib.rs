@@ -193,6 +193,8 @@ opaque_types! {
     peft_lease;
     /// The weight buffers of a host's model, into which adapters are swapped.
     peft_host_model;
+    /// An immutable list of strings, read by index.
+    peft_string_list;
 }
 
 callback_types! {
@@ -261,6 +263,7 @@ constants! {
     pub const PEFT_DTYPE_I64: i32 = 20;
     pub const PEFT_DTYPE_U64: i32 = 21;
     pub const PEFT_DTYPE_COUNT: i32 = 22;
+    pub const PEFT_DTYPE_KEEP: i32 = -1;
 
     pub const PEFT_LAYER_LINEAR: i32 = 0;
     pub const PEFT_LAYER_CONV1D: i32 = 1;
@@ -414,8 +417,13 @@ functions! {
     ) -> *mut peft_error;
     pub fn peft_writer_finish(writer: *mut peft_writer) -> *mut peft_error;
 
-    // ---- adapter
+    // ---- strings and lists
     pub fn peft_string_free(text: *mut c_char);
+    pub fn peft_string_list_count(list: *const peft_string_list) -> usize;
+    pub fn peft_string_list_get(list: *const peft_string_list, index: usize) -> *const c_char;
+    pub fn peft_string_list_free(list: *mut peft_string_list);
+
+    // ---- adapter
     pub fn peft_adapter_options_new(out: *mut *mut peft_adapter_options) -> *mut peft_error;
     pub fn peft_adapter_options_free(opts: *mut peft_adapter_options);
     pub fn peft_adapter_options_set_base_dir(opts: *mut peft_adapter_options, base_dir: *const c_char)
@@ -480,6 +488,7 @@ functions! {
         out: *mut *mut peft_translator,
     ) -> *mut peft_error;
     pub fn peft_translator_builtin_families(out: *mut *mut c_char) -> *mut peft_error;
+    pub fn peft_translator_builtin_family_list(out: *mut *mut peft_string_list) -> *mut peft_error;
     pub fn peft_translator_free(translator: *mut peft_translator);
     pub fn peft_translator_family(translator: *const peft_translator) -> *const c_char;
     pub fn peft_translator_to_native(translator: *const peft_translator, hf_key: *const c_char, out: *mut *mut c_char)
@@ -554,6 +563,8 @@ functions! {
         opts: *const peft_merge_buffer_options,
         out: *mut *mut peft_merge_record,
     ) -> *mut peft_error;
+    pub fn peft_merge_record_unmerge(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void)
+        -> *mut peft_error;
     pub fn peft_merge_buffer_remove(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void)
         -> *mut peft_error;
     pub fn peft_merge_record_free(record: *mut peft_merge_record);
@@ -602,11 +613,13 @@ functions! {
     ) -> *mut peft_error;
     pub fn peft_registry_unregister(registry: *mut peft_registry, name: *const c_char) -> *mut peft_error;
     pub fn peft_registry_names(registry: *const peft_registry, out: *mut *mut c_char) -> *mut peft_error;
+    pub fn peft_registry_name_list(registry: *const peft_registry, out: *mut *mut peft_string_list) -> *mut peft_error;
     pub fn peft_registry_acquire(registry: *mut peft_registry, name: *const c_char, out: *mut *mut peft_lease)
         -> *mut peft_error;
     pub fn peft_registry_trim(registry: *mut peft_registry) -> *mut peft_error;
     pub fn peft_registry_set_budget(registry: *mut peft_registry, budget_bytes: u64) -> *mut peft_error;
     pub fn peft_registry_get_stats(registry: *const peft_registry, stats: *mut peft_registry_stats) -> *mut peft_error;
+    pub fn peft_lease_free(lease: *mut peft_lease);
     pub fn peft_lease_release(lease: *mut peft_lease);
     pub fn peft_lease_name(lease: *const peft_lease) -> *const c_char;
     pub fn peft_lease_version(lease: *const peft_lease) -> u64;
@@ -883,5 +896,12 @@ api_table! {
         pub fn kernels() -> *const c_char = peft_kernels;
         pub fn merge_options_set_require_config(opts: *mut peft_merge_options, require: i32) -> *mut peft_error = peft_merge_options_set_require_config;
         pub fn merge_options_set_allow_nonfinite(opts: *mut peft_merge_options, allow: i32) -> *mut peft_error = peft_merge_options_set_allow_nonfinite;
+        pub fn string_list_count(list: *const peft_string_list) -> usize = peft_string_list_count;
+        pub fn string_list_get(list: *const peft_string_list, index: usize) -> *const c_char = peft_string_list_get;
+        pub fn string_list_free(list: *mut peft_string_list) = peft_string_list_free;
+        pub fn translator_builtin_family_list(out: *mut *mut peft_string_list) -> *mut peft_error = peft_translator_builtin_family_list;
+        pub fn registry_name_list(registry: *const peft_registry, out: *mut *mut peft_string_list) -> *mut peft_error = peft_registry_name_list;
+        pub fn lease_free(lease: *mut peft_lease) = peft_lease_free;
+        pub fn merge_record_unmerge(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void) -> *mut peft_error = peft_merge_record_unmerge;
     }
 }
