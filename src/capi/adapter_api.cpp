@@ -1,16 +1,15 @@
 // The adapter section of the C API: adapters, their modules and tensors, translators, validation.
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
-#include "core/json_parse.hpp"
-#include "core/text_file.hpp"
 #include "peft/arch_registry.hpp"
-#include "peft/validation.hpp"
+#include "peft/base_config.hpp"
 
 namespace {
 
@@ -304,24 +303,10 @@ peft_error* peft_translator_from_json(const char* json, peft_translator** out) {
 peft_error* peft_translator_detect(const char* base_dir, const char* model_name, peft_translator** out) {
   return guarded([&] {
     require_arg(out, "out");
-    nlohmann::json config;
-    if (base_dir != nullptr) {
-      std::filesystem::path path = std::filesystem::path(base_dir) / "config.json";
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(path, ec)) {
-        config = peft::parse_json(peft::read_text_file(path.string(), 16ull << 20), PEFT_ERR_INVALID_CONFIG,
-                                  path.string());
-      }
-    }
-    std::optional<std::string> name;
+    std::optional<std::string> dir, name;
+    if (base_dir != nullptr) dir = base_dir;
     if (model_name != nullptr) name = model_name;
-    auto guess = peft::detect_family(config.is_object() ? &config : nullptr, name);
-    if (!guess)
-      peft::fail(PEFT_ERR_NOT_FOUND, "no built-in architecture table matches " +
-                                         std::string(base_dir ? "base model " + peft::quoted(base_dir) : "") +
-                                         (base_dir && model_name ? " or " : "") +
-                                         (model_name ? "model name " + peft::quoted(model_name) : "nothing"));
-    *out = new_translator(peft::Translator::for_family(guess->family));
+    *out = new_translator(peft::Translator::for_family(peft::detect_base_family(dir, name)));
   });
 }
 
