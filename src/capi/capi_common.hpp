@@ -1,5 +1,6 @@
-// The C boundary: the error object, and the one wrapper that every extern "C" body goes through so
-// that no exception crosses into C.
+// The C boundary: the error object, the one wrapper that every extern "C" body goes through so
+// that no exception crosses into C, and the checks and copies of arguments that several C API
+// files share.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "peft_c.h"
@@ -50,6 +52,18 @@ inline char* copy_string(const std::string& text) {
   if (out == nullptr) throw std::bad_alloc();
   std::memcpy(out, text.c_str(), text.size() + 1);
   return out;
+}
+
+// The dimensions of a caller's buffer (`shape` may be NULL when `ndim` is 0). A dimension of 0 or
+// above INT64_MAX is PEFT_ERR_SHAPE_MISMATCH "<what>dimension <i> is <value>".
+inline std::vector<int64_t> buffer_shape(const uint64_t* shape, size_t ndim, const std::string& what) {
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < ndim; ++i) {
+    if (shape[i] == 0 || shape[i] > static_cast<uint64_t>(INT64_MAX))
+      peft::fail(PEFT_ERR_SHAPE_MISMATCH, what + "dimension " + std::to_string(i) + " is " + std::to_string(shape[i]));
+    dims.push_back(static_cast<int64_t>(shape[i]));
+  }
+  return dims;
 }
 
 }  // namespace peft::capi

@@ -10,6 +10,7 @@
 #include "capi/capi_common.hpp"
 #include "capi/serve_handles.hpp"
 #include "core/error.hpp"
+#include "peft/named_buffer_merge.hpp"
 #include "serve/host_model.hpp"
 
 using peft::capi::guarded;
@@ -20,14 +21,6 @@ struct peft_host_model {
 };
 
 namespace {
-
-peft::DType buffer_dtype(int32_t dtype, const char* what) {
-  if (dtype == PEFT_DTYPE_F32 || dtype == PEFT_DTYPE_BF16 || dtype == PEFT_DTYPE_F16)
-    return static_cast<peft::DType>(dtype);
-  const char* name = peft::is_valid_dtype(dtype) ? peft_dtype_name(dtype) : nullptr;
-  peft::fail(PEFT_ERR_UNSUPPORTED, std::string(what) + " dtype " + (name ? name : std::to_string(dtype)) +
-                                       " is not supported (F32, BF16 and F16 are)");
-}
 
 // Fills the caller's counters up to its `size`: only whole fields (all are 8 bytes) that lie
 // within it are written.
@@ -84,15 +77,11 @@ peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, 
     require_arg(name, "name");
     require_arg(data, "data");
     if (ndim > 0) require_arg(shape, "shape");
-    const peft::DType weight_dtype = buffer_dtype(dtype, "weight");
-    const peft::DType bias_type = bias != nullptr ? buffer_dtype(bias_dtype, "bias") : peft::DType::F32;
-    std::vector<int64_t> dims;
-    for (size_t i = 0; i < ndim; ++i) {
-      if (shape[i] == 0 || shape[i] > static_cast<uint64_t>(INT64_MAX))
-        peft::fail(PEFT_ERR_SHAPE_MISMATCH, "weight " + peft::quoted(name) + ": dimension " + std::to_string(i) +
-                                                " is " + std::to_string(shape[i]));
-      dims.push_back(static_cast<int64_t>(shape[i]));
-    }
+    const auto weight_dtype = static_cast<peft::DType>(dtype);
+    peft::require_buffer_dtype(weight_dtype, "weight");
+    const peft::DType bias_type = bias != nullptr ? static_cast<peft::DType>(bias_dtype) : peft::DType::F32;
+    if (bias != nullptr) peft::require_buffer_dtype(bias_type, "bias");
+    const std::vector<int64_t> dims = peft::capi::buffer_shape(shape, ndim, "weight " + peft::quoted(name) + ": ");
     if (bias != nullptr && (bias_elements == 0 || bias_elements > static_cast<uint64_t>(INT64_MAX)))
       peft::fail(PEFT_ERR_SHAPE_MISMATCH, "weight " + peft::quoted(name) + ": the bias has " +
                                               std::to_string(bias_elements) + " elements");
