@@ -3,6 +3,7 @@
 // files share.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +65,20 @@ inline std::vector<int64_t> buffer_shape(const uint64_t* shape, size_t ndim, con
     dims.push_back(static_cast<int64_t>(shape[i]));
   }
   return dims;
+}
+
+// Fills a struct whose first field, `uint64_t size`, the caller set to the size of the struct it
+// was compiled with, and whose other fields are 8 bytes each: copies the fields of `filled` that
+// lie wholly within that size (an older caller's struct is smaller, a newer caller's larger), and
+// leaves `size` and everything past it as they are.
+template <class Sized>
+void copy_to_sized(const Sized& filled, Sized* out) {
+  static_assert(offsetof(Sized, size) == 0 && sizeof(filled.size) == 8 && sizeof(Sized) % 8 == 0);
+  const uint64_t within = out->size < sizeof(Sized) ? out->size : sizeof(Sized);
+  const size_t end = static_cast<size_t>(within / 8 * 8);
+  if (end > sizeof filled.size)
+    std::memcpy(reinterpret_cast<char*>(out) + sizeof filled.size,
+                reinterpret_cast<const char*>(&filled) + sizeof filled.size, end - sizeof filled.size);
 }
 
 }  // namespace peft::capi

@@ -1,6 +1,5 @@
 // The host-model part of the serving section of the C API: weight buffers and the adapter swapped
 // into them (serve/host_model.hpp).
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,27 +18,6 @@ using peft::capi::require_arg;
 struct peft_host_model {
   peft::serve::HostModel impl;
 };
-
-namespace {
-
-// Fills the caller's counters up to its `size`: only whole fields (all are 8 bytes) that lie
-// within it are written.
-void write_stats(const peft::serve::SwapStats& s, peft_swap_stats* out) {
-  peft_swap_stats filled;
-  filled.size = out->size;
-  filled.remove_seconds = s.remove_seconds;
-  filled.merge_seconds = s.merge_seconds;
-  filled.layers_removed = s.layers_removed;
-  filled.layers_merged = s.layers_merged;
-  filled.saved_bytes = s.saved_bytes;
-  const uint64_t within = out->size < sizeof filled ? out->size : sizeof filled;
-  const size_t bytes = static_cast<size_t>(within / 8 * 8);
-  if (bytes > sizeof filled.size)
-    std::memcpy(reinterpret_cast<char*>(out) + sizeof filled.size, reinterpret_cast<const char*>(&filled) + sizeof filled.size,
-                bytes - sizeof filled.size);
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -94,7 +72,14 @@ peft_error* peft_host_model_swap(peft_host_model* host, const peft_lease* lease,
   return guarded([&] {
     require_arg(host, "host");
     const peft::serve::SwapStats done = host->impl.swap(lease != nullptr ? lease->impl.get() : nullptr, weight);
-    if (stats != nullptr) write_stats(done, stats);
+    if (stats == nullptr) return;
+    peft_swap_stats filled = {};
+    filled.remove_seconds = done.remove_seconds;
+    filled.merge_seconds = done.merge_seconds;
+    filled.layers_removed = done.layers_removed;
+    filled.layers_merged = done.layers_merged;
+    filled.saved_bytes = done.saved_bytes;
+    peft::capi::copy_to_sized(filled, stats);
   });
 }
 

@@ -1,9 +1,6 @@
 // The registry part of the serving section of the C API: registries, registration, leases, stats.
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <new>
 #include <optional>
 #include <string>
 
@@ -131,21 +128,17 @@ peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry
       peft::fail(PEFT_ERR_INVALID_ARGUMENT,
                  "stats->size is " + std::to_string(stats->size) + "; set it to sizeof(peft_registry_stats)");
     const peft::serve::RegistryStats s = registry->impl->stats();
-    peft_registry_stats full = {};
-    full.budget_bytes = s.budget_bytes;
-    full.loaded_bytes = s.loaded_bytes;
-    full.peak_loaded_bytes = s.peak_loaded_bytes;
-    full.registered = s.registered;
-    full.loaded = s.loaded;
-    full.pinned = s.pinned;
-    full.loads = s.loads;
-    full.hits = s.hits;
-    full.evictions = s.evictions;
-    // Only whole fields within the caller's size (an older caller's smaller struct); `size` stays.
-    size_t end = stats->size < sizeof full ? static_cast<size_t>(stats->size) : sizeof full;
-    end -= end % sizeof(uint64_t);
-    std::memcpy(reinterpret_cast<char*>(stats) + kFirstField, reinterpret_cast<const char*>(&full) + kFirstField,
-                end - kFirstField);
+    peft_registry_stats filled = {};
+    filled.budget_bytes = s.budget_bytes;
+    filled.loaded_bytes = s.loaded_bytes;
+    filled.peak_loaded_bytes = s.peak_loaded_bytes;
+    filled.registered = s.registered;
+    filled.loaded = s.loaded;
+    filled.pinned = s.pinned;
+    filled.loads = s.loads;
+    filled.hits = s.hits;
+    filled.evictions = s.evictions;
+    peft::capi::copy_to_sized(filled, stats);
   });
 }
 
