@@ -70,26 +70,21 @@ extern "C" {
 
 void peft_string_free(char* text) { std::free(text); }
 
-peft_error* peft_adapter_options_new(peft_adapter_options** out) {
-  return guarded([&] {
-    require_arg(out, "out");
-    *out = new peft_adapter_options();
-  });
-}
+peft_error* peft_adapter_options_new(peft_adapter_options** out) { return peft::capi::new_handle(out); }
 
 void peft_adapter_options_free(peft_adapter_options* opts) { delete opts; }
 
 peft_error* peft_adapter_options_set_base_dir(peft_adapter_options* opts, const char* base_dir) {
   return guarded([&] {
     require_arg(opts, "opts");
-    opts->base_dir = base_dir == nullptr ? "" : base_dir;
+    opts->impl.base_dir = base_dir == nullptr ? "" : base_dir;
   });
 }
 
 peft_error* peft_adapter_options_set_translator(peft_adapter_options* opts, const peft_translator* translator) {
   return guarded([&] {
     require_arg(opts, "opts");
-    opts->table = translator == nullptr ? nullptr : translator->impl.table_ptr();
+    opts->impl.table = translator == nullptr ? nullptr : translator->impl.table_ptr();
   });
 }
 
@@ -97,13 +92,8 @@ peft_error* peft_adapter_open(const char* dir, const peft_adapter_options* opts,
   return guarded([&] {
     require_arg(dir, "dir");
     require_arg(out, "out");
-    peft::Adapter::Options options;
-    if (opts != nullptr) {
-      options.base_dir = opts->base_dir;
-      options.table = opts->table;
-    }
     auto handle = std::make_unique<peft_adapter>();
-    handle->impl = peft::Adapter::open(dir, options);
+    handle->impl = peft::Adapter::open(dir, peft::capi::options_of(opts));
     handle->config_json = handle->impl->config().canonical_json();
     for (const auto& [key, value] : handle->impl->config().document.items())
       handle->field_json.emplace(key, value.dump(-1, ' ', /*ensure_ascii=*/false,

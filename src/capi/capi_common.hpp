@@ -47,6 +47,21 @@ inline void require_arg(const void* pointer, const char* name) {
   if (pointer == nullptr) peft::fail(PEFT_ERR_INVALID_ARGUMENT, std::string(name) + " must not be NULL");
 }
 
+// The body of a peft_*_new() whose handle starts out default-made: *out receives it.
+template <class Handle>
+peft_error* new_handle(Handle** out) noexcept {
+  return guarded([&] {
+    require_arg(out, "out");
+    *out = new Handle();
+  });
+}
+
+// The C++ options an options handle holds (its `impl`), or the defaults for a NULL handle.
+template <class Handle>
+auto options_of(const Handle* handle) {
+  return handle != nullptr ? handle->impl : decltype(handle->impl){};
+}
+
 // A malloc'd copy of text, which the caller releases with peft_string_free(). Throws bad_alloc.
 inline char* copy_string(const std::string& text) {
   char* out = static_cast<char*>(std::malloc(text.size() + 1));

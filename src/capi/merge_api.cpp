@@ -44,12 +44,7 @@ extern "C" {
 
 // ---- checkpoint merge ----------------------------------------------------------------------------
 
-peft_error* peft_merge_options_new(peft_merge_options** out) {
-  return guarded([&] {
-    require_arg(out, "out");
-    *out = new peft_merge_options();
-  });
-}
+peft_error* peft_merge_options_new(peft_merge_options** out) { return peft::capi::new_handle(out); }
 
 void peft_merge_options_free(peft_merge_options* opts) { delete opts; }
 
@@ -177,12 +172,7 @@ const char* peft_merge_result_note(const peft_merge_result* result, size_t index
 
 // ---- buffer merge --------------------------------------------------------------------------------
 
-peft_error* peft_merge_buffer_options_new(peft_merge_buffer_options** out) {
-  return guarded([&] {
-    require_arg(out, "out");
-    *out = new peft_merge_buffer_options();
-  });
-}
+peft_error* peft_merge_buffer_options_new(peft_merge_buffer_options** out) { return peft::capi::new_handle(out); }
 
 void peft_merge_buffer_options_free(peft_merge_buffer_options* opts) { delete opts; }
 
@@ -231,10 +221,9 @@ peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const char* nam
     const auto weight_dtype = static_cast<peft::DType>(dtype);
     peft::require_buffer_dtype(weight_dtype, "weight");
     const std::vector<int64_t> dims = peft::capi::buffer_shape(shape, ndim, "weight ");
-    const peft::NamedBufferMergeOptions defaults;
     auto record = std::make_unique<peft_merge_record>();
     record->impl = peft::NamedBufferMerge::apply(adapter->impl, name, data, weight_dtype, dims, bias,
-                                                 static_cast<peft::DType>(bias_dtype), opts ? opts->impl : defaults);
+                                                 static_cast<peft::DType>(bias_dtype), peft::capi::options_of(opts));
     *out = record.release();
   });
 }

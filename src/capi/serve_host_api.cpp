@@ -21,12 +21,7 @@ struct peft_host_model {
 
 extern "C" {
 
-peft_error* peft_host_model_new(peft_host_model** out) {
-  return guarded([&] {
-    require_arg(out, "out");
-    *out = new peft_host_model();
-  });
-}
+peft_error* peft_host_model_new(peft_host_model** out) { return peft::capi::new_handle(out); }
 
 void peft_host_model_free(peft_host_model* host) { delete host; }
 

@@ -14,15 +14,6 @@ namespace {
 using peft::capi::guarded;
 using peft::capi::require_arg;
 
-peft::Adapter::Options adapter_options(const peft_adapter_options* opts) {
-  peft::Adapter::Options options;
-  if (opts != nullptr) {
-    options.base_dir = opts->base_dir;
-    options.table = opts->table;
-  }
-  return options;
-}
-
 std::string registry_name(const char* name) {
   require_arg(name, "name");
   if (name[0] == '\0') peft::fail(PEFT_ERR_INVALID_ARGUMENT, "name must not be empty");
@@ -60,7 +51,7 @@ peft_error* peft_registry_register(peft_registry* registry, const char* name, co
     require_arg(registry, "registry");
     const std::string key = registry_name(name);
     require_arg(dir, "dir");
-    registry->impl->add(key, peft::Adapter::open(dir, adapter_options(opts)));
+    registry->impl->add(key, peft::Adapter::open(dir, peft::capi::options_of(opts)));
   });
 }
 
@@ -72,7 +63,7 @@ peft_error* peft_registry_register_memory(peft_registry* registry, const char* n
     const std::string key = registry_name(name);
     require_arg(config_json, "config_json");
     if (weights_size != 0) require_arg(weights, "weights");
-    registry->impl->add(key, peft::Adapter::open_memory(config_json, weights, weights_size, adapter_options(opts)));
+    registry->impl->add(key, peft::Adapter::open_memory(config_json, weights, weights_size, peft::capi::options_of(opts)));
   });
 }
 
