@@ -1,6 +1,7 @@
 // A base model's config.json: reading it and the family detected from it (base_config.hpp).
 #include "peft/base_config.hpp"
 
+#include <cstdint>
 #include <filesystem>
 
 #include "core/error.hpp"
@@ -10,6 +11,11 @@
 #include "safetensors/shard_index.hpp"
 
 namespace peft {
+namespace {
+
+constexpr uint64_t kMaxBaseConfigBytes = 16ull << 20;
+
+}  // namespace
 
 nlohmann::json read_base_config(const std::string& dir) {
   namespace fs = std::filesystem;

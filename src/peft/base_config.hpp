@@ -2,7 +2,6 @@
 // base model folder or a model name points to.
 #pragma once
 
-#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -10,12 +9,10 @@
 
 namespace peft {
 
-// A larger config.json is refused (PEFT_ERR_INVALID_ARGUMENT, core/text_file.hpp).
-inline constexpr uint64_t kMaxBaseConfigBytes = 16ull << 20;
-
 // The parsed config.json of the base model folder `dir`; null when the folder has none (or `dir`
 // is no folder). A link is followed only where the weight files' links may lead (resolve_in_folder,
-// safetensors/shard_index.hpp); text that is not JSON is PEFT_ERR_INVALID_CONFIG.
+// safetensors/shard_index.hpp); a file above 16 MiB is PEFT_ERR_INVALID_ARGUMENT and text that is
+// not JSON PEFT_ERR_INVALID_CONFIG.
 nlohmann::json read_base_config(const std::string& dir);
 
 // The built-in family of a base model: from the config.json in `base_dir`, failing that from
