@@ -1,6 +1,5 @@
 // The export section of the C API: export options, adapter export, adapter combination.
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 

@@ -1,7 +1,6 @@
 // The merge section of the C API: checkpoint merges (options, result) and buffer merges (records).
 #include <cmath>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 

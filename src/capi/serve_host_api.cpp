@@ -1,6 +1,5 @@
 // The host-model part of the serving section of the C API: weight buffers and the adapter swapped
 // into them (serve/host_model.hpp).
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
