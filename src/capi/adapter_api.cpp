@@ -1,17 +1,16 @@
 // The adapter section of the C API: adapters, their modules and tensors, translators, validation.
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "capi/string_list.hpp"
 #include "core/error.hpp"
-#include "core/json_parse.hpp"
-#include "core/text_file.hpp"
 #include "peft/arch_registry.hpp"
-#include "peft/validation.hpp"
+#include "peft/base_config.hpp"
 
 namespace {
 
@@ -70,26 +69,21 @@ void translate_batch(const char* const* keys, size_t count, char** out, Translat
 
 extern "C" {
 
-peft_error* peft_adapter_options_new(peft_adapter_options** out) {
-  return guarded([&] {
-    require_arg(out, "out");
-    *out = new peft_adapter_options();
-  });
-}
+peft_error* peft_adapter_options_new(peft_adapter_options** out) { return peft::capi::new_handle(out); }
 
 void peft_adapter_options_free(peft_adapter_options* opts) { delete opts; }
 
 peft_error* peft_adapter_options_set_base_dir(peft_adapter_options* opts, const char* base_dir) {
   return guarded([&] {
     require_arg(opts, "opts");
-    opts->base_dir = base_dir == nullptr ? "" : base_dir;
+    opts->impl.base_dir = base_dir == nullptr ? "" : base_dir;
   });
 }
 
 peft_error* peft_adapter_options_set_translator(peft_adapter_options* opts, const peft_translator* translator) {
   return guarded([&] {
     require_arg(opts, "opts");
-    opts->table = translator == nullptr ? nullptr : translator->impl.table_ptr();
+    opts->impl.table = translator == nullptr ? nullptr : translator->impl.table_ptr();
   });
 }
 
@@ -97,13 +91,8 @@ peft_error* peft_adapter_open(const char* dir, const peft_adapter_options* opts,
   return guarded([&] {
     require_arg(dir, "dir");
     require_arg(out, "out");
-    peft::Adapter::Options options;
-    if (opts != nullptr) {
-      options.base_dir = opts->base_dir;
-      options.table = opts->table;
-    }
     auto handle = std::make_unique<peft_adapter>();
-    handle->impl = peft::Adapter::open(dir, options);
+    handle->impl = peft::Adapter::open(dir, peft::capi::options_of(opts));
     handle->config_json = handle->impl->config().canonical_json();
     for (const auto& [key, value] : handle->impl->config().document.items())
       handle->field_json.emplace(key, value.dump(-1, ' ', /*ensure_ascii=*/false,
@@ -303,24 +292,10 @@ peft_error* peft_translator_from_json(const char* json, peft_translator** out) {
 peft_error* peft_translator_detect(const char* base_dir, const char* model_name, peft_translator** out) {
   return guarded([&] {
     require_arg(out, "out");
-    nlohmann::json config;
-    if (base_dir != nullptr) {
-      std::filesystem::path path = std::filesystem::path(base_dir) / "config.json";
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(path, ec)) {
-        config = peft::parse_json(peft::read_text_file(path.string(), 16ull << 20), PEFT_ERR_INVALID_CONFIG,
-                                  path.string());
-      }
-    }
-    std::optional<std::string> name;
+    std::optional<std::string> dir, name;
+    if (base_dir != nullptr) dir = base_dir;
     if (model_name != nullptr) name = model_name;
-    auto guess = peft::detect_family(config.is_object() ? &config : nullptr, name);
-    if (!guess)
-      peft::fail(PEFT_ERR_NOT_FOUND, "no built-in architecture table matches " +
-                                         std::string(base_dir ? "base model " + peft::quoted(base_dir) : "") +
-                                         (base_dir && model_name ? " or " : "") +
-                                         (model_name ? "model name " + peft::quoted(model_name) : "nothing"));
-    *out = new_translator(peft::Translator::for_family(guess->family));
+    *out = new_translator(peft::Translator::for_family(peft::detect_base_family(dir, name)));
   });
 }
 

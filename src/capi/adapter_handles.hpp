@@ -20,8 +20,7 @@ struct peft_adapter {
 };
 
 struct peft_adapter_options {
-  std::string base_dir;
-  std::shared_ptr<const peft::ArchTable> table;
+  peft::Adapter::Options impl;
 };
 
 struct peft_translator {

@@ -1,12 +1,15 @@
-// The C boundary: the error object, and the one wrapper that every extern "C" body goes through so
-// that no exception crosses into C.
+// The C boundary: the error object, the one wrapper that every extern "C" body goes through so
+// that no exception crosses into C, and the checks and copies of arguments that several C API
+// files share.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "peft_c.h"
@@ -44,12 +47,53 @@ inline void require_arg(const void* pointer, const char* name) {
   if (pointer == nullptr) peft::fail(PEFT_ERR_INVALID_ARGUMENT, std::string(name) + " must not be NULL");
 }
 
+// The body of a peft_*_new() whose handle starts out default-made: *out receives it.
+template <class Handle>
+peft_error* new_handle(Handle** out) noexcept {
+  return guarded([&] {
+    require_arg(out, "out");
+    *out = new Handle();
+  });
+}
+
+// The C++ options an options handle holds (its `impl`), or the defaults for a NULL handle.
+template <class Handle>
+auto options_of(const Handle* handle) {
+  return handle != nullptr ? handle->impl : decltype(handle->impl){};
+}
+
 // A malloc'd copy of text, which the caller releases with peft_string_free(). Throws bad_alloc.
 inline char* copy_string(const std::string& text) {
   char* out = static_cast<char*>(std::malloc(text.size() + 1));
   if (out == nullptr) throw std::bad_alloc();
   std::memcpy(out, text.c_str(), text.size() + 1);
   return out;
+}
+
+// The dimensions of a caller's buffer (`shape` may be NULL when `ndim` is 0). A dimension of 0 or
+// above INT64_MAX is PEFT_ERR_SHAPE_MISMATCH "<what>dimension <i> is <value>".
+inline std::vector<int64_t> buffer_shape(const uint64_t* shape, size_t ndim, const std::string& what) {
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < ndim; ++i) {
+    if (shape[i] == 0 || shape[i] > static_cast<uint64_t>(INT64_MAX))
+      peft::fail(PEFT_ERR_SHAPE_MISMATCH, what + "dimension " + std::to_string(i) + " is " + std::to_string(shape[i]));
+    dims.push_back(static_cast<int64_t>(shape[i]));
+  }
+  return dims;
+}
+
+// Fills a struct whose first field, `uint64_t size`, the caller set to the size of the struct it
+// was compiled with, and whose other fields are 8 bytes each: copies the fields of `filled` that
+// lie wholly within that size (an older caller's struct is smaller, a newer caller's larger), and
+// leaves `size` and everything past it as they are.
+template <class Sized>
+void copy_to_sized(const Sized& filled, Sized* out) {
+  static_assert(offsetof(Sized, size) == 0 && sizeof(filled.size) == 8 && sizeof(Sized) % 8 == 0);
+  const uint64_t within = out->size < sizeof(Sized) ? out->size : sizeof(Sized);
+  const size_t end = static_cast<size_t>(within / 8 * 8);
+  if (end > sizeof filled.size)
+    std::memcpy(reinterpret_cast<char*>(out) + sizeof filled.size,
+                reinterpret_cast<const char*>(&filled) + sizeof filled.size, end - sizeof filled.size);
 }
 
 }  // namespace peft::capi

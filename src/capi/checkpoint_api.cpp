@@ -10,9 +10,8 @@
 #include "safetensors/checkpoint.hpp"
 
 struct peft_open_options {
-  peft::OpenOptions options;
+  peft::OpenOptions impl;
 };
-
 
 namespace {
 
@@ -41,34 +40,25 @@ void require_index(const peft_checkpoint* ckpt, size_t index) {
                                               std::to_string(ckpt->impl->tensor_count()) + " tensors)");
 }
 
-peft::OpenOptions options_or_default(const peft_open_options* opts) {
-  return opts != nullptr ? opts->options : peft::OpenOptions{};
-}
-
 }  // namespace
 
 extern "C" {
 
-peft_error* peft_open_options_new(peft_open_options** out) {
-  return peft::capi::guarded([&] {
-    peft::capi::require_arg(out, "out");
-    *out = new peft_open_options();
-  });
-}
+peft_error* peft_open_options_new(peft_open_options** out) { return peft::capi::new_handle(out); }
 
 void peft_open_options_free(peft_open_options* opts) { delete opts; }
 
 peft_error* peft_open_options_set_max_header_size(peft_open_options* opts, uint64_t max_bytes) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(opts, "opts");
-    opts->options.max_header_size = max_bytes;
+    opts->impl.max_header_size = max_bytes;
   });
 }
 
 peft_error* peft_open_options_set_use_pread(peft_open_options* opts, int32_t use_pread) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(opts, "opts");
-    opts->options.use_pread = use_pread != 0;
+    opts->impl.use_pread = use_pread != 0;
   });
 }
 
@@ -77,7 +67,7 @@ peft_error* peft_checkpoint_open(const char* path, const peft_open_options* opts
     peft::capi::require_arg(path, "path");
     peft::capi::require_arg(out, "out");
     auto handle = std::make_unique<peft_checkpoint>();
-    handle->impl = Checkpoint::open(path, options_or_default(opts));
+    handle->impl = Checkpoint::open(path, peft::capi::options_of(opts));
     *out = handle.release();
   });
 }
@@ -88,7 +78,7 @@ peft_error* peft_checkpoint_open_memory(const void* data, size_t size, const pef
     peft::capi::require_arg(out, "out");
     if (size != 0) peft::capi::require_arg(data, "data");
     auto handle = std::make_unique<peft_checkpoint>();
-    handle->impl = Checkpoint::open_memory(data, size, options_or_default(opts));
+    handle->impl = Checkpoint::open_memory(data, size, peft::capi::options_of(opts));
     *out = handle.release();
   });
 }

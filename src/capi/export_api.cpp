@@ -1,6 +1,5 @@
 // The export section of the C API: export options, adapter export, adapter combination.
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,25 +13,13 @@ struct peft_export_options {
   peft::ExportOptions impl;
 };
 
-namespace {
-
 using peft::capi::guarded;
+using peft::capi::options_of;
 using peft::capi::require_arg;
-
-peft::ExportOptions options_or_default(const peft_export_options* opts) {
-  return opts == nullptr ? peft::ExportOptions{} : opts->impl;
-}
-
-}  // namespace
 
 extern "C" {
 
-peft_error* peft_export_options_new(peft_export_options** out) {
-  return guarded([&] {
-    require_arg(out, "out");
-    *out = new peft_export_options();
-  });
-}
+peft_error* peft_export_options_new(peft_export_options** out) { return peft::capi::new_handle(out); }
 
 void peft_export_options_free(peft_export_options* opts) { delete opts; }
 
@@ -65,7 +52,7 @@ peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir
   return guarded([&] {
     require_arg(adapter, "adapter");
     require_arg(out_dir, "out_dir");
-    peft::export_adapter(*adapter->impl, out_dir, options_or_default(opts));
+    peft::export_adapter(*adapter->impl, out_dir, options_of(opts));
   });
 }
 
@@ -87,7 +74,7 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
       list.push_back(adapters[i]->impl);
     }
     const peft::CombineMethod how = method == PEFT_COMBINE_CAT ? peft::CombineMethod::cat : peft::CombineMethod::linear;
-    peft::combine_adapters(list, std::span<const double>(weights, count), how, out_dir, options_or_default(opts));
+    peft::combine_adapters(list, std::span<const double>(weights, count), how, out_dir, options_of(opts));
   });
 }
 

@@ -1,9 +1,6 @@
 // The registry part of the serving section of the C API: registries, registration, leases, stats.
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <new>
 #include <optional>
 #include <string>
 
@@ -17,15 +14,6 @@ namespace {
 
 using peft::capi::guarded;
 using peft::capi::require_arg;
-
-peft::Adapter::Options adapter_options(const peft_adapter_options* opts) {
-  peft::Adapter::Options options;
-  if (opts != nullptr) {
-    options.base_dir = opts->base_dir;
-    options.table = opts->table;
-  }
-  return options;
-}
 
 std::string registry_name(const char* name) {
   require_arg(name, "name");
@@ -64,7 +52,7 @@ peft_error* peft_registry_register(peft_registry* registry, const char* name, co
     require_arg(registry, "registry");
     const std::string key = registry_name(name);
     require_arg(dir, "dir");
-    registry->impl->add(key, peft::Adapter::open(dir, adapter_options(opts)));
+    registry->impl->add(key, peft::Adapter::open(dir, peft::capi::options_of(opts)));
   });
 }
 
@@ -76,7 +64,7 @@ peft_error* peft_registry_register_memory(peft_registry* registry, const char* n
     const std::string key = registry_name(name);
     require_arg(config_json, "config_json");
     if (weights_size != 0) require_arg(weights, "weights");
-    registry->impl->add(key, peft::Adapter::open_memory(config_json, weights, weights_size, adapter_options(opts)));
+    registry->impl->add(key, peft::Adapter::open_memory(config_json, weights, weights_size, peft::capi::options_of(opts)));
   });
 }
 
@@ -140,21 +128,17 @@ peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry
       peft::fail(PEFT_ERR_INVALID_ARGUMENT,
                  "stats->size is " + std::to_string(stats->size) + "; set it to sizeof(peft_registry_stats)");
     const peft::serve::RegistryStats s = registry->impl->stats();
-    peft_registry_stats full = {};
-    full.budget_bytes = s.budget_bytes;
-    full.loaded_bytes = s.loaded_bytes;
-    full.peak_loaded_bytes = s.peak_loaded_bytes;
-    full.registered = s.registered;
-    full.loaded = s.loaded;
-    full.pinned = s.pinned;
-    full.loads = s.loads;
-    full.hits = s.hits;
-    full.evictions = s.evictions;
-    // Only whole fields within the caller's size (an older caller's smaller struct); `size` stays.
-    size_t end = stats->size < sizeof full ? static_cast<size_t>(stats->size) : sizeof full;
-    end -= end % sizeof(uint64_t);
-    std::memcpy(reinterpret_cast<char*>(stats) + kFirstField, reinterpret_cast<const char*>(&full) + kFirstField,
-                end - kFirstField);
+    peft_registry_stats filled = {};
+    filled.budget_bytes = s.budget_bytes;
+    filled.loaded_bytes = s.loaded_bytes;
+    filled.peak_loaded_bytes = s.peak_loaded_bytes;
+    filled.registered = s.registered;
+    filled.loaded = s.loaded;
+    filled.pinned = s.pinned;
+    filled.loads = s.loads;
+    filled.hits = s.hits;
+    filled.evictions = s.evictions;
+    peft::capi::copy_to_sized(filled, stats);
   });
 }
 

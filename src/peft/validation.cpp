@@ -4,16 +4,13 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "core/json_parse.hpp"
-#include "core/text_file.hpp"
-#include "safetensors/shard_index.hpp"
+#include "peft/base_config.hpp"
 
 namespace peft {
 namespace {
 
 namespace fs = std::filesystem;
 using Shape = std::vector<uint64_t>;
-constexpr uint64_t kMaxBaseConfigBytes = 16ull << 20;
 
 std::string shape_text(const Shape& shape) {
   std::string out = "[";
@@ -188,13 +185,7 @@ BaseModel BaseModel::open(const std::string& dir, const OpenOptions& options) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     fail(PEFT_ERR_NOT_FOUND, "base model folder " + peft::quoted(dir) + " does not exist or is not a folder");
-  fs::path config_path = fs::path(dir) / "config.json";
-  // A link may lead where the weight files' links may (resolve_in_folder), not to any file.
-  if (fs::is_symlink(config_path, ec)) config_path = resolve_in_folder(dir, "config.json", "the file");
-  if (fs::is_regular_file(config_path, ec)) {
-    base.config = parse_json(read_text_file(config_path.string(), kMaxBaseConfigBytes), PEFT_ERR_INVALID_CONFIG,
-                             config_path.string());
-  }
+  base.config = read_base_config(dir);
   base.weights = Checkpoint::open(dir, options);
   return base;
 }
