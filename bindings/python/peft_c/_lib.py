@@ -178,6 +178,8 @@ PROTOTYPES = {
     "peft_merge_options_set_max_shard_size": (_err, [_handle, c_uint64]),
     "peft_merge_options_set_threads": (_err, [_handle, c_uint32]),
     "peft_merge_options_set_progress": (_err, [_handle, PROGRESS_FN, c_void_p]),
+    "peft_merge_options_set_require_config": (_err, [_handle, c_int32]),
+    "peft_merge_options_set_allow_nonfinite": (_err, [_handle, c_int32]),
     "peft_merge_checkpoint": (_err, [c_char_p, c_char_p, _handle, POINTER(c_void_p)]),
     "peft_merge_result_free": (None, [_handle]),
     "peft_merge_result_tensor_count": (c_uint64, [_handle, c_int32]),

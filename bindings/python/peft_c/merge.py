@@ -60,7 +60,8 @@ def _threads(threads: int) -> int:
 
 def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                      dtype: Optional[DTypeLike] = None, max_shard_size: int = 0, threads: int = 0,
-                     progress: Optional[Callable[[int, int], Optional[bool]]] = None) -> MergeResult:
+                     progress: Optional[Callable[[int, int], Optional[bool]]] = None,
+                     require_config: bool = True, allow_nonfinite: bool = False) -> MergeResult:
     """Merges adapters into a base model folder and writes the merged model folder.
 
     ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
@@ -68,7 +69,10 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
     ``dtype`` None keeps every tensor's dtype; "F32", "BF16" or "F16" converts. ``max_shard_size`` 0
     keeps the base's files, otherwise reshards as ``save_pretrained`` does. ``progress(done, total)``
     is called as bytes are written; returning True cancels (``CancelledError``) and an exception it
-    raises cancels and is re-raised. On any failure the output folder is left as it was.
+    raises cancels and is re-raised. ``require_config`` False merges a base folder without a usable
+    config.json (the output then has none; by default it is ``NotFoundError``, as transformers cannot load
+    such a folder). ``allow_nonfinite`` True writes merged tensors holding an infinity or a NaN (by default
+    ``NonFiniteError``). On any failure the output folder is left as it was.
     """
     library = lib()
     opts = c_void_p()
@@ -92,6 +96,8 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
             raise ValueError("max_shard_size must be a non-negative int")
         check(library.peft_merge_options_set_max_shard_size(opts, max_shard_size))
         check(library.peft_merge_options_set_threads(opts, _threads(threads)))
+        check(library.peft_merge_options_set_require_config(opts, 1 if require_config else 0))
+        check(library.peft_merge_options_set_allow_nonfinite(opts, 1 if allow_nonfinite else 0))
         if progress is not None:
             def trampoline(_user, done, total):
                 try:
