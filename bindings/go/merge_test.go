@@ -328,6 +328,72 @@ func TestMergeErrors(t *testing.T) {
 	}
 }
 
+// A base folder without config.json is refused unless WithRequireConfig(false) says it is not needed.
+func TestMergeRequireConfig(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base")
+	model, err := os.ReadFile(fixture("models", "llama", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "model.safetensors"), model, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	adapter := peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1)
+	_, err = peftc.MergeCheckpoint(ctx, base, out, adapter)
+	wantCode(t, err, peftc.CodeNotFound)
+	if _, statErr := os.Stat(out); !os.IsNotExist(statErr) {
+		t.Fatal("a refused merge wrote its output folder")
+	}
+	res, err := peftc.MergeCheckpoint(ctx, base, out, adapter, peftc.WithRequireConfig(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(res.Files, "config.json") {
+		t.Fatalf("files written: %v", res.Files)
+	}
+	if _, err := os.Stat(filepath.Join(out, "config.json")); !os.IsNotExist(err) {
+		t.Fatal("the merge wrote a config.json the base does not have")
+	}
+}
+
+// lora_alpha 4e12 overflows F16: refused by default, written as computed with WithAllowNonFinite(true).
+func TestMergeAllowNonFinite(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	adapter := filepath.Join(dir, "adapter")
+	if err := os.Mkdir(adapter, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var config map[string]any
+	readJSON(t, fixture("adapters", "llama_lora", "adapter_config.json"), &config)
+	config["lora_alpha"] = 4e12
+	text, _ := json.Marshal(config)
+	weights, err := os.ReadFile(fixture("adapters", "llama_lora", "adapter_model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.WriteFile(filepath.Join(adapter, "adapter_config.json"), text, 0o644) != nil ||
+		os.WriteFile(filepath.Join(adapter, "adapter_model.safetensors"), weights, 0o644) != nil {
+		t.Fatal("cannot write the adapter")
+	}
+	base, out := fixture("models", "llama"), filepath.Join(dir, "out")
+	opts := []peftc.MergeOption{peftc.WithAdapterDir(adapter, 1), peftc.WithMergeDType(peftc.F16)}
+	_, err = peftc.MergeCheckpoint(ctx, base, out, opts...)
+	wantCode(t, err, peftc.CodeNonFinite)
+	if _, err := peftc.MergeCheckpoint(ctx, base, out, append(opts, peftc.WithAllowNonFinite(true))...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "model.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // config.json of a merge with tied embeddings and a replaced embedding: the merge unties them and
 // says so.
 func TestMergeEmbeddingUntie(t *testing.T) {
