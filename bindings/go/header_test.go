@@ -2,6 +2,7 @@
 // binding (through cgo in its .go files or from callbacks.c) or listed in notWrapped with the reason.
 // cgo itself checks the types and argument counts of every call at compile time; this test checks
 // coverage, and that each called function is one the header declares.
+
 package peft_test
 
 import (
