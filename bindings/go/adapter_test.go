@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"bytes"
@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // An entry of tests/fixtures/adapters/MANIFEST.json (written by the generator from PEFT).
@@ -44,9 +44,9 @@ func TestAdaptersMatchPEFT(t *testing.T) {
 	for name, m := range adapterFixtures(t) {
 		t.Run(name, func(t *testing.T) {
 			dir := fixture(m.Path)
-			a, err := peftc.OpenAdapter(dir, peftc.WithBaseDir(fixture(m.Base)))
+			a, err := peft.OpenAdapter(dir, peft.WithBaseDir(fixture(m.Base)))
 			if name == "mixtral_target_parameters" {
-				wantCode(t, err, peftc.CodeUnsupported)
+				wantCode(t, err, peft.CodeUnsupported)
 				if !strings.Contains(err.Error(), "target_parameters") {
 					t.Fatalf("message does not name the field: %v", err)
 				}
@@ -62,7 +62,7 @@ func TestAdaptersMatchPEFT(t *testing.T) {
 	}
 }
 
-func checkAdapter(t *testing.T, a *peftc.Adapter, dir string, m adapterManifest) {
+func checkAdapter(t *testing.T, a *peft.Adapter, dir string, m adapterManifest) {
 	t.Helper()
 	var config map[string]any
 	readJSON(t, filepath.Join(dir, "adapter_config.json"), &config)
@@ -131,7 +131,7 @@ func checkAdapter(t *testing.T, a *peftc.Adapter, dir string, m adapterManifest)
 				t.Fatalf("%q: ReadTensorInto differs from the file's bytes", mt.Key)
 			}
 		}
-		if (mod.Kind == peftc.LayerTrainableTokens) != (len(mod.TokenIndices) > 0) {
+		if (mod.Kind == peft.LayerTrainableTokens) != (len(mod.TokenIndices) > 0) {
 			t.Fatalf("module %s of kind %v has token indices %v", mod.Name, mod.Kind, mod.TokenIndices)
 		}
 	}
@@ -142,9 +142,9 @@ func checkAdapter(t *testing.T, a *peftc.Adapter, dir string, m adapterManifest)
 
 // checkScaling recomputes a LoRA module's rank and scaling from its tensors and the config, as PEFT
 // does (alpha / r, or alpha / sqrt(r) with rsLoRA).
-func checkScaling(t *testing.T, a *peftc.Adapter, mod peftc.Module) {
+func checkScaling(t *testing.T, a *peft.Adapter, mod peft.Module) {
 	t.Helper()
-	if mod.Kind == peftc.LayerFull || mod.Kind == peftc.LayerTrainableTokens {
+	if mod.Kind == peft.LayerFull || mod.Kind == peft.LayerTrainableTokens {
 		if mod.Rank != 0 || mod.Scaling != 0 {
 			t.Fatalf("module %s of kind %v has rank %d", mod.Name, mod.Kind, mod.Rank)
 		}
@@ -189,23 +189,23 @@ func TestAdapterRankAlphaPattern(t *testing.T) {
 
 func TestAdapterOpenErrors(t *testing.T) {
 	dir := t.TempDir()
-	_, err := peftc.OpenAdapter(filepath.Join(dir, "absent"))
-	wantCode(t, err, peftc.CodeNotFound)
-	_, err = peftc.OpenAdapter("x\x00y")
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err := peft.OpenAdapter(filepath.Join(dir, "absent"))
+	wantCode(t, err, peft.CodeNotFound)
+	_, err = peft.OpenAdapter("x\x00y")
+	wantCode(t, err, peft.CodeInvalidArgument)
 
 	src := fixture("adapters", "llama_lora")
 	broken := filepath.Join(dir, "broken")
 	copyDir(t, src, broken)
 	os.WriteFile(filepath.Join(broken, "adapter_config.json"), []byte(`{"peft_type": "LORA", "r": "four"`), 0o644)
-	_, err = peftc.OpenAdapter(broken)
-	wantCode(t, err, peftc.CodeInvalidConfig)
+	_, err = peft.OpenAdapter(broken)
+	wantCode(t, err, peft.CodeInvalidConfig)
 
 	wrongType := filepath.Join(dir, "wrong_type")
 	copyDir(t, src, wrongType)
 	os.WriteFile(filepath.Join(wrongType, "adapter_config.json"), []byte(`{"peft_type": "LORA", "r": "four"}`), 0o644)
-	_, err = peftc.OpenAdapter(wrongType)
-	wantCode(t, err, peftc.CodeInvalidConfig)
+	_, err = peft.OpenAdapter(wrongType)
+	wantCode(t, err, peft.CodeInvalidConfig)
 	if !strings.Contains(err.Error(), `"r"`) {
 		t.Fatalf("the message does not name the field: %v", err)
 	}
@@ -215,19 +215,19 @@ func TestAdapterOpenErrors(t *testing.T) {
 	cfg, _ := os.ReadFile(filepath.Join(src, "adapter_config.json"))
 	os.WriteFile(filepath.Join(pickle, "adapter_config.json"), cfg, 0o644)
 	os.WriteFile(filepath.Join(pickle, "adapter_model.bin"), []byte("PK"), 0o644)
-	_, err = peftc.OpenAdapter(pickle)
-	wantCode(t, err, peftc.CodeUnsupported)
+	_, err = peft.OpenAdapter(pickle)
+	wantCode(t, err, peft.CodeUnsupported)
 
 	damaged := filepath.Join(dir, "damaged")
 	copyDir(t, src, damaged)
 	os.WriteFile(filepath.Join(damaged, "adapter_model.safetensors"), []byte{1, 2, 3}, 0o644)
-	_, err = peftc.OpenAdapter(damaged)
-	wantCode(t, err, peftc.CodeHeaderTooSmall)
+	_, err = peft.OpenAdapter(damaged)
+	wantCode(t, err, peft.CodeHeaderTooSmall)
 
 	// An adapter whose base lacks its modules.
-	_, err = peftc.OpenAdapter(src, peftc.WithBaseDir(fixture("models", "gpt2")))
-	var e *peftc.Error
-	if !errors.As(err, &e) || (e.Code != peftc.CodeUnresolvedKey && e.Code != peftc.CodeShapeMismatch) {
+	_, err = peft.OpenAdapter(src, peft.WithBaseDir(fixture("models", "gpt2")))
+	var e *peft.Error
+	if !errors.As(err, &e) || (e.Code != peft.CodeUnresolvedKey && e.Code != peft.CodeShapeMismatch) {
 		t.Fatalf("llama adapter on a gpt2 base: %v", err)
 	}
 }
@@ -245,8 +245,8 @@ func TestAdapterValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := a.Validate(fixture("models", "gpt2"))
-	var e *peftc.Error
-	if !errors.As(err, &e) || (e.Code != peftc.CodeUnresolvedKey && e.Code != peftc.CodeShapeMismatch) {
+	var e *peft.Error
+	if !errors.As(err, &e) || (e.Code != peft.CodeUnresolvedKey && e.Code != peft.CodeShapeMismatch) {
 		t.Fatalf("validate against gpt2: %v", err)
 	}
 	// A base with other shapes: mistral's projections differ from llama's? Use the f16 llama: same
@@ -255,10 +255,10 @@ func TestAdapterValidate(t *testing.T) {
 		t.Fatalf("validate against the f16 llama: %v", err)
 	}
 	err = a.Validate(filepath.Join(t.TempDir(), "absent"))
-	if !errors.As(err, &e) || (e.Code != peftc.CodeNotFound && e.Code != peftc.CodeIO) {
+	if !errors.As(err, &e) || (e.Code != peft.CodeNotFound && e.Code != peft.CodeIO) {
 		t.Fatalf("validate against a missing folder: %v", err)
 	}
-	wantCode(t, a.Validate("a\x00"), peftc.CodeInvalidArgument)
+	wantCode(t, a.Validate("a\x00"), peft.CodeInvalidArgument)
 }
 
 func TestTranslatorRoundTrip(t *testing.T) {
@@ -301,23 +301,23 @@ func TestTranslatorRoundTrip(t *testing.T) {
 		}
 	}
 	_, err = tr.ToNative("model.no_such_module.weight")
-	wantCode(t, err, peftc.CodeUnresolvedKey)
+	wantCode(t, err, peft.CodeUnresolvedKey)
 	_, err = tr.ToNativeAll([]string{keys[0], "nonsense.a", "nonsense.b"})
-	wantCode(t, err, peftc.CodeUnresolvedKey)
+	wantCode(t, err, peft.CodeUnresolvedKey)
 	if !strings.Contains(err.Error(), "nonsense.a") || !strings.Contains(err.Error(), "nonsense.b") {
 		t.Fatalf("the batch error does not list every key: %v", err)
 	}
 	_, err = tr.ToHF("no/such/native/name", true)
-	wantCode(t, err, peftc.CodeUnresolvedKey)
+	wantCode(t, err, peft.CodeUnresolvedKey)
 	_, err = tr.ToHFAll([]string{"x\x00"}, true)
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
 	if got, err := tr.ToNativeAll(nil); err != nil || len(got) != 0 {
 		t.Fatalf("empty batch: %v %v", got, err)
 	}
 }
 
 func TestBuiltinTranslators(t *testing.T) {
-	families, err := peftc.BuiltinFamilies()
+	families, err := peft.BuiltinFamilies()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func TestBuiltinTranslators(t *testing.T) {
 		t.Fatalf("families not sorted: %v", families)
 	}
 	for _, f := range families {
-		tr, err := peftc.NewBuiltinTranslator(f)
+		tr, err := peft.NewBuiltinTranslator(f)
 		if err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
@@ -339,23 +339,23 @@ func TestBuiltinTranslators(t *testing.T) {
 		}
 		tr.Close()
 	}
-	_, err = peftc.NewBuiltinTranslator("no_such_family")
-	wantCode(t, err, peftc.CodeNotFound)
-	_, err = peftc.NewBuiltinTranslator("../etc")
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err = peft.NewBuiltinTranslator("no_such_family")
+	wantCode(t, err, peft.CodeNotFound)
+	_, err = peft.NewBuiltinTranslator("../etc")
+	wantCode(t, err, peft.CodeInvalidArgument)
 
-	tr, err := peftc.DetectTranslator(fixture("models", "llama"), "")
+	tr, err := peft.DetectTranslator(fixture("models", "llama"), "")
 	if err != nil || tr.Family() != "llama" {
 		t.Fatalf("detect from the base: %v", err)
 	}
 	tr.Close()
-	tr, err = peftc.DetectTranslator("", "openai-community/gpt2")
+	tr, err = peft.DetectTranslator("", "openai-community/gpt2")
 	if err != nil || tr.Family() != "gpt2" {
 		t.Fatalf("detect from a name: %v %v", tr, err)
 	}
 	tr.Close()
-	_, err = peftc.DetectTranslator("", "")
-	wantCode(t, err, peftc.CodeNotFound)
+	_, err = peft.DetectTranslator("", "")
+	wantCode(t, err, peft.CodeNotFound)
 
 	// The caller's own table, from a file and from JSON: the built-in llama table file itself.
 	table := filepath.Join("..", "..", "data", "arch", "llama.json")
@@ -363,14 +363,14 @@ func TestBuiltinTranslators(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	builtin, _ := peftc.NewBuiltinTranslator("llama")
+	builtin, _ := peft.NewBuiltinTranslator("llama")
 	defer builtin.Close()
-	fromFile, err := peftc.TranslatorFromFile(table)
+	fromFile, err := peft.TranslatorFromFile(table)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fromFile.Close()
-	fromJSON, err := peftc.TranslatorFromJSON(string(text))
+	fromJSON, err := peft.TranslatorFromJSON(string(text))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,49 +380,49 @@ func TestBuiltinTranslators(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tr := range []*peftc.Translator{fromFile, fromJSON} {
+	for _, tr := range []*peft.Translator{fromFile, fromJSON} {
 		if got, err := tr.ToNative(key); err != nil || got != want {
 			t.Fatalf("own table: %q %v, built-in %q", got, err, want)
 		}
 	}
-	_, err = peftc.TranslatorFromJSON("{")
-	wantCode(t, err, peftc.CodeInvalidConfig)
-	_, err = peftc.TranslatorFromFile(filepath.Join(t.TempDir(), "absent.json"))
-	wantCode(t, err, peftc.CodeIO)
+	_, err = peft.TranslatorFromJSON("{")
+	wantCode(t, err, peft.CodeInvalidConfig)
+	_, err = peft.TranslatorFromFile(filepath.Join(t.TempDir(), "absent.json"))
+	wantCode(t, err, peft.CodeIO)
 }
 
 // An adapter opened with an explicit translator uses that table.
 func TestAdapterWithTranslator(t *testing.T) {
-	tr, err := peftc.NewBuiltinTranslator("llama")
+	tr, err := peft.NewBuiltinTranslator("llama")
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := mustAdapter(t, fixture("adapters", "mistral_lora"), peftc.WithTranslator(tr))
+	a := mustAdapter(t, fixture("adapters", "mistral_lora"), peft.WithTranslator(tr))
 	tr.Close() // the adapter shares the table
 	if a.Family() != "llama" {
 		t.Fatalf("family %q with an explicit llama table", a.Family())
 	}
-	closed, _ := peftc.NewBuiltinTranslator("llama")
+	closed, _ := peft.NewBuiltinTranslator("llama")
 	closed.Close()
-	_, err = peftc.OpenAdapter(fixture("adapters", "mistral_lora"), peftc.WithTranslator(closed))
+	_, err = peft.OpenAdapter(fixture("adapters", "mistral_lora"), peft.WithTranslator(closed))
 	wantClosed(t, err)
 }
 
 func TestAdapterModuleErrors(t *testing.T) {
 	a := mustAdapter(t, fixture("adapters", "llama_trainable_tokens"))
 	_, err := a.FindModule("model.nothing")
-	wantCode(t, err, peftc.CodeNotFound)
+	wantCode(t, err, peft.CodeNotFound)
 	_, err = a.Module(-1)
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
 	_, err = a.Module(a.ModuleCount())
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	wantCode(t, a.ReadTensorInto(0, 99, peftc.F32, make([]byte, 4)), peftc.CodeInvalidArgument)
-	wantCode(t, a.ReadTensorInto(-1, 0, peftc.F32, make([]byte, 4)), peftc.CodeInvalidArgument)
-	wantCode(t, a.ReadTensorInto(0, 0, peftc.F32, make([]byte, 3)), peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
+	wantCode(t, a.ReadTensorInto(0, 99, peft.F32, make([]byte, 4)), peft.CodeInvalidArgument)
+	wantCode(t, a.ReadTensorInto(-1, 0, peft.F32, make([]byte, 4)), peft.CodeInvalidArgument)
+	wantCode(t, a.ReadTensorInto(0, 0, peft.F32, make([]byte, 3)), peft.CodeInvalidArgument)
 	_, err = a.ReadTensorFloat32(0, 99)
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
 	modules, _ := a.Modules()
-	tokens := slices.IndexFunc(modules, func(m peftc.Module) bool { return m.Kind == peftc.LayerTrainableTokens })
+	tokens := slices.IndexFunc(modules, func(m peft.Module) bool { return m.Kind == peft.LayerTrainableTokens })
 	if tokens < 0 {
 		t.Fatal("no trainable-tokens module")
 	}
@@ -436,7 +436,7 @@ func TestAdapterModuleErrors(t *testing.T) {
 			t.Fatalf("token index %d is not in the config's %s", idx, raw)
 		}
 	}
-	if modules[tokens].Kind.String() != "TrainableTokens" || peftc.LayerKind(42).String() != "LayerKind(42)" {
+	if modules[tokens].Kind.String() != "TrainableTokens" || peft.LayerKind(42).String() != "LayerKind(42)" {
 		t.Fatal("LayerKind names")
 	}
 	f, err := a.ReadTensorFloat32(tokens, 0)

@@ -1,4 +1,4 @@
-package peftc
+package peft
 
 /*
 #include <stdint.h>

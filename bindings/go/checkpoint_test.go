@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // A fixture case as the generator recorded it from the reference reader (tests/fixtures/README.md).
@@ -39,16 +39,16 @@ type fixtureFolder struct {
 // The three ways of opening one file.
 var openModes = []struct {
 	name string
-	open func(path string) (*peftc.Checkpoint, error)
+	open func(path string) (*peft.Checkpoint, error)
 }{
-	{"mmap", func(p string) (*peftc.Checkpoint, error) { return peftc.Open(p) }},
-	{"pread", func(p string) (*peftc.Checkpoint, error) { return peftc.Open(p, peftc.WithPread(true)) }},
-	{"memory", func(p string) (*peftc.Checkpoint, error) {
+	{"mmap", func(p string) (*peft.Checkpoint, error) { return peft.Open(p) }},
+	{"pread", func(p string) (*peft.Checkpoint, error) { return peft.Open(p, peft.WithPread(true)) }},
+	{"memory", func(p string) (*peft.Checkpoint, error) {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			return nil, err
 		}
-		return peftc.OpenBytes(data)
+		return peft.OpenBytes(data)
 	}},
 }
 
@@ -80,7 +80,7 @@ func TestCheckpointMatchesReference(t *testing.T) {
 }
 
 // checkFile compares file `file` of a checkpoint with a fixture case.
-func checkFile(t *testing.T, c *peftc.Checkpoint, file int, want fixtureCase) {
+func checkFile(t *testing.T, c *peft.Checkpoint, file int, want fixtureCase) {
 	t.Helper()
 	meta, err := c.Metadata(file)
 	if err != nil {
@@ -98,7 +98,7 @@ func checkFile(t *testing.T, c *peftc.Checkpoint, file int, want fixtureCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var inFile []peftc.TensorInfo
+	var inFile []peft.TensorInfo
 	for _, info := range infos {
 		if info.File == file {
 			inFile = append(inFile, info)
@@ -142,15 +142,15 @@ func checkFile(t *testing.T, c *peftc.Checkpoint, file int, want fixtureCase) {
 }
 
 // checkValues compares ReadFloat64 with the reference's f64 values, where the conversion exists.
-func checkValues(t *testing.T, c *peftc.Checkpoint, index int, info peftc.TensorInfo, wt fixtureTensor) {
+func checkValues(t *testing.T, c *peft.Checkpoint, index int, info peft.TensorInfo, wt fixtureTensor) {
 	t.Helper()
 	got, err := c.ReadFloat64(index)
 	// The header promises these conversions; others are either done or ErrUnsupported.
-	promised := map[peftc.DType]bool{peftc.F64: true, peftc.F32: true, peftc.F16: true, peftc.BF16: true,
-		peftc.F8E4M3: true, peftc.F8E5M2: true, peftc.Bool: true, peftc.U8: true, peftc.I8: true,
-		peftc.I16: true, peftc.U16: true, peftc.I32: true, peftc.U32: true, peftc.I64: true, peftc.U64: true}
+	promised := map[peft.DType]bool{peft.F64: true, peft.F32: true, peft.F16: true, peft.BF16: true,
+		peft.F8E4M3: true, peft.F8E5M2: true, peft.Bool: true, peft.U8: true, peft.I8: true,
+		peft.I16: true, peft.U16: true, peft.I32: true, peft.U32: true, peft.I64: true, peft.U64: true}
 	if err != nil {
-		if promised[info.DType] || !errors.Is(err, peftc.ErrUnsupported) {
+		if promised[info.DType] || !errors.Is(err, peft.ErrUnsupported) {
 			t.Fatalf("ReadFloat64(%q) of %s: %v", wt.Name, info.DType, err)
 		}
 		return
@@ -172,8 +172,8 @@ func checkValues(t *testing.T, c *peftc.Checkpoint, index int, info peftc.Tensor
 		t.Fatal(err)
 	}
 	for i := range f32 {
-		if info.DType != peftc.F64 && info.DType != peftc.I64 && info.DType != peftc.U64 &&
-			info.DType != peftc.I32 && info.DType != peftc.U32 && !sameFloat(float64(f32[i]), got[i]) {
+		if info.DType != peft.F64 && info.DType != peft.I64 && info.DType != peft.U64 &&
+			info.DType != peft.I32 && info.DType != peft.U32 && !sameFloat(float64(f32[i]), got[i]) {
 			t.Fatalf("%q[%d]: float32 %v, float64 %v", wt.Name, i, f32[i], got[i])
 		}
 	}
@@ -211,7 +211,7 @@ func TestCheckpointFolders(t *testing.T) {
 			var want fixtureFolder
 			readJSON(t, fixture("safetensors", name+".json"), &want)
 			for _, pread := range []bool{false, true} {
-				c := mustOpen(t, fixture("safetensors", name), peftc.WithPread(pread))
+				c := mustOpen(t, fixture("safetensors", name), peft.WithPread(pread))
 				files, err := c.Files()
 				if err != nil {
 					t.Fatal(err)
@@ -265,7 +265,7 @@ func TestOpenBytesCopiesTheInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := peftc.OpenBytes(data)
+	c, err := peft.OpenBytes(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,22 +289,22 @@ func TestOpenBytesCopiesTheInput(t *testing.T) {
 
 func TestOpenErrors(t *testing.T) {
 	dir := t.TempDir()
-	_, err := peftc.Open(filepath.Join(dir, "absent.safetensors"))
-	wantCode(t, err, peftc.CodeIO)
+	_, err := peft.Open(filepath.Join(dir, "absent.safetensors"))
+	wantCode(t, err, peft.CodeIO)
 	if !strings.Contains(err.Error(), "absent.safetensors") {
 		t.Errorf("message does not name the file: %v", err)
 	}
-	_, err = peftc.Open(dir) // a folder without a checkpoint
-	var e *peftc.Error
-	if !errors.As(err, &e) || (e.Code != peftc.CodeInvalidCheckpoint && e.Code != peftc.CodeIO && e.Code != peftc.CodeNotFound) {
+	_, err = peft.Open(dir) // a folder without a checkpoint
+	var e *peft.Error
+	if !errors.As(err, &e) || (e.Code != peft.CodeInvalidCheckpoint && e.Code != peft.CodeIO && e.Code != peft.CodeNotFound) {
 		t.Fatalf("empty folder: %v", err)
 	}
-	_, err = peftc.Open("a\x00b")
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	_, err = peftc.OpenBytes(nil)
-	wantCode(t, err, peftc.CodeHeaderTooSmall)
-	_, err = peftc.OpenBytes([]byte{})
-	wantCode(t, err, peftc.CodeHeaderTooSmall)
+	_, err = peft.Open("a\x00b")
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.OpenBytes(nil)
+	wantCode(t, err, peft.CodeHeaderTooSmall)
+	_, err = peft.OpenBytes([]byte{})
+	wantCode(t, err, peft.CodeHeaderTooSmall)
 }
 
 func TestMaxHeaderSize(t *testing.T) {
@@ -314,52 +314,52 @@ func TestMaxHeaderSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := uint64(data[0]) | uint64(data[1])<<8 | uint64(data[2])<<16 | uint64(data[3])<<24
-	c, err := peftc.Open(path, peftc.WithMaxHeaderSize(n)) // exactly the cap is allowed
+	c, err := peft.Open(path, peft.WithMaxHeaderSize(n)) // exactly the cap is allowed
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
-	_, err = peftc.Open(path, peftc.WithMaxHeaderSize(n-1))
-	wantCode(t, err, peftc.CodeHeaderTooLarge)
-	_, err = peftc.OpenBytes(data, peftc.WithMaxHeaderSize(n-1))
-	wantCode(t, err, peftc.CodeHeaderTooLarge)
+	_, err = peft.Open(path, peft.WithMaxHeaderSize(n-1))
+	wantCode(t, err, peft.CodeHeaderTooLarge)
+	_, err = peft.OpenBytes(data, peft.WithMaxHeaderSize(n-1))
+	wantCode(t, err, peft.CodeHeaderTooLarge)
 }
 
 func TestCheckpointLookupErrors(t *testing.T) {
 	c := mustOpen(t, fixture("safetensors", "dtype_f32.safetensors"))
 	_, err := c.Find("absent")
-	wantCode(t, err, peftc.CodeNotFound)
+	wantCode(t, err, peft.CodeNotFound)
 	if !strings.Contains(err.Error(), "absent") {
 		t.Errorf("message does not name the tensor: %v", err)
 	}
 	_, err = c.Find("values\x00")
-	wantCode(t, err, peftc.CodeNotFound)
+	wantCode(t, err, peft.CodeNotFound)
 	for _, bad := range []int{-1, c.TensorCount(), 1 << 40} {
 		_, err = c.Tensor(bad)
-		wantCode(t, err, peftc.CodeInvalidArgument)
+		wantCode(t, err, peft.CodeInvalidArgument)
 		_, err = c.View(bad)
-		wantCode(t, err, peftc.CodeInvalidArgument)
-		wantCode(t, c.ReadInto(bad, peftc.F32, make([]byte, 4)), peftc.CodeInvalidArgument)
+		wantCode(t, err, peft.CodeInvalidArgument)
+		wantCode(t, c.ReadInto(bad, peft.F32, make([]byte, 4)), peft.CodeInvalidArgument)
 		_, err = c.ReadFloat32(bad)
-		wantCode(t, err, peftc.CodeInvalidArgument)
+		wantCode(t, err, peft.CodeInvalidArgument)
 	}
 	_, err = c.TensorByName("absent")
-	wantCode(t, err, peftc.CodeNotFound)
+	wantCode(t, err, peft.CodeNotFound)
 	_, err = c.Metadata(1)
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
 	_, err = c.Metadata(-1)
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
 	i, _ := c.Find("values")
 	// ReadInto checks the destination size.
-	wantCode(t, c.ReadInto(i, peftc.F32, make([]byte, 47)), peftc.CodeInvalidArgument)
-	wantCode(t, c.ReadInto(i, peftc.F32, nil), peftc.CodeInvalidArgument)
-	if err := c.ReadInto(i, peftc.F16, make([]byte, 24)); err != nil {
+	wantCode(t, c.ReadInto(i, peft.F32, make([]byte, 47)), peft.CodeInvalidArgument)
+	wantCode(t, c.ReadInto(i, peft.F32, nil), peft.CodeInvalidArgument)
+	if err := c.ReadInto(i, peft.F16, make([]byte, 24)); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, c.ReadInto(i, peftc.DType(99), make([]byte, 48)), peftc.CodeInvalidArgument)
-	_, err = c.Read(i, peftc.C64)
-	wantCode(t, err, peftc.CodeUnsupported)
-	got, err := c.Read(i, peftc.F32)
+	wantCode(t, c.ReadInto(i, peft.DType(99), make([]byte, 48)), peft.CodeInvalidArgument)
+	_, err = c.Read(i, peft.C64)
+	wantCode(t, err, peft.CodeUnsupported)
+	got, err := c.Read(i, peft.F32)
 	if err != nil {
 		t.Fatal(err)
 	}

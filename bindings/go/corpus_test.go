@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // corpusDir is the real-world corpus (adapters and checkpoints people published): $PEFT_CORPUS, or
@@ -47,7 +47,7 @@ func TestCorpusFiles(t *testing.T) {
 		return nil
 	})
 	for _, path := range files {
-		c, err := peftc.Open(path)
+		c, err := peft.Open(path)
 		if err != nil {
 			t.Errorf("%s: %v", path, err)
 			continue
@@ -77,7 +77,7 @@ func TestCorpusAdapters(t *testing.T) {
 		dir := filepath.Dir(cfg)
 		rel, _ := filepath.Rel(corpusDir(t), dir)
 		t.Run(rel, func(t *testing.T) {
-			a, err := peftc.OpenAdapter(dir)
+			a, err := peft.OpenAdapter(dir)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -112,13 +112,13 @@ func TestCorpusAdapters(t *testing.T) {
 	}
 }
 
-func mustRead(t *testing.T, a *peftc.Adapter, module, tensor int, dtype peftc.DType) []byte {
+func mustRead(t *testing.T, a *peft.Adapter, module, tensor int, dtype peft.DType) []byte {
 	t.Helper()
 	m, err := a.Module(module)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := peftc.TensorInfo{Shape: m.Tensors[tensor].Shape}.NumElements()
+	n := peft.TensorInfo{Shape: m.Tensors[tensor].Shape}.NumElements()
 	buf := make([]byte, int(n)*dtype.Bits()/8)
 	if err := a.ReadTensorInto(module, tensor, dtype, buf); err != nil {
 		t.Fatal(err)

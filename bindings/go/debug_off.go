@@ -1,6 +1,6 @@
 //go:build !debug
 
-package peftc
+package peft
 
 // debugGC makes calls collect garbage right after taking their C pointer (build tag "debug").
 const debugGC = false

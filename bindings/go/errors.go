@@ -1,4 +1,4 @@
-package peftc
+package peft
 
 /*
 #include <peft_c.h>
@@ -59,12 +59,12 @@ type Error struct {
 	cause   error  // what made the binding report it (context.Canceled for a cancelled merge), or nil
 }
 
-// Error formats the error as "peftc: CODE_NAME: message".
+// Error formats the error as "peft: CODE_NAME: message".
 func (e *Error) Error() string {
 	if e.Message == "" {
-		return "peftc: " + e.Code.String()
+		return "peft: " + e.Code.String()
 	}
-	return "peftc: " + e.Code.String() + ": " + e.Message
+	return "peft: " + e.Code.String() + ": " + e.Message
 }
 
 // Is reports whether target is a *Error with the same code and either an empty message (a sentinel)
@@ -108,10 +108,10 @@ var (
 // Errors of the binding itself (not codes of the library).
 var (
 	// ErrClosed is matched by the error of a call on a handle after Close.
-	ErrClosed = errors.New("peftc: use of a closed handle")
+	ErrClosed = errors.New("peft: use of a closed handle")
 	// ErrBusy is matched by the error of a call on a Writer, MergeRecord or HostModel while another
 	// call on it is running (they belong to one goroutine at a time).
-	ErrBusy = errors.New("peftc: handle is in use by another call")
+	ErrBusy = errors.New("peft: handle is in use by another call")
 )
 
 // sentinels maps each code to its sentinel (for tests and for ErrorForCode).
@@ -143,13 +143,13 @@ func takeError(err *C.peft_error) error {
 // closedError is the error of a call on a closed handle; it matches ErrClosed.
 type closedError struct{ what string }
 
-func (e closedError) Error() string   { return "peftc: use of a closed " + e.what }
+func (e closedError) Error() string   { return "peft: use of a closed " + e.what }
 func (e closedError) Is(t error) bool { return t == ErrClosed }
 
 // busyError is the error of a call on a one-goroutine handle that is in use; it matches ErrBusy.
 type busyError struct{ what string }
 
-func (e busyError) Error() string   { return "peftc: " + e.what + " is in use by another call" }
+func (e busyError) Error() string   { return "peft: " + e.what + " is in use by another call" }
 func (e busyError) Is(t error) bool { return t == ErrBusy }
 
 // argError is an INVALID_ARGUMENT error found by the binding before calling the library (for

@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // Every PEFT_ERR_* constant of the header has a Go code of the same value with a sentinel, and the
@@ -25,11 +25,11 @@ func TestErrorCodesMatchHeader(t *testing.T) {
 	}
 	for _, d := range defs {
 		value, _ := strconv.Atoi(d[2])
-		code := peftc.Code(value)
+		code := peft.Code(value)
 		if code.String() != d[1] {
 			t.Errorf("code %d: library name %q, header PEFT_ERR_%s", value, code.String(), d[1])
 		}
-		s := peftc.Sentinel(code)
+		s := peft.Sentinel(code)
 		if s == nil || s.Code != code {
 			t.Errorf("no sentinel for PEFT_ERR_%s", d[1])
 		}
@@ -37,48 +37,48 @@ func TestErrorCodesMatchHeader(t *testing.T) {
 			t.Errorf("IsFormat of %s is %v", d[1], code.IsFormat())
 		}
 	}
-	if peftc.CodeOK.String() != "OK" || peftc.Code(12345).String() != "UNKNOWN" {
-		t.Errorf("OK / unknown names: %q %q", peftc.CodeOK.String(), peftc.Code(12345).String())
+	if peft.CodeOK.String() != "OK" || peft.Code(12345).String() != "UNKNOWN" {
+		t.Errorf("OK / unknown names: %q %q", peft.CodeOK.String(), peft.Code(12345).String())
 	}
-	if peftc.Sentinel(peftc.CodeOK) != nil {
+	if peft.Sentinel(peft.CodeOK) != nil {
 		t.Error("CodeOK has a sentinel")
 	}
 }
 
 func TestErrorIsAndAs(t *testing.T) {
-	_, err := peftc.Open(fixture("malformed", "offset_gap.safetensors"))
-	if !errors.Is(err, peftc.ErrInvalidOffset) {
+	_, err := peft.Open(fixture("malformed", "offset_gap.safetensors"))
+	if !errors.Is(err, peft.ErrInvalidOffset) {
 		t.Fatalf("errors.Is(%v, ErrInvalidOffset) is false", err)
 	}
-	if errors.Is(err, peftc.ErrInvalidHeader) {
+	if errors.Is(err, peft.ErrInvalidHeader) {
 		t.Fatal("an INVALID_OFFSET error matches ErrInvalidHeader")
 	}
-	var e *peftc.Error
+	var e *peft.Error
 	if !errors.As(fmt.Errorf("wrapped: %w", err), &e) {
 		t.Fatal("errors.As through a wrapper failed")
 	}
-	if e.Code != peftc.CodeInvalidOffset || e.Message == "" || !e.Code.IsFormat() {
+	if e.Code != peft.CodeInvalidOffset || e.Message == "" || !e.Code.IsFormat() {
 		t.Fatalf("got %#v", e)
 	}
-	if want := "peftc: INVALID_OFFSET: " + e.Message; err.Error() != want {
+	if want := "peft: INVALID_OFFSET: " + e.Message; err.Error() != want {
 		t.Fatalf("Error() = %q, want %q", err.Error(), want)
 	}
 	// The same code with another message is not the same error; with the same message it is.
-	if errors.Is(err, &peftc.Error{Code: peftc.CodeInvalidOffset, Message: "other"}) {
+	if errors.Is(err, &peft.Error{Code: peft.CodeInvalidOffset, Message: "other"}) {
 		t.Fatal("matched a different message")
 	}
-	if !errors.Is(err, &peftc.Error{Code: peftc.CodeInvalidOffset, Message: e.Message}) {
+	if !errors.Is(err, &peft.Error{Code: peft.CodeInvalidOffset, Message: e.Message}) {
 		t.Fatal("did not match an equal error")
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, peftc.ErrClosed) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, peft.ErrClosed) {
 		t.Fatal("matched an unrelated error")
 	}
 }
 
 func TestErrorNamesTheFile(t *testing.T) {
 	path := fixture("malformed", "offset_gap.safetensors")
-	_, err := peftc.Open(path)
-	var e *peftc.Error
+	_, err := peft.Open(path)
+	var e *peft.Error
 	if !errors.As(err, &e) {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestErrorNamesTheFile(t *testing.T) {
 }
 
 func TestKernels(t *testing.T) {
-	got := peftc.Kernels()
+	got := peft.Kernels()
 	if got != "portable" && got != "avx2" && got != "avx512" {
 		t.Fatalf("kernel table %q", got)
 	}
@@ -98,17 +98,17 @@ func TestKernels(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
-	if err := peftc.CheckVersion(); err != nil {
+	if err := peft.CheckVersion(); err != nil {
 		t.Fatal(err)
 	}
-	if peftc.Version() != peftc.HeaderVersion {
-		t.Errorf("library %s, header %s", peftc.Version(), peftc.HeaderVersion)
+	if peft.Version() != peft.HeaderVersion {
+		t.Errorf("library %s, header %s", peft.Version(), peft.HeaderVersion)
 	}
-	if peftc.ABIVersion() != peftc.HeaderABIVersion {
-		t.Errorf("ABI %d vs %d", peftc.ABIVersion(), peftc.HeaderABIVersion)
+	if peft.ABIVersion() != peft.HeaderABIVersion {
+		t.Errorf("ABI %d vs %d", peft.ABIVersion(), peft.HeaderABIVersion)
 	}
-	want := fmt.Sprint(peftc.VersionNumber()/10000, ".", peftc.VersionNumber()/100%100, ".", peftc.VersionNumber()%100)
-	if peftc.Version() != want {
-		t.Errorf("Version %q, VersionNumber %d", peftc.Version(), peftc.VersionNumber())
+	want := fmt.Sprint(peft.VersionNumber()/10000, ".", peft.VersionNumber()/100%100, ".", peft.VersionNumber()%100)
+	if peft.Version() != want {
+		t.Errorf("Version %q, VersionNumber %d", peft.Version(), peft.VersionNumber())
 	}
 }

@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // Re-exporting the adapters PEFT wrote reproduces adapter_model.safetensors byte for byte, and the
@@ -47,7 +47,7 @@ func TestExportOptions(t *testing.T) {
 	a := mustAdapter(t, fixture("adapters", "llama_lora"))
 	dir := t.TempDir()
 	out := filepath.Join(dir, "bf16", "nested")
-	if err := a.Export(out, peftc.WithExportDType(peftc.BF16)); err != nil {
+	if err := a.Export(out, peft.WithExportDType(peft.BF16)); err != nil {
 		t.Fatal(err)
 	}
 	orig := mustOpen(t, fixture("adapters", "llama_lora", "adapter_model.safetensors"))
@@ -61,17 +61,17 @@ func TestExportOptions(t *testing.T) {
 		cinfo, _ := conv.Tensor(ci)
 		src, _ := orig.View(info.Index)
 		want := make([]byte, len(src)/2)
-		if err := peftc.Convert(want, peftc.BF16, src, peftc.F32); err != nil {
+		if err := peft.Convert(want, peft.BF16, src, peft.F32); err != nil {
 			t.Fatal(err)
 		}
 		got, _ := conv.View(ci)
-		if cinfo.DType != peftc.BF16 || !bytes.Equal(got, want) {
+		if cinfo.DType != peft.BF16 || !bytes.Equal(got, want) {
 			t.Fatalf("%q: %v, not the BF16 rounding of the original", info.Name, cinfo.DType)
 		}
 	}
 	// An older PEFT release: fields it does not know are left out.
 	old := filepath.Join(dir, "peft013")
-	if err := a.Export(old, peftc.WithPEFTVersion("0.13")); err != nil {
+	if err := a.Export(old, peft.WithPEFTVersion("0.13")); err != nil {
 		t.Fatal(err)
 	}
 	var full, reduced map[string]any
@@ -89,28 +89,28 @@ func TestExportOptions(t *testing.T) {
 			t.Fatalf("field %q changed: %v -> %v", k, fv, v)
 		}
 	}
-	if _, err := peftc.OpenAdapter(old); err != nil {
+	if _, err := peft.OpenAdapter(old); err != nil {
 		t.Fatal(err)
 	}
 	// A field whose value matters and that the release does not know.
 	bias := mustAdapter(t, fixture("adapters", "qwen2_lora_bias"))
-	err := bias.Export(filepath.Join(dir, "bias013"), peftc.WithPEFTVersion("0.13"))
-	wantCode(t, err, peftc.CodeUnsupported)
+	err := bias.Export(filepath.Join(dir, "bias013"), peft.WithPEFTVersion("0.13"))
+	wantCode(t, err, peft.CodeUnsupported)
 	if !strings.Contains(err.Error(), "lora_bias") {
 		t.Fatalf("the error does not name the field: %v", err)
 	}
-	wantCode(t, a.Export(filepath.Join(dir, "x"), peftc.WithPEFTVersion("0.5")), peftc.CodeUnsupported)
-	wantCode(t, a.Export(filepath.Join(dir, "y"), peftc.WithPEFTVersion("not a version")), peftc.CodeInvalidArgument)
-	wantCode(t, a.Export(filepath.Join(dir, "z"), peftc.WithExportDType(peftc.I8)), peftc.CodeInvalidArgument)
+	wantCode(t, a.Export(filepath.Join(dir, "x"), peft.WithPEFTVersion("0.5")), peft.CodeUnsupported)
+	wantCode(t, a.Export(filepath.Join(dir, "y"), peft.WithPEFTVersion("not a version")), peft.CodeInvalidArgument)
+	wantCode(t, a.Export(filepath.Join(dir, "z"), peft.WithExportDType(peft.I8)), peft.CodeInvalidArgument)
 	file := filepath.Join(dir, "a_file")
 	os.WriteFile(file, []byte("x"), 0o644)
 	// The header documents INVALID_ARGUMENT for a path that is not a folder; the library (at the
 	// time of writing) reports IO naming the path. Either is a clean failure.
-	if err := a.Export(file); !errors.Is(err, peftc.ErrInvalidArgument) && !errors.Is(err, peftc.ErrIO) {
+	if err := a.Export(file); !errors.Is(err, peft.ErrInvalidArgument) && !errors.Is(err, peft.ErrIO) {
 		t.Fatalf("export onto a file: %v", err)
 	}
-	wantCode(t, a.Export(""), peftc.CodeInvalidArgument)
-	wantCode(t, a.Export("bad\x00"), peftc.CodeInvalidArgument)
+	wantCode(t, a.Export(""), peft.CodeInvalidArgument)
+	wantCode(t, a.Export("bad\x00"), peft.CodeInvalidArgument)
 	for _, name := range []string{"x", "y", "z", "bias013"} {
 		if _, err := os.Stat(filepath.Join(dir, name, "adapter_config.json")); err == nil {
 			t.Fatalf("a failed export wrote %s", name)
@@ -131,41 +131,41 @@ func TestCombine(t *testing.T) {
 	a2 := mustAdapter(t, fixture("adapters", "llama_lora_second"))
 	dir := t.TempDir()
 	cat := filepath.Join(dir, "cat")
-	if err := peftc.Combine([]*peftc.Adapter{a1, a2}, []float64{1, -0.5}, peftc.CombineCat, cat); err != nil {
+	if err := peft.Combine([]*peft.Adapter{a1, a2}, []float64{1, -0.5}, peft.CombineCat, cat); err != nil {
 		t.Fatal(err)
 	}
 	c := mustAdapter(t, cat)
 	if c.R() != a1.R()+a2.R() || c.ModuleCount() != a1.ModuleCount() {
 		t.Fatalf("combined r=%d with %d modules", c.R(), c.ModuleCount())
 	}
-	compareDeltas(t, c, 1, []*peftc.Adapter{a1, a2}, []float64{1, -0.5})
+	compareDeltas(t, c, 1, []*peft.Adapter{a1, a2}, []float64{1, -0.5})
 
 	lin := filepath.Join(dir, "linear")
-	if err := peftc.Combine([]*peftc.Adapter{a2}, []float64{2}, peftc.CombineLinear, lin); err != nil {
+	if err := peft.Combine([]*peft.Adapter{a2}, []float64{2}, peft.CombineLinear, lin); err != nil {
 		t.Fatal(err)
 	}
-	compareDeltas(t, mustAdapter(t, lin), 1, []*peftc.Adapter{a2}, []float64{2})
-	if peftc.CombineCat.String() != "cat" || peftc.CombineLinear.String() != "linear" {
+	compareDeltas(t, mustAdapter(t, lin), 1, []*peft.Adapter{a2}, []float64{2})
+	if peft.CombineCat.String() != "cat" || peft.CombineLinear.String() != "linear" {
 		t.Fatal("method names")
 	}
 
 	dora := mustAdapter(t, fixture("adapters", "llama_dora"))
-	wantCode(t, peftc.Combine([]*peftc.Adapter{dora}, []float64{1}, peftc.CombineCat, filepath.Join(dir, "d")), peftc.CodeUnsupported)
-	wantCode(t, peftc.Combine(nil, nil, peftc.CombineCat, filepath.Join(dir, "e")), peftc.CodeInvalidArgument)
-	wantCode(t, peftc.Combine([]*peftc.Adapter{a1}, []float64{1, 2}, peftc.CombineCat, filepath.Join(dir, "f")), peftc.CodeInvalidArgument)
-	wantCode(t, peftc.Combine([]*peftc.Adapter{a1}, []float64{math.NaN()}, peftc.CombineCat, filepath.Join(dir, "g")), peftc.CodeInvalidArgument)
-	wantCode(t, peftc.Combine([]*peftc.Adapter{a1}, []float64{1}, peftc.CombineMethod(9), filepath.Join(dir, "h")), peftc.CodeInvalidArgument)
-	wantCode(t, peftc.Combine([]*peftc.Adapter{a1, nil}, []float64{1, 1}, peftc.CombineCat, filepath.Join(dir, "i")), peftc.CodeInvalidArgument)
+	wantCode(t, peft.Combine([]*peft.Adapter{dora}, []float64{1}, peft.CombineCat, filepath.Join(dir, "d")), peft.CodeUnsupported)
+	wantCode(t, peft.Combine(nil, nil, peft.CombineCat, filepath.Join(dir, "e")), peft.CodeInvalidArgument)
+	wantCode(t, peft.Combine([]*peft.Adapter{a1}, []float64{1, 2}, peft.CombineCat, filepath.Join(dir, "f")), peft.CodeInvalidArgument)
+	wantCode(t, peft.Combine([]*peft.Adapter{a1}, []float64{math.NaN()}, peft.CombineCat, filepath.Join(dir, "g")), peft.CodeInvalidArgument)
+	wantCode(t, peft.Combine([]*peft.Adapter{a1}, []float64{1}, peft.CombineMethod(9), filepath.Join(dir, "h")), peft.CodeInvalidArgument)
+	wantCode(t, peft.Combine([]*peft.Adapter{a1, nil}, []float64{1, 1}, peft.CombineCat, filepath.Join(dir, "i")), peft.CodeInvalidArgument)
 	rank8 := mustAdapter(t, fixture("adapters", "llama_rank_alpha_pattern"))
-	wantCode(t, peftc.Combine([]*peftc.Adapter{a1, rank8}, []float64{1, 1}, peftc.CombineLinear, filepath.Join(dir, "j")), peftc.CodeInvalidArgument)
-	closed, _ := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	wantCode(t, peft.Combine([]*peft.Adapter{a1, rank8}, []float64{1, 1}, peft.CombineLinear, filepath.Join(dir, "j")), peft.CodeInvalidArgument)
+	closed, _ := peft.OpenAdapter(fixture("adapters", "llama_lora"))
 	closed.Close()
-	wantClosed(t, peftc.Combine([]*peftc.Adapter{a1, closed}, []float64{1, 1}, peftc.CombineCat, filepath.Join(dir, "k")))
+	wantClosed(t, peft.Combine([]*peft.Adapter{a1, closed}, []float64{1, 1}, peft.CombineCat, filepath.Join(dir, "k")))
 }
 
 // compareDeltas checks that every module of the combined adapter has the weighted sum of the
 // sources' deltas (computed here in float64).
-func compareDeltas(t *testing.T, combined *peftc.Adapter, combinedWeight float64, sources []*peftc.Adapter, weights []float64) {
+func compareDeltas(t *testing.T, combined *peft.Adapter, combinedWeight float64, sources []*peft.Adapter, weights []float64) {
 	t.Helper()
 	modules, _ := combined.Modules()
 	for _, m := range modules {

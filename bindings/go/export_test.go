@@ -1,4 +1,4 @@
-package peftc
+package peft
 
 // LiveHandles is the number of C objects the binding owns and has not released (for tests).
 func LiveHandles() int64 { return liveHandles.Load() }

@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 // Files that change under open handles: a safetensors file truncated or rewritten in place after it
 // was opened gives CodeIO from every call that reads it (Checkpoint.Read and View,
@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 const changedElements = 1 << 14 // 64 KiB per tensor: a truncation removes whole pages
@@ -58,11 +58,11 @@ func age(t *testing.T, path string) {
 	}
 }
 
-// wantIO fails unless err is a *peftc.Error with CodeIO whose message contains needle.
+// wantIO fails unless err is a *peft.Error with CodeIO whose message contains needle.
 func wantIO(t *testing.T, what string, err error, needle string) {
 	t.Helper()
-	var e *peftc.Error
-	if !errors.As(err, &e) || e.Code != peftc.CodeIO || !strings.Contains(e.Message, needle) {
+	var e *peft.Error
+	if !errors.As(err, &e) || e.Code != peft.CodeIO || !strings.Contains(e.Message, needle) {
 		t.Errorf("%s: want IO naming %q, got %v", what, needle, err)
 	}
 }
@@ -75,7 +75,7 @@ func TestFileChangedUnderCheckpoint(t *testing.T) {
 
 			// Truncated between calls.
 			writePair(t, path, 0)
-			c := mustOpen(t, path, peftc.WithPread(pread))
+			c := mustOpen(t, path, peft.WithPread(pread))
 			if b, err := c.ReadFloat32(1); err != nil || b[7] != -7 {
 				t.Fatalf("read before truncation: %v", err)
 			}
@@ -85,7 +85,7 @@ func TestFileChangedUnderCheckpoint(t *testing.T) {
 			for index := 0; index < 2; index++ {
 				_, err := c.ReadFloat32(index)
 				wantIO(t, "ReadFloat32 after truncation", err, "truncated")
-				_, err = c.Read(index, peftc.BF16)
+				_, err = c.Read(index, peft.BF16)
 				wantIO(t, "Read(BF16) after truncation", err, "pair.safetensors")
 				_, err = c.View(index)
 				wantIO(t, "View after truncation", err, "truncated")
@@ -94,7 +94,7 @@ func TestFileChangedUnderCheckpoint(t *testing.T) {
 
 			// Rewritten in place with other values of the same size.
 			writePair(t, path, 0)
-			c = mustOpen(t, path, peftc.WithPread(pread))
+			c = mustOpen(t, path, peft.WithPread(pread))
 			writePair(t, path, 100)
 			if err := os.Chtimes(path, time.Now(), time.Now()); err != nil { // as any real write leaves it
 				t.Fatal(err)
@@ -128,7 +128,7 @@ func TestFileChangedUnderAdapterAndRegistry(t *testing.T) {
 	_, err := a.ReadTensorFloat32(0, 0)
 	wantIO(t, "ReadTensorFloat32 after truncation", err, "adapter_model.safetensors")
 
-	r, err := peftc.NewRegistry(peftc.F32, 1<<20)
+	r, err := peft.NewRegistry(peft.F32, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +169,8 @@ func TestMergeInputTruncatedWhileMerging(t *testing.T) {
 					}
 				}
 				out := filepath.Join(t.TempDir(), "merged")
-				_, err := peftc.MergeCheckpoint(context.Background(), base, out, peftc.WithAdapterDir(adapter, 1),
-					peftc.WithThreads(threads), peftc.WithProgress(progress))
+				_, err := peft.MergeCheckpoint(context.Background(), base, out, peft.WithAdapterDir(adapter, 1),
+					peft.WithThreads(threads), peft.WithProgress(progress))
 				wantIO(t, "MergeCheckpoint", err, filepath.Base(path))
 				if !truncated {
 					t.Error("the progress function never ran after the first tensor")

@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"encoding/json"
@@ -8,7 +8,7 @@ import (
 	"runtime"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // fixturesDir is the repository's tests/fixtures, relative to this module.
@@ -39,9 +39,9 @@ func readJSON(t testing.TB, path string, v any) {
 	}
 }
 
-func mustOpen(t testing.TB, path string, opts ...peftc.OpenOption) *peftc.Checkpoint {
+func mustOpen(t testing.TB, path string, opts ...peft.OpenOption) *peft.Checkpoint {
 	t.Helper()
-	c, err := peftc.Open(path, opts...)
+	c, err := peft.Open(path, opts...)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", path, err)
 	}
@@ -49,9 +49,9 @@ func mustOpen(t testing.TB, path string, opts ...peftc.OpenOption) *peftc.Checkp
 	return c
 }
 
-func mustAdapter(t testing.TB, dir string, opts ...peftc.AdapterOption) *peftc.Adapter {
+func mustAdapter(t testing.TB, dir string, opts ...peft.AdapterOption) *peft.Adapter {
 	t.Helper()
-	a, err := peftc.OpenAdapter(dir, opts...)
+	a, err := peft.OpenAdapter(dir, opts...)
 	if err != nil {
 		t.Fatalf("OpenAdapter(%s): %v", dir, err)
 	}
@@ -60,9 +60,9 @@ func mustAdapter(t testing.TB, dir string, opts ...peftc.AdapterOption) *peftc.A
 }
 
 // codeByName maps a code's name ("INVALID_OFFSET") to the code, as the library names them.
-func codeByName(t testing.TB, name string) peftc.Code {
+func codeByName(t testing.TB, name string) peft.Code {
 	t.Helper()
-	for c := peftc.Code(0); c < 100; c++ {
+	for c := peft.Code(0); c < 100; c++ {
 		if c.String() == name {
 			return c
 		}
@@ -71,17 +71,17 @@ func codeByName(t testing.TB, name string) peftc.Code {
 	return 0
 }
 
-// wantCode fails unless err is a *peftc.Error with this code, matched both ways.
-func wantCode(t testing.TB, err error, code peftc.Code) {
+// wantCode fails unless err is a *peft.Error with this code, matched both ways.
+func wantCode(t testing.TB, err error, code peft.Code) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("no error; want %v", code)
 	}
-	var e *peftc.Error
+	var e *peft.Error
 	if !errors.As(err, &e) || e.Code != code {
 		t.Fatalf("error %v; want code %v", err, code)
 	}
-	if !errors.Is(err, peftc.Sentinel(code)) {
+	if !errors.Is(err, peft.Sentinel(code)) {
 		t.Fatalf("errors.Is(%v, sentinel of %v) is false", err, code)
 	}
 }

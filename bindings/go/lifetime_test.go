@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"bytes"
@@ -12,28 +12,28 @@ import (
 	"sync"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // Every handle type is an io.Closer.
 var (
-	_ io.Closer = (*peftc.Checkpoint)(nil)
-	_ io.Closer = (*peftc.Writer)(nil)
-	_ io.Closer = (*peftc.Adapter)(nil)
-	_ io.Closer = (*peftc.Translator)(nil)
-	_ io.Closer = (*peftc.MergeRecord)(nil)
-	_ io.Writer = (*peftc.Writer)(nil)
+	_ io.Closer = (*peft.Checkpoint)(nil)
+	_ io.Closer = (*peft.Writer)(nil)
+	_ io.Closer = (*peft.Adapter)(nil)
+	_ io.Closer = (*peft.Translator)(nil)
+	_ io.Closer = (*peft.MergeRecord)(nil)
+	_ io.Writer = (*peft.Writer)(nil)
 )
 
 // waitForCleanups collects garbage until the number of live handles drops to want. Cleanups run on
 // a goroutine of the runtime after a collection, so this loops a bounded number of times.
 func waitForCleanups(t *testing.T, want int64) {
 	t.Helper()
-	for i := 0; i < 200 && peftc.LiveHandles() > want; i++ {
+	for i := 0; i < 200 && peft.LiveHandles() > want; i++ {
 		runtime.GC()
 		runtime.Gosched()
 	}
-	if got := peftc.LiveHandles(); got > want {
+	if got := peft.LiveHandles(); got > want {
 		t.Fatalf("%d handles alive, want %d", got, want)
 	}
 }
@@ -49,7 +49,7 @@ func settle() {
 
 // Calls after Close fail with ErrClosed (or give zero values), and Close is idempotent.
 func TestUseAfterClose(t *testing.T) {
-	c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	c, err := peft.Open(fixture("safetensors", "dtype_f32.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,14 +74,14 @@ func TestUseAfterClose(t *testing.T) {
 		t.Fatal("counts after Close")
 	}
 	var ce error
-	if _, ce = c.Files(); !errors.Is(ce, peftc.ErrClosed) {
+	if _, ce = c.Files(); !errors.Is(ce, peft.ErrClosed) {
 		t.Fatal(ce)
 	}
-	if errors.Is(ce, peftc.ErrBusy) || ce.Error() != "peftc: use of a closed Checkpoint" {
+	if errors.Is(ce, peft.ErrBusy) || ce.Error() != "peft: use of a closed Checkpoint" {
 		t.Fatalf("closed error %q", ce)
 	}
 
-	a, err := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	a, err := peft.OpenAdapter(fixture("adapters", "llama_lora"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,13 +93,13 @@ func TestUseAfterClose(t *testing.T) {
 	wantClosed(t, err)
 	wantClosed(t, a.Validate(fixture("models", "llama")))
 	wantClosed(t, a.Export(t.TempDir()))
-	_, err = a.MergeBuffer("model.layers.0.self_attn.q_proj", peftc.Float32Buffer(make([]float32, 256), 16, 16), nil)
+	_, err = a.MergeBuffer("model.layers.0.self_attn.q_proj", peft.Float32Buffer(make([]float32, 256), 16, 16), nil)
 	wantClosed(t, err)
 	if a.R() != 0 || a.ConfigJSON() != "" || a.ModuleCount() != 0 || a.Notes() != nil || a.UseDoRA() {
 		t.Fatal("getters after Close")
 	}
 
-	tr, err := peftc.NewBuiltinTranslator("llama")
+	tr, err := peft.NewBuiltinTranslator("llama")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,12 +113,12 @@ func TestUseAfterClose(t *testing.T) {
 		t.Fatal("Family after Close")
 	}
 
-	w, err := peftc.NewWriter(filepath.Join(t.TempDir(), "x.safetensors"))
+	w, err := peft.NewWriter(filepath.Join(t.TempDir(), "x.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.AddTensor("x", peftc.F32, 1)
-	src, _ := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	w.AddTensor("x", peft.F32, 1)
+	src, _ := peft.Open(fixture("safetensors", "dtype_f32.safetensors"))
 	src.Close()
 	wantClosed(t, w.WriteFromCheckpoint("x", src, 0))
 	w.Close()
@@ -126,8 +126,8 @@ func TestUseAfterClose(t *testing.T) {
 
 // Close on a nil handle does nothing, as peft_<type>_free(NULL) does.
 func TestNilClose(t *testing.T) {
-	for _, c := range []io.Closer{(*peftc.Checkpoint)(nil), (*peftc.Writer)(nil), (*peftc.Adapter)(nil),
-		(*peftc.Translator)(nil), (*peftc.MergeRecord)(nil)} {
+	for _, c := range []io.Closer{(*peft.Checkpoint)(nil), (*peft.Writer)(nil), (*peft.Adapter)(nil),
+		(*peft.Translator)(nil), (*peft.MergeRecord)(nil)} {
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +137,7 @@ func TestNilClose(t *testing.T) {
 // Children keep their parents alive: a translator from an adapter works after the adapter is
 // closed and collected.
 func TestChildOutlivesParent(t *testing.T) {
-	a, err := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	a, err := peft.OpenAdapter(fixture("adapters", "llama_lora"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,15 +155,15 @@ func TestChildOutlivesParent(t *testing.T) {
 		t.Fatalf("translator after its adapter was closed: %q %v", native, err)
 	}
 	// A merge record outlives its adapter too.
-	b, _ := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	b, _ := peft.OpenAdapter(fixture("adapters", "llama_lora"))
 	w := make([]float32, 16*16)
-	rec, err := b.MergeBuffer("model.layers.0.self_attn.q_proj", peftc.Float32Buffer(w, 16, 16), nil)
+	rec, err := b.MergeBuffer("model.layers.0.self_attn.q_proj", peft.Float32Buffer(w, 16, 16), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
 	runtime.GC()
-	if err := rec.Remove(peftc.Float32Buffer(w, 16, 16), nil); err != nil {
+	if err := rec.Remove(peft.Float32Buffer(w, 16, 16), nil); err != nil {
 		t.Fatal(err)
 	}
 	rec.Close()
@@ -172,40 +172,40 @@ func TestChildOutlivesParent(t *testing.T) {
 // Handles dropped without Close are released by the runtime cleanup; closed ones at once.
 func TestCleanupReleasesDroppedHandles(t *testing.T) {
 	settle()
-	before := peftc.LiveHandles()
+	before := peft.LiveHandles()
 	kept := []any{}
 	for i := 0; i < 10; i++ {
-		c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+		c, err := peft.Open(fixture("safetensors", "dtype_f32.safetensors"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+		a, err := peft.OpenAdapter(fixture("adapters", "llama_lora"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := peftc.NewBuiltinTranslator("gpt2")
+		tr, err := peft.NewBuiltinTranslator("gpt2")
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := peftc.NewWriter(filepath.Join(t.TempDir(), "w.safetensors"))
+		w, err := peft.NewWriter(filepath.Join(t.TempDir(), "w.safetensors"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		kept = append(kept, c, a, tr, w)
 	}
 	runtime.GC()
-	if peftc.LiveHandles() != before+40 {
-		t.Fatalf("live handles %d while 40 are reachable, want %d", peftc.LiveHandles(), before+40)
+	if peft.LiveHandles() != before+40 {
+		t.Fatalf("live handles %d while 40 are reachable, want %d", peft.LiveHandles(), before+40)
 	}
 	runtime.KeepAlive(kept)
 	kept = nil // dropped without Close
 	waitForCleanups(t, before)
-	c, _ := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
-	if peftc.LiveHandles() != before+1 {
+	c, _ := peft.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	if peft.LiveHandles() != before+1 {
 		t.Fatal("open did not count")
 	}
 	c.Close()
-	if peftc.LiveHandles() != before {
+	if peft.LiveHandles() != before {
 		t.Fatal("Close did not release at once")
 	}
 }
@@ -213,7 +213,7 @@ func TestCleanupReleasesDroppedHandles(t *testing.T) {
 // A view stays valid across collections while its checkpoint is reachable and open.
 func TestViewSurvivesGC(t *testing.T) {
 	for _, pread := range []bool{false, true} {
-		c, err := peftc.Open(fixture("safetensors", "all_dtypes.safetensors"), peftc.WithPread(pread))
+		c, err := peft.Open(fixture("safetensors", "all_dtypes.safetensors"), peft.WithPread(pread))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -310,8 +310,8 @@ func TestConcurrentReads(t *testing.T) {
 // and the C object is released once, after the last call returns.
 func TestCloseDuringCalls(t *testing.T) {
 	settle()
-	before := peftc.LiveHandles()
-	c, err := peftc.Open(fixture("safetensors", "dtype_f32.safetensors"))
+	before := peft.LiveHandles()
+	c, err := peft.Open(fixture("safetensors", "dtype_f32.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestCloseDuringCalls(t *testing.T) {
 			<-start
 			for i := 0; i < 500; i++ {
 				got, err := c.ReadFloat32(1)
-				if errors.Is(err, peftc.ErrClosed) {
+				if errors.Is(err, peft.ErrClosed) {
 					return
 				}
 				if err != nil || !slices.Equal(float32Bits(got), float32Bits(want)) {
@@ -344,8 +344,8 @@ func TestCloseDuringCalls(t *testing.T) {
 	for err := range failures {
 		t.Fatal(err)
 	}
-	if peftc.LiveHandles() != before {
-		t.Fatalf("live handles %d after Close and the last call, want %d", peftc.LiveHandles(), before)
+	if peft.LiveHandles() != before {
+		t.Fatalf("live handles %d after Close and the last call, want %d", peft.LiveHandles(), before)
 	}
 }
 

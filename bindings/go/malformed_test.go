@@ -1,11 +1,11 @@
-package peftc_test
+package peft_test
 
 import (
 	"errors"
 	"os"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // Every malformed fixture fails with the code tests/fixtures/malformed/expected.json gives (the
@@ -20,7 +20,7 @@ func TestMalformedFixtures(t *testing.T) {
 	if len(expected) < 50 {
 		t.Fatalf("only %d malformed cases", len(expected))
 	}
-	before := peftc.LiveHandles()
+	before := peft.LiveHandles()
 	for name, want := range expected {
 		code := codeByName(t, want.Code)
 		path := fixture("malformed", name)
@@ -34,8 +34,8 @@ func TestMalformedFixtures(t *testing.T) {
 				t.Errorf("%s (%s), %s: opened; want %s", name, want.Description, mode.name, want.Code)
 				continue
 			}
-			var e *peftc.Error
-			if !errors.As(err, &e) || e.Code != code || !errors.Is(err, peftc.Sentinel(code)) {
+			var e *peft.Error
+			if !errors.As(err, &e) || e.Code != code || !errors.Is(err, peft.Sentinel(code)) {
 				t.Errorf("%s (%s), %s: %v; want %s", name, want.Description, mode.name, err, want.Code)
 			}
 			if e != nil && e.Message == "" {
@@ -47,7 +47,7 @@ func TestMalformedFixtures(t *testing.T) {
 		}
 		gcPoint()
 	}
-	if after := peftc.LiveHandles(); after != before {
+	if after := peft.LiveHandles(); after != before {
 		t.Errorf("live handles %d -> %d", before, after)
 	}
 }

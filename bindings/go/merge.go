@@ -1,4 +1,4 @@
-package peftc
+package peft
 
 /*
 #include <stdint.h>
@@ -31,6 +31,9 @@ type mergeConfig struct {
 	maxShardSize uint64
 	threads      uint32
 	progress     func(done, total uint64)
+	// requireConfig and allowNonFinite hold the library's defaults unless an option changes them.
+	requireConfig  bool
+	allowNonFinite bool
 }
 
 // WithAdapter adds an opened adapter to merge, with a weight that multiplies its LoRA scaling (1.0
@@ -79,6 +82,19 @@ func WithProgress(report func(done, total uint64)) MergeOption {
 	return func(c *mergeConfig) { c.progress = report }
 }
 
+// WithRequireConfig says whether the base folder must have a usable config.json (the default: true,
+// as transformers cannot load a model folder without one; a merge without it fails with ErrNotFound
+// before writing anything). With false such a base is merged and the output has no config.json.
+func WithRequireConfig(require bool) MergeOption {
+	return func(c *mergeConfig) { c.requireConfig = require }
+}
+
+// WithAllowNonFinite says whether merged tensors holding an infinity or a NaN are written as computed
+// (by default, false, the merge fails with ErrNonFinite naming the first such tensor, nothing written).
+func WithAllowNonFinite(allow bool) MergeOption {
+	return func(c *mergeConfig) { c.allowNonFinite = allow }
+}
+
 // MergeResult is what a checkpoint merge did.
 type MergeResult struct {
 	Merged           uint64   // tensors changed by LoRA, DoRA, lora_B.bias or token rows
@@ -114,7 +130,7 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 	if err := ctx.Err(); err != nil {
 		return nil, &Error{Code: CodeCancelled, Message: "the merge was not started: " + err.Error(), cause: err}
 	}
-	cfg := mergeConfig{dtype: KeepDType}
+	cfg := mergeConfig{dtype: KeepDType, requireConfig: true}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -145,6 +161,12 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 		return nil, err
 	}
 	if err := takeError(C.peft_merge_options_set_threads(o, C.uint32_t(cfg.threads))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_require_config(o, boolInt(cfg.requireConfig))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_allow_nonfinite(o, boolInt(cfg.allowNonFinite))); err != nil {
 		return nil, err
 	}
 	state := &progressState{ctx: ctx, report: cfg.progress}

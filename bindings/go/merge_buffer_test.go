@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // The in-memory merge of one layer gives the bytes the checkpoint merge writes, and removing it
@@ -17,8 +17,8 @@ import (
 func TestMergeBufferMatchesCheckpointMerge(t *testing.T) {
 	base := fixture("models", "llama")
 	out := filepath.Join(t.TempDir(), "merged")
-	if _, err := peftc.MergeCheckpoint(context.Background(), base, out,
-		peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 0.5)); err != nil {
+	if _, err := peft.MergeCheckpoint(context.Background(), base, out,
+		peft.WithAdapterDir(fixture("adapters", "llama_lora"), 0.5)); err != nil {
 		t.Fatal(err)
 	}
 	a := mustAdapter(t, fixture("adapters", "llama_lora"))
@@ -29,8 +29,8 @@ func TestMergeBufferMatchesCheckpointMerge(t *testing.T) {
 		info, _ := baseCkpt.TensorByName(name)
 		w := readTensor32(t, baseCkpt, name)
 		original := slices.Clone(w)
-		rec, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, info.Shape...), nil,
-			peftc.WithWeight(0.5), peftc.WithKeepOriginalRows(true))
+		rec, err := a.MergeBuffer(m.Name, peft.Float32Buffer(w, info.Shape...), nil,
+			peft.WithWeight(0.5), peft.WithKeepOriginalRows(true))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,13 +43,13 @@ func TestMergeBufferMatchesCheckpointMerge(t *testing.T) {
 			t.Fatalf("record: %q active=%v saved=%d", rec.Module(), rec.Active(), rec.SavedBytes())
 		}
 		moved := slices.Clone(w) // the buffer may move between merge and removal
-		if err := rec.Remove(peftc.Float32Buffer(moved, info.Shape...), nil); err != nil {
+		if err := rec.Remove(peft.Float32Buffer(moved, info.Shape...), nil); err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(moved, original) || rec.Active() {
 			t.Fatalf("%s: removal did not restore the original", m.Name)
 		}
-		wantCode(t, rec.Remove(peftc.Float32Buffer(moved, info.Shape...), nil), peftc.CodeInvalidArgument) // spent
+		wantCode(t, rec.Remove(peft.Float32Buffer(moved, info.Shape...), nil), peft.CodeInvalidArgument) // spent
 		rec.Close()
 	}
 }
@@ -62,7 +62,7 @@ func TestMergeBufferArithmetic(t *testing.T) {
 	info, _ := base.TensorByName(name)
 	w := readTensor32(t, base, name)
 	original := slices.Clone(w)
-	rec, err := a.MergeBuffer("base_model.model."+name, peftc.Float32Buffer(w, info.Shape...), nil)
+	rec, err := a.MergeBuffer("base_model.model."+name, peft.Float32Buffer(w, info.Shape...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestMergeBufferArithmetic(t *testing.T) {
 	if rec.SavedBytes() != 0 {
 		t.Fatal("rows kept without the option")
 	}
-	if err := rec.Remove(peftc.Float32Buffer(w, info.Shape...), nil); err != nil {
+	if err := rec.Remove(peft.Float32Buffer(w, info.Shape...), nil); err != nil {
 		t.Fatal(err)
 	}
 	mod, _ := a.Module(mustFind(t, a, "model.layers.0.self_attn.q_proj"))
@@ -84,25 +84,25 @@ func TestMergeBufferArithmetic(t *testing.T) {
 	// BF16: the merge equals the F32 merge of the same (widened) values rounded once to BF16, to
 	// within one BF16 ulp where the F32 result itself sits next to a BF16 tie.
 	bf := make([]uint16, len(original))
-	if err := peftc.Convert(uint16Raw(bf), peftc.BF16, float32RawView(original), peftc.F32); err != nil {
+	if err := peft.Convert(uint16Raw(bf), peft.BF16, float32RawView(original), peft.F32); err != nil {
 		t.Fatal(err)
 	}
 	widened := make([]float32, len(bf))
-	if err := peftc.Convert(float32RawView(widened), peftc.F32, uint16Raw(bf), peftc.BF16); err != nil {
+	if err := peft.Convert(float32RawView(widened), peft.F32, uint16Raw(bf), peft.BF16); err != nil {
 		t.Fatal(err)
 	}
-	rec2, err := a.MergeBuffer(name, peftc.Uint16Buffer(bf, peftc.BF16, info.Shape...), nil)
+	rec2, err := a.MergeBuffer(name, peft.Uint16Buffer(bf, peft.BF16, info.Shape...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec2.Close() // closing the record leaves the merge in place
-	r3, err := a.MergeBuffer(name, peftc.Float32Buffer(widened, info.Shape...), nil)
+	r3, err := a.MergeBuffer(name, peft.Float32Buffer(widened, info.Shape...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r3.Close()
 	want := make([]uint16, len(bf))
-	if err := peftc.Convert(uint16Raw(want), peftc.BF16, float32RawView(widened), peftc.F32); err != nil {
+	if err := peft.Convert(uint16Raw(want), peft.BF16, float32RawView(widened), peft.F32); err != nil {
 		t.Fatal(err)
 	}
 	for i := range bf {
@@ -112,7 +112,7 @@ func TestMergeBufferArithmetic(t *testing.T) {
 	}
 }
 
-func mustFind(t *testing.T, a *peftc.Adapter, module string) int {
+func mustFind(t *testing.T, a *peft.Adapter, module string) int {
 	t.Helper()
 	i, err := a.FindModule(module)
 	if err != nil {
@@ -122,28 +122,28 @@ func mustFind(t *testing.T, a *peftc.Adapter, module string) int {
 }
 
 func uint16Raw(u []uint16) []byte {
-	return peftc.Uint16Buffer(u, peftc.BF16).Data
+	return peft.Uint16Buffer(u, peft.BF16).Data
 }
 
-func float32RawView(f []float32) []byte { return peftc.Float32Buffer(f).Data }
+func float32RawView(f []float32) []byte { return peft.Float32Buffer(f).Data }
 
 func TestMergeBufferErrors(t *testing.T) {
 	a := mustAdapter(t, fixture("adapters", "llama_lora"))
 	w := make([]float32, 16*16)
 	layer := "model.layers.0.self_attn.q_proj"
-	buf := peftc.Float32Buffer(w, 16, 16)
+	buf := peft.Float32Buffer(w, 16, 16)
 	_, err := a.MergeBuffer("model.layers.0.nothing", buf, nil)
-	wantCode(t, err, peftc.CodeNotFound)
-	_, err = a.MergeBuffer(layer, peftc.Float32Buffer(w, 16, 8), nil) // Data longer than the shape
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	_, err = a.MergeBuffer(layer, peftc.Float32Buffer(w[:8*16], 8, 16), nil) // a shape that does not fit
-	wantCode(t, err, peftc.CodeShapeMismatch)
-	_, err = a.MergeBuffer(layer, peftc.Buffer{Data: make([]byte, 256*8), DType: peftc.F64, Shape: []uint64{16, 16}}, nil)
-	wantCode(t, err, peftc.CodeUnsupported)
-	_, err = a.MergeBuffer(layer, buf, nil, peftc.WithWeight(math.NaN()))
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	_, err = a.MergeBuffer(layer, peftc.Float32Buffer(w, 1<<40, 1<<40), nil)
-	wantCode(t, err, peftc.CodeValidationOverflow)
+	wantCode(t, err, peft.CodeNotFound)
+	_, err = a.MergeBuffer(layer, peft.Float32Buffer(w, 16, 8), nil) // Data longer than the shape
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = a.MergeBuffer(layer, peft.Float32Buffer(w[:8*16], 8, 16), nil) // a shape that does not fit
+	wantCode(t, err, peft.CodeShapeMismatch)
+	_, err = a.MergeBuffer(layer, peft.Buffer{Data: make([]byte, 256*8), DType: peft.F64, Shape: []uint64{16, 16}}, nil)
+	wantCode(t, err, peft.CodeUnsupported)
+	_, err = a.MergeBuffer(layer, buf, nil, peft.WithWeight(math.NaN()))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = a.MergeBuffer(layer, peft.Float32Buffer(w, 1<<40, 1<<40), nil)
+	wantCode(t, err, peft.CodeValidationOverflow)
 	if slices.ContainsFunc(w, func(f float32) bool { return f != 0 }) {
 		t.Fatal("a failed merge changed the buffer")
 	}
@@ -151,7 +151,7 @@ func TestMergeBufferErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, rec.Remove(peftc.Float32Buffer(w[:128], 8, 16), nil), peftc.CodeInvalidArgument) // another shape
+	wantCode(t, rec.Remove(peft.Float32Buffer(w[:128], 8, 16), nil), peft.CodeInvalidArgument) // another shape
 	rec.Close()
 	wantClosed(t, rec.Remove(buf, nil))
 	if rec.Module() != "" || rec.Active() || rec.SavedBytes() != 0 {
@@ -164,9 +164,9 @@ func TestMergeBufferErrors(t *testing.T) {
 func TestMergeBufferLoraBias(t *testing.T) {
 	baseDir := fixture("models", "qwen2")
 	base := mustOpen(t, baseDir)
-	a := mustAdapter(t, fixture("adapters", "qwen2_lora_bias"), peftc.WithBaseDir(baseDir))
+	a := mustAdapter(t, fixture("adapters", "qwen2_lora_bias"), peft.WithBaseDir(baseDir))
 	modules, _ := a.Modules()
-	mi := slices.IndexFunc(modules, func(m peftc.Module) bool { return m.Tensor("lora_B.bias") >= 0 })
+	mi := slices.IndexFunc(modules, func(m peft.Module) bool { return m.Tensor("lora_B.bias") >= 0 })
 	if mi < 0 {
 		t.Fatal("no module with lora_B.bias")
 	}
@@ -177,13 +177,13 @@ func TestMergeBufferLoraBias(t *testing.T) {
 	w := readTensor32(t, base, weightName)
 	b := readTensor32(t, base, biasName)
 	origB := slices.Clone(b)
-	_, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, winfo.Shape...), nil)
-	wantCode(t, err, peftc.CodeInvalidArgument) // the bias is needed
-	short := peftc.Float32Buffer(b[:len(b)-1], uint64(len(b)-1))
-	_, err = a.MergeBuffer(m.Name, peftc.Float32Buffer(w, winfo.Shape...), &short)
-	wantCode(t, err, peftc.CodeShapeMismatch)
-	bias := peftc.Float32Buffer(b, uint64(len(b)))
-	rec, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, winfo.Shape...), &bias)
+	_, err := a.MergeBuffer(m.Name, peft.Float32Buffer(w, winfo.Shape...), nil)
+	wantCode(t, err, peft.CodeInvalidArgument) // the bias is needed
+	short := peft.Float32Buffer(b[:len(b)-1], uint64(len(b)-1))
+	_, err = a.MergeBuffer(m.Name, peft.Float32Buffer(w, winfo.Shape...), &short)
+	wantCode(t, err, peft.CodeShapeMismatch)
+	bias := peft.Float32Buffer(b, uint64(len(b)))
+	rec, err := a.MergeBuffer(m.Name, peft.Float32Buffer(w, winfo.Shape...), &bias)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,13 +200,13 @@ func TestMergeBufferLoraBias(t *testing.T) {
 	}
 	// The checkpoint merge writes the same bias.
 	out := filepath.Join(t.TempDir(), "merged")
-	if _, err := peftc.MergeCheckpoint(context.Background(), baseDir, out, peftc.WithAdapter(a, 1)); err != nil {
+	if _, err := peft.MergeCheckpoint(context.Background(), baseDir, out, peft.WithAdapter(a, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if got := readTensor32(t, mustOpen(t, out), biasName); !slices.Equal(got, b) {
 		t.Fatalf("checkpoint merge bias %v, buffer merge %v", got, b)
 	}
-	if err := rec.Remove(peftc.Float32Buffer(w, winfo.Shape...), &bias); err != nil {
+	if err := rec.Remove(peft.Float32Buffer(w, winfo.Shape...), &bias); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -228,12 +228,12 @@ func TestMergeBufferNativeNames(t *testing.T) {
 	info, _ := base.TensorByName(name)
 	w1 := readTensor32(t, base, name)
 	w2 := slices.Clone(w1)
-	r1, err := a.MergeBuffer(native, peftc.Float32Buffer(w1, info.Shape...), nil, peftc.WithNativeNames(tr))
+	r1, err := a.MergeBuffer(native, peft.Float32Buffer(w1, info.Shape...), nil, peft.WithNativeNames(tr))
 	if err != nil {
 		t.Fatalf("merge by native name %q: %v", native, err)
 	}
 	r1.Close()
-	r2, err := a.MergeBuffer(name, peftc.Float32Buffer(w2, info.Shape...), nil)
+	r2, err := a.MergeBuffer(name, peft.Float32Buffer(w2, info.Shape...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,8 +241,8 @@ func TestMergeBufferNativeNames(t *testing.T) {
 	if !slices.Equal(w1, w2) {
 		t.Fatal("native and HF names merged differently")
 	}
-	_, err = a.MergeBuffer("no/such/layer", peftc.Float32Buffer(w1, info.Shape...), nil, peftc.WithNativeNames(tr))
-	wantCode(t, err, peftc.CodeUnresolvedKey)
+	_, err = a.MergeBuffer("no/such/layer", peft.Float32Buffer(w1, info.Shape...), nil, peft.WithNativeNames(tr))
+	wantCode(t, err, peft.CodeUnresolvedKey)
 }
 
 // Merges into different buffers with the same adapter, from many goroutines at once.
@@ -255,7 +255,7 @@ func TestMergeBufferConcurrent(t *testing.T) {
 		name := m.Tensors[0].BaseName
 		info, _ := base.TensorByName(name)
 		w := readTensor32(t, base, name)
-		r, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, info.Shape...), nil, peftc.WithBufferThreads(1))
+		r, err := a.MergeBuffer(m.Name, peft.Float32Buffer(w, info.Shape...), nil, peft.WithBufferThreads(1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -280,7 +280,7 @@ func TestMergeBufferConcurrent(t *testing.T) {
 					errs <- err
 					return
 				}
-				r, err := a.MergeBuffer(m.Name, peftc.Float32Buffer(w, info.Shape...), nil)
+				r, err := a.MergeBuffer(m.Name, peft.Float32Buffer(w, info.Shape...), nil)
 				if err != nil {
 					errs <- err
 					return

@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"bytes"
@@ -11,17 +11,17 @@ import (
 	"slices"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // loraDelta computes weight * scaling * B @ A in float64 for a Linear module ([out, r] @ [r, in])
 // from the adapter's own tensors, an independent check of the library's merge, together with the
 // magnitude weight * scaling * sum |B_ok A_ki| of each element's terms (which bounds the rounding
 // error of a float32 computation).
-func loraDelta(t *testing.T, a *peftc.Adapter, mod peftc.Module, weight float64) (delta, magnitude []float64) {
+func loraDelta(t *testing.T, a *peft.Adapter, mod peft.Module, weight float64) (delta, magnitude []float64) {
 	t.Helper()
 	ai, bi := mod.Tensor("lora_A.weight"), mod.Tensor("lora_B.weight")
-	if mod.Kind != peftc.LayerLinear || ai < 0 || bi < 0 {
+	if mod.Kind != peft.LayerLinear || ai < 0 || bi < 0 {
 		t.Fatalf("module %s is not a plain Linear LoRA layer", mod.Name)
 	}
 	A, err := a.ReadTensorFloat32(mod.Index, ai)
@@ -55,7 +55,7 @@ func closeTo(got float32, want, magnitude float64) bool {
 	return math.Abs(float64(got)-want) <= 8*0x1p-24*magnitude
 }
 
-func readTensor32(t *testing.T, c *peftc.Checkpoint, name string) []float32 {
+func readTensor32(t *testing.T, c *peft.Checkpoint, name string) []float32 {
 	t.Helper()
 	i, err := c.Find(name)
 	if err != nil {
@@ -76,8 +76,8 @@ func TestMergeCheckpoint(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "merged")
 	var calls []uint64
 	var total uint64
-	res, err := peftc.MergeCheckpoint(context.Background(), base, out, peftc.WithAdapterDir(adapterDir, 1),
-		peftc.WithProgress(func(done, tot uint64) {
+	res, err := peft.MergeCheckpoint(context.Background(), base, out, peft.WithAdapterDir(adapterDir, 1),
+		peft.WithProgress(func(done, tot uint64) {
 			calls = append(calls, done)
 			total = tot
 			gcPoint()
@@ -85,7 +85,7 @@ func TestMergeCheckpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := mustAdapter(t, adapterDir, peftc.WithBaseDir(base))
+	a := mustAdapter(t, adapterDir, peft.WithBaseDir(base))
 	baseCkpt := mustOpen(t, base)
 	merged := mustOpen(t, out)
 	if res.Merged != uint64(a.ModuleCount()) || res.Replaced != 0 || res.Added != 0 ||
@@ -103,11 +103,11 @@ func TestMergeCheckpoint(t *testing.T) {
 		!slices.IsSorted(calls) {
 		t.Fatalf("progress %v of %d, result bytes %d", calls, total, res.Bytes)
 	}
-	checkMerged(t, baseCkpt, merged, []*peftc.Adapter{a}, []float64{1})
+	checkMerged(t, baseCkpt, merged, []*peft.Adapter{a}, []float64{1})
 }
 
 // checkMerged compares a merged checkpoint with base + the weighted deltas of the adapters.
-func checkMerged(t *testing.T, baseCkpt, merged *peftc.Checkpoint, adapters []*peftc.Adapter, weights []float64) {
+func checkMerged(t *testing.T, baseCkpt, merged *peft.Checkpoint, adapters []*peft.Adapter, weights []float64) {
 	t.Helper()
 	deltas, magnitudes := map[string][]float64{}, map[string][]float64{}
 	for ai, a := range adapters {
@@ -167,12 +167,12 @@ func TestMergeWeightedAdapters(t *testing.T) {
 	a1 := mustAdapter(t, fixture("adapters", "llama_lora"))
 	a2 := mustAdapter(t, fixture("adapters", "llama_lora_second"))
 	out := filepath.Join(t.TempDir(), "merged")
-	_, err := peftc.MergeCheckpoint(context.Background(), base, out,
-		peftc.WithAdapter(a1, 0.75), peftc.WithAdapter(a2, -0.5), peftc.WithThreads(1))
+	_, err := peft.MergeCheckpoint(context.Background(), base, out,
+		peft.WithAdapter(a1, 0.75), peft.WithAdapter(a2, -0.5), peft.WithThreads(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMerged(t, mustOpen(t, base), mustOpen(t, out), []*peftc.Adapter{a1, a2}, []float64{0.75, -0.5})
+	checkMerged(t, mustOpen(t, base), mustOpen(t, out), []*peft.Adapter{a1, a2}, []float64{0.75, -0.5})
 }
 
 // Output dtype and resharding: the tensors come out in BF16, split into shards with an index, and
@@ -182,11 +182,11 @@ func TestMergeDTypeAndShards(t *testing.T) {
 	dir := t.TempDir()
 	f32Out, bf16Out := filepath.Join(dir, "f32"), filepath.Join(dir, "bf16")
 	ctx := context.Background()
-	if _, err := peftc.MergeCheckpoint(ctx, base, f32Out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1)); err != nil {
+	if _, err := peft.MergeCheckpoint(ctx, base, f32Out, peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1)); err != nil {
 		t.Fatal(err)
 	}
-	res, err := peftc.MergeCheckpoint(ctx, base, bf16Out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
-		peftc.WithMergeDType(peftc.BF16), peftc.WithMaxShardSize(4096))
+	res, err := peft.MergeCheckpoint(ctx, base, bf16Out, peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peft.WithMergeDType(peft.BF16), peft.WithMaxShardSize(4096))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,12 +209,12 @@ func TestMergeDTypeAndShards(t *testing.T) {
 			t.Fatal(err)
 		}
 		binfo, _ := bf16c.Tensor(bi)
-		if binfo.DType != peftc.BF16 {
+		if binfo.DType != peft.BF16 {
 			t.Fatalf("%q is %v", info.Name, binfo.DType)
 		}
 		f32view, _ := f32c.View(info.Index)
 		want := make([]byte, len(f32view)/2)
-		if err := peftc.Convert(want, peftc.BF16, f32view, peftc.F32); err != nil {
+		if err := peft.Convert(want, peft.BF16, f32view, peft.F32); err != nil {
 			t.Fatal(err)
 		}
 		got, _ := bf16c.View(bi)
@@ -238,13 +238,13 @@ func TestMergeCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	calls := 0
-	_, err := peftc.MergeCheckpoint(ctx, base, out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
-		peftc.WithProgress(func(done, total uint64) {
+	_, err := peft.MergeCheckpoint(ctx, base, out, peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peft.WithProgress(func(done, total uint64) {
 			if calls++; calls == 2 {
 				cancel()
 			}
 		}))
-	wantCode(t, err, peftc.CodeCancelled)
+	wantCode(t, err, peft.CodeCancelled)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("%v does not match context.Canceled", err)
 	}
@@ -254,8 +254,8 @@ func TestMergeCancel(t *testing.T) {
 	// A context that is already done does not start the merge.
 	dead, cancel2 := context.WithTimeout(context.Background(), -1)
 	defer cancel2()
-	_, err = peftc.MergeCheckpoint(dead, base, out, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
-	if !errors.Is(err, peftc.ErrCancelled) || !errors.Is(err, context.DeadlineExceeded) {
+	_, err = peft.MergeCheckpoint(dead, base, out, peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	if !errors.Is(err, peft.ErrCancelled) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("dead context: %v", err)
 	}
 	// An existing output folder keeps its content after a cancelled merge.
@@ -263,14 +263,14 @@ func TestMergeCancel(t *testing.T) {
 	os.MkdirAll(keep, 0o755)
 	os.WriteFile(filepath.Join(keep, "model.safetensors"), []byte("old"), 0o644)
 	ctx3, cancel3 := context.WithCancel(context.Background())
-	_, err = peftc.MergeCheckpoint(ctx3, base, keep, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
-		peftc.WithProgress(func(done, total uint64) {
+	_, err = peft.MergeCheckpoint(ctx3, base, keep, peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peft.WithProgress(func(done, total uint64) {
 			if done > 0 {
 				cancel3()
 			}
 		}))
 	cancel3()
-	wantCode(t, err, peftc.CodeCancelled)
+	wantCode(t, err, peft.CodeCancelled)
 	entries, _ := os.ReadDir(keep)
 	if data, _ := os.ReadFile(filepath.Join(keep, "model.safetensors")); string(data) != "old" || len(entries) != 1 {
 		t.Fatalf("the output folder changed: %d entries", len(entries))
@@ -288,9 +288,9 @@ func TestMergeProgressPanic(t *testing.T) {
 			t.Fatal("output left behind")
 		}
 	}()
-	peftc.MergeCheckpoint(context.Background(), fixture("models", "llama"), out,
-		peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
-		peftc.WithProgress(func(done, total uint64) { panic("progress failed") }))
+	peft.MergeCheckpoint(context.Background(), fixture("models", "llama"), out,
+		peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peft.WithProgress(func(done, total uint64) { panic("progress failed") }))
 	t.Fatal("the panic was swallowed")
 }
 
@@ -298,33 +298,99 @@ func TestMergeErrors(t *testing.T) {
 	ctx := context.Background()
 	base := fixture("models", "llama")
 	dir := t.TempDir()
-	_, err := peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "a"))
-	wantCode(t, err, peftc.CodeInvalidArgument) // no adapters
-	_, err = peftc.MergeCheckpoint(ctx, base, base, peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
-	wantCode(t, err, peftc.CodeInvalidArgument) // out = base
-	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "b"), peftc.WithAdapterDir(fixture("adapters", "gpt2_lora"), 1))
-	var e *peftc.Error
-	if !errors.As(err, &e) || (e.Code != peftc.CodeUnresolvedKey && e.Code != peftc.CodeShapeMismatch) {
+	_, err := peft.MergeCheckpoint(ctx, base, filepath.Join(dir, "a"))
+	wantCode(t, err, peft.CodeInvalidArgument) // no adapters
+	_, err = peft.MergeCheckpoint(ctx, base, base, peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	wantCode(t, err, peft.CodeInvalidArgument) // out = base
+	_, err = peft.MergeCheckpoint(ctx, base, filepath.Join(dir, "b"), peft.WithAdapterDir(fixture("adapters", "gpt2_lora"), 1))
+	var e *peft.Error
+	if !errors.As(err, &e) || (e.Code != peft.CodeUnresolvedKey && e.Code != peft.CodeShapeMismatch) {
 		t.Fatalf("gpt2 adapter on llama: %v", err)
 	}
-	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "c"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), math.Inf(1)))
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "d"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
-		peftc.WithMergeDType(peftc.I32))
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	_, err = peftc.MergeCheckpoint(ctx, filepath.Join(dir, "absent"), filepath.Join(dir, "e"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	_, err = peft.MergeCheckpoint(ctx, base, filepath.Join(dir, "c"), peft.WithAdapterDir(fixture("adapters", "llama_lora"), math.Inf(1)))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.MergeCheckpoint(ctx, base, filepath.Join(dir, "d"), peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1),
+		peft.WithMergeDType(peft.I32))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.MergeCheckpoint(ctx, filepath.Join(dir, "absent"), filepath.Join(dir, "e"), peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
 	if err == nil {
 		t.Fatal("merged a missing base")
 	}
-	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "f\x00"), peftc.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	a, _ := peftc.OpenAdapter(fixture("adapters", "llama_lora"))
+	_, err = peft.MergeCheckpoint(ctx, base, filepath.Join(dir, "f\x00"), peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	a, _ := peft.OpenAdapter(fixture("adapters", "llama_lora"))
 	a.Close()
-	_, err = peftc.MergeCheckpoint(ctx, base, filepath.Join(dir, "g"), peftc.WithAdapter(a, 1))
+	_, err = peft.MergeCheckpoint(ctx, base, filepath.Join(dir, "g"), peft.WithAdapter(a, 1))
 	wantClosed(t, err)
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 0 {
 		t.Fatalf("failed merges left %d entries", len(entries))
+	}
+}
+
+// A base folder without config.json is refused unless WithRequireConfig(false) says it is not needed.
+func TestMergeRequireConfig(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base")
+	model, err := os.ReadFile(fixture("models", "llama", "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "model.safetensors"), model, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	adapter := peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1)
+	_, err = peft.MergeCheckpoint(ctx, base, out, adapter)
+	wantCode(t, err, peft.CodeNotFound)
+	if _, statErr := os.Stat(out); !os.IsNotExist(statErr) {
+		t.Fatal("a refused merge wrote its output folder")
+	}
+	res, err := peft.MergeCheckpoint(ctx, base, out, adapter, peft.WithRequireConfig(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(res.Files, "config.json") {
+		t.Fatalf("files written: %v", res.Files)
+	}
+	if _, err := os.Stat(filepath.Join(out, "config.json")); !os.IsNotExist(err) {
+		t.Fatal("the merge wrote a config.json the base does not have")
+	}
+}
+
+// lora_alpha 4e12 overflows F16: refused by default, written as computed with WithAllowNonFinite(true).
+func TestMergeAllowNonFinite(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	adapter := filepath.Join(dir, "adapter")
+	if err := os.Mkdir(adapter, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var config map[string]any
+	readJSON(t, fixture("adapters", "llama_lora", "adapter_config.json"), &config)
+	config["lora_alpha"] = 4e12
+	text, _ := json.Marshal(config)
+	weights, err := os.ReadFile(fixture("adapters", "llama_lora", "adapter_model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.WriteFile(filepath.Join(adapter, "adapter_config.json"), text, 0o644) != nil ||
+		os.WriteFile(filepath.Join(adapter, "adapter_model.safetensors"), weights, 0o644) != nil {
+		t.Fatal("cannot write the adapter")
+	}
+	base, out := fixture("models", "llama"), filepath.Join(dir, "out")
+	opts := []peft.MergeOption{peft.WithAdapterDir(adapter, 1), peft.WithMergeDType(peft.F16)}
+	_, err = peft.MergeCheckpoint(ctx, base, out, opts...)
+	wantCode(t, err, peft.CodeNonFinite)
+	if _, err := peft.MergeCheckpoint(ctx, base, out, append(opts, peft.WithAllowNonFinite(true))...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "model.safetensors")); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -336,8 +402,8 @@ func TestMergeEmbeddingUntie(t *testing.T) {
 	}
 	readJSON(t, fixture("models", "MANIFEST.json"), &models)
 	out := filepath.Join(t.TempDir(), "merged")
-	res, err := peftc.MergeCheckpoint(context.Background(), fixture("models", "llama"), out,
-		peftc.WithAdapterDir(fixture("adapters", "llama_embedding"), 1))
+	res, err := peft.MergeCheckpoint(context.Background(), fixture("models", "llama"), out,
+		peft.WithAdapterDir(fixture("adapters", "llama_embedding"), 1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"context"
@@ -15,18 +15,18 @@ import (
 	"sync"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 var (
-	_ io.Closer = (*peftc.Registry)(nil)
-	_ io.Closer = (*peftc.Lease)(nil)
-	_ io.Closer = (*peftc.HostModel)(nil)
+	_ io.Closer = (*peft.Registry)(nil)
+	_ io.Closer = (*peft.Lease)(nil)
+	_ io.Closer = (*peft.HostModel)(nil)
 )
 
-func mustRegistry(t testing.TB, storage peftc.DType, budget uint64, opts ...peftc.RegistryOption) *peftc.Registry {
+func mustRegistry(t testing.TB, storage peft.DType, budget uint64, opts ...peft.RegistryOption) *peft.Registry {
 	t.Helper()
-	r, err := peftc.NewRegistry(storage, budget, opts...)
+	r, err := peft.NewRegistry(storage, budget, opts...)
 	if err != nil {
 		t.Fatalf("NewRegistry(%v, %d): %v", storage, budget, err)
 	}
@@ -34,14 +34,14 @@ func mustRegistry(t testing.TB, storage peftc.DType, budget uint64, opts ...peft
 	return r
 }
 
-func mustRegister(t testing.TB, r *peftc.Registry, name, dir string) {
+func mustRegister(t testing.TB, r *peft.Registry, name, dir string) {
 	t.Helper()
 	if err := r.Register(name, dir); err != nil {
 		t.Fatalf("Register(%q, %s): %v", name, dir, err)
 	}
 }
 
-func mustAcquire(t testing.TB, r *peftc.Registry, name string) *peftc.Lease {
+func mustAcquire(t testing.TB, r *peft.Registry, name string) *peft.Lease {
 	t.Helper()
 	l, err := r.Acquire(name)
 	if err != nil {
@@ -51,7 +51,7 @@ func mustAcquire(t testing.TB, r *peftc.Registry, name string) *peftc.Lease {
 	return l
 }
 
-func mustStats(t testing.TB, r *peftc.Registry) peftc.RegistryStats {
+func mustStats(t testing.TB, r *peft.Registry) peft.RegistryStats {
 	t.Helper()
 	s, err := r.Stats()
 	if err != nil {
@@ -62,7 +62,7 @@ func mustStats(t testing.TB, r *peftc.Registry) peftc.RegistryStats {
 
 // loraBytes is what an adapter's loaded LoRA tensors take in a registry storing elemBytes-byte
 // elements: every lora_A, lora_B, lora_B.bias and DoRA magnitude, counted from the adapter's header.
-func loraBytes(t testing.TB, a *peftc.Adapter, elemBytes uint64) uint64 {
+func loraBytes(t testing.TB, a *peft.Adapter, elemBytes uint64) uint64 {
 	t.Helper()
 	modules, err := a.Modules()
 	if err != nil {
@@ -86,7 +86,7 @@ func loraBytes(t testing.TB, a *peftc.Adapter, elemBytes uint64) uint64 {
 
 // Registering reads headers only; acquiring loads once and pins; releasing unpins; trimming evicts.
 func TestRegistryRegisterAcquireRelease(t *testing.T) {
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "a", fixture("adapters", "llama_lora"))
 	mustRegister(t, reg, "b", fixture("adapters", "llama_lora_second"))
 	if names, err := reg.Names(); err != nil || !slices.Equal(names, []string{"a", "b"}) {
@@ -141,21 +141,21 @@ func TestRegistryRegisterAcquireRelease(t *testing.T) {
 	}
 
 	_, err = reg.Acquire("nope")
-	wantCode(t, err, peftc.CodeNotFound)
-	if !errors.Is(err, peftc.ErrNotFound) {
+	wantCode(t, err, peft.CodeNotFound)
+	if !errors.Is(err, peft.ErrNotFound) {
 		t.Fatal("errors.Is(err, ErrNotFound) is false")
 	}
-	wantCode(t, reg.Unregister("nope"), peftc.CodeNotFound)
+	wantCode(t, reg.Unregister("nope"), peft.CodeNotFound)
 	missing := filepath.Join(t.TempDir(), "missing")
-	_, openErr := peftc.OpenAdapter(missing)
-	var e *peftc.Error
+	_, openErr := peft.OpenAdapter(missing)
+	var e *peft.Error
 	if !errors.As(openErr, &e) {
 		t.Fatalf("OpenAdapter of a missing folder: %v", openErr)
 	}
 	wantCode(t, reg.Register("x", missing), e.Code) // the errors of peft_adapter_open
-	wantCode(t, reg.Register("", fixture("adapters", "llama_lora")), peftc.CodeInvalidArgument)
-	wantCode(t, reg.Register("a\x00b", fixture("adapters", "llama_lora")), peftc.CodeInvalidArgument)
-	wantCode(t, reg.Register("a\nb", fixture("adapters", "llama_lora")), peftc.CodeInvalidArgument)
+	wantCode(t, reg.Register("", fixture("adapters", "llama_lora")), peft.CodeInvalidArgument)
+	wantCode(t, reg.Register("a\x00b", fixture("adapters", "llama_lora")), peft.CodeInvalidArgument)
+	wantCode(t, reg.Register("a\nb", fixture("adapters", "llama_lora")), peft.CodeInvalidArgument)
 	if err := reg.Unregister("a"); err != nil {
 		t.Fatal(err)
 	}
@@ -163,16 +163,16 @@ func TestRegistryRegisterAcquireRelease(t *testing.T) {
 		t.Fatalf("Names after Unregister = %q, %v", names, err)
 	}
 	_, err = reg.Acquire("a")
-	wantCode(t, err, peftc.CodeNotFound)
+	wantCode(t, err, peft.CodeNotFound)
 	if s := mustStats(t, reg); s.Registered != 1 {
 		t.Fatalf("registered %d after Unregister", s.Registered)
 	}
-	empty := mustRegistry(t, peftc.BF16, 0)
+	empty := mustRegistry(t, peft.BF16, 0)
 	if names, err := empty.Names(); err != nil || names == nil || len(names) != 0 {
 		t.Fatalf("Names of an empty registry = %#v, %v", names, err)
 	}
-	_, err = peftc.NewRegistry(peftc.F64, 1<<20)
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err = peft.NewRegistry(peft.F64, 1<<20)
+	wantCode(t, err, peft.CodeInvalidArgument)
 }
 
 // The budget is never exceeded: a load that cannot fit beside the pinned adapters is ErrOverBudget;
@@ -180,15 +180,15 @@ func TestRegistryRegisterAcquireRelease(t *testing.T) {
 func TestRegistryBudget(t *testing.T) {
 	sa := loraBytes(t, mustAdapter(t, fixture("adapters", "llama_lora")), 4)
 	sb := loraBytes(t, mustAdapter(t, fixture("adapters", "llama_lora_second")), 4)
-	reg := mustRegistry(t, peftc.F32, max(sa, sb))
+	reg := mustRegistry(t, peft.F32, max(sa, sb))
 	mustRegister(t, reg, "a", fixture("adapters", "llama_lora"))
 	mustRegister(t, reg, "b", fixture("adapters", "llama_lora_second"))
 	la := mustAcquire(t, reg, "a")
 	_, err := reg.Acquire("b")
-	if !errors.Is(err, peftc.ErrOverBudget) {
+	if !errors.Is(err, peft.ErrOverBudget) {
 		t.Fatalf("acquiring beyond the budget: %v, want ErrOverBudget", err)
 	}
-	wantCode(t, err, peftc.CodeOverBudget)
+	wantCode(t, err, peft.CodeOverBudget)
 	if s := mustStats(t, reg); s.Loaded != 1 || s.LoadedBytes != sa || s.Pinned != 1 {
 		t.Fatalf("a failed load changed the registry: %+v", s)
 	}
@@ -198,7 +198,7 @@ func TestRegistryBudget(t *testing.T) {
 		t.Fatalf("after evicting a for b: %+v", s)
 	}
 	err = reg.SetBudget(sb - 1)
-	wantCode(t, err, peftc.CodeOverBudget)
+	wantCode(t, err, peft.CodeOverBudget)
 	if s := mustStats(t, reg); s.BudgetBytes != max(sa, sb) || s.Loaded != 1 {
 		t.Fatalf("a refused budget changed the registry: %+v", s)
 	}
@@ -210,10 +210,10 @@ func TestRegistryBudget(t *testing.T) {
 		t.Fatalf("after lowering the budget: %+v", s)
 	}
 	_, err = reg.Acquire("b")
-	wantCode(t, err, peftc.CodeOverBudget)
+	wantCode(t, err, peft.CodeOverBudget)
 
 	// BF16 storage takes half the bytes of F32, so the adapter fits in half the budget.
-	half := mustRegistry(t, peftc.BF16, sa/2)
+	half := mustRegistry(t, peft.BF16, sa/2)
 	mustRegister(t, half, "a", fixture("adapters", "llama_lora"))
 	if l := mustAcquire(t, half, "a"); l.Bytes() != sa/2 {
 		t.Fatalf("BF16 lease takes %d bytes, want %d", l.Bytes(), sa/2)
@@ -223,7 +223,7 @@ func TestRegistryBudget(t *testing.T) {
 // A name registered again serves the new version to new leases while old leases keep the old one;
 // adapters registered from memory behave as from their folder.
 func TestRegistryReplaceAndRegisterBytes(t *testing.T) {
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "m", fixture("adapters", "llama_lora"))
 	l1 := mustAcquire(t, reg, "m")
 	dir := fixture("adapters", "llama_lora_second")
@@ -259,14 +259,14 @@ func TestRegistryReplaceAndRegisterBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, openErr := peftc.OpenBytes(good[:5])
-	var e *peftc.Error
+	_, openErr := peft.OpenBytes(good[:5])
+	var e *peft.Error
 	if !errors.As(openErr, &e) || !e.Code.IsFormat() {
 		t.Fatalf("OpenBytes of 5 bytes: %v", openErr)
 	}
 	wantCode(t, reg.RegisterBytes("m", string(config), good[:5]), e.Code)
-	wantCode(t, reg.RegisterBytes("m", "{", good), peftc.CodeInvalidConfig)
-	wantCode(t, reg.RegisterBytes("m", "{\x00}", good), peftc.CodeInvalidArgument)
+	wantCode(t, reg.RegisterBytes("m", "{", good), peft.CodeInvalidConfig)
+	wantCode(t, reg.RegisterBytes("m", "{\x00}", good), peft.CodeInvalidArgument)
 	l3 := mustAcquire(t, reg, "m") // failed registrations left the registry as it was
 	if l3.Version() != l2.Version() {
 		t.Fatalf("version %d after failed registrations, want %d", l3.Version(), l2.Version())
@@ -283,14 +283,14 @@ type lora struct {
 	scaling    float64
 }
 
-func loadLora(t *testing.T, a *peftc.Adapter, module string, bf16 bool) lora {
+func loadLora(t *testing.T, a *peft.Adapter, module string, bf16 bool) lora {
 	t.Helper()
 	m, err := a.Module(mustFind(t, a, module))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ai, bi := m.Tensor("lora_A.weight"), m.Tensor("lora_B.weight")
-	if m.Kind != peftc.LayerLinear || ai < 0 || bi < 0 {
+	if m.Kind != peft.LayerLinear || ai < 0 || bi < 0 {
 		t.Fatalf("module %s is not a plain Linear LoRA layer", module)
 	}
 	read := func(i int) []float64 {
@@ -339,11 +339,11 @@ func near(got float32, want, magnitude float64, n int) bool {
 func roundBF16(t *testing.T, f []float32) []float32 {
 	t.Helper()
 	bf := make([]uint16, len(f))
-	if err := peftc.Convert(uint16Raw(bf), peftc.BF16, float32RawView(f), peftc.F32); err != nil {
+	if err := peft.Convert(uint16Raw(bf), peft.BF16, float32RawView(f), peft.F32); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]float32, len(f))
-	if err := peftc.Convert(float32RawView(out), peftc.F32, uint16Raw(bf), peftc.BF16); err != nil {
+	if err := peft.Convert(float32RawView(out), peft.F32, uint16Raw(bf), peft.BF16); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -359,14 +359,14 @@ func randomFloats(seed uint64, n int) []float32 {
 }
 
 // checkApply applies one lease to random activations and checks every row against lora.delta.
-func checkApply(t *testing.T, lease *peftc.Lease, a *peftc.Adapter, module string, bf16Storage bool) {
+func checkApply(t *testing.T, lease *peft.Lease, a *peft.Adapter, module string, bf16Storage bool) {
 	t.Helper()
 	l := loadLora(t, a, module, bf16Storage)
 	const rows = 5
 	x, y0 := randomFloats(1, rows*l.in), randomFloats(2, rows*l.out)
 	y := slices.Clone(y0)
-	if err := peftc.LoraApply(module, []*peftc.Lease{lease}, nil, peftc.Float32Buffer(x, rows, uint64(l.in)),
-		peftc.Float32Buffer(y, rows, uint64(l.out))); err != nil {
+	if err := peft.LoraApply(module, []*peft.Lease{lease}, nil, peft.Float32Buffer(x, rows, uint64(l.in)),
+		peft.Float32Buffer(y, rows, uint64(l.out))); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < rows; i++ {
@@ -383,13 +383,13 @@ func checkApply(t *testing.T, lease *peftc.Lease, a *peftc.Adapter, module strin
 // LoraApply adds each row's adapter contribution, computed here from the adapters' tensors, and
 // leaves rows without an adapter or without that layer bit for bit.
 func TestLoraApply(t *testing.T) {
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "a", fixture("adapters", "llama_lora"))
 	mustRegister(t, reg, "rs", fixture("adapters", "llama_rslora"))
 	la, lr := mustAcquire(t, reg, "a"), mustAcquire(t, reg, "rs")
 	adapterA := mustAdapter(t, fixture("adapters", "llama_lora"))
 	adapterR := mustAdapter(t, fixture("adapters", "llama_rslora"))
-	leases := []*peftc.Lease{la, lr}
+	leases := []*peft.Lease{la, lr}
 
 	// A mixed batch on a layer both adapters have.
 	module := "model.layers.1.self_attn.q_proj"
@@ -399,8 +399,8 @@ func TestLoraApply(t *testing.T) {
 	rows := len(rowLease)
 	x, y0 := randomFloats(3, rows*in), randomFloats(4, rows*out)
 	y := slices.Clone(y0)
-	if err := peftc.LoraApply(module, leases, rowLease, peftc.Float32Buffer(x, uint64(rows), uint64(in)),
-		peftc.Float32Buffer(y, uint64(rows), uint64(out))); err != nil {
+	if err := peft.LoraApply(module, leases, rowLease, peft.Float32Buffer(x, uint64(rows), uint64(in)),
+		peft.Float32Buffer(y, uint64(rows), uint64(out))); err != nil {
 		t.Fatal(err)
 	}
 	gcPoint()
@@ -422,8 +422,8 @@ func TestLoraApply(t *testing.T) {
 
 	// The same layer named by its weight, with the PEFT prefix: the same result, bit for bit.
 	y2 := slices.Clone(y0)
-	if err := peftc.LoraApply("base_model.model."+module+".weight", leases, rowLease,
-		peftc.Float32Buffer(x, uint64(rows), uint64(in)), peftc.Float32Buffer(y2, uint64(rows), uint64(out))); err != nil {
+	if err := peft.LoraApply("base_model.model."+module+".weight", leases, rowLease,
+		peft.Float32Buffer(x, uint64(rows), uint64(in)), peft.Float32Buffer(y2, uint64(rows), uint64(out))); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(float32Bits(y2), float32Bits(y)) {
@@ -438,8 +438,8 @@ func TestLoraApply(t *testing.T) {
 	lm := loadLora(t, adapterA, mlp, false)
 	xm, ym0 := randomFloats(5, rows*lm.in), randomFloats(6, rows*lm.out)
 	ym := slices.Clone(ym0)
-	if err := peftc.LoraApply(mlp, leases, rowLease, peftc.Float32Buffer(xm, uint64(rows), uint64(lm.in)),
-		peftc.Float32Buffer(ym, uint64(rows), uint64(lm.out))); err != nil {
+	if err := peft.LoraApply(mlp, leases, rowLease, peft.Float32Buffer(xm, uint64(rows), uint64(lm.in)),
+		peft.Float32Buffer(ym, uint64(rows), uint64(lm.out))); err != nil {
 		t.Fatal(err)
 	}
 	for i, li := range rowLease {
@@ -460,31 +460,31 @@ func TestLoraApply(t *testing.T) {
 
 	// Every row with leases[0] when rowLease is nil; zero rows do nothing.
 	checkApply(t, lr, adapterR, "model.layers.0.self_attn.k_proj", false)
-	if err := peftc.LoraApply(module, leases, nil, peftc.Float32Buffer(nil, 0, uint64(in)), peftc.Float32Buffer(nil, 0, uint64(out))); err != nil {
+	if err := peft.LoraApply(module, leases, nil, peft.Float32Buffer(nil, 0, uint64(in)), peft.Float32Buffer(nil, 0, uint64(out))); err != nil {
 		t.Fatal(err)
 	}
 
 	// BF16 storage: the factors are rounded to BF16 once, at load.
-	reg16 := mustRegistry(t, peftc.BF16, 1<<20)
+	reg16 := mustRegistry(t, peft.BF16, 1<<20)
 	mustRegister(t, reg16, "a", fixture("adapters", "llama_lora"))
 	checkApply(t, mustAcquire(t, reg16, "a"), adapterA, module, true)
 
 	// A BF16 output: computed in float32 and rounded once to BF16.
 	l := loras[0]
 	y16 := make([]uint16, rows*out)
-	if err := peftc.Convert(uint16Raw(y16), peftc.BF16, float32RawView(y0), peftc.F32); err != nil {
+	if err := peft.Convert(uint16Raw(y16), peft.BF16, float32RawView(y0), peft.F32); err != nil {
 		t.Fatal(err)
 	}
 	widened := make([]float32, len(y16))
-	if err := peftc.Convert(float32RawView(widened), peftc.F32, uint16Raw(y16), peftc.BF16); err != nil {
+	if err := peft.Convert(float32RawView(widened), peft.F32, uint16Raw(y16), peft.BF16); err != nil {
 		t.Fatal(err)
 	}
-	if err := peftc.LoraApply(module, leases[:1], nil, peftc.Float32Buffer(x, uint64(rows), uint64(in)),
-		peftc.Uint16Buffer(y16, peftc.BF16, uint64(rows), uint64(out))); err != nil {
+	if err := peft.LoraApply(module, leases[:1], nil, peft.Float32Buffer(x, uint64(rows), uint64(in)),
+		peft.Uint16Buffer(y16, peft.BF16, uint64(rows), uint64(out))); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]float32, len(y16))
-	if err := peftc.Convert(float32RawView(got), peftc.F32, uint16Raw(y16), peftc.BF16); err != nil {
+	if err := peft.Convert(float32RawView(got), peft.F32, uint16Raw(y16), peft.BF16); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < rows; i++ {
@@ -500,7 +500,7 @@ func TestLoraApply(t *testing.T) {
 
 // Bad arguments are refused with stable codes, and y is left unchanged.
 func TestLoraApplyErrors(t *testing.T) {
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "a", fixture("adapters", "llama_lora"))
 	mustRegister(t, reg, "dora", fixture("adapters", "llama_dora"))
 	la, ld := mustAcquire(t, reg, "a"), mustAcquire(t, reg, "dora")
@@ -508,35 +508,35 @@ func TestLoraApplyErrors(t *testing.T) {
 	const rows = 3
 	x, y := randomFloats(8, rows*16), randomFloats(9, rows*16)
 	y0 := slices.Clone(y)
-	xb, yb := peftc.Float32Buffer(x, rows, 16), peftc.Float32Buffer(y, rows, 16)
-	one := []*peftc.Lease{la}
+	xb, yb := peft.Float32Buffer(x, rows, 16), peft.Float32Buffer(y, rows, 16)
+	one := []*peft.Lease{la}
 	unchanged := func(what string) {
 		t.Helper()
 		if !slices.Equal(float32Bits(y), float32Bits(y0)) {
 			t.Fatalf("%s changed the output", what)
 		}
 	}
-	wantCode(t, peftc.LoraApply(module, one, nil, peftc.Float32Buffer(x[:rows*15], rows, 15), yb), peftc.CodeShapeMismatch)
+	wantCode(t, peft.LoraApply(module, one, nil, peft.Float32Buffer(x[:rows*15], rows, 15), yb), peft.CodeShapeMismatch)
 	unchanged("in_features 15")
-	wantCode(t, peftc.LoraApply(module, one, nil, xb, peftc.Float32Buffer(y[:rows*8], rows, 8)), peftc.CodeShapeMismatch)
+	wantCode(t, peft.LoraApply(module, one, nil, xb, peft.Float32Buffer(y[:rows*8], rows, 8)), peft.CodeShapeMismatch)
 	unchanged("out_features 8")
-	wantCode(t, peftc.LoraApply(module, one, []int32{0, 1, 0}, xb, yb), peftc.CodeInvalidArgument)
+	wantCode(t, peft.LoraApply(module, one, []int32{0, 1, 0}, xb, yb), peft.CodeInvalidArgument)
 	unchanged("an index past the leases")
-	wantCode(t, peftc.LoraApply(module, one, []int32{0, -2, 0}, xb, yb), peftc.CodeInvalidArgument)
+	wantCode(t, peft.LoraApply(module, one, []int32{0, -2, 0}, xb, yb), peft.CodeInvalidArgument)
 	unchanged("index -2")
-	wantCode(t, peftc.LoraApply(module, one, []int32{0, 0}, xb, yb), peftc.CodeInvalidArgument) // too short
-	wantCode(t, peftc.LoraApply(module, nil, nil, xb, yb), peftc.CodeInvalidArgument)
-	wantCode(t, peftc.LoraApply(module, []*peftc.Lease{la, nil}, nil, xb, yb), peftc.CodeInvalidArgument)
-	wantCode(t, peftc.LoraApply(module, one, nil, peftc.Float32Buffer(x, rows, 16), peftc.Float32Buffer(y[:2*16], 2, 16)), peftc.CodeInvalidArgument)
-	wantCode(t, peftc.LoraApply(module, one, nil, peftc.Float32Buffer(x, rows, 8), yb), peftc.CodeInvalidArgument) // data longer than the shape
-	wantCode(t, peftc.LoraApply(module, one, nil, peftc.Buffer{Data: make([]byte, rows*16*8), DType: peftc.F64, Shape: []uint64{rows, 16}}, yb), peftc.CodeUnsupported)
-	wantCode(t, peftc.LoraApply(module, one, nil, xb, peftc.Float32Buffer(y, rows*16)), peftc.CodeInvalidArgument) // 1-D
-	wantCode(t, peftc.LoraApply(module, []*peftc.Lease{ld}, nil, xb, yb), peftc.CodeUnsupported)                   // DoRA
+	wantCode(t, peft.LoraApply(module, one, []int32{0, 0}, xb, yb), peft.CodeInvalidArgument) // too short
+	wantCode(t, peft.LoraApply(module, nil, nil, xb, yb), peft.CodeInvalidArgument)
+	wantCode(t, peft.LoraApply(module, []*peft.Lease{la, nil}, nil, xb, yb), peft.CodeInvalidArgument)
+	wantCode(t, peft.LoraApply(module, one, nil, peft.Float32Buffer(x, rows, 16), peft.Float32Buffer(y[:2*16], 2, 16)), peft.CodeInvalidArgument)
+	wantCode(t, peft.LoraApply(module, one, nil, peft.Float32Buffer(x, rows, 8), yb), peft.CodeInvalidArgument) // data longer than the shape
+	wantCode(t, peft.LoraApply(module, one, nil, peft.Buffer{Data: make([]byte, rows*16*8), DType: peft.F64, Shape: []uint64{rows, 16}}, yb), peft.CodeUnsupported)
+	wantCode(t, peft.LoraApply(module, one, nil, xb, peft.Float32Buffer(y, rows*16)), peft.CodeInvalidArgument) // 1-D
+	wantCode(t, peft.LoraApply(module, []*peft.Lease{ld}, nil, xb, yb), peft.CodeUnsupported)                   // DoRA
 	unchanged("a DoRA layer")
-	wantCode(t, peftc.LoraApply(module, []*peftc.Lease{la, ld}, []int32{0, 1, 0}, xb, yb), peftc.CodeUnsupported)
+	wantCode(t, peft.LoraApply(module, []*peft.Lease{la, ld}, []int32{0, 1, 0}, xb, yb), peft.CodeUnsupported)
 	unchanged("a batch with a DoRA layer")
-	wantCode(t, peftc.LoraApply("a\x00b", one, nil, xb, yb), peftc.CodeInvalidArgument)
-	if err := peftc.LoraApply("model.layers.0.nothing", one, nil, xb, yb); err != nil {
+	wantCode(t, peft.LoraApply("a\x00b", one, nil, xb, yb), peft.CodeInvalidArgument)
+	if err := peft.LoraApply("model.layers.0.nothing", one, nil, xb, yb); err != nil {
 		t.Fatalf("a layer the adapter does not have: %v", err)
 	}
 	unchanged("a layer the adapter does not have")
@@ -551,7 +551,7 @@ func TestLoraApplyErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	regN := mustRegistry(t, peftc.F32, 1<<20, peftc.WithRegistryNativeNames(tr))
+	regN := mustRegistry(t, peft.F32, 1<<20, peft.WithRegistryNativeNames(tr))
 	tr.Close() // the registry shares the table
 	mustRegister(t, regN, "a", fixture("adapters", "llama_lora"))
 	ln := mustAcquire(t, regN, "a")
@@ -559,27 +559,27 @@ func TestLoraApplyErrors(t *testing.T) {
 		t.Fatalf("HasModule(%q) with the translator is false", native)
 	}
 	yn, yh := slices.Clone(y0), slices.Clone(y0)
-	if err := peftc.LoraApply(native, []*peftc.Lease{ln}, nil, xb, peftc.Float32Buffer(yn, rows, 16)); err != nil {
+	if err := peft.LoraApply(native, []*peft.Lease{ln}, nil, xb, peft.Float32Buffer(yn, rows, 16)); err != nil {
 		t.Fatalf("native name %q: %v", native, err)
 	}
-	if err := peftc.LoraApply(module, one, nil, xb, peftc.Float32Buffer(yh, rows, 16)); err != nil {
+	if err := peft.LoraApply(module, one, nil, xb, peft.Float32Buffer(yh, rows, 16)); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(float32Bits(yn), float32Bits(yh)) || slices.Equal(yn, y0) {
 		t.Fatal("the native name gave another result than the HuggingFace name")
 	}
-	wantCode(t, peftc.LoraApply("no/such/layer", []*peftc.Lease{ln}, nil, xb, yb), peftc.CodeUnresolvedKey)
+	wantCode(t, peft.LoraApply("no/such/layer", []*peft.Lease{ln}, nil, xb, yb), peft.CodeUnresolvedKey)
 	unchanged("an unresolved native name")
 
 	la.Close()
-	wantClosed(t, peftc.LoraApply(module, one, nil, xb, yb))
+	wantClosed(t, peft.LoraApply(module, one, nil, xb, yb))
 	unchanged("a closed lease")
 }
 
 // Leases and the registry used from many goroutines at once (run with -race): applies with shared
 // leases, acquisitions and releases, stats; and a lease closed while others apply with it.
 func TestLeaseConcurrentUse(t *testing.T) {
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "a", fixture("adapters", "llama_lora"))
 	mustRegister(t, reg, "rs", fixture("adapters", "llama_rslora"))
 	la, lr := mustAcquire(t, reg, "a"), mustAcquire(t, reg, "rs")
@@ -618,8 +618,8 @@ func TestLeaseConcurrentUse(t *testing.T) {
 			<-start
 			for round := 0; round < 25; round++ {
 				y := slices.Clone(y0)
-				err := peftc.LoraApply(module, []*peftc.Lease{la, lr}, rowLease, peftc.Float32Buffer(x, uint64(rows), uint64(in)),
-					peftc.Float32Buffer(y, uint64(rows), uint64(out)))
+				err := peft.LoraApply(module, []*peft.Lease{la, lr}, rowLease, peft.Float32Buffer(x, uint64(rows), uint64(in)),
+					peft.Float32Buffer(y, uint64(rows), uint64(out)))
 				if err == nil {
 					err = check(y)
 				}
@@ -629,9 +629,9 @@ func TestLeaseConcurrentUse(t *testing.T) {
 				}
 				// The lease closed by the main goroutine meanwhile: each call works or gets ErrClosed.
 				y = slices.Clone(y0)
-				err = peftc.LoraApply(module, []*peftc.Lease{closing}, nil, peftc.Float32Buffer(x, uint64(rows), uint64(in)),
-					peftc.Float32Buffer(y, uint64(rows), uint64(out)))
-				if err != nil && !errors.Is(err, peftc.ErrClosed) {
+				err = peft.LoraApply(module, []*peft.Lease{closing}, nil, peft.Float32Buffer(x, uint64(rows), uint64(in)),
+					peft.Float32Buffer(y, uint64(rows), uint64(out)))
+				if err != nil && !errors.Is(err, peft.ErrClosed) {
 					errs <- err
 					return
 				}
@@ -685,7 +685,7 @@ type hostWeight struct {
 	orig  []float32
 }
 
-func readHostWeights(t *testing.T, base *peftc.Checkpoint, a *peftc.Adapter) []*hostWeight {
+func readHostWeights(t *testing.T, base *peft.Checkpoint, a *peft.Adapter) []*hostWeight {
 	t.Helper()
 	modules, err := a.Modules()
 	if err != nil {
@@ -704,9 +704,9 @@ func readHostWeights(t *testing.T, base *peftc.Checkpoint, a *peftc.Adapter) []*
 	return ws
 }
 
-func mustHostModel(t *testing.T) *peftc.HostModel {
+func mustHostModel(t *testing.T) *peft.HostModel {
 	t.Helper()
-	h, err := peftc.NewHostModel()
+	h, err := peft.NewHostModel()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -715,16 +715,16 @@ func mustHostModel(t *testing.T) *peftc.HostModel {
 }
 
 // mergedWith merges adapter dir into base with the checkpoint merge (the reference for a swap).
-func mergedWith(t *testing.T, base, dir string, weight float64) *peftc.Checkpoint {
+func mergedWith(t *testing.T, base, dir string, weight float64) *peft.Checkpoint {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "merged")
-	if _, err := peftc.MergeCheckpoint(context.Background(), base, out, peftc.WithAdapterDir(dir, weight)); err != nil {
+	if _, err := peft.MergeCheckpoint(context.Background(), base, out, peft.WithAdapterDir(dir, weight)); err != nil {
 		t.Fatal(err)
 	}
 	return mustOpen(t, out)
 }
 
-func sameAs(t *testing.T, ws []*hostWeight, merged *peftc.Checkpoint, what string) {
+func sameAs(t *testing.T, ws []*hostWeight, merged *peft.Checkpoint, what string) {
 	t.Helper()
 	for _, w := range ws {
 		want := w.orig
@@ -743,19 +743,19 @@ func TestHostModelSwap(t *testing.T) {
 	baseDir := fixture("models", "llama")
 	base := mustOpen(t, baseDir)
 	dirA, dirB := fixture("adapters", "llama_lora"), fixture("adapters", "llama_lora_second")
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "a", dirA)
 	mustRegister(t, reg, "b", dirB)
 	ws := readHostWeights(t, base, mustAdapter(t, dirA))
 	host := mustHostModel(t)
 	for _, w := range ws {
-		if err := host.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), nil); err != nil {
+		if err := host.AddWeight(w.name, peft.Float32Buffer(w.data, w.shape...), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	lmHead := readTensor32(t, base, "lm_head.weight") // a weight no adapter touches
 	lmOrig := slices.Clone(lmHead)
-	if err := host.AddWeight("lm_head", peftc.Float32Buffer(lmHead, 64, 16), nil); err != nil {
+	if err := host.AddWeight("lm_head", peft.Float32Buffer(lmHead, 64, 16), nil); err != nil {
 		t.Fatal(err)
 	}
 	if host.Current() != "" {
@@ -840,7 +840,7 @@ func TestHostModelNativeNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "a", dir)
 	ws := readHostWeights(t, mustOpen(t, baseDir), adapter)
 	host := mustHostModel(t)
@@ -852,12 +852,12 @@ func TestHostModelNativeNames(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := host.AddWeight(native, peftc.Float32Buffer(w.data, w.shape...), nil); err != nil {
+		if err := host.AddWeight(native, peft.Float32Buffer(w.data, w.shape...), nil); err != nil {
 			t.Fatalf("AddWeight(%q): %v", native, err)
 		}
 	}
-	wantCode(t, host.SetTranslator(nil), peftc.CodeInvalidArgument) // after weights were added
-	wantCode(t, host.AddWeight("no/such/weight", peftc.Float32Buffer(make([]float32, 4), 2, 2), nil), peftc.CodeUnresolvedKey)
+	wantCode(t, host.SetTranslator(nil), peft.CodeInvalidArgument) // after weights were added
+	wantCode(t, host.AddWeight("no/such/weight", peft.Float32Buffer(make([]float32, 4), 2, 2), nil), peft.CodeUnresolvedKey)
 	if _, err := host.Swap(mustAcquire(t, reg, "a"), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -872,9 +872,9 @@ func TestHostModelNativeNames(t *testing.T) {
 func TestHostModelLoraBias(t *testing.T) {
 	baseDir, dir := fixture("models", "qwen2"), fixture("adapters", "qwen2_lora_bias")
 	base := mustOpen(t, baseDir)
-	adapter := mustAdapter(t, dir, peftc.WithBaseDir(baseDir))
-	reg := mustRegistry(t, peftc.F32, 1<<20)
-	if err := reg.Register("bias", dir, peftc.WithBaseDir(baseDir)); err != nil {
+	adapter := mustAdapter(t, dir, peft.WithBaseDir(baseDir))
+	reg := mustRegistry(t, peft.F32, 1<<20)
+	if err := reg.Register("bias", dir, peft.WithBaseDir(baseDir)); err != nil {
 		t.Fatal(err)
 	}
 	lease := mustAcquire(t, reg, "bias")
@@ -886,16 +886,16 @@ func TestHostModelLoraBias(t *testing.T) {
 		name := w.name[:len(w.name)-len(".weight")] + ".bias"
 		b := readTensor32(t, base, name)
 		biases[i] = &hostWeight{name: name, shape: []uint64{uint64(len(b))}, data: b, orig: slices.Clone(b)}
-		bias := peftc.Float32Buffer(b, uint64(len(b)))
-		if err := host.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), &bias); err != nil {
+		bias := peft.Float32Buffer(b, uint64(len(b)))
+		if err := host.AddWeight(w.name, peft.Float32Buffer(w.data, w.shape...), &bias); err != nil {
 			t.Fatal(err)
 		}
-		if err := plain.AddWeight(w.name, peftc.Float32Buffer(slices.Clone(w.orig), w.shape...), nil); err != nil {
+		if err := plain.AddWeight(w.name, peft.Float32Buffer(slices.Clone(w.orig), w.shape...), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	_, err := plain.Swap(lease, 1)
-	wantCode(t, err, peftc.CodeInvalidArgument) // the adapter needs the bias buffers
+	wantCode(t, err, peft.CodeInvalidArgument) // the adapter needs the bias buffers
 	if _, err := host.Swap(lease, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -915,8 +915,8 @@ func TestHostModelLoraBias(t *testing.T) {
 func TestHostModelLoraBiasOfAnotherLength(t *testing.T) {
 	baseDir, dir := fixture("models", "qwen2"), fixture("adapters", "qwen2_lora_bias")
 	base := mustOpen(t, baseDir)
-	adapter := mustAdapter(t, dir, peftc.WithBaseDir(baseDir))
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	adapter := mustAdapter(t, dir, peft.WithBaseDir(baseDir))
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "bias", dir)
 	lease := mustAcquire(t, reg, "bias")
 	const wrong = "model.layers.0.self_attn.v_proj.weight" // [8, 16]: 8 output features
@@ -934,13 +934,13 @@ func TestHostModelLoraBiasOfAnotherLength(t *testing.T) {
 				b = append(b, 0.5)[:8+change] // the 8 values and one more, or 7 of them
 			}
 			biases = append(biases, &hostWeight{name: name, data: b, orig: slices.Clone(b)})
-			bias := peftc.Float32Buffer(b, uint64(len(b)))
-			if err := host.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), &bias); err != nil {
+			bias := peft.Float32Buffer(b, uint64(len(b)))
+			if err := host.AddWeight(w.name, peft.Float32Buffer(w.data, w.shape...), &bias); err != nil {
 				t.Fatal(err)
 			}
 		}
 		_, err := host.Swap(lease, 1)
-		wantCode(t, err, peftc.CodeShapeMismatch)
+		wantCode(t, err, peft.CodeShapeMismatch)
 		if !strings.Contains(err.Error(), "v_proj") {
 			t.Fatalf("the error does not name the layer: %v", err)
 		}
@@ -952,28 +952,28 @@ func TestHostModelLoraBiasOfAnotherLength(t *testing.T) {
 	}
 
 	host := mustHostModel(t)
-	empty := peftc.Buffer{Data: []byte{}, DType: peftc.F32}
-	wantCode(t, host.AddWeight(wrong, peftc.Float32Buffer(make([]float32, 8*16), 8, 16), &empty), peftc.CodeShapeMismatch)
-	odd := peftc.Buffer{Data: make([]byte, 6), DType: peftc.F32}
-	wantCode(t, host.AddWeight(wrong, peftc.Float32Buffer(make([]float32, 8*16), 8, 16), &odd), peftc.CodeInvalidArgument)
+	empty := peft.Buffer{Data: []byte{}, DType: peft.F32}
+	wantCode(t, host.AddWeight(wrong, peft.Float32Buffer(make([]float32, 8*16), 8, 16), &empty), peft.CodeShapeMismatch)
+	odd := peft.Buffer{Data: make([]byte, 6), DType: peft.F32}
+	wantCode(t, host.AddWeight(wrong, peft.Float32Buffer(make([]float32, 8*16), 8, 16), &odd), peft.CodeInvalidArgument)
 }
 
 // Swaps that cannot be done completely change nothing; weights are refused when they cannot be used.
 func TestHostModelErrors(t *testing.T) {
 	baseDir, dir := fixture("models", "llama"), fixture("adapters", "llama_lora")
 	base := mustOpen(t, baseDir)
-	reg := mustRegistry(t, peftc.F32, 1<<20)
+	reg := mustRegistry(t, peft.F32, 1<<20)
 	mustRegister(t, reg, "a", dir)
 	lease := mustAcquire(t, reg, "a")
 	ws := readHostWeights(t, base, mustAdapter(t, dir))
 
 	// Only some of the adapter's layers: UNRESOLVED_KEY, nothing merged.
 	partial := mustHostModel(t)
-	if err := partial.AddWeight(ws[0].name, peftc.Float32Buffer(ws[0].data, ws[0].shape...), nil); err != nil {
+	if err := partial.AddWeight(ws[0].name, peft.Float32Buffer(ws[0].data, ws[0].shape...), nil); err != nil {
 		t.Fatal(err)
 	}
 	_, err := partial.Swap(lease, 1)
-	wantCode(t, err, peftc.CodeUnresolvedKey)
+	wantCode(t, err, peft.CodeUnresolvedKey)
 	sameAs(t, ws[:1], nil, "a refused swap")
 	if partial.Current() != "" {
 		t.Fatal("a refused swap set Current")
@@ -991,9 +991,9 @@ func TestHostModelErrors(t *testing.T) {
 		}
 	}
 	for _, w := range ws {
-		buf := peftc.Float32Buffer(w.data, w.shape...)
+		buf := peft.Float32Buffer(w.data, w.shape...)
 		if w == q {
-			buf = peftc.Float32Buffer(k.data, k.shape...) // [8, 16] where [16, 16] is needed
+			buf = peft.Float32Buffer(k.data, k.shape...) // [8, 16] where [16, 16] is needed
 		}
 		if w == k {
 			continue
@@ -1002,33 +1002,33 @@ func TestHostModelErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := host.AddWeight(k.name, peftc.Float32Buffer(make([]float32, 8*16), 8, 16), nil); err != nil {
+	if err := host.AddWeight(k.name, peft.Float32Buffer(make([]float32, 8*16), 8, 16), nil); err != nil {
 		t.Fatal(err)
 	}
 	_, err = host.Swap(lease, 1)
-	wantCode(t, err, peftc.CodeShapeMismatch)
+	wantCode(t, err, peft.CodeShapeMismatch)
 	sameAs(t, ws, nil, "a swap refused for a shape")
 
 	good := mustHostModel(t)
 	for _, w := range ws {
-		if err := good.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), nil); err != nil {
+		if err := good.AddWeight(w.name, peft.Float32Buffer(w.data, w.shape...), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	w0 := ws[0]
-	wantCode(t, good.AddWeight(w0.name, peftc.Float32Buffer(w0.data, w0.shape...), nil), peftc.CodeInvalidArgument) // twice
-	wantCode(t, good.AddWeight("lm_head", peftc.Float32Buffer(make([]float32, 10), 64, 16), nil), peftc.CodeInvalidArgument)
-	wantCode(t, good.AddWeight("lm_head", peftc.Buffer{Data: make([]byte, 64*16*8), DType: peftc.F64, Shape: []uint64{64, 16}}, nil), peftc.CodeUnsupported)
-	wantCode(t, good.AddWeight("lm_head\x00", peftc.Float32Buffer(make([]float32, 64*16), 64, 16), nil), peftc.CodeInvalidArgument)
+	wantCode(t, good.AddWeight(w0.name, peft.Float32Buffer(w0.data, w0.shape...), nil), peft.CodeInvalidArgument) // twice
+	wantCode(t, good.AddWeight("lm_head", peft.Float32Buffer(make([]float32, 10), 64, 16), nil), peft.CodeInvalidArgument)
+	wantCode(t, good.AddWeight("lm_head", peft.Buffer{Data: make([]byte, 64*16*8), DType: peft.F64, Shape: []uint64{64, 16}}, nil), peft.CodeUnsupported)
+	wantCode(t, good.AddWeight("lm_head\x00", peft.Float32Buffer(make([]float32, 64*16), 64, 16), nil), peft.CodeInvalidArgument)
 	_, err = good.Swap(lease, math.NaN())
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
 	_, err = good.Swap(lease, math.Inf(1))
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	wantCode(t, err, peft.CodeInvalidArgument)
 	sameAs(t, ws, nil, "a swap with a weight that is not finite")
 	if _, err := good.Swap(lease, 1); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, good.AddWeight("lm_head", peftc.Float32Buffer(make([]float32, 64*16), 64, 16), nil), peftc.CodeInvalidArgument) // while merged
+	wantCode(t, good.AddWeight("lm_head", peft.Float32Buffer(make([]float32, 64*16), 64, 16), nil), peft.CodeInvalidArgument) // while merged
 
 	// Exact mode: the host model owns the buffers' contents; taking the adapter out writes the
 	// original bytes back over whatever someone else wrote.
@@ -1046,12 +1046,12 @@ func TestHostModelErrors(t *testing.T) {
 
 // Close is idempotent; calls after it fail with ErrClosed or give zero values; nil handles close.
 func TestServeUseAfterClose(t *testing.T) {
-	for _, c := range []io.Closer{(*peftc.Registry)(nil), (*peftc.Lease)(nil), (*peftc.HostModel)(nil)} {
+	for _, c := range []io.Closer{(*peft.Registry)(nil), (*peft.Lease)(nil), (*peft.HostModel)(nil)} {
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	reg, err := peftc.NewRegistry(peftc.F32, 1<<20)
+	reg, err := peft.NewRegistry(peft.F32, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1080,7 +1080,7 @@ func TestServeUseAfterClose(t *testing.T) {
 		t.Fatal("a closed lease still answers")
 	}
 
-	host, err := peftc.NewHostModel()
+	host, err := peft.NewHostModel()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1088,7 +1088,7 @@ func TestServeUseAfterClose(t *testing.T) {
 	host.Close()
 	_, err = host.Swap(nil, 1)
 	wantClosed(t, err)
-	wantClosed(t, host.AddWeight("lm_head", peftc.Float32Buffer(make([]float32, 4), 2, 2), nil))
+	wantClosed(t, host.AddWeight("lm_head", peft.Float32Buffer(make([]float32, 4), 2, 2), nil))
 	wantClosed(t, host.SetExact(true))
 	wantClosed(t, host.SetTranslator(nil))
 	if host.Current() != "" {
@@ -1100,7 +1100,7 @@ func TestServeUseAfterClose(t *testing.T) {
 // and a host model still swaps it in and out.
 func TestLeaseOutlivesRegistry(t *testing.T) {
 	dir := fixture("adapters", "llama_lora")
-	reg, err := peftc.NewRegistry(peftc.F32, 1<<20)
+	reg, err := peft.NewRegistry(peft.F32, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1124,7 +1124,7 @@ func TestLeaseOutlivesRegistry(t *testing.T) {
 	ws := readHostWeights(t, mustOpen(t, baseDir), adapter)
 	host := mustHostModel(t)
 	for _, w := range ws {
-		if err := host.AddWeight(w.name, peftc.Float32Buffer(w.data, w.shape...), nil); err != nil {
+		if err := host.AddWeight(w.name, peft.Float32Buffer(w.data, w.shape...), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1144,10 +1144,10 @@ func TestLeaseOutlivesRegistry(t *testing.T) {
 // released by their runtime cleanups; closed ones at once.
 func TestServeCleanup(t *testing.T) {
 	settle()
-	before := peftc.LiveHandles()
+	before := peft.LiveHandles()
 	kept := []any{}
 	for i := 0; i < 5; i++ {
-		reg, err := peftc.NewRegistry(peftc.F32, 1<<20)
+		reg, err := peft.NewRegistry(peft.F32, 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1156,19 +1156,19 @@ func TestServeCleanup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		host, err := peftc.NewHostModel()
+		host, err := peft.NewHostModel()
 		if err != nil {
 			t.Fatal(err)
 		}
 		w, b := make([]float32, 16*16), make([]float32, 16)
-		bias := peftc.Float32Buffer(b, 16)
-		if err := host.AddWeight("model.layers.0.self_attn.o_proj.weight", peftc.Float32Buffer(w, 16, 16), &bias); err != nil {
+		bias := peft.Float32Buffer(b, 16)
+		if err := host.AddWeight("model.layers.0.self_attn.o_proj.weight", peft.Float32Buffer(w, 16, 16), &bias); err != nil {
 			t.Fatal(err)
 		}
 		kept = append(kept, reg, lease, host)
 	}
 	runtime.GC()
-	if got := peftc.LiveHandles(); got != before+15 {
+	if got := peft.LiveHandles(); got != before+15 {
 		t.Fatalf("live handles %d while 15 are reachable, want %d", got, before+15)
 	}
 	runtime.KeepAlive(kept)
@@ -1177,15 +1177,15 @@ func TestServeCleanup(t *testing.T) {
 	// The runtime panics when it collects a Pinner that still pins something: collecting the host
 	// models' pinners now shows that their cleanups unpinned the weights.
 	settle()
-	host, err := peftc.NewHostModel()
+	host, err := peft.NewHostModel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if peftc.LiveHandles() != before+1 {
+	if peft.LiveHandles() != before+1 {
 		t.Fatal("NewHostModel did not count")
 	}
 	host.Close()
-	if peftc.LiveHandles() != before {
+	if peft.LiveHandles() != before {
 		t.Fatal("Close did not release at once")
 	}
 }

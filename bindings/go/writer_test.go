@@ -1,4 +1,4 @@
-package peftc_test
+package peft_test
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 // Fixture files that the reference writer wrote (the others have hand-made headers).
@@ -30,13 +30,13 @@ func referenceWritten(t *testing.T) []string {
 
 // rewrite declares every tensor of c and writes it, choosing a different way of streaming for each
 // tensor (from the checkpoint, a buffer, chunks, a callback, an io.Reader).
-func rewrite(t *testing.T, c *peftc.Checkpoint, w *peftc.Writer) {
+func rewrite(t *testing.T, c *peft.Checkpoint, w *peft.Writer) {
 	t.Helper()
 	infos, err := c.Tensors()
 	if err != nil {
 		t.Fatal(err)
 	}
-	byName := map[string]peftc.TensorInfo{}
+	byName := map[string]peft.TensorInfo{}
 	for _, info := range infos {
 		if err := w.AddTensor(info.Name, info.DType, info.Shape...); err != nil {
 			t.Fatal(err)
@@ -98,7 +98,7 @@ func TestWriterReproducesReference(t *testing.T) {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			c := mustOpen(t, path) // escaped_names has names holding NUL bytes
 			out := filepath.Join(dir, filepath.Base(path))
-			w, err := peftc.NewWriter(out)
+			w, err := peft.NewWriter(out)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +147,7 @@ func TestCheckpointWriterReproducesShards(t *testing.T) {
 	src := fixture("safetensors", "sharded")
 	c := mustOpen(t, src)
 	out := filepath.Join(t.TempDir(), "out")
-	w, err := peftc.NewCheckpointWriter(out, 0)
+	w, err := peft.NewCheckpointWriter(out, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,19 +199,19 @@ func TestWriterConvertsWhileWriting(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "x.safetensors")
 	raw := float32Raw(src)
-	if err := peftc.SaveFile(path, []peftc.TensorData{{Name: "w", DType: peftc.F32, Shape: []uint64{2, 3}, Data: raw}},
+	if err := peft.SaveFile(path, []peft.TensorData{{Name: "w", DType: peft.F32, Shape: []uint64{2, 3}, Data: raw}},
 		map[string]string{"format": "pt"}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := peftc.NewWriter(filepath.Join(dir, "bf16.safetensors"))
+	w, err := peft.NewWriter(filepath.Join(dir, "bf16.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if err := w.AddTensor("w", peftc.BF16, 2, 3); err != nil {
+	if err := w.AddTensor("w", peft.BF16, 2, 3); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.WriteTensor("w", peftc.F32, raw); err != nil {
+	if err := w.WriteTensor("w", peft.F32, raw); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Finish(); err != nil {
@@ -220,7 +220,7 @@ func TestWriterConvertsWhileWriting(t *testing.T) {
 	c := mustOpen(t, filepath.Join(dir, "bf16.safetensors"))
 	view, _ := c.View(0)
 	want := make([]byte, 12)
-	if err := peftc.Convert(want, peftc.BF16, raw, peftc.F32); err != nil {
+	if err := peft.Convert(want, peft.BF16, raw, peft.F32); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(view, want) {
@@ -247,38 +247,38 @@ func float32Raw(f []float32) []byte {
 func TestWriterErrors(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "e.safetensors")
-	w, err := peftc.NewWriter(path)
+	w, err := peft.NewWriter(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	wantCode(t, w.AddTensor("__metadata__", peftc.F32, 1), peftc.CodeInvalidArgument)
-	wantCode(t, w.AddTensor("odd", peftc.F4, 3), peftc.CodeMisalignedSlice)
-	wantCode(t, w.AddTensor("huge", peftc.F64, 1<<62, 1<<3), peftc.CodeValidationOverflow)
-	wantCode(t, w.AddTensor("bad", peftc.DType(77), 1), peftc.CodeInvalidArgument)
-	wantCode(t, w.BreakShard(), peftc.CodeInvalidArgument) // not a checkpoint writer
+	wantCode(t, w.AddTensor("__metadata__", peft.F32, 1), peft.CodeInvalidArgument)
+	wantCode(t, w.AddTensor("odd", peft.F4, 3), peft.CodeMisalignedSlice)
+	wantCode(t, w.AddTensor("huge", peft.F64, 1<<62, 1<<3), peft.CodeValidationOverflow)
+	wantCode(t, w.AddTensor("bad", peft.DType(77), 1), peft.CodeInvalidArgument)
+	wantCode(t, w.BreakShard(), peft.CodeInvalidArgument) // not a checkpoint writer
 	for _, name := range []string{"a", "b"} {
-		if err := w.AddTensor(name, peftc.F32, 2); err != nil {
+		if err := w.AddTensor(name, peft.F32, 2); err != nil {
 			t.Fatal(err)
 		}
 	}
-	wantCode(t, w.AddTensor("a", peftc.F32, 2), peftc.CodeInvalidArgument) // duplicate
+	wantCode(t, w.AddTensor("a", peft.F32, 2), peft.CodeInvalidArgument) // duplicate
 	if err := w.SetMetadata("k", "v"); err != nil {
 		t.Fatal(err)
 	}
 	eight := make([]byte, 8)
-	wantCode(t, w.WriteTensor("b", peftc.F32, eight), peftc.CodeInvalidArgument) // not the next one
-	wantCode(t, w.WriteTensor("a", peftc.F32, eight[:4]), peftc.CodeTensorInvalidInfo)
-	wantCode(t, w.AddTensor("c", peftc.F32, 2), peftc.CodeInvalidArgument) // started
-	wantCode(t, w.SetMetadata("k2", "v"), peftc.CodeInvalidArgument)
+	wantCode(t, w.WriteTensor("b", peft.F32, eight), peft.CodeInvalidArgument) // not the next one
+	wantCode(t, w.WriteTensor("a", peft.F32, eight[:4]), peft.CodeTensorInvalidInfo)
+	wantCode(t, w.AddTensor("c", peft.F32, 2), peft.CodeInvalidArgument) // started
+	wantCode(t, w.SetMetadata("k2", "v"), peft.CodeInvalidArgument)
 	if _, err := w.Write(eight); err == nil { // no begun tensor
 		t.Fatal("Write without BeginTensor succeeded")
 	}
-	if err := w.WriteTensor("a", peftc.F32, eight); err != nil { // argument errors changed nothing
+	if err := w.WriteTensor("a", peft.F32, eight); err != nil { // argument errors changed nothing
 		t.Fatal(err)
 	}
-	wantCode(t, w.Finish(), peftc.CodeInvalidArgument) // b is missing
-	if err := w.BeginTensor("b", peftc.F32); err != nil {
+	wantCode(t, w.Finish(), peft.CodeInvalidArgument) // b is missing
+	if err := w.BeginTensor("b", peft.F32); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.Write(make([]byte, 12)); err == nil {
@@ -297,12 +297,12 @@ func TestWriterErrors(t *testing.T) {
 	if meta, _ := c.Metadata(0); meta["k"] != "v" || c.TensorCount() != 2 {
 		t.Fatalf("written file: %v, %d tensors", meta, c.TensorCount())
 	}
-	_, err = peftc.NewWriter("")
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	_, err = peftc.NewCheckpointWriter("", 0)
-	wantCode(t, err, peftc.CodeInvalidArgument)
-	_, err = peftc.NewWriter("x\x00")
-	wantCode(t, err, peftc.CodeInvalidArgument)
+	_, err = peft.NewWriter("")
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.NewCheckpointWriter("", 0)
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.NewWriter("x\x00")
+	wantCode(t, err, peft.CodeInvalidArgument)
 }
 
 // A source callback that fails cancels the write: the error unwraps to the callback's, the output is
@@ -313,38 +313,38 @@ func TestWriterCallbackErrorCancels(t *testing.T) {
 	if err := os.WriteFile(path, []byte("old content"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w, err := peftc.NewWriter(path)
+	w, err := peft.NewWriter(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if err := w.AddTensor("big", peftc.F32, 3<<20); err != nil { // 12 MiB: several chunks
+	if err := w.AddTensor("big", peft.F32, 3<<20); err != nil { // 12 MiB: several chunks
 		t.Fatal(err)
 	}
 	stop := errors.New("source ran dry")
 	calls := 0
-	err = w.WriteFrom("big", peftc.F32, func(offset uint64, dst []byte) error {
+	err = w.WriteFrom("big", peft.F32, func(offset uint64, dst []byte) error {
 		if calls++; calls == 2 {
 			return stop
 		}
 		return nil
 	})
-	wantCode(t, err, peftc.CodeCancelled)
+	wantCode(t, err, peft.CodeCancelled)
 	if !errors.Is(err, stop) {
 		t.Fatalf("%v does not unwrap to the callback's error", err)
 	}
-	wantCode(t, w.WriteTensor("big", peftc.F32, make([]byte, 12<<20)), peftc.CodeInvalidArgument)
+	wantCode(t, w.WriteTensor("big", peft.F32, make([]byte, 12<<20)), peft.CodeInvalidArgument)
 	w.Close()
 	if data, _ := os.ReadFile(path); string(data) != "old content" {
 		t.Fatal("the target changed after a cancelled write")
 	}
 	noTemporaries(t, dir)
 	// A short io.Reader cancels too.
-	w2, _ := peftc.NewWriter(filepath.Join(dir, "r.safetensors"))
+	w2, _ := peft.NewWriter(filepath.Join(dir, "r.safetensors"))
 	defer w2.Close()
-	w2.AddTensor("x", peftc.F32, 4)
-	err = w2.WriteFromReader("x", peftc.F32, strings.NewReader("short"))
-	if !errors.Is(err, peftc.ErrCancelled) || !errors.Is(err, io.ErrUnexpectedEOF) {
+	w2.AddTensor("x", peft.F32, 4)
+	err = w2.WriteFromReader("x", peft.F32, strings.NewReader("short"))
+	if !errors.Is(err, peft.ErrCancelled) || !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short reader: %v", err)
 	}
 }
@@ -364,22 +364,22 @@ func noTemporaries(t *testing.T, dir string) {
 func TestWriterCallbackPanic(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "p.safetensors")
-	w, err := peftc.NewWriter(path)
+	w, err := peft.NewWriter(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	w.AddTensor("x", peftc.F32, 4)
+	w.AddTensor("x", peft.F32, 4)
 	func() {
 		defer func() {
 			if r := recover(); r != "boom" {
 				t.Fatalf("recovered %v, want boom", r)
 			}
 		}()
-		w.WriteFrom("x", peftc.F32, func(uint64, []byte) error { panic("boom") })
+		w.WriteFrom("x", peft.F32, func(uint64, []byte) error { panic("boom") })
 		t.Fatal("the panic was swallowed")
 	}()
-	wantCode(t, w.Finish(), peftc.CodeInvalidArgument)
+	wantCode(t, w.Finish(), peft.CodeInvalidArgument)
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -391,21 +391,21 @@ func TestWriterCallbackPanic(t *testing.T) {
 
 // A Writer belongs to one goroutine at a time: a call from inside its own callback gets ErrBusy.
 func TestWriterBusy(t *testing.T) {
-	w, err := peftc.NewWriter(filepath.Join(t.TempDir(), "b.safetensors"))
+	w, err := peft.NewWriter(filepath.Join(t.TempDir(), "b.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	w.AddTensor("x", peftc.F32, 4)
+	w.AddTensor("x", peft.F32, 4)
 	var inner error
-	err = w.WriteFrom("x", peftc.F32, func(uint64, []byte) error {
+	err = w.WriteFrom("x", peft.F32, func(uint64, []byte) error {
 		_, inner = w.Write([]byte{1, 2, 3, 4})
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(inner, peftc.ErrBusy) {
+	if !errors.Is(inner, peft.ErrBusy) {
 		t.Fatalf("call from the callback: %v, want ErrBusy", inner)
 	}
 	if err := w.Finish(); err != nil {
@@ -417,18 +417,18 @@ func TestWriterBusy(t *testing.T) {
 func TestWriterCloseUnfinished(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "ckpt")
-	w, err := peftc.NewCheckpointWriter(out, 16)
+	w, err := peft.NewCheckpointWriter(out, 16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []string{"a", "b", "c"} {
-		w.AddTensor(n, peftc.F32, 4)
+		w.AddTensor(n, peft.F32, 4)
 	}
 	order, err := w.Order()
 	if err != nil || len(order.Files) != 3 {
 		t.Fatalf("order %+v, %v", order, err)
 	}
-	if err := w.WriteTensor(order.Names[0], peftc.F32, make([]byte, 16)); err != nil {
+	if err := w.WriteTensor(order.Names[0], peft.F32, make([]byte, 16)); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
@@ -438,11 +438,11 @@ func TestWriterCloseUnfinished(t *testing.T) {
 	}
 	noTemporaries(t, out)
 	wantClosed(t, w.Finish())
-	wantClosed(t, w.AddTensor("d", peftc.F32))
-	if _, err := w.Write(nil); !errors.Is(err, peftc.ErrClosed) {
+	wantClosed(t, w.AddTensor("d", peft.F32))
+	if _, err := w.Write(nil); !errors.Is(err, peft.ErrClosed) {
 		t.Fatal(err)
 	}
-	if _, err := w.Order(); !errors.Is(err, peftc.ErrClosed) {
+	if _, err := w.Order(); !errors.Is(err, peft.ErrClosed) {
 		t.Fatal(err)
 	}
 	if w.TensorCount() != 0 {
@@ -452,7 +452,7 @@ func TestWriterCloseUnfinished(t *testing.T) {
 
 func wantClosed(t *testing.T, err error) {
 	t.Helper()
-	if !errors.Is(err, peftc.ErrClosed) {
+	if !errors.Is(err, peft.ErrClosed) {
 		t.Fatalf("%v, want ErrClosed", err)
 	}
 }
@@ -463,39 +463,39 @@ func TestWriterNamesWithNUL(t *testing.T) {
 	src := mustOpen(t, fixture("safetensors", "dtype_f32.safetensors"))
 	si, _ := src.Find("values")
 	path := filepath.Join(dir, "nul.safetensors")
-	w, err := peftc.NewWriter(path)
+	w, err := peft.NewWriter(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
 	names := []string{"a\x00", "b\x00b", "c\x00\x00", "d\x00x", "e\x00"}
 	for _, n := range names {
-		if err := w.AddTensor(n, peftc.F32, 3, 4); err != nil {
+		if err := w.AddTensor(n, peft.F32, 3, 4); err != nil {
 			t.Fatal(err)
 		}
 	}
-	wantCode(t, w.AddTensor("a\x00", peftc.F32, 1), peftc.CodeInvalidArgument) // duplicate
+	wantCode(t, w.AddTensor("a\x00", peft.F32, 1), peft.CodeInvalidArgument) // duplicate
 	order, err := w.Order()
 	if err != nil || !slices.Equal(order.Names, names) {
 		t.Fatalf("order %q, %v", order.Names, err)
 	}
 	data, _ := src.View(si)
-	wantCode(t, w.WriteTensor("b\x00b", peftc.F32, data), peftc.CodeInvalidArgument) // not the next one
-	wantCode(t, w.WriteTensor("a\x00z", peftc.F32, data), peftc.CodeInvalidArgument)
+	wantCode(t, w.WriteTensor("b\x00b", peft.F32, data), peft.CodeInvalidArgument) // not the next one
+	wantCode(t, w.WriteTensor("a\x00z", peft.F32, data), peft.CodeInvalidArgument)
 	steps := []func(name string) error{
-		func(n string) error { return w.WriteTensor(n, peftc.F32, data) },
+		func(n string) error { return w.WriteTensor(n, peft.F32, data) },
 		func(n string) error {
-			if err := w.BeginTensor(n, peftc.F32); err != nil {
+			if err := w.BeginTensor(n, peft.F32); err != nil {
 				return err
 			}
 			_, err := w.Write(data)
 			return err
 		},
 		func(n string) error {
-			return w.WriteFrom(n, peftc.F32, func(off uint64, dst []byte) error { copy(dst, data[off:]); return nil })
+			return w.WriteFrom(n, peft.F32, func(off uint64, dst []byte) error { copy(dst, data[off:]); return nil })
 		},
 		func(n string) error { return w.WriteFromCheckpoint(n, src, si) },
-		func(n string) error { return w.WriteFromReader(n, peftc.F32, bytes.NewReader(data)) },
+		func(n string) error { return w.WriteFromReader(n, peft.F32, bytes.NewReader(data)) },
 	}
 	for i, n := range names {
 		if err := steps[i](n); err != nil {

@@ -14,7 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 
-	peftc "github.com/peft-c/peft_c/bindings/go"
+	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
 func main() {
@@ -31,7 +31,7 @@ func main() {
 	}
 
 	// Open the adapter and look at it.
-	adapter, err := peftc.OpenAdapter(*adapterDir)
+	adapter, err := peft.OpenAdapter(*adapterDir)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -41,8 +41,8 @@ func main() {
 
 	// Validate it against the base: every module must find a base weight of a fitting shape.
 	if err := adapter.Validate(*base); err != nil {
-		var e *peftc.Error
-		if errors.As(err, &e) && (e.Code == peftc.CodeShapeMismatch || e.Code == peftc.CodeUnresolvedKey) {
+		var e *peft.Error
+		if errors.As(err, &e) && (e.Code == peft.CodeShapeMismatch || e.Code == peft.CodeUnresolvedKey) {
 			log.Fatalf("the adapter does not fit %s: %s", *base, e.Message)
 		}
 		log.Fatal(err)
@@ -53,8 +53,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	merged := filepath.Join(*out, "merged")
-	result, err := peftc.MergeCheckpoint(ctx, *base, merged, peftc.WithAdapter(adapter, 1.0),
-		peftc.WithProgress(func(done, total uint64) {
+	result, err := peft.MergeCheckpoint(ctx, *base, merged, peft.WithAdapter(adapter, 1.0),
+		peft.WithProgress(func(done, total uint64) {
 			if done == total {
 				fmt.Printf("merged %d bytes\n", total)
 			}
@@ -65,7 +65,7 @@ func main() {
 	fmt.Printf("wrote %s: %d tensors merged, %d copied, files %v\n", merged, result.Merged, result.Copied, result.Files)
 
 	// Read one merged weight back, converted to float32.
-	ckpt, err := peftc.Open(merged)
+	ckpt, err := peft.Open(merged)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func main() {
 
 	// Export the adapter as PEFT's save_pretrained writes it, in BF16.
 	exported := filepath.Join(*out, "adapter")
-	if err := adapter.Export(exported, peftc.WithExportDType(peftc.BF16)); err != nil {
+	if err := adapter.Export(exported, peft.WithExportDType(peft.BF16)); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("exported the adapter to", exported)

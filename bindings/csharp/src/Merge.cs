@@ -60,6 +60,22 @@ namespace PeftC
             PeftException.Check(Native.peft_merge_options_set_threads(Handle, (uint)threads));
             return this;
         }
+
+        /// <summary>Whether the base folder must have a usable config.json (the default: true, as transformers cannot
+        /// load a model folder without one). With false a base without it is merged and the output has none.</summary>
+        public MergeOptions SetRequireConfig(bool require)
+        {
+            PeftException.Check(Native.peft_merge_options_set_require_config(Handle, require ? 1 : 0));
+            return this;
+        }
+
+        /// <summary>Whether merged tensors holding an infinity or a NaN are written (by default, false, the merge
+        /// fails with <see cref="ErrorCode.NonFinite"/> and writes nothing).</summary>
+        public MergeOptions SetAllowNonFinite(bool allow)
+        {
+            PeftException.Check(Native.peft_merge_options_set_allow_nonfinite(Handle, allow ? 1 : 0));
+            return this;
+        }
     }
 
     /// <summary>What a checkpoint merge did (copied out of the library; nothing to dispose).</summary>

@@ -227,6 +227,10 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_options_set_progress(MergeOptionsHandle o, NativeProgress fn, IntPtr userData);
         [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_require_config(MergeOptionsHandle o, int require);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_allow_nonfinite(MergeOptionsHandle o, int allow);
+        [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_checkpoint(byte[] baseDir, byte[] outDir, MergeOptionsHandle o, out MergeResultHandle r);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_merge_result_free(IntPtr r);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_merge_result_tensor_count(MergeResultHandle r, int which);

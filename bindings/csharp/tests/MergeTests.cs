@@ -121,6 +121,46 @@ namespace PeftC.Tests
             }
         }
 
+        // A base folder without config.json is refused unless the options say it is not required.
+        [Test]
+        public void RequireConfig()
+        {
+            using (var tmp = new TempDir())
+            using (var options = new MergeOptions().AddAdapterDir(Fixtures.AdapterDir("llama_lora")))
+            {
+                Directory.CreateDirectory(tmp["base"]);
+                File.Copy(Path.Combine(Fixtures.Model("llama"), "model.safetensors"), Path.Combine(tmp["base"], "model.safetensors"));
+                PeftException e = Assert.ThrowsPeft(ErrorCode.NotFound, () => Merge.Checkpoint(tmp["base"], tmp["out"], options));
+                Assert.True(e.Message.Contains("config.json"), e.Message);
+                Assert.False(Directory.Exists(tmp["out"]), "nothing written");
+                Merge.Checkpoint(tmp["base"], tmp["out"], options.SetRequireConfig(false));
+                Assert.True(File.Exists(Path.Combine(tmp["out"], "model.safetensors")), "merged");
+                Assert.False(File.Exists(Path.Combine(tmp["out"], "config.json")), "no config.json");
+            }
+        }
+
+        // lora_alpha 4e12 overflows F16: refused by default, written as computed when allowed.
+        [Test]
+        public void AllowNonFinite()
+        {
+            using (var tmp = new TempDir())
+            {
+                string source = Fixtures.AdapterDir("llama_lora"), adapter = tmp["adapter"];
+                Directory.CreateDirectory(adapter);
+                File.Copy(Path.Combine(source, "adapter_model.safetensors"), Path.Combine(adapter, "adapter_model.safetensors"));
+                string config = File.ReadAllText(Path.Combine(source, "adapter_config.json"));
+                File.WriteAllText(Path.Combine(adapter, "adapter_config.json"),
+                                  System.Text.RegularExpressions.Regex.Replace(config, @"""lora_alpha"":\s*[0-9.]+", @"""lora_alpha"": 4e12"));
+                using (var options = new MergeOptions().AddAdapterDir(adapter).SetDType(DType.F16))
+                {
+                    Assert.ThrowsPeft(ErrorCode.NonFinite, () => Merge.Checkpoint(Fixtures.Model("llama"), tmp["out"], options));
+                    Assert.False(Directory.Exists(tmp["out"]), "nothing written");
+                    Merge.Checkpoint(Fixtures.Model("llama"), tmp["out"], options.SetAllowNonFinite(true));
+                    Assert.True(File.Exists(Path.Combine(tmp["out"], "model.safetensors")), "merged");
+                }
+            }
+        }
+
         // A buffer merge gives the bytes the checkpoint merge writes, and removing it with kept rows restores
         // the buffer bit for bit.
         [Test]

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import weakref
 from ctypes import POINTER, byref, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import List, Optional
 
@@ -178,6 +177,8 @@ PROTOTYPES = {
     "peft_merge_options_set_max_shard_size": (_err, [_handle, c_uint64]),
     "peft_merge_options_set_threads": (_err, [_handle, c_uint32]),
     "peft_merge_options_set_progress": (_err, [_handle, PROGRESS_FN, c_void_p]),
+    "peft_merge_options_set_require_config": (_err, [_handle, c_int32]),
+    "peft_merge_options_set_allow_nonfinite": (_err, [_handle, c_int32]),
     "peft_merge_checkpoint": (_err, [c_char_p, c_char_p, _handle, POINTER(c_void_p)]),
     "peft_merge_result_free": (None, [_handle]),
     "peft_merge_result_tensor_count": (c_uint64, [_handle, c_int32]),
@@ -413,21 +414,6 @@ def take_string(pointer: c_void_p) -> str:
         return ctypes.string_at(pointer.value).decode("utf-8", "surrogateescape")
     finally:
         lib().peft_string_free(pointer.value)
-
-
-class Owned:
-    """Owns one C handle and frees it with ``free_name`` when the last reference is gone (or at
-    ``release()``). Objects that borrow from the handle keep a reference to this owner."""
-
-    __slots__ = ("ptr", "_finalizer", "__weakref__")
-
-    def __init__(self, ptr: int, free_name: str):
-        self.ptr = ptr
-        self._finalizer = weakref.finalize(self, getattr(lib(), free_name), ptr)
-        self._finalizer.atexit = False  # at exit the process is going away anyway
-
-    def release(self) -> None:
-        self._finalizer()
 
 
 def text(raw: Optional[bytes]) -> Optional[str]:

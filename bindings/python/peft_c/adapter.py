@@ -18,7 +18,9 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._dtypes import DType, DTypeLike, as_dtype, dtype_bits, numpy_dtype
-from ._lib import Owned, check, lib, take_string, text
+from ._handle import HandleObject, Owned
+from ._helpers import adapter_options, encode, fs_path
+from ._lib import check, lib, take_string, text
 
 # Mirrors the PEFT_LAYER_* constants of include/peft_c.h (checked by a test).
 LAYER_KINDS: Tuple[Tuple[int, str], ...] = (
@@ -36,28 +38,12 @@ LayerKind.__module__ = "peft_c"
 _MISSING = object()
 
 
-def _encode(value: str, what: str) -> bytes:
-    encoded = value.encode("utf-8", "surrogateescape")
-    if b"\0" in encoded:
-        raise ValueError(f"{what} must not contain NUL characters")
-    return encoded
-
-
-def _path(value, what: str = "path") -> bytes:
-    encoded = os.fsencode(value)
-    if b"\0" in encoded:
-        raise ValueError(f"{what} contains a NUL byte")
-    return encoded
-
-
 # ---- translators ------------------------------------------------------------------------------------
 
-class Translator:
+class Translator(HandleObject):
     """Maps tensor keys between HuggingFace names and a host's slash-separated native names."""
 
-    def __init__(self, owned: Owned):
-        # Use one of the class methods.
-        self._owned: Optional[Owned] = owned
+    # Use one of the class methods; the constructor takes the owner of a new handle.
 
     @classmethod
     def _make(cls, function: str, *args) -> "Translator":
@@ -68,25 +54,25 @@ class Translator:
     @classmethod
     def builtin(cls, family: str) -> "Translator":
         """The built-in table of an architecture family ("llama", "gpt2", ...)."""
-        return cls._make("peft_translator_new_builtin", _encode(family, "family"))
+        return cls._make("peft_translator_new_builtin", encode(family, "family"))
 
     @classmethod
     def from_file(cls, path) -> "Translator":
         """The caller's table from a JSON file (docs/translation-tables.md)."""
-        return cls._make("peft_translator_from_file", _path(path))
+        return cls._make("peft_translator_from_file", fs_path(path))
 
     @classmethod
     def from_json(cls, table: Union[str, dict]) -> "Translator":
         """The caller's table as a JSON string or a dict."""
         if not isinstance(table, str):
             table = json.dumps(table)
-        return cls._make("peft_translator_from_json", _encode(table, "table"))
+        return cls._make("peft_translator_from_json", encode(table, "table"))
 
     @classmethod
     def detect(cls, base_dir=None, model_name: Optional[str] = None) -> "Translator":
         """The built-in table of a base model's family: from its config.json, else its name."""
-        base = None if base_dir is None else _path(base_dir)
-        name = None if model_name is None else _encode(model_name, "model_name")
+        base = None if base_dir is None else fs_path(base_dir)
+        name = None if model_name is None else encode(model_name, "model_name")
         return cls._make("peft_translator_detect", base, name)
 
     @staticmethod
@@ -95,25 +81,6 @@ class Translator:
         out = c_void_p()
         check(lib().peft_translator_builtin_families(byref(out)))
         return [line for line in take_string(out).split("\n") if line]
-
-    def _live(self) -> Owned:
-        if self._owned is None:
-            raise ValueError("operation on a closed Translator")
-        return self._owned
-
-    def close(self) -> None:
-        """Drops this object's hold on the translator. Idempotent."""
-        self._owned = None
-
-    def __enter__(self) -> "Translator":
-        self._live()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __reduce__(self):
-        raise TypeError("a Translator cannot be pickled")
 
     @property
     def family(self) -> str:
@@ -125,20 +92,20 @@ class Translator:
     def to_native(self, hf_key: str) -> str:
         """One HuggingFace key (with or without "base_model.model.") to its native name."""
         out = c_void_p()
-        check(lib().peft_translator_to_native(self._live().ptr, _encode(hf_key, "keys"), byref(out)))
+        check(lib().peft_translator_to_native(self._live().ptr, encode(hf_key, "keys"), byref(out)))
         return take_string(out)
 
     def to_hf(self, native_key: str, *, with_peft_prefix: bool = False) -> str:
         """One native name back to its HuggingFace key (optionally with "base_model.model.")."""
         out = c_void_p()
-        check(lib().peft_translator_to_hf(self._live().ptr, _encode(native_key, "keys"),
+        check(lib().peft_translator_to_hf(self._live().ptr, encode(native_key, "keys"),
                                           1 if with_peft_prefix else 0, byref(out)))
         return take_string(out)
 
     def _batch(self, function: str, keys: Sequence[str], *extra) -> List[str]:
         owned = self._live()
         keys = list(keys)
-        encoded = (c_char_p * max(len(keys), 1))(*[_encode(k, "keys") for k in keys])
+        encoded = (c_char_p * max(len(keys), 1))(*[encode(k, "keys") for k in keys])
         out = (c_void_p * max(len(keys), 1))()
         check(getattr(lib(), function)(owned.ptr, encoded, len(keys), *extra, out))
         return [take_string(c_void_p(out[i])) for i in range(len(keys))]
@@ -193,7 +160,7 @@ class AdapterModule:
                        f"(it has {[t.role for t in self.tensors]})")
 
 
-class Adapter:
+class Adapter(HandleObject):
     """A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), validated.
 
     ::
@@ -203,9 +170,11 @@ class Adapter:
                 a = adapter.read(module, "lora_A.weight")
     """
 
+    _pickle_hint = "; pickle its path and open it again"
+
     def __init__(self, owned: Owned, source: str):
         # Use Adapter.open().
-        self._owned: Optional[Owned] = owned
+        super().__init__(owned)
         self._source = source
         self._modules: Optional[Tuple[AdapterModule, ...]] = None
 
@@ -213,44 +182,11 @@ class Adapter:
     def open(cls, path, *, base_dir=None, translator: Optional[Translator] = None) -> "Adapter":
         """Opens and checks an adapter folder; with ``base_dir`` it is also resolved and validated
         against that base model (Conv1D layers, "all-linear", shapes)."""
-        library = lib()
-        opts = c_void_p()
-        check(library.peft_adapter_options_new(byref(opts)))
-        keep = translator._live() if translator is not None else None
-        try:
-            if base_dir is not None:
-                check(library.peft_adapter_options_set_base_dir(opts, _path(base_dir)))
-            if keep is not None:
-                check(library.peft_adapter_options_set_translator(opts, keep.ptr))
-            out = c_void_p()
-            encoded = _path(path)
-            check(library.peft_adapter_open(encoded, opts, byref(out)))
-        finally:
-            library.peft_adapter_options_free(opts)
+        encoded = fs_path(path)
+        out = c_void_p()
+        with adapter_options(base_dir, translator) as opts:
+            check(lib().peft_adapter_open(encoded, opts, byref(out)))
         return cls(Owned(out.value, "peft_adapter_free"), os.fsdecode(encoded))
-
-    def _live(self) -> Owned:
-        if self._owned is None:
-            raise ValueError("operation on a closed Adapter")
-        return self._owned
-
-    def close(self) -> None:
-        """Drops this object's hold on the adapter. Idempotent."""
-        self._owned = None
-
-    @property
-    def closed(self) -> bool:
-        return self._owned is None
-
-    def __enter__(self) -> "Adapter":
-        self._live()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __reduce__(self):
-        raise TypeError("an Adapter cannot be pickled; pickle its path and open it again")
 
     def __repr__(self) -> str:
         if self._owned is None:
@@ -270,7 +206,7 @@ class Adapter:
 
     def config_field(self, name: str, default: Any = _MISSING) -> Any:
         """One field of the config, parsed; ``default`` (else KeyError) when the file has none."""
-        raw = lib().peft_adapter_config_field(self._live().ptr, _encode(name, "field names"))
+        raw = lib().peft_adapter_config_field(self._live().ptr, encode(name, "field names"))
         if raw is None:
             if default is _MISSING:
                 raise KeyError(name)
@@ -340,7 +276,7 @@ class Adapter:
 
     def validate(self, base_dir) -> None:
         """Checks every module against a base model folder; raises listing every problem."""
-        check(lib().peft_adapter_validate(self._live().ptr, _path(base_dir)))
+        check(lib().peft_adapter_validate(self._live().ptr, fs_path(base_dir)))
 
     # ---- modules ---------------------------------------------------------------------------------
 
@@ -375,7 +311,7 @@ class Adapter:
             return self.modules[key.index]
         if isinstance(key, str):
             out = c_size_t()
-            check(lib().peft_adapter_find_module(owned.ptr, _encode(key, "module names"), byref(out)))
+            check(lib().peft_adapter_find_module(owned.ptr, encode(key, "module names"), byref(out)))
             return self.modules[out.value]
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             return self.modules[int(key)]

@@ -1,8 +1,8 @@
 """Reading safetensors files and checkpoints: ``Checkpoint`` and ``TensorInfo``.
 
-Lifetime: the C handle is owned by a small ``_Handle`` object. The ``Checkpoint`` and every array that
-``Checkpoint.view`` returns hold a reference to it, and a ``weakref.finalize`` frees the C handle when the
-last of them is gone. ``close()`` therefore only drops the checkpoint's own reference: the file mapping
+Lifetime: the C handle is owned by an ``Owned`` (``_handle.py``). The ``Checkpoint`` and every array that
+``Checkpoint.view`` returns hold a reference to it, and it frees the C handle when the last of them is
+gone. ``close()`` therefore only drops the checkpoint's own reference: the file mapping
 is released at once when no view is alive (CPython frees on the last reference), and otherwise as soon
 as the last view is collected. A view can never outlive the memory it points into.
 """
@@ -14,7 +14,6 @@ import ctypes
 import json
 import math
 import os
-import weakref
 from ctypes import byref, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple, Union
@@ -22,6 +21,8 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from ._dtypes import DType, DTypeLike, as_dtype, dtype_bits, numpy_dtype
+from ._handle import HandleObject, Owned
+from ._helpers import c_options
 from ._lib import check, lib, text
 
 PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
@@ -49,18 +50,6 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
-class _Handle:
-    """Owns one ``peft_checkpoint*``; frees it when the last reference (checkpoint or view) is gone."""
-
-    __slots__ = ("ptr", "_finalizer", "__weakref__")
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-        self._finalizer = weakref.finalize(self, lib().peft_checkpoint_free, ptr)
-        # At interpreter exit the process is going away; freeing then could only race module teardown.
-        self._finalizer.atexit = False
-
-
 @contextlib.contextmanager
 def _open_options(use_pread: bool, max_header_size: Optional[int]):
     """Yields a ``peft_open_options*`` (or None for the library defaults) and frees it afterwards."""
@@ -72,17 +61,12 @@ def _open_options(use_pread: bool, max_header_size: Optional[int]):
     if not use_pread and max_header_size is None:
         yield None
         return
-    library = lib()
-    opts = c_void_p()
-    check(library.peft_open_options_new(byref(opts)))
-    try:
+    with c_options("peft_open_options_new", "peft_open_options_free") as opts:
         if max_header_size is not None:
-            check(library.peft_open_options_set_max_header_size(opts, max_header_size))
+            check(lib().peft_open_options_set_max_header_size(opts, max_header_size))
         if use_pread:
-            check(library.peft_open_options_set_use_pread(opts, 1))
+            check(lib().peft_open_options_set_use_pread(opts, 1))
         yield opts
-    finally:
-        library.peft_open_options_free(opts)
 
 
 
@@ -92,7 +76,7 @@ def _tensor_name(library, ptr, index: int) -> str:
                            library.peft_checkpoint_tensor_name_length(ptr, index))
     return raw.decode("utf-8", "surrogateescape")
 
-class Checkpoint:
+class Checkpoint(HandleObject):
     """A validated, opened safetensors file, folder or sharded checkpoint (read-only).
 
     Use as a context manager::
@@ -105,9 +89,11 @@ class Checkpoint:
     All methods may be called from several threads at once.
     """
 
-    def __init__(self, handle: _Handle, source: str):
+    _pickle_hint = "; pickle its path and open it again"
+
+    def __init__(self, owned: Owned, source: str):
         # Use Checkpoint.open() or Checkpoint.from_bytes().
-        self._handle: Optional[_Handle] = handle
+        super().__init__(owned)
         self._source = source
         self._names: Optional[Tuple[str, ...]] = None
         self._infos: Dict[int, TensorInfo] = {}  # the checkpoint never changes: cache header lookups
@@ -131,7 +117,7 @@ class Checkpoint:
         out = c_void_p()
         with _open_options(use_pread, max_header_size) as opts:
             check(lib().peft_checkpoint_open(encoded, opts, byref(out)))
-        return cls(_Handle(out.value), os.fsdecode(encoded))
+        return cls(Owned(out.value, "peft_checkpoint_free"), os.fsdecode(encoded))
 
     @classmethod
     def from_bytes(cls, data, *, max_header_size: Optional[int] = None) -> "Checkpoint":
@@ -152,39 +138,17 @@ class Checkpoint:
         with _open_options(False, max_header_size) as opts:
             check(lib().peft_checkpoint_open_memory(pointer, size, opts, byref(out)))
         del keep
-        return cls(_Handle(out.value), "<memory>")
+        return cls(Owned(out.value, "peft_checkpoint_free"), "<memory>")
 
     def close(self) -> None:
         """Releases this object's hold on the checkpoint. Idempotent.
 
         Arrays returned by ``view`` stay valid: the mapping is released when the last of them goes.
         """
-        self._handle = None
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
-
-    def __enter__(self) -> "Checkpoint":
-        self._live()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __reduce__(self):
-        raise TypeError("a Checkpoint cannot be pickled; pickle its path and open it again")
-
-    def _live(self) -> _Handle:
-        # The caller keeps the returned handle in a local for the whole C call, so a close() from
-        # another thread cannot free the checkpoint under it.
-        handle = self._handle
-        if handle is None:
-            raise ValueError("operation on a closed Checkpoint")
-        return handle
+        super().close()
 
     def __repr__(self) -> str:
-        if self._handle is None:
+        if self._owned is None:
             return f"<peft_c.Checkpoint {self._source!r} closed>"
         return f"<peft_c.Checkpoint {self._source!r} files={self.file_count} tensors={len(self)}>"
 
@@ -202,7 +166,7 @@ class Checkpoint:
         count = library.peft_checkpoint_file_count(handle.ptr)
         return tuple(text(library.peft_checkpoint_file_path(handle.ptr, i)) for i in range(count))
 
-    def _file_index(self, handle: _Handle, file_index: int) -> int:
+    def _file_index(self, handle: Owned, file_index: int) -> int:
         count = lib().peft_checkpoint_file_count(handle.ptr)
         index = _as_index(file_index, count, "file index")
         return index
@@ -254,7 +218,7 @@ class Checkpoint:
             return False
         return True
 
-    def _index(self, handle: _Handle, key: TensorKey) -> int:
+    def _index(self, handle: Owned, key: TensorKey) -> int:
         library = lib()
         if isinstance(key, TensorInfo):
             key = key.index

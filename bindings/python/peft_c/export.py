@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from ctypes import byref, c_double, c_void_p
+from ctypes import c_double, c_void_p
 from typing import Optional, Sequence
 
 from ._dtypes import DTypeLike, as_dtype
+from ._handle import handle_of
+from ._helpers import c_options, encode, fs_path
 from ._lib import check, lib
-from .adapter import Adapter, _encode, _path
+from .adapter import Adapter
 
 # Mirrors PEFT_COMBINE_* of include/peft_c.h (checked by a test).
 COMBINE_METHODS = {"cat": 0, "linear": 1}
@@ -21,17 +23,12 @@ COMBINE_METHODS = {"cat": 0, "linear": 1}
 
 @contextlib.contextmanager
 def _export_options(dtype: Optional[DTypeLike], peft_version: Optional[str]):
-    library = lib()
-    opts = c_void_p()
-    check(library.peft_export_options_new(byref(opts)))
-    try:
+    with c_options("peft_export_options_new", "peft_export_options_free") as opts:
         if dtype is not None:
-            check(library.peft_export_options_set_dtype(opts, int(as_dtype(dtype))))
+            check(lib().peft_export_options_set_dtype(opts, int(as_dtype(dtype))))
         if peft_version is not None:
-            check(library.peft_export_options_set_peft_version(opts, _encode(peft_version, "peft_version")))
+            check(lib().peft_export_options_set_peft_version(opts, encode(peft_version, "peft_version")))
         yield opts
-    finally:
-        library.peft_export_options_free(opts)
 
 
 def export_adapter(adapter: Adapter, out_dir, *, dtype: Optional[DTypeLike] = None,
@@ -42,7 +39,7 @@ def export_adapter(adapter: Adapter, out_dir, *, dtype: Optional[DTypeLike] = No
     config that release reads, or raises ``UnsupportedError`` naming a field it cannot express.
     """
     with _export_options(dtype, peft_version) as opts:
-        check(lib().peft_adapter_export(adapter._live().ptr, _path(out_dir), opts))
+        check(lib().peft_adapter_export(handle_of(adapter).ptr, fs_path(out_dir), opts))
 
 
 def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_dir, *,
@@ -57,12 +54,12 @@ def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_
         raise ValueError("weights must be finite")
     if method not in COMBINE_METHODS:
         raise ValueError(f"method must be one of {sorted(COMBINE_METHODS)}")
-    owners = [a._live() for a in adapters]  # kept alive for the call
+    owners = [handle_of(a) for a in adapters]  # kept alive for the call
     pointers = (c_void_p * len(owners))(*[o.ptr for o in owners])
     values = (c_double * len(weights))(*weights)
     with _export_options(dtype, peft_version) as opts:
         check(lib().peft_adapter_combine(pointers, values, len(owners), COMBINE_METHODS[method],
-                                         _path(out_dir), opts))
+                                         fs_path(out_dir), opts))
 
 
 __all__ = ["COMBINE_METHODS", "combine_adapters", "export_adapter"]

@@ -11,12 +11,12 @@ from ctypes import byref, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Tuple, Union
 
-import numpy as np
-
-from ._dtypes import DType, DTypeLike, as_dtype
+from ._dtypes import DTypeLike, as_dtype
 from ._errors import CancelledError
-from ._lib import PROGRESS_FN, Owned, check, lib, text
-from .adapter import Adapter, Translator, _encode, _path
+from ._handle import Owned, handle_of
+from ._helpers import Buffer, buffer_of, c_options, encode, finite, fs_path, thread_count
+from ._lib import PROGRESS_FN, check, lib, text
+from .adapter import Adapter, Translator
 
 # Mirrors PEFT_MERGE_* of include/peft_c.h (checked by a test).
 MERGE_DTYPE_KEEP = -1
@@ -28,7 +28,6 @@ MERGE_TENSOR_COUNTS: Tuple[Tuple[int, str], ...] = (
 )
 
 AdapterSpec = Union[Adapter, str, "os.PathLike[str]", Tuple[Union[Adapter, str, "os.PathLike[str]"], float]]
-BUFFER_DTYPES = (DType.F32, DType.BF16, DType.F16)
 
 
 @dataclass(frozen=True)
@@ -45,22 +44,10 @@ class MergeResult:
     notes: Tuple[str, ...]
 
 
-def _finite(weight: float) -> float:
-    weight = float(weight)
-    if not math.isfinite(weight):
-        raise ValueError("an adapter weight must be finite")
-    return weight
-
-
-def _threads(threads: int) -> int:
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads < 2**32:
-        raise ValueError("threads must be an int between 0 and 2**32 - 1")
-    return threads
-
-
 def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                      dtype: Optional[DTypeLike] = None, max_shard_size: int = 0, threads: int = 0,
-                     progress: Optional[Callable[[int, int], Optional[bool]]] = None) -> MergeResult:
+                     progress: Optional[Callable[[int, int], Optional[bool]]] = None,
+                     require_config: bool = True, allow_nonfinite: bool = False) -> MergeResult:
     """Merges adapters into a base model folder and writes the merged model folder.
 
     ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
@@ -68,21 +55,22 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
     ``dtype`` None keeps every tensor's dtype; "F32", "BF16" or "F16" converts. ``max_shard_size`` 0
     keeps the base's files, otherwise reshards as ``save_pretrained`` does. ``progress(done, total)``
     is called as bytes are written; returning True cancels (``CancelledError``) and an exception it
-    raises cancels and is re-raised. On any failure the output folder is left as it was.
+    raises cancels and is re-raised. ``require_config`` False merges a base folder without a usable
+    config.json (the output then has none; by default it is ``NotFoundError``, as transformers cannot load
+    such a folder). ``allow_nonfinite`` True writes merged tensors holding an infinity or a NaN (by default
+    ``NonFiniteError``). On any failure the output folder is left as it was.
     """
     library = lib()
-    opts = c_void_p()
-    check(library.peft_merge_options_new(byref(opts)))
     raised: List[BaseException] = []
     callback = None
-    try:
+    with c_options("peft_merge_options_new", "peft_merge_options_free") as opts:
         count = 0
         for spec in adapters:
             adapter, weight = spec if isinstance(spec, tuple) else (spec, 1.0)
             if isinstance(adapter, Adapter):
-                check(library.peft_merge_options_add_adapter(opts, adapter._live().ptr, _finite(weight)))
+                check(library.peft_merge_options_add_adapter(opts, handle_of(adapter).ptr, finite(weight)))
             else:
-                check(library.peft_merge_options_add_adapter_dir(opts, _path(adapter), _finite(weight)))
+                check(library.peft_merge_options_add_adapter_dir(opts, fs_path(adapter), finite(weight)))
             count += 1
         if count == 0:
             raise ValueError("merge_checkpoint needs at least one adapter")
@@ -91,7 +79,9 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
         if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 0:
             raise ValueError("max_shard_size must be a non-negative int")
         check(library.peft_merge_options_set_max_shard_size(opts, max_shard_size))
-        check(library.peft_merge_options_set_threads(opts, _threads(threads)))
+        check(library.peft_merge_options_set_threads(opts, thread_count(threads)))
+        check(library.peft_merge_options_set_require_config(opts, 1 if require_config else 0))
+        check(library.peft_merge_options_set_allow_nonfinite(opts, 1 if allow_nonfinite else 0))
         if progress is not None:
             def trampoline(_user, done, total):
                 try:
@@ -104,13 +94,11 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
             check(library.peft_merge_options_set_progress(opts, callback, None))
         out = c_void_p()
         try:
-            check(library.peft_merge_checkpoint(_path(base_dir), _path(out_dir), opts, byref(out)))
+            check(library.peft_merge_checkpoint(fs_path(base_dir), fs_path(out_dir), opts, byref(out)))
         except CancelledError as cancelled:
             if raised:
                 raise raised[0] from cancelled
             raise
-    finally:
-        library.peft_merge_options_free(opts)
     result = Owned(out.value, "peft_merge_result_free")
     ptr = result.ptr
     counts = {name: int(library.peft_merge_result_tensor_count(ptr, which))
@@ -128,46 +116,6 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
 
 
 # ---- buffers -------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Buffer:
-    address: int
-    dtype: DType
-    shape: Tuple[int, ...]
-    nbytes: int
-
-
-def _buffer(obj, dtype: Optional[DTypeLike], what: str) -> _Buffer:
-    """The memory of a writable, C-contiguous numpy array or CPU torch tensor (modified in place)."""
-    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # a torch tensor, duck-typed
-        if str(obj.device) != "cpu" or not obj.is_contiguous():
-            raise ValueError(f"{what} must be a contiguous CPU tensor")
-        names = {"torch.float32": "F32", "torch.bfloat16": "BF16", "torch.float16": "F16"}
-        inferred = names.get(str(obj.dtype))
-        element = obj.element_size()
-        shape, address, nbytes = tuple(obj.shape), obj.data_ptr(), obj.numel() * element
-    else:
-        if not isinstance(obj, np.ndarray):
-            raise TypeError(f"{what} must be a numpy array or a torch tensor (changed in place)")
-        if not obj.flags.c_contiguous or not obj.flags.writeable:
-            raise ValueError(f"{what} must be a writable C-contiguous array (it is changed in place)")
-        if obj.dtype.byteorder == ">" or (obj.dtype.byteorder == "=" and not np.little_endian):
-            raise ValueError(f"{what} must be little-endian")
-        try:
-            inferred = as_dtype(obj.dtype).name
-        except ValueError:
-            inferred = None
-        element = obj.dtype.itemsize
-        shape, address, nbytes = obj.shape, obj.ctypes.data, obj.nbytes
-    if dtype is None and inferred is None:
-        raise ValueError(f"{what}: cannot tell its dtype from {obj.dtype}; pass dtype=")
-    chosen = as_dtype(dtype if dtype is not None else inferred)
-    if chosen not in BUFFER_DTYPES:
-        raise ValueError(f"{what} must hold F32, BF16 or F16 values, not {chosen.name}")
-    if element * 8 != {DType.F32: 32, DType.BF16: 16, DType.F16: 16}[chosen]:
-        raise ValueError(f"{what}: elements of {element} bytes cannot hold {chosen.name}")
-    return _Buffer(address, chosen, tuple(int(d) for d in shape), int(nbytes))
-
 
 def _lora_bias_size(adapter: Adapter, name: str, translator: Optional[Translator]) -> Optional[int]:
     """Elements of the layer's lora_B.bias, or None when the layer named ``name`` cannot be found."""
@@ -190,7 +138,7 @@ def _lora_bias_size(adapter: Adapter, name: str, translator: Optional[Translator
 class MergeRecord:
     """One adapter layer merged into a host buffer; ``remove`` takes it out again."""
 
-    def __init__(self, owned: Owned, weight: _Buffer, bias: Optional[_Buffer]):
+    def __init__(self, owned: Owned, weight: Buffer, bias: Optional[Buffer]):
         self._owned = owned
         self._weight = weight
         self._bias = bias
@@ -213,7 +161,7 @@ class MergeRecord:
     def remove(self, weight, bias=None) -> None:
         """Takes the merge out of ``weight`` (and ``bias``), which must have the dtype and shape
         they had at the merge (the memory may have moved)."""
-        buffer = _buffer(weight, self._weight.dtype.name, "weight")
+        buffer = buffer_of(weight, self._weight.dtype.name, "weight")
         if (buffer.dtype, buffer.shape, buffer.nbytes) != (self._weight.dtype, self._weight.shape,
                                                            self._weight.nbytes):
             raise ValueError(f"weight must be {self._weight.dtype.name} {list(self._weight.shape)}, "
@@ -222,7 +170,7 @@ class MergeRecord:
         if self._bias is not None:
             if bias is None:
                 raise ValueError("this merge changed a bias: pass it to remove()")
-            bias_buffer = _buffer(bias, self._bias.dtype.name, "bias")
+            bias_buffer = buffer_of(bias, self._bias.dtype.name, "bias")
             if (bias_buffer.shape, bias_buffer.nbytes) != (self._bias.shape, self._bias.nbytes):
                 raise ValueError(f"bias must be {self._bias.dtype.name} {list(self._bias.shape)}")
             bias_address = bias_buffer.address
@@ -244,7 +192,7 @@ def merge_into(adapter: Adapter, name: str, weight, *, bias=None, dtype: Optiona
     host's name for it. ``scale`` multiplies the LoRA scaling. With ``keep_original_rows`` the
     removal restores the buffer bit for bit. ``bias`` is needed when the layer has a ``lora_B.bias``.
     """
-    buffer = _buffer(weight, dtype, "weight")
+    buffer = buffer_of(weight, dtype, "weight")
     bias_buffer = None
     if adapter.lora_bias:
         expected = _lora_bias_size(adapter, name, translator)
@@ -253,26 +201,22 @@ def merge_into(adapter: Adapter, name: str, weight, *, bias=None, dtype: Optiona
         if expected:
             if bias is None:
                 raise ValueError(f"layer {name!r} has a lora_B.bias: pass its bias buffer")
-            bias_buffer = _buffer(bias, None, "bias")
+            bias_buffer = buffer_of(bias, None, "bias")
             if math.prod(bias_buffer.shape) != expected:
                 raise ValueError(f"bias of {name!r} must have {expected} elements")
     library = lib()
-    opts = c_void_p()
-    check(library.peft_merge_buffer_options_new(byref(opts)))
-    try:
-        check(library.peft_merge_buffer_options_set_weight(opts, _finite(scale)))
+    with c_options("peft_merge_buffer_options_new", "peft_merge_buffer_options_free") as opts:
+        check(library.peft_merge_buffer_options_set_weight(opts, finite(scale)))
         check(library.peft_merge_buffer_options_set_keep_original_rows(opts, 1 if keep_original_rows else 0))
-        check(library.peft_merge_buffer_options_set_threads(opts, _threads(threads)))
+        check(library.peft_merge_buffer_options_set_threads(opts, thread_count(threads)))
         if translator is not None:
-            check(library.peft_merge_buffer_options_set_translator(opts, translator._live().ptr))
+            check(library.peft_merge_buffer_options_set_translator(opts, handle_of(translator).ptr))
         shape = (c_uint64 * max(len(buffer.shape), 1))(*buffer.shape)
         out = c_void_p()
         check(library.peft_merge_buffer_apply(
-            adapter._live().ptr, _encode(name, "layer names"), buffer.address, int(buffer.dtype), shape,
+            handle_of(adapter).ptr, encode(name, "layer names"), buffer.address, int(buffer.dtype), shape,
             len(buffer.shape), bias_buffer.address if bias_buffer else None,
             int(bias_buffer.dtype) if bias_buffer else 0, opts, byref(out)))
-    finally:
-        library.peft_merge_buffer_options_free(opts)
     return MergeRecord(Owned(out.value, "peft_merge_record_free"), buffer, bias_buffer)
 
 

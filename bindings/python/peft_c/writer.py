@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import weakref
 from ctypes import byref, c_uint64, c_void_p
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -18,15 +17,10 @@ import numpy as np
 
 from ._dtypes import DTypeLike, as_dtype
 from ._errors import CancelledError
+from ._handle import HandleObject, Owned, handle_of
+from ._helpers import encode, fs_path
 from ._lib import SIZE_MAX, SOURCE_FN, check, lib, text
 from .checkpoint import Checkpoint, TensorKey
-
-def _utf8(value: str, what: str) -> bytes:
-    encoded = value.encode("utf-8", "surrogateescape")
-    if b"\0" in encoded:
-        raise ValueError(f"{what} must not contain NUL characters")
-    return encoded
-
 
 def _as_bytes_source(data) -> Tuple[np.ndarray, Optional[np.dtype]]:
     """A C-contiguous little-endian array over ``data`` (an ndarray or any bytes-like object)."""
@@ -38,19 +32,7 @@ def _as_bytes_source(data) -> Tuple[np.ndarray, Optional[np.dtype]]:
     return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8), None
 
 
-class _WriterHandle:
-    __slots__ = ("ptr", "_finalizer", "__weakref__")
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-        self._finalizer = weakref.finalize(self, lib().peft_writer_free, ptr)
-        self._finalizer.atexit = False
-
-    def free(self) -> None:
-        self._finalizer()
-
-
-class Writer:
+class Writer(HandleObject):
     """A streaming writer of one ``.safetensors`` file or of a checkpoint folder.
 
     Declare every tensor (``add_tensor``) and the metadata, then write the tensors in the writer's
@@ -62,70 +44,50 @@ class Writer:
             w.write_tensor("b", np.ones((2, 3), np.float32))   # converted to BF16 on the way
     """
 
-    def __init__(self, handle: _WriterHandle, target: str):
+    def __init__(self, owned: Owned, target: str):
         # Use Writer.create() or Writer.checkpoint().
-        self._handle: Optional[_WriterHandle] = handle
+        super().__init__(owned)
         self._target = target
         self._finished = False
 
     @classmethod
     def create(cls, path) -> "Writer":
         """A writer of one safetensors file at ``path`` (metadata starts absent)."""
-        encoded = os.fsencode(path)
-        if b"\0" in encoded:
-            raise ValueError("path contains a NUL byte")
+        encoded = fs_path(path)
         out = c_void_p()
         check(lib().peft_writer_new(encoded, byref(out)))
-        return cls(_WriterHandle(out.value), os.fsdecode(encoded))
+        return cls(Owned(out.value, "peft_writer_free"), os.fsdecode(encoded))
 
     @classmethod
     def checkpoint(cls, folder, max_shard_size: int = 0) -> "Writer":
         """A writer of a checkpoint folder laid out as transformers' ``save_pretrained`` lays it out:
         shards split by huggingface_hub's greedy rule, ``model.safetensors.index.json``, and metadata
         starting as ``{"format": "pt"}``. ``max_shard_size`` 0 means no limit."""
-        encoded = os.fsencode(folder)
-        if b"\0" in encoded:
-            raise ValueError("path contains a NUL byte")
+        encoded = fs_path(folder)
         if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 0:
             raise ValueError("max_shard_size must be a non-negative int")
         out = c_void_p()
         check(lib().peft_writer_new_checkpoint(encoded, max_shard_size, byref(out)))
-        return cls(_WriterHandle(out.value), os.fsdecode(encoded))
+        return cls(Owned(out.value, "peft_writer_free"), os.fsdecode(encoded))
 
     # ---- lifetime -----------------------------------------------------------------------------
 
-    def _live(self) -> _WriterHandle:
-        if self._handle is None:
-            raise ValueError("operation on a closed Writer")
-        return self._handle
-
     def close(self) -> None:
         """Frees the writer; an unfinished output is discarded. Idempotent."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            handle.free()
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            owned.release()
 
     @property
     def finished(self) -> bool:
         return self._finished
 
-    def __enter__(self) -> "Writer":
-        self._live()
-        return self
-
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc_type is None and not self._finished and self._handle is not None:
+            if exc_type is None and not self._finished and self._owned is not None:
                 self.finish()
         finally:
             self.close()
-
-    def __reduce__(self):
-        raise TypeError("a Writer cannot be pickled")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("finished" if self._finished else "open")
@@ -139,7 +101,7 @@ class Writer:
         if any(d < 0 or d >= 2**64 for d in dims):
             raise ValueError(f"shape {dims} of {name!r} has a dimension out of range")
         array = (c_uint64 * len(dims))(*dims)
-        check(lib().peft_writer_add_tensor(self._live().ptr, _utf8(name, "tensor names"),
+        check(lib().peft_writer_add_tensor(self._live().ptr, encode(name, "tensor names"),
                                                  int(as_dtype(dtype)), array, len(dims)))
 
     def set_metadata(self, metadata: Optional[Mapping[str, str]]) -> None:
@@ -152,8 +114,8 @@ class Writer:
         for key, value in metadata.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError("metadata keys and values must be str")
-            check(library.peft_writer_set_metadata(ptr, _utf8(key, "metadata keys"),
-                                                   _utf8(value, "metadata values")))
+            check(library.peft_writer_set_metadata(ptr, encode(key, "metadata keys"),
+                                                   encode(value, "metadata values")))
 
     def break_shard(self) -> None:
         """Checkpoint writers: the next declared tensor starts a new shard."""
@@ -163,7 +125,7 @@ class Writer:
         """Checkpoint writers: extra entries of the index's ``"metadata"`` (``total_size`` is computed)."""
         text_json = json.dumps(dict(metadata), ensure_ascii=False, allow_nan=False)
         check(lib().peft_writer_set_index_metadata_json(self._live().ptr,
-                                                               _utf8(text_json, "index metadata")))
+                                                               encode(text_json, "index metadata")))
 
     def start(self) -> None:
         """Ends the declarations and computes the headers (done by the first write if not called)."""
@@ -211,13 +173,13 @@ class Writer:
             if np_dtype is None:
                 raise ValueError("src_dtype is needed for raw bytes")
             src_dtype = np_dtype
-        check(lib().peft_writer_write_tensor(self._live().ptr, _utf8(name, "tensor names"),
+        check(lib().peft_writer_write_tensor(self._live().ptr, encode(name, "tensor names"),
                                                    int(as_dtype(src_dtype)), array.ctypes.data,
                                                    array.nbytes))
 
     def begin_tensor(self, name: str, src_dtype: DTypeLike) -> None:
         """Begins the next tensor; its bytes then come in pieces through ``write``."""
-        check(lib().peft_writer_begin_tensor(self._live().ptr, _utf8(name, "tensor names"),
+        check(lib().peft_writer_begin_tensor(self._live().ptr, encode(name, "tensor names"),
                                                    int(as_dtype(src_dtype))))
 
     def write(self, data) -> None:
@@ -243,7 +205,7 @@ class Writer:
         callback = SOURCE_FN(trampoline)  # kept alive for the whole call by this local
         try:
             check(lib().peft_writer_write_from_callback(
-                self._live().ptr, _utf8(name, "tensor names"), int(as_dtype(src_dtype)), callback, None))
+                self._live().ptr, encode(name, "tensor names"), int(as_dtype(src_dtype)), callback, None))
         except CancelledError as cancelled:
             if raised:
                 raise raised[0] from cancelled
@@ -253,9 +215,9 @@ class Writer:
                               key: Optional[TensorKey] = None) -> None:
         """Writes the next tensor from a tensor of an opened checkpoint (by default, the one of the
         same name), converting it to the declared dtype when they differ."""
-        source = checkpoint._live()
-        index = checkpoint._index(source, name if key is None else key)
-        check(lib().peft_writer_write_from_checkpoint(self._live().ptr, _utf8(name, "tensor names"),
+        index = checkpoint.tensor(name if key is None else key).index
+        source = handle_of(checkpoint)
+        check(lib().peft_writer_write_from_checkpoint(self._live().ptr, encode(name, "tensor names"),
                                                             source.ptr, index))
 
     def finish(self) -> None:

@@ -48,7 +48,7 @@ def test_close_is_idempotent_and_blocks_further_use(fresh_file):
 
 def test_context_manager_closes_and_unmaps(fresh_file):
     with peft_c.Checkpoint.open(fresh_file) as ckpt:
-        handle = weakref.ref(ckpt._handle)
+        handle = weakref.ref(ckpt._owned)
         assert not is_mapped(fresh_file)  # reads use pread; the file is mapped at the first view
         ckpt.view("f64")  # the array goes at once
         gc.collect()
@@ -68,7 +68,7 @@ def test_context_manager_closes_on_exception(fresh_file):
 def test_view_outlives_close(fresh_file):
     expected = numpy_tensors()["f64"]
     ckpt = peft_c.Checkpoint.open(fresh_file)
-    handle = weakref.ref(ckpt._handle)
+    handle = weakref.ref(ckpt._owned)
     view = ckpt.view("f64")
     ckpt.close()
     gc.collect()
@@ -87,7 +87,7 @@ def test_view_outlives_close(fresh_file):
 def test_view_outlives_the_checkpoint_object(fresh_file):
     expected = numpy_tensors()["i32"]
     ckpt = peft_c.Checkpoint.open(fresh_file)
-    handle = weakref.ref(ckpt._handle)
+    handle = weakref.ref(ckpt._owned)
     views = [ckpt.view("i32") for _ in range(3)]
     del ckpt  # never closed: the finalizer is the backstop
     gc.collect()
@@ -102,8 +102,8 @@ def test_view_outlives_the_checkpoint_object(fresh_file):
 
 def test_unclosed_checkpoint_is_freed_by_the_finalizer(fresh_file):
     ckpt = peft_c.Checkpoint.open(fresh_file)
-    handle = weakref.ref(ckpt._handle)
-    finalizer = ckpt._handle._finalizer
+    handle = weakref.ref(ckpt._owned)
+    finalizer = ckpt._owned._finalizer
     assert finalizer.alive
     del ckpt
     gc.collect()
@@ -113,7 +113,7 @@ def test_unclosed_checkpoint_is_freed_by_the_finalizer(fresh_file):
 
 def test_reference_cycle_is_collected(fresh_file):
     ckpt = peft_c.Checkpoint.open(fresh_file)
-    handle = weakref.ref(ckpt._handle)
+    handle = weakref.ref(ckpt._owned)
     ckpt.self_ref = ckpt  # a cycle: only the cyclic collector can free it
     del ckpt
     gc.collect()

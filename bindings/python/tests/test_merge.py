@@ -250,6 +250,37 @@ def test_merge_errors(tmp_path):
         peft_c.merge_checkpoint(base_of(name), tmp_path / "z", [ADAPTERS / name], dtype="I32")
 
 
+
+def test_require_config(tmp_path):
+    """A base folder without config.json is refused unless ``require_config`` is False."""
+    base = tmp_path / "base"
+    base.mkdir()
+    shutil.copy(FIXTURES / "models" / "llama" / "model.safetensors", base)
+    with pytest.raises(peft_c.NotFoundError, match="config.json"):
+        peft_c.merge_checkpoint(base, tmp_path / "out", [ADAPTERS / "llama_lora"])
+    assert not (tmp_path / "out").exists()
+    result = peft_c.merge_checkpoint(base, tmp_path / "out", [ADAPTERS / "llama_lora"], require_config=False)
+    assert "config.json" not in result.files
+    assert (tmp_path / "out" / "model.safetensors").exists()
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_allow_nonfinite(tmp_path):
+    """lora_alpha 4e12 overflows F16: refused by default, written as computed with ``allow_nonfinite``."""
+    adapter = tmp_path / "adapter"
+    shutil.copytree(ADAPTERS / "llama_lora", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["lora_alpha"] = 4e12
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    base = FIXTURES / "models" / "llama"
+    with pytest.raises(peft_c.NonFiniteError):
+        peft_c.merge_checkpoint(base, tmp_path / "out", [adapter], dtype="F16")
+    assert not (tmp_path / "out").exists()
+    peft_c.merge_checkpoint(base, tmp_path / "out", [adapter], dtype="F16", allow_nonfinite=True)
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "np") as merged:
+        assert any(np.isinf(merged.get_tensor(key).astype(np.float32)).any() for key in merged.keys())
+
+
 # ---- buffers -------------------------------------------------------------------------------------------
 
 def lora_modules(adapter):

@@ -600,7 +600,7 @@ def test_host_model_keeps_its_arrays_alive():
     del array
     gc.collect()
     assert alive() is not None
-    state = weakref.ref(host._state)
+    state = weakref.ref(host._owned)
     host.close()
     host.close()
     gc.collect()

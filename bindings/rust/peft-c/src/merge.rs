@@ -73,6 +73,23 @@ impl MergeOptions {
         unsafe { check(sys::peft_merge_options_set_threads(self.ptr(), threads))? };
         Ok(self)
     }
+
+    /// Whether the base folder must have a usable config.json (the default: true, as transformers
+    /// cannot load a model folder without one; the merge then fails with `NotFound` before writing
+    /// anything). With false such a base is merged and the output has no config.json.
+    pub fn set_require_config(&mut self, require: bool) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_require_config(self.ptr(), i32::from(require)))? };
+        Ok(self)
+    }
+
+    /// Whether merged tensors holding an infinity or a NaN are written as computed (by default, false,
+    /// the merge fails with `NonFinite` naming the first such tensor, nothing written).
+    pub fn set_allow_nonfinite(&mut self, allow: bool) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_allow_nonfinite(self.ptr(), i32::from(allow)))? };
+        Ok(self)
+    }
 }
 
 impl fmt::Debug for MergeOptions {

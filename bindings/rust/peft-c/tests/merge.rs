@@ -268,6 +268,44 @@ fn merge_errors() {
     assert!(list_files(tmp.path()).is_empty(), "failed merges left {:?}", list_files(tmp.path()));
 }
 
+/// A base folder without config.json is refused unless `set_require_config(false)` says it is not needed.
+#[test]
+fn require_config() {
+    let tmp = TempDir::new("merge-require-config");
+    let base = tmp.join("base");
+    std::fs::create_dir(&base).unwrap();
+    std::fs::copy(fixture(&["models", "llama", "model.safetensors"]), base.join("model.safetensors")).unwrap();
+    let out = tmp.join("out");
+    let mut options = MergeOptions::new().unwrap();
+    options.add_adapter_dir(fixture(&["adapters", "llama_lora"]), 1.0).unwrap();
+    let err = expect_code(merge_checkpoint(&base, &out, &options), ErrorCode::NotFound);
+    assert!(err.message().contains("config.json"), "{err}");
+    assert!(!out.exists(), "a refused merge wrote its output folder");
+    let result = merge_checkpoint(&base, &out, options.set_require_config(false).unwrap()).unwrap();
+    assert!(!result.files().contains(&"config.json"), "{:?}", result.files());
+    assert!(out.join("model.safetensors").exists() && !out.join("config.json").exists());
+}
+
+/// lora_alpha 4e12 overflows F16: refused by default, written as computed with `set_allow_nonfinite(true)`.
+#[test]
+fn allow_nonfinite() {
+    let tmp = TempDir::new("merge-allow-nonfinite");
+    let adapter = tmp.join("adapter");
+    std::fs::create_dir(&adapter).unwrap();
+    let source = fixture(&["adapters", "llama_lora"]);
+    let mut config = read_json(&source.join("adapter_config.json"));
+    config["lora_alpha"] = serde_json::json!(4e12);
+    std::fs::write(adapter.join("adapter_config.json"), config.to_string()).unwrap();
+    std::fs::copy(source.join("adapter_model.safetensors"), adapter.join("adapter_model.safetensors")).unwrap();
+    let (base, out) = (fixture(&["models", "llama"]), tmp.join("out"));
+    let mut options = MergeOptions::new().unwrap();
+    options.add_adapter_dir(&adapter, 1.0).unwrap().set_dtype(Some(DType::F16)).unwrap();
+    expect_code(merge_checkpoint(&base, &out, &options), ErrorCode::NonFinite);
+    assert!(!out.exists(), "a refused merge wrote its output folder");
+    merge_checkpoint(&base, &out, options.set_allow_nonfinite(true).unwrap()).unwrap();
+    assert!(out.join("model.safetensors").exists());
+}
+
 #[test]
 fn replaced_embeddings_and_untying_are_reported() {
     let tmp = TempDir::new("merge-embedding");

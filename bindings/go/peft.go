@@ -1,4 +1,4 @@
-// Package peftc is the Go binding of peft_c: it reads and writes safetensors files and checkpoints
+// Package peft is the Go binding of peft_c: it reads and writes safetensors files and checkpoints
 // exactly as HuggingFace's reference does, loads PEFT LoRA adapters, translates tensor names, merges
 // adapters into checkpoints or into host buffers, exports and combines adapters, and serves many
 // adapters over one base model: a Registry of adapters loaded on first use under a byte budget,
@@ -13,8 +13,8 @@
 // Every failure of the library is a *Error carrying a stable Code and the library's message, which
 // names the file, tensor or key at fault. Each code has a sentinel, so
 //
-//	if errors.Is(err, peftc.ErrInvalidOffset) { ... }
-//	var e *peftc.Error
+//	if errors.Is(err, peft.ErrInvalidOffset) { ... }
+//	var e *peft.Error
 //	if errors.As(err, &e) { fmt.Println(e.Code, e.Message) }
 //
 // both work. Using a handle after Close returns an error that matches ErrClosed.
@@ -44,7 +44,7 @@
 // so may a Registry and its Leases (LoraApply too, with outputs of its own). A Writer, a MergeRecord
 // or a HostModel belongs to one goroutine at a time; a call made while another call on the same one
 // is running fails with ErrBusy instead of racing.
-package peftc
+package peft
 
 /*
 #cgo pkg-config: peft_c
@@ -82,7 +82,7 @@ func Kernels() string { return C.GoString(C.peft_kernels()) }
 // library with another ABI is not memory-safe.
 func CheckVersion() error {
 	if got := ABIVersion(); got != HeaderABIVersion {
-		return fmt.Errorf("peftc: the peft_c library has ABI version %d, this binding needs %d", got, HeaderABIVersion)
+		return fmt.Errorf("peft: the peft_c library has ABI version %d, this binding needs %d", got, HeaderABIVersion)
 	}
 	return nil
 }
