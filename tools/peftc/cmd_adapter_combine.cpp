@@ -2,14 +2,12 @@
 //   [--dtype f32|bf16|f16] [--peft-version X.Y]
 // Combines adapters as PEFT's add_weighted_adapter does ("cat" exact, "linear" approximate) into a
 // new adapter folder.
-#include <cerrno>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "command.hpp"
 
 namespace peftc {
@@ -19,22 +17,13 @@ constexpr const char* kUsage =
     "adapter combine --adapter DIR:WEIGHT [--adapter DIR:WEIGHT ...] --method cat|linear --out DIR "
     "[--dtype f32|bf16|f16] [--peft-version X.Y]";
 
-int32_t parse_dtype(const std::string& name) {
-  if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
-  if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
-  if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;
-  return -1;
-}
-
 // "DIR:WEIGHT", split at the last colon (folder names may hold colons); the weight is a finite number.
 bool parse_weighted(const std::string& text, std::string& dir, double& weight) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
-  const std::string number = text.substr(colon + 1);
-  char* end = nullptr;
-  errno = 0;
-  weight = std::strtod(number.c_str(), &end);
-  if (end != number.c_str() + number.size() || errno == ERANGE || !std::isfinite(weight)) return false;
+  const std::optional<double> number = parse_number(text.substr(colon + 1));
+  if (!number) return false;
+  weight = *number;
   dir = text.substr(0, colon);
   return true;
 }
@@ -54,22 +43,11 @@ int combine_command(const std::vector<std::string>& args) {
   std::optional<int32_t> method;
   std::optional<std::string> out;
   std::optional<std::string> version;
-  int32_t dtype = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    std::optional<std::string> value;
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    const auto take_value = [&]() -> std::optional<std::string> {
-      if (value) return value;
-      if (i + 1 < args.size()) return args[++i];
-      return std::nullopt;
-    };
+  int32_t dtype = PEFT_DTYPE_KEEP;
+  for (Arguments a(args); a.next();) {
+    const std::string& arg = a.name();
     if (arg == "--adapter") {
-      const auto v = take_value();
+      const auto v = a.value();
       std::string dir;
       double weight = 0;
       if (!v || !parse_weighted(*v, dir, weight))
@@ -77,26 +55,27 @@ int combine_command(const std::vector<std::string>& args) {
       dirs.push_back(dir);
       weights.push_back(weight);
     } else if (arg == "--method") {
-      const auto v = take_value();
+      const auto v = a.value();
       if (v && *v == "cat") method = PEFT_COMBINE_CAT;
       else if (v && *v == "linear") method = PEFT_COMBINE_LINEAR;
       else return usage_error("--method must be cat or linear", kUsage);
     } else if (arg == "--out") {
-      out = take_value();
+      out = a.value();
       if (!out || out->empty()) return usage_error("--out needs a folder", kUsage);
     } else if (arg == "--dtype") {
-      const auto v = take_value();
+      const auto v = a.value();
       if (!v) return usage_error("--dtype needs a value", kUsage);
-      dtype = parse_dtype(*v);
-      if (dtype < 0) return usage_error("--dtype must be f32, bf16 or f16, not '" + *v + "'", kUsage);
+      const std::optional<int32_t> parsed = parse_float_dtype(*v);
+      if (!parsed) return usage_error("--dtype must be f32, bf16 or f16, not '" + *v + "'", kUsage);
+      dtype = *parsed;
     } else if (arg == "--peft-version") {
-      version = take_value();
+      version = a.value();
       if (!version || version->empty()) return usage_error("--peft-version needs a value such as 0.13", kUsage);
     } else if (arg == "-h" || arg == "--help") {
       std::printf("usage: peftc %s\n", kUsage);
       return kExitOk;
     } else {
-      return usage_error("unexpected argument '" + args[i] + "'", kUsage);
+      return usage_error("unexpected argument '" + a.raw() + "'", kUsage);
     }
   }
   if (dirs.empty()) return usage_error("adapter combine needs at least one --adapter DIR:WEIGHT", kUsage);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "command.hpp"
 
 namespace peftc {
@@ -13,51 +14,28 @@ namespace {
 
 constexpr const char* kUsage = "adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y]";
 
-int32_t parse_dtype(const std::string& name) {
-  if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
-  if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
-  if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;
-  return -1;
-}
-
-template <class T, void (*Free)(T*)>
-struct Owned {
-  T* p = nullptr;
-  ~Owned() { Free(p); }
-};
-
 int export_command(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
-  int32_t dtype = -1;
+  int32_t dtype = PEFT_DTYPE_KEEP;
   std::optional<std::string> version;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    std::optional<std::string> value;
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    const auto take_value = [&]() -> std::optional<std::string> {
-      if (value) return value;
-      if (i + 1 < args.size()) return args[++i];
-      return std::nullopt;
-    };
+  for (Arguments a(args); a.next();) {
+    const std::string& arg = a.name();
     if (arg == "--dtype") {
-      const auto v = take_value();
+      const auto v = a.value();
       if (!v) return usage_error("--dtype needs a value", kUsage);
-      dtype = parse_dtype(*v);
-      if (dtype < 0) return usage_error("--dtype must be f32, bf16 or f16, not '" + *v + "'", kUsage);
+      const std::optional<int32_t> parsed = parse_float_dtype(*v);
+      if (!parsed) return usage_error("--dtype must be f32, bf16 or f16, not '" + *v + "'", kUsage);
+      dtype = *parsed;
     } else if (arg == "--peft-version") {
-      version = take_value();
+      version = a.value();
       if (!version || version->empty()) return usage_error("--peft-version needs a value such as 0.13", kUsage);
     } else if (arg == "-h" || arg == "--help") {
       std::printf("usage: peftc %s\n", kUsage);
       return kExitOk;
-    } else if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+    } else if (is_option(arg)) {
       return usage_error("unknown option '" + arg + "'", kUsage);
     } else {
-      positional.push_back(args[i]);
+      positional.push_back(a.raw());
     }
   }
   if (positional.size() != 2) return usage_error("adapter export needs IN_DIR and OUT_DIR", kUsage);

@@ -3,17 +3,14 @@
 // tensor through the public writer API, so memory stays small whatever the checkpoint's size.
 #include <sys/stat.h>
 
-#include <cctype>
-#include <cerrno>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "command.hpp"
 
 namespace peftc {
@@ -28,60 +25,12 @@ struct Options {
   std::optional<uint64_t> max_shard;  // set: OUT is a checkpoint folder split at this size
 };
 
-// huggingface_hub's parse_size_to_int: a number (float allowed) and a decimal unit TB/GB/MB/KB,
-// case-insensitive, result truncated to an integer. Plain digits are bytes.
-std::optional<uint64_t> parse_size(const std::string& text) {
-  size_t begin = 0, end = text.size();
-  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
-  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
-  const std::string s = text.substr(begin, end - begin);
-  if (s.empty()) return std::nullopt;
-  if (s.find_first_not_of("0123456789") == std::string::npos) {
-    errno = 0;
-    const unsigned long long bytes = std::strtoull(s.c_str(), nullptr, 10);
-    if (errno == ERANGE || bytes == 0) return std::nullopt;
-    return bytes;
-  }
-  if (s.size() < 3) return std::nullopt;
-  std::string unit = s.substr(s.size() - 2);
-  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double multiplier;
-  if (unit == "TB") multiplier = 1e12;
-  else if (unit == "GB") multiplier = 1e9;
-  else if (unit == "MB") multiplier = 1e6;
-  else if (unit == "KB") multiplier = 1e3;
-  else return std::nullopt;
-  std::string number = s.substr(0, s.size() - 2);
-  while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back()))) number.pop_back();
-  if (number.empty() || number.find_first_not_of("0123456789.eE+-") != std::string::npos) return std::nullopt;
-  char* stop = nullptr;
-  const double value = std::strtod(number.c_str(), &stop);
-  if (stop != number.c_str() + number.size() || !std::isfinite(value)) return std::nullopt;
-  const double bytes = value * multiplier;  // the same double product Python computes
-  if (!(bytes >= 1.0) || bytes >= 18446744073709551616.0) return std::nullopt;
-  return static_cast<uint64_t>(bytes);
-}
-
-int32_t parse_dtype(const std::string& name) {
-  if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
-  if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
-  if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;
-  return -1;
-}
-
 // Only the ordinary floating-point formats are converted; F8/F4/F6 hold quantized data with scales of
 // their own, and integers, booleans and complex numbers are not floats: all of those are copied.
 bool converts(int32_t dtype) {
   return dtype == PEFT_DTYPE_F64 || dtype == PEFT_DTYPE_F32 || dtype == PEFT_DTYPE_F16 ||
          dtype == PEFT_DTYPE_BF16;
 }
-
-// Frees a C API handle when the scope ends.
-template <class T, void (*Free)(T*)>
-struct Owned {
-  T* p = nullptr;
-  ~Owned() { Free(p); }
-};
 
 // Copies file `file`'s metadata of the checkpoint (absent, empty or entries) to the writer.
 peft_error* copy_metadata(peft_writer* writer, const peft_checkpoint* ckpt, size_t file) {
@@ -155,26 +104,16 @@ int run_convert(const Options& opts) {
 int convert_command(const std::vector<std::string>& args) {
   Options opts;
   std::vector<std::string> positional;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    std::optional<std::string> value;
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    const auto take_value = [&]() -> std::optional<std::string> {
-      if (value) return value;
-      if (i + 1 < args.size()) return args[++i];
-      return std::nullopt;
-    };
+  for (Arguments a(args); a.next();) {
+    const std::string& arg = a.name();
     if (arg == "--dtype") {
-      const auto v = take_value();
+      const auto v = a.value();
       if (!v) return usage_error("--dtype needs a value", kUsage);
-      opts.dtype = parse_dtype(*v);
-      if (opts.dtype < 0) return usage_error("--dtype must be f32, f16 or bf16, not '" + *v + "'", kUsage);
+      const std::optional<int32_t> dtype = parse_float_dtype(*v);
+      if (!dtype) return usage_error("--dtype must be f32, f16 or bf16, not '" + *v + "'", kUsage);
+      opts.dtype = *dtype;
     } else if (arg == "--max-shard-size") {
-      const auto v = take_value();
+      const auto v = a.value();
       if (!v) return usage_error("--max-shard-size needs a value", kUsage);
       opts.max_shard = parse_size(*v);
       if (!opts.max_shard) {
@@ -184,10 +123,10 @@ int convert_command(const std::vector<std::string>& args) {
     } else if (arg == "-h" || arg == "--help") {
       std::printf("usage: peftc %s\n", kUsage);
       return kExitOk;
-    } else if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+    } else if (is_option(arg)) {
       return usage_error("unknown option '" + arg + "'", kUsage);
     } else {
-      positional.push_back(args[i]);
+      positional.push_back(a.raw());
     }
   }
   if (positional.size() != 2) return usage_error("convert needs IN and OUT", kUsage);

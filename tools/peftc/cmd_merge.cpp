@@ -4,16 +4,14 @@
 // is. A progress bar goes to stderr when it is a terminal; a summary goes to stdout.
 #include <unistd.h>
 
-#include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "command.hpp"
 
 namespace peftc {
@@ -38,21 +36,6 @@ struct Options {
   bool allow_nonfinite = false;  // --allow-nonfinite: merged weights may be infinite or NaN
 };
 
-template <class T, void (*Free)(T*)>
-struct Owned {
-  T* p = nullptr;
-  ~Owned() { Free(p); }
-};
-
-std::optional<double> parse_number(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  char* stop = nullptr;
-  errno = 0;
-  const double value = std::strtod(text.c_str(), &stop);
-  if (stop != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(value)) return std::nullopt;
-  return value;
-}
-
 // DIR or DIR:WEIGHT. A suffix after the last ':' that is not a number belongs to the folder name.
 AdapterArg parse_adapter(const std::string& text) {
   const size_t colon = text.rfind(':');
@@ -62,44 +45,10 @@ AdapterArg parse_adapter(const std::string& text) {
   return {text, 1.0};
 }
 
-// huggingface_hub's parse_size_to_int: a number (float allowed) and a decimal unit TB/GB/MB/KB,
-// case-insensitive, truncated to an integer; plain digits are bytes.
-std::optional<uint64_t> parse_size(const std::string& text) {
-  std::string s = text;
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
-  if (s.empty()) return std::nullopt;
-  if (s.find_first_not_of("0123456789") == std::string::npos) {
-    errno = 0;
-    const unsigned long long bytes = std::strtoull(s.c_str(), nullptr, 10);
-    if (errno == ERANGE || bytes == 0) return std::nullopt;
-    return bytes;
-  }
-  if (s.size() < 3) return std::nullopt;
-  std::string unit = s.substr(s.size() - 2);
-  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double multiplier;
-  if (unit == "TB") multiplier = 1e12;
-  else if (unit == "GB") multiplier = 1e9;
-  else if (unit == "MB") multiplier = 1e6;
-  else if (unit == "KB") multiplier = 1e3;
-  else return std::nullopt;
-  std::string number = s.substr(0, s.size() - 2);
-  while (!number.empty() && std::isspace(static_cast<unsigned char>(number.back()))) number.pop_back();
-  if (number.empty() || number.find_first_not_of("0123456789.eE+-") != std::string::npos) return std::nullopt;
-  const auto value = parse_number(number);
-  if (!value) return std::nullopt;
-  const double bytes = *value * multiplier;
-  if (!(bytes >= 1.0) || bytes >= 18446744073709551616.0) return std::nullopt;
-  return static_cast<uint64_t>(bytes);
-}
-
-int32_t parse_dtype(const std::string& name) {
+// "keep" or a float dtype.
+std::optional<int32_t> parse_dtype(const std::string& name) {
   if (name == "keep") return PEFT_DTYPE_KEEP;
-  if (name == "f32" || name == "F32" || name == "float32") return PEFT_DTYPE_F32;
-  if (name == "f16" || name == "F16" || name == "float16") return PEFT_DTYPE_F16;
-  if (name == "bf16" || name == "BF16" || name == "bfloat16") return PEFT_DTYPE_BF16;
-  return -2;
+  return parse_float_dtype(name);
 }
 
 std::string human_bytes(uint64_t bytes) {
@@ -184,28 +133,17 @@ int run_merge(const Options& o) {
 
 int merge_command(const std::vector<std::string>& args) {
   Options o;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    std::optional<std::string> value;
-    const size_t eq = arg.find('=');
-    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    const auto take_value = [&]() -> std::optional<std::string> {
-      if (value) return value;
-      if (i + 1 < args.size()) return args[++i];
-      return std::nullopt;
-    };
+  for (Arguments a(args); a.next();) {
+    const std::string& arg = a.name();
     if (arg == "-h" || arg == "--help") {
       std::printf("usage: peftc %s\n", kUsage);
       return kExitOk;
     }
-    if (arg == "--no-config" && !value) {
+    if (arg == "--no-config" && !a.has_inline_value()) {
       o.require_config = false;
       continue;
     }
-    if (arg == "--allow-nonfinite" && !value) {
+    if (arg == "--allow-nonfinite" && !a.has_inline_value()) {
       o.allow_nonfinite = true;
       continue;
     }
@@ -215,7 +153,7 @@ int merge_command(const std::vector<std::string>& args) {
       if (arg.rfind("-", 0) == 0) return usage_error("unknown option '" + arg + "'", kUsage);
       return usage_error("unexpected argument '" + arg + "' (options come as --name VALUE)", kUsage);
     }
-    const auto v = take_value();
+    const auto v = a.value();
     if (!v || v->empty()) return usage_error(arg + " needs a value", kUsage);
     if (arg == "--base") {
       o.base = *v;
@@ -224,8 +162,9 @@ int merge_command(const std::vector<std::string>& args) {
     } else if (arg == "--adapter") {
       o.adapters.push_back(parse_adapter(*v));
     } else if (arg == "--dtype") {
-      o.dtype = parse_dtype(*v);
-      if (o.dtype == -2) return usage_error("--dtype must be keep, f32, bf16 or f16, not '" + *v + "'", kUsage);
+      const std::optional<int32_t> dtype = parse_dtype(*v);
+      if (!dtype) return usage_error("--dtype must be keep, f32, bf16 or f16, not '" + *v + "'", kUsage);
+      o.dtype = *dtype;
     } else if (arg == "--max-shard-size") {
       const auto size = parse_size(*v);
       if (!size)
