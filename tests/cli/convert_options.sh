@@ -10,26 +10,7 @@ dtypes="$data/safetensors/all_dtypes.safetensors"
 for f in "$model" "$sharded/model.safetensors.index.json" "$dtypes"; do
   [ -e "$f" ] || { echo "SKIP: fixture $f is absent (run tests/fixtures/generate.py)"; exit 0; }
 done
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-checks=0
-
-check() {  # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  checks=$((checks + 1))
-  if ! "$@"; then
-    echo "FAIL: $what"
-    failures=$((failures + 1))
-  fi
-}
-exit_is() {  # exit_is CODE COMMAND...
-  local want=$1
-  shift
-  "$@" >/dev/null 2>&1
-  [ $? -eq "$want" ]
-}
+source "$(dirname "$0")/lib/checks.sh"
 # The dtypes of `peftc inspect` output lines, sorted and unique.
 dtypes_of() { "$peftc" inspect "$1" | awk 'NF >= 4 && $2 ~ /^[A-Z0-9_]+$/ && $3 ~ /^\[/ {print $2}' | sort -u | tr '\n' ' '; }
 tensor_count() { "$peftc" inspect "$1" | head -1 | awk '{print $1}'; }
@@ -100,5 +81,4 @@ check "OUT is unchanged after a failure" cmp -s "$model" "$work/keep.safetensors
 check "an output in a missing folder fails with 1" exit_is 1 "$peftc" convert "$model" "$work/no/such/dir/x.safetensors"
 check "no temporary is left anywhere" test -z "$(find "$work" -name '*.peft-tmp-*')"
 
-echo "convert_options: $checks checks, $failures failed"
-[ "$failures" -eq 0 ]
+finish convert_options

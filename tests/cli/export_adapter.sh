@@ -8,26 +8,7 @@ data=${PEFT_TEST_DATA:?PEFT_TEST_DATA must point at tests/fixtures}
 corpus=${PEFT_CORPUS:-}
 adapters="$data/adapters"
 [ -e "$adapters/llama_lora/adapter_config.json" ] || { echo "SKIP: fixtures absent (run tests/fixtures/generate.py)"; exit 0; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-checks=0
-
-check() {  # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  checks=$((checks + 1))
-  if ! "$@"; then
-    echo "FAIL: $what"
-    failures=$((failures + 1))
-  fi
-}
-exit_is() {  # exit_is CODE COMMAND...
-  local want=$1
-  shift
-  "$@" >/dev/null 2>&1
-  [ $? -eq "$want" ]
-}
+source "$(dirname "$0")/lib/checks.sh"
 same() { cmp -s "$1" "$2"; }
 absent() { [ ! -e "$1" ]; }
 # The dtypes of `peftc inspect` output lines, sorted and unique.
@@ -111,5 +92,4 @@ echo "not a folder" > "$work/file"
 check "an output path that is a file fails with 1" exit_is 1 "$peftc" adapter export "$adapters/llama_lora" "$work/file"
 check "that file is untouched" grep -qx "not a folder" "$work/file"
 
-echo "$((checks - failures)) passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish export_adapter

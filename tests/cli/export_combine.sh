@@ -6,26 +6,7 @@ peftc=$1
 data=${PEFT_TEST_DATA:?PEFT_TEST_DATA must point at tests/fixtures}
 adapters="$data/adapters"
 [ -e "$adapters/llama_lora/adapter_config.json" ] || { echo "SKIP: fixtures absent (run tests/fixtures/generate.py)"; exit 0; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-checks=0
-
-check() {  # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  checks=$((checks + 1))
-  if ! "$@"; then
-    echo "FAIL: $what"
-    failures=$((failures + 1))
-  fi
-}
-exit_is() {  # exit_is CODE COMMAND...
-  local want=$1
-  shift
-  "$@" >/dev/null 2>&1
-  [ $? -eq "$want" ]
-}
+source "$(dirname "$0")/lib/checks.sh"
 absent() { [ ! -e "$1" ]; }
 fails_naming() {  # fails_naming TEXT COMMAND...: exit 1 and TEXT on stderr
   local text=$1
@@ -88,5 +69,4 @@ check "an inherited layers_to_transform that drops modules is refused" fails_nam
 check "a missing adapter fails with 1" exit_is 1 "$peftc" adapter combine --adapter "$work/nope:1" --method cat --out "$work/bad"
 check "refusals write nothing" absent "$work/bad"
 
-echo "$((checks - failures)) passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish export_combine

@@ -10,26 +10,7 @@ second="$data/adapters/llama_lora_second"
 for f in "$base/model.safetensors" "$lora/adapter_model.safetensors" "$second/adapter_model.safetensors"; do
   [ -e "$f" ] || { echo "SKIP: fixture $f is absent (run tests/fixtures/generate.py)"; exit 0; }
 done
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-checks=0
-
-check() {  # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  checks=$((checks + 1))
-  if ! "$@"; then
-    echo "FAIL: $what"
-    failures=$((failures + 1))
-  fi
-}
-exit_is() {  # exit_is CODE COMMAND...
-  local want=$1
-  shift
-  "$@" >/dev/null 2>&1
-  [ $? -eq "$want" ]
-}
+source "$(dirname "$0")/lib/checks.sh"
 contains() { grep -qF -- "$2" "$1"; }
 dtypes_of() { "$peftc" inspect "$1" | awk 'NF >= 4 && $2 ~ /^[A-Z0-9_]+$/ && $3 ~ /^\[/ {print $2}' | sort -u | tr '\n' ' '; }
 
@@ -118,5 +99,4 @@ sed 's/"r": *[0-9]*/"r": 9223372036854775808/' "$lora/adapter_config.json" >"$wo
 check "r = 2^63 fails with 1" test $? -eq 1
 check "... printed as written" contains "$work/huge_r.err" "is 9223372036854775808"
 
-echo "$((checks - failures)) of $checks checks passed"
-[ "$failures" -eq 0 ]
+finish merge_cli
