@@ -14,6 +14,7 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 static char scratch[256];
 
@@ -27,55 +28,14 @@ static const char* fixture(const char* name, char* buf, size_t size) {
   return buf;
 }
 
-static int exists(const char* path) {
-  struct stat st;
-  return stat(path, &st) == 0;
-}
-
-/* The whole file in a malloc'd buffer (NULL if unreadable); *size receives its length. */
-static char* slurp(const char* path, long* size) {
-  FILE* f = fopen(path, "rb");
-  char* data;
-  if (f == NULL) return NULL;
-  fseek(f, 0, SEEK_END);
-  *size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  data = (char*)malloc((size_t)*size + 1);
-  if (data != NULL && fread(data, 1, (size_t)*size, f) != (size_t)*size) {
-    free(data);
-    data = NULL;
-  }
-  fclose(f);
-  return data;
-}
-
 static int same_file(const char* a, const char* b) {
-  long na = -1, nb = -2;
+  size_t na = 0, nb = 1;
   char* da = slurp(a, &na);
   char* db = slurp(b, &nb);
-  int same = da != NULL && db != NULL && na == nb && memcmp(da, db, (size_t)na) == 0;
+  int same = da != NULL && db != NULL && na == nb && memcmp(da, db, na) == 0;
   free(da);
   free(db);
   return same;
-}
-
-static void remove_tree(const char* folder) {
-  DIR* dir = opendir(folder);
-  struct dirent* e;
-  char path[512];
-  if (dir == NULL) return;
-  while ((e = readdir(dir)) != NULL) {
-    struct stat st;
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    snprintf(path, sizeof path, "%s/%s", folder, e->d_name);
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-      remove_tree(path);
-    } else {
-      unlink(path);
-    }
-  }
-  closedir(dir);
-  rmdir(folder);
 }
 
 static peft_adapter* open_fixture(const char* name) {

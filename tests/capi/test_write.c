@@ -14,6 +14,7 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 static char scratch[256];
 
@@ -38,25 +39,6 @@ static int count_entries(const char* folder, const char* part) {
   }
   closedir(dir);
   return n;
-}
-
-static void remove_tree(const char* folder) {
-  DIR* dir = opendir(folder);
-  struct dirent* e;
-  char path[512];
-  if (dir == NULL) return;
-  while ((e = readdir(dir)) != NULL) {
-    struct stat st;
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    snprintf(path, sizeof path, "%s/%s", folder, e->d_name);
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-      remove_tree(path);
-    } else {
-      unlink(path);
-    }
-  }
-  closedir(dir);
-  rmdir(folder);
 }
 
 /* ---- callbacks ---------------------------------------------------------------------------- */
