@@ -2,6 +2,7 @@ package peft
 
 /*
 #include <stdlib.h>
+#include <peft_c.h>
 */
 import "C"
 
@@ -52,4 +53,15 @@ func goString(p *C.char) string {
 		return ""
 	}
 	return C.GoString(p)
+}
+
+// takeStringList copies the strings of a list the library returned and frees the list. The result
+// is never nil.
+func takeStringList(list *C.peft_string_list) []string {
+	defer C.peft_string_list_free(list)
+	out := make([]string, int(C.peft_string_list_count(list)))
+	for i := range out {
+		out[i] = goString(C.peft_string_list_get(list, C.size_t(i)))
+	}
+	return out
 }

@@ -22,6 +22,11 @@ var notWrapped = map[string]string{
 	"peft_checkpoint_find":   "the _n variant is called: Go strings may hold NUL bytes",
 	"peft_writer_add_tensor": "the _n variant is called: Go strings may hold NUL bytes",
 	"peft_get_api":           "the function table is for C callers that load the library by hand; cgo links by name",
+	// Older aliases the header keeps beside the regular names (see its Conventions).
+	"peft_lease_release":               "older alias of peft_lease_free; the binding calls the regular one",
+	"peft_merge_buffer_remove":         "older alias of peft_merge_record_unmerge; the binding calls the regular one",
+	"peft_registry_names":              "older alias of peft_registry_name_list; the binding calls the regular one",
+	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
 }
 
 var (

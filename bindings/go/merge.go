@@ -14,7 +14,7 @@ import (
 )
 
 // KeepDType keeps every tensor's dtype in a merge (the default of WithMergeDType).
-const KeepDType DType = C.PEFT_MERGE_DTYPE_KEEP
+const KeepDType DType = C.PEFT_DTYPE_KEEP
 
 // MergeOption sets an option of MergeCheckpoint.
 type MergeOption func(*mergeConfig)

@@ -166,7 +166,7 @@ func (a *Adapter) MergeBuffer(name string, weight Buffer, bias *Buffer, opts ...
 		module := goString(C.peft_merge_record_module(rec))
 		if want, ok := loraBiasLength(p, module); ok {
 			if err := checkBiasLength(*bias, want, name); err != nil {
-				C.peft_merge_buffer_remove(rec, bytePtr(weight.Data), cbias.ptr)
+				C.peft_merge_record_unmerge(rec, bytePtr(weight.Data), cbias.ptr)
 				runtime.KeepAlive(weight.Data)
 				C.peft_merge_record_free(rec)
 				return nil, err
@@ -392,7 +392,7 @@ func (r *MergeRecord) Remove(weight Buffer, bias *Buffer) error {
 		return err
 	}
 	defer cb.free()
-	err = takeError(C.peft_merge_buffer_remove(p, bytePtr(weight.Data), cb.ptr))
+	err = takeError(C.peft_merge_record_unmerge(p, bytePtr(weight.Data), cb.ptr))
 	runtime.KeepAlive(weight.Data)
 	if err != nil {
 		return err

@@ -96,7 +96,8 @@ func (r *Registry) done() {
 	runtime.KeepAlive(r)
 }
 
-// checkRegistryName refuses names the registry could not list back: Names separates them with newlines.
+// checkRegistryName refuses a name with a newline, as the library does (its older peft_registry_names
+// lists names one per line), with a message in the binding's terms.
 func checkRegistryName(name string) error {
 	if strings.IndexByte(name, '\n') >= 0 {
 		return argError("adapter name %q contains a newline (Names could not list it)", name)
@@ -193,15 +194,11 @@ func (r *Registry) Names() ([]string, error) {
 		return nil, err
 	}
 	defer r.done()
-	var out *C.char
-	if err := takeError(C.peft_registry_names(p, &out)); err != nil {
+	var out *C.peft_string_list
+	if err := takeError(C.peft_registry_name_list(p, &out)); err != nil {
 		return nil, err
 	}
-	text := strings.TrimSuffix(takeString(out), "\n")
-	if text == "" {
-		return []string{}, nil
-	}
-	return strings.Split(text, "\n"), nil
+	return takeStringList(out), nil
 }
 
 // Acquire returns a lease on the adapter registered under name, loading its tensors if they are
@@ -282,7 +279,7 @@ type Lease struct {
 	h handle
 }
 
-func freeLease(p unsafe.Pointer) { C.peft_lease_release((*C.peft_lease)(p)) }
+func freeLease(p unsafe.Pointer) { C.peft_lease_free((*C.peft_lease)(p)) }
 
 // Close releases the lease: the adapter is unpinned, and becomes evictable once nothing else holds
 // it. Idempotent; returns nil.

@@ -9,7 +9,6 @@ import "C"
 
 import (
 	"runtime"
-	"strings"
 	"unsafe"
 )
 
@@ -89,16 +88,11 @@ func DetectTranslator(baseDir, modelName string) (*Translator, error) {
 
 // BuiltinFamilies lists the built-in architecture families, sorted.
 func BuiltinFamilies() ([]string, error) {
-	var out *C.char
-	if err := takeError(C.peft_translator_builtin_families(&out)); err != nil {
+	var out *C.peft_string_list
+	if err := takeError(C.peft_translator_builtin_family_list(&out)); err != nil {
 		return nil, err
 	}
-	defer C.peft_string_free(out)
-	text := strings.TrimRight(C.GoString(out), "\n")
-	if text == "" {
-		return []string{}, nil
-	}
-	return strings.Split(text, "\n"), nil
+	return takeStringList(out), nil
 }
 
 // Close releases the translator. Idempotent; returns nil.

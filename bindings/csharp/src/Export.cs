@@ -30,7 +30,7 @@ namespace PeftC
         /// <summary>Converts float tensors to F32, BF16 or F16; null keeps each tensor's dtype.</summary>
         public ExportOptions SetDType(DType? dtype)
         {
-            PeftException.Check(Native.peft_export_options_set_dtype(Handle, dtype.HasValue ? (int)dtype.Value : -1));
+            PeftException.Check(Native.peft_export_options_set_dtype(Handle, dtype.HasValue ? (int)dtype.Value : Native.PEFT_DTYPE_KEEP));
             return this;
         }
 

@@ -95,7 +95,7 @@ namespace PeftC
 
     internal sealed class LeaseHandle : PeftHandle
     {
-        protected override bool ReleaseHandle() { Native.peft_lease_release(handle); return true; }
+        protected override bool ReleaseHandle() { Native.peft_lease_free(handle); return true; }
     }
 
     /// <summary>A host model, and the pins of the managed buffers it was given: C keeps their addresses for its

@@ -41,7 +41,7 @@ namespace PeftC
         /// <summary>The output dtype: F32, BF16 or F16; null keeps every tensor's dtype (the default).</summary>
         public MergeOptions SetDType(DType? dtype)
         {
-            PeftException.Check(Native.peft_merge_options_set_dtype(Handle, dtype.HasValue ? (int)dtype.Value : -1));
+            PeftException.Check(Native.peft_merge_options_set_dtype(Handle, dtype.HasValue ? (int)dtype.Value : Native.PEFT_DTYPE_KEEP));
             return this;
         }
 

@@ -85,7 +85,7 @@ namespace PeftC
             fixed (byte* d = &MemoryMarshal.GetReference(data))
             fixed (byte* b = &MemoryMarshal.GetReference(bias))
             {
-                PeftException.Check(Native.peft_merge_buffer_remove(Handle, d, b));
+                PeftException.Check(Native.peft_merge_record_unmerge(Handle, d, b));
             }
         }
 

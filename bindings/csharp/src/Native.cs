@@ -53,6 +53,9 @@ namespace PeftC
         internal const string Lib = "peft_c";
         private const CallingConvention Cdecl = CallingConvention.Cdecl;
 
+        /// <summary>For options that choose an output dtype: keep each tensor's own.</summary>
+        internal const int PEFT_DTYPE_KEEP = -1;
+
         // ---- versions ----
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_version();
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern uint peft_version_number();
@@ -142,6 +145,9 @@ namespace PeftC
 
         // ---- adapters and translators ----
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_string_free(IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_string_list_count(IntPtr list);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_string_list_get(IntPtr list, UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_string_list_free(IntPtr list);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_adapter_options_new(out AdapterOptionsHandle o);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_adapter_options_free(IntPtr o);
         [DllImport(Lib, CallingConvention = Cdecl)]
@@ -200,7 +206,7 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_translator_from_json(byte[] json, out TranslatorHandle t);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_translator_detect(byte[] baseDir, byte[] modelName, out TranslatorHandle t);
-        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_translator_builtin_families(out IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_translator_builtin_family_list(out IntPtr list);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_translator_free(IntPtr t);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_translator_family(TranslatorHandle t);
         [DllImport(Lib, CallingConvention = Cdecl)]
@@ -255,7 +261,7 @@ namespace PeftC
                                                                    UIntPtr ndim, void* bias, int biasDtype, MergeBufferOptionsHandle o,
                                                                    out MergeRecordHandle record);
         [DllImport(Lib, CallingConvention = Cdecl)]
-        internal static extern ErrorHandle peft_merge_buffer_remove(MergeRecordHandle record, void* data, void* bias);
+        internal static extern ErrorHandle peft_merge_record_unmerge(MergeRecordHandle record, void* data, void* bias);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_merge_record_free(IntPtr record);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_record_module(MergeRecordHandle record);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_merge_record_active(MergeRecordHandle record);
@@ -284,7 +290,7 @@ namespace PeftC
         internal static extern ErrorHandle peft_registry_register_memory(RegistryHandle registry, byte[] name, byte[] configJson,
                                                                          void* weights, UIntPtr weightsSize, AdapterOptionsHandle opts);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_unregister(RegistryHandle registry, byte[] name);
-        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_names(RegistryHandle registry, out IntPtr text);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_name_list(RegistryHandle registry, out IntPtr list);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_registry_acquire(RegistryHandle registry, byte[] name, out LeaseHandle lease);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_trim(RegistryHandle registry);
@@ -292,7 +298,7 @@ namespace PeftC
         internal static extern ErrorHandle peft_registry_set_budget(RegistryHandle registry, ulong budgetBytes);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_registry_get_stats(RegistryHandle registry, ref NativeRegistryStats stats);
-        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_lease_release(IntPtr lease);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_lease_free(IntPtr lease);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_lease_name(LeaseHandle lease);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_lease_version(LeaseHandle lease);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_lease_bytes(LeaseHandle lease);

@@ -91,9 +91,9 @@ namespace PeftC
         /// <summary>The registered names, in the order they were first registered.</summary>
         public string[] Names()
         {
-            IntPtr text;
-            PeftException.Check(Native.peft_registry_names(Handle, out text));
-            return Utf8.TakeOwned(text).Split(new[] { '\n' }, StringSplitOptions.RemoveEmptyEntries);
+            IntPtr list;
+            PeftException.Check(Native.peft_registry_name_list(Handle, out list));
+            return Utf8.TakeList(list);
         }
 
         /// <summary>The adapter registered under <paramref name="name"/>, loaded if it is not in memory (evicting

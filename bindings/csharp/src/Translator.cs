@@ -51,10 +51,9 @@ namespace PeftC
         /// <summary>The families with an installed built-in table, sorted.</summary>
         public static string[] BuiltinFamilies()
         {
-            IntPtr text;
-            PeftException.Check(Native.peft_translator_builtin_families(out text));
-            string all = Utf8.TakeOwned(text);
-            return all.Split(new[] { '\n' }, StringSplitOptions.RemoveEmptyEntries);
+            IntPtr list;
+            PeftException.Check(Native.peft_translator_builtin_family_list(out list));
+            return Utf8.TakeList(list);
         }
 
         /// <summary>The table's family name.</summary>

@@ -76,5 +76,21 @@ namespace PeftC
                 Native.peft_string_free(text);
             }
         }
+
+        /// <summary>Copies and frees a list of strings the library allocated (peft_string_list** out-parameters).</summary>
+        internal static string[] TakeList(IntPtr list)
+        {
+            try
+            {
+                var strings = new string[checked((int)Native.peft_string_list_count(list).ToUInt64())];
+                for (int i = 0; i < strings.Length; i++)
+                    strings[i] = Decode(Native.peft_string_list_get(list, new UIntPtr((uint)i)));
+                return strings;
+            }
+            finally
+            {
+                Native.peft_string_list_free(list);
+            }
+        }
     }
 }

@@ -26,6 +26,11 @@ namespace PeftC.Tests
             { "peft_checkpoint_find", "the _n variant is used: names are passed with their length (they may hold NUL)" },
             { "peft_writer_add_tensor", "the _n variant is used: names are passed with their length (they may hold NUL)" },
             { "peft_get_api", "the function table is for C callers that load the library by hand; P/Invoke binds by name" },
+            // Older aliases the header keeps beside the regular names (see its Conventions).
+            { "peft_lease_release", "older alias of peft_lease_free; the binding calls the regular one" },
+            { "peft_merge_buffer_remove", "older alias of peft_merge_record_unmerge; the binding calls the regular one" },
+            { "peft_registry_names", "older alias of peft_registry_name_list; the binding calls the regular one" },
+            { "peft_translator_builtin_families", "older alias of peft_translator_builtin_family_list; the binding calls the regular one" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>

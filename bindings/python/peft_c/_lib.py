@@ -117,6 +117,9 @@ PROTOTYPES = {
     "peft_writer_finish": (_err, [_handle]),
     # adapters and translators (strings returned through char** are c_void_p: freed by the library)
     "peft_string_free": (None, [c_void_p]),
+    "peft_string_list_count": (c_size_t, [_handle]),
+    "peft_string_list_get": (c_char_p, [_handle, c_size_t]),
+    "peft_string_list_free": (None, [_handle]),
     "peft_adapter_options_new": (_err, [POINTER(c_void_p)]),
     "peft_adapter_options_free": (None, [_handle]),
     "peft_adapter_options_set_base_dir": (_err, [_handle, c_char_p]),
@@ -160,7 +163,7 @@ PROTOTYPES = {
     "peft_translator_from_file": (_err, [c_char_p, POINTER(c_void_p)]),
     "peft_translator_from_json": (_err, [c_char_p, POINTER(c_void_p)]),
     "peft_translator_detect": (_err, [c_char_p, c_char_p, POINTER(c_void_p)]),
-    "peft_translator_builtin_families": (_err, [POINTER(c_void_p)]),
+    "peft_translator_builtin_family_list": (_err, [POINTER(c_void_p)]),
     "peft_translator_free": (None, [_handle]),
     "peft_translator_family": (c_char_p, [_handle]),
     "peft_translator_to_native": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
@@ -196,7 +199,7 @@ PROTOTYPES = {
     "peft_merge_buffer_options_set_translator": (_err, [_handle, _handle]),
     "peft_merge_buffer_apply": (_err, [_handle, c_char_p, c_void_p, c_int32, POINTER(c_uint64), c_size_t,
                                        c_void_p, c_int32, _handle, POINTER(c_void_p)]),
-    "peft_merge_buffer_remove": (_err, [_handle, c_void_p, c_void_p]),
+    "peft_merge_record_unmerge": (_err, [_handle, c_void_p, c_void_p]),
     "peft_merge_record_free": (None, [_handle]),
     "peft_merge_record_module": (c_char_p, [_handle]),
     "peft_merge_record_active": (c_int32, [_handle]),
@@ -215,12 +218,12 @@ PROTOTYPES = {
     "peft_registry_register": (_err, [_handle, c_char_p, c_char_p, _handle]),
     "peft_registry_register_memory": (_err, [_handle, c_char_p, c_char_p, c_void_p, c_size_t, _handle]),
     "peft_registry_unregister": (_err, [_handle, c_char_p]),
-    "peft_registry_names": (_err, [_handle, POINTER(c_void_p)]),
+    "peft_registry_name_list": (_err, [_handle, POINTER(c_void_p)]),
     "peft_registry_acquire": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
     "peft_registry_trim": (_err, [_handle]),
     "peft_registry_set_budget": (_err, [_handle, c_uint64]),
     "peft_registry_get_stats": (_err, [_handle, POINTER(RegistryStatsStruct)]),
-    "peft_lease_release": (None, [_handle]),
+    "peft_lease_free": (None, [_handle]),
     "peft_lease_name": (c_char_p, [_handle]),
     "peft_lease_version": (c_uint64, [_handle]),
     "peft_lease_bytes": (c_uint64, [_handle]),
@@ -414,6 +417,17 @@ def take_string(pointer: c_void_p) -> str:
         return ctypes.string_at(pointer.value).decode("utf-8", "surrogateescape")
     finally:
         lib().peft_string_free(pointer.value)
+
+
+def take_string_list(pointer: c_void_p) -> List[str]:
+    """A list the library returned through ``peft_string_list**``: its strings decoded, then the list
+    released with peft_string_list_free."""
+    library = lib()
+    try:
+        return [text(library.peft_string_list_get(pointer, i))
+                for i in range(library.peft_string_list_count(pointer))]
+    finally:
+        library.peft_string_list_free(pointer)
 
 
 def text(raw: Optional[bytes]) -> Optional[str]:

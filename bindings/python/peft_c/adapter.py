@@ -20,7 +20,7 @@ import numpy as np
 from ._dtypes import DType, DTypeLike, as_dtype, dtype_bits, numpy_dtype
 from ._handle import HandleObject, Owned
 from ._helpers import adapter_options, encode, fs_path
-from ._lib import check, lib, take_string, text
+from ._lib import check, lib, take_string, take_string_list, text
 
 # Mirrors the PEFT_LAYER_* constants of include/peft_c.h (checked by a test).
 LAYER_KINDS: Tuple[Tuple[int, str], ...] = (
@@ -79,8 +79,8 @@ class Translator(HandleObject):
     def builtin_families() -> List[str]:
         """The families with a built-in table, sorted."""
         out = c_void_p()
-        check(lib().peft_translator_builtin_families(byref(out)))
-        return [line for line in take_string(out).split("\n") if line]
+        check(lib().peft_translator_builtin_family_list(byref(out)))
+        return take_string_list(out)
 
     @property
     def family(self) -> str:

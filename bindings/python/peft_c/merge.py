@@ -18,7 +18,8 @@ from ._helpers import Buffer, buffer_of, c_options, encode, finite, fs_path, thr
 from ._lib import PROGRESS_FN, check, lib, text
 from .adapter import Adapter, Translator
 
-# Mirrors PEFT_MERGE_* of include/peft_c.h (checked by a test).
+# Mirror PEFT_DTYPE_KEEP (whose older name is PEFT_MERGE_DTYPE_KEEP) and PEFT_MERGE_TENSORS_* of
+# include/peft_c.h (checked by a test).
 MERGE_DTYPE_KEEP = -1
 MERGE_TENSOR_COUNTS: Tuple[Tuple[int, str], ...] = (
     (0, "MERGED"),
@@ -174,7 +175,7 @@ class MergeRecord:
             if (bias_buffer.shape, bias_buffer.nbytes) != (self._bias.shape, self._bias.nbytes):
                 raise ValueError(f"bias must be {self._bias.dtype.name} {list(self._bias.shape)}")
             bias_address = bias_buffer.address
-        check(lib().peft_merge_buffer_remove(self._owned.ptr, buffer.address, bias_address))
+        check(lib().peft_merge_record_unmerge(self._owned.ptr, buffer.address, bias_address))
 
     def __repr__(self) -> str:
         return f"<peft_c.MergeRecord {self.module!r} {'active' if self.active else 'removed'}>"

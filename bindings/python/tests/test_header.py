@@ -17,6 +17,12 @@ NOT_WRAPPED = {
     "peft_writer_add_tensor_n": "names hold no NUL byte here: add_tensor takes them NUL-terminated",
     "peft_writer_tensor_name_length": "writer tensor names are read NUL-terminated (see add_tensor_n)",
     "peft_get_api": "the function table is for C callers that load the library by hand; ctypes binds by name",
+    # Older aliases the header keeps beside the regular names (see its Conventions).
+    "peft_lease_release": "older alias of peft_lease_free; the binding calls the regular one",
+    "peft_merge_buffer_remove": "older alias of peft_merge_record_unmerge; the binding calls the regular one",
+    "peft_registry_names": "older alias of peft_registry_name_list; the binding calls the regular one",
+    "peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls "
+                                        "the regular one",
 }
 
 #: A C prototype: the return type and parameter types, ``const`` and spaces removed ("peft_lease**").

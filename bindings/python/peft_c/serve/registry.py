@@ -15,7 +15,7 @@ import numpy as np
 from .._dtypes import DType, DTypeLike, as_dtype
 from .._handle import HandleObject, Owned, handle_of
 from .._helpers import adapter_options, encode, fs_path, u64
-from .._lib import RegistryStatsStruct, check, lib, take_string, text
+from .._lib import RegistryStatsStruct, check, lib, take_string_list, text
 from ..adapter import Translator
 
 
@@ -132,15 +132,15 @@ class Registry(HandleObject):
     def names(self) -> List[str]:
         """The registered names, in the order they were first registered."""
         out = c_void_p()
-        check(lib().peft_registry_names(self._live().ptr, byref(out)))
-        return [line for line in take_string(out).split("\n") if line]
+        check(lib().peft_registry_name_list(self._live().ptr, byref(out)))
+        return take_string_list(out)
 
     def acquire(self, name: str) -> Lease:
         """Loads the adapter if needed and pins it until the lease is released (``OverBudgetError``
         when it does not fit beside the pinned adapters)."""
         out = c_void_p()
         check(lib().peft_registry_acquire(self._live().ptr, encode(name, "names"), byref(out)))
-        return Lease(Owned(out.value, "peft_lease_release"))
+        return Lease(Owned(out.value, "peft_lease_free"))
 
     def trim(self) -> None:
         """Evicts every loaded adapter that nothing pins."""

@@ -67,6 +67,18 @@ pub(crate) unsafe fn take_string(ptr: *mut c_char) -> String {
     text
 }
 
+/// Copies the strings of a list the library handed over and frees it.
+///
+/// # Safety
+/// `list` must be NULL or a list from peft_c that nothing else frees.
+pub(crate) unsafe fn take_string_list(list: *mut sys::peft_string_list) -> Vec<String> {
+    let strings = (0..sys::peft_string_list_count(list))
+        .map(|i| borrowed_str(sys::peft_string_list_get(list, i)).unwrap_or_default().to_owned())
+        .collect();
+    sys::peft_string_list_free(list);
+    strings
+}
+
 /// Calls a constructor with a `T**` out-parameter and returns the new handle.
 ///
 /// # Safety

@@ -54,7 +54,7 @@ impl MergeOptions {
 
     /// The output dtype: None keeps every tensor's; F32, BF16 or F16 convert the float tensors.
     pub fn set_dtype(&mut self, dtype: Option<DType>) -> Result<&mut Self> {
-        let raw = dtype.map_or(sys::PEFT_MERGE_DTYPE_KEEP, DType::raw);
+        let raw = dtype.map_or(sys::PEFT_DTYPE_KEEP, DType::raw);
         // SAFETY: a live handle.
         unsafe { check(sys::peft_merge_options_set_dtype(self.ptr(), raw))? };
         Ok(self)

@@ -291,7 +291,7 @@ impl MergeRecord {
         let bias_ptr = bias.as_mut().map_or(std::ptr::null_mut(), Buffer::as_mut_ptr);
         // SAFETY: the buffers have the dtype and length of the merge (checked above), exclusively
         // borrowed for the call; the record is live.
-        unsafe { check(sys::peft_merge_buffer_remove(self.raw.as_ptr(), weight.as_mut_ptr(), bias_ptr)) }
+        unsafe { check(sys::peft_merge_record_unmerge(self.raw.as_ptr(), weight.as_mut_ptr(), bias_ptr)) }
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use peft_c_sys as sys;
 
 use crate::error::{check, Result};
-use crate::ffi::{borrowed_str, c_path, c_string, handle, new_handle, take_string};
+use crate::ffi::{borrowed_str, c_path, c_string, handle, new_handle, take_string, take_string_list};
 
 handle!(
     /// A key translator backed by an architecture table (built in, or the caller's own).
@@ -63,13 +63,12 @@ impl Translator {
 
     /// The built-in families, sorted.
     pub fn builtin_families() -> Result<Vec<String>> {
-        let mut list: *mut c_char = std::ptr::null_mut();
+        let mut list = std::ptr::null_mut();
         // SAFETY: the list is ours on success.
-        let text = unsafe {
-            check(sys::peft_translator_builtin_families(&mut list))?;
-            take_string(list)
-        };
-        Ok(text.lines().filter(|l| !l.is_empty()).map(str::to_owned).collect())
+        unsafe {
+            check(sys::peft_translator_builtin_family_list(&mut list))?;
+            Ok(take_string_list(list))
+        }
     }
 
     /// The table's family name.

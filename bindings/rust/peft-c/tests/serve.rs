@@ -166,6 +166,15 @@ fn marker_traits_follow_the_header() {
 }
 
 #[test]
+fn names_round_trip_through_the_list() {
+    // Every name the library accepts comes back unchanged, in registration order: a trailing
+    // carriage return, spaces, a tab, non-ASCII text.
+    let names = ["ends in CR\r", " spaced ", "a\tb", "ünïcode"];
+    let registry = registry_with(DType::F32, LOTS, &names.map(|name| (name, LORA)));
+    assert_eq!(registry.names().unwrap(), names);
+}
+
+#[test]
 fn registry_loads_on_first_acquire_and_counts() {
     let lora = open(LORA);
     let registry = registry_with(DType::F32, LOTS, &[("a", LORA), ("b", SECOND)]);

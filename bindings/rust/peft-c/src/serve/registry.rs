@@ -9,7 +9,7 @@ use peft_c_sys as sys;
 use crate::adapter::AdapterOptions;
 use crate::dtype::DType;
 use crate::error::{check, Result};
-use crate::ffi::{borrowed_str, c_path, c_string, handle, new_handle, take_string};
+use crate::ffi::{borrowed_str, c_path, c_string, handle, new_handle, take_string_list};
 use crate::translator::Translator;
 
 handle!(
@@ -146,12 +146,11 @@ impl Registry {
     /// The registered names, in the order they were first registered.
     pub fn names(&self) -> Result<Vec<String>> {
         let mut out = std::ptr::null_mut();
-        // SAFETY: a live registry; on success `out` holds a string that take_string frees.
-        let text = unsafe {
-            check(sys::peft_registry_names(self.as_ptr(), &mut out))?;
-            take_string(out)
-        };
-        Ok(text.lines().map(str::to_string).collect())
+        // SAFETY: a live registry; on success `out` holds a list that take_string_list frees.
+        unsafe {
+            check(sys::peft_registry_name_list(self.as_ptr(), &mut out))?;
+            Ok(take_string_list(out))
+        }
     }
 
     /// Acquires the adapter registered under `name`: loads its tensors if they are not in memory
@@ -238,7 +237,7 @@ handle!(
     /// ```
     Lease,
     sys::peft_lease,
-    sys::peft_lease_release
+    sys::peft_lease_free
 );
 
 // SAFETY: the header lets leases be used and released from any number of threads at once; each is
