@@ -8,6 +8,7 @@
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
+#include "core/text.hpp"
 #include "core/text_file.hpp"
 #include "peft/arch_registry.hpp"
 #include "peft/validation.hpp"

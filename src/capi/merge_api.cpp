@@ -8,6 +8,7 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/inmemory_merge.hpp"
 #include "peft/merge_pipeline.hpp"
 #include "peft/merge_pipeline_inmemory.hpp"

@@ -10,6 +10,7 @@
 #include "capi/capi_common.hpp"
 #include "capi/serve_handles.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "serve/host_model.hpp"
 
 using peft::capi::guarded;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/arch_registry.hpp"
 #include "peft/module_matcher.hpp"
 #include "peft/validation.hpp"
@@ -49,12 +50,6 @@ std::string list_text(const std::vector<std::string>& items) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? "; " : "") + items[i];
   return out;
-}
-
-std::string shape_text(const std::vector<uint64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
 }
 
 }  // namespace

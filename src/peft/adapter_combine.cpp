@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/config_writer.hpp"
 #include "peft/merge_math.hpp"
 #include "peft/module_matcher.hpp"
@@ -15,12 +16,6 @@ namespace peft {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-std::string shape_text(const std::vector<uint64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 std::string adapter_name(const Adapter& a, size_t i) {
   return "adapter #" + std::to_string(i) + " (" + peft::quoted(a.dir()) + ")";

@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
+#include "core/text.hpp"
 #include "core/text_file.hpp"
 #include "peft/module_matcher.hpp"
 

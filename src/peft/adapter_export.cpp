@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/config_writer.hpp"
 #include "peft/key_grammar.hpp"
 #include "safetensors/writer.hpp"

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/adapter_config.hpp"
 #include "peft/config_writer.hpp"
 #include "peft/module_matcher.hpp"

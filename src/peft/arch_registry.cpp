@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/python_regex.hpp"
 
 namespace peft {

@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
+#include "core/text.hpp"
 #include "core/text_file.hpp"
 #include "peft/adapter_config.hpp"
 #include "peft/key_grammar.hpp"

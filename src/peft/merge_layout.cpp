@@ -5,18 +5,13 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/config_writer.hpp"
 #include "peft/merge_math.hpp"
 
 namespace peft::merge {
 
 namespace {
-
-std::string shape_text(std::span<const int64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 std::string subject(std::string_view name) {
   return name.empty() ? std::string("LoRA module") : "LoRA module " + peft::quoted(std::string(name));

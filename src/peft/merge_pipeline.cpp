@@ -10,6 +10,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/merge_pipeline_compute.hpp"
 #include "peft/merge_pipeline_config.hpp"
 #include "peft/merge_pipeline_writer.hpp"

@@ -8,6 +8,7 @@
 #include "core/convert.hpp"
 #include "core/f16.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/merge_math.hpp"
 
 namespace peft {

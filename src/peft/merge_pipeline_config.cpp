@@ -5,6 +5,7 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "safetensors/json_writer.hpp"
 #include "safetensors/shard_index.hpp"
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/key_grammar.hpp"
 
 namespace peft {

@@ -10,6 +10,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/merge_math.hpp"
 #include "peft/arch_registry.hpp"
 #include "safetensors/shard_index.hpp"

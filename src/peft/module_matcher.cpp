@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 

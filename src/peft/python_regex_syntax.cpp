@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/python_regex.hpp"
 
 namespace peft {

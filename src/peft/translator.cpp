@@ -1,6 +1,7 @@
 #include "peft/translator.hpp"
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/arch_registry.hpp"
 #include "peft/key_grammar.hpp"
 

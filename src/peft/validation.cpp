@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
+#include "core/text.hpp"
 #include "core/text_file.hpp"
 #include "safetensors/shard_index.hpp"
 
@@ -14,12 +15,6 @@ namespace {
 namespace fs = std::filesystem;
 using Shape = std::vector<uint64_t>;
 constexpr uint64_t kMaxBaseConfigBytes = 16ull << 20;
-
-std::string shape_text(const Shape& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 // Checks one LoRA module against its base weight; appends problems to `result`.
 class ModuleChecker {
@@ -71,7 +66,7 @@ class ModuleChecker {
     bool fits_conv1d = w == Shape{in, out};
     if (!fits_linear && !fits_conv1d) {
       mismatch("lora_A " + shape_text(a) + " and lora_B " + shape_text(b) + " need a base weight " +
-               shape_text({out, in}) + " (Linear) or " + shape_text({in, out}) + " (Conv1D); " +
+               shape_text(Shape{out, in}) + " (Linear) or " + shape_text(Shape{in, out}) + " (Conv1D); " +
                peft::quoted(base_name_) + " is " + shape_text(w));
       return;
     }
@@ -91,7 +86,7 @@ class ModuleChecker {
     const Shape& b = shape(TensorRole::lora_embedding_b);
     if (w != Shape{a[1], b[0]})
       mismatch("lora_embedding_A " + shape_text(a) + " and lora_embedding_B " + shape_text(b) +
-               " need a base embedding " + shape_text({a[1], b[0]}) + "; " + peft::quoted(base_name_) + " is " +
+               " need a base embedding " + shape_text(Shape{a[1], b[0]}) + "; " + peft::quoted(base_name_) + " is " +
                shape_text(w));
     else
       magnitude({b[0]});

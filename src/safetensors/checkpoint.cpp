@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "safetensors/shard_index.hpp"
 
 namespace peft {

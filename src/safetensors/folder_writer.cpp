@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "core/file_map.hpp"
+#include "core/text.hpp"
 #include "safetensors/json_writer.hpp"
 #include "safetensors/shard_index.hpp"
 

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "safetensors/json_writer.hpp"
 #include "safetensors/utf8.hpp"
 

@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/file_map.hpp"
 #include "core/json_parse.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/merge_parallel.hpp"
 #include "peft/merge_pipeline_inmemory.hpp"
 

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "peft/merge_pipeline_inmemory.hpp"
 
 namespace peft::serve {
