@@ -6,8 +6,8 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/python_json.hpp"
 #include "core/text.hpp"
-#include "peft/config_writer.hpp"
 #include "peft/merge_math.hpp"
 #include "peft/module_matcher.hpp"
 #include "safetensors/writer.hpp"

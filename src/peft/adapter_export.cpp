@@ -3,9 +3,10 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/python_json.hpp"
 #include "core/text.hpp"
-#include "peft/config_writer.hpp"
 #include "peft/key_grammar.hpp"
 #include "safetensors/writer.hpp"
 

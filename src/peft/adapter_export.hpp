@@ -6,7 +6,7 @@
 //   source, so re-exporting a PEFT-written adapter reproduces its file byte for byte;
 // * adapter_config.json: the source's config (unknown fields kept) with inference_mode true,
 //   init_lora_weights true where that means the same, written as json.dumps(indent=2,
-//   sort_keys=True) does (adapter_export_versions.hpp, config_writer.hpp).
+//   sort_keys=True) does (adapter_export_versions.hpp, core/python_json.hpp).
 // Options convert F64/F32/F16/BF16 tensors to F32, BF16 or F16 (integer and F8 tensors are kept),
 // and restrict the config to what an older PEFT release knows.
 //

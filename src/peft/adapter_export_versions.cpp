@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/python_json.hpp"
 #include "core/text.hpp"
 #include "peft/adapter_config.hpp"
-#include "peft/config_writer.hpp"
 #include "peft/module_matcher.hpp"
 #include "peft/python_regex.hpp"
 

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/python_json.hpp"
 #include "core/text.hpp"
-#include "peft/config_writer.hpp"
 #include "peft/merge_math.hpp"
 
 namespace peft::merge {

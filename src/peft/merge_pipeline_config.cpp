@@ -5,9 +5,10 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/path.hpp"
+#include "core/python_json.hpp"
 #include "core/text.hpp"
-#include "safetensors/json_writer.hpp"
-#include "safetensors/shard_index.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 
 namespace peft {
 namespace {
@@ -67,7 +68,7 @@ std::optional<std::string> updated_config_text(const nlohmann::json& config, boo
     }
   }
   if (!changed) return std::nullopt;
-  return json::python_dumps_indent2_sorted(updated) + "\n";
+  return python_json_dumps(updated) + "\n";
 }
 
 bool is_model_weight_file(const std::string& name) {

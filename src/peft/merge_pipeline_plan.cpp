@@ -10,11 +10,11 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/path.hpp"
 #include "core/text.hpp"
 #include "peft/merge_math.hpp"
 #include "peft/arch_registry.hpp"
-#include "safetensors/shard_index.hpp"
-#include "safetensors/sharded_writer.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 
 namespace peft {
 namespace {
@@ -318,12 +318,10 @@ class Planner {
     if (options_.max_shard_size > 0) {
       std::vector<uint64_t> sizes;
       for (const PlannedTensor& p : plan_.tensors) sizes.push_back(p.out_nbytes);
-      auto shards = split_into_shards(sizes, options_.max_shard_size);
-      if (shards.empty()) shards.emplace_back();
-      for (size_t k = 0; k < shards.size(); ++k) {
+      for (ShardFile& shard : save_pretrained_shards(sizes, options_.max_shard_size)) {
         PlannedFile f;
-        f.name = shard_file_name(k, shards.size());
-        f.members = std::move(shards[k]);
+        f.name = std::move(shard.name);
+        f.members = std::move(shard.members);
         f.metadata = std::map<std::string, std::string>{{"format", "pt"}};
         plan_.files.push_back(std::move(f));
       }

@@ -7,7 +7,7 @@
 #include "core/json_parse.hpp"
 #include "core/text.hpp"
 #include "core/text_file.hpp"
-#include "safetensors/shard_index.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 
 namespace peft {
 namespace {

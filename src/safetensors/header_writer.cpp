@@ -5,7 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "safetensors/json_writer.hpp"
+#include "safetensors/serde_string.hpp"
 #include "safetensors/utf8.hpp"
 
 namespace peft {

@@ -19,7 +19,7 @@
 #include "peft/arch_table.hpp"
 #include "peft/validation.hpp"
 #include "safetensors/checkpoint.hpp"
-#include "safetensors/shard_index.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 #include "safetensors/sharded_writer.hpp"
 
 namespace {

@@ -1,6 +1,8 @@
-#include "safetensors/shard_index.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -10,11 +12,16 @@
 #include "core/error.hpp"
 #include "core/file_map.hpp"
 #include "core/json_parse.hpp"
+#include "core/path.hpp"
+#include "core/python_json.hpp"
 #include "core/text.hpp"
 
 namespace peft {
 
 namespace {
+
+constexpr std::string_view kTokenMarker = ".peft-";
+constexpr size_t kTokenSize = 8;
 
 // Real indexes are a few MB even for the largest models; refuse anything absurd before reading it.
 constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
@@ -43,9 +50,76 @@ void check_shard_name(const std::string& index_path, const std::string& tensor, 
 
 }  // namespace
 
-std::string join_path(const std::string& folder, const std::string& name) {
-  if (folder.empty()) return name;
-  return folder.back() == '/' ? folder + name : folder + "/" + name;
+std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& sizes, uint64_t max_size,
+                                                   const std::vector<size_t>& breaks) {
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
+  uint64_t current_size = 0;
+  size_t next_break = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    while (next_break < breaks.size() && breaks[next_break] < i) ++next_break;
+    if (next_break < breaks.size() && breaks[next_break] == i && !current.empty()) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    const uint64_t size = sizes[i];
+    if (size > max_size) {  // its own shard, placed before the one being filled
+      shards.push_back({i});
+      continue;
+    }
+    if (current_size + size > max_size) {  // both <= max_size, so the sum cannot overflow
+      shards.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    current.push_back(i);
+    current_size += size;
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  return shards;
+}
+
+std::string shard_file_name(size_t index, size_t count) {
+  if (count == 1) return kSingleFileName;
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
+  return name;
+}
+
+std::vector<ShardFile> save_pretrained_shards(const std::vector<uint64_t>& sizes, uint64_t max_size,
+                                              const std::vector<size_t>& breaks) {
+  std::vector<std::vector<size_t>> shards = split_into_shards(sizes, max_size, breaks);
+  if (shards.empty()) shards.emplace_back();  // no tensors: one model.safetensors
+  std::vector<ShardFile> files;
+  for (size_t k = 0; k < shards.size(); ++k) files.push_back({shard_file_name(k, shards.size()), std::move(shards[k])});
+  return files;
+}
+
+std::string weight_name_with_token(const std::string& name, const std::string& token) {
+  const bool suffixed = name.ends_with(kWeightFileSuffix);
+  const std::string stem = suffixed ? name.substr(0, name.size() - kWeightFileSuffix.size()) : name;
+  return stem + std::string(kTokenMarker) + token + (suffixed ? std::string(kWeightFileSuffix) : std::string());
+}
+
+bool is_numbered_shard_name(const std::string& name) {
+  if (name.size() != 32 || !name.starts_with("model-") || !name.ends_with(kWeightFileSuffix)) return false;
+  for (size_t i : {6u, 7u, 8u, 9u, 10u, 15u, 16u, 17u, 18u, 19u})
+    if (name[i] < '0' || name[i] > '9') return false;
+  return name.compare(11, 4, "-of-") == 0;
+}
+
+bool is_tokenized_weight_name(const std::string& name) {
+  if (!name.ends_with(kWeightFileSuffix) || name.size() < kWeightFileSuffix.size() + kTokenMarker.size() + kTokenSize + 1) return false;
+  const size_t token_at = name.size() - kWeightFileSuffix.size() - kTokenSize;
+  if (name.compare(token_at - kTokenMarker.size(), kTokenMarker.size(), kTokenMarker) != 0) return false;
+  return std::all_of(name.begin() + static_cast<ptrdiff_t>(token_at),
+                     name.begin() + static_cast<ptrdiff_t>(token_at + kTokenSize),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
+}
+
+bool is_layout_file_name(const std::string& name) {
+  return name == kSingleFileName || name == kIndexFileName || is_numbered_shard_name(name) || is_tokenized_weight_name(name);
 }
 
 ShardIndex read_shard_index(const std::string& index_path) {
@@ -85,6 +159,17 @@ ShardIndex parse_shard_index(std::string_view text, const std::string& index_pat
     index.metadata_json = metadata->dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
   }
   return index;
+}
+
+std::string index_file_text(const std::string& metadata_json, uint64_t total_size,
+                            const std::vector<std::pair<std::string, std::string>>& weight_map) {
+  nlohmann::json metadata = nlohmann::json::parse(metadata_json, nullptr, false);
+  if (!metadata.is_object()) metadata = nlohmann::json::object();
+  metadata["total_size"] = total_size;
+  nlohmann::json map = nlohmann::json::object();
+  for (const auto& [tensor, shard] : weight_map) map[tensor] = shard;
+  const nlohmann::json index = {{"metadata", std::move(metadata)}, {"weight_map", std::move(map)}};
+  return python_json_dumps(index) + "\n";
 }
 
 std::string resolve_in_folder(const std::string& folder, const std::string& name, const std::string& what) {
