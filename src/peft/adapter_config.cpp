@@ -6,7 +6,6 @@
 #include "core/json_parse.hpp"
 #include "core/text.hpp"
 #include "core/text_file.hpp"
-#include "peft/module_matcher.hpp"
 
 namespace peft {
 namespace {
@@ -312,8 +311,34 @@ LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& sour
   check_like_post_init(f, c);
   check_other_types(f, c);
   check_supported(f, c);
-  ModuleMatcher compile_every_pattern(c);  // a bad regex fails here, naming its field
+  compile_patterns(c);  // a bad regex fails here, naming its field
   return c;
+}
+
+ConfigPatterns compile_patterns(const LoraConfig& config) {
+  constexpr int32_t kCode = PEFT_ERR_INVALID_CONFIG;
+  ConfigPatterns p;
+  const ModuleSelector& targets = config.target_modules;
+  const ModuleSelector& excludes = config.exclude_modules;
+  if (targets.kind == ModuleSelector::Kind::regex) p.target_modules.emplace(targets.pattern, kCode, "field \"target_modules\"");
+  // An exclude_modules string is always a regex, even "all-linear".
+  if (excludes.kind == ModuleSelector::Kind::regex || excludes.kind == ModuleSelector::Kind::all_linear)
+    p.exclude_modules.emplace(excludes.pattern, kCode, "field \"exclude_modules\"");
+  if (config.modules_to_save)
+    for (const std::string& m : *config.modules_to_save)
+      p.modules_to_save.emplace_back("(^|.*\\.)" + m + "($|\\..*)", kCode, "field \"modules_to_save\" entry " + quoted(m));
+  if (config.layers_pattern.empty()) {
+    p.layer_index.emplace_back(".*?\\.[^.]*\\.(?P<idx>\\d+)\\.", kCode, "field \"layers_to_transform\"");
+  } else {
+    for (const std::string& pattern : config.layers_pattern)
+      p.layer_index.emplace_back("(?:^|.*?\\.)" + pattern + "\\.(?P<idx>\\d+)\\.", kCode,
+                                 "field \"layers_pattern\" entry " + quoted(pattern));
+  }
+  for (const auto& [key, rank] : config.rank_pattern)
+    p.rank_keys.emplace_back("(.*\\.)?(" + key + ")$", kCode, "field \"rank_pattern\" key " + quoted(key));
+  for (const auto& [key, alpha] : config.alpha_pattern)
+    p.alpha_keys.emplace_back("(.*\\.)?(" + key + ")$", kCode, "field \"alpha_pattern\" key " + quoted(key));
+  return p;
 }
 
 LoraConfig LoraConfig::from_file(const std::string& path) {

@@ -25,6 +25,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "peft/python_regex.hpp"
+
 namespace peft {
 
 // target_modules / exclude_modules: absent, a list of names, a Python regex, or "all-linear".
@@ -94,5 +96,19 @@ struct LoraConfig {
   // The document as PEFT writes it: json.dumps(indent=2, sort_keys=True), ASCII-escaped.
   std::string canonical_json() const;
 };
+
+// The Python regular expressions PEFT builds from a config's fields (tuners_utils.py
+// check_target_module_exists, other.py get_pattern_key), compiled: what ModuleMatcher matches with.
+struct ConfigPatterns {
+  std::optional<PythonRegex> target_modules;   // a target_modules string
+  std::optional<PythonRegex> exclude_modules;  // an exclude_modules string (even "all-linear")
+  std::vector<PythonRegex> modules_to_save;    // one per entry
+  std::vector<PythonRegex> layer_index;        // one per layers_pattern entry, or PEFT's default one
+  std::vector<PythonRegex> rank_keys;          // one per rank_pattern key, in file order
+  std::vector<PythonRegex> alpha_keys;         // one per alpha_pattern key, in file order
+};
+
+// PEFT_ERR_INVALID_CONFIG naming the field on a pattern that is not a valid Python regex.
+ConfigPatterns compile_patterns(const LoraConfig& config);
 
 }  // namespace peft

@@ -2,8 +2,6 @@
 
 #include <charconv>
 
-#include "core/error.hpp"
-#include "core/text.hpp"
 
 namespace peft {
 
@@ -23,28 +21,17 @@ ModuleMatcher::ModuleMatcher(const LoraConfig& config)
       layers_to_transform_(config.layers_to_transform),
       default_rank_(config.r),
       default_alpha_(config.lora_alpha) {
-  constexpr int32_t kCode = PEFT_ERR_INVALID_CONFIG;
-  if (targets_.kind == ModuleSelector::Kind::regex) target_regex_.emplace(targets_.pattern, kCode, "field \"target_modules\"");
-  // An exclude_modules string is always a regex, even "all-linear".
-  if (excludes_.kind == ModuleSelector::Kind::regex || excludes_.kind == ModuleSelector::Kind::all_linear)
-    exclude_regex_.emplace(excludes_.pattern, kCode, "field \"exclude_modules\"");
-  if (config.modules_to_save)
-    for (const std::string& m : *config.modules_to_save)
-      modules_to_save_.emplace_back("(^|.*\\.)" + m + "($|\\..*)", kCode, "field \"modules_to_save\" entry " + peft::quoted(m));
+  ConfigPatterns patterns = compile_patterns(config);
+  target_regex_ = std::move(patterns.target_modules);
+  exclude_regex_ = std::move(patterns.exclude_modules);
+  modules_to_save_ = std::move(patterns.modules_to_save);
+  layer_regexes_ = std::move(patterns.layer_index);
   if (layers_to_transform_ && layers_to_transform_->empty()) layers_to_transform_.reset();  // [] = every layer
-  if (config.layers_pattern.empty()) {
-    layer_regexes_.emplace_back(".*?\\.[^.]*\\.(?P<idx>\\d+)\\.", kCode, "field \"layers_to_transform\"");
-  } else {
-    for (const std::string& p : config.layers_pattern)
-      layer_regexes_.emplace_back("(?:^|.*?\\.)" + p + "\\.(?P<idx>\\d+)\\.", kCode,
-                                  "field \"layers_pattern\" entry " + peft::quoted(p));
-  }
-  for (const auto& [key, rank] : config.rank_pattern)
-    rank_keys_.push_back({key, PythonRegex("(.*\\.)?(" + key + ")$", kCode, "field \"rank_pattern\" key " + peft::quoted(key)),
-                          static_cast<double>(rank)});
-  for (const auto& [key, alpha] : config.alpha_pattern)
-    alpha_keys_.push_back({key, PythonRegex("(.*\\.)?(" + key + ")$", kCode, "field \"alpha_pattern\" key " + peft::quoted(key)),
-                           alpha});
+  for (size_t k = 0; k < config.rank_pattern.size(); ++k)
+    rank_keys_.push_back({config.rank_pattern[k].first, std::move(patterns.rank_keys[k]),
+                          static_cast<double>(config.rank_pattern[k].second)});
+  for (size_t k = 0; k < config.alpha_pattern.size(); ++k)
+    alpha_keys_.push_back({config.alpha_pattern[k].first, std::move(patterns.alpha_keys[k]), config.alpha_pattern[k].second});
 }
 
 bool ModuleMatcher::needs_expansion() const {
