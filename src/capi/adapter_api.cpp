@@ -10,8 +10,8 @@
 #include "core/json_parse.hpp"
 #include "core/text.hpp"
 #include "core/text_file.hpp"
-#include "peft/arch_registry.hpp"
-#include "peft/validation.hpp"
+#include "peft/adapter/base_validation.hpp"
+#include "peft/arch/arch_registry.hpp"
 
 namespace {
 

@@ -9,9 +9,9 @@
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "peft/inmemory_merge.hpp"
-#include "peft/merge_pipeline.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
+#include "peft/checkpoint_merge/checkpoint_merge.hpp"
 
 namespace {
 

@@ -11,8 +11,8 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "peft/merge_parallel.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
+#include "peft/kernels/merge_parallel.hpp"
 
 namespace peft::serve {
 

@@ -16,7 +16,7 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 
 namespace peft::serve {
 

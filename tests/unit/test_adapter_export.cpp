@@ -6,7 +6,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
-#include "peft/adapter_export.hpp"
+#include "peft/export/adapter_export.hpp"
 #include "safetensors/header_parser.hpp"
 #include "test_adapter_export_support.hpp"
 

@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "peft/inmemory_merge.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
 #include "test_merge_math_support.hpp"
 
 using namespace merge_test;

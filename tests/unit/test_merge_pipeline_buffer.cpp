@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 #include "test_merge_pipeline_support.hpp"
 
 using namespace merge_pipeline_test;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 #include "serve/host_model.hpp"
 #include "serve/registry.hpp"
 #include "test_merge_pipeline_support.hpp"
