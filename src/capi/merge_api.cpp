@@ -91,7 +91,7 @@ struct peft_merge_buffer_options {
 };
 
 struct peft_merge_record {
-  peft::MergeRecord record;
+  peft::BufferMerge record;
   std::string module;
   peft::DType dtype = peft::DType::F32;
   peft::DType bias_dtype = peft::DType::F32;
@@ -306,7 +306,7 @@ peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const char* nam
     }
     const peft::AdapterModule& module =
         peft::find_lora_module(*adapter->impl, name, o.translator ? &*o.translator : nullptr);
-    peft::InMemoryModule im = peft::inmemory_module(adapter->impl, module, dims);
+    peft::BufferMergeModule im = peft::buffer_merge_module(adapter->impl, module, dims);
 
     auto record = std::make_unique<peft_merge_record>();
     record->module = module.name;
@@ -324,11 +324,11 @@ peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const char* nam
       record->bias_elements = im.layout.out;
       bias_view = peft::merge::WeightView{bias, record->bias_dtype, 1, record->bias_elements};
     }
-    peft::InMemoryMergeOptions options;
+    peft::BufferMergeOptions options;
     options.weight = o.weight;
     options.keep_original_rows = o.keep_original_rows;
     options.threads = o.threads;
-    record->record = peft::MergeRecord::apply(weight, bias_view ? &*bias_view : nullptr, im, options);
+    record->record = peft::BufferMerge::apply(weight, bias_view ? &*bias_view : nullptr, im, options);
     *out = record.release();
   });
 }

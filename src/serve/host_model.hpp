@@ -12,7 +12,7 @@
 // A swap checks everything about the new adapter (every LoRA layer has a weight, shapes fit, no
 // replaced tensors, no two layers on one weight, a bias buffer where lora_bias needs one) and
 // converts its factors to f32 before any buffer changes; then it takes the current adapter out,
-// newest layer first, and merges the new one layer by layer (MergeRecord::apply,
+// newest layer first, and merges the new one layer by layer (BufferMerge::apply,
 // buffer_merge.hpp). Should a step fail after that (out of memory), the swap undoes what it did
 // and merges the previous adapter back, then throws. If undoing fails too, the host model records
 // exactly the layers that are still merged (current() is then null) and the next swap takes them
@@ -28,7 +28,7 @@
 // buffers while it lives: the host must not write into them (a write into a buffer is undone, or
 // merged over, at the next swap).
 //
-// Arithmetic mode (set_exact(false)): PEFT's unmerge through each layer's MergeRecord, which in
+// Arithmetic mode (set_exact(false)): PEFT's unmerge through each layer's BufferMerge, which in
 // BF16/F16 leaves last-bit differences that accumulate swap after swap; the undo of a failed swap
 // is itself an unmerge and re-merge, so the buffers may differ from before in last bits. Layers
 // come out the way they went in, whatever the mode is now. An exact merge into a weight whose
@@ -131,10 +131,10 @@ class HostModel {
   // One layer of an adapter in one weight: what to merge, and how to take it out while merged.
   struct Layer {
     size_t weight = 0;  // index into weights_
-    InMemoryModule module;
-    InMemoryMergeOptions options;
+    BufferMergeModule module;
+    BufferMergeOptions options;
     bool exact = true;    // taken out by writing the originals back
-    MergeRecord record;   // arithmetic layers while merged: the unmerge
+    BufferMerge record;   // arithmetic layers while merged: the unmerge
   };
 
   std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;

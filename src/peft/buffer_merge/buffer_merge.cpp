@@ -1,4 +1,4 @@
-// MergeRecord: lora_math applied to a host's buffers, with an exact or arithmetic way back.
+// BufferMerge: lora_math applied to a host's buffers, with an exact or arithmetic way back.
 #include "peft/buffer_merge/buffer_merge.hpp"
 
 #include <cstring>
@@ -64,14 +64,14 @@ void reserve_or_fail(std::vector<T>& v, size_t count, const char* what) {
   }
 }
 
-merge::LoraFactors factors_of(const InMemoryModule& m, double coefficient) {
+merge::LoraFactors factors_of(const BufferMergeModule& m, double coefficient) {
   return merge::LoraFactors{m.lora_a, m.lora_b, m.rank, coefficient};
 }
 
 }  // namespace
 
-MergeRecord MergeRecord::apply(const merge::WeightView& weight, const merge::WeightView* bias,
-                               const InMemoryModule& module, const InMemoryMergeOptions& options) {
+BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::WeightView* bias,
+                               const BufferMergeModule& module, const BufferMergeOptions& options) {
   const merge::DeltaLayout& layout = module.layout;
   if (layout.out < 1 || layout.in < 1) fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory merge: module layout is empty");
   check_view(weight, layout.rows(), layout.cols(), "in-memory merge: weight");
@@ -84,7 +84,7 @@ MergeRecord MergeRecord::apply(const merge::WeightView& weight, const merge::Wei
     check_view(*bias, 1, layout.out, "in-memory merge: bias");
   }
 
-  MergeRecord record;
+  BufferMerge record;
   record.module_ = module;
   record.coefficient_ = merge::lora_coefficient(options.weight, module.scaling, "in-memory merge");
   record.threads_ = options.threads;
@@ -147,7 +147,7 @@ MergeRecord MergeRecord::apply(const merge::WeightView& weight, const merge::Wei
   return record;
 }
 
-void MergeRecord::check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const {
+void BufferMerge::check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const {
   if (!active_) fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory unmerge: the record holds no merge (already removed?)");
   if (weight.dtype != dtype_)
     fail(PEFT_ERR_SHAPE_MISMATCH, "in-memory unmerge: weight is " + std::string(dtype_name(weight.dtype)) +
@@ -162,7 +162,7 @@ void MergeRecord::check_same_buffers(const merge::WeightView& weight, const merg
   }
 }
 
-void MergeRecord::remove(const merge::WeightView& weight, const merge::WeightView* bias) {
+void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightView* bias) {
   check_same_buffers(weight, bias);
   const merge::DeltaLayout& layout = module_.layout;
   if (keep_rows_) {
@@ -191,7 +191,7 @@ void MergeRecord::remove(const merge::WeightView& weight, const merge::WeightVie
       merge::subtract_delta(weight, layout, {&term, 1}, exec);
     if (module_.lora_bias != nullptr) merge::add_lora_bias(*bias, module_.lora_bias, coefficient_, true);
   }
-  *this = MergeRecord();
+  *this = BufferMerge();
 }
 
 }  // namespace peft

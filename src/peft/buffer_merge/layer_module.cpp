@@ -111,7 +111,7 @@ merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_s
   return merge::layout_for(merge_kind, weight_shape, a_shape, b_shape, 1, module);
 }
 
-InMemoryModule inmemory_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
+BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                std::span<const int64_t> weight_shape) {
   const Checkpoint& ckpt = adapter->checkpoint();
   const AdapterTensor* a = factor_a(m);
@@ -122,7 +122,7 @@ InMemoryModule inmemory_module(const std::shared_ptr<const Adapter>& adapter, co
 
   auto owned = std::make_shared<OwnedFactors>();
   owned->adapter = adapter;
-  InMemoryModule module;
+  BufferMergeModule module;
   module.layout = lora_layout(m.kind, weight_shape, a_shape, b_shape, m.name);
   owned->a = ckpt.read_f32(a->index);
   owned->b = ckpt.read_f32(b->index);

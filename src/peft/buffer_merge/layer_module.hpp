@@ -1,5 +1,6 @@
-// From a loaded adapter and a name a host uses for one of its weights to the InMemoryModule that
-// MergeRecord (buffer_merge.hpp) merges into the host's buffer.
+// The module of a buffer merge, found by the name a host uses for one of its layers: from a loaded
+// adapter and that name to the BufferMergeModule that BufferMerge (buffer_merge.hpp) merges into the
+// host's buffer. Used by the C API's buffer merge and by serving's hot-swap (serve/host_model.hpp).
 //
 // Names: without a translator, a HuggingFace module path ("model.layers.0.self_attn.q_proj") or
 // tensor name ("model.layers.0.self_attn.q_proj.weight"), with or without "base_model.model.", or
@@ -40,7 +41,7 @@ merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_s
 // The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
 // its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight
 // does not fit the module.
-InMemoryModule inmemory_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
+BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
                                std::span<const int64_t> weight_shape);
 
 }  // namespace peft

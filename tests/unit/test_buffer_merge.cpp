@@ -1,4 +1,4 @@
-// MergeRecord: merging into a host's buffers and taking the merge out again, exactly (saved rows)
+// BufferMerge: merging into a host's buffers and taking the merge out again, exactly (saved rows)
 // or arithmetically (PEFT's unmerge), with weights, DoRA, lora_bias, misuse and concurrency.
 #include <doctest/doctest.h>
 
@@ -10,9 +10,9 @@
 
 using namespace merge_test;
 namespace pm = peft::merge;
-using peft::InMemoryMergeOptions;
-using peft::InMemoryModule;
-using peft::MergeRecord;
+using peft::BufferMergeOptions;
+using peft::BufferMergeModule;
+using peft::BufferMerge;
 
 namespace {
 
@@ -21,8 +21,8 @@ struct Fixture {
   int64_t out, in, rank;
   Term term;
   std::vector<float> magnitude, lora_bias;
-  InMemoryModule module(bool dora, bool bias) const {
-    InMemoryModule m;
+  BufferMergeModule module(bool dora, bool bias) const {
+    BufferMergeModule m;
     m.layout = pm::layout_for(kind, out, in);
     m.lora_a = term.a.data();
     m.lora_b = term.b.data();
@@ -61,13 +61,13 @@ TEST_CASE("inmemory merge: keeping original rows restores the buffer bit for bit
         CAPTURE(dora);
         const Fixture fx = make_fixture(kind, 70, 90, 8, 1000);
         const bool with_bias = kind != pm::ModuleKind::embedding;
-        const InMemoryModule m = fx.module(dora, with_bias);
+        const BufferMergeModule m = fx.module(dora, with_bias);
         Buffer w = random_buffer(dtype, 70 * 90, 1001);
         Buffer b = random_buffer(dtype, 70, 1002);
         const Buffer w0 = w, b0 = b;
         auto wv = w.view(m.layout.rows(), m.layout.cols());
         auto bv = b.view(1, 70);
-        MergeRecord r = MergeRecord::apply(wv, &bv, m, {.weight = 0.75, .keep_original_rows = true});
+        BufferMerge r = BufferMerge::apply(wv, &bv, m, {.weight = 0.75, .keep_original_rows = true});
         CHECK(r.active());
         CHECK(r.saved_rows() == m.layout.rows());
         CHECK(count_different(w, w0) > w.size() / 2);
@@ -92,12 +92,12 @@ TEST_CASE("inmemory merge: without saved rows, removal is PEFT's arithmetic unme
   const Fixture fx = make_fixture(pm::ModuleKind::linear, 50, 64, 4, 2000);
   for (bool dora : {false, true}) {
     CAPTURE(dora);
-    const InMemoryModule m = fx.module(dora, true);
+    const BufferMergeModule m = fx.module(dora, true);
     Buffer w = random_buffer(DType::BF16, 50 * 64, 2001), b = random_buffer(DType::BF16, 50, 2002);
     const Buffer w0 = w;
     auto wv = w.view(50, 64);
     auto bv = b.view(1, 50);
-    MergeRecord r = MergeRecord::apply(wv, &bv, m);
+    BufferMerge r = BufferMerge::apply(wv, &bv, m);
     CHECK(r.saved_bytes() == 0);
     CHECK(r.dora_norm().size() == (dora ? 50u : 0u));
     Buffer expect = w, expect_b = b;
@@ -121,8 +121,8 @@ TEST_CASE("inmemory merge: stacked merges come off in reverse order, and only th
   Buffer w = random_buffer(DType::F16, 40 * 48, 3001);
   const Buffer w0 = w;
   auto wv = w.view(40, 48);
-  MergeRecord ra = MergeRecord::apply(wv, nullptr, a.module(false, false), {.keep_original_rows = true});
-  MergeRecord rb = MergeRecord::apply(wv, nullptr, b.module(true, false), {.weight = -0.5, .keep_original_rows = true});
+  BufferMerge ra = BufferMerge::apply(wv, nullptr, a.module(false, false), {.keep_original_rows = true});
+  BufferMerge rb = BufferMerge::apply(wv, nullptr, b.module(true, false), {.weight = -0.5, .keep_original_rows = true});
   const Buffer merged = w;
   // Removing the first merge while the second is still in: refused, nothing changes.
   CHECK(code_of([&] { ra.remove(wv, nullptr); }) == PEFT_ERR_INVALID_ARGUMENT);
@@ -141,7 +141,7 @@ TEST_CASE("inmemory merge: only changed rows are kept") {
   Buffer w = random_buffer(DType::BF16, 64 * 32, 4001);
   const Buffer w0 = w;
   auto wv = w.view(64, 32);
-  MergeRecord r = MergeRecord::apply(wv, nullptr, fx.module(false, false), {.keep_original_rows = true});
+  BufferMerge r = BufferMerge::apply(wv, nullptr, fx.module(false, false), {.keep_original_rows = true});
   CHECK(r.saved_rows() <= 10);
   CHECK(r.saved_rows() >= 8);
   CHECK(r.saved_bytes() == static_cast<size_t>(r.saved_rows()) * 32 * 2);
@@ -155,19 +155,19 @@ TEST_CASE("inmemory merge: bad calls change nothing") {
   const Buffer w0 = w;
   auto wv = w.view(16, 24);
   // lora_bias without a bias buffer; wrong shapes; unsupported dtype.
-  CHECK(code_of([&] { MergeRecord::apply(wv, nullptr, fx.module(false, true)); }) == PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(code_of([&] { BufferMerge::apply(wv, nullptr, fx.module(false, true)); }) == PEFT_ERR_INVALID_ARGUMENT);
   Buffer small_bias = random_buffer(DType::BF16, 8, 5002);
   auto sbv = small_bias.view(1, 8);
-  CHECK(code_of([&] { MergeRecord::apply(wv, &sbv, fx.module(false, true)); }) == PEFT_ERR_SHAPE_MISMATCH);
-  CHECK(code_of([&] { MergeRecord::apply(w.view(24, 16), nullptr, fx.module(false, false)); }) == PEFT_ERR_SHAPE_MISMATCH);
-  CHECK(code_of([&] { MergeRecord::apply({w.bytes.data(), DType::I16, 16, 24}, nullptr, fx.module(false, false)); }) ==
+  CHECK(code_of([&] { BufferMerge::apply(wv, &sbv, fx.module(false, true)); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(code_of([&] { BufferMerge::apply(w.view(24, 16), nullptr, fx.module(false, false)); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(code_of([&] { BufferMerge::apply({w.bytes.data(), DType::I16, 16, 24}, nullptr, fx.module(false, false)); }) ==
         PEFT_ERR_UNSUPPORTED);
   CHECK(same_bytes(w, w0));
   // Removal from a buffer of another dtype or shape; an empty record.
-  MergeRecord r = MergeRecord::apply(wv, nullptr, fx.module(false, false), {.keep_original_rows = true});
+  BufferMerge r = BufferMerge::apply(wv, nullptr, fx.module(false, false), {.keep_original_rows = true});
   CHECK(code_of([&] { r.remove({w.bytes.data(), DType::F16, 16, 24}, nullptr); }) == PEFT_ERR_SHAPE_MISMATCH);
   CHECK(code_of([&] { r.remove(w.view(8, 48), nullptr); }) == PEFT_ERR_SHAPE_MISMATCH);
-  MergeRecord empty;
+  BufferMerge empty;
   CHECK(code_of([&] { empty.remove(wv, nullptr); }) == PEFT_ERR_INVALID_ARGUMENT);
   r.remove(wv, nullptr);
   CHECK(same_bytes(w, w0));
@@ -175,12 +175,12 @@ TEST_CASE("inmemory merge: bad calls change nothing") {
 
 TEST_CASE("inmemory merge: the record keeps the factors' owner alive") {
   auto owner = std::make_shared<Fixture>(make_fixture(pm::ModuleKind::linear, 8, 8, 2, 6000));
-  InMemoryModule m = owner->module(false, false);
+  BufferMergeModule m = owner->module(false, false);
   m.keep_alive = owner;
   Buffer w = random_buffer(DType::F32, 64, 6001);
   auto wv = w.view(8, 8);
-  MergeRecord r = MergeRecord::apply(wv, nullptr, m);
-  m = InMemoryModule();
+  BufferMerge r = BufferMerge::apply(wv, nullptr, m);
+  m = BufferMergeModule();
   CHECK(owner.use_count() == 2);
   r.remove(wv, nullptr);
   CHECK(owner.use_count() == 1);
@@ -188,7 +188,7 @@ TEST_CASE("inmemory merge: the record keeps the factors' owner alive") {
 
 TEST_CASE("inmemory merge: records on different buffers work concurrently") {
   const Fixture fx = make_fixture(pm::ModuleKind::conv1d_gpt2, 300, 200, 16, 7000);
-  const InMemoryModule m = fx.module(true, false);
+  const BufferMergeModule m = fx.module(true, false);
   constexpr int kThreads = 4;
   std::vector<Buffer> buffers, originals;
   for (int i = 0; i < kThreads; ++i) {
@@ -202,7 +202,7 @@ TEST_CASE("inmemory merge: records on different buffers work concurrently") {
       auto wv = buffers[static_cast<size_t>(i)].view(200, 300);
       bool good = true;
       for (int rep = 0; rep < 4; ++rep) {
-        MergeRecord r = MergeRecord::apply(wv, nullptr, m, {.weight = 1.0 + rep, .keep_original_rows = true, .threads = 2});
+        BufferMerge r = BufferMerge::apply(wv, nullptr, m, {.weight = 1.0 + rep, .keep_original_rows = true, .threads = 2});
         r.remove(wv, nullptr);
         good = good && same_bytes(buffers[static_cast<size_t>(i)], originals[static_cast<size_t>(i)]);
       }
