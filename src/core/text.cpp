@@ -35,6 +35,15 @@ std::string quoted(const std::string& text) {
   return out + "\"";
 }
 
+std::string join_text(const std::vector<std::string>& items, std::string_view separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += separator;
+    out += items[i];
+  }
+  return out;
+}
+
 std::string shape_text(std::span<const uint64_t> shape, size_t max_dims) { return dims_text(shape, max_dims); }
 std::string shape_text(std::span<const int64_t> shape, size_t max_dims) { return dims_text(shape, max_dims); }
 

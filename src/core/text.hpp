@@ -6,6 +6,8 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace peft {
 
@@ -17,5 +19,8 @@ std::string quoted(const std::string& text);
 inline constexpr size_t kAllDims = std::numeric_limits<size_t>::max();
 std::string shape_text(std::span<const uint64_t> shape, size_t max_dims = kAllDims);
 std::string shape_text(std::span<const int64_t> shape, size_t max_dims = kAllDims);
+
+// The items joined by `separator`: a list of problems in one message ("a; b; c").
+std::string join_text(const std::vector<std::string>& items, std::string_view separator);
 
 }  // namespace peft

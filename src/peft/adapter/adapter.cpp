@@ -19,17 +19,7 @@ const AdapterModule* Adapter::find_module(std::string_view name) const {
   return nullptr;
 }
 
-namespace {
-
 namespace fs = std::filesystem;
-
-std::string list_text(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? "; " : "") + items[i];
-  return out;
-}
-
-}  // namespace
 
 // Builds an Adapter step by step; every step collects all problems of its kind before failing.
 struct AdapterBuilder {
@@ -262,7 +252,7 @@ struct AdapterBuilder {
     std::vector<std::string> untargeted;
     for (AdapterModule& m : a.modules_) classify(m);
     if (!broken_structure.empty())
-      fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + list_text(broken_structure));
+      fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
     size_t token_modules = 0;
     for (AdapterModule& m : a.modules_) {
       if (m.is_lora()) resolve_lora(m, matcher, untargeted);
@@ -276,7 +266,7 @@ struct AdapterBuilder {
                                                     std::to_string(token_modules) +
                                                     " modules carry trainable-token rows");
     if (!broken_structure.empty())
-      fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + list_text(broken_structure));
+      fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
     if (!untargeted.empty()) {
       std::string message = a.dir_ + "/adapter_config.json: field \"target_modules\" (with exclude_modules, "
                             "modules_to_save and layers_to_transform) does not select " +
@@ -288,7 +278,7 @@ struct AdapterBuilder {
     }
     if (!bad_config.empty())
       fail(PEFT_ERR_INVALID_CONFIG,
-           a.dir_ + "/adapter_config.json does not match the adapter's tensors: " + list_text(bad_config));
+           a.dir_ + "/adapter_config.json does not match the adapter's tensors: " + join_text(bad_config, "; "));
     note_unused_patterns(matcher);
   }
 

@@ -321,10 +321,14 @@ const std::vector<std::string>* ArchTable::default_targets(const std::string& mo
   return it == default_targets_.end() ? nullptr : &it->second;
 }
 
-const ModuleRule* ArchTable::rule_for_hf(std::string_view hf_module, NameTemplate::Captures* captures) const {
+namespace {
+
+// The first rule whose `side` (hf or native) template matches `module`.
+const ModuleRule* first_match(const std::vector<ModuleRule>& rules, NameTemplate ModuleRule::*side,
+                              std::string_view module, NameTemplate::Captures* captures) {
   NameTemplate::Captures local;
-  for (const ModuleRule& rule : modules_) {
-    if (rule.hf.match(hf_module, local)) {
+  for (const ModuleRule& rule : rules) {
+    if ((rule.*side).match(module, local)) {
       if (captures) *captures = std::move(local);
       return &rule;
     }
@@ -332,15 +336,14 @@ const ModuleRule* ArchTable::rule_for_hf(std::string_view hf_module, NameTemplat
   return nullptr;
 }
 
+}  // namespace
+
+const ModuleRule* ArchTable::rule_for_hf(std::string_view hf_module, NameTemplate::Captures* captures) const {
+  return first_match(modules_, &ModuleRule::hf, hf_module, captures);
+}
+
 const ModuleRule* ArchTable::rule_for_native(std::string_view native_module, NameTemplate::Captures* captures) const {
-  NameTemplate::Captures local;
-  for (const ModuleRule& rule : modules_) {
-    if (rule.native.match(native_module, local)) {
-      if (captures) *captures = std::move(local);
-      return &rule;
-    }
-  }
-  return nullptr;
+  return first_match(modules_, &ModuleRule::native, native_module, captures);
 }
 
 std::optional<std::string> ArchTable::module_to_native(std::string_view hf_module) const {

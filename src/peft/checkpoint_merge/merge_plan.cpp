@@ -21,15 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string join_list(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? "; " : "") + items[i];
-  return out;
-}
-
 [[noreturn]] void fail_listing(int32_t code, const std::string& what, const std::vector<std::string>& problems) {
   fail(code, what + " (" + std::to_string(problems.size()) + (problems.size() == 1 ? " problem" : " problems") +
-                 "): " + join_list(problems));
+                 "): " + join_text(problems, "; "));
 }
 
 std::string adapter_label(const PlannedAdapter& a) { return "adapter " + peft::quoted(a.adapter->dir()); }
