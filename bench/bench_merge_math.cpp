@@ -20,7 +20,7 @@
 
 #include "core/bf16.hpp"
 #include "core/f16.hpp"
-#include "peft/merge_math.hpp"
+#include "peft/methods/lora_math.hpp"
 
 namespace {
 

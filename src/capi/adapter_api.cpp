@@ -9,8 +9,12 @@
 #include "capi/capi_common.hpp"
 #include "capi/string_list.hpp"
 #include "core/error.hpp"
-#include "peft/arch_registry.hpp"
-#include "peft/base_config.hpp"
+#include "core/json_parse.hpp"
+#include "core/text.hpp"
+#include "core/text_file.hpp"
+#include "peft/adapter/base_config.hpp"
+#include "peft/adapter/base_validation.hpp"
+#include "peft/arch/arch_registry.hpp"
 
 namespace {
 

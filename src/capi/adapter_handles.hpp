@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "peft/adapter.hpp"
-#include "peft/translator.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/arch/translator.hpp"
 #include "peft_c.h"
 
 struct peft_adapter {

@@ -7,6 +7,7 @@
 #include "capi/capi_common.hpp"
 #include "capi/checkpoint_handle.hpp"
 #include "core/dtype.hpp"
+#include "core/text.hpp"
 #include "safetensors/checkpoint.hpp"
 
 struct peft_open_options {

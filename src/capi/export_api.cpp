@@ -6,8 +6,8 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
-#include "peft/adapter_combine.hpp"
-#include "peft/adapter_export.hpp"
+#include "peft/export/adapter_combine.hpp"
+#include "peft/export/adapter_export.hpp"
 
 struct peft_export_options {
   peft::ExportOptions impl;

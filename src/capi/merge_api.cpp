@@ -7,9 +7,12 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
-#include "peft/merge_inputs.hpp"
-#include "peft/merge_pipeline.hpp"
-#include "peft/named_buffer_merge.hpp"
+#include "core/text.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
+#include "peft/buffer_merge/named_buffer_merge.hpp"
+#include "peft/checkpoint_merge/checkpoint_merge.hpp"
+#include "peft/checkpoint_merge/merge_inputs.hpp"
 
 namespace {
 

@@ -8,6 +8,7 @@
 #include "capi/capi_common.hpp"
 #include "capi/serve_handles.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "serve/lora_apply.hpp"
 #include "serve/mixed_batch.hpp"
 

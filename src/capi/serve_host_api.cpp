@@ -8,7 +8,8 @@
 #include "capi/capi_common.hpp"
 #include "capi/serve_handles.hpp"
 #include "core/error.hpp"
-#include "peft/named_buffer_merge.hpp"
+#include "core/text.hpp"
+#include "peft/buffer_merge/named_buffer_merge.hpp"
 #include "serve/host_model.hpp"
 
 using peft::capi::guarded;

@@ -11,6 +11,8 @@
 #include <random>
 
 #include "core/error.hpp"
+#include "core/path.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 
@@ -32,11 +34,6 @@ int injected(testing::FileOp op, const std::string& target) {
   fail(PEFT_ERR_IO, "cannot " + what + " " + quoted(path) + ": " + std::strerror(error));
 }
 
-std::string base_name(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 // Random characters that make a name unique with high probability; O_EXCL settles the rest.
 std::string random_chars(int count) {
   static std::atomic<uint64_t> counter{0};
@@ -56,17 +53,10 @@ std::string random_suffix() { return random_chars(6); }
 
 std::string temp_name_for(const std::string& target) {
   const std::string prefix = (target.find('/') == std::string::npos ? std::string() : parent_folder(target) + "/");
-  return prefix + "." + base_name(target).substr(0, kMaxBaseInTempName) + kTempMarker + random_suffix();
+  return prefix + "." + file_name(target).substr(0, kMaxBaseInTempName) + kTempMarker + random_suffix();
 }
 
 }  // namespace
-
-std::string parent_folder(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
 
 bool is_atomic_temp_name(const std::string& file_name) {
   const size_t at = file_name.rfind(kTempMarker);
@@ -191,6 +181,13 @@ void AtomicFile::abort() noexcept {
     ::unlink(temp_path_.c_str());
     temp_path_.clear();
   }
+}
+
+std::unique_ptr<AtomicFile> stage_text_file(const std::string& path, const std::string& text) {
+  auto file = std::make_unique<AtomicFile>(path);
+  file->write(text.data(), text.size());
+  file->flush_and_close();
+  return file;
 }
 
 }  // namespace peft

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace peft {
@@ -57,9 +58,6 @@ class AtomicFile {
 // Flushes a folder's entries (after a rename into it). Best effort on file systems that refuse.
 void sync_directory(const std::string& folder);
 
-// The folder part of a path ("." when there is none).
-std::string parent_folder(const std::string& path);
-
 // True when a file name is one of our temporaries (".<name>.peft-tmp-XXXXXX").
 bool is_atomic_temp_name(const std::string& file_name);
 
@@ -70,6 +68,11 @@ std::string atomic_temp_name_for(const std::string& target);
 // the steps of a folder commit. Return 0 or the errno.
 int rename_file(const std::string& from, const std::string& to);
 int remove_file(const std::string& path);
+
+// Writes `text` to a temporary next to `path`, flushed and closed but not yet renamed: the caller
+// commits it (AtomicFile::commit) once everything else that belongs with it is written too.
+// PEFT_ERR_IO naming the path on failure.
+std::unique_ptr<AtomicFile> stage_text_file(const std::string& path, const std::string& text);
 
 // Eight random characters from [A-Za-z0-9]: a per-write token for file names.
 std::string random_token();

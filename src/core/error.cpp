@@ -1,7 +1,5 @@
 #include "core/error.hpp"
 
-#include <cstdio>
-
 namespace peft {
 
 const char* code_name(int32_t code) noexcept {
@@ -32,23 +30,6 @@ const char* code_name(int32_t code) noexcept {
     case PEFT_ERR_INTERNAL: return "INTERNAL";
     default: return "UNKNOWN";
   }
-}
-
-std::string quoted(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace peft

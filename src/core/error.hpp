@@ -24,7 +24,4 @@ class Error : public std::runtime_error {
 // Name of a code, e.g. "INVALID_OFFSET"; "UNKNOWN" for a value that is not a code.
 const char* code_name(int32_t code) noexcept;
 
-// Quotes a name for a message: "name" with control characters escaped, so messages stay one line.
-std::string quoted(const std::string& text);
-
 }  // namespace peft

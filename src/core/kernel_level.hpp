@@ -1,5 +1,5 @@
 // Which instruction-set level the kernel tables run at (core/convert_kernels.hpp for dtype
-// conversions, peft/merge_kernels.hpp for the merge arithmetic). One choice for the whole process,
+// conversions, peft/kernels/merge_kernels.hpp for the merge arithmetic). One choice for the whole process,
 // made on first use: the highest level this CPU and operating system support, or a lower one named
 // by the environment variable PEFT_C_KERNELS ("portable", "avx2", "avx512"; "auto", unset or any
 // other value: the highest). A level the CPU lacks is never chosen: asking for it gives the highest

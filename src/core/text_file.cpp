@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/file_map.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 

@@ -7,7 +7,9 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "safetensors/shard_index.hpp"
+#include "core/path.hpp"
+#include "core/text.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 
 namespace peft {
 

@@ -5,26 +5,21 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
 #include "core/file_map.hpp"
-#include "safetensors/json_writer.hpp"
-#include "safetensors/shard_index.hpp"
+#include "core/path.hpp"
+#include "core/text.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 
 namespace peft {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr std::string_view kSuffix = ".safetensors";
-constexpr std::string_view kTokenMarker = ".peft-";
-constexpr size_t kTokenSize = 8;
 
 bool exists_no_follow(const std::string& path) {
   struct stat st;
@@ -40,13 +35,6 @@ std::vector<std::string> list_folder(const std::string& folder) {
   return names;
 }
 
-// `name` with the write's token before ".safetensors" (or at the end for another suffix).
-std::string with_token(const std::string& name, const std::string& token) {
-  const bool suffixed = name.ends_with(kSuffix);
-  const std::string stem = suffixed ? name.substr(0, name.size() - kSuffix.size()) : name;
-  return stem + std::string(kTokenMarker) + token + (suffixed ? std::string(kSuffix) : std::string());
-}
-
 // Moves the file at `path` (if any) to a temporary name; returns that name ("" when there was none).
 std::string move_aside(const std::string& path) {
   if (!exists_no_follow(path)) return "";
@@ -57,22 +45,6 @@ std::string move_aside(const std::string& path) {
 }
 
 }  // namespace
-
-bool is_numbered_shard_name(const std::string& name) {
-  if (name.size() != 32 || !name.starts_with("model-") || !name.ends_with(kSuffix)) return false;
-  for (size_t i : {6u, 7u, 8u, 9u, 10u, 15u, 16u, 17u, 18u, 19u})
-    if (name[i] < '0' || name[i] > '9') return false;
-  return name.compare(11, 4, "-of-") == 0;
-}
-
-bool is_tokenized_weight_name(const std::string& name) {
-  if (!name.ends_with(kSuffix) || name.size() < kSuffix.size() + kTokenMarker.size() + kTokenSize + 1) return false;
-  const size_t token_at = name.size() - kSuffix.size() - kTokenSize;
-  if (name.compare(token_at - kTokenMarker.size(), kTokenMarker.size(), kTokenMarker) != 0) return false;
-  return std::all_of(name.begin() + static_cast<ptrdiff_t>(token_at),
-                     name.begin() + static_cast<ptrdiff_t>(token_at + kTokenSize),
-                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
-}
 
 void copy_into(const std::string& source_path, AtomicFile& target) {
   const ReadOnlyFile source = ReadOnlyFile::open(source_path);  // regular files only: a FIFO never blocks
@@ -106,7 +78,7 @@ std::vector<OutputSpec> CheckpointFolderWriter::plan_outputs(const std::vector<T
   if (exists_no_follow(index_path)) {
     try {
       for (const std::string& shard : read_shard_index(index_path).shards)
-        if (shard.ends_with(kSuffix)) old_index_shards_.insert(shard);  // never a file of another kind
+        if (shard.ends_with(kWeightFileSuffix)) old_index_shards_.insert(shard);  // never a file of another kind
     } catch (const Error&) {
       // An unreadable old index only means its shards cannot be found; it is replaced either way.
     }
@@ -126,7 +98,7 @@ std::vector<OutputSpec> CheckpointFolderWriter::plan_outputs(const std::vector<T
       if (taken(name)) {
         const size_t slash = name.find_last_of('/');
         const std::string dir = slash == std::string::npos ? "" : name.substr(0, slash + 1);
-        name = dir + with_token(name.substr(dir.size()), token);
+        name = dir + weight_name_with_token(name.substr(dir.size()), token);
         if (taken(name)) fail(PEFT_ERR_IO, "cannot find a free name for " + peft::quoted(join_path(folder_, f.name)));
       }
     }
@@ -155,20 +127,12 @@ void CheckpointFolderWriter::prepare_outputs() {
 }
 
 std::unique_ptr<AtomicFile> CheckpointFolderWriter::make_index_file() {
-  nlohmann::json metadata = nlohmann::json::parse(index_metadata_json_, nullptr, false);
-  if (!metadata.is_object()) metadata = nlohmann::json::object();
   uint64_t total = 0;
   for (const TensorDecl& d : declarations()) total += d.nbytes;  // fits: every file's data size did
-  metadata["total_size"] = total;
-  nlohmann::json weight_map = nlohmann::json::object();
+  std::vector<std::pair<std::string, std::string>> weight_map;
   for (size_t k = 0; k < outputs().size(); ++k)
-    for (size_t d : outputs()[k].layout.order) weight_map[declarations()[d].name] = names_[k];
-  nlohmann::json index = {{"metadata", std::move(metadata)}, {"weight_map", std::move(weight_map)}};
-  const std::string text = json::python_dumps_indent2_sorted(index) + "\n";
-  auto file = std::make_unique<AtomicFile>(join_path(folder_, kIndexFileName));
-  file->write(text.data(), text.size());
-  file->flush_and_close();
-  return file;
+    for (size_t d : outputs()[k].layout.order) weight_map.emplace_back(declarations()[d].name, names_[k]);
+  return stage_text_file(join_path(folder_, kIndexFileName), index_file_text(index_metadata_json_, total, weight_map));
 }
 
 void CheckpointFolderWriter::commit_outputs() {
@@ -216,9 +180,7 @@ void CheckpointFolderWriter::remove_old_layout() noexcept {
     const std::set<std::string> keep(written.begin(), written.end());
     std::set<std::string> stale = old_index_shards_;
     for (const std::string& name : list_folder(folder_))
-      if (name == kSingleFileName || name == kIndexFileName || is_numbered_shard_name(name) ||
-          is_tokenized_weight_name(name))
-        stale.insert(name);
+      if (is_layout_file_name(name)) stale.insert(name);
     bool removed = false;
     for (const std::string& name : stale)
       if (keep.count(name) == 0) removed = remove_file(join_path(folder_, name)) == 0 || removed;

@@ -1,6 +1,6 @@
-// The one home of a checkpoint folder's layout on disk and of how a write replaces it: the shard
-// writer of the C API (ShardedWriter) and the merged-checkpoint writer (MergedFolderWriter) differ
-// only in how they plan their files.
+// How a write replaces a checkpoint folder (what the folder holds, its names and its index, is
+// checkpoint_layout.hpp's): the shard writer of the C API (ShardedWriter) and the merged-checkpoint
+// writer (MergedFolderWriter) differ only in how they plan their files.
 //
 // Readers disagree when a folder holds both entry points: peftc opens model.safetensors.index.json
 // first, transformers opens model.safetensors first. So a write never lets both name different
@@ -86,10 +86,5 @@ class CheckpointFolderWriter : public TensorWriter {
 
 // Copies a file into an AtomicFile (not committed), in bounded chunks. PEFT_ERR_IO naming the file.
 void copy_into(const std::string& source_path, AtomicFile& target);
-
-// Whether a file name is one of a checkpoint's weight file names this library writes:
-// model-DDDDD-of-DDDDD.safetensors, or any name with a per-write token (".peft-XXXXXXXX.safetensors").
-bool is_numbered_shard_name(const std::string& name);
-bool is_tokenized_weight_name(const std::string& name);
 
 }  // namespace peft

@@ -3,22 +3,11 @@
 // (the rules are listed in header_sax.hpp). Internal to header_parser.cpp, the tests and the fuzzer.
 #pragma once
 
-#include <optional>
 #include <string_view>
-#include <vector>
 
-#include "safetensors/header_parser.hpp"
+#include "safetensors/header_types.hpp"
 
 namespace peft {
-
-struct HeaderJson {
-  std::vector<TensorInfo> tensors;  // in the order the JSON lists them
-  std::optional<Metadata> metadata; // sorted by key; for a key given twice the last value wins
-};
-
-// The reference's JSON nesting limit: serde_json fails with "recursion limit exceeded" when an
-// object or array opens at depth 128 (the root object is depth 1).
-inline constexpr size_t kMaxJsonDepth = 127;
 
 // Parses header text that is already known to be valid UTF-8. Throws INVALID_HEADER, naming the
 // tensor or key at fault, for anything the reference rejects at this step and for a tensor name

@@ -5,9 +5,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
-#include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 
@@ -20,17 +19,8 @@ inline std::string quoted_name(std::string_view name) {
   return quoted(std::string(name.substr(0, cut))) + "...";
 }
 
-// "[2, 3]", with at most 16 dimensions written out.
-inline std::string shape_text(const std::vector<uint64_t>& shape) {
-  constexpr size_t kMax = 16;
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size() && i < kMax; ++i) {
-    if (i) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  if (shape.size() > kMax) out += ", ... (" + std::to_string(shape.size()) + " dimensions)";
-  return out + "]";
-}
+// A shape in a header message writes out at most this many dimensions (shape_text's max_dims).
+inline constexpr size_t kShapeDimsShown = 16;
 
 inline std::string offsets_text(uint64_t begin, uint64_t end) {
   std::string out = "[";  // appended piecewise: GCC 12 warns falsely on "[" + std::string&&

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_messages.hpp"
 #include "safetensors/utf8.hpp"
@@ -38,7 +39,7 @@ void validate_tensor(const TensorInfo& t, uint64_t expected_begin) {
   for (uint64_t dim : t.shape) {
     if (!checked_mul(elements, dim, elements)) {
       fail(PEFT_ERR_VALIDATION_OVERFLOW, "tensor " + quoted_name(t.name) + ": shape " +
-                                             shape_text(t.shape) +
+                                             shape_text(t.shape, kShapeDimsShown) +
                                              " has more elements than fit in 64 bits");
     }
   }
@@ -57,7 +58,7 @@ void validate_tensor(const TensorInfo& t, uint64_t expected_begin) {
   }
   if (t.end - t.begin != bits / 8) {
     fail(PEFT_ERR_TENSOR_INVALID_INFO,
-         "tensor " + quoted_name(t.name) + ": shape " + shape_text(t.shape) + " of " +
+         "tensor " + quoted_name(t.name) + ": shape " + shape_text(t.shape, kShapeDimsShown) + " of " +
              std::string(dtype_name(t.dtype)) + " needs " + std::to_string(bits / 8) +
              " bytes but data_offsets " + offsets_text(t.begin, t.end) + " span " +
              std::to_string(t.end - t.begin));

@@ -6,33 +6,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string>
 #include <string_view>
-#include <utility>
-#include <vector>
 
-#include "core/dtype.hpp"
+#include "safetensors/header_types.hpp"
 
 namespace peft {
-
-struct TensorInfo {
-  std::string name;
-  DType dtype = DType::BOOL;
-  std::vector<uint64_t> shape;  // empty for a scalar
-  uint64_t begin = 0, end = 0;  // data_offsets, relative to the data section
-  uint64_t nbytes() const { return end - begin; }
-};
-
-using Metadata = std::vector<std::pair<std::string, std::string>>;  // sorted by key bytes
-
-struct Header {
-  uint64_t header_size = 0;         // N, the JSON length including padding
-  std::vector<TensorInfo> tensors;  // in data order: stable sort by (begin, end) as the reference does
-  std::optional<Metadata> metadata; // nullopt when "__metadata__" is absent or null; {} when it is {}
-  uint64_t data_size = 0;           // end of the last tensor (0 without tensors)
-  uint64_t data_start() const { return 8 + header_size; }
-};
 
 struct HeaderLimits {
   uint64_t max_header_size = 100'000'000;  // the reference's MAX_HEADER_SIZE (decimal, inclusive)

@@ -201,8 +201,8 @@ HeaderSax::Slot HeaderSax::take_slot() {
 }
 
 bool HeaderSax::open(Frame frame) {
-  if (open_.size() + 1 > kMaxJsonDepth) {
-    return error("JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  if (open_.size() + 1 > kMaxHeaderJsonDepth) {
+    return error("JSON nested deeper than " + std::to_string(kMaxHeaderJsonDepth) + " levels");
   }
   open_.push_back({frame, 0});
   return true;

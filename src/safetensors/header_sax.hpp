@@ -35,9 +35,13 @@
 #include <string>
 #include <vector>
 
-#include "safetensors/header_json.hpp"
+#include "safetensors/header_types.hpp"
 
 namespace peft {
+
+// The reference's JSON nesting limit: serde_json fails with "recursion limit exceeded" when an
+// object or array opens at depth 128 (the root object is depth 1).
+inline constexpr size_t kMaxHeaderJsonDepth = 127;
 
 class HeaderSax {
  public:

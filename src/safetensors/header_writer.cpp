@@ -4,7 +4,8 @@
 #include <string_view>
 
 #include "core/error.hpp"
-#include "safetensors/json_writer.hpp"
+#include "core/text.hpp"
+#include "safetensors/serde_string.hpp"
 #include "safetensors/utf8.hpp"
 
 namespace peft {

@@ -1,7 +1,7 @@
-// A writer of a checkpoint folder as transformers' save_pretrained lays it out: tensors split into
-// shards by huggingface_hub's greedy rule, `model-00001-of-0000N.safetensors` (or one
-// `model.safetensors` and no index), `{"format":"pt"}` metadata on every shard, and
-// `model.safetensors.index.json` written as transformers v4 writes it.
+// A writer of a checkpoint folder as transformers' save_pretrained lays it out
+// (checkpoint_layout.hpp: huggingface_hub's shard split, `model-00001-of-0000N.safetensors` or one
+// `model.safetensors` and no index, the index as transformers v4 writes it), with `{"format":"pt"}`
+// metadata on every shard.
 //
 // The folder is replaced as CheckpointFolderWriter describes (folder_writer.hpp): a shard whose
 // name is taken gets a per-write token in its name, and the index is the commit point.
@@ -39,15 +39,5 @@ class ShardedWriter final : public CheckpointFolderWriter {
   std::vector<size_t> breaks_;  // declaration indices that start a new shard
   std::string index_metadata_json_ = "{}";
 };
-
-// huggingface_hub's split_state_dict_into_shards_factory on sizes alone: a tensor larger than
-// `max_size` gets a shard of its own (appended at once, before the shard being filled); otherwise a
-// new shard starts when the current one would exceed `max_size`. `breaks` (sorted) force a new
-// shard before those indices. Returns the shards' members in order; no shard is empty.
-std::vector<std::vector<size_t>> split_into_shards(const std::vector<uint64_t>& sizes, uint64_t max_size,
-                                                   const std::vector<size_t>& breaks = {});
-
-// "model-00001-of-00003.safetensors", or "model.safetensors" when there is one shard.
-std::string shard_file_name(size_t index, size_t count);
 
 }  // namespace peft

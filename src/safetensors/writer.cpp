@@ -7,6 +7,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 namespace {
@@ -135,14 +136,17 @@ uint64_t TensorWriter::source_bytes(const TensorDecl& decl, DType src_dtype) con
   return bytes;
 }
 
+void TensorWriter::require_no_open_tensor() const {
+  if (!in_tensor_) return;
+  const TensorDecl& cur = tensor_at(next_);
+  fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(cur.name) + " is incomplete: " + std::to_string(src_done_) +
+                                      " of " + std::to_string(src_expected_) + " bytes written");
+}
+
 void TensorWriter::begin_tensor(std::string_view name, DType src_dtype) {
   require_streaming("begin a tensor");
   start();
-  if (in_tensor_) {
-    const TensorDecl& cur = tensor_at(next_);
-    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(cur.name) + " is incomplete: " + std::to_string(src_done_) +
-                                        " of " + std::to_string(src_expected_) + " bytes written");
-  }
+  require_no_open_tensor();
   if (next_ >= slots_.size()) {
     fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(std::string(name)) + ": every declared tensor is already written");
   }
@@ -285,11 +289,7 @@ void TensorWriter::emit(const void* data, size_t size) {
 void TensorWriter::finish() {
   require_streaming("finish");
   start();
-  if (in_tensor_) {
-    const TensorDecl& cur = tensor_at(next_);
-    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(cur.name) + " is incomplete: " + std::to_string(src_done_) +
-                                        " of " + std::to_string(src_expected_) + " bytes written");
-  }
+  require_no_open_tensor();
   if (next_ < slots_.size()) {
     fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor_at(next_).name) + " was never written (" +
                                         std::to_string(slots_.size() - next_) + " of " +

@@ -122,6 +122,8 @@ class TensorWriter {
   };
   void require_declaring(const char* what) const;
   void require_streaming(const char* what) const;
+  // INVALID_ARGUMENT naming the current tensor when its bytes are not all written yet.
+  void require_no_open_tensor() const;
   void require_current(const char* what) const;
   template <class Body>
   void poison_on_failure(Body&& body);

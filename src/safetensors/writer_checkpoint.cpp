@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/writer.hpp"
 

@@ -10,8 +10,9 @@
 #include <utility>
 
 #include "core/error.hpp"
-#include "peft/merge_parallel.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "core/text.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
+#include "peft/kernels/merge_parallel.hpp"
 
 namespace peft::serve {
 
@@ -32,7 +33,7 @@ void check_buffer_dtype(DType dtype, const std::string& what) {
     fail(PEFT_ERR_UNSUPPORTED, what + " is " + std::string(dtype_name(dtype)) + "; host weights must be F32, BF16 or F16");
 }
 
-// The f32 factors of one adapter's merged layers, shared by their InMemoryModules. The pin keeps
+// The f32 factors of one adapter's merged layers, shared by their BufferMergeModules. The pin keeps
 // the adapter loaded (and pinned in its registry) while any layer of it is merged; with F32
 // storage the factors point into that LoadedAdapter, otherwise into `converted`.
 struct AdapterFactors {
@@ -164,7 +165,7 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     Layer layer;
     layer.weight = weight_of_module_.at(loaded_layer.module);
     const Weight& w = weights_[layer.weight];
-    InMemoryModule& m = layer.module;
+    BufferMergeModule& m = layer.module;
     m.layout = lora_layout(loaded_layer.kind, w.shape, loaded_layer.a_shape, loaded_layer.b_shape, loaded_layer.module);
     // The storage holds rank x a_cols and b_rows x rank elements: the layout must read exactly those.
     if (m.layout.in != loaded_layer.a_cols || m.layout.out != loaded_layer.b_rows)
@@ -205,7 +206,7 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
   auto at = [base](size_t offset) { return offset == LoadedLayer::npos ? nullptr : base + offset; };
   for (size_t i = 0; i < layers.size(); ++i) {
     const LoadedLayer& loaded_layer = loaded.layers()[i];
-    InMemoryModule& m = layers[i].module;
+    BufferMergeModule& m = layers[i].module;
     m.lora_a = at(loaded_layer.a);
     m.lora_b = at(loaded_layer.b);
     m.lora_bias = at(loaded_layer.bias);
@@ -270,7 +271,7 @@ void HostModel::merge_layer(Layer layer) {
   fault_point(true);
   if (layer.exact) start_from_original(layer);
   const std::optional<merge::WeightView> bias = bias_view(layer);
-  MergeRecord record = MergeRecord::apply(weight_view(layer), bias ? &*bias : nullptr, layer.module, layer.options);
+  BufferMerge record = BufferMerge::apply(weight_view(layer), bias ? &*bias : nullptr, layer.module, layer.options);
   if (!layer.exact) {
     layer.record = std::move(record);
     weights_[layer.weight].drifted = true;

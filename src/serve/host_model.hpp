@@ -12,8 +12,8 @@
 // A swap checks everything about the new adapter (every LoRA layer has a weight, shapes fit, no
 // replaced tensors, no two layers on one weight, a bias buffer where lora_bias needs one) and
 // converts its factors to f32 before any buffer changes; then it takes the current adapter out,
-// newest layer first, and merges the new one layer by layer (MergeRecord::apply,
-// inmemory_merge.hpp). Should a step fail after that (out of memory), the swap undoes what it did
+// newest layer first, and merges the new one layer by layer (BufferMerge::apply,
+// buffer_merge.hpp). Should a step fail after that (out of memory), the swap undoes what it did
 // and merges the previous adapter back, then throws. If undoing fails too, the host model records
 // exactly the layers that are still merged (current() is then null) and the next swap takes them
 // out.
@@ -28,7 +28,7 @@
 // buffers while it lives: the host must not write into them (a write into a buffer is undone, or
 // merged over, at the next swap).
 //
-// Arithmetic mode (set_exact(false)): PEFT's unmerge through each layer's MergeRecord, which in
+// Arithmetic mode (set_exact(false)): PEFT's unmerge through each layer's BufferMerge, which in
 // BF16/F16 leaves last-bit differences that accumulate swap after swap; the undo of a failed swap
 // is itself an unmerge and re-merge, so the buffers may differ from before in last bits. Layers
 // come out the way they went in, whatever the mode is now. An exact merge into a weight whose
@@ -56,8 +56,8 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "peft/inmemory_merge.hpp"
-#include "peft/translator.hpp"
+#include "peft/arch/translator.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
 #include "serve/registry.hpp"
 
 namespace peft::serve {
@@ -88,7 +88,7 @@ class HostModel {
   bool exact() const { return exact_; }
 
   // One weight buffer, owned by the caller and kept in place while this lives. `name` is the
-  // weight's or its layer's name (module_candidates, merge_pipeline_inmemory.hpp); shape has 2
+  // weight's or its layer's name (module_candidates, layer_module.hpp); shape has 2
   // dimensions, 4 for Conv2d; bias (may be null) is the layer's bias, of bias_elements elements (a
   // swap refuses a lora_B.bias of another length with SHAPE_MISMATCH). UNRESOLVED_KEY when the
   // translator does not resolve the name; INVALID_ARGUMENT for a null pointer, a layer given twice
@@ -131,10 +131,10 @@ class HostModel {
   // One layer of an adapter in one weight: what to merge, and how to take it out while merged.
   struct Layer {
     size_t weight = 0;  // index into weights_
-    InMemoryModule module;
-    InMemoryMergeOptions options;
+    BufferMergeModule module;
+    BufferMergeOptions options;
     bool exact = true;    // taken out by writing the originals back
-    MergeRecord record;   // arithmetic layers while merged: the unmerge
+    BufferMerge record;   // arithmetic layers while merged: the unmerge
   };
 
   std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;

@@ -8,6 +8,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "safetensors/safetensors_file.hpp"
 
 namespace peft::serve {
@@ -37,12 +38,6 @@ std::vector<int64_t> signed_shape(const std::vector<uint64_t>& shape) {
   std::vector<int64_t> out;
   for (uint64_t d : shape) out.push_back(static_cast<int64_t>(d));  // header dimensions fit 63 bits
   return out;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
 }
 
 // The tensor of `role`, checked to be a dtype the storage can be converted from.

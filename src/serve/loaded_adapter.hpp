@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "peft/adapter.hpp"
+#include "peft/adapter/adapter.hpp"
 
 namespace peft::serve {
 
@@ -62,7 +62,7 @@ class LoadedAdapter {
   bool has_replacements() const { return has_replacements_; }
 
   // The layer of a HuggingFace module path (exactly as in LoadedLayer::module); null when absent.
-  // Callers normalise names first (see module_candidates in merge_pipeline_inmemory.hpp).
+  // Callers normalise names first (see module_candidates in layer_module.hpp).
   const LoadedLayer* find(std::string_view module) const;
 
   // Pointer to element `offset` of the storage (in dtype() elements).

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 #include "serve/loaded_adapter.hpp"
 
 namespace peft::serve {

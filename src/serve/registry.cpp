@@ -15,7 +15,8 @@
 #include <utility>
 
 #include "core/error.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "core/text.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 
 namespace peft::serve {
 

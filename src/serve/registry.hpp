@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "peft/adapter.hpp"
-#include "peft/translator.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/arch/translator.hpp"
 #include "serve/loaded_adapter.hpp"
 
 namespace peft::serve {

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "core/error.hpp"
-#include "peft/adapter_config.hpp"
+#include "peft/adapter/adapter_config.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "core/error.hpp"
-#include "peft/arch_table.hpp"
+#include "peft/arch/arch_table.hpp"
 
 namespace {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "peft/merge_math.hpp"
+#include "peft/methods/lora_math.hpp"
 
 namespace fs = std::filesystem;
 namespace pm = peft::merge;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "peft/adapter_combine.hpp"
+#include "peft/export/adapter_combine.hpp"
 #include "test_adapter_export_support.hpp"
 
 using namespace export_test;

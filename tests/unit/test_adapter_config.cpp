@@ -2,7 +2,7 @@
 // its stable code and a message naming the field.
 #include <doctest/doctest.h>
 
-#include "peft/adapter_config.hpp"
+#include "peft/adapter/adapter_config.hpp"
 #include "test_adapter_support.hpp"
 
 using namespace adapter_test;

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "peft/adapter.hpp"
-#include "peft/arch_registry.hpp"
-#include "peft/translator.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "peft/arch/translator.hpp"
 
 namespace fs = std::filesystem;
 

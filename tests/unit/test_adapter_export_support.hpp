@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "peft/adapter.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/writer.hpp"
 #include "test_writer_support.hpp"

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "peft/adapter_export.hpp"
+#include "peft/export/adapter_export.hpp"
 #include "test_adapter_export_support.hpp"
 
 using namespace export_test;

@@ -1,7 +1,7 @@
 // The key grammar of adapter_model.safetensors (PEFT's get_peft_model_state_dict layout).
 #include <doctest/doctest.h>
 
-#include "peft/key_grammar.hpp"
+#include "peft/arch/key_grammar.hpp"
 
 using peft::TensorRole;
 

@@ -1,8 +1,8 @@
 // Opening adapters: modules, ranks, notes, and one test per kind of bad adapter or bad key.
 #include <doctest/doctest.h>
 
-#include "peft/adapter.hpp"
-#include "peft/arch_table.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/arch/arch_table.hpp"
 #include "test_adapter_support.hpp"
 
 using namespace adapter_test;

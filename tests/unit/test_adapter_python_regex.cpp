@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/error.hpp"
-#include "peft/python_regex.hpp"
+#include "core/python_regex.hpp"
 
 namespace {
 

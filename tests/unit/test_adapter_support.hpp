@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "peft/adapter.hpp"
+#include "peft/adapter/adapter.hpp"
 
 namespace adapter_test {
 

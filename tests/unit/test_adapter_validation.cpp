@@ -1,8 +1,8 @@
 // Validation against a base model folder: shapes, Linear vs GPT-2 Conv1D, every problem listed.
 #include <doctest/doctest.h>
 
-#include "peft/adapter.hpp"
-#include "peft/validation.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/adapter/base_validation.hpp"
 #include "test_adapter_support.hpp"
 
 using namespace adapter_test;

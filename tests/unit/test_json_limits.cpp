@@ -15,11 +15,11 @@
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
 #include "core/text_file.hpp"
-#include "peft/adapter_config.hpp"
-#include "peft/arch_table.hpp"
-#include "peft/validation.hpp"
+#include "peft/adapter/adapter_config.hpp"
+#include "peft/adapter/base_model.hpp"
+#include "peft/arch/arch_table.hpp"
 #include "safetensors/checkpoint.hpp"
-#include "safetensors/shard_index.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 #include "safetensors/sharded_writer.hpp"
 
 namespace {

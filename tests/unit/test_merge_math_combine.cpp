@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "core/error.hpp"
-#include "peft/merge_kernels.hpp"
+#include "peft/kernels/merge_kernels.hpp"
 #include "test_merge_math_support.hpp"
 
 using namespace merge_test;

@@ -1,13 +1,9 @@
 // Reference loops for the merge-math tests: every module kind written in its own indexing (conv
 // as [out][in][kh][kw], embedding as [token][dim], ...), one element at a time, with the
-// arithmetic merge_math.hpp promises. The library must match them bit for bit.
+// arithmetic lora_math.hpp promises. The library must match them bit for bit.
 #pragma once
 
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
 
 #include <cmath>
 #include <cstdint>
@@ -18,7 +14,7 @@
 #include "core/bf16.hpp"
 #include "core/dtype.hpp"
 #include "core/f16.hpp"
-#include "peft/merge_math.hpp"
+#include "peft/methods/lora_math.hpp"
 
 namespace merge_test {
 

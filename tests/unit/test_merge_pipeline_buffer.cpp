@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "core/error.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 #include "test_merge_pipeline_support.hpp"
 
 using namespace merge_pipeline_test;
@@ -60,11 +60,11 @@ TEST_CASE("merge pipeline: a buffer merge equals the checkpoint merge and comes 
       const peft::AdapterModule& m = peft::find_lora_module(*adapter, name, nullptr);
       HostWeight w = host_weight(model("llama"), m.name + ".weight", dtype);
       const std::vector<uint8_t> original = w.bytes;
-      peft::InMemoryModule im = peft::inmemory_module(adapter, m, w.shape);
-      peft::InMemoryMergeOptions options;
+      peft::BufferMergeModule im = peft::buffer_merge_module(adapter, m, w.shape);
+      peft::BufferMergeOptions options;
       options.weight = 0.75;
       options.keep_original_rows = true;
-      auto record = peft::MergeRecord::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, options);
+      auto record = peft::BufferMerge::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, options);
       CHECK(w.bytes != original);
       if (dtype == peft::DType::F32) CHECK(w.bytes == raw(*merged, m.name + ".weight"));
       record.remove(w.view(im.layout.rows(), im.layout.cols()), nullptr);
@@ -88,26 +88,26 @@ TEST_CASE("merge pipeline: buffer merges address modules by native name, Conv1D 
   CHECK(error_code([&] { peft::find_lora_module(*bert, "classifier", nullptr); }) == PEFT_ERR_UNSUPPORTED);
   const peft::AdapterModule& q = peft::find_lora_module(*adapter, "model.layers.0.self_attn.q_proj", nullptr);
   const std::vector<int64_t> wrong{16, 17};
-  CHECK(error_code([&] { peft::inmemory_module(adapter, q, wrong); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(error_code([&] { peft::buffer_merge_module(adapter, q, wrong); }) == PEFT_ERR_SHAPE_MISMATCH);
 
   // GPT-2's c_attn: [in, out] storage is recognised from the buffer's shape.
   auto gpt2 = open_adapter(adapter_dir("gpt2_lora"));
   const peft::AdapterModule& c_attn = peft::find_lora_module(*gpt2, "transformer.h.0.attn.c_attn", nullptr);
   HostWeight w = host_weight(model("gpt2"), "transformer.h.0.attn.c_attn.weight", peft::DType::BF16);
-  peft::InMemoryModule im = peft::inmemory_module(gpt2, c_attn, w.shape);
+  peft::BufferMergeModule im = peft::buffer_merge_module(gpt2, c_attn, w.shape);
   CHECK(im.layout.transposed);
   const auto original = w.bytes;
-  auto record = peft::MergeRecord::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, {1.0, true, 0});
+  auto record = peft::BufferMerge::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, {1.0, true, 0});
   record.remove(w.view(im.layout.rows(), im.layout.cols()), nullptr);
   CHECK(w.bytes == original);
 
   auto dora = open_adapter(adapter_dir("llama_dora"));
   const peft::AdapterModule& v = peft::find_lora_module(*dora, "model.layers.1.self_attn.v_proj", nullptr);
   HostWeight dw = host_weight(model("llama"), "model.layers.1.self_attn.v_proj.weight", peft::DType::F16);
-  peft::InMemoryModule dim = peft::inmemory_module(dora, v, dw.shape);
+  peft::BufferMergeModule dim = peft::buffer_merge_module(dora, v, dw.shape);
   CHECK(dim.magnitude != nullptr);
   const auto dora_original = dw.bytes;
-  auto dora_record = peft::MergeRecord::apply(dw.view(dim.layout.rows(), dim.layout.cols()), nullptr, dim,
+  auto dora_record = peft::BufferMerge::apply(dw.view(dim.layout.rows(), dim.layout.cols()), nullptr, dim,
                                               {1.0, true, 1});
   CHECK(dw.bytes != dora_original);
   dora_record.remove(dw.view(dim.layout.rows(), dim.layout.cols()), nullptr);
@@ -125,8 +125,8 @@ TEST_CASE("merge pipeline: buffer merges of one adapter run concurrently on diff
     // What a merge on its own gives.
     HostWeight w = weights.back();
     const peft::AdapterModule& m = peft::find_lora_module(*adapter, name, nullptr);
-    peft::InMemoryModule im = peft::inmemory_module(adapter, m, w.shape);
-    peft::MergeRecord::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, {0.5, false, 1});
+    peft::BufferMergeModule im = peft::buffer_merge_module(adapter, m, w.shape);
+    peft::BufferMerge::apply(w.view(im.layout.rows(), im.layout.cols()), nullptr, im, {0.5, false, 1});
     expected.push_back(std::move(w));
   }
   const std::vector<HostWeight> originals = weights;
@@ -136,9 +136,9 @@ TEST_CASE("merge pipeline: buffer merges of one adapter run concurrently on diff
     threads.emplace_back([&, t] {
       for (int round = 0; round < 20; ++round) {
         const peft::AdapterModule& m = peft::find_lora_module(*adapter, names[t], nullptr);
-        peft::InMemoryModule im = peft::inmemory_module(adapter, m, weights[t].shape);
+        peft::BufferMergeModule im = peft::buffer_merge_module(adapter, m, weights[t].shape);
         auto view = weights[t].view(im.layout.rows(), im.layout.cols());
-        auto record = peft::MergeRecord::apply(view, nullptr, im, {0.5, true, 2});
+        auto record = peft::BufferMerge::apply(view, nullptr, im, {0.5, true, 2});
         const bool merged_right = weights[t].bytes == expected[t].bytes;
         record.remove(view, nullptr);
         if (merged_right && weights[t].bytes == originals[t].bytes) ++ok[t];

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 #include "safetensors/sharded_writer.hpp"
 #include "test_merge_pipeline_support.hpp"
 

@@ -1,5 +1,5 @@
 // Helpers of the merge pipeline tests: scratch folders, fixture paths, a plain double-precision
-// reference of the LoRA merge (independent of merge_math's kernels), and tensor comparisons.
+// reference of the LoRA merge (independent of lora_math's kernels), and tensor comparisons.
 #pragma once
 
 #include <cmath>
@@ -15,8 +15,8 @@
 
 #include "core/convert.hpp"
 #include "core/dtype.hpp"
-#include "peft/adapter.hpp"
-#include "peft/merge_pipeline.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/checkpoint_merge/checkpoint_merge.hpp"
 #include "safetensors/checkpoint.hpp"
 
 namespace merge_pipeline_test {

@@ -1,6 +1,6 @@
 // HostModel: adapters from a registry swapped in and out of a host's buffers (the fixture models
 // loaded as F32 and BF16), compared with the checkpoint merge and with the buffer merge
-// (MergeRecord over inmemory_module, both tested against PEFT); exact restoration over thousands
+// (BufferMerge over buffer_merge_module, both tested against PEFT); exact restoration over thousands
 // of swaps, the drift of arithmetic unmerges, and failures that leave the buffers as they were.
 #include <doctest/doctest.h>
 
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "peft/merge_pipeline_inmemory.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 #include "serve/host_model.hpp"
 #include "serve/registry.hpp"
 #include "test_merge_pipeline_support.hpp"
@@ -107,17 +107,17 @@ class HostBuffers {
 };
 
 // The buffer merge of every LoRA module of an adapter into copies of the buffers (the reference a
-// swap must equal): inmemory_module + MergeRecord::apply, as peft_merge_buffer_apply does.
+// swap must equal): buffer_merge_module + BufferMerge::apply, as peft_merge_buffer_apply does.
 std::vector<Bytes> buffer_merge(HostBuffers& host, const std::vector<Bytes>& original,
                                 const std::shared_ptr<const peft::Adapter>& adapter, double weight) {
   const std::vector<Bytes> saved = host.snapshot();
   host.restore(original);
   for (const peft::AdapterModule& m : adapter->modules()) {
     HostBuffers::Tensor& t = host.at(m.name + ".weight");
-    const peft::InMemoryModule im = peft::inmemory_module(adapter, m, t.shape);
+    const peft::BufferMergeModule im = peft::buffer_merge_module(adapter, m, t.shape);
     peft::merge::WeightView w{t.weight.data(), host.dtype(), im.layout.rows(), im.layout.cols()};
     peft::merge::WeightView b{t.bias.data(), host.dtype(), 1, im.layout.out};
-    peft::MergeRecord::apply(w, im.lora_bias ? &b : nullptr, im, {weight, false, 0});
+    peft::BufferMerge::apply(w, im.lora_bias ? &b : nullptr, im, {weight, false, 0});
   }
   std::vector<Bytes> merged = host.snapshot();
   host.restore(saved);

@@ -19,7 +19,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
-#include "peft/adapter.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "serve/loaded_adapter.hpp"
 #include "serve/registry.hpp"
 #include "test_adapter_support.hpp"

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "peft/arch_registry.hpp"
-#include "peft/translator.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "peft/arch/translator.hpp"
 
 namespace {
 

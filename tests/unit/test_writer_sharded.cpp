@@ -9,7 +9,7 @@
 
 #include "core/error.hpp"
 #include "safetensors/checkpoint.hpp"
-#include "safetensors/json_writer.hpp"
+#include "safetensors/checkpoint_layout.hpp"
 #include "safetensors/sharded_writer.hpp"
 #include "test_writer_support.hpp"
 
@@ -131,13 +131,6 @@ TEST_CASE("writer sharded: metadata of shards, refusals") {
   CHECK_THROWS_AS(writer.break_shard(), Error);
   auto ck = Checkpoint::open(dir.path());
   CHECK(*ck->file_header(0).metadata == Metadata{{"k", "v"}});
-}
-
-TEST_CASE("writer sharded: Python-style index JSON of every value kind") {
-  const auto value = nlohmann::json::parse(R"({"b": [1, 2.5, "x\u00e9\ud83d\ude00", null, true, {}], "a": {}, "c": []})");
-  CHECK(json::python_dumps_indent2_sorted(value) ==
-        "{\n  \"a\": {},\n  \"b\": [\n    1,\n    2.5,\n    \"x\\u00e9\\ud83d\\ude00\",\n    null,\n    true,\n"
-        "    {}\n  ],\n  \"c\": []\n}");
 }
 
 TEST_CASE("writer sharded: a failed start creates no folder") {

@@ -1,0 +1,26 @@
+// Pieces of error messages: names quoted so that a message stays on one line, shapes written out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace peft {
+
+// Quotes a name for a message: "name" with control characters escaped, so messages stay one line.
+std::string quoted(const std::string& text);
+
+// "[2, 3]": a tensor shape for a message. At most `max_dims` dimensions are written out; a longer
+// shape ends in ", ... (N dimensions)".
+inline constexpr size_t kAllDims = std::numeric_limits<size_t>::max();
+std::string shape_text(std::span<const uint64_t> shape, size_t max_dims = kAllDims);
+std::string shape_text(std::span<const int64_t> shape, size_t max_dims = kAllDims);
+
+// The items joined by `separator`: a list of problems in one message ("a; b; c").
+std::string join_text(const std::vector<std::string>& items, std::string_view separator);
+
+}  // namespace peft

@@ -1,0 +1,379 @@
+#include "peft/adapter/adapter.hpp"
+
+#include <filesystem>
+#include <map>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "peft/adapter/base_model.hpp"
+#include "peft/adapter/base_validation.hpp"
+#include "peft/adapter/module_matcher.hpp"
+#include "peft/arch/arch_registry.hpp"
+
+namespace peft {
+
+const AdapterModule* Adapter::find_module(std::string_view name) const {
+  for (const AdapterModule& m : modules_)
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+namespace fs = std::filesystem;
+
+// Builds an Adapter step by step; every step collects all problems of its kind before failing.
+struct AdapterBuilder {
+  Adapter& a;
+  const Adapter::Options& options;
+  std::optional<BaseModel> base;
+  std::vector<std::string> broken_structure;  // PEFT_ERR_INVALID_CHECKPOINT
+  std::vector<std::string> bad_config;        // PEFT_ERR_INVALID_CONFIG, each naming its field
+
+  void config_problem(const std::string& field, const std::string& what) {
+    bad_config.push_back("field " + peft::quoted(field) + ": " + what);
+  }
+
+  const TensorInfo& info(const AdapterTensor& t) const { return a.checkpoint_->tensor(t.index); }
+
+  void choose_table() {
+    a.table_ = options.table;
+    if (a.table_) {
+      a.family_reason_ = "table given by the caller";
+      return;
+    }
+    const nlohmann::json* base_config = base && base->config.is_object() ? &base->config : nullptr;
+    auto guess = detect_family(base_config, a.config_.base_model_name_or_path);
+    if (!guess) return;
+    a.table_ = builtin_arch_table(guess->family);
+    a.family_reason_ = guess->reason;
+  }
+
+  void group_keys() {
+    std::vector<std::string> unresolved;
+    std::map<std::string, size_t> by_name;
+    std::map<std::pair<std::string, std::string>, std::string> seen;  // (module, suffix) -> key
+    bool stripped_name = false, unprefixed = false;
+    for (size_t i = 0; i < a.checkpoint_->tensor_count(); ++i) {
+      const TensorInfo& t = a.checkpoint_->tensor(i);
+      auto parsed = parse_adapter_key(t.name);
+      if (!parsed) {
+        unresolved.push_back(t.name);
+        continue;
+      }
+      stripped_name = stripped_name || parsed->had_adapter_name;
+      unprefixed = unprefixed || !parsed->had_prefix;
+      auto [it, inserted] = seen.emplace(std::make_pair(parsed->module, parsed->role_suffix), t.name);
+      if (!inserted) {
+        broken_structure.push_back("keys " + peft::quoted(it->second) + " and " + peft::quoted(t.name) +
+                                   " are the same tensor");
+        continue;
+      }
+      auto [pos, added] = by_name.emplace(parsed->module, a.modules_.size());
+      if (added) {
+        a.modules_.emplace_back();
+        a.modules_.back().name = parsed->module;
+      }
+      AdapterTensor tensor;
+      tensor.role = parsed->role;
+      tensor.suffix = parsed->role_suffix;
+      tensor.key = t.name;
+      tensor.index = i;
+      tensor.base_tensor = parsed->role == TensorRole::full ? parsed->base_tensor
+                           : parsed->role == TensorRole::lora_b_bias ? parsed->module + ".bias"
+                                                                     : parsed->module + ".weight";
+      a.modules_[pos->second].tensors.push_back(std::move(tensor));
+    }
+    if (!unresolved.empty()) {
+      std::string message = a.dir_ + ": " + std::to_string(unresolved.size()) +
+                            (unresolved.size() == 1 ? " tensor key is" : " tensor keys are") +
+                            " not PEFT LoRA adapter keys: ";
+      for (size_t i = 0; i < unresolved.size(); ++i) message += (i ? ", " : "") + peft::quoted(unresolved[i]);
+      fail(PEFT_ERR_UNRESOLVED_KEY, message);
+    }
+    if (stripped_name)
+      a.notes_.push_back("some keys carry the adapter name \"default\" (e.g. lora_A.default.weight); it was removed, "
+                         "as PEFT 0.21 does when loading under the default name");
+    if (unprefixed)
+      a.notes_.push_back("some keys lack the \"base_model.model.\" prefix; they were read as module paths of the base "
+                         "model (PeftModel.from_pretrained in PEFT <= 0.20 would not load them)");
+  }
+
+  // Decides each module's kind from its roles and checks that its LoRA tensors are complete.
+  void classify(AdapterModule& m) {
+    bool lora = false, embedding = false, tokens = false;
+    for (const AdapterTensor& t : m.tensors) {
+      lora = lora || t.role == TensorRole::lora_a || t.role == TensorRole::lora_b ||
+             t.role == TensorRole::lora_b_bias || t.role == TensorRole::lora_magnitude;
+      embedding = embedding || t.role == TensorRole::lora_embedding_a || t.role == TensorRole::lora_embedding_b;
+      tokens = tokens || t.role == TensorRole::trainable_tokens_delta;
+    }
+    std::string who = "module " + peft::quoted(m.name);
+    if (embedding && (m.find(TensorRole::lora_a) || m.find(TensorRole::lora_b) || m.find(TensorRole::lora_b_bias))) {
+      broken_structure.push_back(who + " has both lora_embedding_* and lora_A/lora_B tensors");
+      return;
+    }
+    if (embedding) {
+      m.kind = LayerKind::embedding;
+      require(m, TensorRole::lora_embedding_a, TensorRole::lora_embedding_b);
+      return;
+    }
+    if (lora) {
+      m.kind = LayerKind::linear;
+      if (!require(m, TensorRole::lora_a, TensorRole::lora_b)) return;
+      size_t ndim = info(*m.find(TensorRole::lora_a)).shape.size();
+      if (ndim == 4) {
+        m.kind = LayerKind::conv2d;
+      } else if (ndim == 3 || ndim == 5) {
+        fail(PEFT_ERR_UNSUPPORTED, who + ": LoRA on " + (ndim == 3 ? "Conv1d" : "Conv3d") +
+                                       " layers is not supported (lora_A is " +
+                                       shape_text(info(*m.find(TensorRole::lora_a)).shape) + ")");
+      }
+      return;
+    }
+    m.kind = tokens ? LayerKind::trainable_tokens : LayerKind::full;
+  }
+
+  bool require(const AdapterModule& m, TensorRole first, TensorRole second) {
+    bool ok = true;
+    for (TensorRole role : {first, second}) {
+      if (!m.find(role)) {
+        broken_structure.push_back("module " + peft::quoted(m.name) + " has no " + role_suffix(role) +
+                                   " (PEFT would leave it at its random or zero initialisation)");
+        ok = false;
+      }
+    }
+    return ok;
+  }
+
+  // Rank from the tensors, checked for consistency; 0 when they do not agree.
+  int64_t tensor_rank(const AdapterModule& m) {
+    bool emb = m.kind == LayerKind::embedding;
+    const auto& A = info(*m.find(emb ? TensorRole::lora_embedding_a : TensorRole::lora_a)).shape;
+    const auto& B = info(*m.find(emb ? TensorRole::lora_embedding_b : TensorRole::lora_b)).shape;
+    size_t want = m.kind == LayerKind::conv2d ? 4 : 2;
+    std::string who = "module " + peft::quoted(m.name);
+    if (A.size() != want || B.size() != want) {
+      broken_structure.push_back(who + ": lora A " + shape_text(A) + " and B " + shape_text(B) + " must be " +
+                                 std::to_string(want) + "-D");
+      return 0;
+    }
+    if (A[0] != B[1] || A[0] == 0) {
+      broken_structure.push_back(who + ": lora A " + shape_text(A) + " and B " + shape_text(B) +
+                                 " disagree on the rank");
+      return 0;
+    }
+    return static_cast<int64_t>(A[0]);
+  }
+
+  void resolve_lora(AdapterModule& m, const ModuleMatcher& matcher, std::vector<std::string>& untargeted) {
+    auto verdict = matcher.check(m.name);
+    if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
+      untargeted.push_back(peft::quoted(m.name) + " (" + verdict_name(verdict) + ")");
+    m.rank_key = matcher.rank_key(m.name);
+    m.alpha_key = matcher.alpha_key(m.name);
+    m.rank = matcher.rank_for(m.name);
+    m.alpha = matcher.alpha_for(m.name);
+    m.scaling = a.config_.scaling(m.rank, m.alpha);
+    int64_t actual = tensor_rank(m);
+    if (actual != 0 && actual != m.rank) {
+      std::string who = "module " + peft::quoted(m.name) + " has rank " + std::to_string(actual) + " but ";
+      if (m.rank_key)
+        config_problem("rank_pattern", who + "key " + peft::quoted(*m.rank_key) + " gives " + std::to_string(m.rank));
+      else if (a.config_.r_given)
+        config_problem("r", who + "r is " + std::to_string(m.rank));
+      else
+        config_problem("r", who + "r is absent, and PEFT then uses its default " + std::to_string(m.rank));
+    }
+    const LoraConfig& c = a.config_;
+    std::string who = "module " + peft::quoted(m.name);
+    if (m.find(TensorRole::lora_magnitude) && !c.use_dora)
+      config_problem("use_dora", who + " has a DoRA lora_magnitude_vector but use_dora is false");
+    if (!m.find(TensorRole::lora_magnitude) && c.use_dora)
+      config_problem("use_dora", who + " has no lora_magnitude_vector but use_dora is true");
+    if (m.find(TensorRole::lora_b_bias) && !c.lora_bias)
+      config_problem("lora_bias", who + " has lora_B.bias but lora_bias is false");
+    if (!m.find(TensorRole::lora_b_bias) && c.lora_bias && m.kind != LayerKind::embedding)
+      config_problem("lora_bias", who + " has no lora_B.bias but lora_bias is true");
+  }
+
+  void resolve_tokens(AdapterModule& m) {
+    const TrainableTokenIndices& tti = a.config_.trainable_token_indices;
+    const AdapterTensor* delta = m.find(TensorRole::trainable_tokens_delta);
+    if (!tti.given) {
+      config_problem("trainable_token_indices", "tensor " + peft::quoted(delta->key) +
+                                                    " holds trainable-token rows but the field is not set");
+      return;
+    }
+    const std::vector<int64_t>* indices = nullptr;
+    for (const auto& [name, list] : tti.targets)
+      if (tti.is_list || m.name.ends_with(name)) {
+        indices = &list;
+        break;
+      }
+    if (!indices) {
+      config_problem("trainable_token_indices",
+                     "module " + peft::quoted(m.name) + " has trainable-token rows but no entry names it");
+      return;
+    }
+    m.token_indices = *indices;
+    const auto& shape = info(*delta).shape;
+    if (shape.size() != 2 || shape[0] != indices->size())
+      config_problem("trainable_token_indices", "tensor " + peft::quoted(delta->key) + " is " + shape_text(shape) +
+                                                    " but " + std::to_string(indices->size()) +
+                                                    " token indices are configured");
+  }
+
+  void expand_targets(ModuleMatcher& matcher) {
+    const LoraConfig& c = a.config_;
+    if (!matcher.needs_expansion()) return;
+    if (!base || !a.table_) {
+      a.notes_.push_back(std::string("target_modules is ") +
+                         (c.target_modules.kind == ModuleSelector::Kind::none ? "absent" : "\"all-linear\"") +
+                         "; without a base model and a known architecture the adapted modules cannot be checked "
+                         "against it");
+      return;
+    }
+    if (c.target_modules.kind == ModuleSelector::Kind::all_linear) {
+      matcher.expand_targets(all_linear_modules(*base, *a.table_, c));
+      return;
+    }
+    auto model_type = base->model_type();
+    const std::vector<std::string>* defaults = model_type ? a.table_->default_targets(*model_type) : nullptr;
+    if (!defaults)
+      fail(PEFT_ERR_INVALID_CONFIG, a.dir_ + ": field \"target_modules\" is absent and PEFT has no default target "
+                                             "modules for model_type " +
+                                        peft::quoted(model_type.value_or("(none)")));
+    matcher.expand_targets(*defaults);
+  }
+
+  void resolve_modules() {
+    ModuleMatcher matcher(a.config_);
+    expand_targets(matcher);
+    std::vector<std::string> untargeted;
+    for (AdapterModule& m : a.modules_) classify(m);
+    if (!broken_structure.empty())
+      fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
+    size_t token_modules = 0;
+    for (AdapterModule& m : a.modules_) {
+      if (m.is_lora()) resolve_lora(m, matcher, untargeted);
+      if (m.kind == LayerKind::trainable_tokens) {
+        resolve_tokens(m);
+        ++token_modules;
+      }
+    }
+    if (a.config_.trainable_token_indices.is_list && token_modules > 1)
+      config_problem("trainable_token_indices", "a list applies to one embedding, but " +
+                                                    std::to_string(token_modules) +
+                                                    " modules carry trainable-token rows");
+    if (!broken_structure.empty())
+      fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
+    if (!untargeted.empty()) {
+      std::string message = a.dir_ + "/adapter_config.json: field \"target_modules\" (with exclude_modules, "
+                            "modules_to_save and layers_to_transform) does not select " +
+                            std::to_string(untargeted.size()) +
+                            (untargeted.size() == 1 ? " module that has" : " modules that have") +
+                            " LoRA tensors (PEFT would silently ignore them): ";
+      for (size_t i = 0; i < untargeted.size(); ++i) message += (i ? ", " : "") + untargeted[i];
+      fail(PEFT_ERR_INVALID_CONFIG, message);
+    }
+    if (!bad_config.empty())
+      fail(PEFT_ERR_INVALID_CONFIG,
+           a.dir_ + "/adapter_config.json does not match the adapter's tensors: " + join_text(bad_config, "; "));
+    note_unused_patterns(matcher);
+  }
+
+  // open_checkpoint() opens the weights once the config is read and the table chosen.
+  template <class OpenCheckpoint>
+  static std::shared_ptr<const Adapter> build(const std::string& dir, LoraConfig config,
+                                              OpenCheckpoint open_checkpoint, const Adapter::Options& options) {
+    auto adapter = std::make_shared<Adapter>();
+    Adapter& a = *adapter;
+    a.dir_ = dir;
+    a.config_ = std::move(config);
+    AdapterBuilder b{a, options, std::nullopt, {}, {}};
+    if (!options.base_dir.empty()) {
+      b.base = BaseModel::open(options.base_dir, options.open);
+      a.base_dir_ = options.base_dir;
+    }
+    b.choose_table();
+    a.checkpoint_ = open_checkpoint();
+    b.group_keys();
+    b.resolve_modules();
+    if (b.base) {
+      ValidationResult result = check_against_base(a.modules_, *a.checkpoint_, a.config_, *b.base, a.table_.get());
+      throw_if_failed(result, a.dir_, options.base_dir);
+      for (std::string& note : result.notes) a.notes_.push_back(std::move(note));
+    } else if (a.table_) {
+      // Without a base, the architecture table says which layers are GPT-2 Conv1D.
+      for (AdapterModule& m : a.modules_) {
+        if (m.kind != LayerKind::linear) continue;
+        const ModuleRule* rule = a.table_->rule_for_hf(m.name);
+        if (rule && rule->kind == ModuleKind::conv1d) m.kind = LayerKind::conv1d;
+      }
+    }
+    return adapter;
+  }
+
+  // PEFT silently ignores rank_pattern / alpha_pattern keys that match nothing (issue #3582).
+  void note_unused_patterns(const ModuleMatcher& matcher) {
+    auto check = [&](const auto& patterns, const char* field, auto key_of) {
+      for (const auto& [key, value] : patterns) {
+        bool used = false;
+        for (const AdapterModule& m : a.modules_) used = used || (m.is_lora() && key_of(m) == key);
+        if (!used)
+          a.notes_.push_back(std::string(field) + " key " + peft::quoted(key) + " matches no adapted module");
+      }
+    };
+    check(a.config_.rank_pattern, "rank_pattern", [](const AdapterModule& m) { return m.rank_key.value_or(""); });
+    check(a.config_.alpha_pattern, "alpha_pattern", [](const AdapterModule& m) { return m.alpha_key.value_or(""); });
+    (void)matcher;
+  }
+};
+
+std::shared_ptr<const Adapter> Adapter::open(const std::string& dir, const Options& options) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " does not exist or is not a folder");
+  fs::path config = fs::path(dir) / "adapter_config.json";
+  fs::path weights = fs::path(dir) / "adapter_model.safetensors";
+  if (!fs::exists(config, ec)) fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " has no adapter_config.json");
+  if (!fs::exists(weights, ec)) {
+    if (fs::exists(fs::path(dir) / "adapter_model.bin", ec))
+      fail(PEFT_ERR_UNSUPPORTED, "adapter folder " + peft::quoted(dir) +
+                                     " holds adapter_model.bin (a pickle), which peft_c does not read; convert it "
+                                     "to adapter_model.safetensors (e.g. PeftModel.from_pretrained(...)"
+                                     ".save_pretrained(dir, safe_serialization=True))");
+    fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " has no adapter_model.safetensors");
+  }
+  return open_files(config.string(), weights.string(), options);
+}
+
+std::shared_ptr<const Adapter> Adapter::open_files(const std::string& config_path, const std::string& weights_path,
+                                                   const Options& options) {
+  return AdapterBuilder::build(
+      fs::path(config_path).parent_path().string(), LoraConfig::from_file(config_path),
+      [&] { return Checkpoint::open(weights_path, options.open); }, options);
+}
+
+std::shared_ptr<const Adapter> Adapter::open_memory(std::string_view config_json, const void* weights,
+                                                    size_t weights_size, const Options& options) {
+  return AdapterBuilder::build(
+      std::string(kMemoryAdapterDir),
+      LoraConfig::parse(config_json, std::string(kMemoryAdapterDir) + "/adapter_config.json"),
+      [&] { return Checkpoint::open_memory(weights, weights_size, options.open); }, options);
+}
+
+void Adapter::validate(const std::string& base_dir, const OpenOptions& open) const {
+  BaseModel base = BaseModel::open(base_dir, open);
+  std::shared_ptr<const ArchTable> table = table_;
+  if (!table) {
+    const nlohmann::json* config = base.config.is_object() ? &base.config : nullptr;
+    if (auto guess = detect_family(config, config_.base_model_name_or_path)) table = builtin_arch_table(guess->family);
+  }
+  std::vector<AdapterModule> copy = modules_;
+  for (AdapterModule& m : copy)
+    if (m.kind == LayerKind::conv1d) m.kind = LayerKind::linear;  // decided again from the base
+  throw_if_failed(check_against_base(copy, *checkpoint_, config_, base, table.get()), dir_, base_dir);
+}
+
+}  // namespace peft

@@ -1,0 +1,114 @@
+// adapter_config.json of a PEFT LoRA adapter: every LoraConfig field PEFT 0.6 ... 0.21 writes, as
+// typed values, plus the document itself so that nothing is lost on a round trip.
+//
+// Semantics follow PEFT 0.21 (`peft/tuners/lora/config.py`, `peft/config.py`):
+// * only `peft_type` is required; every other field takes PEFT's default when absent (r = 8,
+//   lora_alpha = 8, bias = "none", init_lora_weights = true, ...). A missing `r` is therefore not an
+//   error by itself; it becomes one (PEFT_ERR_INVALID_CONFIG naming `r`) when the adapter's tensors
+//   have another rank, which is exactly when PEFT fails to load the adapter.
+// * unknown fields are kept verbatim (PEFT >= 0.14 drops them with a warning).
+// * a field of the wrong JSON type, a value PEFT rejects in __post_init__ and invalid JSON are
+//   PEFT_ERR_INVALID_CONFIG naming the field.
+// * peft_type other than "LORA", initialisations that rewrite the base weights when the adapter is
+//   loaded (pissa*, corda, olora, loftq, lora_ga) and LoRA variants whose merge is not plain LoRA
+//   (use_qalora, alora_invocation_tokens, use_bdlora, arrow_config, monteclora_config, velora_config,
+//   kasa_config, layer_replication, target_parameters, megatron_config) are PEFT_ERR_UNSUPPORTED
+//   naming the field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/python_regex.hpp"
+
+namespace peft {
+
+// target_modules / exclude_modules: absent, a list of names, a Python regex, or "all-linear".
+struct ModuleSelector {
+  enum class Kind { none, list, regex, all_linear };
+  Kind kind = Kind::none;
+  std::vector<std::string> names;  // Kind::list, in file order
+  std::string pattern;             // Kind::regex and Kind::all_linear, as written
+};
+
+// init_lora_weights: true / false, or a method name ("gaussian", "eva", "orthogonal", "mica").
+struct InitLoraWeights {
+  bool is_bool = true;
+  bool flag = true;
+  std::string method;
+};
+
+// trainable_token_indices: a list (applies to the input embedding) or {module name: list}.
+struct TrainableTokenIndices {
+  bool given = false;
+  bool is_list = false;              // the list form: `targets` holds one entry with an empty name
+  std::vector<std::pair<std::string, std::vector<int64_t>>> targets;  // file order
+};
+
+struct LoraConfig {
+  nlohmann::ordered_json document;  // the file as read, in file order, unknown fields included
+
+  std::string peft_type;  // "LORA"
+  std::optional<std::string> task_type;
+  std::optional<std::string> base_model_name_or_path;
+  std::optional<std::string> revision;
+  std::optional<std::string> peft_version;
+
+  int64_t r = 8;
+  bool r_given = false;
+  double lora_alpha = 8;
+  bool lora_alpha_given = false;
+  double lora_dropout = 0;
+  bool fan_in_fan_out = false;  // recorded only: layouts are detected from the base model
+  std::string bias = "none";    // "none" | "all" | "lora_only"
+  bool use_rslora = false;
+  bool use_dora = false;
+  bool lora_bias = false;
+  bool inference_mode = false;
+  bool ensure_weight_tying = false;
+  ModuleSelector target_modules;
+  ModuleSelector exclude_modules;
+  std::optional<std::vector<std::string>> modules_to_save;
+  InitLoraWeights init_lora_weights;
+  std::optional<std::vector<int64_t>> layers_to_transform;  // an int is stored as a one-element list
+  bool layers_to_transform_is_int = false;
+  std::vector<std::string> layers_pattern;  // a string is stored as a one-element list
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;  // file order: first match wins
+  std::vector<std::pair<std::string, double>> alpha_pattern;  // file order: first match wins
+  TrainableTokenIndices trainable_token_indices;
+  std::string megatron_core = "megatron.core";
+
+  // Parses adapter_config.json text (time linear in its size, nesting bounded: core/json_parse.hpp).
+  // `source` names the file in messages.
+  static LoraConfig parse(std::string_view json_text, const std::string& source);
+  // Reads and parses a file (PEFT_ERR_IO if it cannot be read).
+  static LoraConfig from_file(const std::string& path);
+
+  // lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora, for an already resolved r and alpha.
+  double scaling(int64_t rank, double alpha) const;
+
+  // The document as PEFT writes it: json.dumps(indent=2, sort_keys=True), ASCII-escaped.
+  std::string canonical_json() const;
+};
+
+// The Python regular expressions PEFT builds from a config's fields (tuners_utils.py
+// check_target_module_exists, other.py get_pattern_key), compiled: what ModuleMatcher matches with.
+struct ConfigPatterns {
+  std::optional<PythonRegex> target_modules;   // a target_modules string
+  std::optional<PythonRegex> exclude_modules;  // an exclude_modules string (even "all-linear")
+  std::vector<PythonRegex> modules_to_save;    // one per entry
+  std::vector<PythonRegex> layer_index;        // one per layers_pattern entry, or PEFT's default one
+  std::vector<PythonRegex> rank_keys;          // one per rank_pattern key, in file order
+  std::vector<PythonRegex> alpha_keys;         // one per alpha_pattern key, in file order
+};
+
+// PEFT_ERR_INVALID_CONFIG naming the field on a pattern that is not a valid Python regex.
+ConfigPatterns compile_patterns(const LoraConfig& config);
+
+}  // namespace peft

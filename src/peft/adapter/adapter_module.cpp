@@ -1,0 +1,29 @@
+#include "peft/adapter/adapter_module.hpp"
+
+namespace peft {
+
+const char* layer_kind_name(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::linear: return "linear";
+    case LayerKind::conv1d: return "conv1d";
+    case LayerKind::embedding: return "embedding";
+    case LayerKind::conv2d: return "conv2d";
+    case LayerKind::full: return "full";
+    case LayerKind::trainable_tokens: return "trainable_tokens";
+  }
+  return "full";
+}
+
+const AdapterTensor* AdapterModule::find(TensorRole role) const {
+  for (const AdapterTensor& t : tensors)
+    if (t.role == role) return &t;
+  return nullptr;
+}
+
+const AdapterTensor* AdapterModule::find_suffix(const std::string& suffix) const {
+  for (const AdapterTensor& t : tensors)
+    if (t.suffix == suffix) return &t;
+  return nullptr;
+}
+
+}  // namespace peft

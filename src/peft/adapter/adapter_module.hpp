@@ -1,0 +1,54 @@
+// The modules of a loaded adapter and their tensors: what loading an adapter (adapter.hpp) produces
+// and checking it against a base model (base_validation.hpp) completes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "peft/arch/key_grammar.hpp"
+
+namespace peft {
+
+// The public PEFT_LAYER_* values.
+enum class LayerKind : int32_t {
+  linear = 0,            // nn.Linear: base weight [out, in]; delta = s * B @ A
+  conv1d = 1,            // transformers Conv1D (GPT-2): base weight [in, out]; delta = s * (B @ A)^T
+  embedding = 2,         // nn.Embedding: base [num, dim]; delta = s * (B @ A)^T
+  conv2d = 3,            // nn.Conv2d: base [out, in, kh, kw]
+  full = 4,              // whole tensors that replace the base's (modules_to_save, bias="all", ...)
+  trainable_tokens = 5,  // rows that replace base embedding rows (trainable_token_indices)
+};
+const char* layer_kind_name(LayerKind kind);
+
+struct AdapterTensor {
+  TensorRole role = TensorRole::full;
+  std::string suffix;       // canonical role suffix: "lora_A.weight", "weight", "base_layer.bias", ...
+  std::string key;          // the key as stored in the file
+  size_t index = 0;         // index in Adapter::checkpoint()
+  // The base tensor this tensor replaces (full) or applies to (LoRA roles: the module's weight;
+  // lora_B.bias: the module's bias). Resolved against the base model when one was given (its
+  // base_model_prefix taken into account); otherwise "<module>.<param>".
+  std::string base_tensor;
+};
+
+struct AdapterModule {
+  std::string name;  // module path without "base_model.model.", e.g. "model.layers.0.self_attn.q_proj"
+  LayerKind kind = LayerKind::full;
+  // LoRA modules only (0 otherwise):
+  int64_t rank = 0;
+  double alpha = 0;
+  double scaling = 0;
+  std::optional<std::string> rank_key;   // the rank_pattern key that applied, if any
+  std::optional<std::string> alpha_key;  // the alpha_pattern key that applied, if any
+  std::vector<AdapterTensor> tensors;    // file order
+  std::vector<int64_t> token_indices;    // trainable_tokens only
+
+  bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
+  const AdapterTensor* find(TensorRole role) const;
+  const AdapterTensor* find_suffix(const std::string& suffix) const;
+};
+
+}  // namespace peft

@@ -1,0 +1,39 @@
+// The base model an adapter is checked against and merged into: a transformers model folder with
+// its config.json and safetensors weights, and the module names PEFT's "all-linear" expands to in it.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peft/adapter/adapter_config.hpp"
+#include "peft/arch/arch_table.hpp"
+#include "safetensors/checkpoint.hpp"
+
+namespace peft {
+
+struct BaseModel {
+  std::string dir;
+  nlohmann::json config;  // config.json; null when the folder has none
+  std::shared_ptr<const Checkpoint> weights;
+
+  // PEFT_ERR_NOT_FOUND / PEFT_ERR_IO / format errors from the checkpoint; a config.json that is not
+  // valid JSON is PEFT_ERR_INVALID_CONFIG.
+  static BaseModel open(const std::string& dir, const OpenOptions& options);
+
+  std::optional<std::string> model_type() const;
+  // The index of the base tensor "<module>.<param>", trying the name as is, then without and with
+  // the table's base_model_prefix.
+  std::optional<size_t> find(std::string_view module, std::string_view param, const ArchTable* table) const;
+};
+
+// The base model's Linear / Conv1D module names as PEFT's "all-linear" expands them: modules whose
+// table kind is linear or conv1d and that have a 2-D weight, minus the output embedding (or, for
+// SEQ_CLS models without one, the first of "score" / "classifier").
+std::vector<std::string> all_linear_modules(const BaseModel& base, const ArchTable& table, const LoraConfig& config);
+
+}  // namespace peft

@@ -1,0 +1,154 @@
+#include "peft/arch/key_grammar.hpp"
+
+#include <vector>
+
+namespace peft {
+namespace {
+
+constexpr std::string_view kDefaultAdapter = "default";
+
+std::vector<std::string_view> split_segments(std::string_view text) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  while (true) {
+    size_t dot = text.find('.', start);
+    out.push_back(text.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string_view>& segs, size_t begin, size_t end) {
+  std::string out;
+  for (size_t i = begin; i < end; ++i) {
+    if (i > begin) out += '.';
+    out += segs[i];
+  }
+  return out;
+}
+
+bool tail_is(const std::vector<std::string_view>& segs, size_t from, std::initializer_list<std::string_view> want) {
+  if (segs.size() - from != want.size()) return false;
+  size_t i = from;
+  for (std::string_view w : want)
+    if (segs[i++] != w) return false;
+  return true;
+}
+
+// A lora_* segment at `j`: decides the role from what follows it. Sets had_name when the tail
+// carries the default adapter name.
+std::optional<TensorRole> lora_role(const std::vector<std::string_view>& segs, size_t j, bool& had_name) {
+  std::string_view s = segs[j];
+  auto tail = [&](std::initializer_list<std::string_view> plain, std::initializer_list<std::string_view> named) {
+    if (tail_is(segs, j + 1, plain)) return true;
+    if (tail_is(segs, j + 1, named)) {
+      had_name = true;
+      return true;
+    }
+    return false;
+  };
+  if (s == "lora_A" && tail({"weight"}, {kDefaultAdapter, "weight"})) return TensorRole::lora_a;
+  if (s == "lora_B" && tail({"weight"}, {kDefaultAdapter, "weight"})) return TensorRole::lora_b;
+  if (s == "lora_B" && tail({"bias"}, {kDefaultAdapter, "bias"})) return TensorRole::lora_b_bias;
+  if (s == "lora_embedding_A" && tail({}, {kDefaultAdapter})) return TensorRole::lora_embedding_a;
+  if (s == "lora_embedding_B" && tail({}, {kDefaultAdapter})) return TensorRole::lora_embedding_b;
+  if (s == "lora_magnitude_vector") {
+    // PEFT writes "lora_magnitude_vector"; its loader also accepts "lora_magnitude_vector.weight".
+    if (tail({}, {kDefaultAdapter}) || tail({"weight"}, {kDefaultAdapter, "weight"})) return TensorRole::lora_magnitude;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* role_suffix(TensorRole role) {
+  switch (role) {
+    case TensorRole::lora_a: return "lora_A.weight";
+    case TensorRole::lora_b: return "lora_B.weight";
+    case TensorRole::lora_b_bias: return "lora_B.bias";
+    case TensorRole::lora_embedding_a: return "lora_embedding_A";
+    case TensorRole::lora_embedding_b: return "lora_embedding_B";
+    case TensorRole::lora_magnitude: return "lora_magnitude_vector";
+    case TensorRole::trainable_tokens_delta: return "token_adapter.trainable_tokens_delta";
+    case TensorRole::full: return "";
+  }
+  return "";
+}
+
+bool is_lora_role(TensorRole role) {
+  return role != TensorRole::full && role != TensorRole::trainable_tokens_delta;
+}
+
+std::string ParsedKey::key(bool with_prefix) const {
+  return (with_prefix ? std::string(kPeftPrefix) : std::string()) + module + "." + role_suffix;
+}
+
+std::optional<ParsedKey> parse_adapter_key(std::string_view key) {
+  ParsedKey parsed;
+  if (key.starts_with(kPeftPrefix)) {
+    parsed.had_prefix = true;
+    key.remove_prefix(kPeftPrefix.size());
+  }
+  if (key.empty()) return std::nullopt;
+  std::vector<std::string_view> segs = split_segments(key);
+  for (std::string_view s : segs)
+    if (s.empty()) return std::nullopt;
+
+  // LoRA roles: the last lora_* segment decides; anything lora_* that is not a LoRA role of this
+  // grammar (AdaLoRA's lora_E, KaSA's lora_diag, another adapter name) is not resolved.
+  for (size_t j = segs.size(); j-- > 0;) {
+    if (!segs[j].starts_with("lora_")) continue;
+    if (j == 0) return std::nullopt;
+    bool had_name = false;
+    auto role = lora_role(segs, j, had_name);
+    if (!role) return std::nullopt;
+    parsed.module = join(segs, 0, j);
+    parsed.role = *role;
+    parsed.role_suffix = role_suffix(*role);
+    parsed.had_adapter_name = had_name;
+    return parsed;
+  }
+
+  // Trainable tokens: <module>.token_adapter.trainable_tokens_delta[.default]
+  for (size_t j = 1; j < segs.size(); ++j) {
+    if (segs[j] != "token_adapter") continue;
+    bool had_name = false;
+    if (tail_is(segs, j + 1, {"trainable_tokens_delta"})) {
+    } else if (tail_is(segs, j + 1, {"trainable_tokens_delta", kDefaultAdapter})) {
+      had_name = true;
+    } else {
+      return std::nullopt;
+    }
+    parsed.module = join(segs, 0, j);
+    parsed.role = TensorRole::trainable_tokens_delta;
+    parsed.role_suffix = role_suffix(parsed.role);
+    parsed.had_adapter_name = had_name;
+    return parsed;
+  }
+
+  // Full replacement tensors: <module>[.modules_to_save.default][.base_layer].<param>
+  if (segs.size() < 2) return std::nullopt;
+  for (std::string_view s : segs)
+    if (s == "original_module" || s == "token_adapter") return std::nullopt;
+  size_t end = segs.size() - 1;  // index of the parameter name
+  std::string_view param = segs[end];
+  for (size_t j = 0; j < end; ++j) {
+    if (segs[j] != "modules_to_save") continue;
+    // Only "<module>.modules_to_save.default.<param>" (the in-memory key of the default adapter).
+    if (j == 0 || j + 2 != end || segs[j + 1] != kDefaultAdapter) return std::nullopt;
+    parsed.had_adapter_name = true;
+    end = j;
+    break;
+  }
+  bool base_layer = end >= 2 && segs[end - 1] == "base_layer";
+  size_t module_end = base_layer ? end - 1 : end;
+  if (module_end == 0) return std::nullopt;
+  parsed.module = join(segs, 0, module_end);
+  parsed.role = TensorRole::full;
+  parsed.role_suffix = (base_layer ? "base_layer." : "") + std::string(param);
+  parsed.base_tensor = parsed.module + "." + std::string(param);
+  return parsed;
+}
+
+}  // namespace peft

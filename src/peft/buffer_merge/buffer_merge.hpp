@@ -1,0 +1,103 @@
+// Buffer merge: merging an adapter module into weight buffers a host (a running server) owns, and
+// taking it out again, so the host can swap adapters without reloading the base model (the C API's
+// peft_merge_buffer_* with its peft_merge_record handle; DESIGN.md "Merge in memory").
+//
+//   BufferMerge m = BufferMerge::apply(weight, &bias, module, {.weight = 0.5,
+//                                                             .keep_original_rows = true});
+//   ... serve with the adapter merged ...
+//   m.remove(weight, &bias);   // with keep_original_rows: the buffer is bit-for-bit as before
+//
+// The math is lora_math.hpp's: W = round(float(W) + c * dW) with c = weight * scaling, once; DoRA
+// W = round(f * (float(W) + c * dW)). Removal without keep_original_rows is PEFT's arithmetic
+// unmerge (W - c * dW, or W / f - c * dW for DoRA with the norm cached at merge time), which in
+// bf16/f16 leaves last-bit differences. With keep_original_rows a BufferMerge saves the original
+// bytes of every row the merge changed (at most the size of the weight; rows a zero row of B
+// leaves alone cost nothing) and removal copies them back, after checking that those rows still
+// hold exactly what the merge wrote; if anything overwrote them since (typically another merge
+// applied later and not yet removed), removal fails with PEFT_ERR_INVALID_ARGUMENT and changes
+// nothing. So with several merges on one buffer, remove them in reverse order of application.
+//
+// Thread safety: apply and remove on different buffers may run concurrently from any threads
+// (there is no shared mutable state; each call may start its own worker threads). One BufferMerge, and
+// one buffer, belong to one thread at a time. A failed call changes nothing: apply and remove
+// validate everything (shapes, dtypes, pointers, allocations for saved rows) before the first
+// byte is written.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "peft/methods/lora_math.hpp"
+
+namespace peft {
+
+// One adapter module as the merge needs it. Factor pointers are borrowed, row-major f32, and must
+// stay valid until the BufferMerge that uses them is destroyed (keep_alive can hold their owner).
+struct BufferMergeModule {
+  merge::DeltaLayout layout;             // from merge::layout_for (decides transposition)
+  const float* lora_a = nullptr;         // [rank, layout.in]
+  const float* lora_b = nullptr;         // [layout.out, rank]
+  int64_t rank = 0;
+  double scaling = 1.0;                  // merge::lora_scaling(alpha, r, rslora)
+  const float* magnitude = nullptr;      // DoRA lora_magnitude_vector [layout.out], or null
+  const float* lora_bias = nullptr;      // lora_B.bias [layout.out] (lora_bias=True), or null
+  std::shared_ptr<const void> keep_alive;  // optional owner of the memory above; the BufferMerge keeps it
+};
+
+struct BufferMergeOptions {
+  double weight = 1.0;               // multiplies the adapter's scaling
+  bool keep_original_rows = false;   // save changed rows so that remove() restores them exactly
+  unsigned threads = 0;              // worker threads, 0 = one per hardware thread
+};
+
+class BufferMerge {
+ public:
+  BufferMerge() = default;
+  BufferMerge(BufferMerge&&) noexcept = default;
+  BufferMerge& operator=(BufferMerge&&) noexcept = default;
+  BufferMerge(const BufferMerge&) = delete;
+  BufferMerge& operator=(const BufferMerge&) = delete;
+
+  // Merges `module` into `weight` (layout.rows() x layout.cols(), F32/BF16/F16) and, when the
+  // module has a lora_bias, into `bias` (1 x layout.out; required then, ignored otherwise).
+  // Throws SHAPE_MISMATCH, UNSUPPORTED (dtype), INVALID_ARGUMENT (null pointers, missing bias),
+  // OUT_OF_MEMORY; the buffers are untouched when it throws.
+  static BufferMerge apply(const merge::WeightView& weight, const merge::WeightView* bias,
+                           const BufferMergeModule& module, const BufferMergeOptions& options = {});
+
+  // Takes the merge out of the same buffers (same dtype and shape; they may have moved). Throws
+  // INVALID_ARGUMENT when the BufferMerge is empty or already removed, when bias is needed but null,
+  // or (keep_original_rows) when the merged rows were modified since; SHAPE_MISMATCH for other
+  // shapes or dtypes. After success the BufferMerge is empty.
+  void remove(const merge::WeightView& weight, const merge::WeightView* bias);
+
+  bool active() const { return active_; }
+  bool keeps_original_rows() const { return keep_rows_; }
+  int64_t saved_rows() const { return static_cast<int64_t>(saved_row_index_.size()); }
+  size_t saved_bytes() const { return saved_bytes_.size() + saved_bias_.size(); }
+  // The DoRA weight norm cached at merge time (empty for plain LoRA).
+  const std::vector<float>& dora_norm() const { return dora_norm_; }
+
+ private:
+  void check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const;
+
+  BufferMergeModule module_;
+  double coefficient_ = 0.0;
+  unsigned threads_ = 0;
+  bool active_ = false;
+  bool keep_rows_ = false;
+  DType dtype_ = DType::F32;
+  DType bias_dtype_ = DType::F32;
+  std::vector<float> dora_norm_;
+  // keep_original_rows: row indices, their original bytes (row_bytes each, in the same order) and
+  // a hash of what the merge wrote into each, checked before restoring.
+  std::vector<int64_t> saved_row_index_;
+  std::vector<unsigned char> saved_bytes_;
+  std::vector<uint64_t> merged_row_hash_;
+  std::vector<unsigned char> saved_bias_;  // empty when the bias was unchanged or not merged
+  uint64_t merged_bias_hash_ = 0;
+};
+
+}  // namespace peft

@@ -1,0 +1,153 @@
+#include "peft/buffer_merge/layer_module.hpp"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "peft/arch/key_grammar.hpp"
+
+namespace peft {
+namespace {
+
+std::string strip_prefix(std::string_view name) {
+  if (name.starts_with(kPeftPrefix)) name.remove_prefix(kPeftPrefix.size());
+  return std::string(name);
+}
+
+}  // namespace
+
+std::vector<std::string> module_candidates(std::string_view name, const Translator* translator) {
+  std::vector<std::string> out;
+  if (translator == nullptr) {
+    const std::string plain = strip_prefix(name);
+    out.push_back(plain);
+    for (const char* param : {".weight", ".base_layer.weight"})
+      if (plain.ends_with(param)) out.push_back(plain.substr(0, plain.size() - std::string_view(param).size()));
+    return out;
+  }
+  const ArchTable& table = translator->table();
+  if (auto module = table.module_to_hf(name)) out.push_back(*module);
+  if (auto key = table.key_to_hf(name, false)) {
+    if (auto parsed = parse_adapter_key(*key)) out.push_back(parsed->module);
+  }
+  if (out.empty())
+    fail(PEFT_ERR_UNRESOLVED_KEY, "the " + translator->table().family() + " translation table does not resolve " +
+                                      peft::quoted(std::string(name)) + " to a module");
+  return out;
+}
+
+namespace {
+
+const AdapterTensor* factor_a(const AdapterModule& m) {
+  return m.find(m.kind == LayerKind::embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
+}
+
+const AdapterTensor* factor_b(const AdapterModule& m) {
+  return m.find(m.kind == LayerKind::embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b);
+}
+
+struct OwnedFactors {
+  std::shared_ptr<const Adapter> adapter;
+  std::vector<float> a, b, magnitude, bias;
+};
+
+std::vector<int64_t> signed_shape(const std::vector<uint64_t>& shape) {
+  std::vector<int64_t> out;
+  for (uint64_t d : shape) out.push_back(static_cast<int64_t>(d));  // adapter shapes are small
+  return out;
+}
+
+}  // namespace
+
+const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator) {
+  const std::vector<std::string> names = module_candidates(name, translator);
+  const AdapterModule* found = nullptr;
+  for (const std::string& c : names) {
+    found = adapter.find_module(c);
+    if (found) break;
+  }
+  if (!found) {  // the base tensor a module was resolved to (a headless base, an alias)
+    for (const std::string& c : names) {
+      for (const AdapterModule& m : adapter.modules()) {
+        const AdapterTensor* a = m.is_lora() ? factor_a(m) : nullptr;
+        if (a && (a->base_tensor == c || a->base_tensor == c + ".weight")) found = &m;
+      }
+      if (found) break;
+    }
+  }
+  if (!found)
+    fail(PEFT_ERR_NOT_FOUND, "adapter " + peft::quoted(adapter.dir()) + " has no module " + peft::quoted(std::string(name)) +
+                                 (names.front() != name ? " (" + peft::quoted(names.front()) + ")" : ""));
+  if (!found->is_lora())
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(found->name) + " of adapter " + peft::quoted(adapter.dir()) + " is a " +
+                                   layer_kind_name(found->kind) +
+                                   " module, not a LoRA layer; only LoRA layers are merged into buffers");
+  return *found;
+}
+
+merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_shape, std::span<const int64_t> a_shape,
+                               std::span<const int64_t> b_shape, const std::string& module) {
+  merge::ModuleKind merge_kind = merge::ModuleKind::linear;
+  switch (kind) {
+    case LayerKind::embedding: merge_kind = merge::ModuleKind::embedding; break;
+    case LayerKind::conv2d: merge_kind = merge::ModuleKind::conv; break;
+    case LayerKind::linear:
+    case LayerKind::conv1d: {
+      merge_kind = kind == LayerKind::conv1d ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear;
+      if (weight_shape.size() == 2 && a_shape.size() == 2 && b_shape.size() == 2) {
+        const int64_t out = b_shape[0], in = a_shape[1];
+        const bool fits_linear = weight_shape[0] == out && weight_shape[1] == in;
+        const bool fits_conv1d = weight_shape[0] == in && weight_shape[1] == out;
+        if (fits_linear != fits_conv1d)
+          merge_kind = fits_linear ? merge::ModuleKind::linear : merge::ModuleKind::conv1d_gpt2;
+      }
+      break;
+    }
+    default:
+      fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(module) + " is not a LoRA layer");
+  }
+  return merge::layout_for(merge_kind, weight_shape, a_shape, b_shape, 1, module);
+}
+
+BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
+                               std::span<const int64_t> weight_shape) {
+  const Checkpoint& ckpt = adapter->checkpoint();
+  const AdapterTensor* a = factor_a(m);
+  const AdapterTensor* b = factor_b(m);
+  if (!a || !b) fail(PEFT_ERR_INTERNAL, "LoRA module " + peft::quoted(m.name) + " has no factors");
+  const auto a_shape = signed_shape(ckpt.tensor(a->index).shape);
+  const auto b_shape = signed_shape(ckpt.tensor(b->index).shape);
+
+  auto owned = std::make_shared<OwnedFactors>();
+  owned->adapter = adapter;
+  BufferMergeModule module;
+  module.layout = lora_layout(m.kind, weight_shape, a_shape, b_shape, m.name);
+  owned->a = ckpt.read_f32(a->index);
+  owned->b = ckpt.read_f32(b->index);
+  if (const AdapterTensor* mag = m.find(TensorRole::lora_magnitude)) {
+    owned->magnitude = ckpt.read_f32(mag->index);
+    if (static_cast<int64_t>(owned->magnitude.size()) != module.layout.out)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": lora_magnitude_vector has " +
+                                        std::to_string(owned->magnitude.size()) + " values for " +
+                                        std::to_string(module.layout.out) + " output channels");
+  }
+  if (const AdapterTensor* bias = m.find(TensorRole::lora_b_bias)) {
+    owned->bias = ckpt.read_f32(bias->index);
+    if (static_cast<int64_t>(owned->bias.size()) != module.layout.out)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": lora_B.bias has " +
+                                        std::to_string(owned->bias.size()) + " values for " +
+                                        std::to_string(module.layout.out) + " output channels");
+  }
+  module.lora_a = owned->a.data();
+  module.lora_b = owned->b.data();
+  module.rank = a_shape.at(0);
+  module.scaling = m.scaling;
+  module.magnitude = owned->magnitude.empty() ? nullptr : owned->magnitude.data();
+  module.lora_bias = owned->bias.empty() ? nullptr : owned->bias.data();
+  module.keep_alive = std::move(owned);
+  return module;
+}
+
+}  // namespace peft

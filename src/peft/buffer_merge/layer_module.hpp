@@ -1,0 +1,47 @@
+// The module of a buffer merge, found by the name a host uses for one of its layers: from a loaded
+// adapter and that name to the BufferMergeModule that BufferMerge (buffer_merge.hpp) merges into the
+// host's buffer. Used by the C API's buffer merge and by serving's hot-swap (serve/host_model.hpp).
+//
+// Names: without a translator, a HuggingFace module path ("model.layers.0.self_attn.q_proj") or
+// tensor name ("model.layers.0.self_attn.q_proj.weight"), with or without "base_model.model.", or
+// the base tensor the adapter resolved the module to; with a translator, the host's own name for
+// the module ("transformer/layer_0/attention/query") or for its weight (".../weight").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "peft/adapter/adapter.hpp"
+#include "peft/arch/translator.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
+
+namespace peft {
+
+// The HuggingFace module paths a layer name may stand for, most specific first (see Names above).
+// PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the name.
+std::vector<std::string> module_candidates(std::string_view name, const Translator* translator);
+
+// The LoRA module `name` addresses. PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the
+// name, PEFT_ERR_NOT_FOUND when the adapter has no such module, PEFT_ERR_UNSUPPORTED for a module
+// that is not a LoRA layer (full replacement tensors and trainable tokens are not merged in memory).
+const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator);
+
+// The layout of a LoRA layer's delta in a weight of `weight_shape`, from the factors' shapes as
+// stored (lora_A, lora_B; embeddings: lora_embedding_A/B). Linear vs GPT-2 Conv1D follows the
+// weight's shape when only one fits, `kind` (the adapter's decision) when both do (a square weight).
+// PEFT_ERR_SHAPE_MISMATCH naming `module` when the weight does not fit; PEFT_ERR_UNSUPPORTED for a
+// kind that is not a LoRA layer.
+merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_shape, std::span<const int64_t> a_shape,
+                               std::span<const int64_t> b_shape, const std::string& module);
+
+// The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
+// its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight
+// does not fit the module.
+BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
+                               std::span<const int64_t> weight_shape);
+
+}  // namespace peft

@@ -1,0 +1,60 @@
+// Merging adapters into a checkpoint on disk, streaming (DESIGN.md "Merge a checkpoint"):
+//
+//   base folder + adapters (+ weights) -> a folder that transformers' from_pretrained loads unchanged
+//
+// The plan (merge_plan.hpp) is made and checked completely first, so that every error
+// about the inputs comes before anything is written. Then each output tensor is produced in the
+// writer's order (the base's order for a base written by safetensors): copied tensors stream from
+// the mapped base file to the writer; merged tensors are built in memory by a producer thread that
+// works one tensor ahead of the writer, so reading, computing and writing overlap. At most two
+// merged tensors are in memory at once (the one being written and the next), so peak memory is
+// about twice the largest merged tensor plus the adapters' factors, never the model. Pages of the
+// base file are released as they are consumed.
+//
+// The output is all or nothing: files go to temporaries and are renamed into place only when every
+// tensor is written (merged_folder_writer.hpp). A failure or a cancellation (the progress callback
+// returns false) leaves the output folder as it was; a folder the merge created is removed again
+// if it is still empty. The output folder must not be the base folder.
+//
+// Results do not depend on the number of threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "peft/checkpoint_merge/merge_plan.hpp"
+
+namespace peft {
+
+// Called on the calling thread with the output bytes written so far and the total; false cancels.
+using MergeProgress = std::function<bool(uint64_t done, uint64_t total)>;
+
+struct CheckpointMergeOptions {
+  std::vector<MergeInput> adapters;
+  std::optional<DType> dtype;   // F32, BF16, F16; nullopt keeps the base's dtypes
+  uint64_t max_shard_size = 0;  // 0: the base's files and shard names
+  unsigned threads = 0;         // 0: one per hardware thread; 1: everything on the calling thread
+  MergeProgress progress;       // optional
+  OpenOptions open;             // header size cap for the base's files
+  bool require_config = true;   // false: a base without a readable config.json is merged anyway
+  bool allow_nonfinite = false; // true: merged weights may hold infinities and NaNs
+};
+
+struct CheckpointMergeResult {
+  size_t merged = 0;    // tensors changed by LoRA, DoRA, lora_B.bias or trainable-token rows
+  size_t replaced = 0;  // tensors replaced whole by an adapter tensor
+  size_t copied = 0;    // base tensors written unchanged (converted when the dtype changes)
+  size_t added = 0;     // tensors that the base file does not hold (an untied output embedding)
+  uint64_t bytes = 0;   // tensor bytes written
+  std::vector<std::string> files;  // every file written, relative to the output folder
+  std::vector<std::string> notes;
+  bool untied_embeddings = false;
+};
+
+CheckpointMergeResult merge_checkpoint(const std::string& base_dir, const std::string& out_dir,
+                                       const CheckpointMergeOptions& options);
+
+}  // namespace peft

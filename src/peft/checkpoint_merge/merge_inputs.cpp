@@ -1,0 +1,35 @@
+// Opening the adapters of a checkpoint merge against the base (merge_inputs.hpp).
+#include "peft/checkpoint_merge/merge_inputs.hpp"
+
+#include "core/error.hpp"
+
+namespace peft {
+
+std::vector<MergeInput> open_merge_inputs(const std::vector<MergeAdapter>& adapters, const std::string& base_dir) {
+  std::vector<MergeInput> inputs;
+  std::vector<std::string> problems;
+  bool unresolved = false;
+  for (const MergeAdapter& a : adapters) {
+    if (a.adapter) {
+      inputs.push_back({a.adapter, a.weight});
+      continue;
+    }
+    Adapter::Options options;
+    options.base_dir = base_dir;
+    try {
+      inputs.push_back({Adapter::open(a.dir, options), a.weight});
+    } catch (const Error& error) {
+      if (error.code() != PEFT_ERR_UNRESOLVED_KEY && error.code() != PEFT_ERR_SHAPE_MISMATCH) throw;
+      unresolved = unresolved || error.code() == PEFT_ERR_UNRESOLVED_KEY;
+      problems.push_back(error.what());
+    }
+  }
+  if (problems.empty()) return inputs;
+  const int32_t code = unresolved ? PEFT_ERR_UNRESOLVED_KEY : PEFT_ERR_SHAPE_MISMATCH;
+  if (problems.size() == 1) fail(code, problems[0]);
+  std::string message = std::to_string(problems.size()) + " adapters do not fit the base: ";
+  for (size_t i = 0; i < problems.size(); ++i) message += (i ? " | " : "") + problems[i];
+  fail(code, message);
+}
+
+}  // namespace peft

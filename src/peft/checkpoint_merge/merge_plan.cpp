@@ -1,0 +1,375 @@
+// plan_merge: adapters checked against the base, changes gathered per base tensor, dtypes and
+// conflicts validated, tied embeddings handled, output files laid out.
+#include "peft/checkpoint_merge/merge_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/convert.hpp"
+#include "core/error.hpp"
+#include "core/path.hpp"
+#include "core/text.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "peft/methods/lora_math.hpp"
+#include "safetensors/checkpoint_layout.hpp"
+
+namespace peft {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void fail_listing(int32_t code, const std::string& what, const std::vector<std::string>& problems) {
+  fail(code, what + " (" + std::to_string(problems.size()) + (problems.size() == 1 ? " problem" : " problems") +
+                 "): " + join_text(problems, "; "));
+}
+
+std::string adapter_label(const PlannedAdapter& a) { return "adapter " + peft::quoted(a.adapter->dir()); }
+
+// PEFT's _set_trainable wraps every module whose name ends with a modules_to_save entry (a plain
+// suffix test); its tensors are saved without "base_layer".
+bool is_modules_to_save(const PlannedAdapter& a, const AdapterModule& m, const AdapterTensor& t) {
+  if (t.suffix.starts_with("base_layer.") || !a.adapter->config().modules_to_save) return false;
+  for (const std::string& entry : *a.adapter->config().modules_to_save)
+    if (!entry.empty() && m.name.ends_with(entry)) return true;
+  return false;
+}
+
+bool is_merge_storage(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
+std::shared_ptr<const ArchTable> table_for(const Adapter* adapter, const BaseModel& base) {
+  if (adapter && adapter->table()) return adapter->table();
+  const nlohmann::json* config = base.config.is_object() ? &base.config : nullptr;
+  auto guess = detect_family(config, adapter ? adapter->config().base_model_name_or_path : std::nullopt);
+  if (!guess) return nullptr;
+  try {
+    return builtin_arch_table(guess->family);
+  } catch (const Error&) {
+    return nullptr;  // no table installed: Linear vs Conv1D is then decided by shapes alone
+  }
+}
+
+// Every tensor of one module that is not a LoRA factor: what it changes in the base.
+struct Changes {
+  std::optional<TensorSource> replacement;
+  std::vector<LoraTerm> lora;
+  std::vector<LoraTerm> lora_bias;
+  std::vector<TokenRows> tokens;
+  bool any() const { return replacement || !lora.empty() || !lora_bias.empty() || !tokens.empty(); }
+};
+
+class Planner {
+ public:
+  Planner(const std::string& base_dir, const MergePlanOptions& options) : options_(options) {
+    plan_.base = BaseModel::open(base_dir, options.open);
+    plan_.dtype = options.dtype;
+    base_dir_ = base_dir;
+  }
+
+  MergePlan run(const std::vector<MergeInput>& inputs) {
+    check_adapters(inputs);
+    gather_changes();
+    build_tensors();
+    handle_tied_embeddings();
+    lay_out_files();
+    return std::move(plan_);
+  }
+
+ private:
+  const Checkpoint& base() const { return *plan_.base.weights; }
+
+  void check_adapters(const std::vector<MergeInput>& inputs) {
+    if (inputs.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "a merge needs at least one adapter");
+    std::vector<std::string> unresolved, mismatched;
+    for (const MergeInput& input : inputs) {
+      if (!input.adapter) fail(PEFT_ERR_INVALID_ARGUMENT, "an adapter of the merge is null");
+      if (!std::isfinite(input.weight))
+        fail(PEFT_ERR_INVALID_ARGUMENT, "adapter " + peft::quoted(input.adapter->dir()) + " has a weight that is not finite");
+      auto planned = std::make_unique<PlannedAdapter>();
+      planned->adapter = input.adapter;
+      planned->weight = input.weight;
+      planned->modules = input.adapter->modules();
+      // Linear vs Conv1D is decided again from this base (the adapter may have been opened without one).
+      for (AdapterModule& m : planned->modules)
+        if (m.kind == LayerKind::conv1d) m.kind = LayerKind::linear;
+      auto table = table_for(input.adapter.get(), plan_.base);
+      ValidationResult result = check_against_base(planned->modules, input.adapter->checkpoint(),
+                                                   input.adapter->config(), plan_.base, table.get());
+      for (const std::string& p : result.unresolved) unresolved.push_back(adapter_label(*planned) + ": " + p);
+      for (const std::string& p : result.mismatched) mismatched.push_back(adapter_label(*planned) + ": " + p);
+      plan_.adapters.push_back(std::move(planned));
+    }
+    std::vector<std::string> all;
+    for (const std::string& p : unresolved) all.push_back("unresolved: " + p);
+    for (const std::string& p : mismatched) all.push_back("shape mismatch: " + p);
+    if (!all.empty())
+      fail_listing(unresolved.empty() ? PEFT_ERR_SHAPE_MISMATCH : PEFT_ERR_UNRESOLVED_KEY,
+                   "the adapters do not fit base model " + peft::quoted(base_dir_), all);
+  }
+
+  size_t base_index_of(const std::string& name, const PlannedAdapter& a) {
+    auto index = base().find(name);
+    if (!index)
+      fail(PEFT_ERR_UNRESOLVED_KEY, adapter_label(a) + ": the base has no tensor " + peft::quoted(name));
+    return *index;
+  }
+
+  const TensorInfo& info(const PlannedAdapter& a, const AdapterTensor& t) const {
+    return a.adapter->checkpoint().tensor(t.index);
+  }
+
+  void gather_changes() {
+    changes_.resize(base().tensor_count());
+    std::vector<std::string> conflicts;
+    // (base tensor, adapter) pairs already holding LoRA terms, and token rows per base tensor.
+    std::set<std::pair<size_t, const PlannedAdapter*>> lora_seen, bias_seen;
+    std::map<size_t, std::map<int64_t, const PlannedAdapter*>> token_rows;
+    for (const auto& owned : plan_.adapters) {
+      const PlannedAdapter& a = *owned;
+      for (const AdapterModule& m : a.modules) {
+        if (m.is_lora()) {
+          const AdapterTensor* factor = m.find(m.kind == LayerKind::embedding ? TensorRole::lora_embedding_a
+                                                                             : TensorRole::lora_a);
+          const size_t target = base_index_of(factor->base_tensor, a);
+          LoraTerm term{&a, &m,
+                        merge::lora_coefficient(a.weight, m.scaling, adapter_label(a) + ", module " + peft::quoted(m.name)), m.find(TensorRole::lora_magnitude) != nullptr};
+          if (!lora_seen.insert({target, &a}).second)
+            conflicts.push_back(adapter_label(a) + " has two LoRA modules on base tensor " +
+                                peft::quoted(base().tensor(target).name));
+          changes_[target].lora.push_back(term);
+          if (const AdapterTensor* bias = m.find(TensorRole::lora_b_bias)) {
+            const size_t bias_target = base_index_of(bias->base_tensor, a);
+            if (!bias_seen.insert({bias_target, &a}).second)
+              conflicts.push_back(adapter_label(a) + " has two lora_B.bias tensors for base tensor " +
+                                  peft::quoted(base().tensor(bias_target).name));
+            changes_[bias_target].lora_bias.push_back(term);
+          }
+        }
+        if (m.kind == LayerKind::trainable_tokens) {
+          const AdapterTensor* delta = m.find(TensorRole::trainable_tokens_delta);
+          const size_t target = base_index_of(delta->base_tensor, a);
+          auto& rows = token_rows[target];
+          for (int64_t row : m.token_indices) {
+            auto [it, fresh] = rows.emplace(row, &a);
+            if (!fresh && it->second != &a)
+              conflicts.push_back("trainable token row " + std::to_string(row) + " of " +
+                                  peft::quoted(base().tensor(target).name) + " is set by both " +
+                                  adapter_label(*it->second) + " and " + adapter_label(a));
+          }
+          changes_[target].tokens.push_back({&a, &m});
+        }
+        for (const AdapterTensor& t : m.tensors) {
+          if (t.role != TensorRole::full) continue;
+          const size_t target = base_index_of(t.base_tensor, a);
+          auto& slot = changes_[target].replacement;
+          if (slot) {
+            conflicts.push_back("base tensor " + peft::quoted(base().tensor(target).name) + " is replaced by both " +
+                                peft::quoted(slot->adapter->adapter->dir() + ": " + slot->tensor->key) + " and " +
+                                peft::quoted(a.adapter->dir() + ": " + t.key));
+            continue;
+          }
+          slot = TensorSource{&a, &t, is_modules_to_save(a, m, t)};
+        }
+      }
+    }
+    if (!conflicts.empty()) fail_listing(PEFT_ERR_INVALID_ARGUMENT, "the adapters of the merge conflict", conflicts);
+  }
+
+  // The dtype a tensor is written in.
+  DType out_dtype_of(DType base_dtype) const {
+    return options_.dtype && is_convertible_float(base_dtype) ? *options_.dtype : base_dtype;
+  }
+
+  void build_tensors() {
+    std::vector<std::string> unsupported;
+    for (size_t i = 0; i < base().tensor_count(); ++i) {
+      const TensorInfo& t = base().tensor(i);
+      Changes& c = changes_[i];
+      PlannedTensor p;
+      p.name = t.name;
+      p.base_index = i;
+      p.base_dtype = t.dtype;
+      p.out_dtype = out_dtype_of(t.dtype);
+      p.work_dtype = p.out_dtype;
+      p.shape = t.shape;
+      p.replacement = c.replacement;
+      p.lora = std::move(c.lora);
+      p.lora_bias = std::move(c.lora_bias);
+      p.tokens = std::move(c.tokens);
+      const std::string who = "base tensor " + peft::quoted(t.name) + " (" + std::string(dtype_name(t.dtype)) + ")";
+      if (!p.lora.empty() || !p.lora_bias.empty() || !p.tokens.empty()) {
+        p.action = TensorAction::compute;
+        if (p.out_dtype == p.base_dtype && is_merge_storage(p.out_dtype)) {
+          p.work_dtype = p.out_dtype;
+        } else if (is_merge_storage(p.out_dtype) && is_convertible_float(p.base_dtype)) {
+          p.work_dtype = DType::F32;
+        } else {
+          unsupported.push_back(who + ": merging into " + std::string(dtype_name(p.out_dtype)) +
+                                " is not supported (F32, BF16 and F16 are; choose an output dtype)");
+        }
+        check_sources(p, unsupported);
+      } else if (p.replacement) {
+        p.action = TensorAction::replace;
+        const DType src = info(*p.replacement->adapter, *p.replacement->tensor).dtype;
+        if (!can_convert(src, p.out_dtype))
+          unsupported.push_back(who + ": its replacement " + peft::quoted(p.replacement->tensor->key) + " is " +
+                                std::string(dtype_name(src)) + ", which does not convert to " +
+                                std::string(dtype_name(p.out_dtype)));
+      } else {
+        p.action = TensorAction::copy;
+      }
+      p.out_nbytes = converted_byte_size(p.out_dtype, element_count(p.shape));
+      plan_.tensors.push_back(std::move(p));
+    }
+    if (!unsupported.empty()) fail_listing(PEFT_ERR_UNSUPPORTED, "the merge cannot be computed", unsupported);
+  }
+
+  static uint64_t element_count(const std::vector<uint64_t>& shape) {
+    uint64_t n = 1;
+    for (uint64_t d : shape)
+      if (__builtin_mul_overflow(n, d, &n)) fail(PEFT_ERR_VALIDATION_OVERFLOW, "tensor shape overflows");
+    return n;
+  }
+
+  // Every adapter tensor a computed tensor reads must convert to what it is read as.
+  void check_sources(const PlannedTensor& p, std::vector<std::string>& problems) {
+    auto need = [&](const PlannedAdapter& a, const AdapterTensor* t, DType as) {
+      if (t == nullptr) return;
+      const DType d = info(a, *t).dtype;
+      if (!can_convert(d, as))
+        problems.push_back("adapter tensor " + peft::quoted(t->key) + " is " + std::string(dtype_name(d)) +
+                           ", which does not convert to " + std::string(dtype_name(as)));
+    };
+    if (p.replacement) need(*p.replacement->adapter, p.replacement->tensor, p.work_dtype);
+    for (const LoraTerm& term : p.lora)
+      for (const AdapterTensor& t : term.module->tensors)
+        if (t.role != TensorRole::full && t.role != TensorRole::lora_b_bias) need(*term.adapter, &t, DType::F32);
+    for (const LoraTerm& term : p.lora_bias) need(*term.adapter, term.module->find(TensorRole::lora_b_bias), DType::F32);
+    for (const TokenRows& rows : p.tokens)
+      need(*rows.adapter, rows.module->find(TensorRole::trainable_tokens_delta), p.work_dtype);
+  }
+
+  // transformers ties the output embedding to the input embedding when tie_word_embeddings is true.
+  // PEFT changes LoRA, DoRA and trainable-token layers, and loads saved base_layer weights, in place,
+  // into the one parameter both modules share, so they stay tied; a modules_to_save copy swaps one
+  // module for another, and PEFT then sets tie_word_embeddings = false. Here: the pair is untied when
+  // the input embedding is swapped or the output embedding is changed at all (a checkpoint that
+  // stores it although tied would otherwise lose the change on loading); an output embedding the
+  // base file does not store is then added, holding the original input embedding, as PEFT's untied
+  // model does.
+  void handle_tied_embeddings() {
+    const nlohmann::json& config = plan_.base.config;
+    if (!config.is_object()) return;
+    auto tie = config.find("tie_word_embeddings");
+    if (tie == config.end() || !tie->is_boolean() || !tie->get<bool>()) return;
+    auto table = table_for(plan_.adapters.empty() ? nullptr : plan_.adapters.front()->adapter.get(), plan_.base);
+    if (!table || !table->output_embedding()) return;
+    std::optional<uint64_t> vocab;
+    for (const nlohmann::json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr}) {
+      if (c && c->is_object() && c->contains("vocab_size") && (*c)["vocab_size"].is_number_unsigned()) {
+        vocab = (*c)["vocab_size"].get<uint64_t>();
+        break;
+      }
+    }
+    std::optional<size_t> input;
+    for (size_t i = 0; i < plan_.tensors.size() && vocab && !input; ++i) {
+      const PlannedTensor& p = plan_.tensors[i];
+      if (!p.name.ends_with(".weight") || p.shape.size() != 2 || p.shape[0] != *vocab) continue;
+      const std::string module = p.name.substr(0, p.name.size() - 7);
+      const ModuleRule* rule = table->rule_for_hf(module);
+      if (rule && rule->kind == ModuleKind::embedding) input = i;
+    }
+    if (!input) return;
+    const std::string output_name = *table->output_embedding() + ".weight";
+    auto output = plan_.base.find(*table->output_embedding(), "weight", table.get());
+    const PlannedTensor& in = plan_.tensors[*input];
+    const bool untie = (in.replacement && in.replacement->swaps_module) ||
+                       (output && plan_.tensors[*output].action != TensorAction::copy);
+    if (!untie) return;
+    plan_.untie_embeddings = true;
+    if (output) {
+      plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " and " +
+                            peft::quoted(plan_.tensors[*output].name) + " no longer hold the same values");
+      return;
+    }
+    PlannedTensor copy;
+    copy.name = output_name;
+    copy.base_index = in.base_index;
+    copy.base_dtype = in.base_dtype;
+    copy.out_dtype = in.out_dtype;
+    copy.work_dtype = in.out_dtype;
+    copy.shape = in.shape;
+    copy.out_nbytes = in.out_nbytes;
+    copy.action = TensorAction::duplicate;
+    plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " is replaced by a modules_to_save copy, so " +
+                          peft::quoted(output_name) + " was added holding the base's original embedding");
+    plan_.tensors.insert(plan_.tensors.begin() + static_cast<ptrdiff_t>(*input) + 1, std::move(copy));
+  }
+
+  void lay_out_files() {
+    if (options_.max_shard_size > 0) {
+      std::vector<uint64_t> sizes;
+      for (const PlannedTensor& p : plan_.tensors) sizes.push_back(p.out_nbytes);
+      for (ShardFile& shard : save_pretrained_shards(sizes, options_.max_shard_size)) {
+        PlannedFile f;
+        f.name = std::move(shard.name);
+        f.members = std::move(shard.members);
+        f.metadata = std::map<std::string, std::string>{{"format", "pt"}};
+        plan_.files.push_back(std::move(f));
+      }
+      plan_.write_index = plan_.files.size() > 1;
+      if (plan_.write_index && base().index_metadata_json()) plan_.index_metadata_json = *base().index_metadata_json();
+      return;
+    }
+    const std::string prefix = join_path(plan_.base.dir, "");
+    for (size_t k = 0; k < base().file_count(); ++k) {
+      PlannedFile f;
+      const std::string& path = base().file_path(k);
+      f.name = path.starts_with(prefix) ? path.substr(prefix.size()) : fs::path(path).filename().string();
+      const Header& header = base().file_header(k);
+      if (header.metadata) f.metadata = std::map<std::string, std::string>(header.metadata->begin(), header.metadata->end());
+      plan_.files.push_back(std::move(f));
+    }
+    for (size_t i = 0; i < plan_.tensors.size(); ++i)
+      plan_.files[base().tensor_file(plan_.tensors[i].base_index)].members.push_back(i);
+    std::error_code ec;
+    plan_.write_index = fs::exists(fs::path(plan_.base.dir) / kIndexFileName, ec);
+    if (base().index_metadata_json()) plan_.index_metadata_json = *base().index_metadata_json();
+  }
+
+  const MergePlanOptions& options_;
+  std::string base_dir_;
+  MergePlan plan_;
+  std::vector<Changes> changes_;
+};
+
+}  // namespace
+
+bool is_convertible_float(DType dtype) {
+  return dtype == DType::F64 || dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
+}
+
+uint64_t MergePlan::total_bytes() const {
+  uint64_t total = 0;
+  for (const PlannedTensor& p : tensors)
+    if (__builtin_add_overflow(total, p.out_nbytes, &total))
+      fail(PEFT_ERR_VALIDATION_OVERFLOW, "the merged checkpoint's size overflows 64 bits");
+  return total;
+}
+
+size_t MergePlan::count(TensorAction action) const {
+  return static_cast<size_t>(std::count_if(tensors.begin(), tensors.end(),
+                                           [&](const PlannedTensor& p) { return p.action == action; }));
+}
+
+MergePlan plan_merge(const std::string& base_dir, const std::vector<MergeInput>& inputs,
+                     const MergePlanOptions& options) {
+  if (options.dtype && !is_merge_storage(*options.dtype))
+    fail(PEFT_ERR_INVALID_ARGUMENT, "the output dtype must be F32, BF16 or F16, not " +
+                                        std::string(dtype_name(*options.dtype)));
+  return Planner(base_dir, options).run(inputs);
+}
+
+}  // namespace peft

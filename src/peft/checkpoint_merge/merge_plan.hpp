@@ -1,0 +1,134 @@
+// Planning a checkpoint merge: which adapter terms hit which base tensor, what each output tensor
+// is made of, which file it goes to, and everything that can be wrong with that, all decided
+// before a single byte is written (checkpoint_merge.hpp executes the plan).
+//
+// The changes to one base tensor are applied in this order:
+//   1. a full replacement (modules_to_save copies, bias="all" biases, saved `base_layer` weights):
+//      the adapter's tensor, converted to the working dtype, replaces the base's;
+//   2. the LoRA terms of every adapter, in the order the adapters were given. Plain LoRA terms that
+//      follow each other are summed in f32 and rounded once (lora_math); a DoRA term is applied on
+//      its own, with its norm taken from the weight as it is at that point, which is what PEFT's
+//      merge of several active adapters does (it merges them one after the other);
+//   3. lora_B.bias terms (lora_bias=True): summed in f32, added with one rounding;
+//   4. trainable-token rows: copied over the embedding rows they stand for.
+// An adapter's weight multiplies its LoRA scaling (and its lora_B.bias); replacement tensors and
+// token rows are taken as they are.
+//
+// Conflicts are errors (PEFT_ERR_INVALID_ARGUMENT): two adapters replacing the same tensor, one
+// adapter with two tensors for the same base tensor, trainable-token rows of two adapters on the same
+// row. Tensors an adapter names that the base lacks are PEFT_ERR_UNRESOLVED_KEY and shapes that do
+// not fit PEFT_ERR_SHAPE_MISMATCH, every problem of every adapter listed in one message.
+//
+// Dtypes: with `dtype` unset each tensor keeps the base's dtype; with F32, BF16 or F16 every tensor
+// of an ordinary floating-point dtype (F64, F32, F16, BF16) becomes it, and everything else (integers,
+// F8 and smaller formats) is copied as it is. A tensor that is merged is computed in its output dtype
+// when that equals the base's, otherwise in F32 and rounded to the output dtype when written.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/adapter/base_model.hpp"
+#include "peft/adapter/base_validation.hpp"
+#include "safetensors/header_writer.hpp"
+
+namespace peft {
+
+struct MergeInput {
+  std::shared_ptr<const Adapter> adapter;
+  double weight = 1.0;
+};
+
+struct MergePlanOptions {
+  std::optional<DType> dtype;   // F32, BF16 or F16; nullopt keeps the base's dtypes
+  uint64_t max_shard_size = 0;  // 0: the base's files; otherwise reshard at this many bytes
+  OpenOptions open;
+};
+
+// One adapter after being checked against the base: its modules with base tensor names resolved.
+struct PlannedAdapter {
+  std::shared_ptr<const Adapter> adapter;
+  double weight = 1.0;
+  std::vector<AdapterModule> modules;  // never resized after planning: terms point into it
+};
+
+struct LoraTerm {
+  const PlannedAdapter* adapter = nullptr;
+  const AdapterModule* module = nullptr;
+  double coefficient = 0.0;  // adapter weight x module scaling
+  bool dora = false;
+};
+
+struct TensorSource {  // one tensor of an adapter's checkpoint
+  const PlannedAdapter* adapter = nullptr;
+  const AdapterTensor* tensor = nullptr;
+  // The tensor belongs to a modules_to_save copy, which PEFT's merge swaps in for the base module
+  // (other full tensors, like saved `base_layer` weights and bias="all" biases, are loaded into the
+  // base module's own parameters).
+  bool swaps_module = false;
+};
+
+struct TokenRows {
+  const PlannedAdapter* adapter = nullptr;
+  const AdapterModule* module = nullptr;  // its token_indices and trainable_tokens_delta
+};
+
+enum class TensorAction {
+  copy,      // the base tensor as it is (converted if the dtype changes)
+  replace,   // an adapter's tensor instead, nothing else
+  compute,   // built in memory: replacement and/or LoRA, bias and token changes
+  duplicate, // a copy of another base tensor's original data (an untied output embedding)
+};
+
+struct PlannedTensor {
+  std::string name;
+  size_t base_index = 0;        // the base tensor it comes from (for duplicate: the one copied)
+  DType base_dtype = DType::F32;
+  DType out_dtype = DType::F32;
+  DType work_dtype = DType::F32;  // compute: the dtype of the in-memory buffer
+  std::vector<uint64_t> shape;
+  uint64_t out_nbytes = 0;
+  TensorAction action = TensorAction::copy;
+  std::optional<TensorSource> replacement;
+  std::vector<LoraTerm> lora;
+  std::vector<LoraTerm> lora_bias;  // terms whose lora_B.bias adds to this (bias) tensor
+  std::vector<TokenRows> tokens;
+};
+
+struct PlannedFile {
+  std::string name;              // relative to the output folder
+  std::vector<size_t> members;   // indices into MergePlan::tensors
+  WriterMetadata metadata;
+};
+
+struct MergePlan {
+  BaseModel base;
+  std::vector<std::unique_ptr<PlannedAdapter>> adapters;  // stable addresses
+  std::vector<PlannedTensor> tensors;  // base order; an added tensor follows the one it copies
+  std::vector<PlannedFile> files;
+  bool write_index = false;
+  std::string index_metadata_json = "{}";  // the base index's "metadata" (total_size recomputed)
+  std::optional<DType> dtype;              // as asked
+  bool untie_embeddings = false;           // config.json gets tie_word_embeddings = false
+  std::vector<std::string> notes;          // for the caller: what was decided and why
+
+  uint64_t total_bytes() const;
+  size_t count(TensorAction action) const;
+};
+
+// Opens the base (config.json and weights), checks every adapter against it and plans the output.
+// Throws as described at the top of this file, plus the errors of opening the base.
+MergePlan plan_merge(const std::string& base_dir, const std::vector<MergeInput>& inputs,
+                     const MergePlanOptions& options);
+
+// Whether a dtype is one of the ordinary floating-point formats that --dtype converts.
+bool is_convertible_float(DType dtype);
+
+}  // namespace peft

@@ -1,0 +1,56 @@
+// Combining LoRA adapters into a new adapter folder as PEFT's
+// `LoraModel.add_weighted_adapter(adapters, weights, name, combination_type)` does (peft 0.21,
+// peft/tuners/lora/model.py), for the two exact-arithmetic methods:
+//
+// * "cat": for each module, A = rows w_i * s_i * A_i and B = columns B_i of the adapters that have
+//   the module, in the order given, zero-padded to the new rank r = sum over adapters of
+//   max(r_i, rank_pattern values); delta = sum_i w_i s_i B_i A_i exactly.
+// * "linear": all adapters must have the same such rank r (the new rank), and every module that
+//   rank; c_i = w_i * s_i, A = sum_i sign(c_i) sqrt|c_i| A_i, B = sum_i sqrt|c_i| B_i (cross terms
+//   B_i A_j included: exact only for one adapter). One adapter always combines as "linear", as in
+//   PEFT.
+// s_i is the module's scaling in adapter i (its rank/alpha patterns and use_rslora applied).
+//
+// The new config is the FIRST adapter's with r = lora_alpha = new rank, rank_pattern =
+// alpha_pattern = {} and target_modules = the union: a sorted list of the adapters' names (PEFT
+// writes the union of Python sets in hash order; lists of 20 or more names may also be shortened
+// to suffixes by PEFT, which target the same modules), or for regex targets "(t1)|(t2)|...". An
+// "all-linear" or absent target_modules counts as the list of the adapter's LoRA module names,
+// which is what PEFT expands it to on the base model. Everything else is inherited from the first
+// adapter, as PEFT's `replace(config, ...)` does, including use_rslora: the new scaling is then
+// new_rank / sqrt(new_rank) = sqrt(new_rank) instead of 1, so the combined delta is sqrt(r) times
+// the weighted sum. That is PEFT's result, reproduced on purpose (PEFT PR #3449 changes it later).
+//
+// Modules present in only some adapters get contributions from those only (PEFT skips the others).
+// Refused with PEFT_ERR_UNSUPPORTED (PEFT fails, or silently gives something else):
+// * DoRA (PEFT keeps the new adapter's magnitude at the base weight's norm, ignoring the
+//   adapters'), lora_bias (PEFT drops the biases), full replacement tensors (modules_to_save,
+//   bias="all", saved embeddings) and trainable tokens (PEFT resets them to the base model's);
+// * a module the inherited config no longer targets (e.g. another layers_to_transform or
+//   exclude_modules in the first adapter): PEFT would silently drop its contributions;
+// * regex and list target_modules mixed (PEFT raises).
+// "linear" with unequal ranks is PEFT_ERR_INVALID_ARGUMENT (PEFT raises too); factor shapes that
+// differ between adapters for the same module are PEFT_ERR_SHAPE_MISMATCH.
+//
+// The combined factors are computed in f32 as PEFT does on CPU (lora_math.hpp combine_cat /
+// combine_linear) and written as F32 (PEFT's default autocast_adapter_dtype keeps adapters in
+// f32), or converted to ExportOptions::dtype. One module at a time is held in memory.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "peft/adapter/adapter.hpp"
+#include "peft/export/adapter_export.hpp"
+
+namespace peft {
+
+enum class CombineMethod { cat, linear };
+
+// Combines `adapters` with `weights` (one finite weight per adapter) into `out_dir`.
+// INVALID_ARGUMENT for no adapters, a count mismatch, a null adapter or a non-finite weight.
+void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, std::span<const double> weights,
+                      CombineMethod method, const std::string& out_dir, const ExportOptions& options = {});
+
+}  // namespace peft

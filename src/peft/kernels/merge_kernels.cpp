@@ -1,0 +1,294 @@
+// One source for every kernel table: the loop bodies below are inlined into wrappers compiled
+// for each instruction set (GCC/Clang target attributes), so the compiler vectorises the same
+// arithmetic three times. No floating-point contraction: the only fused operations are the
+// explicit std::fma calls, which round once on every target, hence bit-identical tables.
+#include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
+
+#include "peft/kernels/merge_kernels.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/bf16.hpp"
+#include "core/f16.hpp"
+#include "core/kernel_level.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PEFT_MERGE_X86 1
+#include <immintrin.h>
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PEFT_INLINE [[gnu::always_inline]] inline
+#else
+#define PEFT_INLINE inline
+#endif
+
+namespace peft::merge::kernels {
+namespace {
+
+// ---- storage access ---------------------------------------------------------------------------
+
+// Element-wise passes run over a row in chunks: convert kChunk elements to f32 on the stack,
+// compute there, convert back. Separate conversion loops vectorise better than mixed ones, and
+// the f16 conversion can use the F16C instructions where the table's target has them.
+constexpr int kChunk = 256;
+
+// f16 <-> f32 in portable C++ (core/f16.hpp).
+struct SoftHalf {
+  PEFT_INLINE static void to_f32(const uint16_t* p, int n, float* out) {
+    for (int i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
+  }
+  PEFT_INLINE static void from_f32(const float* in, int n, uint16_t* p) {
+    for (int i = 0; i < n; ++i) p[i] = f32_to_f16(in[i]);
+  }
+};
+
+template <Storage S, class Half>
+PEFT_INLINE void load_chunk(const void* w, int64_t j0, int n, float* x) {
+  if constexpr (S == Storage::f32) {
+    const float* p = static_cast<const float*>(w) + j0;
+    for (int i = 0; i < n; ++i) x[i] = p[i];
+  } else if constexpr (S == Storage::bf16) {
+    const uint16_t* p = static_cast<const uint16_t*>(w) + j0;
+    for (int i = 0; i < n; ++i) x[i] = bf16_to_f32(p[i]);
+  } else {
+    Half::to_f32(static_cast<const uint16_t*>(w) + j0, n, x);
+  }
+}
+
+template <Storage S, class Half>
+PEFT_INLINE void store_chunk(void* w, int64_t j0, int n, const float* x) {
+  if constexpr (S == Storage::f32) {
+    float* p = static_cast<float*>(w) + j0;
+    for (int i = 0; i < n; ++i) p[i] = x[i];
+  } else if constexpr (S == Storage::bf16) {
+    uint16_t* p = static_cast<uint16_t*>(w) + j0;
+    for (int i = 0; i < n; ++i) p[i] = f32_to_bf16(x[i]);
+  } else {
+    Half::from_f32(x, n, static_cast<uint16_t*>(w) + j0);
+  }
+}
+
+inline int chunk_size(int64_t j0, int64_t n) { return static_cast<int>(n - j0 < kChunk ? n - j0 : kChunk); }
+
+// ---- low-rank product -------------------------------------------------------------------------
+
+// One RB x W tile of C: the accumulators stay in registers while k runs over the rank.
+template <int RB, int W>
+PEFT_INLINE void lowrank_tile(const float* L, const float* R, int64_t cols, int64_t rank, float coef,
+                              bool accumulate, float* C) {
+  float acc[RB][W];
+  for (int u = 0; u < RB; ++u)
+    for (int v = 0; v < W; ++v) acc[u][v] = 0.0f;
+  for (int64_t k = 0; k < rank; ++k) {
+    const float* r = R + k * cols;
+    for (int u = 0; u < RB; ++u) {
+      const float l = L[u * rank + k];
+      for (int v = 0; v < W; ++v) acc[u][v] = std::fma(l, r[v], acc[u][v]);
+    }
+  }
+  if (accumulate) {
+    for (int u = 0; u < RB; ++u)
+      for (int v = 0; v < W; ++v) C[u * cols + v] = std::fma(coef, acc[u][v], C[u * cols + v]);
+  } else {
+    for (int u = 0; u < RB; ++u)
+      for (int v = 0; v < W; ++v) C[u * cols + v] = std::fma(coef, acc[u][v], -0.0f);
+  }
+}
+
+// Column tiles outermost, so that one W-wide panel of R (rank x W floats) is reused from L1/L2
+// by every row of the block; the columns that do not fill a tile go one at a time through the
+// same sequence of fmas, so every element is computed identically wherever it falls.
+template <int RB, int W>
+PEFT_INLINE void lowrank_body(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank,
+                              float coef, bool accumulate, float* C) {
+  const int64_t full_rows = rows / RB * RB;
+  int64_t j = 0;
+  for (; j + W <= cols; j += W) {
+    for (int64_t i = 0; i < full_rows; i += RB)
+      lowrank_tile<RB, W>(L + i * rank, R + j, cols, rank, coef, accumulate, C + i * cols + j);
+    for (int64_t i = full_rows; i < rows; ++i)
+      lowrank_tile<1, W>(L + i * rank, R + j, cols, rank, coef, accumulate, C + i * cols + j);
+  }
+  for (; j < cols; ++j) {
+    for (int64_t i = 0; i < rows; ++i) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < rank; ++k) acc = std::fma(L[i * rank + k], R[k * cols + j], acc);
+      float& c = C[i * cols + j];
+      c = std::fma(coef, acc, accumulate ? c : -0.0f);
+    }
+  }
+}
+
+// ---- element-wise passes ----------------------------------------------------------------------
+
+template <Storage S, class Half>
+PEFT_INLINE void add_rounded_body(void* w, const float* d, int64_t n) {
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
+    store_chunk<S, Half>(w, j0, m, x);
+  }
+}
+
+template <Storage S, class Half>
+PEFT_INLINE double sum_squares_body(const void* w, const float* d, int64_t n) {
+  // x is a float, so x * x is exact in double: whether the add is fused or not cannot matter.
+  // Chunks are multiples of 8, so element j always lands in lane j % 8.
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
+    int i = 0;
+    for (; i + 8 <= m; i += 8)
+      for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
+    for (int l = 0; i < m; ++i, ++l) lane[l] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+template <Storage S, class Half>
+PEFT_INLINE void accumulate_squares_body(const void* w, const float* d, double* acc, int64_t n) {
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    for (int i = 0; i < m; ++i) {
+      const double v = static_cast<double>(x[i] + d[j0 + i]);
+      acc[j0 + i] += v * v;
+    }
+  }
+}
+
+// stride 0: one factor for the row; 1: one per column.
+template <Storage S, class Half>
+PEFT_INLINE void dora_apply_body(void* w, const float* d, const float* factor, int64_t stride, int64_t n) {
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    if (stride == 0) {
+      const float f = factor[0];
+      for (int i = 0; i < m; ++i) x[i] = f * (x[i] + d[j0 + i]);
+    } else {
+      for (int i = 0; i < m; ++i) x[i] = factor[j0 + i] * (x[i] + d[j0 + i]);
+    }
+    store_chunk<S, Half>(w, j0, m, x);
+  }
+}
+
+template <Storage S, class Half>
+PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, int64_t stride, int64_t n) {
+  float x[kChunk];
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int m = chunk_size(j0, n);
+    load_chunk<S, Half>(w, j0, m, x);
+    if (stride == 0) {
+      const float f = factor[0];
+      for (int i = 0; i < m; ++i) x[i] = x[i] / f - d[j0 + i];
+    } else {
+      for (int i = 0; i < m; ++i) x[i] = x[i] / factor[j0 + i] - d[j0 + i];
+    }
+    store_chunk<S, Half>(w, j0, m, x);
+  }
+}
+
+// Dispatches on the storage dtype inside the target-specific wrapper, so each instantiation is
+// compiled (and vectorised) for that target.
+#define PEFT_STORAGE_SWITCH(s, fn, ...)                               \
+  switch (s) {                                                        \
+    case Storage::f32: return fn<Storage::f32, Half>(__VA_ARGS__);    \
+    case Storage::bf16: return fn<Storage::bf16, Half>(__VA_ARGS__);  \
+    case Storage::f16: return fn<Storage::f16, Half>(__VA_ARGS__);    \
+  }
+
+// Stamps out a kernel table for one instruction set. RB x W is the register tile of lowrank.
+#define PEFT_DEFINE_TABLE(NS, NAME, ATTR, RB, W, HALF)                                                           \
+  namespace NS {                                                                                           \
+  using Half = HALF;                                                                                       \
+  ATTR void lowrank(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank, float coef, \
+                    bool accumulate, float* C) {                                                           \
+    lowrank_body<RB, W>(L, R, rows, cols, rank, coef, accumulate, C);                                      \
+  }                                                                                                        \
+  ATTR void add_rounded(Storage s, void* w, const float* d, int64_t n) {                                   \
+    PEFT_STORAGE_SWITCH(s, add_rounded_body, w, d, n);                                                     \
+  }                                                                                                        \
+  ATTR double sum_squares(Storage s, const void* w, const float* d, int64_t n) {                           \
+    PEFT_STORAGE_SWITCH(s, sum_squares_body, w, d, n);                                                     \
+    return 0.0;                                                                                            \
+  }                                                                                                        \
+  ATTR void accumulate_squares(Storage s, const void* w, const float* d, double* acc, int64_t n) {         \
+    PEFT_STORAGE_SWITCH(s, accumulate_squares_body, w, d, acc, n);                                         \
+  }                                                                                                        \
+  ATTR void dora_apply(Storage s, void* w, const float* d, const float* f, int64_t stride, int64_t n) {    \
+    PEFT_STORAGE_SWITCH(s, dora_apply_body, w, d, f, stride, n);                                           \
+  }                                                                                                        \
+  ATTR void dora_remove(Storage s, void* w, const float* d, const float* f, int64_t stride, int64_t n) {   \
+    PEFT_STORAGE_SWITCH(s, dora_remove_body, w, d, f, stride, n);                                          \
+  }                                                                                                        \
+  const Table table{NAME, lowrank, add_rounded, sum_squares, accumulate_squares, dora_apply, dora_remove};  \
+  }
+
+PEFT_DEFINE_TABLE(portable_impl, "portable", , 4, 16, SoftHalf)
+
+#ifdef PEFT_MERGE_X86
+// f16 <-> f32 with the F16C instructions: IEEE conversions, round to nearest even, NaN made quiet
+// with its top payload bits kept, i.e. the same bits as core/f16.hpp. Plain calls (once per chunk):
+// GCC will not inline a function with more target features into the generic chunk helpers.
+struct F16cHalf {
+  __attribute__((target("avx,f16c"))) static void to_f32(const uint16_t* p, int n, float* out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))));
+    for (; i < n; ++i) out[i] = _cvtsh_ss(p[i]);
+  }
+  __attribute__((target("avx,f16c"))) static void from_f32(const float* in, int n, uint16_t* p) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; ++i) p[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+};
+
+PEFT_DEFINE_TABLE(avx2_impl, "avx2", __attribute__((target("avx2,fma,f16c"))), 4, 16, F16cHalf)
+PEFT_DEFINE_TABLE(avx512_impl, "avx512", __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))),
+                  4, 64, F16cHalf)
+#endif
+
+}  // namespace
+
+const Table& portable() { return portable_impl::table; }
+
+using peft::kernels::Level;
+
+const Table* x86_avx2() {
+#ifdef PEFT_MERGE_X86
+  if (peft::kernels::supported_level() >= Level::avx2) return &avx2_impl::table;
+#endif
+  return nullptr;
+}
+
+const Table* x86_avx512() {
+#ifdef PEFT_MERGE_X86
+  if (peft::kernels::supported_level() >= Level::avx512) return &avx512_impl::table;
+#endif
+  return nullptr;
+}
+
+const Table& active() {
+  static const Table& chosen = []() -> const Table& {
+    const Level level = peft::kernels::chosen_level();
+    if (const Table* t = x86_avx512(); t != nullptr && level >= Level::avx512) return *t;
+    if (const Table* t = x86_avx2(); t != nullptr && level >= Level::avx2) return *t;
+    return portable();
+  }();
+  return chosen;
+}
+
+}  // namespace peft::merge::kernels

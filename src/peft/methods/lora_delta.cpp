@@ -1,0 +1,114 @@
+// Plain LoRA: the delta itself, merging it into a weight and taking it out again, and lora_bias.
+// No floating-point contraction here: PEFT rounds lora_B.bias * scaling to f32 before the add.
+#include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/bf16.hpp"
+#include "core/error.hpp"
+#include "core/f16.hpp"
+#include "peft/methods/lora_engine.hpp"
+#include "peft/methods/lora_math.hpp"
+
+namespace peft::merge {
+
+using detail::PreparedTerms;
+
+void compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms, float* out,
+                   const ExecOptions& exec) {
+  const PreparedTerms p = detail::prepare(layout, terms, false);
+  if (out == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "compute_delta: output buffer is null");
+  const kernels::Table& k = kernels::active();
+  const int64_t block_rows = p.block_rows();
+  const int64_t blocks = (p.rows + block_rows - 1) / block_rows;
+  parallel_tasks(blocks, detail::threads_for(exec, p.rows, p.cols, blocks), [&](int64_t block, unsigned) {
+    const int64_t row0 = block * block_rows;
+    p.delta_rows(k, row0, std::min(block_rows, p.rows - row0), out + row0 * p.cols);
+  });
+}
+
+std::vector<float> compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms,
+                                 const ExecOptions& exec) {
+  detail::prepare(layout, terms, false);  // validate before allocating rows x cols
+  std::vector<float> out(static_cast<size_t>(layout.rows() * layout.cols()));
+  compute_delta(layout, terms, out.data(), exec);
+  return out;
+}
+
+namespace {
+
+void apply_plain(const WeightView& weight, const DeltaLayout& layout, std::span<const LoraFactors> terms,
+                 const ExecOptions& exec, bool negate) {
+  const kernels::Storage s = detail::check_view(weight, layout.rows(), layout.cols(), "LoRA merge target");
+  const PreparedTerms p = detail::prepare(layout, terms, negate);
+  const kernels::Table& k = kernels::active();
+  const int64_t cols = p.cols;
+  detail::for_each_row(weight, s, p, exec,
+                       [&](int64_t, void* row, const float* d) { k.add_rounded(s, row, d, cols); });
+}
+
+float load_value(DType dtype, const unsigned char* p) {
+  uint16_t h = 0;
+  switch (dtype) {
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::BF16: std::memcpy(&h, p, 2); return bf16_to_f32(h);
+    default: std::memcpy(&h, p, 2); return f16_to_f32(h);
+  }
+}
+
+void store_value(DType dtype, unsigned char* p, float v) {
+  uint16_t h = 0;
+  switch (dtype) {
+    case DType::F32: std::memcpy(p, &v, 4); return;
+    case DType::BF16: h = f32_to_bf16(v); break;
+    default: h = f32_to_f16(v); break;
+  }
+  std::memcpy(p, &h, 2);
+}
+
+}  // namespace
+
+void add_delta(const WeightView& weight, const DeltaLayout& layout, std::span<const LoraFactors> terms,
+               const ExecOptions& exec) {
+  apply_plain(weight, layout, terms, exec, false);
+}
+
+void subtract_delta(const WeightView& weight, const DeltaLayout& layout, std::span<const LoraFactors> terms,
+                    const ExecOptions& exec) {
+  apply_plain(weight, layout, terms, exec, true);
+}
+
+void add_lora_bias(const WeightView& bias, const float* lora_b_bias, double coefficient, bool subtract,
+                   const RowSink* row_sink) {
+  const kernels::Storage s = detail::storage_of(bias.dtype, "LoRA bias target");
+  if (bias.rows != 1 || bias.cols < 1)
+    fail(PEFT_ERR_SHAPE_MISMATCH, "LoRA bias target must be 1 x out, got " + std::to_string(bias.rows) + " x " +
+                                      std::to_string(bias.cols));
+  if (bias.data == nullptr || lora_b_bias == nullptr)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "LoRA bias: bias or lora_B.bias is null");
+  const size_t esize = detail::element_size(s);
+  const size_t bytes = static_cast<size_t>(bias.cols) * esize;
+  std::vector<unsigned char> work(bytes);
+  auto* data = static_cast<unsigned char*>(bias.data);
+  std::memcpy(work.data(), data, bytes);
+  const float c = static_cast<float>(coefficient);
+  for (int64_t j = 0; j < bias.cols; ++j) {
+    unsigned char* p = work.data() + static_cast<size_t>(j) * esize;
+    const float product = lora_b_bias[j] * c;  // lora_B.bias * scaling, an f32 tensor
+    const float b = load_value(bias.dtype, p);
+    store_value(bias.dtype, p, subtract ? b - product : b + product);
+  }
+  if (std::memcmp(work.data(), data, bytes) == 0) return;
+  if (row_sink != nullptr) (*row_sink)(0, data, bytes);
+  std::memcpy(data, work.data(), bytes);
+}
+
+const char* kernel_name() { return kernels::active().name; }
+
+}  // namespace peft::merge

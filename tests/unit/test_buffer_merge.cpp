@@ -1,0 +1,213 @@
+// BufferMerge: merging into a host's buffers and taking the merge out again, exactly (saved rows)
+// or arithmetically (PEFT's unmerge), with weights, DoRA, lora_bias, misuse and concurrency.
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "core/error.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
+#include "test_merge_math_support.hpp"
+
+using namespace merge_test;
+namespace pm = peft::merge;
+using peft::BufferMergeOptions;
+using peft::BufferMergeModule;
+using peft::BufferMerge;
+
+namespace {
+
+struct Fixture {
+  pm::ModuleKind kind;
+  int64_t out, in, rank;
+  Term term;
+  std::vector<float> magnitude, lora_bias;
+  BufferMergeModule module(bool dora, bool bias) const {
+    BufferMergeModule m;
+    m.layout = pm::layout_for(kind, out, in);
+    m.lora_a = term.a.data();
+    m.lora_b = term.b.data();
+    m.rank = rank;
+    m.scaling = term.coefficient;
+    m.magnitude = dora ? magnitude.data() : nullptr;
+    m.lora_bias = bias ? lora_bias.data() : nullptr;
+    return m;
+  }
+};
+
+Fixture make_fixture(pm::ModuleKind kind, int64_t out, int64_t in, int64_t rank, uint32_t seed) {
+  Fixture f{kind, out, in, rank, random_term(rank, static_cast<size_t>(rank * in), static_cast<size_t>(out * rank), 2.0, seed),
+            random_floats(static_cast<size_t>(out), seed + 2), random_floats(static_cast<size_t>(out), seed + 3)};
+  for (auto& m : f.magnitude) m = 1.0f + std::fabs(m);
+  return f;
+}
+
+int32_t code_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const peft::Error& e) {
+    return e.code();
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("inmemory merge: keeping original rows restores the buffer bit for bit") {
+  for (pm::ModuleKind kind : {pm::ModuleKind::linear, pm::ModuleKind::conv1d_gpt2, pm::ModuleKind::embedding}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (bool dora : {false, true}) {
+        CAPTURE(static_cast<int>(kind));
+        CAPTURE(peft::dtype_name(dtype));
+        CAPTURE(dora);
+        const Fixture fx = make_fixture(kind, 70, 90, 8, 1000);
+        const bool with_bias = kind != pm::ModuleKind::embedding;
+        const BufferMergeModule m = fx.module(dora, with_bias);
+        Buffer w = random_buffer(dtype, 70 * 90, 1001);
+        Buffer b = random_buffer(dtype, 70, 1002);
+        const Buffer w0 = w, b0 = b;
+        auto wv = w.view(m.layout.rows(), m.layout.cols());
+        auto bv = b.view(1, 70);
+        BufferMerge r = BufferMerge::apply(wv, &bv, m, {.weight = 0.75, .keep_original_rows = true});
+        CHECK(r.active());
+        CHECK(r.saved_rows() == m.layout.rows());
+        CHECK(count_different(w, w0) > w.size() / 2);
+        // The merge itself is the library's merge with coefficient weight * scaling.
+        Buffer expect = w0;
+        const pm::LoraFactors f{m.lora_a, m.lora_b, m.rank, 0.75 * m.scaling};
+        if (dora)
+          pm::dora_merge(expect.view(m.layout.rows(), m.layout.cols()), m.layout, {&f, 1}, m.magnitude);
+        else
+          pm::add_delta(expect.view(m.layout.rows(), m.layout.cols()), m.layout, {&f, 1});
+        CHECK(same_bytes(w, expect));
+        r.remove(wv, &bv);
+        CHECK_FALSE(r.active());
+        CHECK(same_bytes(w, w0));
+        CHECK(same_bytes(b, b0));
+      }
+    }
+  }
+}
+
+TEST_CASE("inmemory merge: without saved rows, removal is PEFT's arithmetic unmerge") {
+  const Fixture fx = make_fixture(pm::ModuleKind::linear, 50, 64, 4, 2000);
+  for (bool dora : {false, true}) {
+    CAPTURE(dora);
+    const BufferMergeModule m = fx.module(dora, true);
+    Buffer w = random_buffer(DType::BF16, 50 * 64, 2001), b = random_buffer(DType::BF16, 50, 2002);
+    const Buffer w0 = w;
+    auto wv = w.view(50, 64);
+    auto bv = b.view(1, 50);
+    BufferMerge r = BufferMerge::apply(wv, &bv, m);
+    CHECK(r.saved_bytes() == 0);
+    CHECK(r.dora_norm().size() == (dora ? 50u : 0u));
+    Buffer expect = w, expect_b = b;
+    const pm::LoraFactors f{m.lora_a, m.lora_b, m.rank, m.scaling};
+    if (dora)
+      pm::dora_unmerge(expect.view(50, 64), m.layout, {&f, 1}, m.magnitude, r.dora_norm().data());
+    else
+      pm::subtract_delta(expect.view(50, 64), m.layout, {&f, 1});
+    pm::add_lora_bias(expect_b.view(1, 50), m.lora_bias, m.scaling, true);
+    r.remove(wv, &bv);
+    CHECK(same_bytes(w, expect));
+    CHECK(same_bytes(b, expect_b));
+    // Close to the original, but bf16 rounding leaves last-bit differences.
+    for (size_t i = 0; i < w.size(); ++i) CHECK(std::fabs(w.get(i) - w0.get(i)) <= 0.02f * (1 + std::fabs(w0.get(i))));
+  }
+}
+
+TEST_CASE("inmemory merge: stacked merges come off in reverse order, and only then") {
+  const Fixture a = make_fixture(pm::ModuleKind::linear, 40, 48, 4, 3000);
+  const Fixture b = make_fixture(pm::ModuleKind::linear, 40, 48, 2, 3100);
+  Buffer w = random_buffer(DType::F16, 40 * 48, 3001);
+  const Buffer w0 = w;
+  auto wv = w.view(40, 48);
+  BufferMerge ra = BufferMerge::apply(wv, nullptr, a.module(false, false), {.keep_original_rows = true});
+  BufferMerge rb = BufferMerge::apply(wv, nullptr, b.module(true, false), {.weight = -0.5, .keep_original_rows = true});
+  const Buffer merged = w;
+  // Removing the first merge while the second is still in: refused, nothing changes.
+  CHECK(code_of([&] { ra.remove(wv, nullptr); }) == PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(ra.active());
+  CHECK(same_bytes(w, merged));
+  rb.remove(wv, nullptr);
+  ra.remove(wv, nullptr);
+  CHECK(same_bytes(w, w0));
+  CHECK(code_of([&] { ra.remove(wv, nullptr); }) == PEFT_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("inmemory merge: only changed rows are kept") {
+  Fixture fx = make_fixture(pm::ModuleKind::linear, 64, 32, 3, 4000);
+  for (int64_t o = 10; o < 64; ++o)
+    for (int64_t k = 0; k < 3; ++k) fx.term.b[static_cast<size_t>(o * 3 + k)] = 0.0f;
+  Buffer w = random_buffer(DType::BF16, 64 * 32, 4001);
+  const Buffer w0 = w;
+  auto wv = w.view(64, 32);
+  BufferMerge r = BufferMerge::apply(wv, nullptr, fx.module(false, false), {.keep_original_rows = true});
+  CHECK(r.saved_rows() <= 10);
+  CHECK(r.saved_rows() >= 8);
+  CHECK(r.saved_bytes() == static_cast<size_t>(r.saved_rows()) * 32 * 2);
+  r.remove(wv, nullptr);
+  CHECK(same_bytes(w, w0));
+}
+
+TEST_CASE("inmemory merge: bad calls change nothing") {
+  const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 5000);
+  Buffer w = random_buffer(DType::BF16, 16 * 24, 5001);
+  const Buffer w0 = w;
+  auto wv = w.view(16, 24);
+  // lora_bias without a bias buffer; wrong shapes; unsupported dtype.
+  CHECK(code_of([&] { BufferMerge::apply(wv, nullptr, fx.module(false, true)); }) == PEFT_ERR_INVALID_ARGUMENT);
+  Buffer small_bias = random_buffer(DType::BF16, 8, 5002);
+  auto sbv = small_bias.view(1, 8);
+  CHECK(code_of([&] { BufferMerge::apply(wv, &sbv, fx.module(false, true)); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(code_of([&] { BufferMerge::apply(w.view(24, 16), nullptr, fx.module(false, false)); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(code_of([&] { BufferMerge::apply({w.bytes.data(), DType::I16, 16, 24}, nullptr, fx.module(false, false)); }) ==
+        PEFT_ERR_UNSUPPORTED);
+  CHECK(same_bytes(w, w0));
+  // Removal from a buffer of another dtype or shape; an empty record.
+  BufferMerge r = BufferMerge::apply(wv, nullptr, fx.module(false, false), {.keep_original_rows = true});
+  CHECK(code_of([&] { r.remove({w.bytes.data(), DType::F16, 16, 24}, nullptr); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(code_of([&] { r.remove(w.view(8, 48), nullptr); }) == PEFT_ERR_SHAPE_MISMATCH);
+  BufferMerge empty;
+  CHECK(code_of([&] { empty.remove(wv, nullptr); }) == PEFT_ERR_INVALID_ARGUMENT);
+  r.remove(wv, nullptr);
+  CHECK(same_bytes(w, w0));
+}
+
+TEST_CASE("inmemory merge: the record keeps the factors' owner alive") {
+  auto owner = std::make_shared<Fixture>(make_fixture(pm::ModuleKind::linear, 8, 8, 2, 6000));
+  BufferMergeModule m = owner->module(false, false);
+  m.keep_alive = owner;
+  Buffer w = random_buffer(DType::F32, 64, 6001);
+  auto wv = w.view(8, 8);
+  BufferMerge r = BufferMerge::apply(wv, nullptr, m);
+  m = BufferMergeModule();
+  CHECK(owner.use_count() == 2);
+  r.remove(wv, nullptr);
+  CHECK(owner.use_count() == 1);
+}
+
+TEST_CASE("inmemory merge: records on different buffers work concurrently") {
+  const Fixture fx = make_fixture(pm::ModuleKind::conv1d_gpt2, 300, 200, 16, 7000);
+  const BufferMergeModule m = fx.module(true, false);
+  constexpr int kThreads = 4;
+  std::vector<Buffer> buffers, originals;
+  for (int i = 0; i < kThreads; ++i) {
+    buffers.push_back(random_buffer(i % 2 ? DType::BF16 : DType::F32, 300 * 200, 7100 + static_cast<uint32_t>(i)));
+    originals.push_back(buffers.back());
+  }
+  std::vector<int> ok(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i)
+    threads.emplace_back([&, i] {
+      auto wv = buffers[static_cast<size_t>(i)].view(200, 300);
+      bool good = true;
+      for (int rep = 0; rep < 4; ++rep) {
+        BufferMerge r = BufferMerge::apply(wv, nullptr, m, {.weight = 1.0 + rep, .keep_original_rows = true, .threads = 2});
+        r.remove(wv, nullptr);
+        good = good && same_bytes(buffers[static_cast<size_t>(i)], originals[static_cast<size_t>(i)]);
+      }
+      ok[static_cast<size_t>(i)] = good;
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) CHECK(ok[static_cast<size_t>(i)] == 1);
+}
