@@ -7,7 +7,7 @@
 * random JSON in a config (unicode, control characters, floats of every magnitude) comes out exactly as
   Python's json.dumps writes it;
 * `--dtype` exports hold torch's conversions; `--peft-version 0.13` configs carry only fields PEFT 0.13 knows
-  (peft.md section 1.2) and still give the source adapter's logits;
+  (docs/peft-semantics.md, "Fields per PEFT release") and still give the source adapter's logits;
 * combinations equal PEFT's own `add_weighted_adapter` ("cat" and "linear") on the same base: the factors,
   the merged delta weights, and a forward pass.
 
@@ -47,7 +47,8 @@ REFUSED_AT_OPEN = {"mixtral_target_parameters"}  # LoRA on nn.Parameter: peft_c 
 # The reference stack cannot load these (transformers 4 module names on a transformers 5 model).
 NOT_LOADABLE = {"vit_lora_v4_names"}
 
-# LoraConfig + base config fields of PEFT 0.13 (peft.md section 1.2, extracted from the v0.13.0 tag).
+# LoraConfig + base config fields of PEFT 0.13 (docs/peft-semantics.md, "Fields per PEFT release";
+# extracted from the v0.13.0 tag).
 FIELDS_013 = {
     "task_type", "peft_type", "auto_mapping", "base_model_name_or_path", "revision", "inference_mode",
     "r", "target_modules", "lora_alpha", "lora_dropout", "fan_in_fan_out", "bias", "use_rslora",

@@ -11,7 +11,8 @@ using namespace export_test;
 
 namespace {
 
-// LoraConfig + base fields per release, from peft.md section 1.2 (extracted from each tag).
+// LoraConfig + base fields per release (docs/peft-semantics.md, "Fields per PEFT release"; extracted
+// from each tag).
 const std::set<std::string> kFields013 = {
     "task_type", "peft_type", "auto_mapping", "base_model_name_or_path", "revision", "inference_mode",
     "r", "target_modules", "lora_alpha", "lora_dropout", "fan_in_fan_out", "bias", "use_rslora",

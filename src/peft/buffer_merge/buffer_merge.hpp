@@ -1,6 +1,6 @@
 // Buffer merge: merging an adapter module into weight buffers a host (a running server) owns, and
 // taking it out again, so the host can swap adapters without reloading the base model (the C API's
-// peft_merge_buffer_* with its peft_merge_record handle; DESIGN.md "Merge in memory").
+// peft_merge_buffer_* with its peft_merge_record handle; docs/architecture.md, "Merge into host buffers and back").
 //
 //   BufferMerge m = BufferMerge::apply(weight, &bias, module, {.weight = 0.5,
 //                                                             .keep_original_rows = true});

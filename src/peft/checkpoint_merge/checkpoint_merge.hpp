@@ -1,4 +1,5 @@
-// Merging adapters into a checkpoint on disk, streaming (DESIGN.md "Merge a checkpoint"):
+// Merging adapters into a checkpoint on disk, streaming (docs/architecture.md, "Merge a checkpoint,
+// streaming"):
 //
 //   base folder + adapters (+ weights) -> a folder that transformers' from_pretrained loads unchanged
 //

@@ -19,8 +19,8 @@ using Json = nlohmann::ordered_json;
 constexpr int kOldestKnownMinor = 13;
 constexpr int kNewestKnownMinor = 21;
 
-// The release (0.minor) that introduced each field PEFT writes for LoRA (peft.md section 1.2,
-// checked against the installed 0.21.2 for the newest ones). runtime_config is never written.
+// The release (0.minor) that introduced each field PEFT writes for LoRA (docs/peft-semantics.md,
+// "Fields per PEFT release"; checked against the installed 0.21.2 for the newest ones). runtime_config is never written.
 struct FieldSince {
   const char* name;
   int minor;

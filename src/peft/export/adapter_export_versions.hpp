@@ -1,7 +1,8 @@
 // The adapter_config.json an exported adapter gets, and what "for PEFT X.Y" means.
 //
-// Every PEFT release knows a fixed set of LoraConfig fields (peft.md section 1.2): 0.13 knows 24,
-// each release since adds some (0.14 exclude_modules, eva_config, lora_bias; ... 0.21 kasa_config).
+// Every PEFT release knows a fixed set of LoraConfig fields (docs/peft-semantics.md, "Fields per
+// PEFT release"): 0.13 knows 24, each release since adds some (0.14 exclude_modules, eva_config,
+// lora_bias; ... 0.21 kasa_config).
 // PEFT 0.13 and older raise TypeError on a field they do not know; 0.14+ drop it with a warning.
 // Exporting for a version therefore writes only the fields that version knows, and refuses
 // (PEFT_ERR_UNSUPPORTED naming the field) when leaving a field out would change what the adapter

@@ -11,7 +11,7 @@
 // where c is the adapter's scaling (lora_alpha / r, or / sqrt(r) with rslora) times the caller's
 // weight. A DoRA magnitude has one entry per row of B (out for Linear/Conv/Conv1D, dim for
 // Embedding) and the DoRA norm is taken over the other axis of B @ A: the rows of storage when it
-// is not transposed, the columns when it is (peft.md section 3.5).
+// is not transposed, the columns when it is (docs/peft-semantics.md, "DoRA").
 //
 // Numerics, chosen to match PEFT's default path (adapters autocast to f32, CPU merge):
 // - B @ A is accumulated in f32 with fused multiply-adds, k = 0..rank-1 in order, then multiplied
