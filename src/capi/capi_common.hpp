@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "peft_c.h"
 
@@ -80,6 +82,17 @@ inline std::vector<int64_t> buffer_shape(const uint64_t* shape, size_t ndim, con
     dims.push_back(static_cast<int64_t>(shape[i]));
   }
   return dims;
+}
+
+// An option that chooses an output dtype: PEFT_DTYPE_KEEP gives nothing (each tensor keeps its own),
+// F32, BF16 and F16 themselves; anything else is PEFT_ERR_INVALID_ARGUMENT "<what> must be ...".
+inline std::optional<peft::DType> output_dtype_option(int32_t dtype, const std::string& what) {
+  if (dtype == PEFT_DTYPE_KEEP) return std::nullopt;
+  if (dtype != PEFT_DTYPE_F32 && dtype != PEFT_DTYPE_BF16 && dtype != PEFT_DTYPE_F16)
+    peft::fail(PEFT_ERR_INVALID_ARGUMENT,
+               what + " must be PEFT_DTYPE_KEEP, PEFT_DTYPE_F32, PEFT_DTYPE_BF16 or PEFT_DTYPE_F16, not " +
+                   std::to_string(dtype));
+  return static_cast<peft::DType>(dtype);
 }
 
 // Fills a struct whose first field, `uint64_t size`, the caller set to the size of the struct it

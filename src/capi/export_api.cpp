@@ -26,14 +26,7 @@ void peft_export_options_free(peft_export_options* opts) { delete opts; }
 peft_error* peft_export_options_set_dtype(peft_export_options* opts, int32_t dtype) {
   return guarded([&] {
     require_arg(opts, "opts");
-    if (dtype == -1) {
-      opts->impl.dtype.reset();
-      return;
-    }
-    if (dtype != PEFT_DTYPE_F32 && dtype != PEFT_DTYPE_BF16 && dtype != PEFT_DTYPE_F16)
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "export dtype " + std::to_string(dtype) +
-                                                " is not PEFT_DTYPE_F32, PEFT_DTYPE_BF16, PEFT_DTYPE_F16 or -1");
-    opts->impl.dtype = static_cast<peft::DType>(dtype);
+    opts->impl.dtype = peft::capi::output_dtype_option(dtype, "the export dtype");
   });
 }
 

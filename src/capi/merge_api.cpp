@@ -72,14 +72,7 @@ peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts, const c
 peft_error* peft_merge_options_set_dtype(peft_merge_options* opts, int32_t dtype) {
   return guarded([&] {
     require_arg(opts, "opts");
-    if (dtype == PEFT_MERGE_DTYPE_KEEP) {
-      opts->impl.dtype.reset();
-    } else if (dtype == PEFT_DTYPE_F32 || dtype == PEFT_DTYPE_BF16 || dtype == PEFT_DTYPE_F16) {
-      opts->impl.dtype = static_cast<peft::DType>(dtype);
-    } else {
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge output dtype must be PEFT_MERGE_DTYPE_KEEP, F32, BF16 or "
-                                            "F16, not " + std::to_string(dtype));
-    }
+    opts->impl.dtype = peft::capi::output_dtype_option(dtype, "the merge output dtype");
   });
 }
 
