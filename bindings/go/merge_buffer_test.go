@@ -12,7 +12,7 @@ import (
 	peft "github.com/peft-c/peft_c/bindings/go"
 )
 
-// The in-memory merge of one layer gives the bytes the checkpoint merge writes, and removing it
+// The buffer merge of one layer gives the bytes the checkpoint merge writes, and removing it
 // with the original rows kept restores the buffer bit for bit.
 func TestMergeBufferMatchesCheckpointMerge(t *testing.T) {
 	base := fixture("models", "llama")

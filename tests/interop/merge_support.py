@@ -1,4 +1,4 @@
-"""Helpers of test_merge_pipeline.py: running `peftc merge`, building PEFT's merged model, and
+"""Helpers of test_checkpoint_merge.py: running `peftc merge`, building PEFT's merged model, and
 comparing weights and logits.
 
 Imported by the test module (pytest puts this folder on sys.path), not a conftest: the helpers need

@@ -52,7 +52,7 @@ int32_t code_of(const std::function<void()>& fn) {
 
 }  // namespace
 
-TEST_CASE("inmemory merge: keeping original rows restores the buffer bit for bit") {
+TEST_CASE("buffer merge: keeping original rows restores the buffer bit for bit") {
   for (pm::ModuleKind kind : {pm::ModuleKind::linear, pm::ModuleKind::conv1d_gpt2, pm::ModuleKind::embedding}) {
     for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       for (bool dora : {false, true}) {
@@ -88,7 +88,7 @@ TEST_CASE("inmemory merge: keeping original rows restores the buffer bit for bit
   }
 }
 
-TEST_CASE("inmemory merge: without saved rows, removal is PEFT's arithmetic unmerge") {
+TEST_CASE("buffer merge: without saved rows, removal is PEFT's arithmetic unmerge") {
   const Fixture fx = make_fixture(pm::ModuleKind::linear, 50, 64, 4, 2000);
   for (bool dora : {false, true}) {
     CAPTURE(dora);
@@ -115,7 +115,7 @@ TEST_CASE("inmemory merge: without saved rows, removal is PEFT's arithmetic unme
   }
 }
 
-TEST_CASE("inmemory merge: stacked merges come off in reverse order, and only then") {
+TEST_CASE("buffer merge: stacked merges come off in reverse order, and only then") {
   const Fixture a = make_fixture(pm::ModuleKind::linear, 40, 48, 4, 3000);
   const Fixture b = make_fixture(pm::ModuleKind::linear, 40, 48, 2, 3100);
   Buffer w = random_buffer(DType::F16, 40 * 48, 3001);
@@ -134,7 +134,7 @@ TEST_CASE("inmemory merge: stacked merges come off in reverse order, and only th
   CHECK(code_of([&] { ra.remove(wv, nullptr); }) == PEFT_ERR_INVALID_ARGUMENT);
 }
 
-TEST_CASE("inmemory merge: only changed rows are kept") {
+TEST_CASE("buffer merge: only changed rows are kept") {
   Fixture fx = make_fixture(pm::ModuleKind::linear, 64, 32, 3, 4000);
   for (int64_t o = 10; o < 64; ++o)
     for (int64_t k = 0; k < 3; ++k) fx.term.b[static_cast<size_t>(o * 3 + k)] = 0.0f;
@@ -149,7 +149,7 @@ TEST_CASE("inmemory merge: only changed rows are kept") {
   CHECK(same_bytes(w, w0));
 }
 
-TEST_CASE("inmemory merge: bad calls change nothing") {
+TEST_CASE("buffer merge: bad calls change nothing") {
   const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 5000);
   Buffer w = random_buffer(DType::BF16, 16 * 24, 5001);
   const Buffer w0 = w;
@@ -173,7 +173,7 @@ TEST_CASE("inmemory merge: bad calls change nothing") {
   CHECK(same_bytes(w, w0));
 }
 
-TEST_CASE("inmemory merge: the record keeps the factors' owner alive") {
+TEST_CASE("buffer merge: the record keeps the factors' owner alive") {
   auto owner = std::make_shared<Fixture>(make_fixture(pm::ModuleKind::linear, 8, 8, 2, 6000));
   BufferMergeModule m = owner->module(false, false);
   m.keep_alive = owner;
@@ -186,7 +186,7 @@ TEST_CASE("inmemory merge: the record keeps the factors' owner alive") {
   CHECK(owner.use_count() == 1);
 }
 
-TEST_CASE("inmemory merge: records on different buffers work concurrently") {
+TEST_CASE("buffer merge: records on different buffers work concurrently") {
   const Fixture fx = make_fixture(pm::ModuleKind::conv1d_gpt2, 300, 200, 16, 7000);
   const BufferMergeModule m = fx.module(true, false);
   constexpr int kThreads = 4;

@@ -17,7 +17,7 @@
 #include "peft/buffer_merge/layer_module.hpp"
 #include "serve/host_model.hpp"
 #include "serve/registry.hpp"
-#include "test_merge_pipeline_support.hpp"
+#include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;
 using peft::DType;

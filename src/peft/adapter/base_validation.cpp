@@ -1,3 +1,4 @@
+// Checking each adapter module against the base model's weights (base_validation.hpp).
 #include "peft/adapter/base_validation.hpp"
 
 #include <filesystem>

@@ -15,7 +15,7 @@ size_t element_bytes(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
 
 void check_dtype(DType dtype, const char* what) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
-    fail(PEFT_ERR_UNSUPPORTED, std::string(what) + ": in-memory merge into " + std::string(dtype_name(dtype)) +
+    fail(PEFT_ERR_UNSUPPORTED, std::string(what) + ": buffer merge into " + std::string(dtype_name(dtype)) +
                                    " is not supported (F32, BF16 and F16 are)");
 }
 
@@ -57,10 +57,10 @@ void reserve_or_fail(std::vector<T>& v, size_t count, const char* what) {
   try {
     v.reserve(count);
   } catch (const std::bad_alloc&) {
-    fail(PEFT_ERR_OUT_OF_MEMORY, std::string("in-memory merge: cannot allocate ") + std::to_string(count * sizeof(T)) +
+    fail(PEFT_ERR_OUT_OF_MEMORY, std::string("buffer merge: cannot allocate ") + std::to_string(count * sizeof(T)) +
                                      " bytes to keep " + what);
   } catch (const std::length_error&) {
-    fail(PEFT_ERR_OUT_OF_MEMORY, std::string("in-memory merge: too many bytes to keep ") + what);
+    fail(PEFT_ERR_OUT_OF_MEMORY, std::string("buffer merge: too many bytes to keep ") + what);
   }
 }
 
@@ -73,20 +73,20 @@ merge::LoraFactors factors_of(const BufferMergeModule& m, double coefficient) {
 BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::WeightView* bias,
                                const BufferMergeModule& module, const BufferMergeOptions& options) {
   const merge::DeltaLayout& layout = module.layout;
-  if (layout.out < 1 || layout.in < 1) fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory merge: module layout is empty");
-  check_view(weight, layout.rows(), layout.cols(), "in-memory merge: weight");
+  if (layout.out < 1 || layout.in < 1) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module layout is empty");
+  check_view(weight, layout.rows(), layout.cols(), "buffer merge: weight");
   if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1)
-    fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory merge: module has no lora_A/lora_B factors");
+    fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module has no lora_A/lora_B factors");
   const bool with_bias = module.lora_bias != nullptr;
   if (with_bias) {
     if (bias == nullptr)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory merge: the module has a lora_B bias but no bias buffer was given");
-    check_view(*bias, 1, layout.out, "in-memory merge: bias");
+      fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: the module has a lora_B bias but no bias buffer was given");
+    check_view(*bias, 1, layout.out, "buffer merge: bias");
   }
 
   BufferMerge record;
   record.module_ = module;
-  record.coefficient_ = merge::lora_coefficient(options.weight, module.scaling, "in-memory merge");
+  record.coefficient_ = merge::lora_coefficient(options.weight, module.scaling, "buffer merge");
   record.threads_ = options.threads;
   record.keep_rows_ = options.keep_original_rows;
   record.dtype_ = weight.dtype;
@@ -148,17 +148,17 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
 }
 
 void BufferMerge::check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const {
-  if (!active_) fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory unmerge: the record holds no merge (already removed?)");
+  if (!active_) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: the record holds no merge (already removed?)");
   if (weight.dtype != dtype_)
-    fail(PEFT_ERR_SHAPE_MISMATCH, "in-memory unmerge: weight is " + std::string(dtype_name(weight.dtype)) +
+    fail(PEFT_ERR_SHAPE_MISMATCH, "buffer unmerge: weight is " + std::string(dtype_name(weight.dtype)) +
                                       " but was merged as " + std::string(dtype_name(dtype_)));
-  check_view(weight, module_.layout.rows(), module_.layout.cols(), "in-memory unmerge: weight");
+  check_view(weight, module_.layout.rows(), module_.layout.cols(), "buffer unmerge: weight");
   if (module_.lora_bias != nullptr) {
-    if (bias == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory unmerge: the merge changed a bias; pass it");
+    if (bias == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: the merge changed a bias; pass it");
     if (bias->dtype != bias_dtype_)
-      fail(PEFT_ERR_SHAPE_MISMATCH, "in-memory unmerge: bias is " + std::string(dtype_name(bias->dtype)) +
+      fail(PEFT_ERR_SHAPE_MISMATCH, "buffer unmerge: bias is " + std::string(dtype_name(bias->dtype)) +
                                         " but was merged as " + std::string(dtype_name(bias_dtype_)));
-    check_view(*bias, 1, module_.layout.out, "in-memory unmerge: bias");
+    check_view(*bias, 1, module_.layout.out, "buffer unmerge: bias");
   }
 }
 
@@ -171,12 +171,12 @@ void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightVie
     for (size_t i = 0; i < saved_row_index_.size(); ++i) {
       const unsigned char* row = base + static_cast<size_t>(saved_row_index_[i]) * row_bytes;
       if (hash_bytes(row, row_bytes) != merged_row_hash_[i])
-        fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory unmerge: row " + std::to_string(saved_row_index_[i]) +
+        fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: row " + std::to_string(saved_row_index_[i]) +
                                             " of the weight changed after this merge (remove later merges first)");
     }
     if (!saved_bias_.empty() &&
         hash_bytes(static_cast<const unsigned char*>(bias->data), saved_bias_.size()) != merged_bias_hash_)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "in-memory unmerge: the bias changed after this merge (remove later merges first)");
+      fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: the bias changed after this merge (remove later merges first)");
     for (size_t i = 0; i < saved_row_index_.size(); ++i)
       std::memcpy(base + static_cast<size_t>(saved_row_index_[i]) * row_bytes, saved_bytes_.data() + i * row_bytes,
                   row_bytes);

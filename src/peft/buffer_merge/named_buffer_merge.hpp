@@ -1,6 +1,6 @@
 // A buffer merge as a host asks for one (peft_merge_buffer_apply()): the adapter module that the
-// host's name for a weight addresses (merge_pipeline_inmemory.hpp), merged into the host's weight
-// buffer and, for a lora_B.bias, its bias buffer (BufferMerge, inmemory_merge.hpp), together with
+// host's name for a weight addresses (layer_module.hpp), merged into the host's weight
+// buffer and, for a lora_B.bias, its bias buffer (BufferMerge, buffer_merge.hpp), together with
 // what taking it out again needs: the buffers' dtypes and shapes.
 #pragma once
 

@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 #include "safetensors/writer.hpp"
-#include "test_merge_pipeline_support.hpp"
+#include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;
 

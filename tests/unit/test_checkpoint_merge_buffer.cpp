@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
-#include "test_merge_pipeline_support.hpp"
+#include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;
 

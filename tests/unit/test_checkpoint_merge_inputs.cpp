@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "test_merge_pipeline_support.hpp"
+#include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;
 

@@ -10,7 +10,7 @@
 #include "core/error.hpp"
 #include "safetensors/checkpoint_layout.hpp"
 #include "safetensors/sharded_writer.hpp"
-#include "test_merge_pipeline_support.hpp"
+#include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;
 

@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "test_merge_pipeline_support.hpp"
+#include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;
 using peft::AdapterModule;
