@@ -97,6 +97,29 @@ TEST_CASE("adapter config: fields of the wrong type are INVALID_CONFIG naming th
   check_fails({{"qalora_group_size", "16"}}, PEFT_ERR_INVALID_CONFIG, "qalora_group_size");
 }
 
+TEST_CASE("adapter config: integers beyond 64 bits are refused as written, never wrapped around") {
+  // Python's ints are unbounded; nlohmann reads 2^63 .. 2^64 - 1 as unsigned, which a plain
+  // get<int64_t>() would turn negative.
+  const char* huge = "18446744073709551615";
+  for (const std::string& patch :
+       {std::string(R"("layers_to_transform": [0, )") + huge + "]",
+        std::string(R"("layers_to_transform": )") + huge,
+        std::string(R"("trainable_token_indices": [)") + huge + "]",
+        std::string(R"("rank_pattern": {"q_proj": )") + huge + "}"}) {
+    const std::string text = R"({"peft_type": "LORA", "target_modules": ["q_proj"], )" + patch + "}";
+    Failure f = parse_failure(text);
+    CAPTURE(text);
+    CHECK(f.code == PEFT_ERR_INVALID_CONFIG);
+    CHECK(contains(f.message, std::string("holds ") + huge + ", more than the largest integer"));
+  }
+  // The largest one that fits is read as it is.
+  auto c = peft::LoraConfig::parse(
+      R"({"peft_type": "LORA", "target_modules": ["q_proj"], "layers_to_transform": [9223372036854775807]})", "x");
+  REQUIRE(c.layers_to_transform);
+  CHECK(c.layers_to_transform->at(0) == INT64_MAX);
+  check_fails({{"rank_pattern", {{"q_proj", 0}}}}, PEFT_ERR_INVALID_CONFIG, "rank_pattern");
+}
+
 TEST_CASE("adapter config: values PEFT rejects are INVALID_CONFIG") {
   check_fails({{"bias", "some"}}, PEFT_ERR_INVALID_CONFIG, "bias");
   check_fails({{"task_type", "CLASSIFY"}}, PEFT_ERR_INVALID_CONFIG, "task_type");

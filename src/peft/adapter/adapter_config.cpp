@@ -86,13 +86,18 @@ class FieldReader {
     }
     return out;
   }
+  // An integer of a list or map in `field`; one beyond 2^63 - 1 is refused (Python's are unbounded,
+  // this library's are 64 bits), never wrapped around.
+  int64_t integer(const std::string& field, const Json& item, const char* expected) const {
+    if (!item.is_number_integer()) wrong_type(field, expected);
+    if (item.is_number_unsigned() && item.get<uint64_t>() > uint64_t(INT64_MAX))
+      invalid(field, "holds " + item.dump() + ", more than the largest integer this library handles (2^63 - 1)");
+    return item.get<int64_t>();
+  }
   std::vector<int64_t> int_list(const std::string& field, const Json& v) const {
     if (!v.is_array()) wrong_type(field, "a list of integers");
     std::vector<int64_t> out;
-    for (const Json& item : v) {
-      if (!item.is_number_integer()) wrong_type(field, "a list of integers");
-      out.push_back(item.get<int64_t>());
-    }
+    for (const Json& item : v) out.push_back(integer(field, item, "a list of integers"));
     return out;
   }
   ModuleSelector selector(const char* field) const {
@@ -208,7 +213,7 @@ void read_lists(const FieldReader& f, LoraConfig& c) {
 
   if (const Json* v = f.get("layers_to_transform")) {
     if (v->is_number_integer()) {
-      c.layers_to_transform = std::vector<int64_t>{v->get<int64_t>()};
+      c.layers_to_transform = std::vector<int64_t>{f.integer("layers_to_transform", *v, "an integer or a list")};
       c.layers_to_transform_is_int = true;
     } else {
       c.layers_to_transform = f.int_list("layers_to_transform", *v);
@@ -224,9 +229,10 @@ void read_lists(const FieldReader& f, LoraConfig& c) {
   if (const Json* v = f.get("rank_pattern")) {
     if (!v->is_object()) f.wrong_type("rank_pattern", "an object {pattern: rank}");
     for (const auto& [key, value] : v->items()) {
-      if (!value.is_number_integer() || value.get<int64_t>() <= 0)
+      const int64_t rank = value.is_number_integer() ? f.integer("rank_pattern", value, "") : 0;
+      if (rank <= 0)
         f.invalid("rank_pattern", "entry " + peft::quoted(key) + " must be a positive integer, got " + value.dump());
-      c.rank_pattern.emplace_back(key, value.get<int64_t>());
+      c.rank_pattern.emplace_back(key, rank);
     }
   }
   if (const Json* v = f.get("alpha_pattern")) {
