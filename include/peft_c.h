@@ -24,10 +24,13 @@
  *
  * - **Handles are opaque.** Every object is an incomplete struct type, created by one function and
  *   released by `peft_<type>_free(p)`, which accepts NULL and returns nothing.
- * - **Names.** A function is named `peft_<type>_<verb>` after the handle it acts on, which is its
- *   first argument; constructors are `peft_<type>_new` or `peft_<type>_open`. Where an older name
- *   breaks this rule, the regular name was added beside it and the older one stays, documented as its
- *   alias, with the same behaviour (the function table keeps both).
+ * - **Names.** A function on a handle is named `peft_<type>_<verb>` after that handle, which is its
+ *   first argument; constructors are `peft_<type>_new` or `peft_<type>_open`, destructors
+ *   `peft_<type>_free`. An operation that makes its result from inputs rather than acting on one
+ *   handle is named for the operation (peft_convert(), peft_merge_checkpoint(),
+ *   peft_merge_buffer_apply(), peft_lora_apply()). Where an older name breaks these rules, the regular
+ *   name was added beside it and the older one stays, documented as its alias, with the same
+ *   behaviour (the function table keeps both).
  * - **Argument order.** The handle acted on (or the input it reads) first, then the other inputs,
  *   then options (NULL means the defaults), then a callback followed by its `user_data`, and
  *   out-parameters last.
