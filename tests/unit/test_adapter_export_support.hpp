@@ -16,6 +16,7 @@
 #include "peft/adapter/adapter.hpp"
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/writer.hpp"
+#include "test_error_support.hpp"
 #include "test_writer_support.hpp"
 
 namespace export_test {
@@ -25,17 +26,9 @@ using writer_test::read_file;
 using writer_test::ScratchDir;
 using writer_test::write_file;
 
-// The code a call fails with (PEFT_OK when it succeeds), and its message.
-template <class Body>
-int32_t code_of(const Body& body) {
-  try {
-    body();
-  } catch (const peft::Error& e) {
-    return e.code();
-  }
-  return PEFT_OK;
-}
+using error_test::code_of;
 
+// The message a call fails with ("" when it succeeds).
 template <class Body>
 std::string error_of(const Body& body) {
   try {

@@ -7,7 +7,9 @@
 #include "core/error.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "test_merge_math_support.hpp"
+#include "test_error_support.hpp"
 
+using error_test::code_of;
 using namespace merge_test;
 namespace pm = peft::merge;
 using peft::BufferMergeOptions;
@@ -39,15 +41,6 @@ Fixture make_fixture(pm::ModuleKind kind, int64_t out, int64_t in, int64_t rank,
             random_floats(static_cast<size_t>(out), seed + 2), random_floats(static_cast<size_t>(out), seed + 3)};
   for (auto& m : f.magnitude) m = 1.0f + std::fabs(m);
   return f;
-}
-
-int32_t code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const peft::Error& e) {
-    return e.code();
-  }
-  return 0;
 }
 
 }  // namespace

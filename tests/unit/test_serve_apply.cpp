@@ -21,7 +21,9 @@
 #include "serve/lora_apply.hpp"
 #include "serve/registry.hpp"
 #include "test_merge_math_support.hpp"
+#include "test_error_support.hpp"
 
+using error_test::code_of;
 using merge_test::Buffer;
 using merge_test::random_buffer;
 using peft::DType;
@@ -30,15 +32,6 @@ using peft::serve::LoraBatch;
 using peft::serve::LoraFactors;
 
 namespace {
-
-int32_t code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const peft::Error& e) {
-    return e.code();
-  }
-  return 0;
-}
 
 // One adapter's factors for a layer, in their storage dtype.
 struct Group {

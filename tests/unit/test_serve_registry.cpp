@@ -23,7 +23,9 @@
 #include "serve/loaded_adapter.hpp"
 #include "serve/registry.hpp"
 #include "test_adapter_support.hpp"
+#include "test_error_support.hpp"
 
+using error_test::code_of;
 using peft::Adapter;
 using peft::AdapterModule;
 using peft::AdapterTensor;
@@ -45,15 +47,6 @@ std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   REQUIRE(in);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-int32_t code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const peft::Error& e) {
-    return e.code();
-  }
-  return PEFT_OK;
 }
 
 std::shared_ptr<const Adapter> open_fixture(const std::string& name) { return Adapter::open(kAdapters + name, {}); }
