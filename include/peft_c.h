@@ -674,8 +674,8 @@ PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, si
  *  peft_translator_detect(), peft_merge_options_add_adapter_dir(), peft_merge_checkpoint(),
  *  peft_registry_register()), it also takes a model id of the local Hugging Face hub cache, resolved
  *  as peft_hub_resolve() does: a path that exists is always taken as a path, and an id needs a
- *  namespace there (`org/name`, `org/name@revision`), so that a missing plain folder keeps its
- *  function's error. Nothing is ever downloaded: ids are looked up in the cache that
+ *  namespace there (`org/name`, `org/name@revision`; a name ending in `.safetensors` is a file, never
+ *  an id), so that a missing plain folder or file keeps its function's error. Nothing is ever downloaded: ids are looked up in the cache that
  *  `huggingface_hub`, transformers and PEFT fill, offline.
  *
  *  **The cache** is located as huggingface_hub does (see peft_hub_cache_dir()). A model repository is

@@ -259,8 +259,13 @@ std::string resolve_model_location(const std::string& path_or_id, std::initializ
   std::string location = path_or_id;
   if (!fs::exists(fs::symlink_status(path_or_id, ec))) {
     const std::optional<HubModelId> id = parse_hub_model_id(path_or_id, nullptr);
-    if (!id || id->repo.find('/') == std::string::npos) return path_or_id;  // a missing folder: the caller says so
-    location = resolve_hub_model_id(path_or_id);
+    // A missing folder or file (a name ending in .safetensors is a file): the caller says so.
+    if (!id || id->repo.find('/') == std::string::npos || id->repo.ends_with(".safetensors")) return path_or_id;
+    try {
+      location = resolve_hub_model_id(path_or_id);
+    } catch (const Error& error) {
+      fail(error.code(), "no file or folder " + peft::quoted(path_or_id) + " exists, and as a model id: " + error.what());
+    }
   }
   for (const char* name : files) check_downloaded(location, name, "the file");
   return location;

@@ -44,8 +44,9 @@ std::string resolve_hub_model_id(const std::string& id);
 std::string resolve_path_or_hub_id(const std::string& path_or_id);
 
 // The one function every place that takes a base model or adapter folder calls first: `path_or_id`
-// itself when it exists or cannot be an id with a namespace ("org/name" or "org/name@revision"),
-// so that a missing plain folder keeps its caller's error; else that id's snapshot folder
+// itself when it exists or cannot be an id with a namespace ("org/name" or "org/name@revision";
+// not a name ending in ".safetensors", which is a file), so that a missing plain folder or file
+// keeps its caller's error; else that id's snapshot folder
 // (resolve_hub_model_id's errors). When the folder is a hub snapshot, each of `files` that links
 // to a missing blob is PEFT_ERR_NOT_FOUND (check_downloaded).
 std::string resolve_model_location(const std::string& path_or_id, std::initializer_list<const char*> files = {});
