@@ -13,6 +13,7 @@
  * | @ref strings | Strings and lists the library returns, and how they are released. |
  * | @ref dtypes | The safetensors dtypes and conversions between them. |
  * | @ref reading | Opening, indexing and reading safetensors files and checkpoints. |
+ * | @ref hub | Model ids resolved offline in the Hugging Face hub cache; its snapshots and incomplete downloads. |
  * | @ref writing | Writing safetensors files and checkpoint folders, atomically. |
  * | @ref adapter | PEFT LoRA adapters, translation of module names, validation against a base. |
  * | @ref merge | Merging adapters into checkpoints (streaming) and into host buffers, and back out. |
@@ -433,14 +434,15 @@ PEFT_API peft_error* peft_open_options_set_use_pread(peft_open_options* opts, in
  * there links may lead anywhere inside that repository's folder `models--org--name`. The same rule
  * applies to the other files a merge reads from a base folder (config.json, tokenizer files).
  *
- * @param path A file or folder path (UTF-8).
+ * @param path A file or folder path, or a model id of the hub cache (@ref hub) (UTF-8).
  * @param opts Options, or NULL for the defaults. Not kept after the call.
  * @param[out] out Receives the checkpoint; free it with peft_checkpoint_free().
  * @return NULL on success. Format errors carry the codes #PEFT_ERR_HEADER_TOO_SMALL through
  *         #PEFT_ERR_METADATA_INCOMPLETE_BUFFER; #PEFT_ERR_IO when a file cannot be read;
  *         #PEFT_ERR_INVALID_CHECKPOINT for a wrong index or folder (bad JSON, a name leaving the
  *         folder, a missing shard, a listed tensor absent from its shard, a tensor in two shards);
- *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments. Thread-safe.
+ *         #PEFT_ERR_NOT_FOUND for a model id not in the hub cache or an incomplete download in a
+ *         hub snapshot; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments. Thread-safe.
  */
 PEFT_API peft_error* peft_checkpoint_open(const char* path, const peft_open_options* opts,
                                           peft_checkpoint** out);
@@ -661,6 +663,71 @@ PEFT_API peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, si
  */
 PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, size_t index,
                                                  int32_t dtype, void* dst, uint64_t dst_nbytes);
+
+/** @} */
+
+/* ================================================================================================ */
+/** @defgroup hub Models and adapters in the Hugging Face hub cache
+ *
+ *  Wherever a function takes a base model or adapter folder (peft_checkpoint_open(),
+ *  peft_adapter_open(), peft_adapter_options_set_base_dir(), peft_adapter_validate(),
+ *  peft_translator_detect(), peft_merge_options_add_adapter_dir(), peft_merge_checkpoint(),
+ *  peft_registry_register()), it also takes a model id of the local Hugging Face hub cache, resolved
+ *  as peft_hub_resolve() does: a path that exists is always taken as a path, and an id needs a
+ *  namespace there (`org/name`, `org/name@revision`; a name ending in `.safetensors` is a file, never
+ *  an id), so that a missing plain folder or file keeps its function's error. Nothing is ever downloaded: ids are looked up in the cache that
+ *  `huggingface_hub`, transformers and PEFT fill, offline.
+ *
+ *  **The cache** is located as huggingface_hub does (see peft_hub_cache_dir()). A model repository is
+ *  the folder `models--org--name` in it, with `refs/<branch or tag>` files holding commit hashes,
+ *  `snapshots/<commit>/` folders whose files are relative symbolic links to `../../blobs/<sha256>`,
+ *  and `blobs/`. Reading a snapshot follows those links within the repository's folder; a link
+ *  leading out of it is refused with #PEFT_ERR_INVALID_CHECKPOINT, as in a plain folder.
+ *
+ *  **Incomplete downloads.** In a snapshot, a file that links to a missing blob (often with a partial
+ *  `blobs/<sha256>.incomplete` beside it), or a shard named by the index that is missing, is
+ *  #PEFT_ERR_NOT_FOUND naming the file and saying that the download is incomplete. Plain folders
+ *  keep their usual errors.
+ *
+ *  Thread safety: the functions read the environment and the file system only; they may be called
+ *  from many threads at once (as long as nothing changes the environment meanwhile).
+ *  @{ */
+
+/**
+ * @brief The snapshot folder of a model id in the local hub cache, or a path that exists as it is.
+ *
+ * @p id_or_path is taken as a path when a file or folder of that name exists (relative to the
+ * current directory), and is then returned unchanged. Otherwise it must be a model id: `name` or
+ * `org/name` as huggingface_hub validates them (ASCII letters, digits, `_`, `-`, `.`; each part 1
+ * to 96 characters, starting and ending with a letter, digit or `_`; no `--` or `..`; not ending in
+ * `.git`), optionally followed by `@revision`. The revision (default `main`) is, in this order, a
+ * full 40-digit commit hash (`snapshots/<hash>`), a branch or tag recorded under `refs/` (`main`,
+ * `v1.0`, `refs/pr/3`: the commit the file holds), or a prefix of at least 4 hex digits of exactly
+ * one snapshot's commit. The result is `<cache>/models--org--name/snapshots/<commit>`, the folder
+ * `huggingface_hub.snapshot_download(repo_id, revision=..., local_files_only=True)` returns.
+ *
+ * @param id_or_path A path, or a model id such as `org/name` or `org/name@v1.0` (UTF-8).
+ * @param[out] out_dir Receives the folder; free it with peft_string_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or a text that is neither
+ *         an existing path nor a model id (an absolute path that does not exist, `..`, empty parts,
+ *         more than one `/`), naming the reason; #PEFT_ERR_NOT_FOUND when the repository, the
+ *         revision or its snapshot folder is not in the cache or a short hash matches several
+ *         snapshots, saying what was looked for and in which cache folder, and that nothing is
+ *         downloaded; #PEFT_ERR_IO when a ref file cannot be read. Thread-safe.
+ */
+PEFT_API peft_error* peft_hub_resolve(const char* id_or_path, char** out_dir);
+
+/**
+ * @brief The hub cache folder that ids are looked up in, as huggingface_hub computes it.
+ *
+ * From the environment: `HF_HUB_CACHE`, else `HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`, else
+ * `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`, with `~` and `$VAR` expanded
+ * as Python's `os.path.expanduser` and `os.path.expandvars` do. A variable set to the empty string
+ * counts as unset. The folder need not exist.
+ * @param[out] out_dir Receives the folder; free it with peft_string_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out_dir is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_hub_cache_dir(char** out_dir);
 
 /** @} */
 
@@ -1051,7 +1118,7 @@ PEFT_API void peft_adapter_options_free(peft_adapter_options* opts);
  * Linear from GPT-2 Conv1D layers by the base's shapes and architecture (never by `fan_in_fan_out`
  * alone), and validates every module against the base, as peft_adapter_validate() does.
  * @param opts Options.
- * @param base_dir A folder path (UTF-8), copied; NULL or "" for none.
+ * @param base_dir A folder path or a hub model id (@ref hub) (UTF-8), copied; NULL or "" for none.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
  *         Not thread-safe for the same @p opts.
  */
@@ -1075,7 +1142,7 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * config.json (`model_type`, `architectures`), else from `base_model_name_or_path`; an adapter of an
  * unknown family opens without one.
  *
- * @param dir The adapter folder (UTF-8).
+ * @param dir The adapter folder, or a hub model id (@ref hub) (UTF-8).
  * @param opts Options, or NULL for the defaults. Not kept after the call.
  * @param[out] out Receives the adapter; free it with peft_adapter_free().
  * @return NULL on success, else:
@@ -1108,7 +1175,8 @@ PEFT_API void peft_adapter_free(peft_adapter* adapter);
  * every full replacement tensor must exist in the base with the same shape, and trainable-token rows
  * must fit the embedding.
  * @param adapter An adapter.
- * @param base_dir The base model folder (config.json and model.safetensors or a sharded index).
+ * @param base_dir The base model folder (config.json and model.safetensors or a sharded index), or a
+ *        hub model id (@ref hub).
  * @return NULL when everything fits; #PEFT_ERR_UNRESOLVED_KEY (if any tensor has no base tensor) or
  *         #PEFT_ERR_SHAPE_MISMATCH with a message listing every problem; #PEFT_ERR_NOT_FOUND /
  *         #PEFT_ERR_IO / format errors for the base folder; #PEFT_ERR_INVALID_ARGUMENT for NULL.
@@ -1423,7 +1491,7 @@ PEFT_API peft_error* peft_translator_from_json(const char* json, peft_translator
  *
  * The base's config.json decides (`model_type`, then `architectures`); failing that, @p model_name
  * (e.g. an adapter's base_model_name_or_path) is matched against the tables' name patterns.
- * @param base_dir A base model folder, or NULL.
+ * @param base_dir A base model folder or hub model id (@ref hub), or NULL.
  * @param model_name A model name such as "meta-llama/Llama-3.2-1B", or NULL.
  * @param[out] out Receives the translator; free it with peft_translator_free().
  * @return NULL on success; #PEFT_ERR_NOT_FOUND when no family matches; #PEFT_ERR_INVALID_CONFIG for
@@ -1628,7 +1696,7 @@ PEFT_API peft_error* peft_merge_options_add_adapter(peft_merge_options* opts, co
  * Equivalent to peft_adapter_open() with the base folder set, then
  * peft_merge_options_add_adapter(); errors of opening are reported by peft_merge_checkpoint().
  * @param opts Options.
- * @param dir The adapter folder (UTF-8). Copied.
+ * @param dir The adapter folder, or a hub model id (@ref hub) (UTF-8). Copied.
  * @param weight Any finite number (see peft_merge_options_add_adapter()).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, an empty @p dir or a weight that is
  *         not finite. Not thread-safe for the same @p opts.
@@ -1724,7 +1792,7 @@ PEFT_API peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* 
  * must resolve inside the base folder (or, for a Hugging Face hub cache snapshot
  * `models--org--name/snapshots/<revision>`, inside `models--org--name`), else the merge fails with
  * #PEFT_ERR_INVALID_CHECKPOINT naming it; subfolders, FIFOs and devices are not copied.
- * @param base_dir The base model folder (UTF-8): config.json (see
+ * @param base_dir The base model folder or a hub model id (@ref hub) (UTF-8): config.json (see
  *        peft_merge_options_set_require_config()) and `model.safetensors` or
  *        `model.safetensors.index.json` with its shards.
  * @param out_dir The output folder (UTF-8); must not be @p base_dir.
@@ -2205,7 +2273,7 @@ PEFT_API void peft_registry_free(peft_registry* registry);
  * file. A file replaced by rename goes on serving the registered bytes (see @ref file_changes).
  * @param registry A registry.
  * @param name The name (UTF-8, not empty, no newline).
- * @param dir The adapter folder.
+ * @param dir The adapter folder, or a hub model id (@ref hub).
  * @param opts Options as for peft_adapter_open() (a base model to validate against), or NULL.
  * @return NULL on success; the errors of peft_adapter_open(); #PEFT_ERR_UNSUPPORTED for tensors of
  *         another dtype; #PEFT_ERR_SHAPE_MISMATCH for a layer whose lora_B.bias or DoRA magnitude
@@ -2684,6 +2752,8 @@ typedef struct peft_api {
   peft_error* (*registry_name_list)(const peft_registry* registry, peft_string_list** out); /**< peft_registry_name_list() */
   void (*lease_free)(peft_lease* lease); /**< peft_lease_free() */
   peft_error* (*merge_record_unmerge)(peft_merge_record* record, void* data, void* bias); /**< peft_merge_record_unmerge() */
+  peft_error* (*hub_resolve)(const char* id_or_path, char** out_dir); /**< peft_hub_resolve() */
+  peft_error* (*hub_cache_dir)(char** out_dir); /**< peft_hub_cache_dir() */
 } peft_api;
 
 /**

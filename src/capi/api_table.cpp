@@ -185,6 +185,8 @@ const peft_api kApiV1 = {
     &peft_registry_name_list,
     &peft_lease_free,
     &peft_merge_record_unmerge,
+    &peft_hub_resolve,
+    &peft_hub_cache_dir,
 };
 
 }  // namespace

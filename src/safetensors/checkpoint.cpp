@@ -10,6 +10,7 @@
 #include "core/path.hpp"
 #include "core/text.hpp"
 #include "safetensors/checkpoint_layout.hpp"
+#include "safetensors/hub_cache.hpp"
 
 namespace peft {
 
@@ -29,8 +30,9 @@ Kind stat_kind(const std::string& path, int* error_number) {
 
 }  // namespace
 
-std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path, const OpenOptions& options) {
+std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path_or_id, const OpenOptions& options) {
   std::shared_ptr<Checkpoint> checkpoint(new Checkpoint());
+  const std::string path = resolve_model_location(path_or_id);
   int error_number = 0;
   switch (stat_kind(path, &error_number)) {
     case Kind::missing:
@@ -56,6 +58,8 @@ std::shared_ptr<const Checkpoint> Checkpoint::open_memory(const void* data, size
 
 void Checkpoint::open_folder(const std::string& folder, const OpenOptions& options) {
   int error_number = 0;
+  check_downloaded(folder, kIndexFileName, "the index");
+  check_downloaded(folder, kSingleFileName, "the weight file");
   const std::string index_path = join_path(folder, kIndexFileName);
   const Kind index_kind = stat_kind(index_path, &error_number);
   if (index_kind != Kind::missing) {

@@ -28,8 +28,10 @@ namespace peft {
 
 class Checkpoint {
  public:
-  // A file or a folder. PEFT_ERR_IO (path and reason) if it cannot be read, format errors naming the
-  // file, PEFT_ERR_INVALID_CHECKPOINT for a wrong folder or index.
+  // A file or a folder, or a model id in the hub cache ("org/name[@revision]", resolved by
+  // resolve_model_location when no such path exists). PEFT_ERR_IO (path and reason) if it cannot be
+  // read, format errors naming the file, PEFT_ERR_INVALID_CHECKPOINT for a wrong folder or index,
+  // PEFT_ERR_NOT_FOUND for an id not in the cache or an incomplete download in a hub snapshot.
   static std::shared_ptr<const Checkpoint> open(const std::string& path, const OpenOptions& options = {});
   // A safetensors file held in memory; the bytes are copied.
   static std::shared_ptr<const Checkpoint> open_memory(const void* data, size_t size,

@@ -15,6 +15,7 @@
 #include "core/path.hpp"
 #include "core/python_json.hpp"
 #include "core/text.hpp"
+#include "safetensors/hub_cache.hpp"
 
 namespace peft {
 
@@ -178,16 +179,17 @@ std::string resolve_in_folder(const std::string& folder, const std::string& name
   std::error_code error;
   const fs::path real_folder = fs::canonical(fs::path(folder), error);
   if (error) fail(PEFT_ERR_IO, folder + ": " + error.message());
-  const fs::path real = fs::canonical(fs::path(shown), error);
-  if (error == std::errc::no_such_file_or_directory)
-    fail(PEFT_ERR_INVALID_CHECKPOINT, shown + ": " + what + " does not exist");
-  if (error) fail(PEFT_ERR_IO, shown + ": " + error.message());
   // A snapshot of the hub cache (<cache>/models--org--name/snapshots/<revision>) links its files to
-  // ../../blobs/<hash>: the repository's folder is the limit there.
-  fs::path root = real_folder;
-  const fs::path snapshots = real_folder.parent_path();
-  if (snapshots.filename() == "snapshots" && snapshots.parent_path().filename().native().starts_with("models--"))
-    root = snapshots.parent_path();
+  // ../../blobs/<hash>: the repository's folder is the limit there, and a missing file is a download
+  // that did not finish.
+  const std::optional<std::string> repository = hub_repository_of_snapshot(real_folder.native());
+  const fs::path real = fs::canonical(fs::path(shown), error);
+  if (error == std::errc::no_such_file_or_directory) {
+    if (repository) fail_missing_from_snapshot(folder, *repository, name, what);
+    fail(PEFT_ERR_INVALID_CHECKPOINT, shown + ": " + what + " does not exist");
+  }
+  if (error) fail(PEFT_ERR_IO, shown + ": " + error.message());
+  const fs::path root = repository ? fs::path(*repository) : real_folder;
   // Compare whole components: "/a/bc" is not inside "/a/b".
   std::string prefix = root.native();
   if (prefix.empty() || prefix.back() != '/') prefix += '/';

@@ -88,7 +88,9 @@ std::string index_file_text(const std::string& metadata_json, uint64_t total_siz
 // the real path of `folder` or, when `folder` is a snapshot of the Hugging Face hub cache
 // (<cache>/models--org--name/snapshots/<revision>, whose files link to ../../blobs/<hash>), inside
 // that repository's folder <cache>/models--org--name. PEFT_ERR_INVALID_CHECKPOINT naming the file
-// (described as `what`) and where it leads otherwise; PEFT_ERR_IO when it cannot be resolved.
+// (described as `what`) and where it leads otherwise; PEFT_ERR_IO when it cannot be resolved. In a
+// hub snapshot, a file that is missing or links to a missing blob is an incomplete download:
+// PEFT_ERR_NOT_FOUND (hub_cache.hpp's fail_missing_from_snapshot).
 std::string resolve_in_folder(const std::string& folder, const std::string& name, const std::string& what);
 
 // resolve_in_folder() for a shard named by the index.

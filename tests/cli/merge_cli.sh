@@ -16,7 +16,11 @@ dtypes_of() { "$peftc" inspect "$1" | awk 'NF >= 4 && $2 ~ /^[A-Z0-9_]+$/ && $3 
 
 # ---- usage -------------------------------------------------------------------------------------
 check "no arguments is a usage error" exit_is 2 "$peftc" merge
-check "no --base is a usage error" exit_is 2 "$peftc" merge --adapter "$lora" --out "$work/x"
+# Without --base the adapter's base_model_name_or_path ("tests/fixtures/models/llama", relative to the
+# repository) is used; from another folder, with an empty hub cache, it is neither a path nor an id.
+mkdir -p "$work/empty_cache"
+check "no --base and an unresolvable base_model_name_or_path is a usage error" \
+  bash -c 'cd "$1" && HF_HUB_CACHE="$1/empty_cache" "$2" merge --adapter "$3" --out "$1/x" >/dev/null 2>&1; [ $? -eq 2 ]' _ "$work" "$peftc" "$lora"
 check "no --adapter is a usage error" exit_is 2 "$peftc" merge --base "$base" --out "$work/x"
 check "no --out is a usage error" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora"
 check "--dtype f8 is a usage error" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/x" --dtype f8

@@ -1,7 +1,10 @@
-// peftc merge --base DIR --adapter DIR[:WEIGHT] ... --out DIR [--dtype keep|f32|bf16|f16]
+// peftc merge [--base DIR] --adapter DIR[:WEIGHT] ... --out DIR [--dtype keep|f32|bf16|f16]
 //              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
-// is. A progress bar goes to stderr when it is a terminal; a summary goes to stdout.
+// is. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
+// model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
+// adapter's base_model_name_or_path, as a path or an id. Which folder an id resolved to goes to
+// stderr ("base: org/name -> /path").
 #include <unistd.h>
 
 #include <chrono>
@@ -18,7 +21,7 @@ namespace peftc {
 namespace {
 
 constexpr const char* kUsage =
-    "merge --base DIR --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR "
+    "merge [--base DIR] --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite]";
 
 struct AdapterArg {
@@ -90,6 +93,42 @@ struct ProgressBar {
     if (drawn) std::fprintf(stderr, "\n");
   }
 };
+
+// Prints "what: text -> folder" to stderr when `text` is a hub model id (not an existing path), for
+// the user to see which snapshot is merged. Errors are left to the merge, which reports them.
+void show_resolved(const char* what, const std::string& text) {
+  char* folder = nullptr;
+  if (peft_error* err = peft_hub_resolve(text.c_str(), &folder)) {
+    peft_error_free(err);
+    return;
+  }
+  if (text != folder) std::fprintf(stderr, "%s: %s -> %s\n", what, text.c_str(), folder);
+  peft_string_free(folder);
+}
+
+// Without --base: the first adapter's base_model_name_or_path, as a path or else a model id in the
+// hub cache. Returns an exit status when it cannot be used.
+std::optional<int> base_from_adapter(Options& o) {
+  const std::string& dir = o.adapters.front().dir;
+  Owned<peft_adapter, peft_adapter_free> adapter;
+  if (peft_error* err = peft_adapter_open(dir.c_str(), nullptr, &adapter.p)) return report(err);
+  const char* name = peft_adapter_base_model_name_or_path(adapter.p);
+  if (name == nullptr || *name == '\0')
+    return usage_error("merge needs --base: adapter '" + dir + "' names no base model (base_model_name_or_path)",
+                       kUsage);
+  char* folder = nullptr;
+  if (peft_error* err = peft_hub_resolve(name, &folder)) {
+    const std::string why = std::string(peft_error_code_name(peft_error_code(err))) + ": " + peft_error_message(err);
+    peft_error_free(err);
+    return usage_error("merge needs --base: the base model adapter '" + dir + "' names (base_model_name_or_path '" +
+                           name + "') is neither a folder nor in the hub cache (" + why + ")",
+                       kUsage);
+  }
+  std::fprintf(stderr, "base: %s -> %s\n", name, folder);
+  o.base = folder;
+  peft_string_free(folder);
+  return std::nullopt;
+}
 
 int run_merge(const Options& o) {
   Owned<peft_merge_options, peft_merge_options_free> opts;
@@ -178,9 +217,14 @@ int merge_command(const std::vector<std::string>& args) {
       o.threads = static_cast<uint32_t>(*n);
     }
   }
-  if (o.base.empty()) return usage_error("merge needs --base", kUsage);
   if (o.adapters.empty()) return usage_error("merge needs at least one --adapter", kUsage);
   if (o.out.empty()) return usage_error("merge needs --out", kUsage);
+  if (o.base.empty()) {
+    if (auto status = base_from_adapter(o)) return *status;
+  } else {
+    show_resolved("base", o.base);
+  }
+  for (const AdapterArg& a : o.adapters) show_resolved("adapter", a.dir);
   return run_merge(o);
 }
 

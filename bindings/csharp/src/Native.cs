@@ -317,5 +317,7 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_swap(HostModelHandle host, LeaseHandle lease, double weight, ref NativeSwapStats stats);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_hub_resolve(byte[] idOrPath, out IntPtr outDir);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_hub_cache_dir(out IntPtr outDir);
     }
 }

@@ -27,6 +27,7 @@ from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKi
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
 from .export import combine_adapters, export_adapter
 from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
+from .hub import hub_cache_dir, hub_resolve
 
 __version__ = "0.1.0"
 
@@ -92,6 +93,8 @@ __all__ = [
     "dtype_bits",
     "export_adapter",
     "has_ml_dtypes",
+    "hub_cache_dir",
+    "hub_resolve",
     "kernels",
     "library_path",
     "load_library",

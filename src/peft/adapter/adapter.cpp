@@ -10,6 +10,7 @@
 #include "peft/adapter/base_validation.hpp"
 #include "peft/adapter/module_matcher.hpp"
 #include "peft/arch/arch_registry.hpp"
+#include "safetensors/hub_cache.hpp"
 
 namespace peft {
 
@@ -293,7 +294,7 @@ struct AdapterBuilder {
     AdapterBuilder b{a, options, std::nullopt, {}, {}};
     if (!options.base_dir.empty()) {
       b.base = BaseModel::open(options.base_dir, options.open);
-      a.base_dir_ = options.base_dir;
+      a.base_dir_ = b.base->dir;
     }
     b.choose_table();
     a.checkpoint_ = open_checkpoint();
@@ -330,7 +331,8 @@ struct AdapterBuilder {
   }
 };
 
-std::shared_ptr<const Adapter> Adapter::open(const std::string& dir, const Options& options) {
+std::shared_ptr<const Adapter> Adapter::open(const std::string& dir_or_id, const Options& options) {
+  const std::string dir = resolve_model_location(dir_or_id, {"adapter_config.json", "adapter_model.safetensors"});
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " does not exist or is not a folder");

@@ -10,6 +10,7 @@
 #include "core/text_file.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "safetensors/checkpoint_layout.hpp"
+#include "safetensors/hub_cache.hpp"
 
 namespace peft {
 namespace {
@@ -30,7 +31,7 @@ nlohmann::json read_base_config(const std::string& dir) {
 
 std::string detect_base_family(const std::optional<std::string>& base_dir,
                                const std::optional<std::string>& model_name) {
-  const nlohmann::json config = base_dir ? read_base_config(*base_dir) : nlohmann::json();
+  const nlohmann::json config = base_dir ? read_base_config(resolve_model_location(*base_dir)) : nlohmann::json();
   const auto guess = detect_family(config.is_object() ? &config : nullptr, model_name);
   if (!guess)
     fail(PEFT_ERR_NOT_FOUND, "no built-in architecture table matches " +

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/base_config.hpp"
+#include "safetensors/hub_cache.hpp"
 
 namespace peft {
 namespace {
@@ -15,9 +16,10 @@ namespace fs = std::filesystem;
 
 }  // namespace
 
-BaseModel BaseModel::open(const std::string& dir, const OpenOptions& options) {
+BaseModel BaseModel::open(const std::string& dir_or_id, const OpenOptions& options) {
   BaseModel base;
-  base.dir = dir;
+  base.dir = resolve_model_location(dir_or_id);
+  const std::string& dir = base.dir;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     fail(PEFT_ERR_NOT_FOUND, "base model folder " + peft::quoted(dir) + " does not exist or is not a folder");

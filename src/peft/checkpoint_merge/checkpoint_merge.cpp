@@ -14,6 +14,7 @@
 #include "peft/checkpoint_merge/folder_files.hpp"
 #include "peft/checkpoint_merge/merge_compute.hpp"
 #include "peft/checkpoint_merge/merged_folder_writer.hpp"
+#include "safetensors/hub_cache.hpp"
 
 namespace peft {
 namespace {
@@ -206,8 +207,9 @@ void check_folders(const std::string& base_dir, const std::string& out_dir) {
 
 }  // namespace
 
-CheckpointMergeResult merge_checkpoint(const std::string& base_dir, const std::string& out_dir,
+CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const std::string& out_dir,
                                        const CheckpointMergeOptions& options) {
+  const std::string base_dir = resolve_model_location(base_dir_or_id);
   check_folders(base_dir, out_dir);
   MergePlanOptions plan_options;
   plan_options.dtype = options.dtype;

@@ -2,6 +2,7 @@
 #include "peft/checkpoint_merge/merge_inputs.hpp"
 
 #include "core/error.hpp"
+#include "safetensors/hub_cache.hpp"
 
 namespace peft {
 
@@ -15,7 +16,7 @@ std::vector<MergeInput> open_merge_inputs(const std::vector<MergeAdapter>& adapt
       continue;
     }
     Adapter::Options options;
-    options.base_dir = base_dir;
+    options.base_dir = resolve_model_location(base_dir);
     try {
       inputs.push_back({Adapter::open(a.dir, options), a.weight});
     } catch (const Error& error) {

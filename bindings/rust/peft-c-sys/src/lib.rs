@@ -664,6 +664,10 @@ functions! {
     pub fn peft_merge_options_set_require_config(opts: *mut peft_merge_options, require: i32) -> *mut peft_error;
     pub fn peft_merge_options_set_allow_nonfinite(opts: *mut peft_merge_options, allow: i32) -> *mut peft_error;
 
+    // ---- hub cache
+    pub fn peft_hub_resolve(id_or_path: *const c_char, out_dir: *mut *mut c_char) -> *mut peft_error;
+    pub fn peft_hub_cache_dir(out_dir: *mut *mut c_char) -> *mut peft_error;
+
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
 }
@@ -903,5 +907,7 @@ api_table! {
         pub fn registry_name_list(registry: *const peft_registry, out: *mut *mut peft_string_list) -> *mut peft_error = peft_registry_name_list;
         pub fn lease_free(lease: *mut peft_lease) = peft_lease_free;
         pub fn merge_record_unmerge(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void) -> *mut peft_error = peft_merge_record_unmerge;
+        pub fn hub_resolve(id_or_path: *const c_char, out_dir: *mut *mut c_char) -> *mut peft_error = peft_hub_resolve;
+        pub fn hub_cache_dir(out_dir: *mut *mut c_char) -> *mut peft_error = peft_hub_cache_dir;
     }
 }
