@@ -185,6 +185,9 @@ const peft_api kApiV1 = {
     &peft_registry_name_list,
     &peft_lease_free,
     &peft_merge_record_unmerge,
+    &peft_adapter_options_set_lenient,
+    &peft_adapter_warning_count,
+    &peft_adapter_warning,
 };
 
 }  // namespace
