@@ -30,6 +30,7 @@ struct AdapterBuilder {
   std::vector<std::string> broken_structure;  // PEFT_ERR_INVALID_CHECKPOINT
   std::vector<std::string> bad_config;        // PEFT_ERR_INVALID_CONFIG, each naming its field
   std::optional<ModuleMatcher> matcher;       // set by resolve_modules
+  std::vector<std::string> inert_modules;     // lenient: left out by inert(), their keys reported
 
   void config_problem(const std::string& field, const std::string& what) {
     bad_config.push_back("field " + peft::quoted(field) + ": " + what);
@@ -179,6 +180,7 @@ struct AdapterBuilder {
     missing(m.name, role_suffix(absent), why);
     if (absent == TensorRole::lora_b && c.lora_bias) missing(m.name, role_suffix(TensorRole::lora_b_bias), why);
     if (c.use_dora) missing(m.name, role_suffix(TensorRole::lora_magnitude), why);
+    inert_modules.push_back(m.name);
     m.tensors.clear();
     return true;
   }
@@ -401,6 +403,8 @@ struct AdapterBuilder {
       for (const AdapterTensor& t : m.tensors)
         if (is_lora_role(t.role)) covered.insert(t.base_tensor);
     }
+    for (const std::string& name : inert_modules)  // reported already
+      if (auto index = base->find(name, "weight", a.table_.get())) covered.insert(base->weights->tensor(*index).name);
     std::vector<std::string> random;
     const Checkpoint& weights = *base->weights;
     for (size_t i = 0; i < weights.tensor_count(); ++i) {
@@ -448,7 +452,7 @@ struct AdapterBuilder {
     Adapter& a = *adapter;
     a.dir_ = dir;
     a.config_ = std::move(config);
-    AdapterBuilder b{a, options, std::nullopt, {}, {}, std::nullopt};
+    AdapterBuilder b{a, options, std::nullopt, {}, {}, std::nullopt, {}};
     if (!options.base_dir.empty()) {
       b.base = BaseModel::open(options.base_dir, options.open);
       a.base_dir_ = options.base_dir;
