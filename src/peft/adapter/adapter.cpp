@@ -31,6 +31,7 @@ struct AdapterBuilder {
   std::vector<std::string> bad_config;        // PEFT_ERR_INVALID_CONFIG, each naming its field
   std::optional<ModuleMatcher> matcher;       // set by resolve_modules
   std::vector<std::string> inert_modules;     // lenient: left out by inert(), their keys reported
+  std::vector<std::string> without_bias;      // lenient: modules lacking the lora_B.bias lora_bias announces
 
   void config_problem(const std::string& field, const std::string& what) {
     bad_config.push_back("field " + peft::quoted(field) + ": " + what);
@@ -246,8 +247,7 @@ struct AdapterBuilder {
       config_problem("lora_bias", who + " has lora_B.bias but lora_bias is false");
     if (!m.find(TensorRole::lora_b_bias) && c.lora_bias && m.kind != LayerKind::embedding) {
       if (options.lenient && c.zero_initialised())
-        missing(m.name, role_suffix(TensorRole::lora_b_bias),
-                "lora_bias is true but " + who + " has no lora_B.bias, which PEFT initialises to zero: it adds nothing");
+        without_bias.push_back(m.name);  // reported once the base has had its say (report_missing_biases)
       else
         config_problem("lora_bias", who + " has no lora_B.bias but lora_bias is true");
     }
@@ -365,6 +365,15 @@ struct AdapterBuilder {
     note_unused_patterns();
   }
 
+  // Lenient mode: the lora_B.bias keys missing from modules that stay (PEFT: zero, adds nothing).
+  void report_missing_biases() {
+    for (const std::string& name : without_bias)
+      if (a.find_module(name))
+        missing(name, role_suffix(TensorRole::lora_b_bias),
+                "lora_bias is true but module " + peft::quoted(name) +
+                    " has no lora_B.bias, which PEFT initialises to zero: it adds nothing");
+  }
+
   // Lenient mode: drops the tensors whose module or weight the base does not have (PEFT finds no
   // parameter for them). Shapes are checked afterwards, as in strict mode.
   void drop_absent_from_base() {
@@ -452,7 +461,7 @@ struct AdapterBuilder {
     Adapter& a = *adapter;
     a.dir_ = dir;
     a.config_ = std::move(config);
-    AdapterBuilder b{a, options, std::nullopt, {}, {}, std::nullopt, {}};
+    AdapterBuilder b{a, options, std::nullopt, {}, {}, std::nullopt, {}, {}};
     if (!options.base_dir.empty()) {
       b.base = BaseModel::open(options.base_dir, options.open);
       a.base_dir_ = options.base_dir;
@@ -475,6 +484,7 @@ struct AdapterBuilder {
         if (rule && rule->kind == ModuleKind::conv1d) m.kind = LayerKind::conv1d;
       }
     }
+    b.report_missing_biases();
     return adapter;
   }
 
