@@ -239,6 +239,9 @@ PROTOTYPES = {
                                           c_void_p, c_int32, c_uint64]),
     "peft_host_model_swap": (_err, [_handle, _handle, ctypes.c_double, POINTER(SwapStatsStruct)]),
     "peft_host_model_current": (c_char_p, [_handle]),
+    "peft_adapter_options_set_lenient": (_err, [_handle, c_int32]),
+    "peft_adapter_warning_count": (c_size_t, [_handle]),
+    "peft_adapter_warning": (c_char_p, [_handle, c_size_t]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

@@ -572,6 +572,11 @@ functions! {
     pub fn peft_merge_record_active(record: *const peft_merge_record) -> i32;
     pub fn peft_merge_record_saved_bytes(record: *const peft_merge_record) -> u64;
 
+    // ---- lenient adapter loading
+    pub fn peft_adapter_options_set_lenient(opts: *mut peft_adapter_options, lenient: i32) -> *mut peft_error;
+    pub fn peft_adapter_warning_count(adapter: *const peft_adapter) -> usize;
+    pub fn peft_adapter_warning(adapter: *const peft_adapter, index: usize) -> *const c_char;
+
     // ---- export
     pub fn peft_export_options_new(out: *mut *mut peft_export_options) -> *mut peft_error;
     pub fn peft_export_options_free(opts: *mut peft_export_options);
@@ -903,5 +908,8 @@ api_table! {
         pub fn registry_name_list(registry: *const peft_registry, out: *mut *mut peft_string_list) -> *mut peft_error = peft_registry_name_list;
         pub fn lease_free(lease: *mut peft_lease) = peft_lease_free;
         pub fn merge_record_unmerge(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void) -> *mut peft_error = peft_merge_record_unmerge;
+        pub fn adapter_options_set_lenient(opts: *mut peft_adapter_options, lenient: i32) -> *mut peft_error = peft_adapter_options_set_lenient;
+        pub fn adapter_warning_count(adapter: *const peft_adapter) -> usize = peft_adapter_warning_count;
+        pub fn adapter_warning(adapter: *const peft_adapter, index: usize) -> *const c_char = peft_adapter_warning;
     }
 }
