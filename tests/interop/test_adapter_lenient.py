@@ -90,6 +90,17 @@ CASES = [
          add={f"{P}.0.self_attn.o_proj.lora_B.bias": [16]}),
     Case("lora_bias_without_lora_B_bias", "qwen2", "qwen2_lora_bias", "INVALID_CONFIG",
          drop=(f"{P}.0.self_attn.q_proj.lora_B.bias",)),
+    # An embedding holding lora_embedding_B only: PEFT's lora_embedding_A starts at zero.
+    Case("lora_embedding_A_missing", "llama", "llama_embedding", "INVALID_CHECKPOINT",
+         drop=("base_model.model.model.embed_tokens.lora_embedding_A",)),
+    # GPT-2 Conv1D layers: a targeted layer without tensors, and an untargeted one with tensors.
+    Case("gpt2_conv1d_target_without_tensors", "gpt2", "gpt2_lora", None,
+         drop=("base_model.model.transformer.h.1.attn.c_attn.lora_A.weight",
+               "base_model.model.transformer.h.1.attn.c_attn.lora_B.weight")),
+    Case("gpt2_conv1d_untargeted", "gpt2", "gpt2_lora", "INVALID_CONFIG", config={"target_modules": ["c_attn"]}),
+    # BERT with modules_to_save: LoRA tensors of the classifier, which modules_to_save excludes.
+    Case("bert_modules_to_save_excludes", "bert", "bert_seqcls_lora", "INVALID_CONFIG",
+         add={"base_model.model.classifier.lora_A.weight": [4, 16], "base_model.model.classifier.lora_B.weight": [3, 4]}),
 ]
 
 # Lenient mode keeps refusing what PEFT would load with random weights or reject.
