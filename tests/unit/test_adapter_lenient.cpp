@@ -196,6 +196,28 @@ TEST_CASE("lenient: with a base, absent modules are unexpected and targets witho
     CHECK(f.code == PEFT_ERR_INVALID_CONFIG);
     CHECK(contains(f.message, "selects no module"));
   }
+  SUBCASE("lora_A without lora_B: unexpected where the base lacks the module, checked against it otherwise") {
+    TempDir inert;
+    auto tensors = lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8);
+    tensors.push_back({kP + "model.layers.6.self_attn.v_proj.lora_A.weight", {2, 8}});
+    tensors.push_back({kP + "model.layers.1.self_attn.v_proj.lora_A.weight", {2, 8}});
+    write_adapter(inert.path, config_text({{"target_modules", {"model.layers.0.self_attn.q_proj", "v_proj"}}}),
+                  tensors);
+    auto b = peft::Adapter::open(inert.str(), lenient(&base.path));
+    CHECK(names(*b) == std::vector<std::string>{"model.layers.0.self_attn.q_proj"});
+    CHECK(kinds_and_keys(*b) == std::vector<std::string>{
+                                    "missing " + kP + "model.layers.0.self_attn.v_proj.lora_A.weight",
+                                    "missing " + kP + "model.layers.0.self_attn.v_proj.lora_B.weight",
+                                    "missing " + kP + "model.layers.1.self_attn.v_proj.lora_B.weight",
+                                    "unexpected " + kP + "model.layers.6.self_attn.v_proj.lora_A.weight"});
+    TempDir wrong;
+    write_adapter(wrong.path, config_text(),
+                  concat({lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8),
+                          {{kP + "model.layers.1.self_attn.v_proj.lora_A.weight", {2, 6}}}}));
+    Failure f = open_failure(wrong.path, lenient(&base.path));
+    CHECK(f.code == PEFT_ERR_SHAPE_MISMATCH);
+    CHECK(contains(f.message, "model.layers.1.self_attn.v_proj"));
+  }
   SUBCASE("shape mismatches stay errors") {
     TempDir bad;
     write_adapter(bad.path, config_text(), lora_pair("model.layers.0.self_attn.q_proj", 2, 6, 8));

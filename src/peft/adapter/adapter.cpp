@@ -30,7 +30,12 @@ struct AdapterBuilder {
   std::vector<std::string> broken_structure;  // PEFT_ERR_INVALID_CHECKPOINT
   std::vector<std::string> bad_config;        // PEFT_ERR_INVALID_CONFIG, each naming its field
   std::optional<ModuleMatcher> matcher;       // set by resolve_modules
-  std::vector<std::string> inert_modules;     // lenient: left out by inert(), their keys reported
+  struct Inert {                              // lenient: a module left out by inert()
+    std::string module;
+    AdapterTensor present;  // the factor the file holds
+    TensorRole absent;      // the zero-initialised factor it lacks
+  };
+  std::vector<Inert> inert_modules;           // reported by report_inert()
   std::vector<std::string> without_bias;      // lenient: modules lacking the lora_B.bias lora_bias announces
 
   void config_problem(const std::string& field, const std::string& what) {
@@ -176,14 +181,48 @@ struct AdapterBuilder {
     const auto& shape = info(*m.find(present)).shape;
     const size_t rank_axis = present == TensorRole::lora_a ? 0 : 1;  // lora_A [r, ...], lora_embedding_B [dim, r]
     if (shape.size() < 2 || static_cast<int64_t>(shape[rank_axis]) != matcher->rank_for(m.name)) return false;
-    std::string why = "module " + peft::quoted(m.name) + " has " + role_suffix(present) + " but no " +
-                      role_suffix(absent) + ", which PEFT initialises to zero: the module changes nothing and is left out";
-    missing(m.name, role_suffix(absent), why);
-    if (absent == TensorRole::lora_b && c.lora_bias) missing(m.name, role_suffix(TensorRole::lora_b_bias), why);
-    if (c.use_dora) missing(m.name, role_suffix(TensorRole::lora_magnitude), why);
-    inert_modules.push_back(m.name);
+    inert_modules.push_back({m.name, *m.find(present), absent});
     m.tensors.clear();
     return true;
+  }
+
+  // Lenient mode: the keys of the modules inert() left out. With a base, a module the base lacks
+  // is an unexpected key instead (PEFT creates no layer for it), and a factor that does not fit
+  // the base weight is PEFT_ERR_SHAPE_MISMATCH (PEFT's load_state_dict fails on it).
+  void report_inert() {
+    const LoraConfig& c = a.config_;
+    std::vector<std::string> mismatched;
+    for (const Inert& x : inert_modules) {
+      const auto& p = info(x.present).shape;
+      if (base) {
+        auto index = base->find(x.module, "weight", a.table_.get());
+        if (!index) {
+          unexpected(x.present.key, "the base model has no weight " + peft::quoted(x.module + ".weight") +
+                                        ", so PEFT creates no LoRA layer for module " + peft::quoted(x.module));
+          continue;
+        }
+        const TensorInfo& w = base->weights->tensor(*index);
+        const auto& ws = w.shape;
+        const bool fits = x.present.role == TensorRole::lora_embedding_b
+                              ? ws.size() == 2 && p.size() == 2 && ws[1] == p[0]
+                          : p.size() == 4 ? ws.size() == 4 && ws[1] == p[1] && ws[2] == p[2] && ws[3] == p[3]
+                                          : ws.size() == 2 && p.size() == 2 && (ws[1] == p[1] || ws[0] == p[1]);
+        if (!fits) {
+          mismatched.push_back("module " + peft::quoted(x.module) + ": " + x.present.suffix + " " + shape_text(p) +
+                               " does not fit the base weight " + peft::quoted(w.name) + " " + shape_text(ws));
+          continue;
+        }
+      }
+      const std::string why = "module " + peft::quoted(x.module) + " has " + x.present.suffix + " but no " +
+                              role_suffix(x.absent) +
+                              ", which PEFT initialises to zero: the module changes nothing and is left out";
+      missing(x.module, role_suffix(x.absent), why);
+      if (x.absent == TensorRole::lora_b && c.lora_bias) missing(x.module, role_suffix(TensorRole::lora_b_bias), why);
+      if (c.use_dora) missing(x.module, role_suffix(TensorRole::lora_magnitude), why);
+    }
+    if (!mismatched.empty())
+      fail(PEFT_ERR_SHAPE_MISMATCH, "adapter " + peft::quoted(a.dir_) + " does not fit base model " +
+                                        peft::quoted(base->dir) + ": " + join_text(mismatched, "; "));
   }
 
   bool require(const AdapterModule& m, TensorRole first, TensorRole second) {
@@ -412,8 +451,9 @@ struct AdapterBuilder {
       for (const AdapterTensor& t : m.tensors)
         if (is_lora_role(t.role)) covered.insert(t.base_tensor);
     }
-    for (const std::string& name : inert_modules)  // reported already
-      if (auto index = base->find(name, "weight", a.table_.get())) covered.insert(base->weights->tensor(*index).name);
+    for (const Inert& x : inert_modules)  // reported by report_inert()
+      if (auto index = base->find(x.module, "weight", a.table_.get()))
+        covered.insert(base->weights->tensor(*index).name);
     std::vector<std::string> random;
     const Checkpoint& weights = *base->weights;
     for (size_t i = 0; i < weights.tensor_count(); ++i) {
@@ -475,7 +515,6 @@ struct AdapterBuilder {
       ValidationResult result = check_against_base(a.modules_, *a.checkpoint_, a.config_, *b.base, a.table_.get());
       throw_if_failed(result, a.dir_, options.base_dir);
       for (std::string& note : result.notes) a.notes_.push_back(std::move(note));
-      if (options.lenient) b.report_untouched_targets();
     } else if (a.table_) {
       // Without a base, the architecture table says which layers are GPT-2 Conv1D.
       for (AdapterModule& m : a.modules_) {
@@ -484,7 +523,9 @@ struct AdapterBuilder {
         if (rule && rule->kind == ModuleKind::conv1d) m.kind = LayerKind::conv1d;
       }
     }
+    b.report_inert();
     b.report_missing_biases();
+    if (b.base && options.lenient) b.report_untouched_targets();
     return adapter;
   }
 
