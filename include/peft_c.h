@@ -1064,7 +1064,8 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
  *  Opening is strict where PEFT is silently lossy: a key that is not a PEFT adapter key, LoRA
  *  tensors of a module the config does not target, a module with lora_A but no lora_B, DoRA or
  *  lora_bias tensors that the config does not announce, or a rank that `r` / `rank_pattern` does not
- *  give are errors that list every offending key or module. Configs whose initialisation rewrites the
+ *  give are errors that list every offending key or module; lenient loading
+ *  (peft_adapter_options_set_lenient()) instead ignores what PEFT ignores and lists it. Configs whose initialisation rewrites the
  *  base weights when PEFT loads them (`init_lora_weights` pissa, olora, corda, loftq, lora_ga) and
  *  LoRA variants with another merge (QALoRA, aLoRA, BD-LoRA, Arrow, MonteCLoRA, VeLoRA, KaSA,
  *  `layer_replication`, `target_parameters`, Megatron) are #PEFT_ERR_UNSUPPORTED naming the field.
@@ -1578,6 +1579,52 @@ PEFT_API peft_error* peft_translator_to_native_batch(const peft_translator* tran
  */
 PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translator, const char* const* native_keys,
                                                  size_t count, int32_t with_peft_prefix, char** out);
+
+/**
+ * @brief Chooses lenient loading: what PEFT 0.21's `PeftModel.from_pretrained` (through
+ *        `set_peft_model_state_dict` and `load_state_dict(strict=False)`) ignores is ignored, and
+ *        each ignored item becomes a warning (peft_adapter_warning()). Strict is the default.
+ *
+ * Ignored, as unexpected keys PEFT drops: keys that are not PEFT adapter keys; LoRA tensors of
+ * modules that `target_modules` (with `exclude_modules`, `modules_to_save`, `layers_to_transform`)
+ * does not select; `lora_magnitude_vector` without `use_dora`; `lora_B.bias` without `lora_bias`;
+ * trainable-token rows `trainable_token_indices` does not configure; with a base, tensors for
+ * modules or weights the base does not have. Ignored, as missing keys PEFT initialises to zero so
+ * that they change nothing (`init_lora_weights` true or "gaussian"): `lora_B.weight` of a module
+ * holding `lora_A` (the module is left out), `lora_embedding_A` of an embedding holding
+ * `lora_embedding_B`, `lora_B.bias` when `lora_bias` is true, and, with a base, every key of a base
+ * module that `target_modules` selects but the file has no tensors for. The merged result equals
+ * PEFT's. Everything PEFT refuses or would leave at random values stays an error with the code
+ * peft_adapter_open() documents: rank or shape mismatches, `lora_A` (or `lora_embedding_B`) missing
+ * where its partner is present, a DoRA module without its magnitude vector, two keys for one
+ * tensor, other initialisations with factors missing, `target_modules` selecting no module of the
+ * base. The options also make peft_registry_register() and peft_registry_register_memory() lenient
+ * (their warnings are not kept); peft_adapter_validate() checks the adapter as loaded.
+ * @param opts Options.
+ * @param lenient Nonzero for lenient loading, 0 for strict (the default).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_adapter_options_set_lenient(peft_adapter_options* opts, int32_t lenient);
+
+/**
+ * @brief Number of warnings: what lenient loading ignored (peft_adapter_options_set_lenient());
+ *        always 0 for an adapter opened strictly.
+ * @param adapter An adapter, or NULL.
+ * @return The count; 0 for NULL. Thread-safe.
+ */
+PEFT_API size_t peft_adapter_warning_count(const peft_adapter* adapter);
+
+/**
+ * @brief Warning @p index (0 .. count - 1): a sentence starting with its stable kind, then the key
+ *        as PEFT's load result names it without the adapter name, then why:
+ *        `unexpected key "<key as in the file>": <why>; PEFT ignores it` or
+ *        `missing key "base_model.model.<module>.<role>": <why>`.
+ * @param adapter An adapter, or NULL.
+ * @param index Warning index (0 .. peft_adapter_warning_count() - 1).
+ * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_adapter_warning(const peft_adapter* adapter, size_t index);
 
 /** @} */
 /* ================================================================================================ */
@@ -2754,6 +2801,9 @@ typedef struct peft_api {
   peft_error* (*merge_record_unmerge)(peft_merge_record* record, void* data, void* bias); /**< peft_merge_record_unmerge() */
   peft_error* (*hub_resolve)(const char* id_or_path, char** out_dir); /**< peft_hub_resolve() */
   peft_error* (*hub_cache_dir)(char** out_dir); /**< peft_hub_cache_dir() */
+  peft_error* (*adapter_options_set_lenient)(peft_adapter_options* opts, int32_t lenient); /**< peft_adapter_options_set_lenient() */
+  size_t (*adapter_warning_count)(const peft_adapter* adapter); /**< peft_adapter_warning_count() */
+  const char* (*adapter_warning)(const peft_adapter* adapter, size_t index); /**< peft_adapter_warning() */
 } peft_api;
 
 /**

@@ -69,6 +69,7 @@ type AdapterOption func(*adapterConfig)
 type adapterConfig struct {
 	baseDir    string
 	translator *Translator
+	lenient    bool
 }
 
 // WithBaseDir opens the adapter against a base model folder: "all-linear" and an absent
@@ -79,6 +80,11 @@ func WithBaseDir(dir string) AdapterOption { return func(c *adapterConfig) { c.b
 // WithTranslator makes the adapter use this translator's architecture table instead of detecting
 // one. The table is shared; the translator may be closed afterwards.
 func WithTranslator(t *Translator) AdapterOption { return func(c *adapterConfig) { c.translator = t } }
+
+// WithLenient loads the adapter as PEFT's PeftModel.from_pretrained does: what PEFT ignores
+// (unexpected keys, missing keys that leave a layer without effect) is dropped and listed by
+// Adapter.Warnings; what PEFT refuses stays an error. Strict loading is the default.
+func WithLenient() AdapterOption { return func(c *adapterConfig) { c.lenient = true } }
 
 // OpenAdapter opens a PEFT LoRA adapter folder.
 //
@@ -126,6 +132,9 @@ func newAdapterOptions(opts []AdapterOption) (*C.peft_adapter_options, error) {
 		return nil, err
 	}
 	err = takeError(C.peft_adapter_options_set_base_dir(o, cbase)) // the options keep a copy
+	if err == nil && cfg.lenient {
+		err = takeError(C.peft_adapter_options_set_lenient(o, 1))
+	}
 	if err == nil && cfg.translator != nil {
 		var tp *C.peft_translator
 		if tp, err = cfg.translator.use(); err == nil {
@@ -316,6 +325,25 @@ func (a *Adapter) Notes() []string {
 		notes[i] = goString(C.peft_adapter_note(p, C.size_t(i)))
 	}
 	return notes
+}
+
+// Warnings are what lenient loading (WithLenient) ignored, one sentence each, starting with
+// `unexpected key "<key>": ` or `missing key "<key>": `; nil for a strict adapter and after Close.
+func (a *Adapter) Warnings() []string {
+	p, err := a.use()
+	if err != nil {
+		return nil
+	}
+	defer a.done()
+	n := int(C.peft_adapter_warning_count(p))
+	if n == 0 {
+		return nil
+	}
+	warnings := make([]string, n)
+	for i := range warnings {
+		warnings[i] = goString(C.peft_adapter_warning(p, C.size_t(i)))
+	}
+	return warnings
 }
 
 // ModuleCount is the number of modules (0 after Close).

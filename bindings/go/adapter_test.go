@@ -454,3 +454,41 @@ func mustJSON(v any) []byte {
 	}
 	return b
 }
+
+// llama_lora without "down_proj" in target_modules: strict opening refuses it; WithLenient drops the
+// four down_proj tensors (PEFT's unexpected keys), one warning each.
+func TestAdapterLenient(t *testing.T) {
+	src := fixture("adapters", "llama_lora")
+	dir := filepath.Join(t.TempDir(), "adapter")
+	copyDir(t, src, dir)
+	cfg, err := os.ReadFile(filepath.Join(src, "adapter_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = bytes.Replace(cfg, []byte(`"down_proj",`), nil, 1)
+	if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = peft.OpenAdapter(dir)
+	wantCode(t, err, peft.CodeInvalidConfig)
+	if w := mustAdapter(t, src).Warnings(); w != nil {
+		t.Fatalf("a strict adapter has warnings: %v", w)
+	}
+	a, err := peft.OpenAdapter(dir, peft.WithBaseDir(fixture("models", "llama")), peft.WithLenient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	warnings := a.Warnings()
+	if len(warnings) != 4 {
+		t.Fatalf("want 4 warnings, got %q", warnings)
+	}
+	for _, w := range warnings {
+		if !strings.HasPrefix(w, `unexpected key "base_model.model.model.layers.`) || !strings.Contains(w, "mlp.down_proj.lora_") {
+			t.Errorf("unexpected warning %q", w)
+		}
+	}
+	if a.ModuleCount() != 12 {
+		t.Fatalf("want 12 modules, got %d", a.ModuleCount())
+	}
+}

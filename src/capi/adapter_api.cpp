@@ -91,6 +91,13 @@ peft_error* peft_adapter_options_set_translator(peft_adapter_options* opts, cons
   });
 }
 
+peft_error* peft_adapter_options_set_lenient(peft_adapter_options* opts, int32_t lenient) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->impl.lenient = lenient != 0;
+  });
+}
+
 peft_error* peft_adapter_open(const char* dir, const peft_adapter_options* opts, peft_adapter** out) {
   return guarded([&] {
     require_arg(dir, "dir");
@@ -167,6 +174,15 @@ size_t peft_adapter_note_count(const peft_adapter* adapter) { return adapter ? a
 const char* peft_adapter_note(const peft_adapter* adapter, size_t index) {
   if (adapter == nullptr || index >= adapter->impl->notes().size()) return nullptr;
   return adapter->impl->notes()[index].c_str();
+}
+
+size_t peft_adapter_warning_count(const peft_adapter* adapter) {
+  return adapter ? adapter->impl->warnings().size() : 0;
+}
+
+const char* peft_adapter_warning(const peft_adapter* adapter, size_t index) {
+  if (adapter == nullptr || index >= adapter->impl->warnings().size()) return nullptr;
+  return adapter->impl->warnings()[index].c_str();
 }
 
 size_t peft_adapter_module_count(const peft_adapter* adapter) {

@@ -187,6 +187,9 @@ const peft_api kApiV1 = {
     &peft_merge_record_unmerge,
     &peft_hub_resolve,
     &peft_hub_cache_dir,
+    &peft_adapter_options_set_lenient,
+    &peft_adapter_warning_count,
+    &peft_adapter_warning,
 };
 
 }  // namespace

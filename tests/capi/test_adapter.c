@@ -13,6 +13,7 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 static peft_adapter* const kUntouchedAdapter = (peft_adapter*)(uintptr_t)0x5eed;
 static peft_translator* const kUntouchedTranslator = (peft_translator*)(uintptr_t)0x5eed;
@@ -297,8 +298,81 @@ static void test_corpus(void) {
   peft_adapter_free(a);
 }
 
+/* Lenient loading: the fixture llama_lora with down_proj left out of target_modules. Strict opening
+ * refuses it; lenient opening drops its four down_proj tensors (PEFT's unexpected keys), one
+ * warning each, and so does a registry registered with the same options. */
+static void test_lenient(void) {
+  const char* fixture = PEFT_TEST_DATA "/adapters/llama_lora";
+  char dir[] = "/tmp/peft_capi_lenient_XXXXXX";
+  char path[512];
+  size_t size = 0;
+  char* config;
+  char* cut;
+  peft_adapter_options* opts = NULL;
+  peft_adapter* a = kUntouchedAdapter;
+  peft_registry* registry = NULL;
+
+  if (mkdtemp(dir) == NULL) {
+    CHECK(0);
+    return;
+  }
+  snprintf(path, sizeof path, "%s/adapter_config.json", fixture);
+  config = slurp(path, &size);
+  CHECK(config != NULL);
+  if (config == NULL) return;
+  cut = strstr(config, "\"down_proj\",");
+  CHECK(cut != NULL);
+  if (cut) memset(cut, ' ', strlen("\"down_proj\","));
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  CHECK(write_bytes(path, config, strlen(config)));
+  free(config);
+  {
+    char from[512];
+    snprintf(from, sizeof from, "%s/adapter_model.safetensors", fixture);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    CHECK(copy_file(from, path));
+  }
+
+  CHECK_CODE(peft_adapter_open(dir, NULL, &a), PEFT_ERR_INVALID_CONFIG);
+  CHECK(a == kUntouchedAdapter);
+  CHECK_CODE(peft_adapter_options_set_lenient(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_adapter_options_new(&opts));
+  CHECK_OK(peft_adapter_options_set_base_dir(opts, PEFT_TEST_DATA "/models/llama"));
+  CHECK_OK(peft_adapter_options_set_lenient(opts, 1));
+  CHECK_OK(peft_adapter_open(dir, opts, &a));
+  if (a != kUntouchedAdapter) {
+    size_t i;
+    CHECK(peft_adapter_warning_count(a) == 4);
+    CHECK(peft_adapter_module_count(a) == 12);
+    for (i = 0; i < peft_adapter_warning_count(a); ++i) {
+      const char* w = peft_adapter_warning(a, i);
+      const char* start = "unexpected key \"base_model.model.model.layers.";
+      CHECK(w != NULL && strncmp(w, start, strlen(start)) == 0);
+      CHECK(w != NULL && strstr(w, "down_proj.lora_") != NULL);
+    }
+    CHECK(peft_adapter_warning(a, 4) == NULL);
+    peft_adapter_free(a);
+  }
+  CHECK(peft_adapter_warning_count(NULL) == 0);
+  CHECK(peft_adapter_warning(NULL, 0) == NULL);
+
+  CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 0, NULL, &registry));
+  CHECK_CODE(peft_registry_register(registry, "strict", dir, NULL), PEFT_ERR_INVALID_CONFIG);
+  CHECK_OK(peft_registry_register(registry, "lenient", dir, opts));
+  peft_registry_free(registry);
+
+  /* Strict again: the option can be switched off. */
+  CHECK_OK(peft_adapter_options_set_lenient(opts, 0));
+  a = kUntouchedAdapter;
+  CHECK_CODE(peft_adapter_open(dir, opts, &a), PEFT_ERR_INVALID_CONFIG);
+  CHECK(a == kUntouchedAdapter);
+  peft_adapter_options_free(opts);
+  remove_tree(dir);
+}
+
 int main(void) {
   test_fixture_adapter();
+  test_lenient();
   test_gpt2_conv1d();
   test_errors();
   test_translators();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter_open.hpp"
 #include "arguments.hpp"
 #include "command.hpp"
 
@@ -15,7 +16,7 @@ namespace {
 
 constexpr const char* kUsage =
     "adapter combine --adapter DIR:WEIGHT [--adapter DIR:WEIGHT ...] --method cat|linear --out DIR "
-    "[--dtype f32|bf16|f16] [--peft-version X.Y]";
+    "[--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient]";
 
 // "DIR:WEIGHT", split at the last colon (folder names may hold colons); the weight is a finite number.
 bool parse_weighted(const std::string& text, std::string& dir, double& weight) {
@@ -44,9 +45,17 @@ int combine_command(const std::vector<std::string>& args) {
   std::optional<std::string> out;
   std::optional<std::string> version;
   int32_t dtype = PEFT_DTYPE_KEEP;
+  std::string base;
+  bool lenient = false;
   for (Arguments a(args); a.next();) {
     const std::string& arg = a.name();
-    if (arg == "--adapter") {
+    if (arg == kLenientOption && !a.has_inline_value()) {
+      lenient = true;
+    } else if (arg == "--base") {
+      const auto v = a.value();
+      if (!v || v->empty()) return usage_error("--base needs a model folder", kUsage);
+      base = *v;
+    } else if (arg == "--adapter") {
       const auto v = a.value();
       std::string dir;
       double weight = 0;
@@ -90,7 +99,7 @@ int combine_command(const std::vector<std::string>& args) {
   }
   for (const std::string& dir : dirs) {
     peft_adapter* adapter = nullptr;
-    if (peft_error* err = peft_adapter_open(dir.c_str(), nullptr, &adapter)) return report(err);
+    if (peft_error* err = open_adapter(dir, base, lenient, &adapter)) return report(err);
     h.adapters.push_back(adapter);
   }
   std::vector<const peft_adapter*> list(h.adapters.begin(), h.adapters.end());

@@ -1,26 +1,37 @@
-// peftc adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y]: writes an adapter as
-// PEFT's save_pretrained does (canonical keys, {"format":"pt"}, sorted config), optionally converting
-// its float tensors and restricting its config to what an older PEFT release knows.
+// peftc adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient]:
+// writes an adapter as PEFT's save_pretrained does (canonical keys, {"format":"pt"}, sorted config),
+// optionally converting its float tensors and restricting its config to what an older PEFT release
+// knows. With --lenient it writes what PEFT loads (without the keys PEFT ignores; warnings on stderr).
 #include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "adapter_open.hpp"
 #include "arguments.hpp"
 #include "command.hpp"
 
 namespace peftc {
 namespace {
 
-constexpr const char* kUsage = "adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y]";
+constexpr const char* kUsage =
+    "adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient]";
 
 int export_command(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   int32_t dtype = PEFT_DTYPE_KEEP;
   std::optional<std::string> version;
+  std::string base;
+  bool lenient = false;
   for (Arguments a(args); a.next();) {
     const std::string& arg = a.name();
-    if (arg == "--dtype") {
+    if (arg == kLenientOption && !a.has_inline_value()) {
+      lenient = true;
+    } else if (arg == "--base") {
+      const auto v = a.value();
+      if (!v || v->empty()) return usage_error("--base needs a model folder", kUsage);
+      base = *v;
+    } else if (arg == "--dtype") {
       const auto v = a.value();
       if (!v) return usage_error("--dtype needs a value", kUsage);
       const std::optional<int32_t> parsed = parse_float_dtype(*v);
@@ -47,7 +58,7 @@ int export_command(const std::vector<std::string>& args) {
     if (peft_error* err = peft_export_options_set_peft_version(options.p, version->c_str())) return report(err);
   }
   Owned<peft_adapter, peft_adapter_free> adapter;
-  if (peft_error* err = peft_adapter_open(positional[0].c_str(), nullptr, &adapter.p)) return report(err);
+  if (peft_error* err = open_adapter(positional[0], base, lenient, &adapter.p)) return report(err);
   if (peft_error* err = peft_adapter_export(adapter.p, positional[1].c_str(), options.p)) return report(err);
   std::printf("exported %zu module(s) to %s\n", peft_adapter_module_count(adapter.p), positional[1].c_str());
   return kExitOk;

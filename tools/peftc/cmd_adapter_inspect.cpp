@@ -1,18 +1,20 @@
-// peftc adapter inspect DIR [--base MODEL_DIR] [--json | --config]: a PEFT LoRA adapter's config,
-// modules (rank, alpha, scaling, layer kind, tensors) and, with --base, its validation against a base
-// model. --config prints only the config, as PEFT writes it (sorted keys, indent 2).
+// peftc adapter inspect DIR [--base MODEL_DIR] [--json | --config] [--lenient]: a PEFT LoRA adapter's
+// config, modules (rank, alpha, scaling, layer kind, tensors) and, with --base, its validation against
+// a base model. --config prints only the config, as PEFT writes it (sorted keys, indent 2). --lenient
+// loads it as PEFT does and prints what was ignored to stderr.
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "adapter_open.hpp"
 #include "command.hpp"
 #include "json_text.hpp"
 
 namespace peftc {
 namespace {
 
-constexpr const char* kUsage = "adapter inspect DIR [--base MODEL_DIR] [--json | --config]";
+constexpr const char* kUsage = "adapter inspect DIR [--base MODEL_DIR] [--json | --config] [--lenient]";
 
 const char* kind_name(int32_t kind) {
   switch (kind) {
@@ -155,21 +157,14 @@ void print_text(const peft_adapter* a, const std::string& dir, const Validation*
   }
 }
 
-peft_error* open_adapter(const std::string& dir, const std::string& base, peft_adapter** out) {
-  peft_adapter_options* opts = nullptr;
-  if (peft_error* err = peft_adapter_options_new(&opts)) return err;
-  peft_error* err = base.empty() ? nullptr : peft_adapter_options_set_base_dir(opts, base.c_str());
-  if (!err) err = peft_adapter_open(dir.c_str(), opts, out);
-  peft_adapter_options_free(opts);
-  return err;
-}
-
 int run_adapter_inspect(const std::vector<std::string>& args) {
   std::string dir, base;
-  bool json = false, config = false;
+  bool json = false, config = false, lenient = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "--json") {
+    if (arg == kLenientOption) {
+      lenient = true;
+    } else if (arg == "--json") {
       json = true;
     } else if (arg == "--config") {
       config = true;
@@ -190,13 +185,13 @@ int run_adapter_inspect(const std::vector<std::string>& args) {
   peft_adapter* adapter = nullptr;
   Validation validation;
   validation.base = base;
-  peft_error* err = open_adapter(dir, base, &adapter);
+  peft_error* err = open_adapter(dir, base, lenient, &adapter);
   if (err && !base.empty()) {
     int32_t code = peft_error_code(err);
     if (code != PEFT_ERR_SHAPE_MISMATCH && code != PEFT_ERR_UNRESOLVED_KEY) return report(err);
     // The adapter itself is fine but does not fit the base: show it, and what does not fit.
     peft_adapter* plain = nullptr;
-    if (peft_error* again = open_adapter(dir, "", &plain)) {
+    if (peft_error* again = open_adapter(dir, "", lenient, &plain)) {
       peft_error_free(again);
       return report(err);
     }

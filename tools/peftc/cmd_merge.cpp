@@ -1,10 +1,11 @@
 // peftc merge [--base DIR] --adapter DIR[:WEIGHT] ... --out DIR [--dtype keep|f32|bf16|f16]
-//              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite]
+//              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] [--lenient]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
 // is. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
 // adapter's base_model_name_or_path, as a path or an id. Which folder an id resolved to goes to
-// stderr ("base: org/name -> /path").
+// stderr ("base: org/name -> /path"). --lenient loads the adapters as PEFT does, printing what it
+// ignored to stderr ("warning: ...").
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter_open.hpp"
 #include "arguments.hpp"
 #include "command.hpp"
 
@@ -22,7 +24,8 @@ namespace {
 
 constexpr const char* kUsage =
     "merge [--base DIR] --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR "
-    "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite]";
+    "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
+    "[--lenient]";
 
 struct AdapterArg {
   std::string dir;
@@ -37,6 +40,7 @@ struct Options {
   uint32_t threads = 0;
   bool require_config = true;    // --no-config: a base without config.json is merged anyway
   bool allow_nonfinite = false;  // --allow-nonfinite: merged weights may be infinite or NaN
+  bool lenient = false;          // --lenient: adapters loaded as PEFT loads them, warnings on stderr
 };
 
 // DIR or DIR:WEIGHT. A suffix after the last ':' that is not a number belongs to the folder name.
@@ -110,8 +114,12 @@ void show_resolved(const char* what, const std::string& text) {
 // hub cache. Returns an exit status when it cannot be used.
 std::optional<int> base_from_adapter(Options& o) {
   const std::string& dir = o.adapters.front().dir;
+  // Opened without a base (lenient when asked, its warnings printed once the base is known).
+  Owned<peft_adapter_options, peft_adapter_options_free> options;
+  if (peft_error* err = peft_adapter_options_new(&options.p)) return report(err);
+  if (peft_error* err = peft_adapter_options_set_lenient(options.p, o.lenient ? 1 : 0)) return report(err);
   Owned<peft_adapter, peft_adapter_free> adapter;
-  if (peft_error* err = peft_adapter_open(dir.c_str(), nullptr, &adapter.p)) return report(err);
+  if (peft_error* err = peft_adapter_open(dir.c_str(), options.p, &adapter.p)) return report(err);
   const char* name = peft_adapter_base_model_name_or_path(adapter.p);
   if (name == nullptr || *name == '\0')
     return usage_error("merge needs --base: adapter '" + dir + "' names no base model (base_model_name_or_path)",
@@ -133,8 +141,16 @@ std::optional<int> base_from_adapter(Options& o) {
 int run_merge(const Options& o) {
   Owned<peft_merge_options, peft_merge_options_free> opts;
   if (peft_error* err = peft_merge_options_new(&opts.p)) return report(err);
-  for (const AdapterArg& a : o.adapters)
-    if (peft_error* err = peft_merge_options_add_adapter_dir(opts.p, a.dir.c_str(), a.weight)) return report(err);
+  for (const AdapterArg& a : o.adapters) {
+    if (!o.lenient) {
+      if (peft_error* err = peft_merge_options_add_adapter_dir(opts.p, a.dir.c_str(), a.weight)) return report(err);
+      continue;
+    }
+    // Lenient: each adapter opened against the base here, so that its warnings can be printed.
+    Owned<peft_adapter, peft_adapter_free> adapter;
+    if (peft_error* err = open_adapter(a.dir, o.base, true, &adapter.p)) return report(err);
+    if (peft_error* err = peft_merge_options_add_adapter(opts.p, adapter.p, a.weight)) return report(err);
+  }
   if (peft_error* err = peft_merge_options_set_dtype(opts.p, o.dtype)) return report(err);
   if (peft_error* err = peft_merge_options_set_max_shard_size(opts.p, o.max_shard)) return report(err);
   if (peft_error* err = peft_merge_options_set_threads(opts.p, o.threads)) return report(err);
@@ -180,6 +196,10 @@ int merge_command(const std::vector<std::string>& args) {
     }
     if (arg == "--no-config" && !a.has_inline_value()) {
       o.require_config = false;
+      continue;
+    }
+    if (arg == kLenientOption && !a.has_inline_value()) {
+      o.lenient = true;
       continue;
     }
     if (arg == "--allow-nonfinite" && !a.has_inline_value()) {

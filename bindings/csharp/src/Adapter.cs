@@ -33,9 +33,12 @@ namespace PeftC
 
         /// <summary>Opens an adapter folder. With <paramref name="baseDir"/>, it is also resolved and validated against
         /// that base model (all-linear expanded, Conv1D told from Linear by the base's shapes). With
-        /// <paramref name="translator"/>, its table is used instead of the one detected.</summary>
+        /// <paramref name="translator"/>, its table is used instead of the one detected. With <paramref name="lenient"/>,
+        /// it is loaded as PEFT's PeftModel.from_pretrained loads it: what PEFT ignores (unexpected keys, missing keys
+        /// that leave a layer without effect) is dropped and listed in <see cref="Warnings"/>; what PEFT refuses stays
+        /// an error. Strict is the default.</summary>
         /// <exception cref="PeftException">NotFound, Unsupported, InvalidConfig, UnresolvedKey, ShapeMismatch, ...</exception>
-        public static Adapter Open(string dir, string baseDir = null, Translator translator = null)
+        public static Adapter Open(string dir, string baseDir = null, Translator translator = null, bool lenient = false)
         {
             byte[] d = Utf8.Required(dir, "dir");
             AdapterOptionsHandle o;
@@ -44,6 +47,7 @@ namespace PeftC
             {
                 if (baseDir != null) PeftException.Check(Native.peft_adapter_options_set_base_dir(o, Utf8.Encode(baseDir, "baseDir")));
                 if (translator != null) PeftException.Check(Native.peft_adapter_options_set_translator(o, translator.Handle));
+                if (lenient) PeftException.Check(Native.peft_adapter_options_set_lenient(o, 1));
                 AdapterHandle h;
                 PeftException.Check(Native.peft_adapter_open(d, o, out h));
                 return new Adapter(h);
@@ -91,6 +95,19 @@ namespace PeftC
                 var notes = new string[Checkpoint.ToInt(Native.peft_adapter_note_count(h))];
                 for (int i = 0; i < notes.Length; i++) notes[i] = Utf8.Decode(Native.peft_adapter_note(h, (UIntPtr)i));
                 return notes;
+            }
+        }
+
+        /// <summary>What lenient loading ignored, one sentence each, starting with <c>unexpected key "&lt;key&gt;": </c>
+        /// or <c>missing key "&lt;key&gt;": </c>; empty for an adapter opened strictly.</summary>
+        public string[] Warnings
+        {
+            get
+            {
+                AdapterHandle h = Handle;
+                var warnings = new string[Checkpoint.ToInt(Native.peft_adapter_warning_count(h))];
+                for (int i = 0; i < warnings.Length; i++) warnings[i] = Utf8.Decode(Native.peft_adapter_warning(h, (UIntPtr)i));
+                return warnings;
             }
         }
 

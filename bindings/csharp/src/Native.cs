@@ -319,5 +319,9 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_hub_resolve(byte[] idOrPath, out IntPtr outDir);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_hub_cache_dir(out IntPtr outDir);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_options_set_lenient(AdapterOptionsHandle o, int lenient);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_adapter_warning_count(AdapterHandle a);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_warning(AdapterHandle a, UIntPtr i);
     }
 }

@@ -34,15 +34,16 @@ namespace PeftC
 
         /// <summary>Registers the adapter folder <paramref name="dir"/> under <paramref name="name"/>, or replaces the
         /// adapter of that name for new acquisitions (leases on the old version keep it). Reads the config and the
-        /// safetensors header only. <paramref name="baseDir"/> and <paramref name="translator"/> are as for
+        /// safetensors header only. <paramref name="baseDir"/>, <paramref name="translator"/> and <paramref name="lenient"/> are as for
         /// <see cref="Adapter.Open"/>.</summary>
         /// <exception cref="PeftException">The errors of <see cref="Adapter.Open"/>; Unsupported for tensors that are
         /// not F64/F32/F16/BF16. The registry is unchanged on failure.</exception>
-        public Registry Register(string name, string dir, string baseDir = null, Translator translator = null)
+        public Registry Register(string name, string dir, string baseDir = null, Translator translator = null,
+                                 bool lenient = false)
         {
             byte[] n = Utf8.Required(name, "name");
             byte[] d = Utf8.Required(dir, "dir");
-            using (AdapterOptionsHandle o = AdapterOptions(baseDir, translator))
+            using (AdapterOptionsHandle o = AdapterOptions(baseDir, translator, lenient))
             {
                 PeftException.Check(Native.peft_registry_register(Handle, n, d, o));
             }
@@ -52,11 +53,11 @@ namespace PeftC
         /// <summary>As <see cref="Register"/>, from the text of adapter_config.json and the bytes of
         /// adapter_model.safetensors (both copied).</summary>
         public unsafe Registry RegisterMemory(string name, string configJson, ReadOnlySpan<byte> weights, string baseDir = null,
-                                              Translator translator = null)
+                                              Translator translator = null, bool lenient = false)
         {
             byte[] n = Utf8.Required(name, "name");
             byte[] c = Utf8.Required(configJson, "configJson");
-            using (AdapterOptionsHandle o = AdapterOptions(baseDir, translator))
+            using (AdapterOptionsHandle o = AdapterOptions(baseDir, translator, lenient))
             fixed (byte* w = &MemoryMarshal.GetReference(weights))
             {
                 PeftException.Check(Native.peft_registry_register_memory(Handle, n, c, w, (UIntPtr)weights.Length, o));
@@ -64,7 +65,7 @@ namespace PeftC
             return this;
         }
 
-        private static AdapterOptionsHandle AdapterOptions(string baseDir, Translator translator)
+        private static AdapterOptionsHandle AdapterOptions(string baseDir, Translator translator, bool lenient)
         {
             AdapterOptionsHandle o;
             PeftException.Check(Native.peft_adapter_options_new(out o));
@@ -72,6 +73,7 @@ namespace PeftC
             {
                 if (baseDir != null) PeftException.Check(Native.peft_adapter_options_set_base_dir(o, Utf8.Encode(baseDir, "baseDir")));
                 if (translator != null) PeftException.Check(Native.peft_adapter_options_set_translator(o, translator.Handle));
+                if (lenient) PeftException.Check(Native.peft_adapter_options_set_lenient(o, 1));
                 return o;
             }
             catch

@@ -85,6 +85,37 @@ namespace PeftC.Tests
             }
         }
 
+        /// <summary>llama_lora without "down_proj" in target_modules: strict opening refuses it; lenient opening drops
+        /// the four down_proj tensors (PEFT's unexpected keys), one warning each; so does a lenient registration.</summary>
+        [Test]
+        public void LenientLoadingListsWhatItIgnores()
+        {
+            string src = Fixtures.AdapterDir("llama_lora");
+            using (var tmp = new TempDir())
+            {
+                string config = File.ReadAllText(Path.Combine(src, "adapter_config.json"));
+                File.WriteAllText(tmp["adapter_config.json"], config.Replace("\"down_proj\",", ""));
+                File.Copy(Path.Combine(src, "adapter_model.safetensors"), tmp["adapter_model.safetensors"]);
+                Assert.ThrowsPeft(ErrorCode.InvalidConfig, () => Adapter.Open(tmp.Path), "strict");
+                using (var strict = Adapter.Open(src)) Assert.Equal(0, strict.Warnings.Length);
+                using (var adapter = Adapter.Open(tmp.Path, Fixtures.Model("llama"), lenient: true))
+                {
+                    Assert.Equal(4, adapter.Warnings.Length, "warnings");
+                    foreach (string w in adapter.Warnings)
+                    {
+                        Assert.True(w.StartsWith("unexpected key \"base_model.model.model.layers.", StringComparison.Ordinal), w);
+                        Assert.True(w.Contains("mlp.down_proj.lora_"), w);
+                    }
+                    Assert.Equal(12, adapter.ModuleCount, "modules");
+                }
+                using (var registry = new Registry(DType.F32, 0))
+                {
+                    Assert.ThrowsPeft(ErrorCode.InvalidConfig, () => registry.Register("strict", tmp.Path), "strict registration");
+                    registry.Register("lenient", tmp.Path, lenient: true);
+                }
+            }
+        }
+
         [Test]
         public void TrainableTokensAndLoraBias()
         {

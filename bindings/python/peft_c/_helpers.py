@@ -69,9 +69,10 @@ def c_options(new_name: str, free_name: str) -> Iterator[c_void_p]:
 
 
 @contextlib.contextmanager
-def adapter_options(base_dir, translator: Optional[HandleObject]) -> Iterator[Optional[c_void_p]]:
-    """A ``peft_adapter_options*`` for the time of one call (None, the defaults, when both are None)."""
-    if base_dir is None and translator is None:
+def adapter_options(base_dir, translator: Optional[HandleObject],
+                    lenient: bool = False) -> Iterator[Optional[c_void_p]]:
+    """A ``peft_adapter_options*`` for the time of one call (None, the defaults, when nothing is set)."""
+    if base_dir is None and translator is None and not lenient:
         yield None
         return
     with c_options("peft_adapter_options_new", "peft_adapter_options_free") as opts:
@@ -80,6 +81,8 @@ def adapter_options(base_dir, translator: Optional[HandleObject]) -> Iterator[Op
             check(library.peft_adapter_options_set_base_dir(opts, fs_path(base_dir)))
         if translator is not None:
             check(library.peft_adapter_options_set_translator(opts, handle_of(translator).ptr))
+        if lenient:
+            check(library.peft_adapter_options_set_lenient(opts, 1))
         yield opts
 
 

@@ -242,6 +242,9 @@ PROTOTYPES = {
     # the hub cache
     "peft_hub_resolve": (_err, [c_char_p, POINTER(c_void_p)]),
     "peft_hub_cache_dir": (_err, [POINTER(c_void_p)]),
+    "peft_adapter_options_set_lenient": (_err, [_handle, c_int32]),
+    "peft_adapter_warning_count": (c_size_t, [_handle]),
+    "peft_adapter_warning": (c_char_p, [_handle, c_size_t]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

@@ -179,12 +179,16 @@ class Adapter(HandleObject):
         self._modules: Optional[Tuple[AdapterModule, ...]] = None
 
     @classmethod
-    def open(cls, path, *, base_dir=None, translator: Optional[Translator] = None) -> "Adapter":
+    def open(cls, path, *, base_dir=None, translator: Optional[Translator] = None,
+             lenient: bool = False) -> "Adapter":
         """Opens and checks an adapter folder; with ``base_dir`` it is also resolved and validated
-        against that base model (Conv1D layers, "all-linear", shapes)."""
+        against that base model (Conv1D layers, "all-linear", shapes). With ``lenient=True`` it is
+        loaded as PEFT's ``PeftModel.from_pretrained`` loads it: what PEFT ignores (unexpected keys,
+        missing keys that leave a layer without effect) is dropped and listed in ``warnings``; what
+        PEFT refuses stays an error. Strict is the default."""
         encoded = fs_path(path)
         out = c_void_p()
-        with adapter_options(base_dir, translator) as opts:
+        with adapter_options(base_dir, translator, lenient) as opts:
             check(lib().peft_adapter_open(encoded, opts, byref(out)))
         return cls(Owned(out.value, "peft_adapter_free"), os.fsdecode(encoded))
 
@@ -267,6 +271,14 @@ class Adapter(HandleObject):
         owned, library = self._live(), lib()
         return [text(library.peft_adapter_note(owned.ptr, i))
                 for i in range(library.peft_adapter_note_count(owned.ptr))]
+
+    @property
+    def warnings(self) -> List[str]:
+        """What lenient loading ignored, one sentence each, starting with ``unexpected key "<key>": ``
+        or ``missing key "<key>": ``; empty for an adapter opened strictly."""
+        owned, library = self._live(), lib()
+        return [text(library.peft_adapter_warning(owned.ptr, i))
+                for i in range(library.peft_adapter_warning_count(owned.ptr))]
 
     def translator(self) -> Translator:
         """A translator over the adapter's architecture table (``NotFoundError`` without one)."""

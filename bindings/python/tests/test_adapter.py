@@ -190,6 +190,32 @@ def test_trainable_tokens_and_embedding_modules():
         assert all(m.token_indices is None for m in adapter if m is not tokens[0])
 
 
+def test_lenient_loading_ignores_what_peft_ignores_and_lists_it(tmp_path):
+    """llama_lora without "down_proj" in target_modules: strict opening refuses it; lenient opening
+    drops the four down_proj tensors (PEFT's unexpected keys), one warning each; so does a lenient
+    registration."""
+    if not MANIFEST.exists():
+        pytest.skip("fixtures not generated")
+    src = ADAPTERS / "llama_lora"
+    shutil.copytree(src, tmp_path / "adapter")
+    config = (src / "adapter_config.json").read_text()
+    (tmp_path / "adapter" / "adapter_config.json").write_text(config.replace('"down_proj",', ""))
+    with pytest.raises(peft_c.InvalidConfigError):
+        peft_c.Adapter.open(tmp_path / "adapter")
+    with peft_c.Adapter.open(src) as strict:
+        assert strict.warnings == []
+    with peft_c.Adapter.open(tmp_path / "adapter", base_dir=FIXTURES / "models" / "llama", lenient=True) as adapter:
+        assert len(adapter.warnings) == 4, adapter.warnings
+        for warning in adapter.warnings:
+            assert warning.startswith('unexpected key "base_model.model.model.layers.'), warning
+            assert "mlp.down_proj.lora_" in warning, warning
+        assert len(adapter) == 12
+    with peft_c.Registry("F32", 1 << 20) as registry:
+        with pytest.raises(peft_c.InvalidConfigError):
+            registry.register("strict", tmp_path / "adapter")
+        registry.register("lenient", tmp_path / "adapter", lenient=True)
+
+
 # ---- the real corpus ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("folder", corpus_adapters())

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "core/error.hpp"
@@ -29,9 +30,38 @@ struct AdapterBuilder {
   std::optional<BaseModel> base;
   std::vector<std::string> broken_structure;  // PEFT_ERR_INVALID_CHECKPOINT
   std::vector<std::string> bad_config;        // PEFT_ERR_INVALID_CONFIG, each naming its field
+  std::optional<ModuleMatcher> matcher;       // set by resolve_modules
+  struct Inert {                              // lenient: a module left out by inert()
+    std::string module;
+    AdapterTensor present;  // the factor the file holds
+    TensorRole absent;      // the zero-initialised factor it lacks
+  };
+  std::vector<Inert> inert_modules;           // reported by report_inert()
+  std::vector<std::string> without_bias;      // lenient: modules lacking the lora_B.bias lora_bias announces
 
   void config_problem(const std::string& field, const std::string& what) {
     bad_config.push_back("field " + peft::quoted(field) + ": " + what);
+  }
+
+  // Lenient mode's two kinds of warning, named as PEFT's load result names keys (adapter name removed).
+  void unexpected(const std::string& key, const std::string& why) {
+    a.warnings_.push_back("unexpected key " + peft::quoted(key) + ": " + why + "; PEFT ignores it");
+  }
+  void missing(const std::string& module, const std::string& suffix, const std::string& why) {
+    a.warnings_.push_back("missing key " + peft::quoted(std::string(kPeftPrefix) + module + "." + suffix) + ": " +
+                          why);
+  }
+  void drop_empty_modules() {
+    std::erase_if(a.modules_, [](const AdapterModule& m) { return m.tensors.empty(); });
+  }
+
+  // The trainable_token_indices entry that applies to a module, or null.
+  const std::vector<int64_t>* token_indices_for(const std::string& module) const {
+    const TrainableTokenIndices& tti = a.config_.trainable_token_indices;
+    if (!tti.given) return nullptr;
+    for (const auto& [name, list] : tti.targets)
+      if (tti.is_list || module.ends_with(name)) return &list;
+    return nullptr;
   }
 
   const TensorInfo& info(const AdapterTensor& t) const { return a.checkpoint_->tensor(t.index); }
@@ -57,6 +87,10 @@ struct AdapterBuilder {
     for (size_t i = 0; i < a.checkpoint_->tensor_count(); ++i) {
       const TensorInfo& t = a.checkpoint_->tensor(i);
       auto parsed = parse_adapter_key(t.name);
+      if (!parsed && options.lenient) {
+        unexpected(t.name, "it is not a PEFT LoRA adapter key");
+        continue;
+      }
       if (!parsed) {
         unresolved.push_back(t.name);
         continue;
@@ -115,11 +149,13 @@ struct AdapterBuilder {
     }
     if (embedding) {
       m.kind = LayerKind::embedding;
+      if (inert(m, TensorRole::lora_embedding_b, TensorRole::lora_embedding_a)) return;
       require(m, TensorRole::lora_embedding_a, TensorRole::lora_embedding_b);
       return;
     }
     if (lora) {
       m.kind = LayerKind::linear;
+      if (inert(m, TensorRole::lora_a, TensorRole::lora_b)) return;
       if (!require(m, TensorRole::lora_a, TensorRole::lora_b)) return;
       size_t ndim = info(*m.find(TensorRole::lora_a)).shape.size();
       if (ndim == 4) {
@@ -132,6 +168,62 @@ struct AdapterBuilder {
       return;
     }
     m.kind = tokens ? LayerKind::trainable_tokens : LayerKind::full;
+  }
+
+  // Lenient mode: a module holding `present` whose `absent` factor PEFT initialises to zero
+  // (lora_B, or lora_embedding_A of an embedding) changes nothing in PEFT; its tensors are dropped
+  // (and the module with them) and its missing keys reported. False, and the module fails as in
+  // strict mode, when PEFT would keep a random or nonzero value, or fail on the rank.
+  bool inert(AdapterModule& m, TensorRole present, TensorRole absent) {
+    const LoraConfig& c = a.config_;
+    if (!options.lenient || !m.find(present) || m.find(absent) || !c.zero_initialised() ||
+        m.find(TensorRole::lora_magnitude) || m.find(TensorRole::lora_b_bias))
+      return false;
+    const auto& shape = info(*m.find(present)).shape;
+    const size_t rank_axis = present == TensorRole::lora_a ? 0 : 1;  // lora_A [r, ...], lora_embedding_B [dim, r]
+    if (shape.size() < 2 || static_cast<int64_t>(shape[rank_axis]) != matcher->rank_for(m.name)) return false;
+    inert_modules.push_back({m.name, *m.find(present), absent});
+    m.tensors.clear();
+    return true;
+  }
+
+  // Lenient mode: the keys of the modules inert() left out. With a base, a module the base lacks
+  // is an unexpected key instead (PEFT creates no layer for it), and a factor that does not fit
+  // the base weight is PEFT_ERR_SHAPE_MISMATCH (PEFT's load_state_dict fails on it).
+  void report_inert() {
+    const LoraConfig& c = a.config_;
+    std::vector<std::string> mismatched;
+    for (const Inert& x : inert_modules) {
+      const auto& p = info(x.present).shape;
+      if (base) {
+        auto index = base->find(x.module, "weight", a.table_.get());
+        if (!index) {
+          unexpected(x.present.key, "the base model has no weight " + peft::quoted(x.module + ".weight") +
+                                        ", so PEFT creates no LoRA layer for module " + peft::quoted(x.module));
+          continue;
+        }
+        const TensorInfo& w = base->weights->tensor(*index);
+        const auto& ws = w.shape;
+        const bool fits = x.present.role == TensorRole::lora_embedding_b
+                              ? ws.size() == 2 && p.size() == 2 && ws[1] == p[0]
+                          : p.size() == 4 ? ws.size() == 4 && ws[1] == p[1] && ws[2] == p[2] && ws[3] == p[3]
+                                          : ws.size() == 2 && p.size() == 2 && (ws[1] == p[1] || ws[0] == p[1]);
+        if (!fits) {
+          mismatched.push_back("module " + peft::quoted(x.module) + ": " + x.present.suffix + " " + shape_text(p) +
+                               " does not fit the base weight " + peft::quoted(w.name) + " " + shape_text(ws));
+          continue;
+        }
+      }
+      const std::string why = "module " + peft::quoted(x.module) + " has " + x.present.suffix + " but no " +
+                              role_suffix(x.absent) +
+                              ", which PEFT initialises to zero: the module changes nothing and is left out";
+      missing(x.module, role_suffix(x.absent), why);
+      if (x.absent == TensorRole::lora_b && c.lora_bias) missing(x.module, role_suffix(TensorRole::lora_b_bias), why);
+      if (c.use_dora) missing(x.module, role_suffix(TensorRole::lora_magnitude), why);
+    }
+    if (!mismatched.empty())
+      fail(PEFT_ERR_SHAPE_MISMATCH, "adapter " + peft::quoted(a.dir_) + " does not fit base model " +
+                                        peft::quoted(base->dir) + ": " + join_text(mismatched, "; "));
   }
 
   bool require(const AdapterModule& m, TensorRole first, TensorRole second) {
@@ -193,8 +285,12 @@ struct AdapterBuilder {
       config_problem("use_dora", who + " has no lora_magnitude_vector but use_dora is true");
     if (m.find(TensorRole::lora_b_bias) && !c.lora_bias)
       config_problem("lora_bias", who + " has lora_B.bias but lora_bias is false");
-    if (!m.find(TensorRole::lora_b_bias) && c.lora_bias && m.kind != LayerKind::embedding)
-      config_problem("lora_bias", who + " has no lora_B.bias but lora_bias is true");
+    if (!m.find(TensorRole::lora_b_bias) && c.lora_bias && m.kind != LayerKind::embedding) {
+      if (options.lenient && c.zero_initialised())
+        without_bias.push_back(m.name);  // reported once the base has had its say (report_missing_biases)
+      else
+        config_problem("lora_bias", who + " has no lora_B.bias but lora_bias is true");
+    }
   }
 
   void resolve_tokens(AdapterModule& m) {
@@ -205,12 +301,7 @@ struct AdapterBuilder {
                                                     " holds trainable-token rows but the field is not set");
       return;
     }
-    const std::vector<int64_t>* indices = nullptr;
-    for (const auto& [name, list] : tti.targets)
-      if (tti.is_list || m.name.ends_with(name)) {
-        indices = &list;
-        break;
-      }
+    const std::vector<int64_t>* indices = token_indices_for(m.name);
     if (!indices) {
       config_problem("trainable_token_indices",
                      "module " + peft::quoted(m.name) + " has trainable-token rows but no entry names it");
@@ -247,16 +338,47 @@ struct AdapterBuilder {
     matcher.expand_targets(*defaults);
   }
 
+  // Lenient mode: drops the tensors for which PEFT's load_state_dict(strict=False) finds no
+  // parameter, because the config creates none (unexpected keys).
+  void drop_unexpected() {
+    const LoraConfig& c = a.config_;
+    for (AdapterModule& m : a.modules_) {
+      const auto verdict = matcher->check(m.name);
+      const bool untargeted =
+          verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded;
+      const std::string who = "module " + peft::quoted(m.name);
+      std::erase_if(m.tensors, [&](const AdapterTensor& t) {
+        std::string why;
+        if (is_lora_role(t.role) && untargeted)
+          why = who + " is " + verdict_name(verdict) +
+                " (target_modules with exclude_modules, modules_to_save and layers_to_transform), so PEFT creates no "
+                "LoRA layer for it";
+        else if (t.role == TensorRole::lora_magnitude && !c.use_dora)
+          why = "a DoRA magnitude vector, but use_dora is false";
+        else if (t.role == TensorRole::lora_b_bias && !c.lora_bias)
+          why = "a lora_B.bias, but lora_bias is false";
+        else if (t.role == TensorRole::trainable_tokens_delta && !token_indices_for(m.name))
+          why = "trainable-token rows, but trainable_token_indices does not configure " + who;
+        if (why.empty()) return false;
+        unexpected(t.key, why);
+        return true;
+      });
+    }
+    drop_empty_modules();
+  }
+
   void resolve_modules() {
-    ModuleMatcher matcher(a.config_);
-    expand_targets(matcher);
+    matcher.emplace(a.config_);
+    expand_targets(*matcher);
+    if (options.lenient) drop_unexpected();
     std::vector<std::string> untargeted;
     for (AdapterModule& m : a.modules_) classify(m);
+    drop_empty_modules();  // modules inert() left out
     if (!broken_structure.empty())
       fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
     size_t token_modules = 0;
     for (AdapterModule& m : a.modules_) {
-      if (m.is_lora()) resolve_lora(m, matcher, untargeted);
+      if (m.is_lora()) resolve_lora(m, *matcher, untargeted);
       if (m.kind == LayerKind::trainable_tokens) {
         resolve_tokens(m);
         ++token_modules;
@@ -280,7 +402,96 @@ struct AdapterBuilder {
     if (!bad_config.empty())
       fail(PEFT_ERR_INVALID_CONFIG,
            a.dir_ + "/adapter_config.json does not match the adapter's tensors: " + join_text(bad_config, "; "));
-    note_unused_patterns(matcher);
+    note_unused_patterns();
+  }
+
+  // Lenient mode: the lora_B.bias keys missing from modules that stay (PEFT: zero, adds nothing).
+  void report_missing_biases() {
+    for (const std::string& name : without_bias)
+      if (a.find_module(name))
+        missing(name, role_suffix(TensorRole::lora_b_bias),
+                "lora_bias is true but module " + peft::quoted(name) +
+                    " has no lora_B.bias, which PEFT initialises to zero: it adds nothing");
+  }
+
+  // Lenient mode: drops the tensors whose module or weight the base does not have (PEFT finds no
+  // parameter for them). Shapes are checked afterwards, as in strict mode.
+  void drop_absent_from_base() {
+    const ArchTable* table = a.table_.get();
+    for (AdapterModule& m : a.modules_) {
+      const bool has_weight = !m.is_lora() || base->find(m.name, "weight", table).has_value();
+      std::erase_if(m.tensors, [&](const AdapterTensor& t) {
+        if (is_lora_role(t.role) && !has_weight) {
+          unexpected(t.key, "the base model has no weight " + peft::quoted(m.name + ".weight") + ", so PEFT creates no "
+                            "LoRA layer for module " + peft::quoted(m.name));
+          return true;
+        }
+        if (t.role != TensorRole::full) return false;
+        std::string param = t.suffix.substr(t.suffix.rfind('.') == std::string::npos ? 0 : t.suffix.rfind('.') + 1);
+        if (base->find(m.name, param, table)) return false;
+        unexpected(t.key, "the base model has no tensor " + peft::quoted(m.name + "." + param) + " for it to replace");
+        return true;
+      });
+      if (m.is_lora() && !has_weight)
+        m.kind = m.find(TensorRole::trainable_tokens_delta) ? LayerKind::trainable_tokens : LayerKind::full;
+    }
+    drop_empty_modules();
+  }
+
+  // Lenient mode: the base modules target_modules selects that the file holds no tensors for. PEFT
+  // creates their layers with lora_B = 0 (lora_embedding_A = 0), reports their keys as missing, and
+  // they change nothing; with another initialisation they would hold random weights (an error).
+  // A config that selects no module of the base is refused, as PEFT refuses it.
+  void report_untouched_targets() {
+    const LoraConfig& c = a.config_;
+    std::set<std::string> covered;
+    size_t targeted = 0;
+    for (const AdapterModule& m : a.modules_) {
+      if (!m.is_lora()) continue;
+      ++targeted;
+      for (const AdapterTensor& t : m.tensors)
+        if (is_lora_role(t.role)) covered.insert(t.base_tensor);
+    }
+    for (const Inert& x : inert_modules)  // reported by report_inert()
+      if (auto index = base->find(x.module, "weight", a.table_.get()))
+        covered.insert(base->weights->tensor(*index).name);
+    std::vector<std::string> random;
+    const Checkpoint& weights = *base->weights;
+    for (size_t i = 0; i < weights.tensor_count(); ++i) {
+      const TensorInfo& t = weights.tensor(i);
+      if (!t.name.ends_with(".weight") || covered.contains(t.name)) continue;
+      const std::string module = t.name.substr(0, t.name.size() - 7);
+      if (matcher->check(module) != ModuleMatcher::Verdict::targeted) continue;
+      const ModuleRule* rule = a.table_ ? a.table_->rule_for_hf(module) : nullptr;
+      ModuleKind kind = rule ? rule->kind
+                        : t.shape.size() == 2 ? ModuleKind::linear
+                        : t.shape.size() == 4 ? ModuleKind::conv2d
+                                              : ModuleKind::other;
+      if (kind == ModuleKind::norm || kind == ModuleKind::other) continue;  // no LoRA layer for those
+      ++targeted;
+      if (!c.zero_initialised()) {
+        random.push_back(peft::quoted(module));
+        continue;
+      }
+      const bool emb = kind == ModuleKind::embedding;
+      const std::string why = "target_modules selects module " + peft::quoted(module) +
+                              ", for which the file has no tensors; PEFT initialises its " +
+                              (emb ? "lora_embedding_A" : "lora_B") + " to zero, so it changes nothing";
+      missing(module, emb ? "lora_embedding_A" : "lora_A.weight", why);
+      missing(module, emb ? "lora_embedding_B" : "lora_B.weight", why);
+      if (!emb && c.lora_bias) missing(module, role_suffix(TensorRole::lora_b_bias), why);
+      if (c.use_dora) missing(module, role_suffix(TensorRole::lora_magnitude), why);
+    }
+    if (!random.empty())
+      fail(PEFT_ERR_INVALID_CONFIG, a.dir_ + "/adapter_config.json: field \"init_lora_weights\" is not true or "
+                                             "\"gaussian\", and target_modules selects modules the file has no "
+                                             "tensors for, which PEFT would leave at random weights: " +
+                                        join_text(random, ", "));
+    const auto kind = c.target_modules.kind;
+    if (targeted == 0 && (kind == ModuleSelector::Kind::list || kind == ModuleSelector::Kind::regex))
+      fail(PEFT_ERR_INVALID_CONFIG, a.dir_ + "/adapter_config.json: field \"target_modules\" selects no module of "
+                                             "base model " + peft::quoted(base->dir) +
+                                        " that PEFT can adapt; PEFT refuses to load such an adapter");
   }
 
   // open_checkpoint() opens the weights once the config is read and the table chosen.
@@ -291,7 +502,7 @@ struct AdapterBuilder {
     Adapter& a = *adapter;
     a.dir_ = dir;
     a.config_ = std::move(config);
-    AdapterBuilder b{a, options, std::nullopt, {}, {}};
+    AdapterBuilder b{a, options, std::nullopt, {}, {}, std::nullopt, {}, {}};
     if (!options.base_dir.empty()) {
       b.base = BaseModel::open(options.base_dir, options.open);
       a.base_dir_ = b.base->dir;
@@ -301,6 +512,7 @@ struct AdapterBuilder {
     b.group_keys();
     b.resolve_modules();
     if (b.base) {
+      if (options.lenient) b.drop_absent_from_base();
       ValidationResult result = check_against_base(a.modules_, *a.checkpoint_, a.config_, *b.base, a.table_.get());
       throw_if_failed(result, a.dir_, options.base_dir);
       for (std::string& note : result.notes) a.notes_.push_back(std::move(note));
@@ -312,11 +524,14 @@ struct AdapterBuilder {
         if (rule && rule->kind == ModuleKind::conv1d) m.kind = LayerKind::conv1d;
       }
     }
+    b.report_inert();
+    b.report_missing_biases();
+    if (b.base && options.lenient) b.report_untouched_targets();
     return adapter;
   }
 
   // PEFT silently ignores rank_pattern / alpha_pattern keys that match nothing (issue #3582).
-  void note_unused_patterns(const ModuleMatcher& matcher) {
+  void note_unused_patterns() {
     auto check = [&](const auto& patterns, const char* field, auto key_of) {
       for (const auto& [key, value] : patterns) {
         bool used = false;
@@ -327,7 +542,6 @@ struct AdapterBuilder {
     };
     check(a.config_.rank_pattern, "rank_pattern", [](const AdapterModule& m) { return m.rank_key.value_or(""); });
     check(a.config_.alpha_pattern, "alpha_pattern", [](const AdapterModule& m) { return m.alpha_key.value_or(""); });
-    (void)matcher;
   }
 };
 

@@ -12,6 +12,23 @@
 // PEFT does, Linear vs GPT-2 Conv1D is decided from the base's shapes and architecture (never from
 // fan_in_fan_out alone), and every module is validated against the base (base_validation.hpp).
 //
+// Lenient mode (Options::lenient) loads what PeftModel.from_pretrained + set_peft_model_state_dict
+// load, and reports as warnings() what they ignore:
+// * unexpected keys (dropped): keys that are not PEFT adapter keys; LoRA tensors of a module that
+//   target_modules / exclude_modules / modules_to_save / layers_to_transform do not select;
+//   lora_magnitude_vector without use_dora; lora_B.bias without lora_bias; trainable-token rows
+//   that trainable_token_indices does not configure; and, with a base, tensors for modules or
+//   weights the base does not have;
+// * missing keys that leave a layer without effect (init_lora_weights true or "gaussian"):
+//   lora_B.weight of a module holding lora_A (its module is dropped), lora_embedding_A of an
+//   embedding holding lora_embedding_B, lora_B.bias with lora_bias, and, with a base, every key of
+//   a base module that target_modules selects but the file has no tensors for.
+// Everything PEFT would refuse or leave at a random value stays an error: rank or shape
+// mismatches, lora_A missing where lora_B is present (or lora_embedding_B), a DoRA module without
+// its magnitude vector (PEFT would derive it from the base weight), two keys for one tensor,
+// initialisations other than true / "gaussian" with factors missing, and target_modules selecting
+// no module of the base.
+//
 // An Adapter is immutable once opened; every const method may be called from many threads.
 #pragma once
 
@@ -39,6 +56,7 @@ class Adapter {
     std::string base_dir;                          // optional: a base model folder to validate against
     std::shared_ptr<const ArchTable> table;        // optional: otherwise detected (may stay null)
     OpenOptions open;                              // for the adapter's and the base's safetensors
+    bool lenient = false;                          // PEFT's rules: ignore and warn (see above)
   };
 
   // A folder holding adapter_config.json and adapter_model.safetensors. PEFT's fallback
@@ -66,6 +84,11 @@ class Adapter {
   // Things a user should know that are not errors (adapter names stripped, unverifiable targets,
   // rank_pattern keys that match nothing, a fan_in_fan_out flag that contradicts the base layout).
   const std::vector<std::string>& notes() const { return notes_; }
+  // What lenient mode ignored, one sentence each, starting with a stable kind:
+  //   unexpected key "<key as in the file>": <why>; PEFT ignores it
+  //   missing key "base_model.model.<module>.<role>": <why>; ...
+  // (the names of PEFT's load result without the adapter name). Empty in strict mode.
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
   // Validates this adapter against a base model folder (config.json + weights), without changing
   // it: PEFT_ERR_UNRESOLVED_KEY / PEFT_ERR_SHAPE_MISMATCH listing every problem.
@@ -81,6 +104,7 @@ class Adapter {
   std::string family_reason_;
   std::string base_dir_;
   std::vector<std::string> notes_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace peft

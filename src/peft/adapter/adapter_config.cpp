@@ -356,6 +356,10 @@ double LoraConfig::scaling(int64_t rank, double alpha) const {
   return use_rslora ? alpha / std::sqrt(r) : alpha / r;
 }
 
+bool LoraConfig::zero_initialised() const {
+  return init_lora_weights.is_bool ? init_lora_weights.flag : lower(init_lora_weights.method) == "gaussian";
+}
+
 std::string LoraConfig::canonical_json() const {
   // nlohmann::json keeps object keys sorted by bytes, which is Python's sort_keys order for UTF-8.
   nlohmann::json sorted = nlohmann::json::parse(document.dump());

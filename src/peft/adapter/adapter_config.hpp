@@ -93,6 +93,11 @@ struct LoraConfig {
   // lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora, for an already resolved r and alpha.
   double scaling(int64_t rank, double alpha) const;
 
+  // Whether PEFT 0.21 creates a LoRA layer with lora_B.weight, lora_B.bias and lora_embedding_A at
+  // zero (LoraLayer.reset_lora_parameters: init_lora_weights true or "gaussian"), so that factors
+  // missing from the file leave the layer without effect. Other values keep random weights.
+  bool zero_initialised() const;
+
   // The document as PEFT writes it: json.dumps(indent=2, sort_keys=True), ASCII-escaped.
   std::string canonical_json() const;
 };

@@ -98,16 +98,18 @@ class Registry(HandleObject):
         return (f"<peft_c.Registry {self.dtype.name} {stats.registered} registered, "
                 f"{stats.loaded_bytes}/{stats.budget_bytes} bytes loaded>")
 
-    def register(self, name: str, path, *, base_dir=None, translator: Optional[Translator] = None) -> None:
+    def register(self, name: str, path, *, base_dir=None, translator: Optional[Translator] = None,
+                 lenient: bool = False) -> None:
         """Registers the adapter folder ``path`` under ``name`` (replacing that name's adapter for
         new acquisitions). Reads and validates the config and the safetensors header only; with
-        ``base_dir`` the adapter is also validated against that base model."""
+        ``base_dir`` the adapter is also validated against that base model; ``lenient`` as for
+        ``Adapter.open``."""
         owned = self._live()
-        with adapter_options(base_dir, translator) as opts:
+        with adapter_options(base_dir, translator, lenient) as opts:
             check(lib().peft_registry_register(owned.ptr, encode(name, "names"), fs_path(path), opts))
 
     def register_memory(self, name: str, config_json: Union[str, dict], weights, *, base_dir=None,
-                        translator: Optional[Translator] = None) -> None:
+                        translator: Optional[Translator] = None, lenient: bool = False) -> None:
         """As ``register``, from the text (or dict) of adapter_config.json and the bytes of
         adapter_model.safetensors (any bytes-like object; both are copied)."""
         owned = self._live()
@@ -119,7 +121,7 @@ class Registry(HandleObject):
         view = view.cast("B")
         # A read-only buffer (bytes) has no ctypes from_buffer; numpy gives its address either way.
         data = np.frombuffer(view, dtype=np.uint8)
-        with adapter_options(base_dir, translator) as opts:
+        with adapter_options(base_dir, translator, lenient) as opts:
             check(lib().peft_registry_register_memory(owned.ptr, encode(name, "names"),
                                                       encode(config_json, "config_json"),
                                                       data.ctypes.data if data.size else None, data.size,

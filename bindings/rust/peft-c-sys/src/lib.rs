@@ -572,6 +572,11 @@ functions! {
     pub fn peft_merge_record_active(record: *const peft_merge_record) -> i32;
     pub fn peft_merge_record_saved_bytes(record: *const peft_merge_record) -> u64;
 
+    // ---- lenient adapter loading
+    pub fn peft_adapter_options_set_lenient(opts: *mut peft_adapter_options, lenient: i32) -> *mut peft_error;
+    pub fn peft_adapter_warning_count(adapter: *const peft_adapter) -> usize;
+    pub fn peft_adapter_warning(adapter: *const peft_adapter, index: usize) -> *const c_char;
+
     // ---- export
     pub fn peft_export_options_new(out: *mut *mut peft_export_options) -> *mut peft_error;
     pub fn peft_export_options_free(opts: *mut peft_export_options);
@@ -909,5 +914,8 @@ api_table! {
         pub fn merge_record_unmerge(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void) -> *mut peft_error = peft_merge_record_unmerge;
         pub fn hub_resolve(id_or_path: *const c_char, out_dir: *mut *mut c_char) -> *mut peft_error = peft_hub_resolve;
         pub fn hub_cache_dir(out_dir: *mut *mut c_char) -> *mut peft_error = peft_hub_cache_dir;
+        pub fn adapter_options_set_lenient(opts: *mut peft_adapter_options, lenient: i32) -> *mut peft_error = peft_adapter_options_set_lenient;
+        pub fn adapter_warning_count(adapter: *const peft_adapter) -> usize = peft_adapter_warning_count;
+        pub fn adapter_warning(adapter: *const peft_adapter, index: usize) -> *const c_char = peft_adapter_warning;
     }
 }

@@ -48,6 +48,15 @@ impl AdapterOptions {
         unsafe { check(sys::peft_adapter_options_set_translator(self.raw.as_ptr(), ptr))? };
         Ok(self)
     }
+
+    /// Loads the adapter as PEFT's `PeftModel.from_pretrained` does (true) or strictly (false, the
+    /// default): what PEFT ignores (unexpected keys, missing keys that leave a layer without
+    /// effect) is dropped and listed in [`Adapter::warnings`]; what PEFT refuses stays an error.
+    pub fn set_lenient(&mut self, lenient: bool) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_adapter_options_set_lenient(self.raw.as_ptr(), i32::from(lenient)))? };
+        Ok(self)
+    }
 }
 
 impl fmt::Debug for AdapterOptions {
@@ -238,6 +247,17 @@ impl Adapter {
         unsafe {
             (0..sys::peft_adapter_note_count(self.ptr()))
                 .filter_map(|i| borrowed_str(sys::peft_adapter_note(self.ptr(), i)))
+                .collect()
+        }
+    }
+
+    /// What lenient loading ignored ([`AdapterOptions::set_lenient`]), one sentence each, starting
+    /// with `unexpected key "<key>": ` or `missing key "<key>": `. Empty for a strict adapter.
+    pub fn warnings(&self) -> Vec<&str> {
+        // SAFETY: a live handle; strings live as long as self.
+        unsafe {
+            (0..sys::peft_adapter_warning_count(self.ptr()))
+                .filter_map(|i| borrowed_str(sys::peft_adapter_warning(self.ptr(), i)))
                 .collect()
         }
     }

@@ -293,3 +293,31 @@ fn adapter_uses_an_explicit_translator() {
     let detected = Adapter::open_with(fixture(&["adapters", "mistral_lora"]), &options).unwrap();
     assert_eq!(detected.family(), Some("mistral"));
 }
+
+/// llama_lora without "down_proj" in target_modules: strict opening refuses it; lenient opening
+/// drops the four down_proj tensors, one warning each (PEFT's unexpected keys).
+#[test]
+fn lenient_loading_ignores_what_peft_ignores_and_lists_it() {
+    let tmp = TempDir::new("lenient");
+    let dir = tmp.join("adapter");
+    let src = fixture(&["adapters", "llama_lora"]);
+    copy_dir(&src, &dir);
+    let config = std::fs::read_to_string(src.join("adapter_config.json")).unwrap();
+    std::fs::write(dir.join("adapter_config.json"), config.replace("\"down_proj\",", "")).unwrap();
+
+    expect_code(Adapter::open(&dir), ErrorCode::InvalidConfig);
+    assert!(Adapter::open(&src).unwrap().warnings().is_empty());
+    let mut options = AdapterOptions::new().unwrap();
+    options.set_base_dir(Some(&fixture(&["models", "llama"]))).unwrap().set_lenient(true).unwrap();
+    let adapter = Adapter::open_with(&dir, &options).unwrap();
+    let warnings = adapter.warnings();
+    assert_eq!(warnings.len(), 4, "{warnings:?}");
+    for w in &warnings {
+        assert!(w.starts_with("unexpected key \"base_model.model.model.layers."), "{w}");
+        assert!(w.contains("mlp.down_proj.lora_"), "{w}");
+    }
+    assert_eq!(adapter.module_count(), 12);
+    assert!(adapter.modules().all(|m| !m.name().ends_with("down_proj")));
+    options.set_lenient(false).unwrap();
+    expect_code(Adapter::open_with(&dir, &options), ErrorCode::InvalidConfig);
+}

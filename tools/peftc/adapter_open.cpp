@@ -1,0 +1,24 @@
+// Opening adapters for the commands, with --lenient and its warnings (adapter_open.hpp).
+#include "adapter_open.hpp"
+
+#include <cstdio>
+
+namespace peftc {
+
+peft_error* open_adapter(const std::string& dir, const std::string& base, bool lenient, peft_adapter** out) {
+  peft_adapter_options* opts = nullptr;
+  if (peft_error* err = peft_adapter_options_new(&opts)) return err;
+  peft_error* err = base.empty() ? nullptr : peft_adapter_options_set_base_dir(opts, base.c_str());
+  if (!err) err = peft_adapter_options_set_lenient(opts, lenient ? 1 : 0);
+  if (!err) err = peft_adapter_open(dir.c_str(), opts, out);
+  peft_adapter_options_free(opts);
+  if (!err) print_warnings(*out);
+  return err;
+}
+
+void print_warnings(const peft_adapter* adapter) {
+  for (size_t i = 0; i < peft_adapter_warning_count(adapter); ++i)
+    std::fprintf(stderr, "warning: %s\n", peft_adapter_warning(adapter, i));
+}
+
+}  // namespace peftc
