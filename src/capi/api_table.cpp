@@ -185,6 +185,8 @@ const peft_api kApiV1 = {
     &peft_registry_name_list,
     &peft_lease_free,
     &peft_merge_record_unmerge,
+    &peft_adapter_doctor,
+    &peft_adapter_doctor_fix,
 };
 
 }  // namespace
