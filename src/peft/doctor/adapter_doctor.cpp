@@ -514,7 +514,7 @@ class Doctor {
       }
     }
     auto verdict = matcher_->check(m.name);
-    if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
+    if (g.resolved && (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded))
       problem("untargeted_module", keys, {m.name},
               "module " + peft::quoted(m.name) + " has LoRA tensors but target_modules does not select it (" +
                   verdict_name(verdict) + "); PEFT ignores them",
