@@ -239,6 +239,9 @@ PROTOTYPES = {
                                           c_void_p, c_int32, c_uint64]),
     "peft_host_model_swap": (_err, [_handle, _handle, ctypes.c_double, POINTER(SwapStatsStruct)]),
     "peft_host_model_current": (c_char_p, [_handle]),
+    # the adapter doctor
+    "peft_adapter_doctor": (_err, [c_char_p, c_char_p, POINTER(c_void_p)]),
+    "peft_adapter_doctor_fix": (_err, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

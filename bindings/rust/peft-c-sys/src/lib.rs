@@ -589,6 +589,16 @@ functions! {
         opts: *const peft_export_options,
     ) -> *mut peft_error;
 
+    // ---- the adapter doctor
+    pub fn peft_adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char)
+        -> *mut peft_error;
+    pub fn peft_adapter_doctor_fix(
+        adapter_dir: *const c_char,
+        base_dir: *const c_char,
+        out_dir: *const c_char,
+        out_json: *mut *mut c_char,
+    ) -> *mut peft_error;
+
     // ---- serving
     pub fn peft_registry_new(
         storage_dtype: i32,
@@ -903,5 +913,7 @@ api_table! {
         pub fn registry_name_list(registry: *const peft_registry, out: *mut *mut peft_string_list) -> *mut peft_error = peft_registry_name_list;
         pub fn lease_free(lease: *mut peft_lease) = peft_lease_free;
         pub fn merge_record_unmerge(record: *mut peft_merge_record, data: *mut c_void, bias: *mut c_void) -> *mut peft_error = peft_merge_record_unmerge;
+        pub fn adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor;
+        pub fn adapter_doctor_fix(adapter_dir: *const c_char, base_dir: *const c_char, out_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor_fix;
     }
 }
