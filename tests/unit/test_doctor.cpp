@@ -171,3 +171,21 @@ TEST_CASE("doctor: errors are errors, not problems") {
   CHECK(error_test::code_of([&] { peft::diagnose_adapter((tmp.path / "badconfig").string(), ""); }) ==
         PEFT_ERR_INVALID_CONFIG);
 }
+
+TEST_CASE("doctor: an integer LoRA factor is an unsupported_dtype problem") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  // F32 tensors written by hand, then the dtype of lora_B changed to I32 (same size) in the header.
+  write_adapter(tmp.path / "a", config_text({{"target_modules", {"q_proj"}}}),
+                lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8));
+  fs::path file = tmp.path / "a" / "adapter_model.safetensors";
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  size_t at = bytes.rfind("\"F32\"");
+  REQUIRE(at != std::string::npos);
+  bytes.replace(at, 5, "\"I32\"");
+  std::ofstream(file, std::ios::binary) << bytes;
+  nlohmann::json report = diagnose(tmp.path / "a", tmp.path / "base");
+  CHECK(kinds(report) == std::vector<std::string>{"unsupported_dtype"});
+}

@@ -390,8 +390,21 @@ class Doctor {
     bool dora_scale = false;
     for (size_t i : g.entries) {
       const Entry& e = entries_[i];
+      const TensorInfo& info = weights_->tensor(e.index);
+      if (!is_float(info.dtype) && e.role != TensorRole::full) {
+        problem("unsupported_dtype", {e.key}, {g.name},
+                "tensor " + peft::quoted(e.key) + " is " + std::string(dtype_name(info.dtype)) +
+                    "; LoRA factors, magnitudes and alphas are floating-point tensors",
+                false);
+        if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_alpha) continue;
+      }
       if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_alpha) {
-        kohya_alpha = static_cast<double>(weights_->read_f32(e.index).at(0));
+        std::vector<float> value = weights_->read_f32(e.index);
+        if (value.size() == 1)
+          kohya_alpha = static_cast<double>(value[0]);
+        else
+          problem("shape_mismatch", {e.key}, {g.name},
+                  "kohya alpha " + peft::quoted(e.key) + " is " + shape_text(info.shape) + ", not one value", false);
         continue;
       }
       if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_dora_scale) {

@@ -23,7 +23,7 @@
 // embedding_role, ambiguous_rename, unmatched_key, duplicate_key, incomplete_module,
 // untargeted_module, rank_mismatch, dora_mismatch, dora_convention, lora_bias_mismatch,
 // shape_transposed, vocabulary_resized, shape_mismatch, missing_base_tensor,
-// target_without_tensors. docs/doctor.md describes each.
+// target_without_tensors, unsupported_dtype. docs/doctor.md describes each.
 //
 // Pure functions of the files they read; thread-safe.
 #pragma once
