@@ -7,9 +7,11 @@ adapters written by the committed generator tests/fixtures/generator/renamed_ada
   problem kinds, each with a fix;
 * `--fix` writes an adapter that the doctor finds clean, that `PeftModel.from_pretrained` loads with no
   missing or unexpected adapter keys, and whose PEFT merge equals the source adapter's merge exactly;
-* the llava names (`language_model.model.*` on a base holding `model.language_model.*`) are fixed too; no
-  transformers model of that naming is at hand, so there the fixed adapter must merge with peft_c into
-  the renamed base exactly as the source merges into the source base;
+* the llava names (`language_model.model.*` on a base holding `model.language_model.*`) are fixed too, and
+  the fixed adapter merges with peft_c into the renamed base exactly as the source into the source base;
+* a PEFT adapter on a real tiny llava (in-memory names `model.language_model.*`, checkpoint names
+  `language_model.model.*` as transformers 5 saves them) gets the checkpoint's names; PEFT loads the fixed
+  adapter cleanly and merges it as the original, and peft_c merges it as PEFT does;
 * problems without a fix (target modules without tensors, a resized vocabulary, transposed factors, a key
   nothing explains) are found with their kinds; errors give exit 2.
 
@@ -153,6 +155,49 @@ def test_llava_names_on_renamed_base(peftc_binary, tmp_path):
     assert renamed.keys() == repaired.keys()
     for key, value in renamed.items():
         assert (value == repaired[key]).all(), key
+
+
+def test_llava_adapter_on_llava_checkpoint(peftc_binary, tmp_path):
+    """A real tiny llava: transformers 5 saves its checkpoint under the old names (language_model.model.*)
+    while PEFT names the adapter after the modules in memory (model.language_model.*). The doctor proposes
+    the checkpoint's names; PEFT loads the fixed adapter with nothing missing or unexpected and merges it
+    as the original; peft_c merges the fixed adapter into the checkpoint as PEFT does."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    text = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=2)
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=8, patch_size=4)
+    config = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=63)
+    base = tmp_path / "llava"
+    transformers.LlavaForConditionalGeneration(config).save_pretrained(base)
+    model = get_peft_model(load_base(base), LoraConfig(r=2, lora_alpha=4, target_modules=r".*language_model.*\.(q_proj|v_proj)"))
+    for name, parameter in model.named_parameters():
+        if "lora_" in name:
+            torch.nn.init.normal_(parameter)
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+
+    result, report = doctor(peftc_binary, adapter, base)
+    assert result.returncode == 1
+    assert {p["kind"] for p in report["problems"]} == {"renamed_module"}
+    assert {r["to"].split(".layers.")[0] for r in report["renames"]} == {"base_model.model.language_model.model"}
+    fixed = tmp_path / "fixed"
+    assert doctor(peftc_binary, adapter, base, "--fix", fixed)[0].returncode == 0
+
+    original = merged(load_clean(base, adapter))
+    repaired = merged(load_clean(base, fixed))
+    for key, value in original.items():
+        assert torch.equal(value, repaired[key]), key
+    run = subprocess.run([str(peftc_binary), "merge", "--base", str(base), "--adapter", str(fixed), "--out",
+                          str(tmp_path / "merged")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    ours = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    for proj in ("q_proj", "v_proj"):
+        theirs = original[f"model.language_model.layers.0.self_attn.{proj}.weight"].numpy()
+        mine = ours[f"language_model.model.layers.0.self_attn.{proj}.weight"]
+        assert abs(mine - theirs).max() <= 1e-6 * max(1.0, abs(theirs).max()), proj
 
 
 def _edit(source: pathlib.Path, out: pathlib.Path, edit) -> pathlib.Path:
