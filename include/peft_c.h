@@ -1529,12 +1529,14 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
 
 /**
  * @brief Examines an adapter folder, against a base model folder when one is given.
- * @param adapter_dir A folder with adapter_config.json and adapter_model.safetensors.
+ * @param adapter_dir A folder with adapter_config.json and adapter_model.safetensors (without the
+ *        config, as kohya / LyCORIS files come, one is made from the tensors and reported as the
+ *        problem `missing_config`).
  * @param base_dir A base model folder (config.json and safetensors weights), or NULL / "" for none
  *        (then only what the adapter itself shows is checked, and module renames are not proposed).
  * @param[out] out_json Receives the report (UTF-8 JSON, keys sorted); free it with
  *        peft_string_free(). Problems found are in the report, not errors: check `summary.ok`.
- * @return NULL on success; #PEFT_ERR_NOT_FOUND for a missing folder or file;
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND for a missing folder or adapter_model.safetensors;
  *         #PEFT_ERR_INVALID_CONFIG for an adapter_config.json that cannot be read or a base
  *         config.json that is not JSON; safetensors format errors naming the file;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter_dir or @p out_json. Thread-safe.

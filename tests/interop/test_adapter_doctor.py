@@ -3,7 +3,7 @@ adapters written by the committed generator tests/fixtures/generator/renamed_ada
 
 * a clean fixture adapter gives exit 0 and `summary.ok`;
 * every renamed variant (prefix missing or doubled, transformers' VLM renames, `.weight` suffix variants,
-  lora_A vs lora_embedding_A, kohya names with per-module alphas) gives exit 1 with exactly the expected
+  lora_A vs lora_embedding_A, kohya names with per-module alphas, with or without a config) gives exit 1 with exactly the expected
   problem kinds, each with a fix;
 * `--fix` writes an adapter that the doctor finds clean, that `PeftModel.from_pretrained` loads with no
   missing or unexpected adapter keys, and whose PEFT merge equals the source adapter's merge exactly;
@@ -51,6 +51,7 @@ VARIANTS = [
     ("weight_suffix", "llama_lora", "llama", {"weight_suffix"}),
     ("kohya", "llama_lora", "llama", {"kohya_name"}),
     ("kohya_dotted", "llama_lora", "llama", {"kohya_name"}),
+    ("kohya_no_config", "llama_lora", "llama", {"kohya_name", "missing_config"}),
     ("weight_suffix", "llama_embedding", "llama", {"weight_suffix"}),
     ("embedding_role", "llama_embedding", "llama", {"embedding_role"}),
     ("missing_prefix", "gemma3_text_lora", "gemma3_text", {"missing_peft_prefix"}),

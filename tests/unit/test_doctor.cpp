@@ -189,3 +189,27 @@ TEST_CASE("doctor: an integer LoRA factor is an unsupported_dtype problem") {
   nlohmann::json report = diagnose(tmp.path / "a", tmp.path / "base");
   CHECK(kinds(report) == std::vector<std::string>{"unsupported_dtype"});
 }
+
+TEST_CASE("doctor: a kohya folder without adapter_config.json gets a config made from its tensors") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}},
+                                 {"model.layers.0.self_attn.v_proj.weight", {4, 8}}});
+  write_safetensors(tmp.path / "k" / "adapter_model.safetensors",
+                    {{"lora_te_model_layers_0_self_attn_q_proj.lora_down.weight", {2, 8}},
+                     {"lora_te_model_layers_0_self_attn_q_proj.lora_up.weight", {8, 2}},
+                     {"lora_te_model_layers_0_self_attn_v_proj.lora_down.weight", {2, 8}},
+                     {"lora_te_model_layers_0_self_attn_v_proj.lora_up.weight", {4, 2}}});
+  nlohmann::json report = diagnose(tmp.path / "k", tmp.path / "base");
+  CHECK(has(kinds(report), "missing_config"));
+  CHECK(has(kinds(report), "kohya_name"));
+  CHECK(report["summary"]["fixable_problems"] == report["summary"]["problems"]);
+  peft::fix_adapter((tmp.path / "k").string(), (tmp.path / "base").string(), (tmp.path / "fixed").string());
+  std::ifstream config_file(tmp.path / "fixed" / "adapter_config.json");
+  nlohmann::json config = nlohmann::json::parse(config_file);
+  CHECK(config["r"] == 2);
+  CHECK(config["lora_alpha"] == 2.0);
+  CHECK(config["target_modules"] ==
+        nlohmann::json::array({"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}));
+  CHECK(diagnose(tmp.path / "fixed", tmp.path / "base")["summary"]["ok"] == true);
+  CHECK(open_failure(tmp.path / "fixed", {(tmp.path / "base").string(), nullptr, {}}).code == PEFT_OK);
+}

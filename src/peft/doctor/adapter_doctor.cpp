@@ -50,6 +50,7 @@ struct Entry {
   std::string suffix;  // PEFT's role suffix (after an embedding-role fix)
   TensorRole role = TensorRole::full;
   std::string final_key;  // the key --fix writes; "" when the tensor is dropped into the config
+  bool kohya_alpha_or_scale() const { return kohya && kohya_role != KeyRewrite::Role::lora_tensor; }
 };
 
 // One module as the fix will name it.
@@ -143,11 +144,12 @@ class Doctor {
       fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir_) + " does not exist or is not a folder");
     const fs::path config = fs::path(dir_) / kAdapterConfigName;
     const fs::path weights = fs::path(dir_) / kAdapterWeightsName;
-    if (!fs::exists(config, ec))
-      fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir_) + " has no adapter_config.json");
     if (!fs::exists(weights, ec))
       fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir_) + " has no adapter_model.safetensors");
-    config_ = LoraConfig::from_file(config.string());
+    // kohya / LyCORIS files come without a config: one is made from the tensors (synthesize_config).
+    missing_config_ = !fs::exists(config, ec);
+    config_ = missing_config_ ? LoraConfig::parse(R"({"peft_type": "LORA"})", config.string())
+                              : LoraConfig::from_file(config.string());
     weights_ = Checkpoint::open(weights.string());
     if (!base_dir_.empty()) base_ = BaseModel::open(base_dir_, {});
     const Json* base_config = base_ && base_->config.is_object() ? &base_->config : nullptr;
@@ -291,6 +293,7 @@ class Doctor {
       groups_[it->second].entries.push_back(i);
     }
     for (Group& g : groups_) resolve(g);
+    if (missing_config_) synthesize_config();
     matcher_.emplace(config_);
     if (matcher_->needs_expansion() && base_ && table_) {
       if (config_.target_modules.kind == ModuleSelector::Kind::all_linear) {
@@ -299,6 +302,50 @@ class Doctor {
         if (const auto* defaults = table_->default_targets(*type)) matcher_->expand_targets(*defaults);
       }
     }
+  }
+
+  // The config of an adapter that has none: LoRA with the most common rank and alpha (per-module
+  // differences then become rank_pattern / alpha_pattern entries) and every resolved module as a target.
+  void synthesize_config() {
+    std::map<int64_t, size_t> ranks;
+    std::map<double, size_t> alphas;
+    std::vector<std::string> targets;
+    for (const Group& g : groups_) {
+      bool lora = false;
+      for (size_t i : g.entries) {
+        const Entry& e = entries_[i];
+        const TensorInfo& info = weights_->tensor(e.index);
+        if ((e.role == TensorRole::lora_a || e.role == TensorRole::lora_embedding_a) && !e.kohya_alpha_or_scale() &&
+            !info.shape.empty()) {
+          ++ranks[static_cast<int64_t>(info.shape[0])];
+          lora = true;
+        }
+        if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_alpha && is_float(info.dtype)) {
+          std::vector<float> value = weights_->read_f32(e.index);
+          if (value.size() == 1) ++alphas[static_cast<double>(value[0])];
+        }
+      }
+      if (lora && g.resolved) targets.push_back(g.name);
+    }
+    auto most = [](const auto& counts) {
+      auto best = counts.begin();
+      for (auto it = counts.begin(); it != counts.end(); ++it)
+        if (it->second > best->second) best = it;
+      return best->first;
+    };
+    nlohmann::ordered_json doc = {{"peft_type", "LORA"}};
+    const int64_t r = ranks.empty() ? 8 : most(ranks);
+    doc["r"] = r;
+    doc["lora_alpha"] = alphas.empty() ? static_cast<double>(r) : most(alphas);
+    std::sort(targets.begin(), targets.end());
+    doc["target_modules"] = targets;
+    doc["inference_mode"] = true;
+    config_ = LoraConfig::parse(doc.dump(), dir_ + "/" + kAdapterConfigName);
+    problem("missing_config", {}, {},
+            "the adapter folder has no adapter_config.json (as kohya / LyCORIS files); the fix writes one with r = " +
+                std::to_string(r) + ", lora_alpha = " + python_float_repr(doc["lora_alpha"].get<double>()) + " and " +
+                std::to_string(targets.size()) + " target modules",
+            true);
   }
 
   const ModuleRule* rule_of(const std::string& module) const {
@@ -730,6 +777,7 @@ class Doctor {
   }
 
   std::string dir_, base_dir_;
+  bool missing_config_ = false;
   LoraConfig config_;
   std::shared_ptr<const Checkpoint> weights_;
   std::optional<BaseModel> base_;

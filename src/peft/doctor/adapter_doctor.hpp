@@ -19,7 +19,7 @@
 //                  "fix": null|{"renames": [{"from": str, "to": str}]}}],
 //    "renames": [{"from": str, "to": str}],            every key --fix renames
 //    "config_changes": [{"field": str, "key": str, "value": number}]}   every entry --fix adds
-// Problem kinds (stable strings): missing_peft_prefix, weight_suffix, kohya_name, renamed_module,
+// Problem kinds (stable strings): missing_config, missing_peft_prefix, weight_suffix, kohya_name, renamed_module,
 // embedding_role, ambiguous_rename, unmatched_key, duplicate_key, incomplete_module,
 // untargeted_module, rank_mismatch, dora_mismatch, dora_convention, lora_bias_mismatch,
 // shape_transposed, vocabulary_resized, shape_mismatch, missing_base_tensor,
@@ -37,8 +37,9 @@ struct DoctorResult {
   bool ok = false;   // no problems
 };
 
-// Examines `adapter_dir` (adapter_config.json + adapter_model.safetensors), against `base_dir` when
-// not empty. Errors (not problems): PEFT_ERR_NOT_FOUND for a missing folder or file,
+// Examines `adapter_dir` (adapter_config.json + adapter_model.safetensors; without the config, one
+// is made from the tensors and reported as missing_config), against `base_dir` when not empty.
+// Errors (not problems): PEFT_ERR_NOT_FOUND for a missing folder or adapter_model.safetensors,
 // PEFT_ERR_INVALID_CONFIG for a config that cannot be read, format errors for a file that is not
 // safetensors.
 DoctorResult diagnose_adapter(const std::string& adapter_dir, const std::string& base_dir);
