@@ -279,12 +279,6 @@ namespace PeftC
         internal static extern ErrorHandle peft_adapter_combine(IntPtr* adapters, double[] weights, UIntPtr count, int method,
                                                                 byte[] outDir, ExportOptionsHandle o);
 
-        // ---- the adapter doctor ----
-        [DllImport(Lib, CallingConvention = Cdecl)]
-        internal static extern ErrorHandle peft_adapter_doctor(byte[] adapterDir, byte[] baseDir, out IntPtr json);
-        [DllImport(Lib, CallingConvention = Cdecl)]
-        internal static extern ErrorHandle peft_adapter_doctor_fix(byte[] adapterDir, byte[] baseDir, byte[] outDir, out IntPtr json);
-
         // ---- serving ----
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_registry_new(int storageDtype, ulong budgetBytes, TranslatorHandle translator,
@@ -323,5 +317,11 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_swap(HostModelHandle host, LeaseHandle lease, double weight, ref NativeSwapStats stats);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);
+
+        // ---- the adapter doctor ----
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_doctor(byte[] adapterDir, byte[] baseDir, out IntPtr json);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_doctor_fix(byte[] adapterDir, byte[] baseDir, byte[] outDir, out IntPtr json);
     }
 }

@@ -589,16 +589,6 @@ functions! {
         opts: *const peft_export_options,
     ) -> *mut peft_error;
 
-    // ---- the adapter doctor
-    pub fn peft_adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char)
-        -> *mut peft_error;
-    pub fn peft_adapter_doctor_fix(
-        adapter_dir: *const c_char,
-        base_dir: *const c_char,
-        out_dir: *const c_char,
-        out_json: *mut *mut c_char,
-    ) -> *mut peft_error;
-
     // ---- serving
     pub fn peft_registry_new(
         storage_dtype: i32,
@@ -673,6 +663,16 @@ functions! {
     pub fn peft_host_model_current(host: *const peft_host_model) -> *const c_char;
     pub fn peft_merge_options_set_require_config(opts: *mut peft_merge_options, require: i32) -> *mut peft_error;
     pub fn peft_merge_options_set_allow_nonfinite(opts: *mut peft_merge_options, allow: i32) -> *mut peft_error;
+
+    // ---- the adapter doctor
+    pub fn peft_adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char)
+        -> *mut peft_error;
+    pub fn peft_adapter_doctor_fix(
+        adapter_dir: *const c_char,
+        base_dir: *const c_char,
+        out_dir: *const c_char,
+        out_json: *mut *mut c_char,
+    ) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
