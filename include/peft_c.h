@@ -15,7 +15,7 @@
  * | @ref reading | Opening, indexing and reading safetensors files and checkpoints. |
  * | @ref hub | Model ids resolved offline in the Hugging Face hub cache; its snapshots and incomplete downloads. |
  * | @ref writing | Writing safetensors files and checkpoint folders, atomically. |
- * | @ref adapter | PEFT LoRA adapters, translation of module names, validation against a base. |
+ * | @ref adapter | PEFT LoRA adapters, translation of module names, validation against a base, the adapter doctor. |
  * | @ref merge | Merging adapters into checkpoints (streaming) and into host buffers, and back out. |
  * | @ref export | Writing adapters as PEFT does, and combining several into one. |
  * | @ref serving | A registry with a memory budget, hot swap, unmerged multi-adapter apply. |
@@ -672,7 +672,7 @@ PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, si
  *  Wherever a function takes a base model or adapter folder (peft_checkpoint_open(),
  *  peft_adapter_open(), peft_adapter_options_set_base_dir(), peft_adapter_validate(),
  *  peft_translator_detect(), peft_merge_options_add_adapter_dir(), peft_merge_checkpoint(),
- *  peft_registry_register()), it also takes a model id of the local Hugging Face hub cache, resolved
+ *  peft_registry_register(), peft_adapter_doctor(), peft_adapter_doctor_fix()), it also takes a model id of the local Hugging Face hub cache, resolved
  *  as peft_hub_resolve() does: a path that exists is always taken as a path, and an id needs a
  *  namespace there (`org/name`, `org/name@revision`; a name ending in `.safetensors` is a file, never
  *  an id), so that a missing plain folder or file keeps its function's error. Nothing is ever downloaded: ids are looked up in the cache that
@@ -1625,6 +1625,61 @@ PEFT_API size_t peft_adapter_warning_count(const peft_adapter* adapter);
  * @return Borrowed UTF-8 string valid while @p adapter lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_adapter_warning(const peft_adapter* adapter, size_t index);
+
+/** @name Adapter doctor
+ *  Checks an adapter folder against a base checkpoint without merging and without the strict
+ *  loader (so it also reads adapters peft_adapter_open() refuses), reports every problem at once
+ *  as JSON, and writes a repaired copy. The report's schema (version 1, fields only ever added) is
+ *  documented in docs/doctor.md: a `summary` (`ok`, counts), one entry per module (the base tensor
+ *  it matched with shape and dtype, the host name when an architecture table is known, rank, alpha,
+ *  effective scaling, DoRA convention), `problems` (each with a stable `kind` string, the keys and
+ *  modules involved, a message and the fix when one is known) and the `renames` and
+ *  `config_changes` a fix applies. Known renames: transformers' checkpoint-conversion renames
+ *  between releases (VLM `language_model.model.*` <-> `model.language_model.*` and the others of
+ *  the llava and qwen2_vl families), PEFT's `base_model.model.` prefix missing or doubled,
+ *  `.weight` suffix variants, `lora_A/B` <-> `lora_embedding_A/B`, kohya / LyCORIS names
+ *  (`lora_down`, `lora_up`, per-module `alpha`); a module rename is proposed only when exactly one
+ *  candidate name exists in the base.
+ *  @{ */
+
+/**
+ * @brief Examines an adapter folder, against a base model folder when one is given.
+ * @param adapter_dir A folder (or a hub model id, @ref hub) with adapter_config.json and
+ *        adapter_model.safetensors (without the config, as kohya / LyCORIS files come, one is made
+ *        from the tensors and reported as the problem `missing_config`).
+ * @param base_dir A base model folder (config.json and safetensors weights), or NULL / "" for none
+ *        (then only what the adapter itself shows is checked, and module renames are not proposed).
+ * @param[out] out_json Receives the report (UTF-8 JSON, keys sorted); free it with
+ *        peft_string_free(). Problems found are in the report, not errors: check `summary.ok`.
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND for a missing folder or adapter_model.safetensors;
+ *         #PEFT_ERR_INVALID_CONFIG for an adapter_config.json that cannot be read or a base
+ *         config.json that is not JSON; safetensors format errors naming the file;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter_dir or @p out_json. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_doctor(const char* adapter_dir, const char* base_dir, char** out_json);
+
+/**
+ * @brief Writes a copy of an adapter with every rename the doctor knows applied.
+ *
+ * The output folder holds adapter_model.safetensors with keys as PEFT saves them and
+ * adapter_config.json with kohya alphas and ranks as `alpha_pattern` / `rank_pattern` entries and
+ * renamed modules renamed in `target_modules` / `modules_to_save`; both are written as
+ * peft_adapter_export() writes them (temporaries renamed into place, the config last; a failure
+ * leaves the folder as it was). Tensors whose problem has no known fix are copied under their key.
+ * @param adapter_dir The adapter folder (see peft_adapter_doctor()).
+ * @param base_dir A base model folder, or NULL / "" (then only renames that need no base apply).
+ * @param out_dir The output folder; created if needed.
+ * @param[out] out_json NULL, or receives the report of the input adapter (as peft_adapter_doctor()
+ *        gives it); free it with peft_string_free(). Run peft_adapter_doctor() on @p out_dir to see
+ *        what remains.
+ * @return NULL on success; the errors of peft_adapter_doctor(); #PEFT_ERR_IO for file system
+ *         failures; #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter_dir or @p out_dir or an output path
+ *         that is not a folder. Thread-safe (distinct output folders).
+ */
+PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char* base_dir, const char* out_dir,
+                                             char** out_json);
+
+/** @} */
 
 /** @} */
 /* ================================================================================================ */
@@ -2804,6 +2859,8 @@ typedef struct peft_api {
   peft_error* (*adapter_options_set_lenient)(peft_adapter_options* opts, int32_t lenient); /**< peft_adapter_options_set_lenient() */
   size_t (*adapter_warning_count)(const peft_adapter* adapter); /**< peft_adapter_warning_count() */
   const char* (*adapter_warning)(const peft_adapter* adapter, size_t index); /**< peft_adapter_warning() */
+  peft_error* (*adapter_doctor)(const char* adapter_dir, const char* base_dir, char** out_json); /**< peft_adapter_doctor() */
+  peft_error* (*adapter_doctor_fix)(const char* adapter_dir, const char* base_dir, const char* out_dir, char** out_json); /**< peft_adapter_doctor_fix() */
 } peft_api;
 
 /**

@@ -190,6 +190,8 @@ const peft_api kApiV1 = {
     &peft_adapter_options_set_lenient,
     &peft_adapter_warning_count,
     &peft_adapter_warning,
+    &peft_adapter_doctor,
+    &peft_adapter_doctor_fix,
 };
 
 }  // namespace

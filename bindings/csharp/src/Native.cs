@@ -323,5 +323,11 @@ namespace PeftC
         internal static extern ErrorHandle peft_adapter_options_set_lenient(AdapterOptionsHandle o, int lenient);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_adapter_warning_count(AdapterHandle a);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_adapter_warning(AdapterHandle a, UIntPtr i);
+
+        // ---- the adapter doctor ----
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_doctor(byte[] adapterDir, byte[] baseDir, out IntPtr json);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_doctor_fix(byte[] adapterDir, byte[] baseDir, byte[] outDir, out IntPtr json);
     }
 }

@@ -26,6 +26,7 @@ from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
 from .export import combine_adapters, export_adapter
+from .doctor import adapter_doctor, adapter_doctor_fix
 from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
 from .hub import hub_cache_dir, hub_resolve
 
@@ -87,6 +88,8 @@ __all__ = [
     "TensorInfo",
     "Writer",
     "abi_version",
+    "adapter_doctor",
+    "adapter_doctor_fix",
     "as_dtype",
     "combine_adapters",
     "convert",

@@ -245,6 +245,9 @@ PROTOTYPES = {
     "peft_adapter_options_set_lenient": (_err, [_handle, c_int32]),
     "peft_adapter_warning_count": (c_size_t, [_handle]),
     "peft_adapter_warning": (c_char_p, [_handle, c_size_t]),
+    # the adapter doctor
+    "peft_adapter_doctor": (_err, [c_char_p, c_char_p, POINTER(c_void_p)]),
+    "peft_adapter_doctor_fix": (_err, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

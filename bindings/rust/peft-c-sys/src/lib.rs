@@ -672,6 +672,15 @@ functions! {
     // ---- hub cache
     pub fn peft_hub_resolve(id_or_path: *const c_char, out_dir: *mut *mut c_char) -> *mut peft_error;
     pub fn peft_hub_cache_dir(out_dir: *mut *mut c_char) -> *mut peft_error;
+    // ---- the adapter doctor
+    pub fn peft_adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char)
+        -> *mut peft_error;
+    pub fn peft_adapter_doctor_fix(
+        adapter_dir: *const c_char,
+        base_dir: *const c_char,
+        out_dir: *const c_char,
+        out_json: *mut *mut c_char,
+    ) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -917,5 +926,7 @@ api_table! {
         pub fn adapter_options_set_lenient(opts: *mut peft_adapter_options, lenient: i32) -> *mut peft_error = peft_adapter_options_set_lenient;
         pub fn adapter_warning_count(adapter: *const peft_adapter) -> usize = peft_adapter_warning_count;
         pub fn adapter_warning(adapter: *const peft_adapter, index: usize) -> *const c_char = peft_adapter_warning;
+        pub fn adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor;
+        pub fn adapter_doctor_fix(adapter_dir: *const c_char, base_dir: *const c_char, out_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor_fix;
     }
 }

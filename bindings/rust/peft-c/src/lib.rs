@@ -104,6 +104,7 @@
 mod adapter;
 mod callback;
 mod checkpoint;
+mod doctor;
 mod dtype;
 mod error;
 mod export;
@@ -117,6 +118,7 @@ mod writer;
 
 pub use adapter::{Adapter, AdapterOptions, LayerKind, Module, ModuleTensor};
 pub use checkpoint::{Checkpoint, OpenOptions, TensorInfo};
+pub use doctor::{adapter_doctor, adapter_doctor_fix};
 pub use dtype::{convert, DType, Element};
 pub use error::{Error, ErrorCode, Result};
 pub use export::{combine_adapters, CombineMethod, ExportOptions};

@@ -1,0 +1,215 @@
+// The adapter doctor: the rename rules of key_renames.hpp, and the report of adapter_doctor.hpp on
+// hand-made adapters and bases (tests/interop/test_adapter_doctor.py runs it against PEFT).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peft/doctor/adapter_doctor.hpp"
+#include "peft/doctor/key_renames.hpp"
+#include "test_adapter_support.hpp"
+#include "test_error_support.hpp"
+
+using namespace adapter_test;
+
+namespace {
+
+std::vector<std::string> candidates(const std::string& module) {
+  std::vector<std::string> out;
+  for (const peft::RenameCandidate& c : peft::rename_candidates(module)) out.push_back(c.module);
+  return out;
+}
+
+bool has(const std::vector<std::string>& list, const std::string& item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+
+std::vector<std::string> kinds(const nlohmann::json& report) {
+  std::vector<std::string> out;
+  for (const auto& p : report["problems"]) out.push_back(p["kind"].get<std::string>());
+  return out;
+}
+
+// A base folder: config.json of a llama and F32 weights of the given names and shapes.
+void write_base(const fs::path& dir, const std::vector<TensorSpec>& tensors) {
+  write_text(dir / "config.json", R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})");
+  write_safetensors(dir / "model.safetensors", tensors);
+}
+
+nlohmann::json diagnose(const fs::path& adapter, const fs::path& base) {
+  return nlohmann::json::parse(peft::diagnose_adapter(adapter.string(), base.string()).json);
+}
+
+}  // namespace
+
+TEST_CASE("doctor renames: .weight suffix variants") {
+  auto r = peft::rewrite_key("base_model.model.model.layers.0.q_proj.lora_A", {});
+  REQUIRE(r);
+  CHECK(r->family == peft::KeyRewrite::Family::weight_suffix);
+  CHECK(r->module == "model.layers.0.q_proj");
+  CHECK(r->suffix == "lora_A.weight");
+  r = peft::rewrite_key("base_model.model.model.embed_tokens.lora_embedding_B.weight", {});
+  REQUIRE(r);
+  CHECK(r->suffix == "lora_embedding_B");
+  CHECK_FALSE(peft::rewrite_key("base_model.model.model.layers.0.q_proj.lora_A.weight", {}));
+  CHECK_FALSE(peft::rewrite_key("lora_A", {}));  // no module
+  CHECK_FALSE(peft::rewrite_key("base_model.model.x.lora_E", {}));
+}
+
+TEST_CASE("doctor renames: kohya / LyCORIS names") {
+  auto down = peft::rewrite_key("lora_te_model_layers_0_self_attn_q_proj.lora_down.weight", {});
+  REQUIRE(down);
+  CHECK(down->family == peft::KeyRewrite::Family::kohya);
+  CHECK(down->module == "lora_te_model_layers_0_self_attn_q_proj");
+  CHECK(down->suffix == "lora_A.weight");
+  auto up = peft::rewrite_key("model.layers.0.q_proj.lora_up.weight", {});
+  REQUIRE(up);
+  CHECK(up->suffix == "lora_B.weight");
+  CHECK(peft::kohya_down_module("a.b.lora_down.weight") == std::string("a.b"));
+  // "alpha" and "dora_scale" are kohya's only next to kohya factors; else a PEFT full tensor.
+  CHECK_FALSE(peft::rewrite_key("a.b.alpha", {}));
+  auto alpha = peft::rewrite_key("a.b.alpha", {"a.b"});
+  REQUIRE(alpha);
+  CHECK(alpha->role == peft::KeyRewrite::Role::kohya_alpha);
+  auto dora = peft::rewrite_key("a.b.dora_scale", {"a.b"});
+  REQUIRE(dora);
+  CHECK(dora->role == peft::KeyRewrite::Role::kohya_dora_scale);
+  std::string rest;
+  CHECK(peft::kohya_underscore_path("lora_unet_down_blocks_0_attn_to_q", rest));
+  CHECK(rest == "down_blocks_0_attn_to_q");
+  CHECK(peft::kohya_underscore_path("lora_te2_text_model_fc1", rest));
+  CHECK(rest == "text_model_fc1");
+  CHECK_FALSE(peft::kohya_underscore_path("model.layers.0.q_proj", rest));
+  CHECK_FALSE(peft::kohya_underscore_path("lora_te_", rest));
+  CHECK(peft::underscore_path("model.layers.0.q_proj") == "model_layers_0_q_proj");
+}
+
+TEST_CASE("doctor renames: transformers' checkpoint conversions, both directions") {
+  CHECK(has(candidates("language_model.model.layers.0.self_attn.q_proj"), "model.language_model.layers.0.self_attn.q_proj"));
+  CHECK(has(candidates("model.language_model.layers.0.self_attn.q_proj"), "language_model.model.layers.0.self_attn.q_proj"));
+  CHECK(has(candidates("model.language_model.layers.0.self_attn.q_proj"), "model.layers.0.self_attn.q_proj"));
+  CHECK(has(candidates("model.layers.0.self_attn.q_proj"), "model.language_model.layers.0.self_attn.q_proj"));
+  CHECK(has(candidates("language_model.lm_head"), "lm_head"));
+  CHECK(has(candidates("lm_head"), "language_model.lm_head"));
+  CHECK(has(candidates("vision_tower.encoder.layers.0.fc1"), "model.vision_tower.encoder.layers.0.fc1"));
+  CHECK(has(candidates("model.multi_modal_projector.linear_1"), "multi_modal_projector.linear_1"));
+  CHECK(has(candidates("visual.blocks.0.attn.qkv"), "model.visual.blocks.0.attn.qkv"));
+  CHECK(has(candidates("base_model.model.model.layers.0.q_proj"), "model.layers.0.q_proj"));
+  CHECK(candidates("encoder.layer.0.attention.self.query").empty());
+  // Whole segments only: "model_x" is not under "model."
+  CHECK(candidates("model_x.layers.0").empty());
+}
+
+TEST_CASE("doctor: a clean adapter, a renamed one, an ambiguous one") {
+  TempDir tmp;
+  const std::vector<TensorSpec> base_weights = {{"model.layers.0.self_attn.q_proj.weight", {8, 8}},
+                                                {"model.layers.0.self_attn.v_proj.weight", {4, 8}},
+                                                {"model.layers.1.self_attn.q_proj.weight", {8, 8}},
+                                                {"model.layers.1.self_attn.v_proj.weight", {4, 8}}};
+  write_base(tmp.path / "base", base_weights);
+  write_adapter(tmp.path / "clean", config_text(), llama_tensors());
+  nlohmann::json clean = diagnose(tmp.path / "clean", tmp.path / "base");
+  CHECK(clean["summary"]["ok"] == true);
+  CHECK(clean["summary"]["matched_modules"] == 4);
+  CHECK(clean["modules"][0]["scaling"] == 2.0);
+  CHECK(clean["modules"][0]["base_shape"] == nlohmann::json::array({8, 8}));
+
+  std::vector<TensorSpec> renamed;
+  for (auto [name, shape] : llama_tensors())
+    renamed.push_back({"base_model.model.model.language_model." + name.substr(std::string("base_model.model.model.").size()), shape});
+  write_adapter(tmp.path / "renamed", config_text(), renamed);
+  nlohmann::json report = diagnose(tmp.path / "renamed", tmp.path / "base");
+  CHECK(report["summary"]["ok"] == false);
+  CHECK(kinds(report) == std::vector<std::string>(4, "renamed_module"));
+  CHECK(report["renames"][0]["to"] == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+
+  // Both "model.layers..." and "language_model.model.layers..." in the base: two renames fit.
+  std::vector<TensorSpec> both = base_weights;
+  both.push_back({"language_model.model.layers.0.self_attn.q_proj.weight", {8, 8}});
+  write_base(tmp.path / "base2", both);
+  report = diagnose(tmp.path / "renamed", tmp.path / "base2");
+  CHECK(has(kinds(report), "ambiguous_rename"));
+  for (const auto& p : report["problems"])
+    if (p["kind"] == "ambiguous_rename") CHECK(p["fix"].is_null());
+}
+
+TEST_CASE("doctor: kohya names need a base to be found; the fix writes alpha_pattern") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  std::vector<TensorSpec> kohya = {{"lora_te_model_layers_0_self_attn_q_proj.lora_down.weight", {2, 8}},
+                                   {"lora_te_model_layers_0_self_attn_q_proj.lora_up.weight", {8, 2}},
+                                   {"lora_te_model_layers_0_self_attn_q_proj.alpha", {}}};
+  write_adapter(tmp.path / "kohya", config_text({{"target_modules", {"q_proj"}}}), kohya);
+  nlohmann::json alone = nlohmann::json::parse(peft::diagnose_adapter((tmp.path / "kohya").string(), "").json);
+  CHECK(kinds(alone) == std::vector<std::string>{"kohya_name"});
+  CHECK(alone["problems"][0]["fix"].is_null());
+
+  nlohmann::json report = diagnose(tmp.path / "kohya", tmp.path / "base");
+  CHECK(kinds(report) == std::vector<std::string>{"kohya_name"});
+  CHECK(report["modules"][0]["module"] == "model.layers.0.self_attn.q_proj");
+  CHECK(report["modules"][0]["alpha"] == 0.0);  // the alpha tensor holds zero
+  CHECK(report["config_changes"][0]["field"] == "alpha_pattern");
+
+  peft::fix_adapter((tmp.path / "kohya").string(), (tmp.path / "base").string(), (tmp.path / "fixed").string());
+  nlohmann::json fixed = diagnose(tmp.path / "fixed", tmp.path / "base");
+  CHECK(fixed["summary"]["ok"] == true);
+  CHECK(fixed["modules"][0]["alpha"] == 0.0);
+  Failure none = open_failure(tmp.path / "fixed", {(tmp.path / "base").string(), nullptr, {}});
+  CHECK(none.code == PEFT_OK);
+}
+
+TEST_CASE("doctor: errors are errors, not problems") {
+  TempDir tmp;
+  CHECK(error_test::code_of([&] { peft::diagnose_adapter((tmp.path / "absent").string(), ""); }) == PEFT_ERR_NOT_FOUND);
+  write_text(tmp.path / "noweights" / "adapter_config.json", config_text());
+  CHECK(error_test::code_of([&] { peft::diagnose_adapter((tmp.path / "noweights").string(), ""); }) ==
+        PEFT_ERR_NOT_FOUND);
+  write_adapter(tmp.path / "badconfig", "{", llama_tensors());
+  CHECK(error_test::code_of([&] { peft::diagnose_adapter((tmp.path / "badconfig").string(), ""); }) ==
+        PEFT_ERR_INVALID_CONFIG);
+}
+
+TEST_CASE("doctor: an integer LoRA factor is an unsupported_dtype problem") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  // F32 tensors written by hand, then the dtype of lora_B changed to I32 (same size) in the header.
+  write_adapter(tmp.path / "a", config_text({{"target_modules", {"q_proj"}}}),
+                lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8));
+  fs::path file = tmp.path / "a" / "adapter_model.safetensors";
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  size_t at = bytes.rfind("\"F32\"");
+  REQUIRE(at != std::string::npos);
+  bytes.replace(at, 5, "\"I32\"");
+  std::ofstream(file, std::ios::binary) << bytes;
+  nlohmann::json report = diagnose(tmp.path / "a", tmp.path / "base");
+  CHECK(kinds(report) == std::vector<std::string>{"unsupported_dtype"});
+}
+
+TEST_CASE("doctor: a kohya folder without adapter_config.json gets a config made from its tensors") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}},
+                                 {"model.layers.0.self_attn.v_proj.weight", {4, 8}}});
+  write_safetensors(tmp.path / "k" / "adapter_model.safetensors",
+                    {{"lora_te_model_layers_0_self_attn_q_proj.lora_down.weight", {2, 8}},
+                     {"lora_te_model_layers_0_self_attn_q_proj.lora_up.weight", {8, 2}},
+                     {"lora_te_model_layers_0_self_attn_v_proj.lora_down.weight", {2, 8}},
+                     {"lora_te_model_layers_0_self_attn_v_proj.lora_up.weight", {4, 2}}});
+  nlohmann::json report = diagnose(tmp.path / "k", tmp.path / "base");
+  CHECK(has(kinds(report), "missing_config"));
+  CHECK(has(kinds(report), "kohya_name"));
+  CHECK(report["summary"]["fixable_problems"] == report["summary"]["problems"]);
+  peft::fix_adapter((tmp.path / "k").string(), (tmp.path / "base").string(), (tmp.path / "fixed").string());
+  std::ifstream config_file(tmp.path / "fixed" / "adapter_config.json");
+  nlohmann::json config = nlohmann::json::parse(config_file);
+  CHECK(config["r"] == 2);
+  CHECK(config["lora_alpha"] == 2.0);
+  CHECK(config["target_modules"] ==
+        nlohmann::json::array({"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}));
+  CHECK(diagnose(tmp.path / "fixed", tmp.path / "base")["summary"]["ok"] == true);
+  CHECK(open_failure(tmp.path / "fixed", {(tmp.path / "base").string(), nullptr, {}}).code == PEFT_OK);
+}
