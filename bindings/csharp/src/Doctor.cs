@@ -5,7 +5,7 @@ namespace PeftC
 {
     /// <summary>
     /// The adapter doctor: checks an adapter folder against a base model folder without merging (and without
-    /// the strict loader, so it also reads adapters <see cref="Adapter.Open(string, string, Translator)"/> refuses), and writes a copy with
+    /// the strict loader, so it also reads adapters <see cref="Adapter.Open(string, string, Translator, bool)"/> refuses), and writes a copy with
     /// every known rename applied. The report is JSON (schema 1, docs/doctor.md): summary.ok, problems (each
     /// with a stable kind), modules, renames, config_changes. Thread-safe.
     /// </summary>
