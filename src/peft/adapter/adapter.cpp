@@ -57,11 +57,7 @@ struct AdapterBuilder {
 
   // The trainable_token_indices entry that applies to a module, or null.
   const std::vector<int64_t>* token_indices_for(const std::string& module) const {
-    const TrainableTokenIndices& tti = a.config_.trainable_token_indices;
-    if (!tti.given) return nullptr;
-    for (const auto& [name, list] : tti.targets)
-      if (tti.is_list || module.ends_with(name)) return &list;
-    return nullptr;
+    return a.config_.trainable_token_indices.for_module(module);
   }
 
   const TensorInfo& info(const AdapterTensor& t) const { return a.checkpoint_->tensor(t.index); }
@@ -135,13 +131,7 @@ struct AdapterBuilder {
 
   // Decides each module's kind from its roles and checks that its LoRA tensors are complete.
   void classify(AdapterModule& m) {
-    bool lora = false, embedding = false, tokens = false;
-    for (const AdapterTensor& t : m.tensors) {
-      lora = lora || t.role == TensorRole::lora_a || t.role == TensorRole::lora_b ||
-             t.role == TensorRole::lora_b_bias || t.role == TensorRole::lora_magnitude;
-      embedding = embedding || t.role == TensorRole::lora_embedding_a || t.role == TensorRole::lora_embedding_b;
-      tokens = tokens || t.role == TensorRole::trainable_tokens_delta;
-    }
+    const auto [lora, embedding, tokens] = module_roles(m);
     std::string who = "module " + peft::quoted(m.name);
     if (embedding && (m.find(TensorRole::lora_a) || m.find(TensorRole::lora_b) || m.find(TensorRole::lora_b_bias))) {
       broken_structure.push_back(who + " has both lora_embedding_* and lora_A/lora_B tensors");

@@ -49,6 +49,15 @@ struct TrainableTokenIndices {
   bool given = false;
   bool is_list = false;              // the list form: `targets` holds one entry with an empty name
   std::vector<std::pair<std::string, std::vector<int64_t>>> targets;  // file order
+
+  // The indices that apply to `module` (the list form applies to any; a dict entry to a module
+  // whose path ends with its name), or null.
+  const std::vector<int64_t>* for_module(const std::string& module) const {
+    if (!given) return nullptr;
+    for (const auto& [name, list] : targets)
+      if (is_list || module.ends_with(name)) return &list;
+    return nullptr;
+  }
 };
 
 struct LoraConfig {

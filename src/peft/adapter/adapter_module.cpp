@@ -26,4 +26,16 @@ const AdapterTensor* AdapterModule::find_suffix(const std::string& suffix) const
   return nullptr;
 }
 
+ModuleRoles module_roles(const AdapterModule& m) {
+  ModuleRoles roles;
+  for (const AdapterTensor& t : m.tensors) {
+    roles.lora = roles.lora || t.role == TensorRole::lora_a || t.role == TensorRole::lora_b ||
+                 t.role == TensorRole::lora_b_bias || t.role == TensorRole::lora_magnitude;
+    roles.embedding =
+        roles.embedding || t.role == TensorRole::lora_embedding_a || t.role == TensorRole::lora_embedding_b;
+    roles.tokens = roles.tokens || t.role == TensorRole::trainable_tokens_delta;
+  }
+  return roles;
+}
+
 }  // namespace peft

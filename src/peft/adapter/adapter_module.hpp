@@ -51,4 +51,12 @@ struct AdapterModule {
   const AdapterTensor* find_suffix(const std::string& suffix) const;
 };
 
+// Which kinds of tensor roles a module holds: what its kind is decided from.
+struct ModuleRoles {
+  bool lora = false;       // lora_A, lora_B, lora_B.bias or lora_magnitude_vector
+  bool embedding = false;  // lora_embedding_A or lora_embedding_B
+  bool tokens = false;     // trainable_tokens_delta
+};
+ModuleRoles module_roles(const AdapterModule& m);
+
 }  // namespace peft

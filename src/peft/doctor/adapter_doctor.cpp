@@ -500,13 +500,7 @@ class Doctor {
   };
 
   void classify(AdapterModule& m, const Group&) {
-    bool lora = false, embedding = false, tokens = false;
-    for (const AdapterTensor& t : m.tensors) {
-      lora = lora || t.role == TensorRole::lora_a || t.role == TensorRole::lora_b ||
-             t.role == TensorRole::lora_b_bias || t.role == TensorRole::lora_magnitude;
-      embedding = embedding || t.role == TensorRole::lora_embedding_a || t.role == TensorRole::lora_embedding_b;
-      tokens = tokens || t.role == TensorRole::trainable_tokens_delta;
-    }
+    const auto [lora, embedding, tokens] = module_roles(m);
     if (embedding) {
       m.kind = LayerKind::embedding;
     } else if (lora) {
@@ -515,14 +509,9 @@ class Doctor {
     } else {
       m.kind = tokens ? LayerKind::trainable_tokens : LayerKind::full;
     }
-    if (m.kind == LayerKind::trainable_tokens) {
-      const TrainableTokenIndices& tti = config_.trainable_token_indices;
-      for (const auto& [name, list] : tti.targets)
-        if (tti.is_list || m.name.ends_with(name)) {
-          m.token_indices = list;
-          break;
-        }
-    }
+    if (m.kind == LayerKind::trainable_tokens)
+      if (const std::vector<int64_t>* indices = config_.trainable_token_indices.for_module(m.name))
+        m.token_indices = *indices;
   }
 
   void lora_checks(AdapterModule& m, Group& g, ModuleReport& report, std::optional<double> kohya_alpha,
