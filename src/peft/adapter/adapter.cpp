@@ -315,17 +315,12 @@ struct AdapterBuilder {
                          "against it");
       return;
     }
-    if (c.target_modules.kind == ModuleSelector::Kind::all_linear) {
-      matcher.expand_targets(all_linear_modules(*base, *a.table_, c));
-      return;
-    }
-    auto model_type = base->model_type();
-    const std::vector<std::string>* defaults = model_type ? a.table_->default_targets(*model_type) : nullptr;
-    if (!defaults)
+    const std::optional<std::vector<std::string>> targets = implicit_targets(*base, *a.table_, c);
+    if (!targets)
       fail(PEFT_ERR_INVALID_CONFIG, a.dir_ + ": field \"target_modules\" is absent and PEFT has no default target "
                                              "modules for model_type " +
-                                        peft::quoted(model_type.value_or("(none)")));
-    matcher.expand_targets(*defaults);
+                                        peft::quoted(base->model_type().value_or("(none)")));
+    matcher.expand_targets(*targets);
   }
 
   // Lenient mode: drops the tensors for which PEFT's load_state_dict(strict=False) finds no
@@ -446,18 +441,8 @@ struct AdapterBuilder {
       if (auto index = base->find(x.module, "weight", a.table_.get()))
         covered.insert(base->weights->tensor(*index).name);
     std::vector<std::string> random;
-    const Checkpoint& weights = *base->weights;
-    for (size_t i = 0; i < weights.tensor_count(); ++i) {
-      const TensorInfo& t = weights.tensor(i);
-      if (!t.name.ends_with(".weight") || covered.contains(t.name)) continue;
-      const std::string module = t.name.substr(0, t.name.size() - 7);
-      if (matcher->check(module) != ModuleMatcher::Verdict::targeted) continue;
-      const ModuleRule* rule = a.table_ ? a.table_->rule_for_hf(module) : nullptr;
-      ModuleKind kind = rule ? rule->kind
-                        : t.shape.size() == 2 ? ModuleKind::linear
-                        : t.shape.size() == 4 ? ModuleKind::conv2d
-                                              : ModuleKind::other;
-      if (kind == ModuleKind::norm || kind == ModuleKind::other) continue;  // no LoRA layer for those
+    for (const auto& [module, weight, kind] : targeted_base_modules(*base, *matcher, a.table_.get())) {
+      if (covered.contains(base->weights->tensor(weight).name)) continue;
       ++targeted;
       if (!c.zero_initialised()) {
         random.push_back(peft::quoted(module));

@@ -85,4 +85,31 @@ std::vector<std::string> all_linear_modules(const BaseModel& base, const ArchTab
   return names;
 }
 
+std::optional<std::vector<std::string>> implicit_targets(const BaseModel& base, const ArchTable& table,
+                                                         const LoraConfig& config) {
+  if (config.target_modules.kind == ModuleSelector::Kind::all_linear) return all_linear_modules(base, table, config);
+  const std::optional<std::string> model_type = base.model_type();
+  const std::vector<std::string>* defaults = model_type ? table.default_targets(*model_type) : nullptr;
+  if (!defaults) return std::nullopt;
+  return *defaults;
+}
+
+std::vector<TargetedBaseModule> targeted_base_modules(const BaseModel& base, const ModuleMatcher& matcher,
+                                                      const ArchTable* table) {
+  std::vector<TargetedBaseModule> modules;
+  for (size_t i = 0; i < base.weights->tensor_count(); ++i) {
+    const TensorInfo& t = base.weights->tensor(i);
+    if (!t.name.ends_with(".weight") || (t.shape.size() != 2 && t.shape.size() != 4)) continue;
+    std::string module = t.name.substr(0, t.name.size() - 7);
+    if (matcher.check(module) != ModuleMatcher::Verdict::targeted) continue;
+    const ModuleRule* rule = table ? table->rule_for_hf(module) : nullptr;
+    if (!rule && table && !table->base_model_prefix().empty())
+      rule = table->rule_for_hf(table->base_model_prefix() + "." + module);
+    const ModuleKind kind = rule ? rule->kind : t.shape.size() == 2 ? ModuleKind::linear : ModuleKind::conv2d;
+    if (kind == ModuleKind::norm || kind == ModuleKind::other) continue;  // PEFT has no LoRA layer for those
+    modules.push_back({std::move(module), i, kind});
+  }
+  return modules;
+}
+
 }  // namespace peft

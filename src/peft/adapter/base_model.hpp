@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "peft/adapter/adapter_config.hpp"
+#include "peft/adapter/module_matcher.hpp"
 #include "peft/arch/arch_table.hpp"
 #include "safetensors/checkpoint.hpp"
 
@@ -35,5 +36,24 @@ struct BaseModel {
 // table kind is linear or conv1d and that have a 2-D weight, minus the output embedding (or, for
 // SEQ_CLS models without one, the first of "score" / "classifier").
 std::vector<std::string> all_linear_modules(const BaseModel& base, const ArchTable& table, const LoraConfig& config);
+
+// What PEFT expands target_modules to when it is "all-linear" (all_linear_modules) or absent (the
+// table's default targets for the base's model_type); nullopt when it is absent and the table has
+// no defaults for that model_type (PEFT then refuses the config).
+std::optional<std::vector<std::string>> implicit_targets(const BaseModel& base, const ArchTable& table,
+                                                         const LoraConfig& config);
+
+// A base module that target_modules selects and PEFT would wrap in a LoRA layer.
+struct TargetedBaseModule {
+  std::string module;  // "<module>"
+  size_t weight = 0;   // index of "<module>.weight" in base.weights
+  ModuleKind kind = ModuleKind::linear;
+};
+
+// The base modules `matcher` targets (Verdict::targeted) that PEFT can wrap, in the weights' order:
+// modules with a 2-D or 4-D "<module>.weight" whose kind (from `table`, the name tried as is and
+// with the table's base_model_prefix; else linear for 2-D and conv2d for 4-D) is not norm or other.
+std::vector<TargetedBaseModule> targeted_base_modules(const BaseModel& base, const ModuleMatcher& matcher,
+                                                      const ArchTable* table);
 
 }  // namespace peft

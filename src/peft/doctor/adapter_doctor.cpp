@@ -297,13 +297,8 @@ class Doctor {
     for (Group& g : groups_) resolve(g);
     if (missing_config_) synthesize_config();
     matcher_.emplace(config_);
-    if (matcher_->needs_expansion() && base_ && table_) {
-      if (config_.target_modules.kind == ModuleSelector::Kind::all_linear) {
-        matcher_->expand_targets(all_linear_modules(*base_, *table_, config_));
-      } else if (auto type = base_->model_type()) {
-        if (const auto* defaults = table_->default_targets(*type)) matcher_->expand_targets(*defaults);
-      }
-    }
+    if (matcher_->needs_expansion() && base_ && table_)
+      if (auto targets = implicit_targets(*base_, *table_, config_)) matcher_->expand_targets(*targets);
   }
 
   // The config of an adapter that has none: LoRA with the most common rank and alpha (per-module
@@ -661,18 +656,8 @@ class Doctor {
     for (const Group& g : groups_)
       if (g.base_index) covered.insert(*g.base_index);
     std::vector<std::string> missing;
-    for (size_t i = 0; i < base_->weights->tensor_count(); ++i) {
-      const TensorInfo& t = base_->weights->tensor(i);
-      if (!t.name.ends_with(".weight") || (t.shape.size() != 2 && t.shape.size() != 4) || covered.contains(i)) continue;
-      std::string module = t.name.substr(0, t.name.size() - 7);
-      if (table_) {
-        const ModuleRule* rule = rule_of(module);
-        if (!rule || (rule->kind != ModuleKind::linear && rule->kind != ModuleKind::conv1d &&
-                      rule->kind != ModuleKind::embedding && rule->kind != ModuleKind::conv2d))
-          continue;
-      }
-      if (matcher_->check(module) == ModuleMatcher::Verdict::targeted) missing.push_back(module);
-    }
+    for (const TargetedBaseModule& t : targeted_base_modules(*base_, *matcher_, table_.get()))
+      if (!covered.contains(t.weight)) missing.push_back(t.module);
     if (!missing.empty())
       problem("target_without_tensors", {}, missing,
               "target_modules selects " + std::to_string(missing.size()) +
