@@ -1599,7 +1599,7 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
  * where its partner is present, a DoRA module without its magnitude vector, two keys for one
  * tensor, other initialisations with factors missing, `target_modules` selecting no module of the
  * base. The options also make peft_registry_register() and peft_registry_register_memory() lenient
- * (their warnings are not kept); peft_adapter_validate() checks the adapter as loaded.
+ * (their warnings: peft_registry_warning_list()); peft_adapter_validate() checks the adapter as loaded.
  * @param opts Options.
  * @param lenient Nonzero for lenient loading, 0 for strict (the default).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
@@ -2433,6 +2433,19 @@ PEFT_API peft_error* peft_registry_names(const peft_registry* registry, char** o
 PEFT_API peft_error* peft_registry_name_list(const peft_registry* registry, peft_string_list** out);
 
 /**
+ * @brief The warnings of the adapter registered under a name now: what lenient loading
+ *        (peft_adapter_options_set_lenient()) ignored when it was registered, as
+ *        peft_adapter_warning() gives them; an empty list for a strict registration.
+ * @param registry A registry.
+ * @param name A registered name.
+ * @param[out] out Receives the list (a snapshot); free it with peft_string_list_free().
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND for a name not registered;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_warning_list(const peft_registry* registry, const char* name,
+                                                peft_string_list** out);
+
+/**
  * @brief Acquires the adapter registered under a name: loads its tensors if they are not in memory
  *        and pins it until the lease is released.
  *
@@ -2861,6 +2874,7 @@ typedef struct peft_api {
   const char* (*adapter_warning)(const peft_adapter* adapter, size_t index); /**< peft_adapter_warning() */
   peft_error* (*adapter_doctor)(const char* adapter_dir, const char* base_dir, char** out_json); /**< peft_adapter_doctor() */
   peft_error* (*adapter_doctor_fix)(const char* adapter_dir, const char* base_dir, const char* out_dir, char** out_json); /**< peft_adapter_doctor_fix() */
+  peft_error* (*registry_warning_list)(const peft_registry* registry, const char* name, peft_string_list** out); /**< peft_registry_warning_list() */
 } peft_api;
 
 /**

@@ -491,4 +491,19 @@ func TestAdapterLenient(t *testing.T) {
 	if a.ModuleCount() != 12 {
 		t.Fatalf("want 12 modules, got %d", a.ModuleCount())
 	}
+
+	// A lenient registration keeps the same warnings; a strict one has none.
+	reg := mustRegistry(t, peft.F32, 1<<20)
+	mustRegister(t, reg, "plain", src)
+	if err := reg.Register("lenient", dir, peft.WithBaseDir(fixture("models", "llama")), peft.WithLenient()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := reg.Warnings("lenient"); err != nil || !slices.Equal(got, warnings) {
+		t.Fatalf("registry warnings %q (%v), want %q", got, err, warnings)
+	}
+	if got, err := reg.Warnings("plain"); err != nil || len(got) != 0 {
+		t.Fatalf("a strict registration has warnings %q (%v)", got, err)
+	}
+	_, err = reg.Warnings("absent")
+	wantCode(t, err, peft.CodeNotFound)
 }

@@ -201,6 +201,28 @@ func (r *Registry) Names() ([]string, error) {
 	return takeStringList(out), nil
 }
 
+// Warnings are what lenient loading (WithLenient) ignored when the adapter registered under name now
+// was registered, as Adapter.Warnings gives them; empty for a strict registration. ErrNotFound for a
+// name not registered.
+func (r *Registry) Warnings(name string) ([]string, error) {
+	var cs cstrings
+	defer cs.free()
+	cname, err := cs.add(name, "adapter name")
+	if err != nil {
+		return nil, err
+	}
+	p, err := r.use()
+	if err != nil {
+		return nil, err
+	}
+	defer r.done()
+	var out *C.peft_string_list
+	if err := takeError(C.peft_registry_warning_list(p, cname, &out)); err != nil {
+		return nil, err
+	}
+	return takeStringList(out), nil
+}
+
 // Acquire returns a lease on the adapter registered under name, loading its tensors if they are
 // not in memory (evicting unpinned adapters, least recently used first, to make room). The adapter
 // stays pinned until the lease is closed. Goroutines acquiring an adapter that is being loaded wait

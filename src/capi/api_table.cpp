@@ -192,6 +192,7 @@ const peft_api kApiV1 = {
     &peft_adapter_warning,
     &peft_adapter_doctor,
     &peft_adapter_doctor_fix,
+    &peft_registry_warning_list,
 };
 
 }  // namespace

@@ -94,6 +94,15 @@ peft_error* peft_registry_name_list(const peft_registry* registry, peft_string_l
   });
 }
 
+peft_error* peft_registry_warning_list(const peft_registry* registry, const char* name, peft_string_list** out) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    require_arg(name, "name");
+    require_arg(out, "out");
+    *out = new peft_string_list{registry->impl->adapter(name)->warnings()};
+  });
+}
+
 peft_error* peft_registry_acquire(peft_registry* registry, const char* name, peft_lease** out) {
   return guarded([&] {
     require_arg(registry, "registry");

@@ -272,6 +272,13 @@ struct RegistryCore {
     return order;
   }
 
+  std::shared_ptr<const Adapter> adapter(const std::string& name) const {
+    std::lock_guard lock(mutex);
+    auto it = current.find(name);
+    if (it == current.end()) fail(PEFT_ERR_NOT_FOUND, "no adapter is registered as " + quoted(name));
+    return it->second->adapter;
+  }
+
   // The layer of `loaded` a name stands for: the name is translated once, then read from the cache.
   const LoadedLayer* find_layer(const LoadedAdapter& loaded, std::string_view name) {
     auto first_found = [&](const std::vector<std::string>& paths) -> const LoadedLayer* {
@@ -338,6 +345,8 @@ void Registry::add(const std::string& name, std::shared_ptr<const Adapter> adapt
 void Registry::remove(const std::string& name) { core_->remove(name); }
 
 std::vector<std::string> Registry::names() const { return core_->names(); }
+
+std::shared_ptr<const Adapter> Registry::adapter(const std::string& name) const { return core_->adapter(name); }
 
 std::unique_ptr<Lease> Registry::acquire(const std::string& name) { return core_->acquire(core_, name); }
 

@@ -89,6 +89,8 @@ class Registry {
   // NOT_FOUND for a name not registered.
   void remove(const std::string& name);
   std::vector<std::string> names() const;  // in order of first registration
+  // The adapter registered under `name` now (its current version); NOT_FOUND for a name not registered.
+  std::shared_ptr<const Adapter> adapter(const std::string& name) const;
 
   // Loads if needed (one load per version even with concurrent callers) and pins. NOT_FOUND,
   // OVER_BUDGET, or the loader's errors (then nothing stays reserved or pinned).

@@ -300,7 +300,8 @@ static void test_corpus(void) {
 
 /* Lenient loading: the fixture llama_lora with down_proj left out of target_modules. Strict opening
  * refuses it; lenient opening drops its four down_proj tensors (PEFT's unexpected keys), one
- * warning each, and so does a registry registered with the same options. */
+ * warning each, and so does a registry registered with the same options, which keeps them
+ * (peft_registry_warning_list). */
 static void test_lenient(void) {
   const char* fixture = PEFT_TEST_DATA "/adapters/llama_lora";
   char dir[] = "/tmp/peft_capi_lenient_XXXXXX";
@@ -359,6 +360,25 @@ static void test_lenient(void) {
   CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 0, NULL, &registry));
   CHECK_CODE(peft_registry_register(registry, "strict", dir, NULL), PEFT_ERR_INVALID_CONFIG);
   CHECK_OK(peft_registry_register(registry, "lenient", dir, opts));
+  CHECK_OK(peft_registry_register(registry, "plain", fixture, NULL));
+  {
+    peft_string_list* warnings = NULL;
+    size_t i;
+    CHECK_OK(peft_registry_warning_list(registry, "lenient", &warnings));
+    CHECK(peft_string_list_count(warnings) == 4);
+    for (i = 0; i < peft_string_list_count(warnings); ++i)
+      CHECK(strstr(peft_string_list_get(warnings, i), "down_proj.lora_") != NULL);
+    peft_string_list_free(warnings);
+    warnings = NULL;
+    CHECK_OK(peft_registry_warning_list(registry, "plain", &warnings));
+    CHECK(peft_string_list_count(warnings) == 0);
+    peft_string_list_free(warnings);
+    warnings = NULL;
+    CHECK_CODE(peft_registry_warning_list(registry, "strict", &warnings), PEFT_ERR_NOT_FOUND);
+    CHECK(warnings == NULL);
+    CHECK_CODE(peft_registry_warning_list(registry, NULL, &warnings), PEFT_ERR_INVALID_ARGUMENT);
+    CHECK_CODE(peft_registry_warning_list(NULL, "plain", &warnings), PEFT_ERR_INVALID_ARGUMENT);
+  }
   peft_registry_free(registry);
 
   /* Strict again: the option can be switched off. */

@@ -291,6 +291,7 @@ namespace PeftC
                                                                          void* weights, UIntPtr weightsSize, AdapterOptionsHandle opts);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_unregister(RegistryHandle registry, byte[] name);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_name_list(RegistryHandle registry, out IntPtr list);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_warning_list(RegistryHandle registry, byte[] name, out IntPtr list);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_registry_acquire(RegistryHandle registry, byte[] name, out LeaseHandle lease);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_registry_trim(RegistryHandle registry);

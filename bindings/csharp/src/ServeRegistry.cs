@@ -98,6 +98,16 @@ namespace PeftC
             return Utf8.TakeList(list);
         }
 
+        /// <summary>What lenient loading ignored when the adapter registered under <paramref name="name"/> now was
+        /// registered, as <see cref="Adapter.Warnings"/> gives them; empty for a strict registration.</summary>
+        /// <exception cref="PeftException">NotFound for a name not registered.</exception>
+        public string[] Warnings(string name)
+        {
+            IntPtr list;
+            PeftException.Check(Native.peft_registry_warning_list(Handle, Utf8.Required(name, "name"), out list));
+            return Utf8.TakeList(list);
+        }
+
         /// <summary>The adapter registered under <paramref name="name"/>, loaded if it is not in memory (evicting
         /// unpinned adapters to make room) and pinned until the lease is disposed.</summary>
         /// <exception cref="PeftException">NotFound for a name not registered; OverBudget when it does not fit beside

@@ -98,8 +98,10 @@ namespace PeftC.Tests
                 File.Copy(Path.Combine(src, "adapter_model.safetensors"), tmp["adapter_model.safetensors"]);
                 Assert.ThrowsPeft(ErrorCode.InvalidConfig, () => Adapter.Open(tmp.Path), "strict");
                 using (var strict = Adapter.Open(src)) Assert.Equal(0, strict.Warnings.Length);
+                string[] warnings;
                 using (var adapter = Adapter.Open(tmp.Path, Fixtures.Model("llama"), lenient: true))
                 {
+                    warnings = adapter.Warnings;
                     Assert.Equal(4, adapter.Warnings.Length, "warnings");
                     foreach (string w in adapter.Warnings)
                     {
@@ -111,7 +113,11 @@ namespace PeftC.Tests
                 using (var registry = new Registry(DType.F32, 0))
                 {
                     Assert.ThrowsPeft(ErrorCode.InvalidConfig, () => registry.Register("strict", tmp.Path), "strict registration");
-                    registry.Register("lenient", tmp.Path, lenient: true);
+                    registry.Register("lenient", tmp.Path, Fixtures.Model("llama"), lenient: true);
+                    registry.Register("plain", src);
+                    Assert.SequenceEqual(warnings, registry.Warnings("lenient"));
+                    Assert.Equal(0, registry.Warnings("plain").Length);
+                    Assert.ThrowsPeft(ErrorCode.NotFound, () => registry.Warnings("strict"), "not registered");
                 }
             }
         }

@@ -219,6 +219,7 @@ PROTOTYPES = {
     "peft_registry_register_memory": (_err, [_handle, c_char_p, c_char_p, c_void_p, c_size_t, _handle]),
     "peft_registry_unregister": (_err, [_handle, c_char_p]),
     "peft_registry_name_list": (_err, [_handle, POINTER(c_void_p)]),
+    "peft_registry_warning_list": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
     "peft_registry_acquire": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
     "peft_registry_trim": (_err, [_handle]),
     "peft_registry_set_budget": (_err, [_handle, c_uint64]),

@@ -210,10 +210,16 @@ def test_lenient_loading_ignores_what_peft_ignores_and_lists_it(tmp_path):
             assert warning.startswith('unexpected key "base_model.model.model.layers.'), warning
             assert "mlp.down_proj.lora_" in warning, warning
         assert len(adapter) == 12
+        warnings = adapter.warnings
     with peft_c.Registry("F32", 1 << 20) as registry:
         with pytest.raises(peft_c.InvalidConfigError):
             registry.register("strict", tmp_path / "adapter")
-        registry.register("lenient", tmp_path / "adapter", lenient=True)
+        registry.register("lenient", tmp_path / "adapter", base_dir=FIXTURES / "models" / "llama", lenient=True)
+        registry.register("plain", src)
+        assert registry.warnings("lenient") == warnings
+        assert registry.warnings("plain") == []
+        with pytest.raises(peft_c.NotFoundError):
+            registry.warnings("strict")
 
 
 # ---- the real corpus ----------------------------------------------------------------------------------

@@ -137,6 +137,14 @@ class Registry(HandleObject):
         check(lib().peft_registry_name_list(self._live().ptr, byref(out)))
         return take_string_list(out)
 
+    def warnings(self, name: str) -> List[str]:
+        """What lenient loading ignored when the adapter registered under ``name`` now was
+        registered (as ``Adapter.warnings``); empty for a strict registration (``NotFoundError`` if
+        not registered)."""
+        out = c_void_p()
+        check(lib().peft_registry_warning_list(self._live().ptr, encode(name, "names"), byref(out)))
+        return take_string_list(out)
+
     def acquire(self, name: str) -> Lease:
         """Loads the adapter if needed and pins it until the lease is released (``OverBudgetError``
         when it does not fit beside the pinned adapters)."""

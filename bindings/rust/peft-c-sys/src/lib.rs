@@ -619,6 +619,11 @@ functions! {
     pub fn peft_registry_unregister(registry: *mut peft_registry, name: *const c_char) -> *mut peft_error;
     pub fn peft_registry_names(registry: *const peft_registry, out: *mut *mut c_char) -> *mut peft_error;
     pub fn peft_registry_name_list(registry: *const peft_registry, out: *mut *mut peft_string_list) -> *mut peft_error;
+    pub fn peft_registry_warning_list(
+        registry: *const peft_registry,
+        name: *const c_char,
+        out: *mut *mut peft_string_list,
+    ) -> *mut peft_error;
     pub fn peft_registry_acquire(registry: *mut peft_registry, name: *const c_char, out: *mut *mut peft_lease)
         -> *mut peft_error;
     pub fn peft_registry_trim(registry: *mut peft_registry) -> *mut peft_error;
@@ -928,5 +933,6 @@ api_table! {
         pub fn adapter_warning(adapter: *const peft_adapter, index: usize) -> *const c_char = peft_adapter_warning;
         pub fn adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor;
         pub fn adapter_doctor_fix(adapter_dir: *const c_char, base_dir: *const c_char, out_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor_fix;
+        pub fn registry_warning_list(registry: *const peft_registry, name: *const c_char, out: *mut *mut peft_string_list) -> *mut peft_error = peft_registry_warning_list;
     }
 }

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{expect_code, fixture, fixtures, read_json, TempDir};
-use peft_c::{Adapter, AdapterOptions, Checkpoint, DType, ErrorCode, LayerKind, Module, Translator};
+use peft_c::{Adapter, AdapterOptions, Checkpoint, DType, ErrorCode, LayerKind, Module, Registry, Translator};
 use serde_json::Value;
 
 fn manifest() -> Vec<(String, Value)> {
@@ -318,6 +318,15 @@ fn lenient_loading_ignores_what_peft_ignores_and_lists_it() {
     }
     assert_eq!(adapter.module_count(), 12);
     assert!(adapter.modules().all(|m| !m.name().ends_with("down_proj")));
+
+    // A lenient registration keeps the same warnings; a strict one has none.
+    let registry = Registry::new(DType::F32, 1 << 20, None).unwrap();
+    registry.register("lenient", &dir, Some(&options)).unwrap();
+    registry.register("plain", &src, None).unwrap();
+    assert_eq!(registry.warnings("lenient").unwrap(), warnings);
+    assert!(registry.warnings("plain").unwrap().is_empty());
+    expect_code(registry.warnings("absent"), ErrorCode::NotFound);
+
     options.set_lenient(false).unwrap();
     expect_code(Adapter::open_with(&dir, &options), ErrorCode::InvalidConfig);
 }

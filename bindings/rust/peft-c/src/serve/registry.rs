@@ -153,6 +153,21 @@ impl Registry {
         }
     }
 
+    /// What lenient loading ([`AdapterOptions::set_lenient`](crate::AdapterOptions::set_lenient))
+    /// ignored when the adapter registered under `name` now was registered, as
+    /// [`Adapter::warnings`](crate::Adapter::warnings) gives them; empty for a strict registration.
+    /// Fails with [`ErrorCode::NotFound`](crate::ErrorCode::NotFound) for a name not registered.
+    pub fn warnings(&self, name: &str) -> Result<Vec<String>> {
+        let name = c_string(name, "adapter name")?;
+        let mut out = std::ptr::null_mut();
+        // SAFETY: a live registry and a valid string; on success `out` holds a list that
+        // take_string_list frees.
+        unsafe {
+            check(sys::peft_registry_warning_list(self.as_ptr(), name.as_ptr(), &mut out))?;
+            Ok(take_string_list(out))
+        }
+    }
+
     /// Acquires the adapter registered under `name`: loads its tensors if they are not in memory
     /// (evicting unpinned adapters, least recently used first, to make room) and pins it until the
     /// lease is dropped. Fails with [`ErrorCode::NotFound`](crate::ErrorCode::NotFound) for a name
