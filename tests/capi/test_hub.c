@@ -41,7 +41,7 @@ static int lay(const char* repo, const char* source, const char* name, const cha
 
 static int make_repo(const char* repo) {
   char path[1024];
-  const char* parts[] = {"", "/blobs", "/refs", "/snapshots", "/snapshots/" COMMIT};
+  const char* parts[] = {"", "/blobs", "/refs", "/snapshots", ("/snapshots/" COMMIT)};
   size_t i;
   for (i = 0; i < sizeof parts / sizeof parts[0]; ++i) {
     snprintf(path, sizeof path, "%s/hub/%s%s", scratch, repo, parts[i]);
