@@ -62,13 +62,15 @@ void Checkpoint::open_folder(const std::string& folder, const OpenOptions& optio
   check_downloaded(folder, kSingleFileName, "the weight file");
   const std::string index_path = join_path(folder, kIndexFileName);
   const Kind index_kind = stat_kind(index_path, &error_number);
+  // Like the shards, the index and the single file must resolve inside the folder (resolve_in_folder).
   if (index_kind != Kind::missing) {
+    resolve_in_folder(folder, kIndexFileName, "the index");
     open_index(folder, index_path, options);
     return;
   }
   const std::string single_path = join_path(folder, kSingleFileName);
   if (stat_kind(single_path, &error_number) != Kind::missing) {
-    add_file(SafetensorsFile::open(single_path, options));
+    add_file(SafetensorsFile::open(resolve_in_folder(folder, kSingleFileName, "the weight file"), options, single_path));
     return;
   }
   fail(PEFT_ERR_INVALID_CHECKPOINT, folder + ": the folder holds neither " + kIndexFileName + " nor " +

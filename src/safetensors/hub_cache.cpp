@@ -31,6 +31,19 @@ std::optional<std::string> env(const char* name) {
   return std::string(value);
 }
 
+// The home folder of user `name` (the current user when null) from the password database, with the
+// reentrant calls (the hub functions are thread-safe).
+std::optional<std::string> home_of(const char* name) {
+  const long suggested = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buffer(suggested > 0 ? static_cast<size_t>(suggested) : 16384);
+  passwd entry{};
+  passwd* found = nullptr;
+  const int rc = name ? ::getpwnam_r(name, &entry, buffer.data(), buffer.size(), &found)
+                      : ::getpwuid_r(::getuid(), &entry, buffer.data(), buffer.size(), &found);
+  if (rc != 0 || found == nullptr || entry.pw_dir == nullptr) return std::nullopt;
+  return std::string(entry.pw_dir);
+}
+
 // Python's posixpath.expanduser.
 std::string expand_user(const std::string& path) {
   if (path.empty() || path[0] != '~') return path;
@@ -40,15 +53,15 @@ std::string expand_user(const std::string& path) {
   if (end == 1) {
     if (auto value = std::getenv("HOME")) {
       home = value;
-    } else if (const passwd* entry = ::getpwuid(::getuid())) {
-      home = entry->pw_dir;
+    } else if (auto found = home_of(nullptr)) {
+      home = *found;
     } else {
       return path;
     }
   } else {
-    const passwd* entry = ::getpwnam(path.substr(1, end - 1).c_str());
-    if (entry == nullptr) return path;
-    home = entry->pw_dir;
+    auto found = home_of(path.substr(1, end - 1).c_str());
+    if (!found) return path;
+    home = *found;
   }
   while (!home.empty() && home.back() == '/') home.pop_back();
   const std::string result = home + path.substr(end);
@@ -210,10 +223,17 @@ std::string resolve_hub_model_id(const std::string& text) {
     commit = revision;
     how = "commit " + revision;
   } else if (fs::is_regular_file(ref, ec)) {
-    std::string content = read_text_file(ref, kMaxRefBytes);
+    // huggingface_hub writes the 40-digit hash alone; anything else (too long, other bytes) is no ref.
+    std::string content;
+    try {
+      content = read_text_file(ref, kMaxRefBytes);
+    } catch (const Error& error) {
+      if (error.code() != PEFT_ERR_INVALID_ARGUMENT) throw;  // IO stays IO; too long is no hash
+    }
     while (!content.empty() && std::isspace(static_cast<unsigned char>(content.back()))) content.pop_back();
-    if (content.empty() || content.find('/') != std::string::npos || content == "." || content == "..")
-      fail(PEFT_ERR_NOT_FOUND, what + ": " + ref + " holds no commit hash" + offline_note(id->repo));
+    if (content.size() != kCommitHashSize || !is_lower_hex(content))
+      fail(PEFT_ERR_NOT_FOUND, what + ": " + ref + " holds no commit hash (40 lowercase hex digits)" +
+                                   offline_note(id->repo));
     commit = content;
     how = "refs/" + revision + " -> " + commit;
   } else {
@@ -272,10 +292,13 @@ std::string resolve_model_location(const std::string& path_or_id, std::initializ
 }
 
 std::optional<std::string> hub_repository_of_snapshot(const std::string& real_folder) {
-  const fs::path snapshots = fs::path(real_folder).parent_path();
-  const fs::path repository = snapshots.parent_path();
-  if (snapshots.filename() == "snapshots" && repository.filename().native().starts_with("models--"))
-    return repository.native();
+  // The folder itself or a subfolder of a snapshot (models keep weights in subfolders too).
+  for (fs::path at(real_folder); at.has_relative_path(); at = at.parent_path()) {
+    const fs::path snapshots = at.parent_path();
+    const fs::path repository = snapshots.parent_path();
+    if (snapshots.filename() == "snapshots" && repository.filename().native().starts_with("models--"))
+      return repository.native();
+  }
   return std::nullopt;
 }
 

@@ -52,7 +52,7 @@ std::string resolve_path_or_hub_id(const std::string& path_or_id);
 std::string resolve_model_location(const std::string& path_or_id, std::initializer_list<const char*> files = {});
 
 // The repository folder <cache>/models--org--name when `real_folder` (a real path, links resolved)
-// is one of its snapshots (<repository>/snapshots/<commit>); nullopt otherwise.
+// is one of its snapshots (<repository>/snapshots/<commit>) or a folder inside one; nullopt otherwise.
 std::optional<std::string> hub_repository_of_snapshot(const std::string& real_folder);
 
 // File `name` (described as `what`) of `folder`, a hub snapshot, is missing or links to a missing

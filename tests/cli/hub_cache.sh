@@ -92,6 +92,17 @@ check "an adapter naming a base found nowhere is a usage error" test $? -eq 2
 check "... that says to pass --base" contains "$work/none.err" "merge needs --base"
 check "... and names the base" contains "$work/none.err" "tests/fixtures/models/llama"
 
+# ---- bare names (no namespace): merge takes them as ids as it takes base_model_name_or_path ---------
+root_tiny="$hub/models--tinyllama"
+mkdir -p "$root_tiny/snapshots" "$root_tiny/refs"
+cp -r "$hub/models--org--tiny/blobs" "$root_tiny/blobs"
+cp -P -r "$hub/models--org--tiny/snapshots/$main" "$root_tiny/snapshots/$main"
+printf %s "$main" >"$root_tiny/refs/main"
+(cd "$work" && "$peftc" merge --base tinyllama --adapter "$lora" --out "$work/bare" >/dev/null 2>"$work/bare.err")
+check "merge --base with a bare name in the cache succeeds" test $? -eq 0
+check "... says where it leads" contains "$work/bare.err" "base: tinyllama -> $root_tiny/snapshots/$main"
+check "... and is the same merge" same_model "$work/bare" "$work/plain"
+
 # ---- incomplete downloads and escapes ---------------------------------------------------------------
 cp -r "$hub" "$work/broken"
 snap="$work/broken/models--org--sharded/snapshots/$main"

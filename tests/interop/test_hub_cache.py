@@ -398,3 +398,56 @@ def test_bare_names(peft_c, hub_env, fixtures, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert peft_c.hub_resolve("tinyllama") == str(repo_folder(hub_env, "tinyllama") / "snapshots" / MAIN)
     shutil.rmtree(repo_folder(hub_env, "tinyllama"))
+
+
+# ---- review findings: refs that hold no hash, subfolders, single files leaving the folder -----------------
+
+@pytest.mark.parametrize("content", [b"\0", b"not a hash", MAIN.upper().encode(), MAIN[:39].encode(),
+                                     (MAIN + "0").encode(), b"x" * 5000])
+def test_refs_that_hold_no_commit_hash(peft_c, broken, content):
+    """A ref must hold a 40-digit lowercase hash, as huggingface_hub writes it; anything else (a NUL, a
+    short or long text, an oversized file) is NOT_FOUND saying so, never a path built from it."""
+    hub, _ = broken
+    (repo_folder(hub, "org/sharded") / "refs" / "odd").write_bytes(content)
+    with pytest.raises(peft_c.NotFoundError, match="refs/odd holds no commit hash"):
+        peft_c.hub_resolve("org/sharded@odd")
+
+
+def test_sharded_model_in_a_snapshot_subfolder(peft_c, cache, fixtures, tmp_path, monkeypatch):
+    """Weights kept in a subfolder of a snapshot link to ../../../blobs: still inside the repository."""
+    hub = tmp_path / "hub"
+    files = {f"text_encoder/{name}": content for name, content in folder_files(cache["sharded"]).items()}
+    snapshot = add_snapshot(hub, "org/pipeline", files, MAIN)
+    assert os.readlink(snapshot / "text_encoder" / "model-00001-of-00003.safetensors").startswith("../../../blobs/")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    with peft_c.Checkpoint.open(snapshot / "text_encoder") as inside, peft_c.Checkpoint.open(cache["sharded"]) as plain:
+        assert sorted(inside.keys()) == sorted(plain.keys())
+
+
+def test_single_file_leaving_the_folder_is_refused(peft_c, peftc_binary, cache, fixtures, tmp_path, monkeypatch):
+    """model.safetensors (like the index and the shards) must resolve inside the folder, or inside the
+    repository folder for a snapshot."""
+    models, _ = fixtures
+    outside = tmp_path / "outside" / "model.safetensors"
+    outside.parent.mkdir()
+    shutil.copy(models / "llama" / "model.safetensors", outside)
+    hub = tmp_path / "hub"
+    snapshot = add_folder(hub, "org/single", models / "llama", MAIN)
+    link = snapshot / "model.safetensors"
+    link.unlink()
+    link.symlink_to(outside)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    with pytest.raises(peft_c.InvalidCheckpointError, match="outside the hub cache repository folder"):
+        peft_c.Checkpoint.open("org/single")
+    plain = tmp_path / "plain"
+    shutil.copytree(models / "llama", plain)
+    (plain / "model.safetensors").unlink()
+    (plain / "model.safetensors").symlink_to(outside)
+    with pytest.raises(peft_c.InvalidCheckpointError, match="the weight file resolves to .*, outside the folder"):
+        peft_c.Checkpoint.open(plain)
+    # A link inside the folder is fine.
+    (plain / "model.safetensors").unlink()
+    shutil.copy(outside, plain / "weights.bin")
+    (plain / "model.safetensors").symlink_to("weights.bin")
+    with peft_c.Checkpoint.open(plain) as ckpt:
+        assert len(ckpt) > 0

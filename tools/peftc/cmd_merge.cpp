@@ -98,16 +98,20 @@ struct ProgressBar {
   }
 };
 
-// Prints "what: text -> folder" to stderr when `text` is a hub model id (not an existing path), for
-// the user to see which snapshot is merged. Errors are left to the merge, which reports them.
-void show_resolved(const char* what, const std::string& text) {
+// The folder `text` names: itself when it exists, else the snapshot of the hub model id it is
+// (peft_hub_resolve, which takes ids with and without a namespace, as the base from
+// base_model_name_or_path does), printed to stderr as "what: text -> folder" for the user to see
+// which snapshot is merged. When it is neither, `text` unchanged: the merge reports its error.
+std::string resolve_folder(const char* what, const std::string& text) {
   char* folder = nullptr;
   if (peft_error* err = peft_hub_resolve(text.c_str(), &folder)) {
     peft_error_free(err);
-    return;
+    return text;
   }
-  if (text != folder) std::fprintf(stderr, "%s: %s -> %s\n", what, text.c_str(), folder);
+  const std::string resolved = folder;
   peft_string_free(folder);
+  if (text != resolved) std::fprintf(stderr, "%s: %s -> %s\n", what, text.c_str(), resolved.c_str());
+  return resolved;
 }
 
 // Without --base: the first adapter's base_model_name_or_path, as a path or else a model id in the
@@ -239,12 +243,12 @@ int merge_command(const std::vector<std::string>& args) {
   }
   if (o.adapters.empty()) return usage_error("merge needs at least one --adapter", kUsage);
   if (o.out.empty()) return usage_error("merge needs --out", kUsage);
+  for (AdapterArg& a : o.adapters) a.dir = resolve_folder("adapter", a.dir);
   if (o.base.empty()) {
     if (auto status = base_from_adapter(o)) return *status;
   } else {
-    show_resolved("base", o.base);
+    o.base = resolve_folder("base", o.base);
   }
-  for (const AdapterArg& a : o.adapters) show_resolved("adapter", a.dir);
   return run_merge(o);
 }
 

@@ -126,7 +126,8 @@ struct AdapterBuilder {
                          "as PEFT 0.21 does when loading under the default name");
     if (unprefixed)
       a.notes_.push_back("some keys lack the \"base_model.model.\" prefix; they were read as module paths of the base "
-                         "model (PeftModel.from_pretrained in PEFT <= 0.20 would not load them)");
+                         "model, as transformers' load_adapter reads them (PeftModel.from_pretrained in PEFT 0.21 does not "
+                         "load them: they are unexpected keys there, and its LoRA layers stay at zero)");
   }
 
   // Decides each module's kind from its roles and checks that its LoRA tensors are complete.
