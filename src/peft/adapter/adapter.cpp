@@ -412,7 +412,7 @@ struct AdapterBuilder {
           return true;
         }
         if (t.role != TensorRole::full) return false;
-        std::string param = t.suffix.substr(t.suffix.rfind('.') == std::string::npos ? 0 : t.suffix.rfind('.') + 1);
+        const std::string param = suffix_parameter(t.suffix);
         if (base->find(m.name, param, table)) return false;
         unexpected(t.key, "the base model has no tensor " + peft::quoted(m.name + "." + param) + " for it to replace");
         return true;

@@ -82,8 +82,7 @@ std::optional<TensorRole> role_of_suffix(const std::string& suffix) {
 
 std::string param_of(const Entry& e) {
   if (e.role != TensorRole::full) return e.role == TensorRole::lora_b_bias ? "bias" : "weight";
-  size_t dot = e.suffix.rfind('.');
-  return dot == std::string::npos ? e.suffix : e.suffix.substr(dot + 1);
+  return suffix_parameter(e.suffix);
 }
 
 // A rank is a dimension PEFT can hold: a positive integer below 2^63.
@@ -377,10 +376,7 @@ class Doctor {
   }
 
   const ModuleRule* rule_of(const std::string& module) const {
-    if (!table_) return nullptr;
-    const ModuleRule* rule = table_->rule_for_hf(module);
-    if (!rule && !table_->base_model_prefix().empty()) rule = table_->rule_for_hf(table_->base_model_prefix() + "." + module);
-    return rule;
+    return table_ ? table_->rule_for_module(module) : nullptr;
   }
 
   bool is_embedding_module(const std::string& module) const {
