@@ -1651,7 +1651,12 @@ PEFT_API const char* peft_adapter_warning(const peft_adapter* adapter, size_t in
  *        (then only what the adapter itself shows is checked, and module renames are not proposed).
  * @param[out] out_json Receives the report (UTF-8 JSON, keys sorted); free it with
  *        peft_string_free(). Problems found are in the report, not errors: check `summary.ok`.
- * @return NULL on success; #PEFT_ERR_NOT_FOUND for a missing folder or adapter_model.safetensors;
+ * The report never holds NaN or Infinity: a rank, alpha or scaling that is not a finite number
+ * (a kohya `alpha` tensor holding inf / NaN, a factor dimension of 2^63 or more) is null, and the
+ * module gets the problem `invalid_value`.
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND for a missing folder or adapter_model.safetensors,
+ *         or either file incompletely downloaded into the hub cache; #PEFT_ERR_UNSUPPORTED for a
+ *         folder holding adapter_model.bin instead of adapter_model.safetensors;
  *         #PEFT_ERR_INVALID_CONFIG for an adapter_config.json that cannot be read or a base
  *         config.json that is not JSON; safetensors format errors naming the file;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter_dir or @p out_json. Thread-safe.
@@ -1665,16 +1670,21 @@ PEFT_API peft_error* peft_adapter_doctor(const char* adapter_dir, const char* ba
  * adapter_config.json with kohya alphas and ranks as `alpha_pattern` / `rank_pattern` entries and
  * renamed modules renamed in `target_modules` / `modules_to_save`; both are written as
  * peft_adapter_export() writes them (temporaries renamed into place, the config last; a failure
- * leaves the folder as it was). Tensors whose problem has no known fix are copied under their key.
+ * leaves the folder as it was). Tensors whose problem has no known fix are copied under their key;
+ * so are keys whose renames would meet in one key (`duplicate_key`: no tensor is dropped). Values
+ * that are not finite never reach the config.
  * @param adapter_dir The adapter folder (see peft_adapter_doctor()).
  * @param base_dir A base model folder, or NULL / "" (then only renames that need no base apply).
- * @param out_dir The output folder; created if needed.
+ * @param out_dir The output folder; created if needed. Never the adapter folder itself, the base
+ *        folder, or a folder inside a hub cache snapshot (`models--org--name/snapshots/<commit>` and below, whose
+ *        files are links into the cache); compared after resolving links (the folder need not exist).
  * @param[out] out_json NULL, or receives the report of the input adapter (as peft_adapter_doctor()
  *        gives it); free it with peft_string_free(). Run peft_adapter_doctor() on @p out_dir to see
  *        what remains.
  * @return NULL on success; the errors of peft_adapter_doctor(); #PEFT_ERR_IO for file system
  *         failures; #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter_dir or @p out_dir or an output path
- *         that is not a folder. Thread-safe (distinct output folders).
+ *         that is not a folder, or @p out_dir is the adapter folder, the base folder or inside a
+ *         hub cache snapshot (the message says which). Thread-safe (distinct output folders).
  */
 PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char* base_dir, const char* out_dir,
                                              char** out_json);

@@ -51,4 +51,75 @@ check "its kind is target_without_tensors" \
 check "--fix of a missing adapter is an error (2)" exit_is 2 "$peftc" doctor --adapter "$work/absent" --fix "$work/never"
 check "a failed run writes nothing" absent "$work/never"
 
+# ---- what the doctor cannot read or write is a problem or an error, never a crash -------------------
+# Safetensors files built with the standard library: (key, dtype, shape, raw bytes) in order.
+write_st() {
+  python3 - "$@" <<'EOF'
+import json, struct, sys
+out, mode, source = sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None
+tensors = []
+if mode == "duplicate":  # source's tensors plus an unprefixed lora_B holding other values
+    blob = open(source, "rb").read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    header.pop("__metadata__", None)
+    for key, info in header.items():
+        start, end = info["data_offsets"]
+        tensors.append((key, info["dtype"], info["shape"], blob[8 + n + start:8 + n + end]))
+    tensors.append(("model.layers.0.self_attn.q_proj.lora_B.weight", "F32", [16, 4], struct.pack("<f", 1.5) * 64))
+elif mode == "huge":  # zero-byte factors of rank 2^64-1
+    tensors = [("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", "F32", [2**64 - 1, 0], b""),
+               ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", "F32", [0, 2**64 - 1], b"")]
+else:  # kohya q_proj with alpha = float(mode)
+    m = "lora_te_model_layers_0_self_attn_q_proj"
+    tensors = [(m + ".lora_down.weight", "F32", [4, 16], bytes(256)), (m + ".lora_up.weight", "F32", [16, 4], bytes(256)),
+               (m + ".alpha", "F32", [], struct.pack("<f", float(mode)))]
+header, offset, data = {}, 0, b""
+for key, dtype, shape, raw in tensors:
+    header[key] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+    offset += len(raw)
+    data += raw
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(out, "wb").write(struct.pack("<Q", len(text)) + text + data)
+EOF
+}
+is_json() { local text; text=$("$@" 2>/dev/null); python3 -c 'import json, sys; json.loads(sys.stdin.read(), parse_constant=lambda c: sys.exit(1))' <<<"$text" 2>/dev/null; }
+mkdir -p "$work/inf" "$work/nan" "$work/huge"
+write_st "$work/inf/adapter_model.safetensors" inf
+cp "$adapters/llama_lora/adapter_config.json" "$work/inf/"
+write_st "$work/nan/adapter_model.safetensors" nan
+write_st "$work/huge/adapter_model.safetensors" huge
+sed 's/"use_rslora": false/"use_rslora": true/' "$adapters/llama_lora/adapter_config.json" >"$work/huge/adapter_config.json"
+check "an infinite kohya alpha is a problem (1), not a crash" exit_is 1 "$peftc" doctor --adapter "$work/inf" --base "$models/llama"
+check "its kind is invalid_value" output_has '"kind": "invalid_value"' "$peftc" doctor --json --adapter "$work/inf" --base "$models/llama"
+check "the report is JSON (no Infinity)" is_json "$peftc" doctor --json --adapter "$work/inf" --base "$models/llama"
+check "--fix of it: 1" exit_is 1 "$peftc" doctor --adapter "$work/inf" --base "$models/llama" --fix "$work/inf_fixed"
+check "--fix writes no Infinity" bash -c "! grep -q Infinity '$work/inf_fixed/adapter_config.json'"
+check "a NaN alpha without a config is a problem (1)" exit_is 1 "$peftc" doctor --adapter "$work/nan" --base "$models/llama"
+check "the report is JSON (no NaN)" is_json "$peftc" doctor --json --adapter "$work/nan" --base "$models/llama"
+check "a rank of 2^64-1 is a problem (1)" exit_is 1 "$peftc" doctor --adapter "$work/huge" --base "$models/llama"
+check "the report is JSON" is_json "$peftc" doctor --json --adapter "$work/huge" --base "$models/llama"
+
+# ---- --fix writes a copy elsewhere: never over the adapter, the base or a hub snapshot --------------
+cp -r "$adapters/llama_lora" "$work/own"
+cp -r "$models/llama" "$work/base_copy"
+mkdir -p "$work/hub/models--org--name/snapshots/0123abcd"
+check "--fix onto the adapter folder is an error (2)" exit_is 2 "$peftc" doctor --adapter "$work/own" --fix "$work/own"
+check "it says why" output_has "is the adapter folder itself" "$peftc" doctor --adapter "$work/own" --fix "$work/own/"
+check "--fix onto the base folder is an error (2)" exit_is 2 "$peftc" doctor --adapter "$work/own" --base "$work/base_copy" --fix "$work/base_copy"
+check "nothing written into the base" absent "$work/base_copy/adapter_config.json"
+check "--fix into a hub snapshot is an error (2)" \
+  exit_is 2 "$peftc" doctor --adapter "$work/own" --fix "$work/hub/models--org--name/snapshots/0123abcd/x"
+check "nothing written into the snapshot" absent "$work/hub/models--org--name/snapshots/0123abcd/x"
+
+# ---- keys whose renames collide stay as found ---------------------------------------------------------
+mkdir -p "$work/dup"
+cp "$adapters/llama_lora/adapter_config.json" "$work/dup/"
+write_st "$work/dup/adapter_model.safetensors" duplicate "$adapters/llama_lora/adapter_model.safetensors"
+check "a duplicate key is a problem (1)" exit_is 1 "$peftc" doctor --adapter "$work/dup" --base "$models/llama"
+check "--fix keeps both and the copy reports it (1)" exit_is 1 "$peftc" doctor --adapter "$work/dup" --base "$models/llama" --fix "$work/dup_fixed"
+check "the copy's remaining problem is duplicate_key" \
+  output_has '"kind": "duplicate_key"' "$peftc" doctor --json --adapter "$work/dup_fixed" --base "$models/llama"
+
 finish doctor

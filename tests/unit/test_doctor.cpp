@@ -3,6 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -212,4 +216,150 @@ TEST_CASE("doctor: a kohya folder without adapter_config.json gets a config made
         nlohmann::json::array({"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}));
   CHECK(diagnose(tmp.path / "fixed", tmp.path / "base")["summary"]["ok"] == true);
   CHECK(open_failure(tmp.path / "fixed", {(tmp.path / "base").string(), nullptr, {}}).code == PEFT_OK);
+}
+
+namespace {
+
+// Sets the last F32 value of a file written by write_safetensors (its last tensor's last element).
+void set_last_f32(const fs::path& file, float value) {
+  std::fstream io(file, std::ios::binary | std::ios::in | std::ios::out);
+  io.seekp(-4, std::ios::end);
+  io.write(reinterpret_cast<const char*>(&value), 4);
+}
+
+std::string read_all(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<TensorSpec> kohya_q_proj() {
+  return {{"lora_te_model_layers_0_self_attn_q_proj.lora_down.weight", {2, 8}},
+          {"lora_te_model_layers_0_self_attn_q_proj.lora_up.weight", {8, 2}},
+          {"lora_te_model_layers_0_self_attn_q_proj.alpha", {}}};
+}
+
+}  // namespace
+
+TEST_CASE("doctor: a non-finite kohya alpha is an invalid_value problem; the report stays JSON") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  for (float alpha : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    CAPTURE(alpha);
+    write_adapter(tmp.path / "k", config_text({{"target_modules", {"q_proj"}}}), kohya_q_proj());
+    set_last_f32(tmp.path / "k" / "adapter_model.safetensors", alpha);
+    peft::DoctorResult result = peft::diagnose_adapter((tmp.path / "k").string(), (tmp.path / "base").string());
+    CHECK_FALSE(result.ok);
+    CHECK(result.json.find("NaN") == std::string::npos);
+    CHECK(result.json.find("Infinity") == std::string::npos);
+    nlohmann::json report = nlohmann::json::parse(result.json);
+    CHECK(has(kinds(report), "invalid_value"));
+    CHECK(report["modules"][0]["alpha"].is_null());
+    CHECK(report["modules"][0]["scaling"].is_null());
+    CHECK(report["config_changes"].empty());
+    fs::remove_all(tmp.path / "fixed");
+    peft::fix_adapter((tmp.path / "k").string(), (tmp.path / "base").string(), (tmp.path / "fixed").string());
+    const std::string config = read_all(tmp.path / "fixed" / "adapter_config.json");
+    CHECK(config.find("Infinity") == std::string::npos);
+    CHECK(config.find("NaN") == std::string::npos);
+    CHECK_FALSE(diagnose(tmp.path / "fixed", tmp.path / "base")["summary"]["ok"]);  // the problem stays
+  }
+}
+
+TEST_CASE("doctor: without a config, a NaN kohya alpha is a problem, not a config error") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  write_safetensors(tmp.path / "k" / "adapter_model.safetensors", kohya_q_proj());
+  set_last_f32(tmp.path / "k" / "adapter_model.safetensors", std::numeric_limits<float>::quiet_NaN());
+  nlohmann::json report = diagnose(tmp.path / "k", tmp.path / "base");
+  CHECK(has(kinds(report), "missing_config"));
+  CHECK(has(kinds(report), "invalid_value"));
+  CHECK(report["modules"][0]["alpha"].is_null());
+}
+
+TEST_CASE("doctor: a rank of 2^64-1 (zero-byte factors) is an invalid_value problem") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  const uint64_t huge = std::numeric_limits<uint64_t>::max();
+  write_adapter(tmp.path / "a", config_text({{"target_modules", {"q_proj"}}, {"use_rslora", true}}),
+                {{"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", {huge, 0}},
+                 {"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", {0, huge}}});
+  peft::DoctorResult result = peft::diagnose_adapter((tmp.path / "a").string(), (tmp.path / "base").string());
+  CHECK_FALSE(result.ok);
+  nlohmann::json report = nlohmann::json::parse(result.json);
+  CHECK(has(kinds(report), "invalid_value"));
+  CHECK(report["modules"][0]["rank"].is_null());
+  CHECK(report["modules"][0]["scaling"].is_null());
+  // Without a config, no rank is made of it.
+  fs::remove(tmp.path / "a" / "adapter_config.json");
+  nlohmann::json alone = diagnose(tmp.path / "a", tmp.path / "base");
+  CHECK(has(kinds(alone), "invalid_value"));
+  CHECK(has(kinds(alone), "missing_config"));
+  for (const auto& p : alone["problems"])
+    if (p["kind"] == "missing_config") CHECK(p["message"].get<std::string>().find("r = 8") != std::string::npos);
+}
+
+TEST_CASE("doctor: --fix keeps keys whose renames collide, and the copy still reports them") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  std::vector<TensorSpec> tensors = lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8);
+  tensors.push_back({"model.layers.0.self_attn.q_proj.lora_B.weight", {8, 2}});
+  write_adapter(tmp.path / "dup", config_text({{"target_modules", {"q_proj"}}}), tensors);
+  nlohmann::json report = diagnose(tmp.path / "dup", tmp.path / "base");
+  CHECK(has(kinds(report), "duplicate_key"));
+  CHECK(report["renames"].empty());
+  peft::DoctorResult fixed_result =
+      peft::fix_adapter((tmp.path / "dup").string(), (tmp.path / "base").string(), (tmp.path / "fixed").string());
+  CHECK_FALSE(fixed_result.ok);
+  nlohmann::json fixed = diagnose(tmp.path / "fixed", tmp.path / "base");
+  CHECK(fixed["summary"]["keys"] == 3);
+  CHECK(has(kinds(fixed), "duplicate_key"));
+  CHECK_FALSE(fixed["summary"]["ok"]);
+}
+
+TEST_CASE("doctor: --fix refuses the adapter folder, the base folder and hub cache snapshots") {
+  TempDir tmp;
+  write_base(tmp.path / "base", {{"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  std::vector<TensorSpec> unprefixed = lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8, false);
+  write_adapter(tmp.path / "a", config_text({{"target_modules", {"q_proj"}}}), unprefixed);
+  const std::string before = read_all(tmp.path / "a" / "adapter_model.safetensors");
+  const std::string a = (tmp.path / "a").string(), base = (tmp.path / "base").string();
+  CHECK(error_test::code_of([&] { peft::fix_adapter(a, base, a); }) == PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(error_test::code_of([&] { peft::fix_adapter(a, base, (tmp.path / "a" / ".").string()); }) ==
+        PEFT_ERR_INVALID_ARGUMENT);
+  fs::create_directory_symlink(tmp.path / "a", tmp.path / "link");
+  CHECK(error_test::code_of([&] { peft::fix_adapter(a, base, (tmp.path / "link").string()); }) ==
+        PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(read_all(tmp.path / "a" / "adapter_model.safetensors") == before);
+  CHECK(error_test::code_of([&] { peft::fix_adapter(a, base, base); }) == PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_FALSE(fs::exists(tmp.path / "base" / "adapter_config.json"));
+  const fs::path snapshot = tmp.path / "hub" / "models--org--name" / "snapshots" / "0123abcd";
+  fs::create_directories(snapshot);
+  CHECK(error_test::code_of([&] { peft::fix_adapter(a, base, snapshot.string()); }) == PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(error_test::code_of([&] { peft::fix_adapter(a, base, (snapshot / "sub").string()); }) ==
+        PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_FALSE(fs::exists(snapshot / "adapter_config.json"));
+  peft::fix_adapter(a, base, (tmp.path / "elsewhere").string());
+  CHECK(fs::exists(tmp.path / "elsewhere" / "adapter_model.safetensors"));
+}
+
+TEST_CASE("doctor: an incomplete hub download of the config is NOT_FOUND; adapter_model.bin is UNSUPPORTED") {
+  TempDir tmp;
+  const fs::path repo = tmp.path / "models--org--adapter";
+  const fs::path snapshot = repo / "snapshots" / "0123abcd";
+  write_safetensors(repo / "blobs" / "weights", lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8));
+  fs::create_directories(snapshot);
+  fs::create_symlink("../../blobs/weights", snapshot / "adapter_model.safetensors");
+  fs::create_symlink("../../blobs/config", snapshot / "adapter_config.json");  // not downloaded
+  write_text(repo / "blobs" / "config.incomplete", "{\"peft_ty");
+  Failure failure;
+  try {
+    peft::diagnose_adapter(snapshot.string(), "");
+  } catch (const peft::Error& e) {
+    failure = {e.code(), e.what()};
+  }
+  CHECK(failure.code == PEFT_ERR_NOT_FOUND);
+  CHECK(failure.message.find("incomplete") != std::string::npos);
+  write_text(tmp.path / "bin" / "adapter_config.json", config_text());
+  write_text(tmp.path / "bin" / "adapter_model.bin", "pickle");
+  CHECK(error_test::code_of([&] { peft::diagnose_adapter((tmp.path / "bin").string(), ""); }) == PEFT_ERR_UNSUPPORTED);
 }

@@ -23,6 +23,18 @@ int error_exit(peft_error* err) {
   return kExitUsage;  // the doctor's "error" status is 2: 1 means problems found
 }
 
+// The report as JSON; nullopt (after a message) when the library returned text that is not JSON.
+std::optional<nlohmann::json> parse_report(char* text) {
+  std::optional<nlohmann::json> out;
+  try {
+    out = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    std::fprintf(stderr, "peftc: error: the doctor's report is not JSON: %s\n", e.what());
+  }
+  peft_string_free(text);
+  return out;
+}
+
 std::string text_of(const nlohmann::json& value) {
   if (value.is_null()) return "-";
   if (value.is_string()) return value.get<std::string>();
@@ -87,8 +99,9 @@ int doctor_command(const std::vector<std::string>& args) {
   peft_error* err = fix ? peft_adapter_doctor_fix(adapter->c_str(), base_dir, fix->c_str(), &text)
                         : peft_adapter_doctor(adapter->c_str(), base_dir, &text);
   if (err) return error_exit(err);
-  const nlohmann::json input = nlohmann::json::parse(text);
-  peft_string_free(text);
+  const std::optional<nlohmann::json> parsed_input = parse_report(text);
+  if (!parsed_input) return kExitUsage;
+  const nlohmann::json& input = *parsed_input;
   bool clean = input["summary"]["ok"].get<bool>();
   if (json) {
     std::printf("%s\n", input.dump(2).c_str());
@@ -97,8 +110,9 @@ int doctor_command(const std::vector<std::string>& args) {
   }
   if (fix) {
     if (peft_error* again = peft_adapter_doctor(fix->c_str(), base_dir, &text)) return error_exit(again);
-    const nlohmann::json output = nlohmann::json::parse(text);
-    peft_string_free(text);
+    const std::optional<nlohmann::json> parsed_output = parse_report(text);
+    if (!parsed_output) return kExitUsage;
+    const nlohmann::json& output = *parsed_output;
     clean = output["summary"]["ok"].get<bool>();
     const size_t remaining = output["problems"].size();
     std::fprintf(json ? stderr : stdout, "fixed adapter written to %s: %zu key(s) renamed, %zu problem(s) remain\n",

@@ -413,7 +413,7 @@ struct AdapterBuilder {
           return true;
         }
         if (t.role != TensorRole::full) return false;
-        std::string param = t.suffix.substr(t.suffix.rfind('.') == std::string::npos ? 0 : t.suffix.rfind('.') + 1);
+        const std::string param = suffix_parameter(t.suffix);
         if (base->find(m.name, param, table)) return false;
         unexpected(t.key, "the base model has no tensor " + peft::quoted(m.name + "." + param) + " for it to replace");
         return true;
@@ -521,15 +521,19 @@ struct AdapterBuilder {
   }
 };
 
-std::shared_ptr<const Adapter> Adapter::open(const std::string& dir_or_id, const Options& options) {
-  const std::string dir = resolve_model_location(dir_or_id, {"adapter_config.json", "adapter_model.safetensors"});
+AdapterFiles adapter_folder_files(const std::string& dir_or_id, bool config_required) {
+  AdapterFiles files;
+  files.dir = resolve_model_location(dir_or_id, {"adapter_config.json", "adapter_model.safetensors"});
+  const std::string& dir = files.dir;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " does not exist or is not a folder");
-  fs::path config = fs::path(dir) / "adapter_config.json";
-  fs::path weights = fs::path(dir) / "adapter_model.safetensors";
-  if (!fs::exists(config, ec)) fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " has no adapter_config.json");
-  if (!fs::exists(weights, ec)) {
+  files.config = (fs::path(dir) / "adapter_config.json").string();
+  files.weights = (fs::path(dir) / "adapter_model.safetensors").string();
+  files.has_config = fs::exists(files.config, ec);
+  if (!files.has_config && config_required)
+    fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " has no adapter_config.json");
+  if (!fs::exists(files.weights, ec)) {
     if (fs::exists(fs::path(dir) / "adapter_model.bin", ec))
       fail(PEFT_ERR_UNSUPPORTED, "adapter folder " + peft::quoted(dir) +
                                      " holds adapter_model.bin (a pickle), which peft_c does not read; convert it "
@@ -537,7 +541,12 @@ std::shared_ptr<const Adapter> Adapter::open(const std::string& dir_or_id, const
                                      ".save_pretrained(dir, safe_serialization=True))");
     fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir) + " has no adapter_model.safetensors");
   }
-  return open_files(config.string(), weights.string(), options);
+  return files;
+}
+
+std::shared_ptr<const Adapter> Adapter::open(const std::string& dir_or_id, const Options& options) {
+  const AdapterFiles files = adapter_folder_files(dir_or_id, true);
+  return open_files(files.config, files.weights, options);
 }
 
 std::shared_ptr<const Adapter> Adapter::open_files(const std::string& config_path, const std::string& weights_path,

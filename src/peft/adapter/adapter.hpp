@@ -50,6 +50,18 @@ namespace peft {
 // Adapter::dir() of an adapter opened from memory (as SafetensorsFile names memory files).
 inline constexpr std::string_view kMemoryAdapterDir = "<memory>";
 
+// The two files of an adapter folder (or hub model id): `dir` the folder as resolved
+// (resolve_model_location, which reports an incomplete hub download of either file as
+// PEFT_ERR_NOT_FOUND), `config` and `weights` their paths, `has_config` whether adapter_config.json
+// exists. A missing folder or adapter_model.safetensors is PEFT_ERR_NOT_FOUND (adapter_model.bin, a
+// pickle, is PEFT_ERR_UNSUPPORTED); a missing adapter_config.json is PEFT_ERR_NOT_FOUND when
+// `config_required`.
+struct AdapterFiles {
+  std::string dir, config, weights;
+  bool has_config = false;
+};
+AdapterFiles adapter_folder_files(const std::string& dir_or_id, bool config_required);
+
 class Adapter {
  public:
   struct Options {

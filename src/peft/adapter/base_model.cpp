@@ -102,9 +102,7 @@ std::vector<TargetedBaseModule> targeted_base_modules(const BaseModel& base, con
     if (!t.name.ends_with(".weight") || (t.shape.size() != 2 && t.shape.size() != 4)) continue;
     std::string module = t.name.substr(0, t.name.size() - 7);
     if (matcher.check(module) != ModuleMatcher::Verdict::targeted) continue;
-    const ModuleRule* rule = table ? table->rule_for_hf(module) : nullptr;
-    if (!rule && table && !table->base_model_prefix().empty())
-      rule = table->rule_for_hf(table->base_model_prefix() + "." + module);
+    const ModuleRule* rule = table ? table->rule_for_module(module) : nullptr;
     const ModuleKind kind = rule ? rule->kind : t.shape.size() == 2 ? ModuleKind::linear : ModuleKind::conv2d;
     if (kind == ModuleKind::norm || kind == ModuleKind::other) continue;  // PEFT has no LoRA layer for those
     modules.push_back({std::move(module), i, kind});

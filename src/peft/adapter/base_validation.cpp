@@ -72,9 +72,7 @@ class ModuleChecker {
     }
     bool conv1d = fits_conv1d && !fits_linear;
     if (fits_conv1d && fits_linear && table_) {  // square: the architecture decides
-      const ModuleRule* rule = table_->rule_for_hf(m_.name);
-      if (!rule && !table_->base_model_prefix().empty())
-        rule = table_->rule_for_hf(table_->base_model_prefix() + "." + m_.name);
+      const ModuleRule* rule = table_->rule_for_module(m_.name);
       conv1d = rule && rule->kind == ModuleKind::conv1d;
     }
     m_.kind = conv1d ? LayerKind::conv1d : LayerKind::linear;
@@ -133,7 +131,7 @@ void check_full_tensors(AdapterModule& m, const Checkpoint& adapter, const BaseM
                         ValidationResult& result) {
   for (AdapterTensor& t : m.tensors) {
     if (t.role != TensorRole::full) continue;
-    std::string param = t.suffix.substr(t.suffix.rfind('.') == std::string::npos ? 0 : t.suffix.rfind('.') + 1);
+    const std::string param = suffix_parameter(t.suffix);
     auto index = base.find(m.name, param, table);
     if (!index) {
       result.unresolved.push_back("tensor " + peft::quoted(t.key) + ": the base has no tensor " +

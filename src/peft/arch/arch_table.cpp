@@ -342,6 +342,12 @@ const ModuleRule* ArchTable::rule_for_hf(std::string_view hf_module, NameTemplat
   return first_match(modules_, &ModuleRule::hf, hf_module, captures);
 }
 
+const ModuleRule* ArchTable::rule_for_module(std::string_view module) const {
+  const ModuleRule* rule = rule_for_hf(module);
+  if (!rule && !base_model_prefix().empty()) rule = rule_for_hf(base_model_prefix() + "." + std::string(module));
+  return rule;
+}
+
 const ModuleRule* ArchTable::rule_for_native(std::string_view native_module, NameTemplate::Captures* captures) const {
   return first_match(modules_, &ModuleRule::native, native_module, captures);
 }

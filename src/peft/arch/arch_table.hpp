@@ -85,6 +85,9 @@ class ArchTable {
 
   // Module paths (no role): the rule that matches, and the translation.
   const ModuleRule* rule_for_hf(std::string_view hf_module, NameTemplate::Captures* captures = nullptr) const;
+  // The rule of an adapter's module path: as it is, else with base_model_prefix (PEFT's module
+  // names of a task model may lack it, e.g. "layers.0.q_proj" of a "model." table).
+  const ModuleRule* rule_for_module(std::string_view module) const;
   const ModuleRule* rule_for_native(std::string_view native_module,
                                     NameTemplate::Captures* captures = nullptr) const;
   std::optional<std::string> module_to_native(std::string_view hf_module) const;

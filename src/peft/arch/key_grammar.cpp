@@ -151,4 +151,9 @@ std::optional<ParsedKey> parse_adapter_key(std::string_view key) {
   return parsed;
 }
 
+std::string suffix_parameter(std::string_view role_suffix) {
+  const size_t dot = role_suffix.rfind('.');
+  return std::string(dot == std::string_view::npos ? role_suffix : role_suffix.substr(dot + 1));
+}
+
 }  // namespace peft

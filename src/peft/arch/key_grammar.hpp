@@ -58,4 +58,8 @@ struct ParsedKey {
 // name other than "default", a lora_ segment with an unknown role, or nothing before the role).
 std::optional<ParsedKey> parse_adapter_key(std::string_view key);
 
+// The base parameter a full tensor's role suffix replaces: its last segment ("weight" of
+// "base_layer.weight", "bias" of "bias").
+std::string suffix_parameter(std::string_view role_suffix);
+
 }  // namespace peft

@@ -4,7 +4,9 @@
 #include "peft/doctor/adapter_doctor.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/python_json.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "peft/adapter/adapter_config.hpp"
 #include "peft/adapter/adapter_module.hpp"
 #include "peft/adapter/base_model.hpp"
@@ -79,8 +82,15 @@ std::optional<TensorRole> role_of_suffix(const std::string& suffix) {
 
 std::string param_of(const Entry& e) {
   if (e.role != TensorRole::full) return e.role == TensorRole::lora_b_bias ? "bias" : "weight";
-  size_t dot = e.suffix.rfind('.');
-  return dot == std::string::npos ? e.suffix : e.suffix.substr(dot + 1);
+  return suffix_parameter(e.suffix);
+}
+
+// A rank is a dimension PEFT can hold: a positive integer below 2^63.
+bool valid_rank(uint64_t dim) { return dim > 0 && dim <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()); }
+
+// The report never holds NaN or Infinity (not JSON): an unknown value is null.
+Json finite_or_null(std::optional<double> value) {
+  return value && std::isfinite(*value) ? Json(*value) : Json(nullptr);
 }
 
 Json shape_json(const Shape& shape) {
@@ -104,11 +114,37 @@ class Doctor {
 
   DoctorResult result() const { return {python_json_dumps(report()), problems_.empty()}; }
 
+  // --fix never writes over what it reads: the adapter folder, the base folder, or any folder of a
+  // hub cache snapshot (its files are links into blobs/). Compared as weakly canonical paths (links
+  // resolved, the folder may not exist yet).
+  void check_out_dir(const std::string& out_dir) const {
+    std::error_code ec;
+    const fs::path out = fs::weakly_canonical(fs::absolute(out_dir, ec), ec);
+    auto same = [&](const std::string& dir) {
+      std::error_code ec2;
+      const fs::path p = fs::weakly_canonical(fs::absolute(dir, ec2), ec2);
+      return !ec2 && p == out;
+    };
+    if (same(dir_))
+      fail(PEFT_ERR_INVALID_ARGUMENT, "the fixed copy's folder " + peft::quoted(out_dir) +
+                                          " is the adapter folder itself; --fix writes a copy, give another folder");
+    if (base_ && same(base_->dir))
+      fail(PEFT_ERR_INVALID_ARGUMENT, "the fixed copy's folder " + peft::quoted(out_dir) +
+                                          " is the base model folder; give another folder");
+    for (fs::path p = out; !p.empty() && p != p.root_path(); p = p.parent_path())
+      if (auto repository = hub_repository_of_snapshot(p.string()))
+        fail(PEFT_ERR_INVALID_ARGUMENT, "the fixed copy's folder " + peft::quoted(out_dir) +
+                                            " is inside a hub cache snapshot of " + peft::quoted(*repository) +
+                                            " (its files are links into the cache); give another folder");
+  }
+
   void write_fix(const std::string& out_dir) const {
     std::vector<OutputTensor> tensors;
     std::set<std::string> written;
     for (const Entry& e : entries_) {
-      if (e.final_key.empty() || !written.insert(e.final_key).second) continue;
+      if (e.final_key.empty()) continue;
+      if (!written.insert(e.final_key).second)  // check_duplicates keeps keys apart
+        fail(PEFT_ERR_INTERNAL, "the fix would write key " + peft::quoted(e.final_key) + " twice");
       const TensorInfo& info = weights_->tensor(e.index);
       OutputTensor out;
       out.key = e.final_key;
@@ -140,19 +176,13 @@ class Doctor {
 
  private:
   void open() {
-    dir_ = resolve_model_location(dir_, {kAdapterWeightsName});  // a hub model id names a snapshot
-    std::error_code ec;
-    if (!fs::is_directory(dir_, ec))
-      fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir_) + " does not exist or is not a folder");
-    const fs::path config = fs::path(dir_) / kAdapterConfigName;
-    const fs::path weights = fs::path(dir_) / kAdapterWeightsName;
-    if (!fs::exists(weights, ec))
-      fail(PEFT_ERR_NOT_FOUND, "adapter folder " + peft::quoted(dir_) + " has no adapter_model.safetensors");
     // kohya / LyCORIS files come without a config: one is made from the tensors (synthesize_config).
-    missing_config_ = !fs::exists(config, ec);
-    config_ = missing_config_ ? LoraConfig::parse(R"({"peft_type": "LORA"})", config.string())
-                              : LoraConfig::from_file(config.string());
-    weights_ = Checkpoint::open(weights.string());
+    const AdapterFiles files = adapter_folder_files(dir_, false);
+    dir_ = files.dir;  // a hub model id names a snapshot
+    missing_config_ = !files.has_config;
+    config_ = missing_config_ ? LoraConfig::parse(R"({"peft_type": "LORA"})", files.config)
+                              : LoraConfig::from_file(files.config);
+    weights_ = Checkpoint::open(files.weights);
     if (!base_dir_.empty()) base_ = BaseModel::open(base_dir_, {});
     const Json* base_config = base_ && base_->config.is_object() ? &base_->config : nullptr;
     if (auto guess = detect_family(base_config, config_.base_model_name_or_path)) {
@@ -313,13 +343,13 @@ class Doctor {
         const Entry& e = entries_[i];
         const TensorInfo& info = weights_->tensor(e.index);
         if ((e.role == TensorRole::lora_a || e.role == TensorRole::lora_embedding_a) && !e.kohya_alpha_or_scale() &&
-            !info.shape.empty()) {
+            !info.shape.empty() && valid_rank(info.shape[0])) {
           ++ranks[static_cast<int64_t>(info.shape[0])];
           lora = true;
         }
         if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_alpha && is_float(info.dtype)) {
           std::vector<float> value = weights_->read_f32(e.index);
-          if (value.size() == 1) ++alphas[static_cast<double>(value[0])];
+          if (value.size() == 1 && std::isfinite(value[0])) ++alphas[static_cast<double>(value[0])];
         }
       }
       if (lora && g.resolved) targets.push_back(g.name);
@@ -346,10 +376,7 @@ class Doctor {
   }
 
   const ModuleRule* rule_of(const std::string& module) const {
-    if (!table_) return nullptr;
-    const ModuleRule* rule = table_->rule_for_hf(module);
-    if (!rule && !table_->base_model_prefix().empty()) rule = table_->rule_for_hf(table_->base_model_prefix() + "." + module);
-    return rule;
+    return table_ ? table_->rule_for_module(module) : nullptr;
   }
 
   bool is_embedding_module(const std::string& module) const {
@@ -431,6 +458,7 @@ class Doctor {
     AdapterModule m;
     m.name = g.name;
     std::optional<double> kohya_alpha;
+    bool alpha_invalid = false;
     bool dora_scale = false;
     for (size_t i : g.entries) {
       const Entry& e = entries_[i];
@@ -444,9 +472,15 @@ class Doctor {
       }
       if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_alpha) {
         std::vector<float> value = weights_->read_f32(e.index);
-        if (value.size() == 1)
+        if (value.size() == 1 && std::isfinite(value[0])) {
           kohya_alpha = static_cast<double>(value[0]);
-        else
+        } else if (value.size() == 1) {
+          alpha_invalid = true;
+          problem("invalid_value", {e.key}, {g.name},
+                  "kohya alpha " + peft::quoted(e.key) + " is " + python_float_repr(value[0]) +
+                      ", not a finite number (the module's alpha and scaling are unknown)",
+                  false);
+        } else
           problem("shape_mismatch", {e.key}, {g.name},
                   "kohya alpha " + peft::quoted(e.key) + " is " + shape_text(info.shape) + ", not one value", false);
         continue;
@@ -466,12 +500,15 @@ class Doctor {
     report.group = &g;
     classify(m, g);
     report.kind = m.kind;
-    if (m.is_lora()) lora_checks(m, g, report, kohya_alpha, dora_scale);
+    if (m.is_lora()) lora_checks(m, g, report, kohya_alpha, alpha_invalid, dora_scale);
     if (base_ && g.resolved && report.complete) shape_checks(m, g);
     if (g.resolved)
       for (size_t i : g.entries) {
         Entry& e = entries_[i];
-        if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_alpha) continue;  // becomes alpha_pattern
+        if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_alpha) {  // becomes alpha_pattern when it can
+          if (!kohya_alpha) e.final_key = e.key;                          // else kept as found
+          continue;
+        }
         if (e.kohya && e.kohya_role == KeyRewrite::Role::kohya_dora_scale) {
           e.final_key = e.key;
           continue;
@@ -510,7 +547,7 @@ class Doctor {
   }
 
   void lora_checks(AdapterModule& m, Group& g, ModuleReport& report, std::optional<double> kohya_alpha,
-                   bool dora_scale) {
+                   bool alpha_invalid, bool dora_scale) {
     const bool emb = m.kind == LayerKind::embedding;
     const AdapterTensor* a = m.find(emb ? TensorRole::lora_embedding_a : TensorRole::lora_a);
     const AdapterTensor* b = m.find(emb ? TensorRole::lora_embedding_b : TensorRole::lora_b);
@@ -539,13 +576,28 @@ class Doctor {
                 false);
       return;
     }
+    if (!valid_rank(sa[0])) {
+      report.complete = false;
+      problem("invalid_value", keys, {m.name},
+              "module " + peft::quoted(m.name) + ": lora_A " + shape_text(sa) + " gives a rank of " +
+                  std::to_string(sa[0]) + ", not a positive integer below 2^63",
+              false);
+      return;
+    }
     m.rank = static_cast<int64_t>(sa[0]);
     const int64_t configured_rank = matcher_->rank_for(m.name);
-    m.alpha = kohya_alpha.value_or(matcher_->alpha_for(m.name));
-    m.scaling = config_.scaling(m.rank, m.alpha);
     report.rank = m.rank;
-    report.alpha = m.alpha;
-    report.scaling = m.scaling;
+    m.alpha = kohya_alpha.value_or(matcher_->alpha_for(m.name));
+    if (!alpha_invalid && !std::isfinite(m.alpha))
+      problem("invalid_value", keys, {m.name},
+              "module " + peft::quoted(m.name) + ": the config gives alpha " + python_float_repr(m.alpha) +
+                  ", not a finite number (the module's scaling is unknown)",
+              false);
+    if (!alpha_invalid && std::isfinite(m.alpha)) {
+      m.scaling = config_.scaling(m.rank, m.alpha);
+      report.alpha = m.alpha;
+      if (std::isfinite(m.scaling)) report.scaling = m.scaling;
+    }
     if (kohya_alpha && g.resolved && *kohya_alpha != matcher_->alpha_for(m.name))
       config_changes_.emplace_back("alpha_pattern", g.name, *kohya_alpha);
     if (m.rank != configured_rank) {
@@ -640,14 +692,29 @@ class Doctor {
     for (const std::string& p : result.mismatched) problem(kind, keys, {m.name}, p + " (" + meaning + ")", false);
   }
 
+  // Keys whose renames would meet in one key: none of them is renamed (the fix keeps every tensor
+  // under its key as found, so the copy shows the same duplicate), and the problem says so. Until
+  // no key is met twice: a key kept as found may be another rename's target.
   void check_duplicates() {
-    std::map<std::string, std::vector<std::string>> by_key;
-    for (const Entry& e : entries_)
-      if (!e.final_key.empty()) by_key[e.final_key].push_back(e.key);
-    for (const auto& [key, list] : by_key)
-      if (list.size() > 1)
-        problem("duplicate_key", list, {}, std::to_string(list.size()) + " keys are the same tensor " + peft::quoted(key),
+    for (bool again = true; again;) {
+      again = false;
+      std::map<std::string, std::vector<size_t>> by_key;
+      for (size_t i = 0; i < entries_.size(); ++i)
+        if (!entries_[i].final_key.empty()) by_key[entries_[i].final_key].push_back(i);
+      for (const auto& [key, list] : by_key) {
+        if (list.size() < 2) continue;
+        std::vector<std::string> keys;
+        for (size_t i : list) {
+          keys.push_back(entries_[i].key);
+          if (entries_[i].final_key != entries_[i].key) again = true;
+          entries_[i].final_key = entries_[i].key;
+        }
+        problem("duplicate_key", keys, {},
+                std::to_string(keys.size()) + " keys are the same tensor " + peft::quoted(key) +
+                    "; the fix renames none of them",
                 false);
+      }
+    }
   }
 
   void check_unused_targets() {
@@ -696,8 +763,8 @@ class Doctor {
       }
       m["host_name"] = host ? Json(*host) : Json(nullptr);
       m["rank"] = r.rank ? Json(*r.rank) : Json(nullptr);
-      m["alpha"] = r.alpha ? Json(*r.alpha) : Json(nullptr);
-      m["scaling"] = r.scaling ? Json(*r.scaling) : Json(nullptr);
+      m["alpha"] = finite_or_null(r.alpha);
+      m["scaling"] = finite_or_null(r.scaling);
       m["use_rslora"] = config_.use_rslora;
       m["dora"] = r.dora ? Json(*r.dora) : Json(nullptr);
       modules.push_back(std::move(m));
@@ -781,6 +848,7 @@ DoctorResult diagnose_adapter(const std::string& adapter_dir, const std::string&
 DoctorResult fix_adapter(const std::string& adapter_dir, const std::string& base_dir, const std::string& out_dir) {
   Doctor doctor(adapter_dir, base_dir);
   doctor.run();
+  doctor.check_out_dir(out_dir);
   DoctorResult result = doctor.result();
   doctor.write_fix(out_dir);
   return result;

@@ -23,7 +23,8 @@
 // embedding_role, ambiguous_rename, unmatched_key, duplicate_key, incomplete_module,
 // untargeted_module, rank_mismatch, dora_mismatch, dora_convention, lora_bias_mismatch,
 // shape_transposed, vocabulary_resized, shape_mismatch, missing_base_tensor,
-// target_without_tensors, unsupported_dtype. docs/doctor.md describes each.
+// target_without_tensors, unsupported_dtype, invalid_value. docs/doctor.md describes each. The report
+// holds no NaN / Infinity: a rank, alpha or scaling that is not finite is null (invalid_value).
 //
 // Pure functions of the files they read; thread-safe.
 #pragma once
@@ -39,7 +40,9 @@ struct DoctorResult {
 
 // Examines `adapter_dir` (adapter_config.json + adapter_model.safetensors; without the config, one
 // is made from the tensors and reported as missing_config), against `base_dir` when not empty.
-// Errors (not problems): PEFT_ERR_NOT_FOUND for a missing folder or adapter_model.safetensors,
+// Errors (not problems): PEFT_ERR_NOT_FOUND for a missing folder or adapter_model.safetensors or an
+// incomplete hub download of either file, PEFT_ERR_UNSUPPORTED for adapter_model.bin (the folder is
+// read by adapter_folder_files, as Adapter::open reads it),
 // PEFT_ERR_INVALID_CONFIG for a config that cannot be read, format errors for a file that is not
 // safetensors.
 DoctorResult diagnose_adapter(const std::string& adapter_dir, const std::string& base_dir);
@@ -47,7 +50,9 @@ DoctorResult diagnose_adapter(const std::string& adapter_dir, const std::string&
 // The same report, and writes `out_dir` (as adapter export writes a folder: temporaries renamed into
 // place) with every known rename applied: keys as PEFT saves them, kohya alphas and ranks as
 // alpha_pattern / rank_pattern entries, renamed modules also renamed in target_modules and
-// modules_to_save. Tensors whose problem has no known fix are written under their key as found.
+// modules_to_save. Tensors whose problem has no known fix are written under their key as found (so
+// are keys whose renames would collide). PEFT_ERR_INVALID_ARGUMENT, before anything is written, when
+// `out_dir` (weakly canonical) is the adapter folder, the base folder, or in a hub cache snapshot.
 DoctorResult fix_adapter(const std::string& adapter_dir, const std::string& base_dir, const std::string& out_dir);
 
 }  // namespace peft
