@@ -239,7 +239,7 @@ class Doctor {
     if (!unprefixed.empty())
       problem("missing_peft_prefix", unprefixed, {},
               std::to_string(unprefixed.size()) + " keys lack PEFT's \"base_model.model.\" prefix "
-              "(PeftModel.from_pretrained in PEFT <= 0.20 does not load them); the fix adds it",
+              "(PeftModel.from_pretrained in PEFT 0.21 does not load them); the fix adds it",
               true);
     for (const std::string& key : unmatched)
       problem("unmatched_key", {key}, {}, "key " + peft::quoted(key) + " is not a PEFT LoRA key and no known "
