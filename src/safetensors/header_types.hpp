@@ -10,16 +10,9 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/tensor_info.hpp"
 
 namespace peft {
-
-struct TensorInfo {
-  std::string name;
-  DType dtype = DType::BOOL;
-  std::vector<uint64_t> shape;  // empty for a scalar
-  uint64_t begin = 0, end = 0;  // data_offsets, relative to the data section
-  uint64_t nbytes() const { return end - begin; }
-};
 
 using Metadata = std::vector<std::pair<std::string, std::string>>;  // sorted by key bytes
 

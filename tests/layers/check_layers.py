@@ -1,5 +1,5 @@
 """Structure guard of src/ (docs/architecture.md, "Layers"). Fails when:
-- a file includes a header of a higher layer (the order is core, safetensors, peft, serve, capi; a
+- a file includes a header of a higher layer (the order is core, gguf, safetensors, peft, serve, capi; a
   layer is the first folder under src/);
 - modules depend on each other in a circle, directly or through others (a module is a header and
   its source file: `x.hpp` and `x.cpp`; `x.cpp` including `y.hpp` makes x depend on y);
@@ -12,7 +12,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["core", "safetensors", "peft", "serve", "capi"]
+LAYERS = ["core", "gguf", "safetensors", "peft", "serve", "capi"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
