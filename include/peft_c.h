@@ -12,7 +12,8 @@
  * | @ref errors | The error object and its stable codes (`PEFT_ERR_*`). |
  * | @ref strings | Strings and lists the library returns, and how they are released. |
  * | @ref dtypes | The safetensors dtypes and conversions between them. |
- * | @ref reading | Opening, indexing and reading safetensors files and checkpoints. |
+ * | @ref reading | Opening, indexing and reading safetensors and GGUF files and checkpoints. |
+ * | @ref gguf | GGUF files: their typed metadata, ggml types and block-quantized tensors. |
  * | @ref hub | Model ids resolved offline in the Hugging Face hub cache; its snapshots and incomplete downloads. |
  * | @ref writing | Writing safetensors files and checkpoint folders, atomically. |
  * | @ref adapter | PEFT LoRA adapters, translation of module names, validation against a base, the adapter doctor. |
@@ -579,7 +580,8 @@ PEFT_API const char* peft_checkpoint_tensor_name(const peft_checkpoint* ckpt, si
  * @brief Dtype (`PEFT_DTYPE_*`) of tensor @p index.
  * @param ckpt A checkpoint.
  * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
- * @return The dtype, or -1 if out of range. Thread-safe.
+ * @return The dtype, or -1 if out of range or for a block-quantized GGUF tensor, which has none
+ *         (see @ref gguf). Thread-safe.
  */
 PEFT_API int32_t peft_checkpoint_tensor_dtype(const peft_checkpoint* ckpt, size_t index);
 
@@ -663,6 +665,173 @@ PEFT_API peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, si
  */
 PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, size_t index,
                                                  int32_t dtype, void* dst, uint64_t dst_nbytes);
+
+/** @} */
+
+/* ================================================================================================ */
+/** @defgroup gguf GGUF files
+ *
+ *  peft_checkpoint_open() and peft_checkpoint_open_memory() also open GGUF files (versions 2 and 3,
+ *  little-endian; told apart from safetensors by the magic `GGUF`). The whole header is validated
+ *  first, as strictly as ggml's own reader and more (docs/gguf.md lists each check and its code), with
+ *  the safetensors codes: e.g. #PEFT_ERR_INVALID_HEADER for a bad magic, type or duplicate name,
+ *  #PEFT_ERR_INVALID_HEADER_LENGTH for metadata running past the end of the file,
+ *  #PEFT_ERR_INVALID_OFFSET for misaligned or overlapping tensor data,
+ *  #PEFT_ERR_METADATA_INCOMPLETE_BUFFER for data past the end, #PEFT_ERR_UNSUPPORTED for big-endian
+ *  files and version 1. peft_open_options_set_max_header_size() caps the bytes before the data section.
+ *
+ *  A GGUF file's tensors are then read like any other: names as the file spells them
+ *  (`blk.0.attn_q.weight`), shapes outermost first (GGUF's `ne` reversed, so a weight of
+ *  `ne = [in, out]` has shape `{out, in}` as in PyTorch), offsets relative to the data section.
+ *  F32, F16, BF16, F64 and the integer types have their dtype and convert as usual. Block-quantized
+ *  tensors (Q8_0, Q4_K, ...) have no dtype (peft_checkpoint_tensor_dtype() gives -1): their ggml type
+ *  is peft_checkpoint_tensor_ggml_type(), and their bytes are read with peft_checkpoint_tensor_view();
+ *  peft_checkpoint_tensor_read() refuses them with #PEFT_ERR_UNSUPPORTED.
+ *
+ *  The metadata key/values are read by file and position, in file order, with their types. An array's
+ *  elements are read with the same getters, by element index; a scalar is element 0. The getters
+ *  below return NULL/0/-1 for a NULL checkpoint, an index out of range or a safetensors file. All
+ *  are thread-safe; borrowed strings live as long as the checkpoint.
+ *  @{ */
+
+#define PEFT_FORMAT_SAFETENSORS 0 /**< A safetensors file. */
+#define PEFT_FORMAT_GGUF 1        /**< A GGUF file. */
+
+#define PEFT_GGUF_U8 0      /**< Unsigned 8-bit integer value. */
+#define PEFT_GGUF_I8 1      /**< Signed 8-bit integer value. */
+#define PEFT_GGUF_U16 2     /**< Unsigned 16-bit integer value. */
+#define PEFT_GGUF_I16 3     /**< Signed 16-bit integer value. */
+#define PEFT_GGUF_U32 4     /**< Unsigned 32-bit integer value. */
+#define PEFT_GGUF_I32 5     /**< Signed 32-bit integer value. */
+#define PEFT_GGUF_F32 6     /**< binary32 value. */
+#define PEFT_GGUF_BOOL 7    /**< Boolean value (one byte, 0 or 1). */
+#define PEFT_GGUF_STRING 8  /**< String value (bytes with a length; UTF-8 by convention). */
+#define PEFT_GGUF_ARRAY 9   /**< Array of values of one type. */
+#define PEFT_GGUF_U64 10    /**< Unsigned 64-bit integer value. */
+#define PEFT_GGUF_I64 11    /**< Signed 64-bit integer value. */
+#define PEFT_GGUF_F64 12    /**< binary64 value. */
+
+/**
+ * @brief The format of file @p file_index of a checkpoint.
+ * @param ckpt A checkpoint.
+ * @param file_index 0 .. peft_checkpoint_file_count() - 1.
+ * @return #PEFT_FORMAT_SAFETENSORS or #PEFT_FORMAT_GGUF; -1 if out of range or NULL. Thread-safe.
+ */
+PEFT_API int32_t peft_checkpoint_file_format(const peft_checkpoint* ckpt, size_t file_index);
+
+/**
+ * @brief The GGUF version (2 or 3) of file @p file_index.
+ * @return The version; 0 for a safetensors file, out of range or NULL. Thread-safe.
+ */
+PEFT_API uint32_t peft_checkpoint_gguf_version(const peft_checkpoint* ckpt, size_t file_index);
+
+/**
+ * @brief The ggml type of tensor @p index as stored in its GGUF file (ggml's numbering: 0 F32,
+ *        1 F16, 8 Q8_0, 12 Q4_K, 30 BF16, ...).
+ * @return The type; -1 for a tensor of a safetensors file, out of range or NULL. Thread-safe.
+ */
+PEFT_API int32_t peft_checkpoint_tensor_ggml_type(const peft_checkpoint* ckpt, size_t index);
+
+/**
+ * @brief The name of a ggml type as gguf-py spells it ("Q4_K").
+ * @return A static string; NULL for a number ggml does not define. Thread-safe.
+ */
+PEFT_API const char* peft_ggml_type_name(int32_t ggml_type);
+
+/**
+ * @brief The ggml type of an exact name ("BF16", "Q8_0").
+ * @return The type; -1 for NULL or a name ggml does not define. Thread-safe.
+ */
+PEFT_API int32_t peft_ggml_type_from_name(const char* name);
+
+/**
+ * @brief Storage geometry of a ggml type: a row of n elements (n a multiple of the block size) takes
+ *        n / block_size blocks of type_size bytes.
+ * @param ggml_type A ggml type number.
+ * @param[out] out_block_size Receives the elements per block (1 for F32, 32 for Q8_0, 256 for Q4_K).
+ * @param[out] out_type_size Receives the bytes per block (4 for F32, 34 for Q8_0, 144 for Q4_K).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for an unknown type or NULL pointers. Thread-safe.
+ */
+PEFT_API peft_error* peft_ggml_type_geometry(int32_t ggml_type, uint32_t* out_block_size, uint32_t* out_type_size);
+
+/**
+ * @brief Number of metadata key/values of GGUF file @p file_index.
+ * @return The count; 0 for a safetensors file, out of range or NULL. Thread-safe.
+ */
+PEFT_API size_t peft_checkpoint_gguf_kv_count(const peft_checkpoint* ckpt, size_t file_index);
+
+/**
+ * @brief The key of metadata entry @p kv (in file order).
+ * @return Borrowed string valid while @p ckpt lives; NULL if out of range. Thread-safe.
+ */
+PEFT_API const char* peft_checkpoint_gguf_kv_key(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
+
+/**
+ * @brief Finds a metadata entry by key.
+ * @param[out] out_kv Receives its position.
+ * @return NULL on success; #PEFT_ERR_NOT_FOUND naming the key if the file has no such entry (also for
+ *         a safetensors file); #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or a file out of range.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_gguf_kv_find(const peft_checkpoint* ckpt, size_t file_index, const char* key,
+                                                  size_t* out_kv);
+
+/**
+ * @brief The type (`PEFT_GGUF_*`) of metadata entry @p kv; #PEFT_GGUF_ARRAY for an array.
+ * @return The type; -1 if out of range. Thread-safe.
+ */
+PEFT_API int32_t peft_checkpoint_gguf_kv_type(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
+
+/**
+ * @brief The element type (`PEFT_GGUF_*`) of an array entry.
+ * @return The type; -1 if the entry is not an array or out of range. Thread-safe.
+ */
+PEFT_API int32_t peft_checkpoint_gguf_kv_array_type(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
+
+/**
+ * @brief The number of elements of an array entry.
+ * @return The count; 0 if the entry is not an array or out of range. Thread-safe.
+ */
+PEFT_API uint64_t peft_checkpoint_gguf_kv_array_length(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
+
+/**
+ * @brief An integer or boolean value (U8 .. I64, BOOL as 0 or 1): entry @p kv itself when it is a
+ *        scalar (@p element 0), or element @p element of an array of such values.
+ * @param[out] out Receives the value.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT (naming the key) for another type, a U64
+ *         above INT64_MAX (read it with peft_checkpoint_gguf_kv_uint()), an index out of range or
+ *         NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_gguf_kv_int(const peft_checkpoint* ckpt, size_t file_index, size_t kv,
+                                                 uint64_t element, int64_t* out);
+
+/**
+ * @brief As peft_checkpoint_gguf_kv_int(), for a value that is not negative (any U64 fits).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for a negative value or as
+ *         peft_checkpoint_gguf_kv_int(). Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_gguf_kv_uint(const peft_checkpoint* ckpt, size_t file_index, size_t kv,
+                                                  uint64_t element, uint64_t* out);
+
+/**
+ * @brief A floating-point value (F32 or F64; an F32 is widened exactly), scalar or array element as
+ *        for peft_checkpoint_gguf_kv_int().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for another type, an index out of range or
+ *         NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_gguf_kv_float(const peft_checkpoint* ckpt, size_t file_index, size_t kv,
+                                                   uint64_t element, double* out);
+
+/**
+ * @brief A string value, scalar or array element as for peft_checkpoint_gguf_kv_int().
+ * @param[out] out_data Receives the bytes, followed by a NUL (the string itself may hold NUL bytes);
+ *             borrowed, valid while @p ckpt lives.
+ * @param[out] out_length Receives the length in bytes. May be NULL.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for another type, an index out of range or
+ *         NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_checkpoint_gguf_kv_string(const peft_checkpoint* ckpt, size_t file_index, size_t kv,
+                                                    uint64_t element, const char** out_data, size_t* out_length);
 
 /** @} */
 
@@ -2885,6 +3054,22 @@ typedef struct peft_api {
   peft_error* (*adapter_doctor)(const char* adapter_dir, const char* base_dir, char** out_json); /**< peft_adapter_doctor() */
   peft_error* (*adapter_doctor_fix)(const char* adapter_dir, const char* base_dir, const char* out_dir, char** out_json); /**< peft_adapter_doctor_fix() */
   peft_error* (*registry_warning_list)(const peft_registry* registry, const char* name, peft_string_list** out); /**< peft_registry_warning_list() */
+  int32_t (*checkpoint_file_format)(const peft_checkpoint* ckpt, size_t file_index); /**< peft_checkpoint_file_format() */
+  uint32_t (*checkpoint_gguf_version)(const peft_checkpoint* ckpt, size_t file_index); /**< peft_checkpoint_gguf_version() */
+  int32_t (*checkpoint_tensor_ggml_type)(const peft_checkpoint* ckpt, size_t index); /**< peft_checkpoint_tensor_ggml_type() */
+  const char* (*ggml_type_name)(int32_t ggml_type); /**< peft_ggml_type_name() */
+  int32_t (*ggml_type_from_name)(const char* name); /**< peft_ggml_type_from_name() */
+  peft_error* (*ggml_type_geometry)(int32_t ggml_type, uint32_t* out_block_size, uint32_t* out_type_size); /**< peft_ggml_type_geometry() */
+  size_t (*checkpoint_gguf_kv_count)(const peft_checkpoint* ckpt, size_t file_index); /**< peft_checkpoint_gguf_kv_count() */
+  const char* (*checkpoint_gguf_kv_key)(const peft_checkpoint* ckpt, size_t file_index, size_t kv); /**< peft_checkpoint_gguf_kv_key() */
+  peft_error* (*checkpoint_gguf_kv_find)(const peft_checkpoint* ckpt, size_t file_index, const char* key, size_t* out_kv); /**< peft_checkpoint_gguf_kv_find() */
+  int32_t (*checkpoint_gguf_kv_type)(const peft_checkpoint* ckpt, size_t file_index, size_t kv); /**< peft_checkpoint_gguf_kv_type() */
+  int32_t (*checkpoint_gguf_kv_array_type)(const peft_checkpoint* ckpt, size_t file_index, size_t kv); /**< peft_checkpoint_gguf_kv_array_type() */
+  uint64_t (*checkpoint_gguf_kv_array_length)(const peft_checkpoint* ckpt, size_t file_index, size_t kv); /**< peft_checkpoint_gguf_kv_array_length() */
+  peft_error* (*checkpoint_gguf_kv_int)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, int64_t* out); /**< peft_checkpoint_gguf_kv_int() */
+  peft_error* (*checkpoint_gguf_kv_uint)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, uint64_t* out); /**< peft_checkpoint_gguf_kv_uint() */
+  peft_error* (*checkpoint_gguf_kv_float)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, double* out); /**< peft_checkpoint_gguf_kv_float() */
+  peft_error* (*checkpoint_gguf_kv_string)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, const char** out_data, size_t* out_length); /**< peft_checkpoint_gguf_kv_string() */
 } peft_api;
 
 /**

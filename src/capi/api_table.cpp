@@ -193,6 +193,22 @@ const peft_api kApiV1 = {
     &peft_adapter_doctor,
     &peft_adapter_doctor_fix,
     &peft_registry_warning_list,
+    &peft_checkpoint_file_format,
+    &peft_checkpoint_gguf_version,
+    &peft_checkpoint_tensor_ggml_type,
+    &peft_ggml_type_name,
+    &peft_ggml_type_from_name,
+    &peft_ggml_type_geometry,
+    &peft_checkpoint_gguf_kv_count,
+    &peft_checkpoint_gguf_kv_key,
+    &peft_checkpoint_gguf_kv_find,
+    &peft_checkpoint_gguf_kv_type,
+    &peft_checkpoint_gguf_kv_array_type,
+    &peft_checkpoint_gguf_kv_array_length,
+    &peft_checkpoint_gguf_kv_int,
+    &peft_checkpoint_gguf_kv_uint,
+    &peft_checkpoint_gguf_kv_float,
+    &peft_checkpoint_gguf_kv_string,
 };
 
 }  // namespace

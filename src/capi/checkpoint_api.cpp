@@ -24,14 +24,10 @@ const peft::TensorInfo* tensor_or_null(const peft_checkpoint* ckpt, size_t index
   return &ckpt->impl->tensor(index);
 }
 
-const peft::Header* header_or_null(const peft_checkpoint* ckpt, size_t file_index) {
-  if (ckpt == nullptr || file_index >= ckpt->impl->file_count()) return nullptr;
-  return &ckpt->impl->file_header(file_index);
-}
-
 const peft::Metadata* metadata_or_null(const peft_checkpoint* ckpt, size_t file_index) {
-  const peft::Header* header = header_or_null(ckpt, file_index);
-  return header != nullptr && header->metadata ? &*header->metadata : nullptr;
+  if (ckpt == nullptr || file_index >= ckpt->impl->file_count()) return nullptr;
+  const std::optional<peft::Metadata>& metadata = ckpt->impl->file_metadata(file_index);
+  return metadata ? &*metadata : nullptr;
 }
 
 void require_index(const peft_checkpoint* ckpt, size_t index) {
@@ -157,7 +153,7 @@ size_t peft_checkpoint_tensor_name_length(const peft_checkpoint* ckpt, size_t in
 
 int32_t peft_checkpoint_tensor_dtype(const peft_checkpoint* ckpt, size_t index) {
   const peft::TensorInfo* info = tensor_or_null(ckpt, index);
-  return info != nullptr ? static_cast<int32_t>(info->dtype) : -1;
+  return info != nullptr && !info->block_quantized ? static_cast<int32_t>(info->dtype) : -1;
 }
 
 size_t peft_checkpoint_tensor_ndim(const peft_checkpoint* ckpt, size_t index) {

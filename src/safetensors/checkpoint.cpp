@@ -10,7 +10,9 @@
 #include "core/path.hpp"
 #include "core/text.hpp"
 #include "safetensors/checkpoint_layout.hpp"
+#include "gguf/gguf_file.hpp"
 #include "safetensors/hub_cache.hpp"
+#include "safetensors/safetensors_file.hpp"
 
 namespace peft {
 
@@ -28,6 +30,18 @@ Kind stat_kind(const std::string& path, int* error_number) {
   return S_ISREG(st.st_mode) ? Kind::file : Kind::other;
 }
 
+// A file of either format, told apart by GGUF's magic.
+std::unique_ptr<const TensorFile> open_tensor_file(const std::string& path, const OpenOptions& options,
+                                                   const std::string& display_path = {}) {
+  uint8_t magic[4] = {};
+  {
+    const ReadOnlyFile file = ReadOnlyFile::open(path, display_path.empty() ? path : display_path);
+    file.read_exact(0, magic, std::min<uint64_t>(file.size(), sizeof magic));
+  }
+  if (has_gguf_magic(magic, sizeof magic)) return GgufFile::open(path, options, display_path);
+  return SafetensorsFile::open(path, options, display_path);
+}
+
 }  // namespace
 
 std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path_or_id, const OpenOptions& options) {
@@ -43,7 +57,7 @@ std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path_or_id
     case Kind::other:
       fail(PEFT_ERR_IO, path + ": not a regular file or folder");
     case Kind::file:
-      checkpoint->add_file(SafetensorsFile::open(path, options));
+      checkpoint->add_file(open_tensor_file(path, options));
       break;
   }
   return checkpoint;
@@ -52,7 +66,10 @@ std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path_or_id
 std::shared_ptr<const Checkpoint> Checkpoint::open_memory(const void* data, size_t size, const OpenOptions& options) {
   if (data == nullptr && size != 0) fail(PEFT_ERR_INVALID_ARGUMENT, "data must not be NULL when size is not 0");
   std::shared_ptr<Checkpoint> checkpoint(new Checkpoint());
-  checkpoint->add_file(SafetensorsFile::from_memory(data, size, options));
+  if (has_gguf_magic(data, size))
+    checkpoint->add_file(GgufFile::from_memory(data, size, options));
+  else
+    checkpoint->add_file(SafetensorsFile::from_memory(data, size, options));
   return checkpoint;
 }
 
@@ -103,9 +120,9 @@ void Checkpoint::open_index(const std::string& folder, const std::string& index_
   index_metadata_json_ = std::move(index.metadata_json);
 }
 
-void Checkpoint::add_file(std::unique_ptr<const SafetensorsFile> file) {
+void Checkpoint::add_file(std::unique_ptr<const TensorFile> file) {
   const size_t file_index = files_.size();
-  const SafetensorsFile& added = *file;
+  const TensorFile& added = *file;
   files_.push_back(std::move(file));
   tensors_.reserve(tensors_.size() + added.tensor_count());
   by_name_.reserve(by_name_.size() + added.tensor_count());
@@ -146,9 +163,17 @@ const std::string& Checkpoint::file_path(size_t k) const {
   return files_[k]->path();
 }
 
-const Header& Checkpoint::file_header(size_t k) const {
+const std::optional<Metadata>& Checkpoint::file_metadata(size_t k) const {
+  static const std::optional<Metadata> kNone;
   file_path(k);  // range check
-  return files_[k]->header();
+  const auto* file = dynamic_cast<const SafetensorsFile*>(files_[k].get());
+  return file != nullptr ? file->header().metadata : kNone;
+}
+
+const GgufHeader* Checkpoint::gguf_header(size_t k) const {
+  file_path(k);  // range check
+  const auto* file = dynamic_cast<const GgufFile*>(files_[k].get());
+  return file != nullptr ? &file->header() : nullptr;
 }
 
 std::span<const uint8_t> Checkpoint::view(size_t i) const {
@@ -173,7 +198,7 @@ void Checkpoint::check_unchanged(size_t i) const {
 
 std::vector<float> Checkpoint::read_f32(size_t i) const {
   const Location& at = locate(i);
-  const SafetensorsFile& file = *files_[at.file];
+  const TensorFile& file = *files_[at.file];
   const uint64_t elements = element_count(file.tensor(at.local));
   if (elements > std::vector<float>().max_size())
     fail(PEFT_ERR_OUT_OF_MEMORY, "tensor " + quoted(file.tensor(at.local).name) + " is too large to read");

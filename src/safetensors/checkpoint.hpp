@@ -1,5 +1,6 @@
-// A checkpoint: one safetensors file, a folder holding `model.safetensors`, or a folder holding
-// `model.safetensors.index.json` and the shards it names. Every header is validated when the
+// A checkpoint: one safetensors or GGUF file, a folder holding `model.safetensors`, or a folder
+// holding `model.safetensors.index.json` and the shards it names. Callers see tensors the same way
+// whichever format holds them (core/tensor_file.hpp); GGUF shapes are outermost first. Every header is validated when the
 // checkpoint opens; afterwards it is immutable and every const method may be called from many
 // threads at once.
 //
@@ -21,8 +22,9 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/tensor_file.hpp"
+#include "gguf/gguf_header.hpp"
 #include "safetensors/header_parser.hpp"
-#include "safetensors/safetensors_file.hpp"
 
 namespace peft {
 
@@ -33,7 +35,7 @@ class Checkpoint {
   // read, format errors naming the file, PEFT_ERR_INVALID_CHECKPOINT for a wrong folder or index,
   // PEFT_ERR_NOT_FOUND for an id not in the cache or an incomplete download in a hub snapshot.
   static std::shared_ptr<const Checkpoint> open(const std::string& path, const OpenOptions& options = {});
-  // A safetensors file held in memory; the bytes are copied.
+  // A safetensors or GGUF file held in memory; the bytes are copied.
   static std::shared_ptr<const Checkpoint> open_memory(const void* data, size_t size,
                                                        const OpenOptions& options = {});
 
@@ -45,17 +47,20 @@ class Checkpoint {
 
   size_t file_count() const { return files_.size(); }
   const std::string& file_path(size_t k) const;
-  const Header& file_header(size_t k) const;
+  // File k's safetensors "__metadata__"; nullopt when absent, and for a GGUF file.
+  const std::optional<Metadata>& file_metadata(size_t k) const;
+  // File k's parsed GGUF header; nullptr for a safetensors file.
+  const GgufHeader* gguf_header(size_t k) const;
   // Compact JSON of the index's "metadata" object; nullopt without an index or without "metadata".
   const std::optional<std::string>& index_metadata_json() const { return index_metadata_json_; }
 
   // For callers (the C API's views): zero-copy in mmap mode; read once and cached in pread mode
   // (PEFT_ERR_IO if that read fails or the file changed). Library code reads with read() or
-  // read_bytes() instead, which never touch a mapping (see SafetensorsFile).
+  // read_bytes() instead, which never touch a mapping (see TensorFile).
   std::span<const uint8_t> view(size_t i) const;
-  // Converted copy into dst (see SafetensorsFile::read for the errors).
+  // Converted copy into dst (see TensorFile::read for the errors).
   void read(size_t i, DType dtype, void* dst, uint64_t dst_nbytes) const;
-  // Bytes [offset, offset + count) of tensor i's data, unconverted (see SafetensorsFile::read_bytes).
+  // Bytes [offset, offset + count) of tensor i's data, unconverted (see TensorFile::read_bytes).
   void read_bytes(size_t i, uint64_t offset, void* dst, uint64_t count) const;
   // PEFT_ERR_IO if the file holding tensor i changed since it was opened.
   void check_unchanged(size_t i) const;
@@ -68,12 +73,12 @@ class Checkpoint {
     size_t local;
   };
   Checkpoint() = default;
-  void add_file(std::unique_ptr<const SafetensorsFile> file);  // numbers its tensors, rejects duplicates
+  void add_file(std::unique_ptr<const TensorFile> file);  // numbers its tensors, rejects duplicates
   void open_folder(const std::string& folder, const OpenOptions& options);
   void open_index(const std::string& folder, const std::string& index_path, const OpenOptions& options);
   const Location& locate(size_t i) const;
 
-  std::vector<std::unique_ptr<const SafetensorsFile>> files_;
+  std::vector<std::unique_ptr<const TensorFile>> files_;
   std::vector<Location> tensors_;
   // Keys view the names held by files_' headers, which never move once a file is added.
   std::unordered_map<std::string_view, size_t> by_name_;

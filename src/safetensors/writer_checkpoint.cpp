@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "gguf/ggml_type.hpp"
 #include "safetensors/checkpoint.hpp"
 #include "safetensors/writer.hpp"
 
@@ -13,6 +14,12 @@ void TensorWriter::write_from_checkpoint(std::string_view name, const Checkpoint
   require_streaming("write a tensor");
   start();
   const TensorInfo& info = source.tensor(index);  // INVALID_ARGUMENT when out of range
+  if (info.block_quantized) {
+    const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
+    fail(PEFT_ERR_UNSUPPORTED, "tensor " + quoted(info.name) + " is block-quantized (" +
+                                   std::string(type ? type->name : "unknown ggml type") +
+                                   "): a safetensors file cannot hold it");
+  }
   if (next_ < slots_.size() && !in_tensor_ && tensor_at(next_).name == name) {
     const TensorDecl& decl = tensor_at(next_);
     if (!std::equal(decl.shape.begin(), decl.shape.end(), info.shape.begin(), info.shape.end())) {

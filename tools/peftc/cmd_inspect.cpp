@@ -1,10 +1,12 @@
-// peftc inspect PATH [--json]: the tensors and metadata of a safetensors file or checkpoint folder.
+// peftc inspect PATH [--json]: the tensors and metadata of a safetensors or GGUF file, or a checkpoint
+// folder.
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "command.hpp"
+#include "gguf_metadata.hpp"
 #include "json_text.hpp"
 
 namespace peftc {
@@ -17,7 +19,14 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// How a tensor's element type is shown: its dtype, or for a block-quantized GGUF tensor its ggml type.
+std::string type_text(const peft_checkpoint* ckpt, size_t i) {
+  const int32_t dtype = peft_checkpoint_tensor_dtype(ckpt, i);
+  return dtype >= 0 ? peft_dtype_name(dtype) : ggml_type_text(peft_checkpoint_tensor_ggml_type(ckpt, i));
+}
+
 std::string file_metadata_json(const peft_checkpoint* ckpt, size_t file) {
+  if (peft_checkpoint_file_format(ckpt, file) == PEFT_FORMAT_GGUF) return gguf_metadata_json(ckpt, file);
   if (!peft_checkpoint_has_metadata(ckpt, file)) return "null";
   std::string out = "{";
   size_t count = peft_checkpoint_metadata_count(ckpt, file);
@@ -30,7 +39,10 @@ std::string file_metadata_json(const peft_checkpoint* ckpt, size_t file) {
 }
 
 void print_json(const peft_checkpoint* ckpt, bool is_folder) {
-  std::string out = "{\"tensors\":[";
+  std::string out = "{";
+  if (peft_checkpoint_file_format(ckpt, 0) == PEFT_FORMAT_GGUF)
+    out += "\"format\":\"gguf\",\"version\":" + std::to_string(peft_checkpoint_gguf_version(ckpt, 0)) + ",";
+  out += "\"tensors\":[";
   size_t count = peft_checkpoint_tensor_count(ckpt);
   for (size_t i = 0; i < count; ++i) {
     uint64_t begin = 0, end = 0;
@@ -39,7 +51,7 @@ void print_json(const peft_checkpoint* ckpt, bool is_folder) {
     if (i) out += ",";
     out += "{\"name\":" + json_string(peft_checkpoint_tensor_name(ckpt, i),
                                        peft_checkpoint_tensor_name_length(ckpt, i)) +
-           ",\"dtype\":" + json_string(peft_dtype_name(peft_checkpoint_tensor_dtype(ckpt, i))) +
+           ",\"dtype\":" + json_string(type_text(ckpt, i)) +
            ",\"shape\":" + json_uint_array(peft_checkpoint_tensor_shape(ckpt, i),
                                            peft_checkpoint_tensor_ndim(ckpt, i)) +
            ",\"data_offsets\":" + json_uint_array(offsets, 2);
@@ -47,6 +59,8 @@ void print_json(const peft_checkpoint* ckpt, bool is_folder) {
       size_t file = peft_checkpoint_tensor_file(ckpt, i);
       out += ",\"file\":" + json_string(base_name(peft_checkpoint_file_path(ckpt, file)));
     }
+    if (const int32_t ggml_type = peft_checkpoint_tensor_ggml_type(ckpt, i); ggml_type >= 0)
+      out += ",\"ggml_type\":" + json_string(ggml_type_text(ggml_type));
     out += "}";
   }
   out += "],\"metadata\":";
@@ -82,6 +96,12 @@ void print_text(const peft_checkpoint* ckpt) {
               static_cast<unsigned long long>(total), files);
   for (size_t k = 0; k < files; ++k) {
     std::printf("file %s\n", peft_checkpoint_file_path(ckpt, k));
+    if (peft_checkpoint_file_format(ckpt, k) == PEFT_FORMAT_GGUF) {
+      std::printf("  GGUF version %u, %zu metadata entries\n", peft_checkpoint_gguf_version(ckpt, k),
+                  peft_checkpoint_gguf_kv_count(ckpt, k));
+      std::fputs(gguf_metadata_text(ckpt, k, 8).c_str(), stdout);
+      continue;
+    }
     size_t entries = peft_checkpoint_metadata_count(ckpt, k);
     if (!peft_checkpoint_has_metadata(ckpt, k)) std::printf("  metadata: none\n");
     for (size_t j = 0; j < entries; ++j) {
@@ -93,7 +113,7 @@ void print_text(const peft_checkpoint* ckpt) {
     uint64_t begin = 0, end = 0;
     peft_error_free(peft_checkpoint_tensor_offsets(ckpt, i, &begin, &end));
     std::printf("%-60s %-12s %-20s [%llu, %llu)\n", peft_checkpoint_tensor_name(ckpt, i),
-                peft_dtype_name(peft_checkpoint_tensor_dtype(ckpt, i)), shape_text(ckpt, i).c_str(),
+                type_text(ckpt, i).c_str(), shape_text(ckpt, i).c_str(),
                 static_cast<unsigned long long>(begin), static_cast<unsigned long long>(end));
   }
 }

@@ -328,8 +328,8 @@ class Planner {
       PlannedFile f;
       const std::string& path = base().file_path(k);
       f.name = path.starts_with(prefix) ? path.substr(prefix.size()) : fs::path(path).filename().string();
-      const Header& header = base().file_header(k);
-      if (header.metadata) f.metadata = std::map<std::string, std::string>(header.metadata->begin(), header.metadata->end());
+      const std::optional<Metadata>& metadata = base().file_metadata(k);
+      if (metadata) f.metadata = std::map<std::string, std::string>(metadata->begin(), metadata->end());
       plan_.files.push_back(std::move(f));
     }
     for (size_t i = 0; i < plan_.tensors.size(); ++i)
