@@ -2073,10 +2073,19 @@ PEFT_API peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* 
  * must resolve inside the base folder (or, for a Hugging Face hub cache snapshot
  * `models--org--name/snapshots/<revision>`, inside `models--org--name`), else the merge fails with
  * #PEFT_ERR_INVALID_CHECKPOINT naming it; subfolders, FIFOs and devices are not copied.
+ *
+ * **A GGUF base.** When @p base_dir is a GGUF file, @p out_dir is the GGUF file to write (atomically):
+ * the base's metadata and tensors in their order and types, with each adapter module merged into
+ * the tensor its architecture table names in GGUF (`blk.0.attn_q.weight`; LLaMA's RoPE row order
+ * handled), computed in f32 with every adapter's delta added and stored once in the tensor's type
+ * (F32, F16 or BF16); every other tensor is copied byte for byte (docs/gguf.md). The dtype and shard
+ * size options must be unset (#PEFT_ERR_INVALID_ARGUMENT). Modules with no GGUF tensor are
+ * #PEFT_ERR_UNRESOLVED_KEY, and whole-tensor replacements, trainable tokens, `lora_B.bias` and
+ * block-quantized targets #PEFT_ERR_UNSUPPORTED, each listed, before anything is written.
  * @param base_dir The base model folder or a hub model id (@ref hub) (UTF-8): config.json (see
  *        peft_merge_options_set_require_config()) and `model.safetensors` or
- *        `model.safetensors.index.json` with its shards.
- * @param out_dir The output folder (UTF-8); must not be @p base_dir.
+ *        `model.safetensors.index.json` with its shards; or a GGUF file.
+ * @param out_dir The output folder (UTF-8), or file for a GGUF base; must not be @p base_dir.
  * @param opts Options with at least one adapter. Not changed; may be reused.
  * @param[out] out_result Receives what the merge did (free with peft_merge_result_free()), or NULL
  *             when the caller does not want it.
@@ -2402,6 +2411,34 @@ PEFT_API peft_error* peft_export_options_set_peft_version(peft_export_options* o
  */
 PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir,
                                          const peft_export_options* opts);
+
+/**
+ * @brief Writes an opened LoRA adapter as a GGUF LoRA adapter that llama.cpp loads (`--lora`,
+ *        `llama-export-lora`), with PEFT's exact scale for every module.
+ *
+ * The file holds `general.architecture` (the base's GGUF architecture), `general.type = "adapter"`,
+ * `adapter.type = "lora"`, `adapter.lora.alpha` (the config's lora_alpha, f32), and for each module
+ * `<GGUF tensor>.lora_a` and `.lora_b`, named and ordered by the base's architecture table (the
+ * LLaMA family's RoPE row order applied to B). llama.cpp scales each pair by alpha / rank; where
+ * PEFT's scale differs (rsLoRA, rank_pattern, alpha_pattern), B is multiplied by PEFT's scale over
+ * llama.cpp's. docs/gguf.md has the details and the architectures known.
+ * @param adapter A LoRA adapter (only read).
+ * @param out_path The GGUF file to write (UTF-8), atomically.
+ * @param base The base model: a Hugging Face model folder or hub id (its config.json), or a GGUF model
+ *        file (its metadata, and its tensors to check the names against); NULL or "" for the
+ *        adapter's base_model_name_or_path.
+ * @param ggml_type The factors' type: 0 (F32), 1 (F16), 30 (BF16) or 8 (Q8_0; a factor whose rows
+ *        are not a multiple of 32 values is written F16, as llama.cpp's converter does).
+ * @return NULL on success, else:
+ *         #PEFT_ERR_UNSUPPORTED listing every module GGUF cannot hold (DoRA, lora_B.bias, whole
+ *         tensors, trainable tokens, conv layers) or for a base architecture without GGUF names;
+ *         #PEFT_ERR_UNRESOLVED_KEY listing every module without a GGUF tensor;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, another @p ggml_type, or no base;
+ *         #PEFT_ERR_NON_FINITE for a factor holding an infinity or NaN;
+ *         #PEFT_ERR_IO and the errors of peft_checkpoint_open() for the base. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* out_path, const char* base,
+                                              int32_t ggml_type);
 
 /**
  * @brief Combines adapters into a new adapter folder as PEFT's `add_weighted_adapter` does.
@@ -3070,6 +3107,7 @@ typedef struct peft_api {
   peft_error* (*checkpoint_gguf_kv_uint)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, uint64_t* out); /**< peft_checkpoint_gguf_kv_uint() */
   peft_error* (*checkpoint_gguf_kv_float)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, double* out); /**< peft_checkpoint_gguf_kv_float() */
   peft_error* (*checkpoint_gguf_kv_string)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, const char** out_data, size_t* out_length); /**< peft_checkpoint_gguf_kv_string() */
+  peft_error* (*adapter_export_gguf)(const peft_adapter* adapter, const char* out_path, const char* base, int32_t ggml_type); /**< peft_adapter_export_gguf() */
 } peft_api;
 
 /**

@@ -209,6 +209,7 @@ const peft_api kApiV1 = {
     &peft_checkpoint_gguf_kv_uint,
     &peft_checkpoint_gguf_kv_float,
     &peft_checkpoint_gguf_kv_string,
+    &peft_adapter_export_gguf,
 };
 
 }  // namespace

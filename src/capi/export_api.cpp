@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "peft/export/adapter_combine.hpp"
 #include "peft/export/adapter_export.hpp"
+#include "peft/export/gguf_adapter_export.hpp"
 
 struct peft_export_options {
   peft::ExportOptions impl;
@@ -46,6 +47,19 @@ peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir
     require_arg(adapter, "adapter");
     require_arg(out_dir, "out_dir");
     peft::export_adapter(*adapter->impl, out_dir, options_of(opts));
+  });
+}
+
+peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* out_path, const char* base,
+                                     int32_t ggml_type) {
+  return guarded([&] {
+    require_arg(adapter, "adapter");
+    require_arg(out_path, "out_path");
+    if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
+    peft::GgufAdapterExportOptions options;
+    options.base = base != nullptr ? base : "";
+    options.ggml_type = static_cast<uint32_t>(ggml_type);
+    peft::export_gguf_adapter(*adapter->impl, out_path, options);
   });
 }
 

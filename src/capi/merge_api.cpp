@@ -8,10 +8,12 @@
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "gguf/gguf_file.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/buffer_merge/named_buffer_merge.hpp"
 #include "peft/checkpoint_merge/checkpoint_merge.hpp"
+#include "peft/checkpoint_merge/gguf_merge.hpp"
 #include "peft/checkpoint_merge/merge_inputs.hpp"
 
 namespace {
@@ -123,8 +125,11 @@ peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, con
     if (opts->adapters.empty()) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge options hold no adapter");
     auto result = out_result ? std::make_unique<peft_merge_result>() : nullptr;
     peft::CheckpointMergeOptions options = opts->impl;
-    options.adapters = peft::open_merge_inputs(opts->adapters, base_dir);
-    peft::CheckpointMergeResult r = peft::merge_checkpoint(base_dir, out_dir, options);
+    // A GGUF base is a file whose names are GGUF's: adapters are checked against it by the merge.
+    const bool gguf = peft::is_gguf_path(base_dir);
+    options.adapters = peft::open_merge_inputs(opts->adapters, gguf ? "" : base_dir);
+    peft::CheckpointMergeResult r =
+        gguf ? peft::merge_into_gguf(base_dir, out_dir, options) : peft::merge_checkpoint(base_dir, out_dir, options);
     if (result) {
       result->impl = std::move(r);
       *out_result = result.release();

@@ -1,5 +1,7 @@
 #include "gguf/gguf_file.hpp"
 
+#include <sys/stat.h>
+
 #include <cstring>
 
 #include "core/error.hpp"
@@ -7,6 +9,20 @@
 namespace peft {
 
 bool has_gguf_magic(const void* data, size_t size) { return size >= 4 && std::memcmp(data, "GGUF", 4) == 0; }
+
+bool is_gguf_path(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  try {
+    const ReadOnlyFile file = ReadOnlyFile::open(path);
+    uint8_t magic[4] = {};
+    if (file.size() < sizeof magic) return false;
+    file.read_exact(0, magic, sizeof magic);
+    return has_gguf_magic(magic, sizeof magic);
+  } catch (const Error&) {
+    return false;
+  }
+}
 
 std::unique_ptr<const GgufFile> GgufFile::open(const std::string& path, const OpenOptions& options,
                                                const std::string& display_path) {

@@ -33,4 +33,7 @@ class GgufFile : public TensorFile {
 // eight bytes would be a header length far beyond any cap).
 bool has_gguf_magic(const void* data, size_t size);
 
+// True when `path` is a regular file that starts with GGUF's magic (false when it cannot be read).
+bool is_gguf_path(const std::string& path);
+
 }  // namespace peft

@@ -2,6 +2,8 @@
 // writes an adapter as PEFT's save_pretrained does (canonical keys, {"format":"pt"}, sorted config),
 // optionally converting its float tensors and restricting its config to what an older PEFT release
 // knows. With --lenient it writes what PEFT loads (without the keys PEFT ignores; warnings on stderr).
+// With --format gguf, OUT is a GGUF LoRA file for llama.cpp (peft_adapter_export_gguf): BASE is then
+// a model folder, hub id or GGUF file (default: the adapter's base), --dtype also takes q8_0.
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -15,13 +17,24 @@ namespace peftc {
 namespace {
 
 constexpr const char* kUsage =
-    "adapter export IN_DIR OUT_DIR [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient]";
+    "adapter export IN_DIR OUT [--format peft|gguf] [--dtype f32|bf16|f16|q8_0] [--peft-version X.Y] [--base BASE] "
+    "[--lenient]";
+
+// The ggml type of a --dtype value for GGUF output.
+std::optional<int32_t> gguf_factor_type(const std::string& name) {
+  if (name == "q8_0") return peft_ggml_type_from_name("Q8_0");
+  const std::optional<int32_t> dtype = parse_float_dtype(name);
+  if (!dtype) return std::nullopt;
+  return peft_ggml_type_from_name(peft_dtype_name(*dtype));
+}
 
 int export_command(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   int32_t dtype = PEFT_DTYPE_KEEP;
   std::optional<std::string> version;
   std::string base;
+  std::string format = "peft";
+  std::string dtype_name;
   bool lenient = false;
   for (Arguments a(args); a.next();) {
     const std::string& arg = a.name();
@@ -31,12 +44,14 @@ int export_command(const std::vector<std::string>& args) {
       const auto v = a.value();
       if (!v || v->empty()) return usage_error("--base needs a model folder", kUsage);
       base = *v;
+    } else if (arg == "--format") {
+      const auto v = a.value();
+      if (!v || (*v != "peft" && *v != "gguf")) return usage_error("--format must be peft or gguf", kUsage);
+      format = *v;
     } else if (arg == "--dtype") {
       const auto v = a.value();
       if (!v) return usage_error("--dtype needs a value", kUsage);
-      const std::optional<int32_t> parsed = parse_float_dtype(*v);
-      if (!parsed) return usage_error("--dtype must be f32, bf16 or f16, not '" + *v + "'", kUsage);
-      dtype = *parsed;
+      dtype_name = *v;
     } else if (arg == "--peft-version") {
       version = a.value();
       if (!version || version->empty()) return usage_error("--peft-version needs a value such as 0.13", kUsage);
@@ -49,7 +64,28 @@ int export_command(const std::vector<std::string>& args) {
       positional.push_back(a.raw());
     }
   }
-  if (positional.size() != 2) return usage_error("adapter export needs IN_DIR and OUT_DIR", kUsage);
+  if (positional.size() != 2) return usage_error("adapter export needs IN_DIR and OUT", kUsage);
+  if (format == "gguf") {
+    if (version) return usage_error("--peft-version applies to --format peft only", kUsage);
+    int32_t type = 0;
+    if (!dtype_name.empty()) {
+      const std::optional<int32_t> parsed = gguf_factor_type(dtype_name);
+      if (!parsed) return usage_error("--dtype must be f32, bf16, f16 or q8_0, not '" + dtype_name + "'", kUsage);
+      type = *parsed;
+    }
+    Owned<peft_adapter, peft_adapter_free> adapter;
+    // The base is GGUF's business here (a GGUF file is no base folder to validate against).
+    if (peft_error* err = open_adapter(positional[0], "", lenient, &adapter.p)) return report(err);
+    if (peft_error* err = peft_adapter_export_gguf(adapter.p, positional[1].c_str(), base.c_str(), type))
+      return report(err);
+    std::printf("exported %zu module(s) to %s\n", peft_adapter_module_count(adapter.p), positional[1].c_str());
+    return kExitOk;
+  }
+  if (!dtype_name.empty()) {
+    const std::optional<int32_t> parsed = parse_float_dtype(dtype_name);
+    if (!parsed) return usage_error("--dtype must be f32, bf16 or f16, not '" + dtype_name + "'", kUsage);
+    dtype = *parsed;
+  }
 
   Owned<peft_export_options, peft_export_options_free> options;
   if (peft_error* err = peft_export_options_new(&options.p)) return report(err);

@@ -81,6 +81,15 @@ std::shared_ptr<const ArchTable> builtin_arch_table(const std::string& family) {
                                " (looked for " + searched + "; set PEFT_C_DATA_DIR to the folder holding arch/)");
 }
 
+std::shared_ptr<const ArchTable> builtin_table_for_gguf(const std::string& architecture) {
+  for (const std::string& family : builtin_families()) {
+    auto table = builtin_arch_table(family);
+    if (table->reads_gguf_architecture(architecture)) return table;
+  }
+  fail(PEFT_ERR_UNSUPPORTED, "no architecture table names the tensors of GGUF architecture " + quoted(architecture) +
+                                 " (docs/gguf.md lists those that do)");
+}
+
 std::vector<std::string> builtin_families() {
   for (const std::string& dir : arch_table_search_dirs()) {
     std::error_code ec;

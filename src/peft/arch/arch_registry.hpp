@@ -27,6 +27,10 @@ std::shared_ptr<const ArchTable> builtin_arch_table(const std::string& family);
 // The names of the built-in families, sorted (from the first directory that has any table).
 std::vector<std::string> builtin_families();
 
+// The first built-in table (in family order) that reads files of a GGUF architecture
+// (general.architecture); PEFT_ERR_UNSUPPORTED naming it when none does.
+std::shared_ptr<const ArchTable> builtin_table_for_gguf(const std::string& architecture);
+
 // The directories searched, in order (for messages and docs).
 std::vector<std::string> arch_table_search_dirs();
 

@@ -184,7 +184,8 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
   if (!doc.is_object()) bad_table(source, "must be a JSON object");
   static const std::set<std::string> known = {
       "format", "version", "family", "description", "detect", "base_model_prefix", "output_embedding",
-      "peft_default_target_modules", "modules", "roles", "extra_roles", "checkpoint_aliases"};
+      "peft_default_target_modules", "modules", "roles", "extra_roles", "checkpoint_aliases",
+      "gguf_architectures"};
   for (const auto& [key, value] : doc.items())
     if (!known.contains(key) && !key.starts_with("_"))
       bad_table(source, "unknown field " + peft::quoted(key) + " (fields starting with '_' are free for comments)");
@@ -199,6 +200,11 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
   if (auto it = doc.find("base_model_prefix"); it != doc.end() && !it->is_null()) {
     if (!it->is_string()) bad_table(source, "\"base_model_prefix\" must be a string or null");
     table->base_model_prefix_ = it->get<std::string>();
+  }
+  if (auto it = doc.find("gguf_architectures"); it != doc.end()) {
+    if (!it->is_object()) bad_table(source, "\"gguf_architectures\" must be {gguf_architecture: [model_types]}");
+    for (const auto& [key, value] : it->items())
+      table->gguf_architectures_[key] = string_list(value, source, "gguf_architectures." + key);
   }
   if (auto it = doc.find("output_embedding"); it != doc.end() && !it->is_null()) {
     if (!it->is_string()) bad_table(source, "\"output_embedding\" must be a string or null");
@@ -242,7 +248,8 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
     std::string where = source + " modules[" + std::to_string(i) + "]";
     if (!rule.is_object()) bad_table(source, "modules[" + std::to_string(i) + "] must be an object");
     for (const auto& [key, value] : rule.items())
-      if (key != "hf" && key != "native" && key != "kind" && !key.starts_with("_"))
+      if (key != "hf" && key != "native" && key != "kind" && key != "gguf" && key != "gguf_rows" &&
+          !key.starts_with("_"))
         bad_table(source, "modules[" + std::to_string(i) + "] has an unknown field " + peft::quoted(key));
     ModuleRule m{NameTemplate::parse(required_string(rule, "hf", source, where), where),
                  NameTemplate::parse(required_string(rule, "native", source, where), where), ModuleKind::other};
@@ -253,12 +260,31 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
                               "]: \"kind\" must be linear, conv1d, embedding, conv2d, norm or other");
       m.kind = *parsed;
     }
+    if (auto gguf = rule.find("gguf"); gguf != rule.end()) {
+      if (!gguf->is_string() || gguf->get<std::string>().empty())
+        bad_table(source, "modules[" + std::to_string(i) + "]: \"gguf\" must be a non-empty string");
+      m.gguf = NameTemplate::parse(gguf->get<std::string>(), where);
+    }
+    if (auto rows = rule.find("gguf_rows"); rows != rule.end()) {
+      const std::string text = rows->is_string() ? rows->get<std::string>() : "";
+      if (text == "rope_q") m.gguf_rows = GgufRows::rope_q;
+      else if (text == "rope_k") m.gguf_rows = GgufRows::rope_k;
+      else if (text != "same") bad_table(source, "modules[" + std::to_string(i) + "]: \"gguf_rows\" must be same, rope_q or rope_k");
+      if (!m.gguf) bad_table(source, "modules[" + std::to_string(i) + "]: \"gguf_rows\" needs \"gguf\"");
+    }
     auto hf_names = m.hf.placeholder_names(), native_names = m.native.placeholder_names();
     std::sort(hf_names.begin(), hf_names.end());
     std::sort(native_names.begin(), native_names.end());
     if (hf_names != native_names)
       bad_table(source, "modules[" + std::to_string(i) + "]: " + peft::quoted(m.hf.text()) + " and " +
                             peft::quoted(m.native.text()) + " must use the same placeholders");
+    if (m.gguf) {
+      auto gguf_names = m.gguf->placeholder_names();
+      std::sort(gguf_names.begin(), gguf_names.end());
+      if (gguf_names != hf_names)
+        bad_table(source, "modules[" + std::to_string(i) + "]: " + peft::quoted(m.hf.text()) + " and " +
+                              peft::quoted(m.gguf->text()) + " must use the same placeholders");
+    }
     const std::string& h = m.hf.text();
     const std::string& n = m.native.text();
     if (h.front() == '.' || h.back() == '.' || h.find("..") != std::string::npos)
@@ -302,6 +328,13 @@ void ArchTable::check_round_trips() const {
       if (backward != &modules_[i])
         bad_table(source_, "modules[" + std::to_string(i) + "] is shadowed by modules[" + index(backward) +
                                "]: both match " + peft::quoted(native));
+      if (modules_[i].gguf) {
+        const std::string gguf = modules_[i].gguf->fill(captures);
+        const ModuleRule* from_gguf = rule_for_gguf(gguf);
+        if (from_gguf != &modules_[i])
+          bad_table(source_, "modules[" + std::to_string(i) + "] is shadowed by modules[" + index(from_gguf) +
+                                 "]: both match " + peft::quoted(gguf));
+      }
     }
   }
 }
@@ -346,6 +379,41 @@ const ModuleRule* ArchTable::rule_for_module(std::string_view module) const {
   const ModuleRule* rule = rule_for_hf(module);
   if (!rule && !base_model_prefix().empty()) rule = rule_for_hf(base_model_prefix() + "." + std::string(module));
   return rule;
+}
+
+const ModuleRule* ArchTable::rule_for_gguf(std::string_view gguf_module, NameTemplate::Captures* captures) const {
+  NameTemplate::Captures local;
+  for (const ModuleRule& rule : modules_) {
+    if (rule.gguf && rule.gguf->match(gguf_module, local)) {
+      if (captures) *captures = std::move(local);
+      return &rule;
+    }
+  }
+  return nullptr;
+}
+
+bool ArchTable::reads_gguf_architecture(std::string_view architecture) const {
+  return gguf_architectures_.find(std::string(architecture)) != gguf_architectures_.end();
+}
+
+std::optional<std::string> ArchTable::gguf_architecture_of(std::string_view model_type) const {
+  for (const auto& [architecture, model_types] : gguf_architectures_)
+    if (std::find(model_types.begin(), model_types.end(), model_type) != model_types.end()) return architecture;
+  return std::nullopt;
+}
+
+std::optional<std::string> ArchTable::module_to_gguf(std::string_view hf_module) const {
+  NameTemplate::Captures captures;
+  const ModuleRule* rule = rule_for_hf(hf_module, &captures);
+  if (!rule || !rule->gguf) return std::nullopt;
+  return rule->gguf->fill(captures);
+}
+
+std::optional<std::string> ArchTable::module_from_gguf(std::string_view gguf_module) const {
+  NameTemplate::Captures captures;
+  const ModuleRule* rule = rule_for_gguf(gguf_module, &captures);
+  if (!rule) return std::nullopt;
+  return rule->hf.fill(captures);
 }
 
 const ModuleRule* ArchTable::rule_for_native(std::string_view native_module, NameTemplate::Captures* captures) const {

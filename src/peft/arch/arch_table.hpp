@@ -5,6 +5,13 @@
 //   {"hf": "model.layers.{layer}.self_attn.q_proj",
 //    "native": "transformer/layer_{layer}/attention/query", "kind": "linear"}
 //
+// A rule may also name the module in GGUF files ("gguf": "blk.{layer}.attn_q", the tensor name
+// without ".weight"/".bias") and the row order llama.cpp's converter gives its weight ("gguf_rows":
+// "rope_q" or "rope_k", the LLaMA-family RoPE permutation over the attention heads or the key/value
+// heads); "gguf_architectures" maps each GGUF architecture (general.architecture) whose files the
+// table reads to the model_types llama.cpp's converter gives it ({"llama": ["llama"]}). See
+// docs/gguf.md.
+//
 // A placeholder such as {layer} matches one or more ASCII digits, copied verbatim to the other side,
 // so that HF -> native -> HF is the identity. Rules are tried in file order; the first whose pattern
 // matches the whole module path wins (in either direction). Roles (the key's tail after the module
@@ -50,10 +57,17 @@ class NameTemplate {
   std::vector<Token> tokens_;
 };
 
+// How llama.cpp's converter orders a weight's rows in GGUF (conversion/llama.py's permute): within
+// each head, the two halves of the rotary dimensions interleaved. rope_q uses the attention heads,
+// rope_k the key/value heads.
+enum class GgufRows { same, rope_q, rope_k };
+
 struct ModuleRule {
   NameTemplate hf;
   NameTemplate native;
   ModuleKind kind = ModuleKind::other;
+  std::optional<NameTemplate> gguf;  // the GGUF tensor name without ".weight"/".bias"
+  GgufRows gguf_rows = GgufRows::same;
 };
 
 struct RoleRule {
@@ -97,6 +111,14 @@ class ArchTable {
   std::optional<std::string> key_to_native(std::string_view hf_key) const;
   std::optional<std::string> key_to_hf(std::string_view native_key, bool with_peft_prefix) const;
 
+  // GGUF: whether the table reads files of a GGUF architecture; the GGUF architecture of a
+  // model_type (nullopt if none); module paths both ways.
+  bool reads_gguf_architecture(std::string_view architecture) const;
+  std::optional<std::string> gguf_architecture_of(std::string_view model_type) const;
+  const ModuleRule* rule_for_gguf(std::string_view gguf_module, NameTemplate::Captures* captures = nullptr) const;
+  std::optional<std::string> module_to_gguf(std::string_view hf_module) const;
+  std::optional<std::string> module_from_gguf(std::string_view gguf_module) const;
+
   const std::vector<ModuleRule>& modules() const { return modules_; }
   const std::vector<RoleRule>& roles() const { return roles_; }
 
@@ -112,6 +134,7 @@ class ArchTable {
   std::string source_;
   std::string family_;
   std::string base_model_prefix_;
+  std::map<std::string, std::vector<std::string>> gguf_architectures_;  // GGUF architecture -> model_types
   std::optional<std::string> output_embedding_;
   std::vector<std::string> model_types_;
   std::vector<std::string> architectures_;

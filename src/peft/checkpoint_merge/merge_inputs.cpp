@@ -16,7 +16,7 @@ std::vector<MergeInput> open_merge_inputs(const std::vector<MergeAdapter>& adapt
       continue;
     }
     Adapter::Options options;
-    options.base_dir = resolve_model_location(base_dir);
+    if (!base_dir.empty()) options.base_dir = resolve_model_location(base_dir);
     try {
       inputs.push_back({Adapter::open(a.dir, options), a.weight});
     } catch (const Error& error) {

@@ -21,7 +21,7 @@ struct MergeAdapter {
 };
 
 // The merge's inputs, in the given order: each folder opened with `base_dir` as its base model
-// (Adapter::open). Adapters that do not fit the base are all tried before failing, with
+// (Adapter::open; an empty `base_dir` opens them without a base). Adapters that do not fit the base are all tried before failing, with
 // PEFT_ERR_UNRESOLVED_KEY when any has an unresolved tensor (PEFT_ERR_SHAPE_MISMATCH otherwise) and
 // a message holding every adapter's problem; any other error is thrown as it comes.
 std::vector<MergeInput> open_merge_inputs(const std::vector<MergeAdapter>& adapters, const std::string& base_dir);

@@ -1,0 +1,258 @@
+#include "peft/checkpoint_merge/gguf_merge.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <variant>
+
+#include "core/convert.hpp"
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "gguf/ggml_type.hpp"
+#include "gguf/gguf_file.hpp"
+#include "gguf/gguf_writer.hpp"
+#include "gguf/rope_rows.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "peft/arch/translator.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
+#include "safetensors/checkpoint.hpp"
+
+namespace peft {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Copies go through a buffer of this size.
+constexpr uint64_t kCopyChunk = uint64_t{4} << 20;
+
+const GgufValue* find_value(const GgufHeader& header, const std::string& key) {
+  for (const GgufKeyValue& kv : header.metadata)
+    if (kv.key == key) return &kv.value;
+  return nullptr;
+}
+
+std::string architecture_of(const GgufHeader& header, const std::string& path) {
+  const GgufValue* value = find_value(header, "general.architecture");
+  const auto* text = value != nullptr ? std::get_if<std::string>(&value->data) : nullptr;
+  if (text == nullptr)
+    fail(PEFT_ERR_INVALID_CHECKPOINT, path + ": the GGUF file has no string general.architecture");
+  return *text;
+}
+
+// An attention head count of the architecture ("<arch>.attention.head_count[_kv]"), if present.
+std::optional<uint64_t> head_count(const GgufHeader& header, const std::string& key) {
+  const GgufValue* value = find_value(header, key);
+  if (value == nullptr) return std::nullopt;
+  if (const auto* u = std::get_if<uint64_t>(&value->data)) return *u;
+  if (const auto* i = std::get_if<int64_t>(&value->data); i && *i >= 0) return static_cast<uint64_t>(*i);
+  return std::nullopt;  // an array (per-layer counts) or another type: not a single count
+}
+
+// One adapter module merged into one GGUF tensor.
+struct GgufTerm {
+  BufferMergeModule module;  // factors in f32, laid out for the tensor (PyTorch orientation)
+  double weight;
+};
+
+struct GgufTarget {
+  GgufRows rows = GgufRows::same;
+  std::vector<GgufTerm> terms;
+};
+
+template <class Body>
+auto with_file(const std::string& path, Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    throw Error(e.code(), path + ": " + e.what());
+  }
+}
+
+class GgufMerge {
+ public:
+  GgufMerge(const std::string& base_path, const CheckpointMergeOptions& options)
+      : path_(base_path), options_(options) {
+    base_ = Checkpoint::open(base_path, options.open);
+    header_ = base_->gguf_header(0);
+    if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
+    architecture_ = architecture_of(*header_, path_);
+    table_ = with_file(path_, [&] { return builtin_table_for_gguf(architecture_); });
+    plan();
+  }
+
+  CheckpointMergeResult run(const std::string& out_path) {
+    GgufWriter writer(out_path);
+    for (const GgufKeyValue& kv : header_->metadata) writer.add_metadata(kv);
+    uint64_t total = 0;
+    for (size_t i = 0; i < base_->tensor_count(); ++i) {
+      const TensorInfo& info = base_->tensor(i);
+      writer.add_tensor(info.name, static_cast<uint32_t>(info.ggml_type), info.shape);
+      total += info.nbytes();
+    }
+    writer.start();
+    CheckpointMergeResult result;
+    uint64_t done = 0;
+    std::vector<uint8_t> chunk;
+    for (size_t i = 0; i < base_->tensor_count(); ++i) {
+      const TensorInfo& info = base_->tensor(i);
+      if (auto it = targets_.find(i); it != targets_.end()) {
+        const std::vector<uint8_t> bytes = merged_tensor(i, it->second);
+        writer.write_tensor(info.name, bytes.data(), bytes.size());
+        ++result.merged;
+      } else {
+        base_->check_unchanged(i);
+        writer.begin_tensor(info.name);
+        chunk.resize(static_cast<size_t>(std::min(kCopyChunk, std::max<uint64_t>(info.nbytes(), 1))));
+        for (uint64_t offset = 0; offset < info.nbytes();) {
+          const uint64_t n = std::min<uint64_t>(chunk.size(), info.nbytes() - offset);
+          base_->read_bytes(i, offset, chunk.data(), n);
+          writer.write(chunk.data(), n);
+          offset += n;
+        }
+        ++result.copied;
+      }
+      done += info.nbytes();
+      if (options_.progress && !options_.progress(done, total)) fail(PEFT_ERR_CANCELLED, "the merge was cancelled");
+    }
+    writer.finish();
+    result.bytes = done;
+    result.files.push_back(fs::path(out_path).filename().string());
+    return result;
+  }
+
+ private:
+  // Finds every module's GGUF tensor and refuses what cannot be merged, listing all of it at once.
+  void plan() {
+    std::vector<std::string> unresolved, unsupported;
+    for (const MergeInput& input : options_.adapters) {
+      const std::string adapter_name = input.adapter->dir().empty() ? "adapter" : input.adapter->dir();
+      for (const AdapterModule& module : input.adapter->modules()) {
+        const std::string what = adapter_name + ": module " + quoted(module.name);
+        if (!module.is_lora()) {
+          unsupported.push_back(what + " (" + layer_kind_name(module.kind) +
+                                ": whole tensors and trainable tokens are merged into safetensors checkpoints only)");
+          continue;
+        }
+        if (module.find(TensorRole::lora_b_bias) != nullptr) {
+          unsupported.push_back(what + " (lora_B.bias)");
+          continue;
+        }
+        NameTemplate::Captures captures;
+        const ModuleRule* rule = table_->rule_for_hf(module.name, &captures);
+        if (rule == nullptr && !table_->base_model_prefix().empty())
+          rule = table_->rule_for_hf(table_->base_model_prefix() + "." + module.name, &captures);
+        if (rule == nullptr || !rule->gguf) {
+          unresolved.push_back(what + " (no GGUF name for it in table " + quoted(table_->family()) + ")");
+          continue;
+        }
+        const std::string tensor = rule->gguf->fill(captures) + ".weight";
+        const auto index = base_->find(tensor);
+        if (!index) {
+          unresolved.push_back(what + " (GGUF tensor " + quoted(tensor) + " is not in the base)");
+          continue;
+        }
+        const TensorInfo& info = base_->tensor(*index);
+        if (info.block_quantized || !(info.dtype == DType::F32 || info.dtype == DType::F16 || info.dtype == DType::BF16)) {
+          const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
+          unsupported.push_back(what + " (GGUF tensor " + quoted(tensor) + " is " +
+                                std::string(type ? type->name : "of an unknown type") +
+                                "; merges go into F32, F16 and BF16 tensors)");
+          continue;
+        }
+        const std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
+        GgufTarget& target = targets_[*index];
+        target.rows = rule->gguf_rows;
+        target.terms.push_back({buffer_merge_module(input.adapter, module, shape), input.weight});
+      }
+    }
+    if (!unsupported.empty()) {
+      std::string message = path_ + ": " + std::to_string(unsupported.size()) + " module(s) cannot be merged into a GGUF file:";
+      for (const std::string& line : unsupported) message += "\n  " + line;
+      fail(PEFT_ERR_UNSUPPORTED, message);
+    }
+    if (!unresolved.empty()) {
+      std::string message = path_ + ": " + std::to_string(unresolved.size()) + " module(s) have no tensor in the GGUF base:";
+      for (const std::string& line : unresolved) message += "\n  " + line;
+      fail(PEFT_ERR_UNRESOLVED_KEY, message);
+    }
+    for (const auto& [index, target] : targets_)
+      if (target.rows != GgufRows::same) heads_for(target.rows, base_->tensor(index));
+  }
+
+  // The heads a RoPE row order runs over, checked against the tensor's rows.
+  uint64_t heads_for(GgufRows rows, const TensorInfo& info) const {
+    const std::string q_key = architecture_ + ".attention.head_count";
+    const std::optional<uint64_t> q = head_count(*header_, q_key);
+    std::optional<uint64_t> heads = q;
+    if (rows == GgufRows::rope_k) {
+      const std::optional<uint64_t> kv = head_count(*header_, q_key + "_kv");
+      if (kv) heads = kv;
+    }
+    const uint64_t tensor_rows = info.shape.empty() ? 0 : info.shape[0];
+    if (!heads || *heads == 0 || tensor_rows % (2 * *heads) != 0)
+      fail(PEFT_ERR_INVALID_CHECKPOINT, path_ + ": tensor " + quoted(info.name) + " has " +
+                                            std::to_string(tensor_rows) + " rows, which " + quoted(q_key) +
+                                            "(_kv) does not divide into heads of an even size");
+    return *heads;
+  }
+
+  // The tensor with every term added, in its own type.
+  std::vector<uint8_t> merged_tensor(size_t index, const GgufTarget& target) const {
+    const TensorInfo& info = base_->tensor(index);
+    const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
+    const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
+    std::vector<float> values = base_->read_f32(index);
+    const uint64_t heads = target.rows == GgufRows::same ? 0 : heads_for(target.rows, info);
+    const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
+    if (heads > 0) reorder_rope_rows(values.data(), static_cast<uint64_t>(rows), row_bytes, heads, true);
+    BufferMergeOptions merge_options;
+    merge_options.threads = options_.threads;
+    for (const GgufTerm& term : target.terms) {
+      merge_options.weight = term.weight;
+      const merge::WeightView view{values.data(), DType::F32, term.module.layout.rows(), term.module.layout.cols()};
+      BufferMerge::apply(view, nullptr, term.module, merge_options);
+    }
+    if (heads > 0) reorder_rope_rows(values.data(), static_cast<uint64_t>(rows), row_bytes, heads, false);
+    std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
+    convert(DType::F32, values.data(), info.dtype, out.data(), values.size());
+    if (!options_.allow_nonfinite) check_finite(info, out.data(), values.size());
+    return out;
+  }
+
+  void check_finite(const TensorInfo& info, const uint8_t* bytes, size_t count) const {
+    std::vector<float> back(count);
+    convert(info.dtype, bytes, DType::F32, back.data(), count);
+    for (float v : back)
+      if (!std::isfinite(v))
+        fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + quoted(info.name) +
+                                      " holds an infinity or NaN (allow_nonfinite keeps such values)");
+  }
+
+  std::string path_;
+  const CheckpointMergeOptions& options_;
+  std::shared_ptr<const Checkpoint> base_;
+  const GgufHeader* header_ = nullptr;
+  std::string architecture_;
+  std::shared_ptr<const ArchTable> table_;
+  std::map<size_t, GgufTarget> targets_;
+};
+
+}  // namespace
+
+CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::string& out_path,
+                                      const CheckpointMergeOptions& options) {
+  if (options.dtype)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file keeps each tensor's type: do not set a dtype");
+  if (options.max_shard_size != 0)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file writes one file: do not set a shard size");
+  std::error_code ec;
+  if (fs::exists(out_path, ec) && fs::equivalent(base_path, out_path, ec))
+    fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + quoted(out_path) + " is the base file itself");
+  GgufMerge merge(base_path, options);
+  return merge.run(out_path);
+}
+
+}  // namespace peft

@@ -1,0 +1,32 @@
+// Merging adapters into a GGUF base file, streaming:
+//
+//   base.gguf + adapters (+ weights) -> out.gguf: the same metadata, tensors, types and order
+//
+// Each adapter module is found in the base by its GGUF name, from the architecture table that
+// lists the base's general.architecture (data/arch, "gguf" names; docs/gguf.md). Weights the
+// converter stored with LLaMA's RoPE row order ("gguf_rows") are brought to PyTorch's row order,
+// merged, and put back, so the result is exactly the GGUF of the merged PyTorch weight. A merged
+// tensor is computed in f32 from the base's values with every adapter's delta added (as
+// llama-export-lora does), then stored once in the tensor's own type (F32, F16 or BF16, rounded to
+// nearest even); all other tensors, block-quantized ones included, are copied byte for byte. One
+// merged tensor is in memory at a time.
+//
+// Refused before anything is written, each listed: modules GGUF cannot place (no GGUF name for the
+// architecture, or a tensor the base lacks: PEFT_ERR_UNRESOLVED_KEY), and parts merged here only
+// into safetensors checkpoints (whole replacement tensors, trainable tokens, lora_B.bias; and
+// block-quantized targets, the next step: PEFT_ERR_UNSUPPORTED). The output is written atomically
+// and must not be the base file.
+#pragma once
+
+#include <string>
+
+#include "peft/checkpoint_merge/checkpoint_merge.hpp"
+
+namespace peft {
+
+// options.dtype and options.max_shard_size must be unset (INVALID_ARGUMENT): a GGUF merge keeps each
+// tensor's type and writes one file. result.files holds the output file's name.
+CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::string& out_path,
+                                      const CheckpointMergeOptions& options);
+
+}  // namespace peft

@@ -1,0 +1,243 @@
+#include "peft/export/gguf_adapter_export.hpp"
+
+#include <cmath>
+#include <map>
+#include <variant>
+
+#include "core/convert.hpp"
+#include "core/error.hpp"
+#include "core/quant/q8_0.hpp"
+#include "core/text.hpp"
+#include "gguf/ggml_type.hpp"
+#include "gguf/gguf_file.hpp"
+#include "gguf/gguf_writer.hpp"
+#include "gguf/rope_rows.hpp"
+#include "peft/adapter/base_config.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "safetensors/hub_cache.hpp"
+
+namespace peft {
+namespace {
+
+// What the export needs to know of the base.
+struct GgufBase {
+  std::shared_ptr<const ArchTable> table;
+  std::string architecture;
+  std::optional<uint64_t> heads, kv_heads;
+  std::shared_ptr<const Checkpoint> gguf;  // a GGUF base: its tensors; null for a Hugging Face folder
+  std::string name;                        // for messages
+};
+
+std::optional<uint64_t> count_of(const GgufValue* value) {
+  if (value == nullptr) return std::nullopt;
+  if (const auto* u = std::get_if<uint64_t>(&value->data)) return *u;
+  if (const auto* i = std::get_if<int64_t>(&value->data); i && *i >= 0) return static_cast<uint64_t>(*i);
+  return std::nullopt;
+}
+
+const GgufValue* find_value(const GgufHeader& header, const std::string& key) {
+  for (const GgufKeyValue& kv : header.metadata)
+    if (kv.key == key) return &kv.value;
+  return nullptr;
+}
+
+std::optional<uint64_t> count_of(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<uint64_t>();
+}
+
+GgufBase open_base(const Adapter& adapter, const std::string& given) {
+  GgufBase base;
+  base.name = given.empty() ? adapter.config().base_model_name_or_path.value_or("") : given;
+  if (base.name.empty())
+    fail(PEFT_ERR_INVALID_ARGUMENT, "no base model: the adapter's config has no base_model_name_or_path; give one");
+  if (is_gguf_path(base.name)) {
+    base.gguf = Checkpoint::open(base.name);
+    const GgufHeader& header = *base.gguf->gguf_header(0);
+    const GgufValue* arch = find_value(header, "general.architecture");
+    const auto* text = arch != nullptr ? std::get_if<std::string>(&arch->data) : nullptr;
+    if (text == nullptr) fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
+    base.architecture = *text;
+    base.table = builtin_table_for_gguf(base.architecture);
+    base.heads = count_of(find_value(header, base.architecture + ".attention.head_count"));
+    base.kv_heads = count_of(find_value(header, base.architecture + ".attention.head_count_kv"));
+  } else {
+    const std::string dir = resolve_model_location(base.name);
+    const nlohmann::json config = read_base_config(dir);
+    const auto model_type = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
+                                ? std::optional<std::string>(config["model_type"].get<std::string>())
+                                : std::nullopt;
+    if (!model_type) fail(PEFT_ERR_INVALID_CONFIG, dir + ": config.json has no model_type");
+    base.table = builtin_arch_table(detect_base_family(dir, std::nullopt));
+    const auto architecture = base.table->gguf_architecture_of(*model_type);
+    if (!architecture)
+      fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + quoted(*model_type) +
+                                     " (docs/gguf.md lists those that are)");
+    base.architecture = *architecture;
+    base.heads = count_of(config, "num_attention_heads");
+    base.kv_heads = count_of(config, "num_key_value_heads");
+  }
+  if (!base.kv_heads) base.kv_heads = base.heads;
+  return base;
+}
+
+// One module as GGUF holds it.
+struct GgufPair {
+  const AdapterModule* module;
+  std::string tensor;  // the GGUF base tensor, "blk.0.attn_q.weight"
+  GgufRows rows = GgufRows::same;
+};
+
+// Every module's GGUF tensor; every problem listed at once.
+std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
+  std::vector<GgufPair> pairs;
+  std::vector<std::string> unsupported, unresolved;
+  const ArchTable& table = *base.table;
+  for (const AdapterModule& module : adapter.modules()) {
+    const std::string what = "module " + quoted(module.name);
+    if (!module.is_lora()) {
+      unsupported.push_back(what + ": " + layer_kind_name(module.kind) +
+                            " tensors replace base tensors, which a GGUF LoRA cannot hold");
+      continue;
+    }
+    if (module.find(TensorRole::lora_magnitude) != nullptr) {
+      unsupported.push_back(what + ": DoRA's magnitude vector has no place in a GGUF LoRA");
+      continue;
+    }
+    if (module.find(TensorRole::lora_b_bias) != nullptr) {
+      unsupported.push_back(what + ": lora_B.bias has no place in a GGUF LoRA");
+      continue;
+    }
+    if (module.kind != LayerKind::linear && module.kind != LayerKind::embedding) {
+      unsupported.push_back(what + ": " + layer_kind_name(module.kind) + " layers are not exported to GGUF");
+      continue;
+    }
+    const ModuleRule* rule = table.rule_for_module(module.name);
+    NameTemplate::Captures captures;
+    if (rule != nullptr) {
+      const bool direct = rule->hf.match(module.name, captures);
+      if (!direct) rule->hf.match(table.base_model_prefix() + "." + module.name, captures);
+    }
+    if (rule == nullptr || !rule->gguf) {
+      unresolved.push_back(what + ": table " + quoted(table.family()) + " gives it no GGUF name");
+      continue;
+    }
+    GgufPair pair{&module, rule->gguf->fill(captures) + ".weight", rule->gguf_rows};
+    if (base.gguf && !base.gguf->find(pair.tensor)) {
+      unresolved.push_back(what + ": the GGUF base has no tensor " + quoted(pair.tensor));
+      continue;
+    }
+    if (pair.rows != GgufRows::same) {
+      const auto heads = pair.rows == GgufRows::rope_q ? base.heads : base.kv_heads;
+      if (!heads || *heads == 0)
+        unresolved.push_back(what + ": the base does not give the head count its GGUF row order needs");
+    }
+    pairs.push_back(std::move(pair));
+  }
+  if (!unsupported.empty()) {
+    std::string message = std::to_string(unsupported.size()) + " module(s) cannot be exported as a GGUF LoRA:";
+    for (const std::string& line : unsupported) message += "\n  " + line;
+    fail(PEFT_ERR_UNSUPPORTED, message);
+  }
+  if (!unresolved.empty()) {
+    std::string message = std::to_string(unresolved.size()) + " module(s) have no GGUF tensor in " + quoted(base.name) + ":";
+    for (const std::string& line : unresolved) message += "\n  " + line;
+    fail(PEFT_ERR_UNRESOLVED_KEY, message);
+  }
+  return pairs;
+}
+
+std::vector<float> transposed(const std::vector<float>& m, uint64_t rows, uint64_t cols) {
+  std::vector<float> out(m.size());
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t c = 0; c < cols; ++c) out[c * rows + r] = m[r * cols + c];
+  return out;
+}
+
+// A factor stored with shape {rows, cols} (ne = [cols, rows]) in `ggml_type`.
+struct GgufFactor {
+  std::string name;
+  uint32_t type;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+GgufFactor encode(std::string name, const std::vector<float>& values, uint64_t rows, uint64_t cols, uint32_t wanted) {
+  GgufFactor out{std::move(name), wanted, {rows, cols}, {}};
+  if (out.type == 8 && cols % kQ8_0BlockSize != 0) out.type = 1;  // llama.cpp's converter falls back to F16
+  for (float v : values)
+    if (!std::isfinite(v)) fail(PEFT_ERR_NON_FINITE, "tensor " + quoted(out.name) + " holds an infinity or NaN");
+  if (out.type == 8) {
+    out.bytes.resize(static_cast<size_t>(values.size() / kQ8_0BlockSize * kQ8_0BlockBytes));
+    quantize_q8_0(values.data(), values.size(), out.bytes.data());
+  } else {
+    const DType dtype = *dtype_of_ggml(out.type);
+    out.bytes.resize(static_cast<size_t>(values.size() * dtype_bits(dtype) / 8));
+    convert(DType::F32, values.data(), dtype, out.bytes.data(), values.size());
+  }
+  return out;
+}
+
+}  // namespace
+
+void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, const GgufAdapterExportOptions& options) {
+  if (options.ggml_type != 0 && options.ggml_type != 1 && options.ggml_type != 30 && options.ggml_type != 8)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF adapter factors are written as F32, F16, BF16 or Q8_0 (ggml type " +
+                                        std::to_string(options.ggml_type) + " is none of them)");
+  const GgufBase base = open_base(adapter, options.base);
+  const std::vector<GgufPair> pairs = plan_pairs(adapter, base);
+  const double alpha = adapter.config().lora_alpha;
+  // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.
+  const float file_alpha = static_cast<float>(alpha);
+
+  std::vector<GgufFactor> factors;
+  for (const GgufPair& pair : pairs) {
+    const AdapterModule& m = *pair.module;
+    const bool embedding = m.kind == LayerKind::embedding;
+    const AdapterTensor* a = m.find(embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
+    const AdapterTensor* b = m.find(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b);
+    if (a == nullptr || b == nullptr)
+      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + quoted(m.name) + " lacks its A or B factor");
+    const TensorInfo& a_info = adapter.checkpoint().tensor(a->index);
+    const TensorInfo& b_info = adapter.checkpoint().tensor(b->index);
+    if (a_info.shape.size() != 2 || b_info.shape.size() != 2)
+      fail(PEFT_ERR_UNSUPPORTED, "module " + quoted(m.name) + ": only 2-D factors are exported to GGUF");
+    std::vector<float> a_values = adapter.checkpoint().read_f32(a->index);
+    std::vector<float> b_values = adapter.checkpoint().read_f32(b->index);
+    const uint64_t rank = a_info.shape[0];
+    const double llama_scale = file_alpha == 0.0f ? 1.0 : static_cast<double>(file_alpha) / static_cast<double>(rank);
+    // PEFT's scale over llama.cpp's: exactly 1 for a plain module whose alpha f32 holds exactly.
+    const double ratio = m.scaling / llama_scale;
+    if (static_cast<float>(ratio) != 1.0f)
+      for (float& v : b_values) v = static_cast<float>(static_cast<double>(v) * ratio);
+    const uint64_t out_rows = b_info.shape[0];
+    if (pair.rows != GgufRows::same) {
+      const uint64_t heads = *(pair.rows == GgufRows::rope_q ? base.heads : base.kv_heads);
+      if (out_rows % (2 * heads) != 0)
+        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + quoted(m.name) + ": " + std::to_string(out_rows) +
+                                          " output rows do not split into " + std::to_string(heads) + " heads");
+      reorder_rope_rows(b_values.data(), out_rows, rank * sizeof(float), heads, false);
+    }
+    if (embedding) {
+      // llama.cpp applies token_embd's pair transposed: lora_a = A^T (num, r).
+      factors.push_back(encode(pair.tensor + ".lora_a", transposed(a_values, rank, a_info.shape[1]), a_info.shape[1],
+                               rank, options.ggml_type));
+    } else {
+      factors.push_back(encode(pair.tensor + ".lora_a", a_values, rank, a_info.shape[1], options.ggml_type));
+    }
+    factors.push_back(encode(pair.tensor + ".lora_b", b_values, out_rows, b_info.shape[1], options.ggml_type));
+  }
+
+  GgufWriter writer(out_path);
+  writer.add_metadata("general.architecture", GgufValue{GgufValueType::STRING, base.architecture});
+  writer.add_metadata("general.type", GgufValue{GgufValueType::STRING, std::string("adapter")});
+  writer.add_metadata("adapter.type", GgufValue{GgufValueType::STRING, std::string("lora")});
+  writer.add_metadata("adapter.lora.alpha", GgufValue{GgufValueType::F32, static_cast<double>(file_alpha)});
+  for (const GgufFactor& f : factors) writer.add_tensor(f.name, f.type, f.shape);
+  writer.start();
+  for (const GgufFactor& f : factors) writer.write_tensor(f.name, f.bytes.data(), f.bytes.size());
+  writer.finish();
+}
+
+}  // namespace peft
