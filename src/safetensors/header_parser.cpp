@@ -16,7 +16,7 @@
 #include "core/text.hpp"
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_messages.hpp"
-#include "safetensors/utf8.hpp"
+#include "core/utf8.hpp"
 
 namespace peft {
 namespace {

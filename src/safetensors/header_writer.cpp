@@ -6,7 +6,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "safetensors/serde_string.hpp"
-#include "safetensors/utf8.hpp"
+#include "core/utf8.hpp"
 
 namespace peft {
 namespace {

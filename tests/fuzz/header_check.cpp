@@ -12,7 +12,7 @@
 #include "core/error.hpp"
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_parser.hpp"
-#include "safetensors/utf8.hpp"
+#include "core/utf8.hpp"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_parser.hpp"
 #include "safetensors/serde_number.hpp"
-#include "safetensors/utf8.hpp"
+#include "core/utf8.hpp"
 
 using namespace std::string_literals;
 

@@ -1,0 +1,587 @@
+#include "gguf/gguf_writer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/convert.hpp"
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "core/utf8.hpp"
+#include "gguf/ggml_type.hpp"
+
+namespace peft {
+namespace {
+
+constexpr size_t kOutputBufferBytes = size_t{1} << 20;
+constexpr uint64_t kConvertElements = uint64_t{1} << 18;
+constexpr char kAlignmentKey[] = "general.alignment";
+constexpr uint8_t kZeros[4096] = {};
+
+constexpr uint32_t kLastValueType = static_cast<uint32_t>(GgufValueType::F64);
+
+std::string value_type_name(GgufValueType type) {
+  static constexpr const char* kNames[] = {"U8",  "I8",   "U16",    "I16",   "U32", "I32", "F32",
+                                           "BOOL", "STRING", "ARRAY", "U64", "I64", "F64"};
+  const auto n = static_cast<uint32_t>(type);
+  return n <= kLastValueType ? kNames[n] : "type " + std::to_string(n);
+}
+
+// The variant alternative a value type is held in (gguf_header.hpp).
+size_t alternative_of(GgufValueType type) {
+  switch (type) {
+    case GgufValueType::U8: case GgufValueType::U16: case GgufValueType::U32: case GgufValueType::U64:
+      return 0;
+    case GgufValueType::I8: case GgufValueType::I16: case GgufValueType::I32: case GgufValueType::I64:
+      return 1;
+    case GgufValueType::F32: case GgufValueType::F64:
+      return 2;
+    case GgufValueType::BOOL:
+      return 3;
+    case GgufValueType::STRING:
+      return 4;
+    case GgufValueType::ARRAY:
+      return 5;
+  }
+  return std::variant_npos;
+}
+
+bool in_range(const GgufValue& value) {
+  switch (value.type) {
+    case GgufValueType::U8: return std::get<uint64_t>(value.data) <= UINT8_MAX;
+    case GgufValueType::U16: return std::get<uint64_t>(value.data) <= UINT16_MAX;
+    case GgufValueType::U32: return std::get<uint64_t>(value.data) <= UINT32_MAX;
+    case GgufValueType::I8: {
+      const int64_t v = std::get<int64_t>(value.data);
+      return v >= INT8_MIN && v <= INT8_MAX;
+    }
+    case GgufValueType::I16: {
+      const int64_t v = std::get<int64_t>(value.data);
+      return v >= INT16_MIN && v <= INT16_MAX;
+    }
+    case GgufValueType::I32: {
+      const int64_t v = std::get<int64_t>(value.data);
+      return v >= INT32_MIN && v <= INT32_MAX;
+    }
+    case GgufValueType::F32: {  // as struct.pack('<f'): finite values that round to infinity fail
+      const double v = std::get<double>(value.data);
+      return !std::isfinite(v) || std::isfinite(static_cast<float>(v));
+    }
+    default: return true;
+  }
+}
+
+// Checks a value (recursively for arrays); `where` names it in messages.
+void check_value(const GgufValue& value, const std::string& where) {
+  if (static_cast<uint32_t>(value.type) > kLastValueType) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " has an unknown value type " +
+                                        std::to_string(static_cast<uint32_t>(value.type)));
+  }
+  if (value.data.index() != alternative_of(value.type)) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " is declared " + value_type_name(value.type) +
+                                        " but holds a value of another kind");
+  }
+  if (!in_range(value)) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " is out of the range of " + value_type_name(value.type));
+  }
+  if (value.type != GgufValueType::ARRAY) return;
+  const GgufArray& array = std::get<GgufArray>(value.data);
+  if (static_cast<uint32_t>(array.element_type) > kLastValueType) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " is an array of an unknown value type " +
+                                        std::to_string(static_cast<uint32_t>(array.element_type)));
+  }
+  for (size_t i = 0; i < array.items.size(); ++i) {
+    const std::string item_where = where + " item " + std::to_string(i);
+    if (array.items[i].type != array.element_type) {
+      fail(PEFT_ERR_INVALID_ARGUMENT, item_where + " is " + value_type_name(array.items[i].type) +
+                                          " in an array of " + value_type_name(array.element_type));
+    }
+    check_value(array.items[i], item_where);
+  }
+}
+
+bool is_power_of_two(uint64_t n) { return n != 0 && (n & (n - 1)) == 0; }
+
+// `n` rounded up to a multiple of `alignment` (a power of two); false when that overflows.
+bool padded(uint64_t n, uint64_t alignment, uint64_t* out) {
+  uint64_t sum;
+  if (__builtin_add_overflow(n, alignment - 1, &sum)) return false;
+  *out = sum & ~(alignment - 1);
+  return true;
+}
+
+// Elements of a shape (outermost first), checked as gguf.cpp checks ne (innermost first): every
+// running product must stay within INT64_MAX.
+bool element_count(const std::vector<uint64_t>& shape, uint64_t* out) {
+  constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  uint64_t count = 1;
+  for (auto it = shape.rbegin(); it != shape.rend(); ++it) {
+    if (*it > kMax || (*it > 1 && count > kMax / *it)) return false;
+    count *= *it;
+  }
+  *out = count;
+  return true;
+}
+
+uint64_t element_bytes(DType dtype) { return dtype_bits(dtype) / 8; }
+
+}  // namespace
+
+// Where header bytes go: counted only (data_start()), or counted and written to the file.
+class GgufWriter::Sink {
+ public:
+  explicit Sink(GgufWriter* out) : out_(out) {}
+  void put(const void* data, size_t size) {
+    if (out_ != nullptr) out_->emit(data, size);
+    count_ += size;
+  }
+  template <class T>
+  void put_le(T value) {  // little-endian host (core/convert.hpp)
+    put(&value, sizeof value);
+  }
+  void put_string(const std::string& text) {
+    put_le<uint64_t>(text.size());
+    put(text.data(), text.size());
+  }
+  void put_value(const GgufValue& value) {
+    switch (value.type) {
+      case GgufValueType::U8: put_le(static_cast<uint8_t>(std::get<uint64_t>(value.data))); break;
+      case GgufValueType::U16: put_le(static_cast<uint16_t>(std::get<uint64_t>(value.data))); break;
+      case GgufValueType::U32: put_le(static_cast<uint32_t>(std::get<uint64_t>(value.data))); break;
+      case GgufValueType::U64: put_le(std::get<uint64_t>(value.data)); break;
+      case GgufValueType::I8: put_le(static_cast<int8_t>(std::get<int64_t>(value.data))); break;
+      case GgufValueType::I16: put_le(static_cast<int16_t>(std::get<int64_t>(value.data))); break;
+      case GgufValueType::I32: put_le(static_cast<int32_t>(std::get<int64_t>(value.data))); break;
+      case GgufValueType::I64: put_le(std::get<int64_t>(value.data)); break;
+      case GgufValueType::F32: put_le(static_cast<float>(std::get<double>(value.data))); break;
+      case GgufValueType::F64: put_le(std::get<double>(value.data)); break;
+      case GgufValueType::BOOL: put_le<uint8_t>(std::get<bool>(value.data) ? 1 : 0); break;
+      case GgufValueType::STRING: put_string(std::get<std::string>(value.data)); break;
+      case GgufValueType::ARRAY: {  // items carry no type of their own, nested arrays included
+        const GgufArray& array = std::get<GgufArray>(value.data);
+        put_le(static_cast<uint32_t>(array.element_type));
+        put_le<uint64_t>(array.items.size());
+        for (const GgufValue& item : array.items) put_value(item);
+        break;
+      }
+    }
+  }
+  void put_padding(uint64_t alignment) {
+    const uint64_t pad = (alignment - count_ % alignment) % alignment;
+    if (out_ != nullptr) out_->emit_padding(pad);
+    count_ += pad;
+  }
+  uint64_t count() const { return count_; }
+
+ private:
+  GgufWriter* out_;
+  uint64_t count_ = 0;
+};
+
+GgufWriter::GgufWriter(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "the output path must not be empty");
+}
+
+GgufWriter::~GgufWriter() { abort(); }
+
+// ---- declarations ------------------------------------------------------------------------------
+
+void GgufWriter::require_declaring(const char* what) const {
+  if (failed_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the writer failed earlier");
+  if (started_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + " once writing has started");
+}
+
+void GgufWriter::add_metadata(std::string key, GgufValue value) {
+  add_metadata(GgufKeyValue{std::move(key), std::move(value)});
+}
+
+void GgufWriter::add_metadata(GgufKeyValue entry) {
+  require_declaring("add metadata");
+  const std::string where = "metadata key " + quoted(entry.key);
+  if (!is_valid_utf8(entry.key)) fail(PEFT_ERR_INVALID_ARGUMENT, where + " is not valid UTF-8");
+  if (keys_.count(entry.key) != 0) fail(PEFT_ERR_INVALID_ARGUMENT, where + " is declared twice");
+  check_value(entry.value, where);
+  uint64_t alignment = alignment_;
+  if (entry.key == kAlignmentKey) {
+    if (entry.value.type != GgufValueType::U32) {
+      fail(PEFT_ERR_INVALID_ARGUMENT, where + " must be U32, not " + value_type_name(entry.value.type));
+    }
+    alignment = std::get<uint64_t>(entry.value.data);
+    if (!is_power_of_two(alignment)) {
+      fail(PEFT_ERR_INVALID_ARGUMENT, where + " must be a nonzero power of two, not " + std::to_string(alignment));
+    }
+  }
+  const uint64_t old_alignment = alignment_;
+  alignment_ = alignment;
+  try {
+    if (alignment != old_alignment) place_tensors();
+    keys_.insert(entry.key);
+    metadata_.push_back(std::move(entry));
+  } catch (...) {
+    keys_.erase(entry.key);
+    alignment_ = old_alignment;
+    place_tensors();
+    throw;
+  }
+}
+
+void GgufWriter::place_tensors() {
+  uint64_t offset = 0;
+  for (TensorInfo& tensor : tensors_) {
+    const uint64_t nbytes = tensor.nbytes();
+    uint64_t end;
+    if (__builtin_add_overflow(offset, nbytes, &end) || !padded(end, alignment_, &offset)) {
+      fail(PEFT_ERR_VALIDATION_OVERFLOW, "tensor " + quoted(tensor.name) + ": the data offsets overflow 64 bits");
+    }
+    tensor.begin = end - nbytes;
+    tensor.end = end;
+  }
+  data_size_ = offset;
+}
+
+void GgufWriter::add_tensor(std::string name, uint32_t type_id, std::vector<uint64_t> shape) {
+  require_declaring("declare a tensor");
+  const std::string where = "tensor " + quoted(name);
+  if (!is_valid_utf8(name)) fail(PEFT_ERR_INVALID_ARGUMENT, where + ": the name is not valid UTF-8");
+  if (name.size() > kGgufMaxTensorName) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + ": the name has " + std::to_string(name.size()) +
+                                        " bytes; ggml reads at most " + std::to_string(kGgufMaxTensorName));
+  }
+  if (by_name_.count(name) != 0) fail(PEFT_ERR_INVALID_ARGUMENT, where + " is declared twice");
+  const std::optional<GgmlType> type = ggml_type(type_id);
+  if (!type) fail(PEFT_ERR_INVALID_ARGUMENT, where + ": unknown ggml type " + std::to_string(type_id));
+  if (shape.size() > kGgufMaxDims) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " has " + std::to_string(shape.size()) + " dimensions; GGUF allows " +
+                                        std::to_string(kGgufMaxDims));
+  }
+  const uint64_t row = shape.empty() ? 1 : shape.back();
+  if (row % type->block_size != 0) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " of type " + std::string(type->name) + ": its innermost dimension " +
+                                        std::to_string(row) + " is not a multiple of the block size " +
+                                        std::to_string(type->block_size));
+  }
+  uint64_t elements, nbytes;
+  if (!element_count(shape, &elements)) {
+    fail(PEFT_ERR_VALIDATION_OVERFLOW, where + ": the element count of shape " + shape_text(shape) +
+                                           " exceeds INT64_MAX");
+  }
+  if (__builtin_mul_overflow(elements / type->block_size, uint64_t{type->type_size}, &nbytes)) {
+    fail(PEFT_ERR_VALIDATION_OVERFLOW, where + ": its size in bytes overflows 64 bits");
+  }
+  uint64_t end, next;
+  if (__builtin_add_overflow(data_size_, nbytes, &end) || !padded(end, alignment_, &next)) {
+    fail(PEFT_ERR_VALIDATION_OVERFLOW, where + ": the data offsets overflow 64 bits");
+  }
+  TensorInfo tensor;
+  tensor.dtype = dtype_of_ggml(type_id).value_or(DType::U8);
+  tensor.block_quantized = !dtype_of_ggml(type_id).has_value();
+  tensor.ggml_type = static_cast<int32_t>(type_id);
+  tensor.shape = std::move(shape);
+  tensor.begin = data_size_;
+  tensor.end = end;
+  tensor.name = std::move(name);
+  tensors_.push_back(std::move(tensor));
+  try {
+    by_name_.emplace(tensors_.back().name, tensors_.size() - 1);
+  } catch (...) {
+    tensors_.pop_back();
+    throw;
+  }
+  data_size_ = next;
+}
+
+void GgufWriter::declare(const GgufHeader& header) {
+  require_declaring("declare a header");
+  const size_t metadata_before = metadata_.size();
+  const size_t tensors_before = tensors_.size();
+  const uint64_t alignment_before = alignment_;
+  try {
+    for (const GgufKeyValue& entry : header.metadata) add_metadata(entry);
+    for (const TensorInfo& tensor : header.tensors) {
+      if (tensor.ggml_type < 0) {
+        fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor.name) + " has no ggml type");
+      }
+      add_tensor(tensor.name, static_cast<uint32_t>(tensor.ggml_type), tensor.shape);
+    }
+  } catch (...) {  // all or nothing
+    while (tensors_.size() > tensors_before) {
+      by_name_.erase(tensors_.back().name);
+      tensors_.pop_back();
+    }
+    while (metadata_.size() > metadata_before) {
+      keys_.erase(metadata_.back().key);
+      metadata_.pop_back();
+    }
+    alignment_ = alignment_before;
+    place_tensors();  // the offsets as they were: cannot overflow
+    throw;
+  }
+}
+
+// ---- layout ------------------------------------------------------------------------------------
+
+void GgufWriter::write_header(Sink& sink) const {
+  sink.put("GGUF", 4);
+  sink.put_le<uint32_t>(kGgufVersion);
+  sink.put_le<uint64_t>(tensors_.size());
+  sink.put_le<uint64_t>(metadata_.size());
+  for (const GgufKeyValue& entry : metadata_) {
+    sink.put_string(entry.key);
+    sink.put_le(static_cast<uint32_t>(entry.value.type));
+    sink.put_value(entry.value);
+  }
+  for (const TensorInfo& tensor : tensors_) {
+    sink.put_string(tensor.name);
+    sink.put_le(static_cast<uint32_t>(tensor.shape.size()));
+    for (auto it = tensor.shape.rbegin(); it != tensor.shape.rend(); ++it) sink.put_le<uint64_t>(*it);
+    sink.put_le(static_cast<uint32_t>(tensor.ggml_type));
+    sink.put_le<uint64_t>(tensor.begin);
+  }
+  sink.put_padding(alignment_);
+}
+
+uint64_t GgufWriter::data_start() const {
+  Sink counter(nullptr);
+  write_header(counter);
+  return counter.count();
+}
+
+uint64_t GgufWriter::file_size() const {
+  uint64_t size;
+  if (__builtin_add_overflow(data_start(), data_size_, &size)) {
+    fail(PEFT_ERR_VALIDATION_OVERFLOW, "the size of " + quoted(path_) + " overflows 64 bits");
+  }
+  return size;
+}
+
+GgufHeader GgufWriter::layout() const {
+  GgufHeader header;
+  header.version = kGgufVersion;
+  header.metadata = metadata_;
+  header.tensors = tensors_;
+  header.alignment = alignment_;
+  header.data_start = data_start();
+  header.data_size = data_size_;
+  return header;
+}
+
+// ---- streaming ---------------------------------------------------------------------------------
+
+void GgufWriter::require_streaming(const char* what) const {
+  if (failed_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the writer failed earlier");
+  if (finished_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the writer has finished");
+}
+
+// I/O failures and anything unexpected leave a half-written temporary behind; the only safe state
+// after that is a discarded output.
+template <class Body>
+void GgufWriter::poison_on_failure(Body&& body) {
+  try {
+    body();
+  } catch (...) {
+    abort();
+    throw;
+  }
+}
+
+void GgufWriter::start() {
+  if (started_) return;
+  require_declaring("start writing");
+  const uint64_t size = file_size();
+  poison_on_failure([&] {
+    file_ = std::make_unique<AtomicFile>(path_);
+    file_->reserve(size);
+    buffer_.reserve(kOutputBufferBytes);
+    Sink sink(this);
+    write_header(sink);
+  });
+  file_size_ = size;
+  started_ = true;
+}
+
+void GgufWriter::require_no_open_tensor() const {
+  if (!in_tensor_) return;
+  fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensors_[next_].name) + " is incomplete: " +
+                                      std::to_string(src_done_) + " of " + std::to_string(src_expected_) +
+                                      " bytes written");
+}
+
+uint64_t GgufWriter::source_bytes(const TensorInfo& tensor, bool convert, DType src_dtype) const {
+  if (!convert) return tensor.nbytes();
+  const std::string where = "tensor " + quoted(tensor.name);
+  const std::string type_name(ggml_type(static_cast<uint32_t>(tensor.ggml_type))->name);
+  if (!is_valid_dtype(static_cast<int32_t>(src_dtype))) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + ": unknown source dtype " + std::to_string(static_cast<int32_t>(src_dtype)));
+  }
+  if (tensor.block_quantized) {
+    fail(PEFT_ERR_UNSUPPORTED, where + " is " + type_name + ", a block-quantized type: it takes its raw bytes only, " +
+                                   "not " + std::string(dtype_name(src_dtype)) + " elements");
+  }
+  if (src_dtype == tensor.dtype) return tensor.nbytes();
+  if (dtype_bits(src_dtype) % 8 != 0 || !can_convert(src_dtype, tensor.dtype)) {
+    fail(PEFT_ERR_UNSUPPORTED, where + ": cannot convert " + std::string(dtype_name(src_dtype)) + " to " + type_name);
+  }
+  uint64_t elements = 0, bytes;
+  element_count(tensor.shape, &elements);  // checked by add_tensor
+  if (__builtin_mul_overflow(elements, element_bytes(src_dtype), &bytes)) {
+    fail(PEFT_ERR_VALIDATION_OVERFLOW, where + ": its size in " + std::string(dtype_name(src_dtype)) +
+                                           " overflows 64 bits");
+  }
+  return bytes;
+}
+
+void GgufWriter::begin_tensor(std::string_view name) { begin(name, false, DType::U8); }
+
+void GgufWriter::begin_tensor(std::string_view name, DType src_dtype) { begin(name, true, src_dtype); }
+
+void GgufWriter::begin(std::string_view name, bool convert, DType src_dtype) {
+  require_streaming("begin a tensor");
+  start();
+  require_no_open_tensor();
+  if (next_ >= tensors_.size()) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(std::string(name)) + ": every declared tensor is already written");
+  }
+  const TensorInfo& tensor = tensors_[next_];
+  if (tensor.name != name) {
+    const std::string what = by_name_.count(std::string(name)) ? " is not next" : " was never declared";
+    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(std::string(name)) + what + ": the writer expects " +
+                                        quoted(tensor.name) + " next (tensors are written in declaration order)");
+  }
+  const uint64_t expected = source_bytes(tensor, convert, src_dtype);
+  in_tensor_ = true;
+  converting_ = convert && src_dtype != tensor.dtype;
+  src_dtype_ = src_dtype;
+  src_expected_ = expected;
+  src_done_ = 0;
+  poison_on_failure([&] { complete_tensor_if_full(); });
+}
+
+void GgufWriter::write(const void* data, uint64_t nbytes) {
+  require_streaming("write tensor bytes");
+  if (!in_tensor_) fail(PEFT_ERR_INVALID_ARGUMENT, "cannot write tensor bytes: no tensor has been begun");
+  const TensorInfo& tensor = tensors_[next_];
+  if (nbytes > src_expected_ - src_done_) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor.name) + ": " + std::to_string(nbytes) +
+                                        " bytes written but only " + std::to_string(src_expected_ - src_done_) +
+                                        " of its " + std::to_string(src_expected_) + " bytes are left");
+  }
+  if (nbytes == 0) return;
+  if (data == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor.name) + ": data must not be NULL");
+  if (converting_ && nbytes % element_bytes(src_dtype_) != 0) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor.name) + ": a chunk that is converted must hold whole " +
+                                        std::string(dtype_name(src_dtype_)) + " elements");
+  }
+  poison_on_failure([&] { write_unchecked(data, nbytes); });
+}
+
+void GgufWriter::write_unchecked(const void* data, uint64_t nbytes) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  if (!converting_) {
+    emit(bytes, nbytes);
+  } else {
+    const DType dst = tensors_[next_].dtype;
+    const uint64_t in_size = element_bytes(src_dtype_);
+    const uint64_t out_size = element_bytes(dst);
+    if (scratch_.size() < kConvertElements * out_size) scratch_.resize(kConvertElements * out_size);
+    for (uint64_t done = 0; done < nbytes;) {
+      const uint64_t count = std::min(kConvertElements, (nbytes - done) / in_size);
+      convert(src_dtype_, bytes + done, dst, scratch_.data(), count);
+      emit(scratch_.data(), count * out_size);
+      done += count * in_size;
+    }
+  }
+  src_done_ += nbytes;
+  complete_tensor_if_full();
+}
+
+// Ends the current tensor once all its bytes are in, with the zero bytes up to the alignment.
+void GgufWriter::complete_tensor_if_full() {
+  if (!in_tensor_ || src_done_ != src_expected_) return;
+  const uint64_t end = tensors_[next_].end;
+  emit_padding((alignment_ - end % alignment_) % alignment_);
+  in_tensor_ = false;
+  ++next_;
+}
+
+void GgufWriter::write_tensor(std::string_view name, const void* data, uint64_t nbytes) {
+  require_streaming("write a tensor");
+  start();
+  if (next_ < tensors_.size() && !in_tensor_ && tensors_[next_].name == name && nbytes != tensors_[next_].nbytes()) {
+    fail(PEFT_ERR_TENSOR_INVALID_INFO, "tensor " + quoted(tensors_[next_].name) + ": " + std::to_string(nbytes) +
+                                           " bytes given but its shape and type make " +
+                                           std::to_string(tensors_[next_].nbytes()));
+  }
+  begin_tensor(name);  // reports the order errors
+  if (in_tensor_) write(data, nbytes);
+}
+
+void GgufWriter::write_tensor(std::string_view name, DType src_dtype, const void* data, uint64_t nbytes) {
+  require_streaming("write a tensor");
+  start();
+  if (next_ < tensors_.size() && !in_tensor_ && tensors_[next_].name == name) {
+    const uint64_t expected = source_bytes(tensors_[next_], true, src_dtype);
+    if (nbytes != expected) {
+      fail(PEFT_ERR_TENSOR_INVALID_INFO, "tensor " + quoted(tensors_[next_].name) + ": " + std::to_string(nbytes) +
+                                             " bytes given but its shape makes " + std::to_string(expected) +
+                                             " bytes of " + std::string(dtype_name(src_dtype)));
+    }
+  }
+  begin_tensor(name, src_dtype);
+  if (in_tensor_) write(data, nbytes);
+}
+
+// ---- output ------------------------------------------------------------------------------------
+
+void GgufWriter::flush_buffer() {
+  if (buffer_.empty()) return;
+  file_->write(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void GgufWriter::emit(const void* data, size_t size) {
+  if (buffer_.size() + size > kOutputBufferBytes) flush_buffer();
+  if (size >= kOutputBufferBytes) {
+    file_->write(data, size);
+  } else {
+    buffer_.append(static_cast<const char*>(data), size);
+  }
+}
+
+void GgufWriter::emit_padding(uint64_t count) {
+  while (count > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(count, sizeof kZeros));
+    emit(kZeros, n);
+    count -= n;
+  }
+}
+
+void GgufWriter::finish() {
+  require_streaming("finish");
+  start();
+  require_no_open_tensor();
+  if (next_ < tensors_.size()) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensors_[next_].name) + " was never written (" +
+                                        std::to_string(tensors_.size() - next_) + " of " +
+                                        std::to_string(tensors_.size()) + " tensors are missing)");
+  }
+  poison_on_failure([&] {
+    flush_buffer();
+    if (file_->bytes_written() != file_size_) {
+      fail(PEFT_ERR_INTERNAL, "output " + quoted(path_) + " has " + std::to_string(file_->bytes_written()) +
+                                  " bytes instead of " + std::to_string(file_size_));
+    }
+    file_->commit();
+  });
+  finished_ = true;
+  std::string().swap(buffer_);
+  std::vector<uint8_t>().swap(scratch_);
+}
+
+void GgufWriter::abort() noexcept {
+  if (finished_) return;
+  failed_ = true;
+  if (file_) file_->abort();
+  in_tensor_ = false;
+}
+
+}  // namespace peft
