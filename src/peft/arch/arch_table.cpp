@@ -252,7 +252,8 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
           !key.starts_with("_"))
         bad_table(source, "modules[" + std::to_string(i) + "] has an unknown field " + peft::quoted(key));
     ModuleRule m{NameTemplate::parse(required_string(rule, "hf", source, where), where),
-                 NameTemplate::parse(required_string(rule, "native", source, where), where), ModuleKind::other};
+                 NameTemplate::parse(required_string(rule, "native", source, where), where), ModuleKind::other,
+                 std::nullopt, GgufRows::same};
     if (auto kind = rule.find("kind"); kind != rule.end()) {
       auto parsed = kind->is_string() ? kind_from_name(kind->get<std::string>()) : std::nullopt;
       if (!parsed)

@@ -130,7 +130,7 @@ class GgufMerge {
     for (const MergeInput& input : options_.adapters) {
       const std::string adapter_name = input.adapter->dir().empty() ? "adapter" : input.adapter->dir();
       for (const AdapterModule& module : input.adapter->modules()) {
-        const std::string what = adapter_name + ": module " + quoted(module.name);
+        const std::string what = adapter_name + ": module " + peft::quoted(module.name);
         if (!module.is_lora()) {
           unsupported.push_back(what + " (" + layer_kind_name(module.kind) +
                                 ": whole tensors and trainable tokens are merged into safetensors checkpoints only)");
@@ -145,19 +145,19 @@ class GgufMerge {
         if (rule == nullptr && !table_->base_model_prefix().empty())
           rule = table_->rule_for_hf(table_->base_model_prefix() + "." + module.name, &captures);
         if (rule == nullptr || !rule->gguf) {
-          unresolved.push_back(what + " (no GGUF name for it in table " + quoted(table_->family()) + ")");
+          unresolved.push_back(what + " (no GGUF name for it in table " + peft::quoted(table_->family()) + ")");
           continue;
         }
         const std::string tensor = rule->gguf->fill(captures) + ".weight";
         const auto index = base_->find(tensor);
         if (!index) {
-          unresolved.push_back(what + " (GGUF tensor " + quoted(tensor) + " is not in the base)");
+          unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
           continue;
         }
         const TensorInfo& info = base_->tensor(*index);
         if (info.block_quantized || !(info.dtype == DType::F32 || info.dtype == DType::F16 || info.dtype == DType::BF16)) {
           const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
-          unsupported.push_back(what + " (GGUF tensor " + quoted(tensor) + " is " +
+          unsupported.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is " +
                                 std::string(type ? type->name : "of an unknown type") +
                                 "; merges go into F32, F16 and BF16 tensors)");
           continue;
@@ -193,8 +193,8 @@ class GgufMerge {
     }
     const uint64_t tensor_rows = info.shape.empty() ? 0 : info.shape[0];
     if (!heads || *heads == 0 || tensor_rows % (2 * *heads) != 0)
-      fail(PEFT_ERR_INVALID_CHECKPOINT, path_ + ": tensor " + quoted(info.name) + " has " +
-                                            std::to_string(tensor_rows) + " rows, which " + quoted(q_key) +
+      fail(PEFT_ERR_INVALID_CHECKPOINT, path_ + ": tensor " + peft::quoted(info.name) + " has " +
+                                            std::to_string(tensor_rows) + " rows, which " + peft::quoted(q_key) +
                                             "(_kv) does not divide into heads of an even size");
     return *heads;
   }
@@ -227,7 +227,7 @@ class GgufMerge {
     convert(info.dtype, bytes, DType::F32, back.data(), count);
     for (float v : back)
       if (!std::isfinite(v))
-        fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + quoted(info.name) +
+        fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) +
                                       " holds an infinity or NaN (allow_nonfinite keeps such values)");
   }
 
@@ -250,7 +250,7 @@ CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::s
     fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file writes one file: do not set a shard size");
   std::error_code ec;
   if (fs::exists(out_path, ec) && fs::equivalent(base_path, out_path, ec))
-    fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + quoted(out_path) + " is the base file itself");
+    fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + peft::quoted(out_path) + " is the base file itself");
   GgufMerge merge(base_path, options);
   return merge.run(out_path);
 }

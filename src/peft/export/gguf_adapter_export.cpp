@@ -72,7 +72,7 @@ GgufBase open_base(const Adapter& adapter, const std::string& given) {
     base.table = builtin_arch_table(detect_base_family(dir, std::nullopt));
     const auto architecture = base.table->gguf_architecture_of(*model_type);
     if (!architecture)
-      fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + quoted(*model_type) +
+      fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + peft::quoted(*model_type) +
                                      " (docs/gguf.md lists those that are)");
     base.architecture = *architecture;
     base.heads = count_of(config, "num_attention_heads");
@@ -95,7 +95,7 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
   std::vector<std::string> unsupported, unresolved;
   const ArchTable& table = *base.table;
   for (const AdapterModule& module : adapter.modules()) {
-    const std::string what = "module " + quoted(module.name);
+    const std::string what = "module " + peft::quoted(module.name);
     if (!module.is_lora()) {
       unsupported.push_back(what + ": " + layer_kind_name(module.kind) +
                             " tensors replace base tensors, which a GGUF LoRA cannot hold");
@@ -120,12 +120,12 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
       if (!direct) rule->hf.match(table.base_model_prefix() + "." + module.name, captures);
     }
     if (rule == nullptr || !rule->gguf) {
-      unresolved.push_back(what + ": table " + quoted(table.family()) + " gives it no GGUF name");
+      unresolved.push_back(what + ": table " + peft::quoted(table.family()) + " gives it no GGUF name");
       continue;
     }
     GgufPair pair{&module, rule->gguf->fill(captures) + ".weight", rule->gguf_rows};
     if (base.gguf && !base.gguf->find(pair.tensor)) {
-      unresolved.push_back(what + ": the GGUF base has no tensor " + quoted(pair.tensor));
+      unresolved.push_back(what + ": the GGUF base has no tensor " + peft::quoted(pair.tensor));
       continue;
     }
     if (pair.rows != GgufRows::same) {
@@ -141,7 +141,7 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
     fail(PEFT_ERR_UNSUPPORTED, message);
   }
   if (!unresolved.empty()) {
-    std::string message = std::to_string(unresolved.size()) + " module(s) have no GGUF tensor in " + quoted(base.name) + ":";
+    std::string message = std::to_string(unresolved.size()) + " module(s) have no GGUF tensor in " + peft::quoted(base.name) + ":";
     for (const std::string& line : unresolved) message += "\n  " + line;
     fail(PEFT_ERR_UNRESOLVED_KEY, message);
   }
@@ -167,7 +167,7 @@ GgufFactor encode(std::string name, const std::vector<float>& values, uint64_t r
   GgufFactor out{std::move(name), wanted, {rows, cols}, {}};
   if (out.type == 8 && cols % kQ8_0BlockSize != 0) out.type = 1;  // llama.cpp's converter falls back to F16
   for (float v : values)
-    if (!std::isfinite(v)) fail(PEFT_ERR_NON_FINITE, "tensor " + quoted(out.name) + " holds an infinity or NaN");
+    if (!std::isfinite(v)) fail(PEFT_ERR_NON_FINITE, "tensor " + peft::quoted(out.name) + " holds an infinity or NaN");
   if (out.type == 8) {
     out.bytes.resize(static_cast<size_t>(values.size() / kQ8_0BlockSize * kQ8_0BlockBytes));
     quantize_q8_0(values.data(), values.size(), out.bytes.data());
@@ -198,11 +198,11 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
     const AdapterTensor* a = m.find(embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
     const AdapterTensor* b = m.find(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b);
     if (a == nullptr || b == nullptr)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + quoted(m.name) + " lacks its A or B factor");
+      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(m.name) + " lacks its A or B factor");
     const TensorInfo& a_info = adapter.checkpoint().tensor(a->index);
     const TensorInfo& b_info = adapter.checkpoint().tensor(b->index);
     if (a_info.shape.size() != 2 || b_info.shape.size() != 2)
-      fail(PEFT_ERR_UNSUPPORTED, "module " + quoted(m.name) + ": only 2-D factors are exported to GGUF");
+      fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": only 2-D factors are exported to GGUF");
     std::vector<float> a_values = adapter.checkpoint().read_f32(a->index);
     std::vector<float> b_values = adapter.checkpoint().read_f32(b->index);
     const uint64_t rank = a_info.shape[0];
@@ -215,7 +215,7 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
     if (pair.rows != GgufRows::same) {
       const uint64_t heads = *(pair.rows == GgufRows::rope_q ? base.heads : base.kv_heads);
       if (out_rows % (2 * heads) != 0)
-        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + quoted(m.name) + ": " + std::to_string(out_rows) +
+        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": " + std::to_string(out_rows) +
                                           " output rows do not split into " + std::to_string(heads) + " heads");
       reorder_rope_rows(b_values.data(), out_rows, rank * sizeof(float), heads, false);
     }
