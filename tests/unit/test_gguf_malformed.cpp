@@ -61,3 +61,23 @@ TEST_CASE("gguf malformed fixtures: every file gets exactly the code of its mani
     CHECK_MESSAGE(codes_seen.count(code) == 1, "no fixture for " << code);
   }
 }
+
+TEST_CASE("gguf fuzz corpus: every seed parses or fails with a header code") {
+  const fs::path dir = fs::path(PEFT_TEST_DATA).parent_path() / "fuzz" / "corpus" / "gguf_header";
+  REQUIRE_MESSAGE(fs::is_directory(dir), "missing seed corpus " << dir);
+  size_t seeds = 0, accepted = 0;
+  for (const auto& item : fs::directory_iterator(dir)) {
+    CAPTURE(item.path().filename().string());
+    std::string message;
+    const std::string code = gguf_test::outcome(read_bytes(item.path()), 100'000'000, &message);
+    CAPTURE(message);
+    CHECK((code == "OK" || code == "HEADER_TOO_SMALL" || code == "HEADER_TOO_LARGE" || code == "INVALID_HEADER_LENGTH" ||
+           code == "INVALID_HEADER_UTF8" || code == "INVALID_HEADER" || code == "INVALID_OFFSET" ||
+           code == "VALIDATION_OVERFLOW" || code == "TENSOR_INVALID_INFO" || code == "METADATA_INCOMPLETE_BUFFER" ||
+           code == "UNSUPPORTED"));
+    accepted += code == "OK";
+    ++seeds;
+  }
+  CHECK(seeds >= 10);
+  CHECK(accepted >= 2);
+}
