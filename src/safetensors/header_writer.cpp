@@ -5,8 +5,8 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "safetensors/serde_string.hpp"
 #include "core/utf8.hpp"
+#include "safetensors/serde_string.hpp"
 
 namespace peft {
 namespace {
