@@ -26,6 +26,7 @@
 # not in tests/requirements.txt (changing that rebuilds the venv): it is installed with the venv's pip into
 # <version>/python-<pin>/ and put on PYTHONPATH for the converters only (PEFT_LLAMA_CPP_PYDEPS).
 #
+# Environment read: PEFT_LLAMA_CPP_CACHE (another cache folder), PEFT_LLAMA_CPP_JOBS (default 2).
 # Environment printed by --env:
 #   PEFT_LLAMA_CPP_BIN     folder of llama-export-lora, llama-quantize, llama-gguf
 #   PEFT_LLAMA_CPP_SRC     the llama.cpp source tree (convert_hf_to_gguf.py, convert_lora_to_gguf.py)
@@ -48,7 +49,7 @@ CMAKE_OPTIONS=(
 JOBS=${PEFT_LLAMA_CPP_JOBS:-2}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/peft_c/llama
+cache=${PEFT_LLAMA_CPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/peft_c/llama}
 base=$cache/$VERSION
 tarball=$cache/llama_cpp_python-$VERSION.tar.gz
 src=$base/src/llama_cpp_python-$VERSION/vendor/llama.cpp
