@@ -285,3 +285,13 @@ def quantize(in_path: os.PathLike, out_path: os.PathLike | None = None, type: st
 
     key = ("quantize", _identity(in_path), type, tuple(extra))
     return _cached(key, f"{pathlib.Path(in_path).stem}.{type}.gguf", make, out_path)
+
+
+def ggml_reads(path: os.PathLike) -> tuple[bool, str]:
+    """Whether ggml's own GGUF reader (gguf_init_from_file with data, via `llama-gguf FILE r n`) accepts a
+    file, and what it printed. On a file ggml refuses, the example tool then crashes on the missing context
+    (exit -11 after a `gguf_init_from_...` message): any nonzero exit counts as refused."""
+    tools = llama_cpp()
+    proc = subprocess.run([str(tools.tool("llama-gguf")), str(path), "r", "n"], capture_output=True, text=True,
+                          cwd=_session_dir())
+    return proc.returncode == 0, proc.stdout + proc.stderr

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from gguf_reference import (convert_hf_to_gguf, convert_lora_to_gguf, export_lora, gguf_module, quantize,
-                            read_gguf)
+from gguf_reference import (convert_hf_to_gguf, convert_lora_to_gguf, export_lora, ggml_reads, gguf_module,
+                            quantize, read_gguf)
 
 MODELS = ("llama", "qwen2", "gemma", "phi3")
 
@@ -241,3 +241,14 @@ def test_quantize_q8_0_matches_gguf_py(fixtures_dir):
         else:
             assert t.tensor_type == types.F16, name
             assert np.array_equal(np.asarray(t.data), source.astype(np.float16)), name
+
+
+def test_ggml_reader_accepts_converted_and_refuses_truncated(fixtures_dir, tmp_path):
+    path = convert_hf_to_gguf(model_dir(fixtures_dir, "llama"), outtype="f32")
+    accepted, output = ggml_reads(path)
+    assert accepted, output
+    assert f"n_tensors: {len(read_gguf(path).tensors)}" in output
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(path.read_bytes()[:-100])
+    accepted, output = ggml_reads(truncated)
+    assert not accepted and "failed to read tensor data" in output, output
