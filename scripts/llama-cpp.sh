@@ -23,8 +23,9 @@
 #
 # The converters also need the `sentencepiece` package (the tiny test models carry a SentencePiece
 # tokenizer.model, the one tokenizer the llama, qwen2, gemma and phi3 converters all accept offline). It is
-# not in tests/requirements.txt (changing that rebuilds the venv): it is installed with the venv's pip into
-# <version>/python-<pin>/ and put on PYTHONPATH for the converters only (PEFT_LLAMA_CPP_PYDEPS).
+# not in tests/requirements.txt (changing that rebuilds the venv): it is installed with the venv's pip
+# into <version>/python-<cpXY>-sentencepiece-<pin>/ and put on PYTHONPATH for the converters only
+# (PEFT_LLAMA_CPP_PYDEPS).
 #
 # Environment read: PEFT_LLAMA_CPP_CACHE (another cache folder), PEFT_LLAMA_CPP_JOBS (default 2).
 # Environment printed by --env:
@@ -53,7 +54,6 @@ cache=${PEFT_LLAMA_CPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/peft_c/llama}
 base=$cache/$VERSION
 tarball=$cache/llama_cpp_python-$VERSION.tar.gz
 src=$base/src/llama_cpp_python-$VERSION/vendor/llama.cpp
-pydeps=$base/python-sentencepiece-$SENTENCEPIECE
 
 log() { printf 'llama-cpp: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -65,6 +65,11 @@ case "${1:-}" in
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument '$1' (use --env or nothing)" ;;
 esac
+
+# sentencepiece is a compiled wheel: one folder per interpreter version of the venv.
+venv=$("$root/scripts/python-env.sh")
+py_tag=$("$venv/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+pydeps=$base/python-$py_tag-sentencepiece-$SENTENCEPIECE
 
 compiler=$( (c++ --version 2>/dev/null || echo none) | head -n1)
 key=$(printf '%s\n' "$VERSION" "$SHA256" "$(uname -m)" "$compiler" "$(cmake --version 2>/dev/null | head -n1)" \
@@ -97,7 +102,6 @@ exec 9>"$cache/$VERSION.lock"
 log "waiting for lock $cache/$VERSION.lock"
 flock 9
 
-venv=$("$root/scripts/python-env.sh")
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
 
 # 1. The sdist, checked against the pinned hash (a file that does not match is replaced, never used).
