@@ -25,6 +25,15 @@ step "dependencies"
 scripts/install-deps.sh
 venv=$(scripts/python-env.sh)
 py=$venv/bin/python
+# llama.cpp's own tools and converters, the references of the GGUF interop tests: built once per machine
+# into ~/.cache/peft_c/llama (scripts/llama-cpp.sh), then instant. Exported here, so that ctest and pytest
+# both see PEFT_LLAMA_CPP_BIN / _SRC / _PYDEPS and PEFT_GGUF_PY. Those tests skip without them, so a failed
+# build is a failed step.
+if llama_env=$(scripts/llama-cpp.sh --env); then
+  eval "$llama_env"
+else
+  echo "---- llama.cpp reference tools: FAILED"; failures+=("llama.cpp reference tools")
+fi
 
 step "build (release)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEFT_WERROR=ON \
