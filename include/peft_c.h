@@ -721,6 +721,8 @@ PEFT_API int32_t peft_checkpoint_file_format(const peft_checkpoint* ckpt, size_t
 
 /**
  * @brief The GGUF version (2 or 3) of file @p file_index.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
  * @return The version; 0 for a safetensors file, out of range or NULL. Thread-safe.
  */
 PEFT_API uint32_t peft_checkpoint_gguf_version(const peft_checkpoint* ckpt, size_t file_index);
@@ -728,18 +730,22 @@ PEFT_API uint32_t peft_checkpoint_gguf_version(const peft_checkpoint* ckpt, size
 /**
  * @brief The ggml type of tensor @p index as stored in its GGUF file (ggml's numbering: 0 F32,
  *        1 F16, 8 Q8_0, 12 Q4_K, 30 BF16, ...).
+ * @param ckpt A checkpoint.
+ * @param index A tensor index, 0 .. peft_checkpoint_tensor_count() - 1.
  * @return The type; -1 for a tensor of a safetensors file, out of range or NULL. Thread-safe.
  */
 PEFT_API int32_t peft_checkpoint_tensor_ggml_type(const peft_checkpoint* ckpt, size_t index);
 
 /**
  * @brief The name of a ggml type as gguf-py spells it ("Q4_K").
+ * @param ggml_type A ggml type number.
  * @return A static string; NULL for a number ggml does not define. Thread-safe.
  */
 PEFT_API const char* peft_ggml_type_name(int32_t ggml_type);
 
 /**
  * @brief The ggml type of an exact name ("BF16", "Q8_0").
+ * @param name A type name (exact, case-sensitive).
  * @return The type; -1 for NULL or a name ggml does not define. Thread-safe.
  */
 PEFT_API int32_t peft_ggml_type_from_name(const char* name);
@@ -756,12 +762,17 @@ PEFT_API peft_error* peft_ggml_type_geometry(int32_t ggml_type, uint32_t* out_bl
 
 /**
  * @brief Number of metadata key/values of GGUF file @p file_index.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
  * @return The count; 0 for a safetensors file, out of range or NULL. Thread-safe.
  */
 PEFT_API size_t peft_checkpoint_gguf_kv_count(const peft_checkpoint* ckpt, size_t file_index);
 
 /**
  * @brief The key of metadata entry @p kv (in file order).
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
  * @return Borrowed string valid while @p ckpt lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_checkpoint_gguf_kv_key(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
@@ -769,6 +780,9 @@ PEFT_API const char* peft_checkpoint_gguf_kv_key(const peft_checkpoint* ckpt, si
 /**
  * @brief Finds a metadata entry by key.
  * @param[out] out_kv Receives its position.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param key The key (UTF-8, exact).
  * @return NULL on success; #PEFT_ERR_NOT_FOUND naming the key if the file has no such entry (also for
  *         a safetensors file); #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or a file out of range.
  *         Thread-safe.
@@ -778,18 +792,27 @@ PEFT_API peft_error* peft_checkpoint_gguf_kv_find(const peft_checkpoint* ckpt, s
 
 /**
  * @brief The type (`PEFT_GGUF_*`) of metadata entry @p kv; #PEFT_GGUF_ARRAY for an array.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
  * @return The type; -1 if out of range. Thread-safe.
  */
 PEFT_API int32_t peft_checkpoint_gguf_kv_type(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
 
 /**
  * @brief The element type (`PEFT_GGUF_*`) of an array entry.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
  * @return The type; -1 if the entry is not an array or out of range. Thread-safe.
  */
 PEFT_API int32_t peft_checkpoint_gguf_kv_array_type(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
 
 /**
  * @brief The number of elements of an array entry.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
  * @return The count; 0 if the entry is not an array or out of range. Thread-safe.
  */
 PEFT_API uint64_t peft_checkpoint_gguf_kv_array_length(const peft_checkpoint* ckpt, size_t file_index, size_t kv);
@@ -798,6 +821,10 @@ PEFT_API uint64_t peft_checkpoint_gguf_kv_array_length(const peft_checkpoint* ck
  * @brief An integer or boolean value (U8 .. I64, BOOL as 0 or 1): entry @p kv itself when it is a
  *        scalar (@p element 0), or element @p element of an array of such values.
  * @param[out] out Receives the value.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
+ * @param element 0 for a scalar entry; for an array, the element index.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT (naming the key) for another type, a U64
  *         above INT64_MAX (read it with peft_checkpoint_gguf_kv_uint()), an index out of range or
  *         NULL. Thread-safe.
@@ -807,6 +834,11 @@ PEFT_API peft_error* peft_checkpoint_gguf_kv_int(const peft_checkpoint* ckpt, si
 
 /**
  * @brief As peft_checkpoint_gguf_kv_int(), for a value that is not negative (any U64 fits).
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
+ * @param element 0 for a scalar entry; for an array, the element index.
+ * @param[out] out Receives the value.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for a negative value or as
  *         peft_checkpoint_gguf_kv_int(). Thread-safe.
  */
@@ -816,6 +848,11 @@ PEFT_API peft_error* peft_checkpoint_gguf_kv_uint(const peft_checkpoint* ckpt, s
 /**
  * @brief A floating-point value (F32 or F64; an F32 is widened exactly), scalar or array element as
  *        for peft_checkpoint_gguf_kv_int().
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
+ * @param element 0 for a scalar entry; for an array, the element index.
+ * @param[out] out Receives the value.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for another type, an index out of range or
  *         NULL. Thread-safe.
  */
@@ -827,6 +864,10 @@ PEFT_API peft_error* peft_checkpoint_gguf_kv_float(const peft_checkpoint* ckpt, 
  * @param[out] out_data Receives the bytes, followed by a NUL (the string itself may hold NUL bytes);
  *             borrowed, valid while @p ckpt lives.
  * @param[out] out_length Receives the length in bytes. May be NULL.
+ * @param ckpt A checkpoint.
+ * @param file_index A file index, 0 .. peft_checkpoint_file_count() - 1.
+ * @param kv A metadata entry, 0 .. peft_checkpoint_gguf_kv_count() - 1 (file order).
+ * @param element 0 for a scalar entry; for an array, the element index.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for another type, an index out of range or
  *         NULL. Thread-safe.
  */

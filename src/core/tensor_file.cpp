@@ -56,12 +56,10 @@ void TensorFile::attach_copy(const void* data, size_t size) {
   if (size > 0) std::memcpy(copy_.get(), data, size);
 }
 
-void TensorFile::set_tensors(const std::vector<TensorInfo>* tensors, uint64_t data_start, uint64_t data_size,
-                             uint64_t source_size) {
-  if (data_start > source_size || source_size - data_start < data_size)
-    fail(PEFT_ERR_INTERNAL, path_ + ": header layout disagrees with the file size");
+void TensorFile::set_tensors(const std::vector<TensorInfo>* tensors, uint64_t data_start, uint64_t source_size) {
+  if (data_start > source_size) fail(PEFT_ERR_INTERNAL, path_ + ": header layout disagrees with the file size");
   for (const TensorInfo& t : *tensors)
-    if (t.begin > t.end || t.end > data_size)
+    if (t.begin > t.end || t.end > source_size - data_start)
       fail(PEFT_ERR_INTERNAL, path_ + ": tensor " + quoted(t.name) + " lies outside the data section");
   tensors_ = tensors;
   data_start_ = data_start;

@@ -72,12 +72,11 @@ class TensorFile {
  protected:
   TensorFile() = default;
   // Called once by the format's opener after validation: `tensors` (owned by the subclass, never
-  // moved afterwards) lie in [data_start, data_start + data_size) of the source, which the caller
-  // has checked; this checks it again, since every view relies on it.
+  // moved afterwards) lie between data_start and the end of the source (`source_size` bytes), which
+  // the parser has checked; this checks it again, since every view relies on it.
   void attach_file(ReadOnlyFile file, bool use_pread);
   void attach_copy(const void* data, size_t size);
-  void set_tensors(const std::vector<TensorInfo>* tensors, uint64_t data_start, uint64_t data_size,
-                   uint64_t source_size);
+  void set_tensors(const std::vector<TensorInfo>* tensors, uint64_t data_start, uint64_t source_size);
   const uint8_t* copy() const { return copy_.get(); }
 
   std::string path_;

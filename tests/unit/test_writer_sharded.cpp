@@ -82,8 +82,8 @@ TEST_CASE("writer sharded: files, index and read-back") {
   CHECK(ck->tensor_count() == 4);
   CHECK(ck->file_count() == 3);
   for (size_t k = 0; k < ck->file_count(); ++k) {
-    REQUIRE(ck->file_header(k).metadata.has_value());
-    CHECK(*ck->file_header(k).metadata == Metadata{{"format", "pt"}});
+    REQUIRE(ck->file_metadata(k).has_value());
+    CHECK(*ck->file_metadata(k) == Metadata{{"format", "pt"}});
   }
   const auto bytes = ck->view(*ck->find("m.bias"));
   CHECK(bytes.size() == 40);
@@ -130,7 +130,7 @@ TEST_CASE("writer sharded: metadata of shards, refusals") {
   write_all(writer);
   CHECK_THROWS_AS(writer.break_shard(), Error);
   auto ck = Checkpoint::open(dir.path());
-  CHECK(*ck->file_header(0).metadata == Metadata{{"k", "v"}});
+  CHECK(*ck->file_metadata(0) == Metadata{{"k", "v"}});
 }
 
 TEST_CASE("writer sharded: a failed start creates no folder") {

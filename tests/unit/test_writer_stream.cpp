@@ -100,7 +100,7 @@ TEST_CASE("writer stream: order, chunks and read-back") {
   std::vector<uint8_t> expected_f16(8);
   convert(DType::F32, ab.data(), DType::F16, expected_f16.data(), 4);
   CHECK(read_bytes("a.bias") == expected_f16);
-  CHECK_FALSE(ck->file_header(0).metadata.has_value());
+  CHECK_FALSE(ck->file_metadata(0).has_value());
 }
 
 TEST_CASE("writer stream: callbacks fill bounded chunks, conversion included") {
