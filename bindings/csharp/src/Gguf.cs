@@ -66,7 +66,7 @@ namespace PeftC
 
         private bool IsInteger
         {
-            get { return Type <= GgufType.I32 && Type != GgufType.F32 || Type == GgufType.U64 || Type == GgufType.I64; }
+            get { return Type <= GgufType.I32 || Type == GgufType.U64 || Type == GgufType.I64; }
         }
 
         /// <summary>An integer value of any width that fits long.</summary>

@@ -81,7 +81,7 @@ def _tensor_name(library, ptr, index: int) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 class Checkpoint(HandleObject):
-    """A validated, opened safetensors file, folder or sharded checkpoint (read-only).
+    """A validated, opened safetensors or GGUF file, folder or sharded checkpoint (read-only).
 
     Use as a context manager::
 
@@ -107,7 +107,7 @@ class Checkpoint(HandleObject):
     @classmethod
     def open(cls, path: PathLike, *, use_pread: bool = False,
              max_header_size: Optional[int] = None) -> "Checkpoint":
-        """Opens a ``.safetensors`` file or a checkpoint folder and validates every header.
+        """Opens a ``.safetensors`` or GGUF file or a checkpoint folder and validates every header.
 
         ``use_pread`` makes ``view`` return private copies read with pread instead of arrays over a
         mapping of the file (``read`` and everything else always read with pread); ``max_header_size``
@@ -125,7 +125,7 @@ class Checkpoint(HandleObject):
 
     @classmethod
     def from_bytes(cls, data, *, max_header_size: Optional[int] = None) -> "Checkpoint":
-        """Validates a safetensors file held in memory (any bytes-like object; it is copied)."""
+        """Validates a safetensors or GGUF file held in memory (any bytes-like object; it is copied)."""
         view = None
         if not isinstance(data, bytes):
             view = memoryview(data)
