@@ -35,6 +35,14 @@ std::string quoted(const std::string& text) {
   return out + "\"";
 }
 
+std::string quoted_name(std::string_view name) {
+  constexpr size_t kMax = 200;
+  if (name.size() <= kMax) return quoted(std::string(name));
+  size_t cut = kMax;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  return quoted(std::string(name.substr(0, cut))) + "...";
+}
+
 std::string join_text(const std::vector<std::string>& items, std::string_view separator) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {

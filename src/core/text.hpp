@@ -14,6 +14,9 @@ namespace peft {
 // Quotes a name for a message: "name" with control characters escaped, so messages stay one line.
 std::string quoted(const std::string& text);
 
+// A name from a file for a message: quoted, cut at a character boundary after 200 bytes ("...").
+std::string quoted_name(std::string_view name);
+
 // "[2, 3]": a tensor shape for a message. At most `max_dims` dimensions are written out; a longer
 // shape ends in ", ... (N dimensions)".
 inline constexpr size_t kAllDims = std::numeric_limits<size_t>::max();

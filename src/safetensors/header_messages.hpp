@@ -10,15 +10,6 @@
 
 namespace peft {
 
-// `"name"` escaped by peft::quoted, cut at a character boundary after 200 bytes.
-inline std::string quoted_name(std::string_view name) {
-  constexpr size_t kMax = 200;
-  if (name.size() <= kMax) return quoted(std::string(name));
-  size_t cut = kMax;
-  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
-  return quoted(std::string(name.substr(0, cut))) + "...";
-}
-
 // A shape in a header message writes out at most this many dimensions (shape_text's max_dims).
 inline constexpr size_t kShapeDimsShown = 16;
 

@@ -14,9 +14,9 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "core/utf8.hpp"
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_messages.hpp"
-#include "safetensors/utf8.hpp"
 
 namespace peft {
 namespace {

@@ -5,8 +5,8 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "core/utf8.hpp"
 #include "safetensors/serde_string.hpp"
-#include "safetensors/utf8.hpp"
 
 namespace peft {
 namespace {

@@ -6,8 +6,8 @@
 
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
+#include "core/utf8.hpp"
 #include "safetensors/checkpoint_layout.hpp"
-#include "safetensors/utf8.hpp"
 
 namespace peft {
 ShardedWriter::ShardedWriter(std::string folder, uint64_t max_shard_size)

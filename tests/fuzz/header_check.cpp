@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/utf8.hpp"
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_parser.hpp"
-#include "safetensors/utf8.hpp"
 
 namespace {
 

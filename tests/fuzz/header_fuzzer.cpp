@@ -13,9 +13,9 @@
 #include <string_view>
 
 #include "core/error.hpp"
+#include "core/utf8.hpp"
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_parser.hpp"
-#include "safetensors/utf8.hpp"
 
 namespace {
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every parser's fuzzer (safetensors header, shard index, adapter config, translation table) for
-# a bounded time, SECONDS split between them, each over a copy of its committed seed corpus.
+# Runs every parser's fuzzer (safetensors header, shard index, adapter config, translation table, GGUF
+# header) for a bounded time, SECONDS split between them, each over a copy of its committed seed corpus.
 #   tests/fuzz/run.sh BUILD_DIR SECONDS
 # BUILD_DIR is a build configured with clang and -DPEFT_FUZZ=ON (missing fuzzers are built).
 # Exits nonzero when the fuzzer finds a crash, a sanitizer report, a timeout or a memory blow-up;
@@ -16,7 +16,7 @@ build_dir=$1
 seconds=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # Each target gets an equal share of the time (at least a second); the header fuzzer the remainder.
-targets=(header index adapter_config arch_table)
+targets=(header index adapter_config arch_table gguf_header)
 share=$((seconds / ${#targets[@]}))
 [[ $share -ge 1 ]] || share=1
 
@@ -41,6 +41,7 @@ for target in "${targets[@]}"; do
   [[ $time_for -ge 1 ]] || time_for=1
   dict=$here/json.dict
   [[ $target == header ]] && dict=$here/header.dict
+  [[ $target == gguf_header ]] && dict=$here/gguf.dict
   mkdir -p "$work/$target"
   cp "$here"/corpus/"$target"/* "$work/$target/"
   # -timeout: one input taking a second is a hang (inputs here are at most 8 KB);

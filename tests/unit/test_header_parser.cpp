@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/utf8.hpp"
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_parser.hpp"
 #include "safetensors/serde_number.hpp"
-#include "safetensors/utf8.hpp"
 
 using namespace std::string_literals;
 

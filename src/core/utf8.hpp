@@ -1,6 +1,7 @@
 // UTF-8 validation with exactly the rules of Rust's core::str::from_utf8 (RFC 3629: no overlong
 // forms, no surrogates U+D800..U+DFFF, nothing above U+10FFFF). The reference reader checks all N
-// header bytes with it before it looks at the JSON, and writers must reject names that fail it.
+// header bytes with it before it looks at the JSON, and writers must reject names that fail it; the
+// GGUF reader checks keys and tensor names with it.
 #pragma once
 
 #include <cstddef>

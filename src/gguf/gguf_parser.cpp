@@ -1,0 +1,463 @@
+// The strict GGUF header reader. It refuses everything llama.cpp's reader (ggml/src/gguf.cpp,
+// gguf_init_from_reader) refuses, in the same order, plus what could make a later read leave the
+// file; docs/gguf.md ("Validation") lists every check with its code. The header is read through a
+// small buffered cursor, and every count and length is compared with the bytes left in the file
+// (and under the header cap) before anything is allocated for it.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "core/utf8.hpp"
+#include "gguf/ggml_type.hpp"
+#include "gguf/gguf_header.hpp"
+
+namespace peft {
+namespace {
+
+constexpr uint64_t kPrefixSize = 4 + 4 + 8 + 8;          // magic, version, tensor count, KV count
+constexpr uint64_t kMinKeyValueSize = (8 + 1) + 4 + 1;   // a 1-byte key, the type, a 1-byte value
+constexpr uint64_t kMinTensorInfoSize = 8 + 4 + 4 + 8;   // an empty name, n_dims 0, type, offset
+constexpr uint64_t kMaxStringLength = uint64_t{1} << 30;  // gguf.cpp's GGUF_MAX_STRING_LENGTH
+constexpr uint64_t kMaxArrayLength = uint64_t{1} << 30;   // gguf.cpp's GGUF_MAX_ARRAY_ELEMENTS
+constexpr uint32_t kMaxDims = 4;                          // GGML_MAX_DIMS
+constexpr size_t kMaxTensorNameBytes = 63;                // GGML_MAX_NAME (64) with its NUL
+constexpr uint64_t kDefaultAlignment = 32;                // GGUF_DEFAULT_ALIGNMENT
+constexpr uint64_t kChunk = 64 * 1024;                    // bytes the cursor reads at once
+constexpr uint32_t kLastValueType = static_cast<uint32_t>(GgufValueType::F64);
+constexpr char kAlignmentKey[] = "general.alignment";
+
+std::string num(uint64_t value) { return std::to_string(value); }
+
+// Bytes of one stored value of a scalar type; 0 for STRING and ARRAY.
+uint64_t scalar_size(GgufValueType type) {
+  switch (type) {
+    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::BOOL: return 1;
+    case GgufValueType::U16: case GgufValueType::I16: return 2;
+    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
+    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
+    case GgufValueType::STRING: case GgufValueType::ARRAY: return 0;
+  }
+  return 0;
+}
+
+const char* type_name(GgufValueType type) {
+  static constexpr std::array<const char*, 13> kNames{
+      "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
+  return kNames[static_cast<uint32_t>(type)];
+}
+
+uint32_t byte_swapped(uint32_t v) { return __builtin_bswap32(v); }
+
+class Parser {
+ public:
+  Parser(const GgufByteReader& read, uint64_t file_size, uint64_t max_header_size, const std::string& name)
+      : read_(read), size_(file_size), max_header_(max_header_size), name_(name) {}
+
+  GgufHeader parse() {
+    GgufHeader header;
+    const auto [n_tensors, n_kv] = read_prefix(header);
+    metadata(header, n_kv);
+    alignment(header);
+    std::vector<uint64_t> nbytes;
+    for (uint64_t i = 0; i < n_tensors; ++i) header.tensors.push_back(tensor_info(i, nbytes));
+    data_section(header, nbytes);
+    return header;
+  }
+
+ private:
+  [[noreturn]] void bad(int32_t code, const std::string& what) const { fail(code, name_ + ": " + what); }
+
+  uint64_t file_left() const { return size_ - pos_; }
+  uint64_t header_left() const { return max_header_ > pos_ ? max_header_ - pos_ : 0; }
+
+  // Fails unless `n` more bytes of `field` lie in the file and under the header cap.
+  void need(uint64_t n, const std::string& field) const {
+    if (n > file_left()) {
+      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where_ + ": " + field + " at byte " + num(pos_) + " needs " + num(n) +
+                                              " bytes, but the file ends at byte " + num(size_));
+    }
+    if (n > header_left()) {
+      bad(PEFT_ERR_HEADER_TOO_LARGE, where_ + ": " + field + " at byte " + num(pos_) + " (" + num(n) +
+                                         " bytes) runs past the header size limit of " + num(max_header_) +
+                                         " bytes");
+    }
+  }
+
+  // Fails unless `count` items of at least `min_size` bytes each can fit in what is left; `field`,
+  // at byte `at`, holds the count.
+  void need_items(uint64_t count, uint64_t min_size, const std::string& field, uint64_t at) const {
+    if (count > file_left() / min_size) {
+      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where_ + ": " + field + " at byte " + num(at) + " is " + num(count) +
+                                              ", but " + num(count) + " items of at least " + num(min_size) +
+                                              " bytes do not fit in the " + num(file_left()) +
+                                              " bytes left in the file");
+    }
+    if (count > header_left() / min_size) {
+      bad(PEFT_ERR_HEADER_TOO_LARGE, where_ + ": " + field + " at byte " + num(at) + " is " + num(count) +
+                                         ", which runs past the header size limit of " + num(max_header_) +
+                                         " bytes");
+    }
+  }
+
+  // Copies `n` bytes at the cursor (already checked by need()) and moves past them.
+  void take(void* dst, uint64_t n) {
+    auto* out = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      if (pos_ < buf_at_ || pos_ >= buf_at_ + buf_.size()) fill();
+      const uint64_t offset = pos_ - buf_at_;
+      const uint64_t step = std::min<uint64_t>(n, buf_.size() - offset);
+      std::memcpy(out, buf_.data() + offset, step);
+      out += step;
+      n -= step;
+      pos_ += step;
+    }
+  }
+
+  void fill() {
+    const uint64_t count = std::min(kChunk, file_left());
+    buf_.resize(count);
+    buf_at_ = pos_;
+    read_(pos_, buf_.data(), count);
+  }
+
+  uint64_t little_endian(uint64_t n, const std::string& field) {
+    need(n, field);
+    uint8_t bytes[8];
+    take(bytes, n);
+    uint64_t value = 0;
+    for (uint64_t i = n; i-- > 0;) value = (value << 8) | bytes[i];
+    return value;
+  }
+  uint32_t u32(const std::string& field) { return static_cast<uint32_t>(little_endian(4, field)); }
+  uint64_t u64(const std::string& field) { return little_endian(8, field); }
+
+  std::string read_string(const std::string& field) {
+    const uint64_t at = pos_;
+    const uint64_t length = u64(field);
+    if (length > file_left()) {
+      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where_ + ": " + field + " at byte " + num(at) + " has length " +
+                                              num(length) + ", past the end of the file (" + num(file_left()) +
+                                              " bytes left)");
+    }
+    need(length, field);
+    if (length > kMaxStringLength) {
+      bad(PEFT_ERR_INVALID_HEADER, where_ + ": " + field + " at byte " + num(at) + " has length " + num(length) +
+                                       ", over llama.cpp's limit of " + num(kMaxStringLength) + " bytes");
+    }
+    std::string out(static_cast<size_t>(length), '\0');
+    take(out.data(), length);
+    return out;
+  }
+
+  std::pair<uint64_t, uint64_t> read_prefix(GgufHeader& header) {
+    if (size_ < kPrefixSize) {
+      bad(PEFT_ERR_HEADER_TOO_SMALL, "the file has " + num(size_) + " bytes, fewer than the " + num(kPrefixSize) +
+                                         " of a GGUF header's fixed part (magic, version, tensor and key-value "
+                                         "counts)");
+    }
+    where_ = "the GGUF header";
+    need(kPrefixSize, "the fixed part");
+    char magic[4];
+    take(magic, 4);
+    if (std::memcmp(magic, "GGUF", 4) != 0) {
+      bad(PEFT_ERR_INVALID_HEADER, "not a GGUF file: the first 4 bytes are " + quoted(std::string(magic, 4)) +
+                                       ", not \"GGUF\"");
+    }
+    const uint32_t version = u32("the version");
+    if (version != 0 && (version & 0xFFFF) == 0) {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "0x%08x", version);
+      bad(PEFT_ERR_UNSUPPORTED, std::string("the version field reads ") + hex + ", which is version " +
+                                    num(byte_swapped(version)) +
+                                    " byte-swapped: a big-endian GGUF file, which is not supported");
+    }
+    if (version == 1) {
+      bad(PEFT_ERR_UNSUPPORTED, "GGUF version 1 is obsolete and not supported (versions 2 and 3 are)");
+    }
+    if (version != 2 && version != 3) {
+      bad(PEFT_ERR_UNSUPPORTED, "GGUF version " + num(version) + " is not supported (versions 2 and 3 are)");
+    }
+    header.version = version;
+    const uint64_t n_tensors = u64("the tensor count");
+    const uint64_t n_kv = u64("the key-value count");
+    // Both counts against the bytes after the prefix, before anything is read for them.
+    const uint64_t left = file_left();
+    const bool fits = n_kv <= left / kMinKeyValueSize && n_tensors <= left / kMinTensorInfoSize &&
+                      n_kv * kMinKeyValueSize + n_tensors * kMinTensorInfoSize <= left;
+    const std::string counts = num(n_kv) + " key-value pairs (at least " + num(kMinKeyValueSize) +
+                               " bytes each) and " + num(n_tensors) + " tensor infos (at least " +
+                               num(kMinTensorInfoSize) + " bytes each)";
+    if (!fits) {
+      bad(PEFT_ERR_INVALID_HEADER_LENGTH, "the header declares " + counts + ", which do not fit in the " +
+                                              num(left) + " bytes after its fixed part");
+    }
+    if (n_kv * kMinKeyValueSize + n_tensors * kMinTensorInfoSize > header_left()) {
+      bad(PEFT_ERR_HEADER_TOO_LARGE, "the header declares " + counts + ", more than the header size limit of " +
+                                         num(max_header_) + " bytes allows");
+    }
+    return {n_tensors, n_kv};
+  }
+
+  GgufValue scalar(GgufValueType type, const std::string& field) {
+    GgufValue value;
+    value.type = type;
+    const uint64_t raw = little_endian(scalar_size(type), field);
+    switch (type) {
+      case GgufValueType::U8: case GgufValueType::U16: case GgufValueType::U32: case GgufValueType::U64:
+        value.data = raw;
+        break;
+      case GgufValueType::I8: value.data = int64_t{static_cast<int8_t>(raw)}; break;
+      case GgufValueType::I16: value.data = int64_t{static_cast<int16_t>(raw)}; break;
+      case GgufValueType::I32: value.data = int64_t{static_cast<int32_t>(raw)}; break;
+      case GgufValueType::I64: value.data = static_cast<int64_t>(raw); break;
+      case GgufValueType::F32: {
+        float f;
+        const auto bits = static_cast<uint32_t>(raw);
+        std::memcpy(&f, &bits, 4);
+        value.data = static_cast<double>(f);
+        break;
+      }
+      case GgufValueType::F64: {
+        double d;
+        std::memcpy(&d, &raw, 8);
+        value.data = d;
+        break;
+      }
+      case GgufValueType::BOOL: value.data = raw != 0; break;  // as gguf.cpp: any nonzero byte is true
+      case GgufValueType::STRING: case GgufValueType::ARRAY: break;
+    }
+    return value;
+  }
+
+  GgufValue element(GgufValueType type, const std::string& field) {
+    if (type != GgufValueType::STRING) return scalar(type, field);
+    GgufValue value;
+    value.type = type;
+    value.data = read_string(field);  // values are bytes: not checked for UTF-8 (see docs/gguf.md)
+    return value;
+  }
+
+  GgufValueType value_type(uint32_t raw, const std::string& field, uint64_t at) const {
+    if (raw > kLastValueType) {
+      bad(PEFT_ERR_INVALID_HEADER, where_ + ": " + field + " at byte " + num(at) + " is " + num(raw) +
+                                       ", not a GGUF value type (0 to " + num(kLastValueType) + ")");
+    }
+    return static_cast<GgufValueType>(raw);
+  }
+
+  void metadata(GgufHeader& header, uint64_t n_kv) {
+    std::unordered_map<std::string, uint64_t> seen;  // key -> byte offset of its pair
+    for (uint64_t i = 0; i < n_kv; ++i) {
+      const uint64_t at = pos_;
+      where_ = "key-value pair #" + num(i) + " (at byte " + num(at) + ")";
+      std::string key = read_string("the key");
+      if (key.empty()) bad(PEFT_ERR_INVALID_HEADER, where_ + ": the key is empty");
+      if (!is_valid_utf8(key)) {
+        bad(PEFT_ERR_INVALID_HEADER_UTF8, where_ + ": the key " + quoted_name(key) + " is not valid UTF-8");
+      }
+      const auto [first, inserted] = seen.emplace(key, at);
+      if (!inserted) {
+        bad(PEFT_ERR_INVALID_HEADER, where_ + ": duplicate key " + quoted_name(key) + " (first at byte " +
+                                         num(first->second) + ")");
+      }
+      where_ = "key " + quoted_name(key) + " (at byte " + num(at) + ")";
+      uint64_t type_at = pos_;
+      const GgufValueType type = value_type(u32("the value type"), "the value type", type_at);
+      GgufValue value;
+      if (type == GgufValueType::ARRAY) {
+        type_at = pos_;
+        const GgufValueType items = value_type(u32("the array's element type"), "the array's element type", type_at);
+        if (items == GgufValueType::ARRAY) {
+          bad(PEFT_ERR_INVALID_HEADER, where_ + ": an array of arrays (element type at byte " + num(type_at) +
+                                           "); nested arrays are refused, as llama.cpp refuses them");
+        }
+        const uint64_t count_at = pos_;
+        const uint64_t count = u64("the array's length");
+        const uint64_t min_size = items == GgufValueType::STRING ? 8 : scalar_size(items);
+        need_items(count, min_size, "the array's length", count_at);
+        if (count > kMaxArrayLength) {
+          bad(PEFT_ERR_INVALID_HEADER, where_ + ": the array's length at byte " + num(count_at) + " is " +
+                                           num(count) + ", over llama.cpp's limit of " + num(kMaxArrayLength));
+        }
+        GgufArray array;
+        array.element_type = items;
+        array.items.reserve(static_cast<size_t>(count));
+        const std::string field = std::string("an element of the ") + type_name(items) + " array";
+        for (uint64_t k = 0; k < count; ++k) array.items.push_back(element(items, field));
+        value.type = GgufValueType::ARRAY;
+        value.data = std::move(array);
+      } else {
+        value = element(type, std::string("the ") + type_name(type) + " value");
+      }
+      header.metadata.push_back(GgufKeyValue{std::move(key), std::move(value)});
+    }
+  }
+
+  void alignment(GgufHeader& header) {
+    header.alignment = kDefaultAlignment;
+    for (const GgufKeyValue& kv : header.metadata) {
+      if (kv.key != kAlignmentKey) continue;
+      if (kv.value.type != GgufValueType::U32) {
+        const std::string found = kv.value.type == GgufValueType::ARRAY
+            ? std::string("an array of ") + type_name(std::get<GgufArray>(kv.value.data).element_type)
+            : std::string(type_name(kv.value.type));
+        bad(PEFT_ERR_INVALID_HEADER, "key \"general.alignment\" must be a u32, not " + found);
+      }
+      const uint64_t value = std::get<uint64_t>(kv.value.data);
+      if (value == 0 || (value & (value - 1)) != 0) {
+        bad(PEFT_ERR_INVALID_HEADER, "key \"general.alignment\" is " + num(value) + ", not a power of two");
+      }
+      header.alignment = value;
+    }
+  }
+
+  TensorInfo tensor_info(uint64_t i, std::vector<uint64_t>& nbytes) {
+    const uint64_t at = pos_;
+    where_ = "tensor info #" + num(i) + " (at byte " + num(at) + ")";
+    TensorInfo t;
+    t.name = read_string("the tensor name");
+    if (t.name.size() > kMaxTensorNameBytes) {
+      bad(PEFT_ERR_INVALID_HEADER, where_ + ": the tensor name " + quoted_name(t.name) + " has " +
+                                       num(t.name.size()) + " bytes, over llama.cpp's limit of " +
+                                       num(kMaxTensorNameBytes));
+    }
+    if (!is_valid_utf8(t.name)) {
+      bad(PEFT_ERR_INVALID_HEADER_UTF8, where_ + ": the tensor name " + quoted_name(t.name) + " is not valid UTF-8");
+    }
+    const auto [first, inserted] = tensor_names_.emplace(t.name, at);
+    if (!inserted) {
+      bad(PEFT_ERR_INVALID_HEADER, where_ + ": duplicate tensor name " + quoted_name(t.name) +
+                                       " (first at byte " + num(first->second) + ")");
+    }
+    where_ = "tensor " + quoted_name(t.name) + " (at byte " + num(at) + ")";
+    const uint64_t dims_at = pos_;
+    const uint32_t n_dims = u32("the dimension count");
+    if (n_dims > kMaxDims) {
+      bad(PEFT_ERR_INVALID_HEADER, where_ + ": the dimension count at byte " + num(dims_at) + " is " + num(n_dims) +
+                                       ", over ggml's limit of " + num(kMaxDims));
+    }
+    uint64_t ne[kMaxDims] = {1, 1, 1, 1};
+    uint64_t elements = 1;
+    for (uint32_t j = 0; j < n_dims; ++j) {
+      const uint64_t dim_at = pos_;
+      ne[j] = u64("ne[" + num(j) + "]");
+      if (ne[j] > static_cast<uint64_t>(INT64_MAX)) {
+        bad(PEFT_ERR_VALIDATION_OVERFLOW, where_ + ": ne[" + num(j) + "] at byte " + num(dim_at) + " is " +
+                                              num(ne[j]) + ", negative as ggml's int64_t");
+      }
+      // As gguf.cpp: the running product in file order must stay within int64.
+      if (__builtin_mul_overflow(elements, ne[j], &elements) || elements > static_cast<uint64_t>(INT64_MAX)) {
+        bad(PEFT_ERR_VALIDATION_OVERFLOW, where_ + ": ne " + shape_text(std::span<const uint64_t>(ne, j + 1)) +
+                                              " has more elements than fit in int64");
+      }
+    }
+    const uint64_t type_at = pos_;
+    const uint32_t type_id = u32("the ggml type");
+    const std::optional<GgmlType> type = ggml_type(type_id);
+    if (!type) {
+      bad(PEFT_ERR_INVALID_HEADER, where_ + ": the ggml type at byte " + num(type_at) + " is " + num(type_id) +
+                                       ", not a type ggml defines (unknown or removed)");
+    }
+    if (ne[0] % type->block_size != 0) {
+      bad(PEFT_ERR_TENSOR_INVALID_INFO, where_ + ": its rows have " + num(ne[0]) + " elements (ne[0]), not a multiple of " +
+                                            std::string(type->name) + "'s block size " + num(type->block_size));
+    }
+    uint64_t size = 0;
+    if (__builtin_mul_overflow(elements / type->block_size, uint64_t{type->type_size}, &size)) {
+      bad(PEFT_ERR_VALIDATION_OVERFLOW, where_ + ": " + num(elements) + " elements of " + std::string(type->name) +
+                                            " take more bytes than fit in 64 bits");
+    }
+    nbytes.push_back(size);
+    t.begin = u64("the data offset");  // checked in data_section()
+    t.shape.assign(std::rbegin(ne) + (kMaxDims - n_dims), std::rend(ne));
+    t.ggml_type = static_cast<int32_t>(type_id);
+    const std::optional<DType> dtype = dtype_of_ggml(type_id);
+    t.block_quantized = !dtype;
+    t.dtype = dtype.value_or(DType::U8);
+    return t;
+  }
+
+  void data_section(GgufHeader& header, const std::vector<uint64_t>& nbytes) {
+    where_ = "the data section";
+    const uint64_t align = header.alignment;
+    const uint64_t infos_end = pos_;
+    const uint64_t padding = (align - infos_end % align) % align;
+    if (padding > file_left() && !header.tensors.empty()) {
+      bad(PEFT_ERR_METADATA_INCOMPLETE_BUFFER,
+          "the data section starts at byte " + num(infos_end + padding) + " (the tensor infos end at byte " +
+              num(infos_end) + ", padded to the alignment of " + num(align) + "), past the end of the file at byte " +
+              num(size_));
+    }
+    // A file without tensors need not hold the padding (llama.cpp reads none): data_start stays in the file.
+    header.data_start = infos_end + std::min(padding, file_left());
+    if (header.data_start > max_header_) {
+      bad(PEFT_ERR_HEADER_TOO_LARGE, "the header, padded to the alignment of " + num(align) + ", ends at byte " +
+                                         num(header.data_start) + ", past the header size limit of " +
+                                         num(max_header_) + " bytes");
+    }
+    uint64_t expected = 0;
+    for (size_t i = 0; i < header.tensors.size(); ++i) {
+      TensorInfo& t = header.tensors[i];
+      const std::string name = "tensor " + quoted_name(t.name);
+      if (t.begin != expected) {
+        std::string why;
+        if (t.begin % align != 0) {
+          why = "not a multiple of the alignment " + num(align);
+        } else if (t.begin < expected) {
+          why = "overlapping the previous tensor's bytes (with padding)";
+        } else {
+          why = "leaving a gap of " + num(t.begin - expected) + " bytes";
+        }
+        bad(PEFT_ERR_INVALID_OFFSET, name + ": data offset " + num(t.begin) + ", expected " + num(expected) +
+                                         (i == 0 ? " (the first tensor starts the data section)"
+                                                 : " (where the previous tensor's padded bytes end)") +
+                                         ": " + why);
+      }
+      uint64_t padded = 0;
+      if (__builtin_add_overflow(nbytes[i], align - 1, &padded) || __builtin_add_overflow(expected, padded / align * align, &expected)) {
+        bad(PEFT_ERR_VALIDATION_OVERFLOW, name + ": its " + num(nbytes[i]) + " bytes at data offset " + num(t.begin) +
+                                              ", padded to the alignment " + num(align) + ", overflow 64 bits");
+      }
+      t.end = t.begin + nbytes[i];
+    }
+    header.data_size = expected;
+    for (const TensorInfo& t : header.tensors) {
+      if (t.end > size_ - header.data_start) {
+        bad(PEFT_ERR_METADATA_INCOMPLETE_BUFFER,
+            "tensor " + quoted_name(t.name) + ": its bytes [" + num(t.begin) + ", " + num(t.end) +
+                ") of the data section at byte " + num(header.data_start) + " run past the end of the file (" +
+                num(size_) + " bytes)");
+      }
+    }
+  }
+
+  const GgufByteReader& read_;
+  const uint64_t size_;
+  const uint64_t max_header_;
+  const std::string& name_;
+  uint64_t pos_ = 0;
+  std::vector<uint8_t> buf_;  // the file's bytes [buf_at_, buf_at_ + buf_.size())
+  uint64_t buf_at_ = 0;
+  std::string where_;  // what is being read, for messages
+  std::unordered_map<std::string, uint64_t> tensor_names_;  // name -> byte offset of its info
+};
+
+}  // namespace
+
+GgufHeader parse_gguf_header(const GgufByteReader& read, uint64_t file_size, uint64_t max_header_size,
+                             const std::string& display_name) {
+  return Parser(read, file_size, max_header_size, display_name).parse();
+}
+
+}  // namespace peft
