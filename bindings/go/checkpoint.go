@@ -11,7 +11,8 @@ import (
 	"unsafe"
 )
 
-// Checkpoint is an opened, fully validated safetensors file or checkpoint folder. It is read-only:
+// Checkpoint is an opened, fully validated safetensors or GGUF file or checkpoint folder (see
+// FileFormat and GGUFMetadata for what only GGUF files have). It is read-only:
 // every method may be called from many goroutines at once. Close releases the file mapping.
 type Checkpoint struct {
 	h handle
@@ -21,10 +22,11 @@ type Checkpoint struct {
 type TensorInfo struct {
 	Index       int       // position in the checkpoint: file by file, each file in data order
 	Name        string    // the tensor's name
-	DType       DType     // its element type
+	DType       DType     // its element type; -1 (not Valid) for a block-quantized GGUF tensor
 	Shape       []uint64  // its dimensions (empty for a scalar)
 	DataOffsets [2]uint64 // byte range [begin, end) in its file's data section
 	File        int       // which file holds it (0 .. FileCount-1)
+	GGMLType    GGMLType  // its ggml type as its GGUF file stores it; -1 in a safetensors file
 }
 
 // NumBytes is the size of the tensor's bytes in the file.
@@ -84,7 +86,7 @@ func newOpenOptions(opts []OpenOption) (*C.peft_open_options, error) {
 	return o, nil
 }
 
-// Open opens a .safetensors file, or a folder holding model.safetensors.index.json and its shards
+// Open opens a .safetensors or GGUF file, or a folder holding model.safetensors.index.json and its shards
 // or model.safetensors, and validates every header completely, as the reference reader does.
 //
 // Errors: the format codes (ErrHeaderTooSmall .. ErrMetadataIncompleteBuffer) for a damaged file,
@@ -108,7 +110,7 @@ func Open(path string, opts ...OpenOption) (*Checkpoint, error) {
 	return newCheckpoint(out), nil
 }
 
-// OpenBytes validates a safetensors file held in memory and opens it as a one-file checkpoint.
+// OpenBytes validates a safetensors or GGUF file held in memory and opens it as a one-file checkpoint.
 // The bytes are copied; data may be changed or dropped afterwards.
 func OpenBytes(data []byte, opts ...OpenOption) (*Checkpoint, error) {
 	o, err := newOpenOptions(opts)
@@ -287,11 +289,12 @@ func tensorInfo(p *C.peft_checkpoint, index int) (TensorInfo, error) {
 	}
 	i := C.size_t(index)
 	info := TensorInfo{
-		Index: index,
-		Name:  C.GoStringN(C.peft_checkpoint_tensor_name(p, i), C.int(C.peft_checkpoint_tensor_name_length(p, i))),
-		DType: DType(C.peft_checkpoint_tensor_dtype(p, i)),
-		Shape: copyShape(C.peft_checkpoint_tensor_shape(p, i), C.peft_checkpoint_tensor_ndim(p, i)),
-		File:  int(C.peft_checkpoint_tensor_file(p, i)),
+		Index:    index,
+		Name:     C.GoStringN(C.peft_checkpoint_tensor_name(p, i), C.int(C.peft_checkpoint_tensor_name_length(p, i))),
+		DType:    DType(C.peft_checkpoint_tensor_dtype(p, i)),
+		Shape:    copyShape(C.peft_checkpoint_tensor_shape(p, i), C.peft_checkpoint_tensor_ndim(p, i)),
+		File:     int(C.peft_checkpoint_tensor_file(p, i)),
+		GGMLType: GGMLType(C.peft_checkpoint_tensor_ggml_type(p, i)),
 	}
 	var begin, end C.uint64_t
 	if err := takeError(C.peft_checkpoint_tensor_offsets(p, i, &begin, &end)); err != nil {

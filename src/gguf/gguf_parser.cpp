@@ -144,7 +144,7 @@ class Parser {
 
   std::string read_string(const std::string& field) {
     const uint64_t at = pos_;
-    const uint64_t length = u64(field + "'s length");
+    const uint64_t length = u64(field);
     if (length > file_left()) {
       bad(PEFT_ERR_INVALID_HEADER_LENGTH, where_ + ": " + field + " at byte " + num(at) + " has length " +
                                               num(length) + ", past the end of the file (" + num(file_left()) +
@@ -293,9 +293,8 @@ class Parser {
         GgufArray array;
         array.element_type = items;
         array.items.reserve(static_cast<size_t>(count));
-        for (uint64_t k = 0; k < count; ++k) {
-          array.items.push_back(element(items, "array element #" + num(k) + " (" + type_name(items) + ")"));
-        }
+        const std::string field = std::string("an element of the ") + type_name(items) + " array";
+        for (uint64_t k = 0; k < count; ++k) array.items.push_back(element(items, field));
         value.type = GgufValueType::ARRAY;
         value.data = std::move(array);
       } else {

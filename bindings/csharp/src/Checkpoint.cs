@@ -1,4 +1,4 @@
-// Reading: an opened, validated checkpoint (one .safetensors file or a folder of shards), tensors viewed
+// Reading: an opened, validated checkpoint (one .safetensors or GGUF file or a folder of shards), tensors viewed
 // without copying or read with conversion.
 using System;
 using System.Buffers;
@@ -44,7 +44,8 @@ namespace PeftC
     {
         public int Index { get; internal set; }
         public string Name { get; internal set; }
-        public DType DType { get; internal set; }
+        /// <summary>The dtype; null for a block-quantized GGUF tensor (Q8_0, Q4_K, ...), which has none (see GgmlType).</summary>
+        public DType? DType { get; internal set; }
         public long[] Shape { get; internal set; }
         /// <summary>Begin of the tensor's bytes in its file's data section (data_offsets[0]).</summary>
         public long DataBegin { get; internal set; }
@@ -52,6 +53,8 @@ namespace PeftC
         public long DataEnd { get; internal set; }
         /// <summary>Which file of the checkpoint holds the tensor.</summary>
         public int File { get; internal set; }
+        /// <summary>The ggml type as its GGUF file stores the tensor (<see cref="Ggml.TypeName"/>); null in a safetensors file.</summary>
+        public int? GgmlType { get; internal set; }
         public long ByteLength { get { return DataEnd - DataBegin; } }
 
         public long ElementCount
@@ -66,16 +69,17 @@ namespace PeftC
 
         public override string ToString()
         {
-            return Name + " " + Peft.DTypeName(DType) + "[" + string.Join(", ", Shape) + "]";
+            string type = DType.HasValue ? Peft.DTypeName(DType.Value) : GgmlType.HasValue ? Ggml.TypeName(GgmlType.Value) : "?";
+            return Name + " " + type + "[" + string.Join(", ", Shape) + "]";
         }
     }
 
     /// <summary>
-    /// An opened checkpoint: one <c>.safetensors</c> file, or a folder with <c>model.safetensors</c> or a
+    /// An opened checkpoint: one <c>.safetensors</c> or GGUF file, or a folder with <c>model.safetensors</c> or a
     /// sharded index. Every header is validated completely on opening. Read-only afterwards: every member may
     /// be used from many threads at once. Dispose it to unmap the files (the finalizer does it otherwise).
     /// </summary>
-    public sealed class Checkpoint : NativeObject
+    public sealed partial class Checkpoint : NativeObject
     {
         private Checkpoint(CheckpointHandle h) : base(h) { }
 
@@ -94,7 +98,7 @@ namespace PeftC
             }
         }
 
-        /// <summary>Validates a safetensors file held in memory (the bytes are copied) and opens it.</summary>
+        /// <summary>Validates a safetensors or GGUF file held in memory (the bytes are copied) and opens it.</summary>
         public static unsafe Checkpoint FromBytes(ReadOnlySpan<byte> data, OpenOptions options = null)
         {
             using (OpenOptionsHandle o = options == null ? null : options.Create())
@@ -204,11 +208,13 @@ namespace PeftC
             var i = (UIntPtr)index;
             ulong begin, end;
             PeftException.Check(Native.peft_checkpoint_tensor_offsets(h, i, out begin, out end));
+            int dtype = Native.peft_checkpoint_tensor_dtype(h, i), ggmlType = Native.peft_checkpoint_tensor_ggml_type(h, i);
             return new TensorInfo
             {
                 Index = index,
                 Name = TensorName(index),
-                DType = (DType)Native.peft_checkpoint_tensor_dtype(h, i),
+                DType = dtype < 0 ? (DType?)null : (DType)dtype,
+                GgmlType = ggmlType < 0 ? (int?)null : ggmlType,
                 Shape = Shape(Native.peft_checkpoint_tensor_shape(h, i), Native.peft_checkpoint_tensor_ndim(h, i)),
                 DataBegin = checked((long)begin),
                 DataEnd = checked((long)end),

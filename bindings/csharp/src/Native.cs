@@ -330,5 +330,33 @@ namespace PeftC
         internal static extern ErrorHandle peft_adapter_doctor(byte[] adapterDir, byte[] baseDir, out IntPtr json);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_doctor_fix(byte[] adapterDir, byte[] baseDir, byte[] outDir, out IntPtr json);
+
+        // ---- GGUF files ----
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_checkpoint_file_format(CheckpointHandle c, UIntPtr file);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern uint peft_checkpoint_gguf_version(CheckpointHandle c, UIntPtr file);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_checkpoint_tensor_ggml_type(CheckpointHandle c, UIntPtr i);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_ggml_type_name(int ggmlType);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_ggml_type_from_name(byte[] name);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_ggml_type_geometry(int ggmlType, out uint blockSize, out uint typeSize);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_checkpoint_gguf_kv_count(CheckpointHandle c, UIntPtr file);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern IntPtr peft_checkpoint_gguf_kv_key(CheckpointHandle c, UIntPtr file, UIntPtr kv);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_gguf_kv_find(CheckpointHandle c, UIntPtr file, byte[] key, out UIntPtr kv);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern int peft_checkpoint_gguf_kv_type(CheckpointHandle c, UIntPtr file, UIntPtr kv);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern int peft_checkpoint_gguf_kv_array_type(CheckpointHandle c, UIntPtr file, UIntPtr kv);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ulong peft_checkpoint_gguf_kv_array_length(CheckpointHandle c, UIntPtr file, UIntPtr kv);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_gguf_kv_int(CheckpointHandle c, UIntPtr file, UIntPtr kv, ulong element, out long value);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_gguf_kv_uint(CheckpointHandle c, UIntPtr file, UIntPtr kv, ulong element, out ulong value);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_gguf_kv_float(CheckpointHandle c, UIntPtr file, UIntPtr kv, ulong element, out double value);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_checkpoint_gguf_kv_string(CheckpointHandle c, UIntPtr file, UIntPtr kv, ulong element,
+                                                                          out IntPtr data, out UIntPtr length);
     }
 }

@@ -39,7 +39,7 @@ namespace PeftC.Tests
                     foreach (AdapterTensor t in m.Tensors())
                     {
                         TensorInfo info = file.Info(t.Key);
-                        Assert.Equal(info.DType, t.DType, t.Key);
+                        Assert.Equal(info.DType.Value, t.DType, t.Key);
                         Assert.SequenceEqual(info.Shape, t.Shape, t.Key);
                         Assert.SequenceEqual(file.ReadSingle(info.Index), t.ReadSingle(), t.Key);
                         Assert.True(t.Role == "lora_A.weight" || t.Role == "lora_B.weight", t.Role);

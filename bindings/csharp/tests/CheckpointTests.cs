@@ -53,7 +53,7 @@ namespace PeftC.Tests
                             TensorInfo info = ckpt.Info(i);
                             JsonValue t = byName[info.Name];
                             Assert.Equal(i, ckpt.Find(info.Name), what + " find " + info.Name);
-                            Assert.Equal((string)t["dtype"], Peft.DTypeName(info.DType), what + " dtype");
+                            Assert.Equal((string)t["dtype"], Peft.DTypeName(info.DType.Value), what + " dtype");
                             Assert.SequenceEqual(((JsonArray)t["shape"]).Select(d => (long)d), info.Shape, what + " shape");
                             Assert.Equal((long)t["data_offsets"][0], info.DataBegin, what + " begin");
                             Assert.Equal((long)t["data_offsets"][1], info.DataEnd, what + " end");

@@ -20,7 +20,7 @@ namespace PeftC.Tests
                     w.SetMetadataPresent(true);
                     foreach (var kv in metadata) w.SetMetadata(kv.Key, kv.Value);
                 }
-                foreach (TensorInfo t in source.Tensors()) w.AddTensor(t.Name, t.DType, t.Shape);
+                foreach (TensorInfo t in source.Tensors()) w.AddTensor(t.Name, t.DType.Value, t.Shape);
                 w.Start();
                 for (int p = 0; p < w.TensorCount; p++)
                     w.WriteFromCheckpoint(null, source, source.Find(w.TensorName(p)));

@@ -1,4 +1,4 @@
-"""peft_c: read safetensors checkpoints and PEFT LoRA adapters through the peft_c C library.
+"""peft_c: read safetensors (and GGUF) checkpoints and PEFT LoRA adapters through the peft_c C library.
 
 A pure-ctypes binding: nothing is compiled at install time. The shared library ``libpeft_c`` is found
 through ``PEFT_C_LIB``, pkg-config or the system's library path (see ``peft_c._lib``).
@@ -22,6 +22,7 @@ from ._lib import ABI_VERSION, LibraryNotFoundError, MissingSymbolError
 from ._lib import lib as _library
 from ._lib import load as load_library
 from .checkpoint import Checkpoint, TensorInfo
+from .gguf import GgufValueType, ggml_type_from_name, ggml_type_geometry, ggml_type_name
 from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
@@ -87,6 +88,10 @@ __all__ = [
     "SafetensorsFormatError",
     "TensorInfo",
     "Writer",
+    "GgufValueType",
+    "ggml_type_from_name",
+    "ggml_type_geometry",
+    "ggml_type_name",
     "abi_version",
     "adapter_doctor",
     "adapter_doctor_fix",

@@ -249,6 +249,25 @@ PROTOTYPES = {
     # the adapter doctor
     "peft_adapter_doctor": (_err, [c_char_p, c_char_p, POINTER(c_void_p)]),
     "peft_adapter_doctor_fix": (_err, [c_char_p, c_char_p, c_char_p, POINTER(c_void_p)]),
+    # GGUF files
+    "peft_checkpoint_file_format": (c_int32, [_handle, c_size_t]),
+    "peft_checkpoint_gguf_version": (c_uint32, [_handle, c_size_t]),
+    "peft_checkpoint_tensor_ggml_type": (c_int32, [_handle, c_size_t]),
+    "peft_ggml_type_name": (c_char_p, [c_int32]),
+    "peft_ggml_type_from_name": (c_int32, [c_char_p]),
+    "peft_ggml_type_geometry": (_err, [c_int32, POINTER(c_uint32), POINTER(c_uint32)]),
+    "peft_checkpoint_gguf_kv_count": (c_size_t, [_handle, c_size_t]),
+    "peft_checkpoint_gguf_kv_key": (c_char_p, [_handle, c_size_t, c_size_t]),
+    "peft_checkpoint_gguf_kv_find": (_err, [_handle, c_size_t, c_char_p, POINTER(c_size_t)]),
+    "peft_checkpoint_gguf_kv_type": (c_int32, [_handle, c_size_t, c_size_t]),
+    "peft_checkpoint_gguf_kv_array_type": (c_int32, [_handle, c_size_t, c_size_t]),
+    "peft_checkpoint_gguf_kv_array_length": (c_uint64, [_handle, c_size_t, c_size_t]),
+    "peft_checkpoint_gguf_kv_int": (_err, [_handle, c_size_t, c_size_t, c_uint64, POINTER(ctypes.c_int64)]),
+    "peft_checkpoint_gguf_kv_uint": (_err, [_handle, c_size_t, c_size_t, c_uint64, POINTER(c_uint64)]),
+    "peft_checkpoint_gguf_kv_float": (_err, [_handle, c_size_t, c_size_t, c_uint64, POINTER(ctypes.c_double)]),
+    # a void pointer, not c_char_p: strings may hold NUL bytes, read with their length
+    "peft_checkpoint_gguf_kv_string": (_err, [_handle, c_size_t, c_size_t, c_uint64, POINTER(c_void_p),
+                                              POINTER(c_size_t)]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

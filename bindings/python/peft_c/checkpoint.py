@@ -1,4 +1,4 @@
-"""Reading safetensors files and checkpoints: ``Checkpoint`` and ``TensorInfo``.
+"""Reading safetensors and GGUF files and checkpoints: ``Checkpoint`` and ``TensorInfo``.
 
 Lifetime: the C handle is owned by an ``Owned`` (``_handle.py``). The ``Checkpoint`` and every array that
 ``Checkpoint.view`` returns hold a reference to it, and it frees the C handle when the last of them is
@@ -16,10 +16,11 @@ import math
 import os
 from ctypes import byref, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
+from . import gguf as _gguf
 from ._dtypes import DType, DTypeLike, as_dtype, dtype_bits, numpy_dtype
 from ._handle import HandleObject, Owned
 from ._helpers import c_options
@@ -35,11 +36,14 @@ class TensorInfo:
 
     index: int  #: position in the checkpoint (file by file, each file in data order)
     name: str
-    dtype: str  #: the safetensors dtype name, e.g. "BF16"
+    #: the safetensors dtype name, e.g. "BF16"; None for a block-quantized GGUF tensor (see ggml_type)
+    dtype: Optional[str]
     shape: Tuple[int, ...]
     data_offsets: Tuple[int, int]  #: [begin, end) in its file's data section
     file_index: int  #: which file of the checkpoint holds it
     file: str  #: path of that file
+    #: the ggml type name as a GGUF file stores the tensor ("F16", "Q8_0"); None in a safetensors file
+    ggml_type: Optional[str] = None
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +81,7 @@ def _tensor_name(library, ptr, index: int) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 class Checkpoint(HandleObject):
-    """A validated, opened safetensors file, folder or sharded checkpoint (read-only).
+    """A validated, opened safetensors or GGUF file, folder or sharded checkpoint (read-only).
 
     Use as a context manager::
 
@@ -103,7 +107,7 @@ class Checkpoint(HandleObject):
     @classmethod
     def open(cls, path: PathLike, *, use_pread: bool = False,
              max_header_size: Optional[int] = None) -> "Checkpoint":
-        """Opens a ``.safetensors`` file or a checkpoint folder and validates every header.
+        """Opens a ``.safetensors`` or GGUF file or a checkpoint folder and validates every header.
 
         ``use_pread`` makes ``view`` return private copies read with pread instead of arrays over a
         mapping of the file (``read`` and everything else always read with pread); ``max_header_size``
@@ -121,7 +125,7 @@ class Checkpoint(HandleObject):
 
     @classmethod
     def from_bytes(cls, data, *, max_header_size: Optional[int] = None) -> "Checkpoint":
-        """Validates a safetensors file held in memory (any bytes-like object; it is copied)."""
+        """Validates a safetensors or GGUF file held in memory (any bytes-like object; it is copied)."""
         view = None
         if not isinstance(data, bytes):
             view = memoryview(data)
@@ -170,6 +174,39 @@ class Checkpoint(HandleObject):
         count = lib().peft_checkpoint_file_count(handle.ptr)
         index = _as_index(file_index, count, "file index")
         return index
+
+    def file_format(self, file_index: int = 0) -> str:
+        """The format of one file: "safetensors" or "gguf"."""
+        handle = self._live()
+        return _gguf.file_format(handle.ptr, self._file_index(handle, file_index))
+
+    def gguf_version(self, file_index: int = 0) -> Optional[int]:
+        """The GGUF version (2 or 3) of one file; None for a safetensors file."""
+        handle = self._live()
+        version = lib().peft_checkpoint_gguf_version(handle.ptr, self._file_index(handle, file_index))
+        return version or None
+
+    def gguf_metadata(self, file_index: int = 0) -> Optional[Dict[str, Any]]:
+        """The metadata key/values of a GGUF file in file order, as Python values (int, bool, float, str,
+        list); None for a safetensors file (whose metadata ``metadata()`` gives)."""
+        handle = self._live()
+        index = self._file_index(handle, file_index)
+        if lib().peft_checkpoint_file_format(handle.ptr, index) != _gguf.FORMAT_GGUF:
+            return None
+        return _gguf.metadata(handle.ptr, index)
+
+    def gguf_value(self, key: str, file_index: int = 0) -> Any:
+        """One GGUF metadata value by key. Raises ``NotFoundError`` naming the key when the file has none."""
+        handle = self._live()
+        index = self._file_index(handle, file_index)
+        return _gguf.value(handle.ptr, index, _gguf.find(handle.ptr, index, key))
+
+    def gguf_type(self, key: str, file_index: int = 0) -> Tuple[_gguf.GgufValueType, Optional[_gguf.GgufValueType]]:
+        """The stored type of a GGUF metadata value, and its element type when it is an array
+        (``(GgufValueType.ARRAY, GgufValueType.STRING)``; ``(GgufValueType.U32, None)``)."""
+        handle = self._live()
+        index = self._file_index(handle, file_index)
+        return _gguf.value_type(handle.ptr, index, _gguf.find(handle.ptr, index, key))
 
     def metadata(self, file_index: int = 0) -> Optional[Dict[str, str]]:
         """The ``__metadata__`` of one file as a dict, or None when the file has none."""
@@ -246,14 +283,16 @@ class Checkpoint(HandleObject):
         begin, end = c_uint64(), c_uint64()
         check(library.peft_checkpoint_tensor_offsets(ptr, index, byref(begin), byref(end)))
         file_index = library.peft_checkpoint_tensor_file(ptr, index)
+        dtype = library.peft_checkpoint_tensor_dtype(ptr, index)
         info = TensorInfo(
             index=index,
             name=_tensor_name(library, ptr, index),
-            dtype=DType(library.peft_checkpoint_tensor_dtype(ptr, index)).name,
+            dtype=None if dtype < 0 else DType(dtype).name,
             shape=shape,
             data_offsets=(begin.value, end.value),
             file_index=file_index,
             file=text(library.peft_checkpoint_file_path(ptr, file_index)),
+            ggml_type=_gguf.tensor_ggml_type(ptr, index),
         )
         self._infos[index] = info
         return info
@@ -266,8 +305,8 @@ class Checkpoint(HandleObject):
         """A read-only numpy array over the tensor's bytes in the mapped file: nothing is copied.
 
         The dtype is the tensor's (bfloat16 and float8 through ml_dtypes when installed, else the raw
-        unsigned integer of the same width). Packed sub-byte dtypes (F4, F6) and ``raw=True`` give the
-        bytes as a flat ``uint8`` array. The array keeps the mapping alive, even past ``close()``.
+        unsigned integer of the same width). Packed sub-byte dtypes (F4, F6), block-quantized GGUF
+        tensors and ``raw=True`` give the bytes as a flat ``uint8`` array. The array keeps the mapping alive, even past ``close()``.
 
         The array reads the mapped file directly: if the file is truncated while the array lives,
         touching the lost bytes kills the process with SIGBUS (the library cannot intercept it), and
@@ -282,7 +321,7 @@ class Checkpoint(HandleObject):
         buffer = (ctypes.c_ubyte * size).from_address(data.value or 0)
         buffer._peft_owner = handle  # the mapping lives as long as this buffer
         readonly = memoryview(buffer).cast("B").toreadonly()
-        np_dtype = None if raw else numpy_dtype(info.dtype, use_ml_dtypes=use_ml_dtypes)
+        np_dtype = None if raw or info.dtype is None else numpy_dtype(info.dtype, use_ml_dtypes=use_ml_dtypes)
         if np_dtype is None:
             return np.frombuffer(readonly, dtype=np.uint8)
         flat = np.frombuffer(readonly, dtype=np_dtype)
@@ -292,11 +331,14 @@ class Checkpoint(HandleObject):
     def read(self, key: TensorKey, dtype: Optional[DTypeLike] = "F32") -> np.ndarray:
         """A new array holding the tensor converted to ``dtype`` (F64, F32, F16, BF16, or its own dtype).
 
-        ``dtype=None`` copies the tensor in its own dtype. Rounding is to nearest, ties to even.
+        ``dtype=None`` copies the tensor in its own dtype. Rounding is to nearest, ties to even. A
+        block-quantized GGUF tensor has no dtype and is not converted (``UnsupportedError``); ``view``
+        gives its bytes.
         """
         handle = self._live()
         info = self.tensor(key)
-        target = as_dtype(info.dtype if dtype is None else dtype)
+        # A quantized tensor asked for "its own dtype" is asked for F32, which the library refuses by name.
+        target = as_dtype(dtype if dtype is not None else info.dtype or "F32")
         total_bits = info.numel * dtype_bits(target)
         np_dtype = numpy_dtype(target)
         if np_dtype is None:  # packed: only a same-dtype copy is possible; the library checks it

@@ -280,6 +280,22 @@ constants! {
 
     pub const PEFT_COMBINE_CAT: i32 = 0;
     pub const PEFT_COMBINE_LINEAR: i32 = 1;
+
+    pub const PEFT_FORMAT_SAFETENSORS: i32 = 0;
+    pub const PEFT_FORMAT_GGUF: i32 = 1;
+    pub const PEFT_GGUF_U8: i32 = 0;
+    pub const PEFT_GGUF_I8: i32 = 1;
+    pub const PEFT_GGUF_U16: i32 = 2;
+    pub const PEFT_GGUF_I16: i32 = 3;
+    pub const PEFT_GGUF_U32: i32 = 4;
+    pub const PEFT_GGUF_I32: i32 = 5;
+    pub const PEFT_GGUF_F32: i32 = 6;
+    pub const PEFT_GGUF_BOOL: i32 = 7;
+    pub const PEFT_GGUF_STRING: i32 = 8;
+    pub const PEFT_GGUF_ARRAY: i32 = 9;
+    pub const PEFT_GGUF_U64: i32 = 10;
+    pub const PEFT_GGUF_I64: i32 = 11;
+    pub const PEFT_GGUF_F64: i32 = 12;
 }
 
 functions! {
@@ -687,6 +703,55 @@ functions! {
         out_json: *mut *mut c_char,
     ) -> *mut peft_error;
 
+    // ---- GGUF files
+    pub fn peft_checkpoint_file_format(ckpt: *const peft_checkpoint, file_index: usize) -> i32;
+    pub fn peft_checkpoint_gguf_version(ckpt: *const peft_checkpoint, file_index: usize) -> u32;
+    pub fn peft_checkpoint_tensor_ggml_type(ckpt: *const peft_checkpoint, index: usize) -> i32;
+    pub fn peft_ggml_type_name(ggml_type: i32) -> *const c_char;
+    pub fn peft_ggml_type_from_name(name: *const c_char) -> i32;
+    pub fn peft_ggml_type_geometry(ggml_type: i32, out_block_size: *mut u32, out_type_size: *mut u32)
+        -> *mut peft_error;
+    pub fn peft_checkpoint_gguf_kv_count(ckpt: *const peft_checkpoint, file_index: usize) -> usize;
+    pub fn peft_checkpoint_gguf_kv_key(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> *const c_char;
+    pub fn peft_checkpoint_gguf_kv_find(
+        ckpt: *const peft_checkpoint,
+        file_index: usize,
+        key: *const c_char,
+        out_kv: *mut usize,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_gguf_kv_type(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> i32;
+    pub fn peft_checkpoint_gguf_kv_array_type(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> i32;
+    pub fn peft_checkpoint_gguf_kv_array_length(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> u64;
+    pub fn peft_checkpoint_gguf_kv_int(
+        ckpt: *const peft_checkpoint,
+        file_index: usize,
+        kv: usize,
+        element: u64,
+        out: *mut i64,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_gguf_kv_uint(
+        ckpt: *const peft_checkpoint,
+        file_index: usize,
+        kv: usize,
+        element: u64,
+        out: *mut u64,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_gguf_kv_float(
+        ckpt: *const peft_checkpoint,
+        file_index: usize,
+        kv: usize,
+        element: u64,
+        out: *mut f64,
+    ) -> *mut peft_error;
+    pub fn peft_checkpoint_gguf_kv_string(
+        ckpt: *const peft_checkpoint,
+        file_index: usize,
+        kv: usize,
+        element: u64,
+        out_data: *mut *const c_char,
+        out_length: *mut usize,
+    ) -> *mut peft_error;
+
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
 }
@@ -934,5 +999,21 @@ api_table! {
         pub fn adapter_doctor(adapter_dir: *const c_char, base_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor;
         pub fn adapter_doctor_fix(adapter_dir: *const c_char, base_dir: *const c_char, out_dir: *const c_char, out_json: *mut *mut c_char) -> *mut peft_error = peft_adapter_doctor_fix;
         pub fn registry_warning_list(registry: *const peft_registry, name: *const c_char, out: *mut *mut peft_string_list) -> *mut peft_error = peft_registry_warning_list;
+        pub fn checkpoint_file_format(ckpt: *const peft_checkpoint, file_index: usize) -> i32 = peft_checkpoint_file_format;
+        pub fn checkpoint_gguf_version(ckpt: *const peft_checkpoint, file_index: usize) -> u32 = peft_checkpoint_gguf_version;
+        pub fn checkpoint_tensor_ggml_type(ckpt: *const peft_checkpoint, index: usize) -> i32 = peft_checkpoint_tensor_ggml_type;
+        pub fn ggml_type_name(ggml_type: i32) -> *const c_char = peft_ggml_type_name;
+        pub fn ggml_type_from_name(name: *const c_char) -> i32 = peft_ggml_type_from_name;
+        pub fn ggml_type_geometry(ggml_type: i32, out_block_size: *mut u32, out_type_size: *mut u32) -> *mut peft_error = peft_ggml_type_geometry;
+        pub fn checkpoint_gguf_kv_count(ckpt: *const peft_checkpoint, file_index: usize) -> usize = peft_checkpoint_gguf_kv_count;
+        pub fn checkpoint_gguf_kv_key(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> *const c_char = peft_checkpoint_gguf_kv_key;
+        pub fn checkpoint_gguf_kv_find(ckpt: *const peft_checkpoint, file_index: usize, key: *const c_char, out_kv: *mut usize) -> *mut peft_error = peft_checkpoint_gguf_kv_find;
+        pub fn checkpoint_gguf_kv_type(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> i32 = peft_checkpoint_gguf_kv_type;
+        pub fn checkpoint_gguf_kv_array_type(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> i32 = peft_checkpoint_gguf_kv_array_type;
+        pub fn checkpoint_gguf_kv_array_length(ckpt: *const peft_checkpoint, file_index: usize, kv: usize) -> u64 = peft_checkpoint_gguf_kv_array_length;
+        pub fn checkpoint_gguf_kv_int(ckpt: *const peft_checkpoint, file_index: usize, kv: usize, element: u64, out: *mut i64) -> *mut peft_error = peft_checkpoint_gguf_kv_int;
+        pub fn checkpoint_gguf_kv_uint(ckpt: *const peft_checkpoint, file_index: usize, kv: usize, element: u64, out: *mut u64) -> *mut peft_error = peft_checkpoint_gguf_kv_uint;
+        pub fn checkpoint_gguf_kv_float(ckpt: *const peft_checkpoint, file_index: usize, kv: usize, element: u64, out: *mut f64) -> *mut peft_error = peft_checkpoint_gguf_kv_float;
+        pub fn checkpoint_gguf_kv_string(ckpt: *const peft_checkpoint, file_index: usize, kv: usize, element: u64, out_data: *mut *const c_char, out_length: *mut usize) -> *mut peft_error = peft_checkpoint_gguf_kv_string;
     }
 }

@@ -1,4 +1,4 @@
-//! Reading safetensors files and checkpoint folders.
+//! Reading safetensors and GGUF files and checkpoint folders.
 
 use std::fmt;
 use std::path::Path;
@@ -8,6 +8,7 @@ use peft_c_sys as sys;
 use crate::dtype::{as_bytes_mut, require_little_endian, DType, Element};
 use crate::error::{check, Error, ErrorCode, Result};
 use crate::ffi::{borrowed_path, borrowed_slice, borrowed_str, c_path, handle, new_handle};
+use crate::gguf::GgmlType;
 
 handle!(
     /// Options for opening files: the header cap and mmap or pread.
@@ -50,7 +51,7 @@ impl fmt::Debug for OpenOptions {
 }
 
 handle!(
-    /// A validated, opened checkpoint: one `.safetensors` file, or a folder holding
+    /// A validated, opened checkpoint: one `.safetensors` or GGUF file, or a folder holding
     /// `model.safetensors` or `model.safetensors.index.json` and its shards.
     ///
     /// Read-only after opening, so it may be used from many threads at once (`Send + Sync`).
@@ -73,14 +74,17 @@ pub struct TensorInfo<'a> {
     pub index: usize,
     /// The tensor's name.
     pub name: &'a str,
-    /// Its dtype.
-    pub dtype: DType,
+    /// Its dtype; None for a block-quantized GGUF tensor (Q8_0, Q4_K, ...), which has none (see
+    /// `ggml_type`), and for a dtype newer than this binding.
+    pub dtype: Option<DType>,
     /// Its shape (empty for a scalar).
     pub shape: &'a [u64],
     /// Its byte range in its file's data section (`data_offsets`: begin, end).
     pub data_offsets: (u64, u64),
     /// Which file of the checkpoint holds it.
     pub file: usize,
+    /// Its ggml type as its GGUF file stores it; None in a safetensors file.
+    pub ggml_type: Option<GgmlType>,
 }
 
 impl TensorInfo<'_> {
@@ -97,7 +101,7 @@ impl TensorInfo<'_> {
 }
 
 impl Checkpoint {
-    /// Opens a `.safetensors` file or a checkpoint folder and validates it completely.
+    /// Opens a `.safetensors` or GGUF file or a checkpoint folder and validates it completely.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         Checkpoint::open_impl(path.as_ref(), None)
     }
@@ -115,7 +119,7 @@ impl Checkpoint {
         Ok(Checkpoint { raw })
     }
 
-    /// Validates a safetensors file held in memory and opens it. The bytes are copied.
+    /// Validates a safetensors or GGUF file held in memory and opens it. The bytes are copied.
     pub fn from_bytes(data: &[u8]) -> Result<Checkpoint> {
         Checkpoint::from_bytes_impl(data, None)
     }
@@ -133,7 +137,7 @@ impl Checkpoint {
         Ok(Checkpoint { raw })
     }
 
-    fn ptr(&self) -> *const sys::peft_checkpoint {
+    pub(crate) fn ptr(&self) -> *const sys::peft_checkpoint {
         self.raw.as_ptr()
     }
 
@@ -215,19 +219,19 @@ impl Checkpoint {
         }
     }
 
-    /// What the header says about tensor `index`; None when out of range (or when its dtype is
-    /// newer than this binding).
+    /// What the header says about tensor `index`; None when out of range.
     pub fn tensor(&self, index: usize) -> Option<TensorInfo<'_>> {
         // SAFETY: a live handle; every getter checks the index; borrowed data lives as long as self.
         unsafe {
             let name = self.tensor_name(index)?;
-            let dtype = DType::from_raw(sys::peft_checkpoint_tensor_dtype(self.ptr(), index))?;
+            let dtype = DType::from_raw(sys::peft_checkpoint_tensor_dtype(self.ptr(), index));
             let ndim = sys::peft_checkpoint_tensor_ndim(self.ptr(), index);
             let shape = borrowed_slice(sys::peft_checkpoint_tensor_shape(self.ptr(), index), ndim);
             let (mut begin, mut end) = (0u64, 0u64);
             check(sys::peft_checkpoint_tensor_offsets(self.ptr(), index, &mut begin, &mut end)).ok()?;
             let file = sys::peft_checkpoint_tensor_file(self.ptr(), index);
-            Some(TensorInfo { index, name, dtype, shape, data_offsets: (begin, end), file })
+            let ggml_type = self.tensor_ggml_type(index);
+            Some(TensorInfo { index, name, dtype, shape, data_offsets: (begin, end), file, ggml_type })
         }
     }
 
@@ -237,7 +241,7 @@ impl Checkpoint {
         self.tensor(index).ok_or_else(|| Error::new(ErrorCode::Internal, format!("tensor {name:?} vanished")))
     }
 
-    /// Every tensor, in index order (a tensor of a dtype newer than this binding is skipped).
+    /// Every tensor, in index order.
     pub fn tensors(&self) -> impl Iterator<Item = TensorInfo<'_>> + '_ {
         (0..self.len()).filter_map(move |i| self.tensor(i))
     }
@@ -263,10 +267,12 @@ impl Checkpoint {
     pub fn view_as<T: Element>(&self, index: usize) -> Result<&[T]> {
         require_little_endian()?;
         let info = self.tensor(index).ok_or_else(|| Error::invalid_argument(format!("no tensor {index}")))?;
-        if info.dtype != T::DTYPE {
+        if info.dtype != Some(T::DTYPE) {
+            let actual =
+                info.dtype.map_or_else(|| info.ggml_type.map_or("?".to_string(), |t| t.to_string()), |d| d.to_string());
             return Err(Error::new(
                 ErrorCode::ShapeMismatch,
-                format!("tensor {:?} is {}, not {}", info.name, info.dtype, T::DTYPE),
+                format!("tensor {:?} is {actual}, not {}", info.name, T::DTYPE),
             ));
         }
         let bytes = self.view(index)?;

@@ -9,7 +9,7 @@
 //! let ckpt = Checkpoint::open("model.safetensors")?;
 //! for tensor in ckpt.tensors() {
 //!     let bytes: &[u8] = ckpt.view(tensor.index)?; // zero-copy, lives as long as `ckpt`
-//!     println!("{} {} {:?} {} bytes", tensor.name, tensor.dtype, tensor.shape, bytes.len());
+//!     println!("{} {:?} {:?} {} bytes", tensor.name, tensor.dtype, tensor.shape, bytes.len());
 //! }
 //! let adapter = Adapter::open_with_base("adapter_dir", "base_dir")?;
 //! let mut options = MergeOptions::new()?;
@@ -109,6 +109,7 @@ mod dtype;
 mod error;
 mod export;
 mod ffi;
+mod gguf;
 mod hub;
 mod merge;
 mod merge_buffer;
@@ -122,6 +123,7 @@ pub use doctor::{adapter_doctor, adapter_doctor_fix};
 pub use dtype::{convert, DType, Element};
 pub use error::{Error, ErrorCode, Result};
 pub use export::{combine_adapters, CombineMethod, ExportOptions};
+pub use gguf::{FileFormat, GgmlType, GgufType, GgufValue};
 pub use hub::{hub_cache_dir, hub_resolve};
 pub use merge::{merge_checkpoint, merge_checkpoint_with_progress, MergeOptions, MergeResult};
 pub use merge_buffer::{merge_into, Buffer, MergeBufferOptions, MergeRecord};

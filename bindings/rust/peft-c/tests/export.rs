@@ -43,7 +43,7 @@ fn export_options() {
     let converted = Checkpoint::open(out.join("adapter_model.safetensors")).unwrap();
     for info in original.tensors() {
         let other = converted.tensor_by_name(info.name).unwrap();
-        assert_eq!(other.dtype, DType::BF16);
+        assert_eq!(other.dtype, Some(DType::BF16));
         assert_eq!(converted.view(other.index).unwrap(), original.read(info.index, DType::BF16).unwrap().as_slice());
     }
 
@@ -139,7 +139,7 @@ fn combining_adapters() {
     compare_deltas(&Adapter::open(tmp.join("linear")).unwrap(), &[(&a2, 2.0)]);
     combine_adapters(&[&a2], &[2.0], CombineMethod::Linear, tmp.join("linear_bf16"), Some(&bf16)).unwrap();
     let file = Checkpoint::open(tmp.join("linear_bf16").join("adapter_model.safetensors")).unwrap();
-    assert!(file.tensors().all(|t| t.dtype == DType::BF16));
+    assert!(file.tensors().all(|t| t.dtype == Some(DType::BF16)));
 
     let dora = Adapter::open(fixture(&["adapters", "llama_dora"])).unwrap();
     expect_code(combine_adapters(&[&dora], &[1.0], CombineMethod::Cat, tmp.join("d"), None), ErrorCode::Unsupported);

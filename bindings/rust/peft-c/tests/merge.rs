@@ -177,7 +177,7 @@ fn output_dtype_shards_and_threads() {
     assert_eq!(bf16_merged.file_count(), shards.len());
     for info in f32_merged.tensors() {
         let other = bf16_merged.tensor_by_name(info.name).unwrap();
-        assert_eq!(other.dtype, DType::BF16);
+        assert_eq!(other.dtype, Some(DType::BF16));
         let want = f32_merged.read(info.index, DType::BF16).unwrap();
         assert_eq!(bf16_merged.view(other.index).unwrap(), want.as_slice(), "{}", info.name);
     }

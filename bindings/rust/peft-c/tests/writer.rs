@@ -43,7 +43,7 @@ fn no_temporaries(dir: &Path) {
 /// tensor: from the checkpoint, a buffer, small chunks, a closure.
 fn rewrite(ckpt: &Checkpoint, writer: &mut Writer) {
     for t in ckpt.tensors() {
-        writer.add_tensor(t.name, t.dtype, t.shape).unwrap();
+        writer.add_tensor(t.name, t.dtype.unwrap(), t.shape).unwrap();
     }
     writer.start().unwrap();
     let order = writer.order();
@@ -56,9 +56,9 @@ fn rewrite(ckpt: &Checkpoint, writer: &mut Writer) {
         let view = ckpt.view(info.index).unwrap();
         match position % 4 {
             0 => writer.write_from_checkpoint(name, ckpt, info.index).unwrap(),
-            1 => writer.write_tensor(name, info.dtype, view).unwrap(),
+            1 => writer.write_tensor(name, info.dtype.unwrap(), view).unwrap(),
             2 => {
-                writer.begin_tensor(name, info.dtype).unwrap();
+                writer.begin_tensor(name, info.dtype.unwrap()).unwrap();
                 for chunk in view.chunks(3) {
                     writer.write(chunk).unwrap();
                 }
@@ -66,7 +66,7 @@ fn rewrite(ckpt: &Checkpoint, writer: &mut Writer) {
             _ => {
                 let mut next = 0u64;
                 writer
-                    .write_from_fn(name, info.dtype, |offset, dst| {
+                    .write_from_fn(name, info.dtype.unwrap(), |offset, dst| {
                         assert_eq!(offset, next, "chunks are contiguous");
                         let start = offset as usize;
                         dst.copy_from_slice(&view[start..start + dst.len()]);
@@ -120,7 +120,7 @@ fn checkpoint_writer_reproduces_transformers_shards() {
         if i > 0 && t.file != tensors[i - 1].file {
             writer.break_shard().unwrap();
         }
-        writer.add_tensor(t.name, t.dtype, t.shape).unwrap();
+        writer.add_tensor(t.name, t.dtype.unwrap(), t.shape).unwrap();
     }
     if let Some(json) = ckpt.index_metadata_json() {
         writer.set_index_metadata_json(json).unwrap();
@@ -159,7 +159,7 @@ fn writer_converts_while_writing() {
     let mut want = vec![0u8; 12];
     peft_c::convert(DType::F32, &raw, DType::BF16, &mut want).unwrap();
     let w = ckpt.tensor_by_name("w").unwrap();
-    assert_eq!((w.dtype, w.shape), (DType::BF16, &[2u64, 3][..]));
+    assert_eq!((w.dtype, w.shape), (Some(DType::BF16), &[2u64, 3][..]));
     assert_eq!(ckpt.view(w.index).unwrap(), want.as_slice());
     assert_eq!(ckpt.view_as::<i32>(ckpt.find("i").unwrap()).unwrap(), [7, -9]);
     assert!(!ckpt.has_metadata(0), "metadata on a file written without");
