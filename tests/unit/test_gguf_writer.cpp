@@ -369,6 +369,7 @@ TEST_CASE("gguf writer: metadata refusals") {
   CHECK(add("a", ival(GgufValueType::I16, 32768)) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("a", ival(GgufValueType::I32, int64_t{INT32_MIN} - 1)) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("a", fval(GgufValueType::F32, 1e39)) == PEFT_ERR_INVALID_ARGUMENT);  // finite, rounds to inf
+  CHECK(add("a", fval(GgufValueType::F32, -0x1.ffffffp127)) == PEFT_ERR_INVALID_ARGUMENT);  // the tie: inf
   CHECK(add("a", aval(GgufValueType::U8, {uval(GgufValueType::U16, 1)})) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("a", aval(GgufValueType::ARRAY, {aval(GgufValueType::U8, {uval(GgufValueType::U8, 300)})})) ==
         PEFT_ERR_INVALID_ARGUMENT);
@@ -382,6 +383,7 @@ TEST_CASE("gguf writer: metadata refusals") {
   // Accepted edge values.
   CHECK(add("inf", fval(GgufValueType::F32, INFINITY)) == PEFT_OK);
   CHECK(add("nan", fval(GgufValueType::F32, NAN)) == PEFT_OK);
+  CHECK(add("largest", fval(GgufValueType::F32, 0x1.fffffefffffffp127)) == PEFT_OK);  // rounds to FLT_MAX
   CHECK(add("bytes", sval("\xFF\xFE")) == PEFT_OK);  // STRING values are written as given
   CHECK(add("", bval(true)) == PEFT_OK);
 }
