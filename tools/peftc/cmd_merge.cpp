@@ -5,7 +5,7 @@
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
 // adapter's base_model_name_or_path, as a path or an id. Which folder an id resolved to goes to
 // stderr ("base: org/name -> /path"). --lenient loads the adapters as PEFT does, printing what it
-// ignored to stderr ("warning: ...").
+// ignored to stderr ("warning: ..."). A GGUF file as --base makes --out a GGUF file (docs/gguf.md).
 #include <unistd.h>
 
 #include <chrono>
@@ -23,7 +23,7 @@ namespace peftc {
 namespace {
 
 constexpr const char* kUsage =
-    "merge [--base DIR] --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR "
+    "merge [--base DIR|FILE.gguf] --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR|FILE.gguf "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
     "[--lenient]";
 
