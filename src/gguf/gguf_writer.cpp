@@ -71,7 +71,7 @@ bool in_range(const GgufValue& value) {
   }
 }
 
-// Checks a value (recursively for arrays); `where` names it in messages.
+// Checks a value (and an array's storage); `where` names it in messages.
 void check_value(const GgufValue& value, const std::string& where) {
   if (static_cast<uint32_t>(value.type) > kLastValueType) {
     fail(PEFT_ERR_INVALID_ARGUMENT, where + " has an unknown value type " +
@@ -90,13 +90,13 @@ void check_value(const GgufValue& value, const std::string& where) {
     fail(PEFT_ERR_INVALID_ARGUMENT, where + " is an array of an unknown value type " +
                                         std::to_string(static_cast<uint32_t>(array.element_type)));
   }
-  for (size_t i = 0; i < array.items.size(); ++i) {
-    const std::string item_where = where + " item " + std::to_string(i);
-    if (array.items[i].type != array.element_type) {
-      fail(PEFT_ERR_INVALID_ARGUMENT, item_where + " is " + value_type_name(array.items[i].type) +
-                                          " in an array of " + value_type_name(array.element_type));
-    }
-    check_value(array.items[i], item_where);
+  if (array.element_type == GgufValueType::ARRAY) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " is an array of arrays, which is not supported (llama.cpp refuses "
+                                            "nested arrays)");
+  }
+  if (!array.well_formed()) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " is an array of " + value_type_name(array.element_type) +
+                                        " whose storage is inconsistent (see GgufArray)");
   }
 }
 
@@ -157,11 +157,19 @@ class GgufWriter::Sink {
       case GgufValueType::F64: put_le(std::get<double>(value.data)); break;
       case GgufValueType::BOOL: put_le<uint8_t>(std::get<bool>(value.data) ? 1 : 0); break;
       case GgufValueType::STRING: put_string(std::get<std::string>(value.data)); break;
-      case GgufValueType::ARRAY: {  // items carry no type of their own, nested arrays included
+      case GgufValueType::ARRAY: {  // elements carry no type of their own
         const GgufArray& array = std::get<GgufArray>(value.data);
         put_le(static_cast<uint32_t>(array.element_type));
-        put_le<uint64_t>(array.items.size());
-        for (const GgufValue& item : array.items) put_value(item);
+        put_le<uint64_t>(array.size());
+        if (array.element_type != GgufValueType::STRING) {
+          put(array.raw.data(), array.raw.size());  // little-endian, as in a GGUF file
+          break;
+        }
+        for (size_t k = 0; k < array.size(); ++k) {
+          const std::string_view text = array.string_at(k);
+          put_le<uint64_t>(text.size());
+          put(text.data(), text.size());
+        }
         break;
       }
     }
