@@ -64,8 +64,9 @@ bool in_range(const GgufValue& value) {
       return v >= INT32_MIN && v <= INT32_MAX;
     }
     case GgufValueType::F32: {  // as struct.pack('<f'): finite values that round to infinity fail
+      // 2^128 - 2^103, halfway between FLT_MAX and 2^128: from there on, rounding gives infinity.
       const double v = std::get<double>(value.data);
-      return !std::isfinite(v) || std::isfinite(static_cast<float>(v));
+      return !std::isfinite(v) || std::fabs(v) < 0x1.ffffffp127;
     }
     default: return true;
   }
