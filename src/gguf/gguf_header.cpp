@@ -47,6 +47,7 @@ GgufValue gguf_scalar_from_bits(GgufValueType type, uint64_t bits) {
 
 size_t GgufArray::size() const {
   if (element_type == GgufValueType::STRING) return string_starts.size();
+  if (element_type == GgufValueType::ARRAY) return arrays.size();
   const uint64_t width = gguf_value_size(element_type);
   return width == 0 ? 0 : raw.size() / width;
 }
@@ -64,6 +65,12 @@ GgufValue GgufArray::at(size_t index) const {
     value.data = std::string(string_at(index));
     return value;
   }
+  if (element_type == GgufValueType::ARRAY) {
+    GgufValue value;
+    value.type = GgufValueType::ARRAY;
+    value.data = arrays[index];
+    return value;
+  }
   const uint64_t width = gguf_value_size(element_type);
   const uint8_t* bytes = raw.data() + index * width;
   uint64_t bits = 0;
@@ -72,6 +79,14 @@ GgufValue GgufArray::at(size_t index) const {
 }
 
 bool GgufArray::well_formed() const {
+  if (element_type == GgufValueType::ARRAY) {
+    if (!raw.empty() || !string_starts.empty()) return false;
+    for (const GgufArray& array : arrays) {
+      if (!array.well_formed()) return false;
+    }
+    return true;
+  }
+  if (!arrays.empty()) return false;
   if (element_type != GgufValueType::STRING) {
     const uint64_t width = gguf_value_size(element_type);
     if (width == 0 || raw.size() % width != 0 || !string_starts.empty()) return false;

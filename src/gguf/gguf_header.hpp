@@ -29,16 +29,18 @@ struct GgufValue;
 // the file, back to back (size() * gguf_value_size(element_type) bytes; BOOL as 0 or 1); STRING elements are `raw`,
 // each string's bytes followed by one NUL, with `string_starts[k]` the offset of element k (its
 // bytes end one before the next start, or before the last byte of `raw`). An array of N empty
-// strings (8 bytes each in the file) thus costs N * 9 bytes. Arrays of arrays are not represented:
-// the parser refuses them, as llama.cpp does, and the writer refuses an ARRAY element type.
+// strings (8 bytes each in the file) thus costs N * 9 bytes. ARRAY elements (arrays of arrays,
+// which gguf-py writes and the writer supports; the parser refuses them, as llama.cpp does) are
+// `arrays`, one GgufArray each. gguf_array_append (gguf_writer.hpp) builds an array from values.
 struct GgufArray {
   GgufValueType element_type = GgufValueType::U8;
   std::vector<uint8_t> raw;
   std::vector<uint64_t> string_starts;  // STRING arrays only
+  std::vector<GgufArray> arrays;        // ARRAY arrays only
 
   size_t size() const;
   bool empty() const { return size() == 0; }
-  // Element `index` (< size()) as a scalar value of type element_type (strings copied).
+  // Element `index` (< size()) as a value of type element_type (strings and arrays copied).
   GgufValue at(size_t index) const;
   // The bytes of element `index` (< size()) of a STRING array; a NUL follows them in memory.
   std::string_view string_at(size_t index) const;
