@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <variant>
 
 #include "capi/capi_common.hpp"
@@ -31,8 +32,14 @@ std::optional<peft::GgmlType> ggml_or_null(int32_t ggml_type) {
   return peft::ggml_type(static_cast<uint32_t>(ggml_type));
 }
 
-// The scalar a getter reads: the entry itself (element 0) or an element of an array entry.
-const GgufValue& value_at(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element) {
+// What a getter reads: the entry itself (element 0 of a scalar) or element `index` of an array entry.
+struct Element {
+  const GgufKeyValue* entry;
+  const peft::GgufArray* array;  // null for a scalar
+  size_t index;
+};
+
+Element element_at(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element) {
   peft::capi::require_arg(ckpt, "ckpt");
   const GgufKeyValue* entry = kv_or_null(ckpt, file_index, kv);
   if (entry == nullptr)
@@ -40,16 +47,22 @@ const GgufValue& value_at(const peft_checkpoint* ckpt, size_t file_index, size_t
                                               std::to_string(kv));
   const std::string what = "GGUF metadata " + peft::quoted(entry->key);
   if (const auto* array = std::get_if<peft::GgufArray>(&entry->value.data)) {
-    if (element >= array->items.size())
+    if (element >= array->size())
       peft::fail(PEFT_ERR_INVALID_ARGUMENT, what + ": element " + std::to_string(element) +
                                                 " is out of range (the array has " +
-                                                std::to_string(array->items.size()) + ")");
-    return array->items[static_cast<size_t>(element)];
+                                                std::to_string(array->size()) + ")");
+    return {entry, array, static_cast<size_t>(element)};
   }
   if (element != 0)
     peft::fail(PEFT_ERR_INVALID_ARGUMENT, what + " is a scalar: element " + std::to_string(element) +
                                               " does not exist");
-  return entry->value;
+  return {entry, nullptr, 0};
+}
+
+// The scalar a numeric getter reads (an array element decoded from the array's bytes).
+GgufValue value_at(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element) {
+  const Element e = element_at(ckpt, file_index, kv, element);
+  return e.array != nullptr ? e.array->at(e.index) : e.entry->value;
 }
 
 [[noreturn]] void wrong_type(const peft_checkpoint* ckpt, size_t file_index, size_t kv, const char* wanted) {
@@ -64,7 +77,7 @@ struct IntegerValue {
 };
 
 IntegerValue integer_of(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element) {
-  const GgufValue& value = value_at(ckpt, file_index, kv, element);
+  const GgufValue value = value_at(ckpt, file_index, kv, element);
   if (const auto* u = std::get_if<uint64_t>(&value.data)) return {false, *u};
   if (const auto* i = std::get_if<int64_t>(&value.data))
     return *i < 0 ? IntegerValue{true, 0 - static_cast<uint64_t>(*i)} : IntegerValue{false, static_cast<uint64_t>(*i)};
@@ -158,7 +171,7 @@ int32_t peft_checkpoint_gguf_kv_array_type(const peft_checkpoint* ckpt, size_t f
 uint64_t peft_checkpoint_gguf_kv_array_length(const peft_checkpoint* ckpt, size_t file_index, size_t kv) {
   const GgufKeyValue* entry = kv_or_null(ckpt, file_index, kv);
   const auto* array = entry != nullptr ? std::get_if<peft::GgufArray>(&entry->value.data) : nullptr;
-  return array != nullptr ? array->items.size() : 0;
+  return array != nullptr ? array->size() : 0;
 }
 
 peft_error* peft_checkpoint_gguf_kv_int(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element,
@@ -187,7 +200,7 @@ peft_error* peft_checkpoint_gguf_kv_float(const peft_checkpoint* ckpt, size_t fi
                                           uint64_t element, double* out) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(out, "out");
-    const GgufValue& value = value_at(ckpt, file_index, kv, element);
+    const GgufValue value = value_at(ckpt, file_index, kv, element);
     const auto* f = std::get_if<double>(&value.data);
     if (f == nullptr) wrong_type(ckpt, file_index, kv, "a floating-point value");
     *out = *f;
@@ -198,8 +211,15 @@ peft_error* peft_checkpoint_gguf_kv_string(const peft_checkpoint* ckpt, size_t f
                                            uint64_t element, const char** out_data, size_t* out_length) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(out_data, "out_data");
-    const GgufValue& value = value_at(ckpt, file_index, kv, element);
-    const auto* text = std::get_if<std::string>(&value.data);
+    const Element e = element_at(ckpt, file_index, kv, element);
+    if (e.array != nullptr) {
+      if (e.array->element_type != peft::GgufValueType::STRING) wrong_type(ckpt, file_index, kv, "a string");
+      const std::string_view text = e.array->string_at(e.index);  // a NUL follows it in the array
+      *out_data = text.data();
+      if (out_length != nullptr) *out_length = text.size();
+      return;
+    }
+    const auto* text = std::get_if<std::string>(&e.entry->value.data);
     if (text == nullptr) wrong_type(ckpt, file_index, kv, "a string");
     *out_data = text->c_str();
     if (out_length != nullptr) *out_length = text->size();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -18,10 +19,34 @@ enum class GgufValueType : uint32_t {
   STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
 };
 
+// Bytes of one stored value of a fixed-size type (1, 2, 4 or 8); 0 for STRING and ARRAY.
+uint64_t gguf_value_size(GgufValueType type);
+
 struct GgufValue;
+
+// An array value, stored compactly so that a header costs about its own bytes in memory (see
+// docs/gguf.md, "Memory"): elements of a fixed-size type are `raw`, their little-endian bytes as in
+// the file, back to back (size() * gguf_value_size(element_type) bytes; BOOL as 0 or 1); STRING elements are `raw`,
+// each string's bytes followed by one NUL, with `string_starts[k]` the offset of element k (its
+// bytes end one before the next start, or before the last byte of `raw`). An array of N empty
+// strings (8 bytes each in the file) thus costs N * 9 bytes. ARRAY elements (arrays of arrays,
+// which gguf-py writes and the writer supports; the parser refuses them, as llama.cpp does) are
+// `arrays`, one GgufArray each. gguf_array_append (gguf_writer.hpp) builds an array from values.
 struct GgufArray {
   GgufValueType element_type = GgufValueType::U8;
-  std::vector<GgufValue> items;
+  std::vector<uint8_t> raw;
+  std::vector<uint64_t> string_starts;  // STRING arrays only
+  std::vector<GgufArray> arrays;        // ARRAY arrays only
+
+  size_t size() const;
+  bool empty() const { return size() == 0; }
+  // Element `index` (< size()) as a value of type element_type (strings and arrays copied).
+  GgufValue at(size_t index) const;
+  // The bytes of element `index` (< size()) of a STRING array; a NUL follows them in memory.
+  std::string_view string_at(size_t index) const;
+  // Whether the members are consistent as described above (what the parser builds); the writer
+  // refuses an array that is not.
+  bool well_formed() const;
 };
 
 // One metadata value. `type` says how it is stored; `data` holds unsigned integers as uint64_t,
@@ -30,6 +55,10 @@ struct GgufValue {
   GgufValueType type = GgufValueType::U8;
   std::variant<uint64_t, int64_t, double, bool, std::string, GgufArray> data;
 };
+
+// The scalar of fixed-size `type` whose little-endian bytes, zero-extended, are `bits` (BOOL: any
+// nonzero byte is true, as gguf.cpp reads it).
+GgufValue gguf_scalar_from_bits(GgufValueType type, uint64_t bits);
 
 struct GgufKeyValue {
   std::string key;
@@ -53,7 +82,7 @@ using GgufByteReader = std::function<void(uint64_t offset, void* dst, uint64_t c
 // Parses and validates the header of a GGUF file of `file_size` bytes, reading it through `read`,
 // completely, before any tensor byte is touched; `display_name` names the file in messages. Every
 // count and length is checked against the bytes left before it is used, so no input allocates
-// more than a small multiple of the file's size. Errors: see docs/gguf.md ("Validation").
+// more than a small multiple of the file's size (arrays: see GgufArray). Errors: see docs/gguf.md ("Validation").
 GgufHeader parse_gguf_header(const GgufByteReader& read, uint64_t file_size, uint64_t max_header_size,
                              const std::string& display_name);
 

@@ -39,18 +39,6 @@ constexpr char kAlignmentKey[] = "general.alignment";
 
 std::string num(uint64_t value) { return std::to_string(value); }
 
-// Bytes of one stored value of a scalar type; 0 for STRING and ARRAY.
-uint64_t scalar_size(GgufValueType type) {
-  switch (type) {
-    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::BOOL: return 1;
-    case GgufValueType::U16: case GgufValueType::I16: return 2;
-    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
-    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
-    case GgufValueType::STRING: case GgufValueType::ARRAY: return 0;
-  }
-  return 0;
-}
-
 const char* type_name(GgufValueType type) {
   static constexpr std::array<const char*, 13> kNames{
       "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
@@ -142,7 +130,9 @@ class Parser {
   uint32_t u32(const std::string& field) { return static_cast<uint32_t>(little_endian(4, field)); }
   uint64_t u64(const std::string& field) { return little_endian(8, field); }
 
-  std::string read_string(const std::string& field) {
+  // Reads a string's length and checks that its bytes lie in the file, under the header cap and
+  // under llama.cpp's limit; the cursor is left at the bytes.
+  uint64_t string_length(const std::string& field) {
     const uint64_t at = pos_;
     const uint64_t length = u64(field);
     if (length > file_left()) {
@@ -155,9 +145,42 @@ class Parser {
       bad(PEFT_ERR_INVALID_HEADER, where_ + ": " + field + " at byte " + num(at) + " has length " + num(length) +
                                        ", over llama.cpp's limit of " + num(kMaxStringLength) + " bytes");
     }
+    return length;
+  }
+
+  std::string read_string(const std::string& field) {
+    const uint64_t length = string_length(field);
     std::string out(static_cast<size_t>(length), '\0');
     take(out.data(), length);
     return out;
+  }
+
+  // Reads the `count` elements of an array (count checked by need_items) into its compact form.
+  GgufArray read_array(GgufValueType items, uint64_t count) {
+    GgufArray array;
+    array.element_type = items;
+    const std::string field = std::string("an element of the ") + type_name(items) + " array";
+    if (items != GgufValueType::STRING) {
+      const uint64_t n = count * gguf_value_size(items);  // fits: need_items checked it
+      need(n, field);
+      array.raw.resize(static_cast<size_t>(n));
+      take(array.raw.data(), n);
+      if (items == GgufValueType::BOOL) {  // as gguf.cpp: any nonzero byte is true; stored as 1
+        for (uint8_t& b : array.raw) b = b != 0 ? 1 : 0;
+      }
+      return array;
+    }
+    // values are bytes: not checked for UTF-8 (see docs/gguf.md)
+    array.string_starts.reserve(static_cast<size_t>(count));
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t length = string_length(field);
+      const size_t start = array.raw.size();
+      array.string_starts.push_back(start);
+      array.raw.resize(start + static_cast<size_t>(length) + 1);  // the bytes and a NUL
+      take(array.raw.data() + start, length);
+    }
+    array.raw.shrink_to_fit();
+    return array;
   }
 
   std::pair<uint64_t, uint64_t> read_prefix(GgufHeader& header) {
@@ -210,34 +233,7 @@ class Parser {
   }
 
   GgufValue scalar(GgufValueType type, const std::string& field) {
-    GgufValue value;
-    value.type = type;
-    const uint64_t raw = little_endian(scalar_size(type), field);
-    switch (type) {
-      case GgufValueType::U8: case GgufValueType::U16: case GgufValueType::U32: case GgufValueType::U64:
-        value.data = raw;
-        break;
-      case GgufValueType::I8: value.data = int64_t{static_cast<int8_t>(raw)}; break;
-      case GgufValueType::I16: value.data = int64_t{static_cast<int16_t>(raw)}; break;
-      case GgufValueType::I32: value.data = int64_t{static_cast<int32_t>(raw)}; break;
-      case GgufValueType::I64: value.data = static_cast<int64_t>(raw); break;
-      case GgufValueType::F32: {
-        float f;
-        const auto bits = static_cast<uint32_t>(raw);
-        std::memcpy(&f, &bits, 4);
-        value.data = static_cast<double>(f);
-        break;
-      }
-      case GgufValueType::F64: {
-        double d;
-        std::memcpy(&d, &raw, 8);
-        value.data = d;
-        break;
-      }
-      case GgufValueType::BOOL: value.data = raw != 0; break;  // as gguf.cpp: any nonzero byte is true
-      case GgufValueType::STRING: case GgufValueType::ARRAY: break;
-    }
-    return value;
+    return gguf_scalar_from_bits(type, little_endian(gguf_value_size(type), field));
   }
 
   GgufValue element(GgufValueType type, const std::string& field) {
@@ -284,19 +280,14 @@ class Parser {
         }
         const uint64_t count_at = pos_;
         const uint64_t count = u64("the array's length");
-        const uint64_t min_size = items == GgufValueType::STRING ? 8 : scalar_size(items);
+        const uint64_t min_size = items == GgufValueType::STRING ? 8 : gguf_value_size(items);
         need_items(count, min_size, "the array's length", count_at);
         if (count > kMaxArrayLength) {
           bad(PEFT_ERR_INVALID_HEADER, where_ + ": the array's length at byte " + num(count_at) + " is " +
                                            num(count) + ", over llama.cpp's limit of " + num(kMaxArrayLength));
         }
-        GgufArray array;
-        array.element_type = items;
-        array.items.reserve(static_cast<size_t>(count));
-        const std::string field = std::string("an element of the ") + type_name(items) + " array";
-        for (uint64_t k = 0; k < count; ++k) array.items.push_back(element(items, field));
         value.type = GgufValueType::ARRAY;
-        value.data = std::move(array);
+        value.data = read_array(items, count);
       } else {
         value = element(type, std::string("the ") + type_name(type) + " value");
       }

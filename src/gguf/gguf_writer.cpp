@@ -72,7 +72,7 @@ bool in_range(const GgufValue& value) {
   }
 }
 
-// Checks a value (recursively for arrays); `where` names it in messages.
+// Checks a value (and an array's storage); `where` names it in messages.
 void check_value(const GgufValue& value, const std::string& where) {
   if (static_cast<uint32_t>(value.type) > kLastValueType) {
     fail(PEFT_ERR_INVALID_ARGUMENT, where + " has an unknown value type " +
@@ -91,13 +91,9 @@ void check_value(const GgufValue& value, const std::string& where) {
     fail(PEFT_ERR_INVALID_ARGUMENT, where + " is an array of an unknown value type " +
                                         std::to_string(static_cast<uint32_t>(array.element_type)));
   }
-  for (size_t i = 0; i < array.items.size(); ++i) {
-    const std::string item_where = where + " item " + std::to_string(i);
-    if (array.items[i].type != array.element_type) {
-      fail(PEFT_ERR_INVALID_ARGUMENT, item_where + " is " + value_type_name(array.items[i].type) +
-                                          " in an array of " + value_type_name(array.element_type));
-    }
-    check_value(array.items[i], item_where);
+  if (!array.well_formed()) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, where + " is an array of " + value_type_name(array.element_type) +
+                                        " whose storage is inconsistent (see GgufArray)");
   }
 }
 
@@ -158,13 +154,22 @@ class GgufWriter::Sink {
       case GgufValueType::F64: put_le(std::get<double>(value.data)); break;
       case GgufValueType::BOOL: put_le<uint8_t>(std::get<bool>(value.data) ? 1 : 0); break;
       case GgufValueType::STRING: put_string(std::get<std::string>(value.data)); break;
-      case GgufValueType::ARRAY: {  // items carry no type of their own, nested arrays included
-        const GgufArray& array = std::get<GgufArray>(value.data);
-        put_le(static_cast<uint32_t>(array.element_type));
-        put_le<uint64_t>(array.items.size());
-        for (const GgufValue& item : array.items) put_value(item);
-        break;
+      case GgufValueType::ARRAY: put_array(std::get<GgufArray>(value.data)); break;
+    }
+  }
+  void put_array(const GgufArray& array) {  // elements carry no type of their own
+    put_le(static_cast<uint32_t>(array.element_type));
+    put_le<uint64_t>(array.size());
+    if (array.element_type == GgufValueType::ARRAY) {
+      for (const GgufArray& item : array.arrays) put_array(item);
+    } else if (array.element_type == GgufValueType::STRING) {
+      for (size_t k = 0; k < array.size(); ++k) {
+        const std::string_view text = array.string_at(k);
+        put_le<uint64_t>(text.size());
+        put(text.data(), text.size());
       }
+    } else {
+      put(array.raw.data(), array.raw.size());  // little-endian, as in a GGUF file
     }
   }
   void put_padding(uint64_t alignment) {
@@ -178,6 +183,39 @@ class GgufWriter::Sink {
   GgufWriter* out_;
   uint64_t count_ = 0;
 };
+
+void gguf_array_append(GgufArray& array, const GgufValue& item) {
+  check_value(item, std::string("an item of an array of ") + value_type_name(array.element_type));
+  if (item.type != array.element_type) {
+    fail(PEFT_ERR_INVALID_ARGUMENT, std::string("an item of type ") + value_type_name(item.type) +
+                                        " cannot go into an array of " + value_type_name(array.element_type));
+  }
+  auto bytes_of = [&](const auto& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);  // little-endian host (core/convert.hpp)
+    array.raw.insert(array.raw.end(), p, p + sizeof v);
+  };
+  switch (item.type) {
+    case GgufValueType::U8: bytes_of(static_cast<uint8_t>(std::get<uint64_t>(item.data))); break;
+    case GgufValueType::U16: bytes_of(static_cast<uint16_t>(std::get<uint64_t>(item.data))); break;
+    case GgufValueType::U32: bytes_of(static_cast<uint32_t>(std::get<uint64_t>(item.data))); break;
+    case GgufValueType::U64: bytes_of(std::get<uint64_t>(item.data)); break;
+    case GgufValueType::I8: bytes_of(static_cast<int8_t>(std::get<int64_t>(item.data))); break;
+    case GgufValueType::I16: bytes_of(static_cast<int16_t>(std::get<int64_t>(item.data))); break;
+    case GgufValueType::I32: bytes_of(static_cast<int32_t>(std::get<int64_t>(item.data))); break;
+    case GgufValueType::I64: bytes_of(std::get<int64_t>(item.data)); break;
+    case GgufValueType::F32: bytes_of(static_cast<float>(std::get<double>(item.data))); break;
+    case GgufValueType::F64: bytes_of(std::get<double>(item.data)); break;
+    case GgufValueType::BOOL: bytes_of(static_cast<uint8_t>(std::get<bool>(item.data) ? 1 : 0)); break;
+    case GgufValueType::STRING: {
+      const std::string& text = std::get<std::string>(item.data);
+      array.string_starts.push_back(array.raw.size());
+      array.raw.insert(array.raw.end(), text.begin(), text.end());
+      array.raw.push_back(0);
+      break;
+    }
+    case GgufValueType::ARRAY: array.arrays.push_back(std::get<GgufArray>(item.data)); break;
+  }
+}
 
 GgufWriter::GgufWriter(std::string path) : path_(std::move(path)) {
   if (path_.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "the output path must not be empty");

@@ -6,8 +6,8 @@
 // The bytes are exactly gguf-py's for the same metadata and tensors (tests/interop/
 // test_gguf_writer.py): "GGUF", version 3 (u32), tensor count and KV count (u64); each KV as key
 // (u64 length + bytes), value type (u32), value (integers and floats little-endian at their width,
-// BOOL one byte 0/1, STRING u64 length + bytes, ARRAY element type u32 + count u64 + elements, the
-// elements of a nested array without a type of their own); each tensor info as name, n_dims (u32),
+// BOOL one byte 0/1, STRING u64 length + bytes, ARRAY element type u32 + count u64 + elements
+// without a type of their own, also those of a nested array); each tensor info as name, n_dims (u32),
 // the dimensions innermost first (u64 each), ggml type (u32) and its data offset (u64); zero bytes
 // up to the alignment (also when there are no tensors); then each tensor's bytes followed by zero
 // bytes up to the alignment. Offsets are relative to the data section and aligned. Unlike
@@ -42,6 +42,10 @@ inline constexpr uint64_t kGgufDefaultAlignment = 32;
 inline constexpr size_t kGgufMaxTensorName = 63;
 inline constexpr size_t kGgufMaxDims = 4;  // GGML_MAX_DIMS
 
+// Appends `item` to `array` in its compact form (GgufArray). INVALID_ARGUMENT, as add_metadata,
+// for an item that add_metadata would refuse or whose type is not the array's element type.
+void gguf_array_append(GgufArray& array, const GgufValue& item);
+
 class GgufWriter {
  public:
   // Nothing is created until start(). INVALID_ARGUMENT for an empty path.
@@ -54,8 +58,8 @@ class GgufWriter {
   // Appends one metadata key/value. INVALID_ARGUMENT naming the key for: a duplicate key, a key that
   // is not UTF-8, a value whose `data` does not hold the alternative its type needs (gguf_header.hpp),
   // an integer out of its type's range, an F32 that is finite but rounds to infinity (F32 values are
-  // rounded to nearest as gguf-py's struct.pack does), an array item whose type differs from the
-  // array's element type, a value type out of range; `general.alignment` that is not a U32 holding a
+  // rounded to nearest as gguf-py's struct.pack does), an array whose storage is inconsistent
+  // (GgufArray::well_formed()), a value type out of range; `general.alignment` that is not a U32 holding a
   // nonzero power of two (it sets the alignment of the file; 32 without it). STRING values are
   // written as given (any bytes, as gguf-py writes `bytes` values).
   void add_metadata(GgufKeyValue entry);

@@ -41,7 +41,8 @@ void check_accepted(const peft::GgufHeader& h, uint64_t size, uint64_t max_heade
     if (kv.value.type == peft::GgufValueType::ARRAY) {
       const auto& array = std::get<peft::GgufArray>(kv.value.data);
       require(array.element_type != peft::GgufValueType::ARRAY);
-      for (const peft::GgufValue& item : array.items) require(item.type == array.element_type);
+      require(array.well_formed());
+      for (size_t k = 0; k < array.size(); ++k) require(array.at(k).type == array.element_type);
     }
   }
   if (!h.tensors.empty()) require(h.data_start % h.alignment == 0);

@@ -77,7 +77,7 @@ GgufValue decode(GgufValueType type, const json& raw) {
     case GgufValueType::ARRAY: {
       peft::GgufArray array;
       array.element_type = value_type(raw.at("element_type").get<std::string>());
-      for (const json& item : raw.at("items")) array.items.push_back(decode(array.element_type, item));
+      for (const json& item : raw.at("items")) peft::gguf_array_append(array, decode(array.element_type, item));
       value.data = std::move(array);
       break;
     }

@@ -110,21 +110,26 @@ TEST_CASE("gguf parser: a v3 file with every value type and several tensor types
   CHECK(h.metadata[13].value.type == peft::GgufValueType::ARRAY);
   const auto ints = value_of<peft::GgufArray>(h, "a.i32");
   CHECK(ints.element_type == peft::GgufValueType::I32);
-  REQUIRE(ints.items.size() == 3);
-  CHECK(std::get<int64_t>(ints.items[1].data) == -2);
-  CHECK(ints.items[1].type == peft::GgufValueType::I32);
+  REQUIRE(ints.size() == 3);
+  CHECK(ints.raw.size() == 12);  // the file's bytes
+  CHECK(std::get<int64_t>(ints.at(1).data) == -2);
+  CHECK(ints.at(1).type == peft::GgufValueType::I32);
+  CHECK(std::get<int64_t>(ints.at(2).data) == 3);
   const auto strings = value_of<peft::GgufArray>(h, "a.string");
   CHECK(strings.element_type == peft::GgufValueType::STRING);
-  REQUIRE(strings.items.size() == 3);
-  CHECK(std::get<std::string>(strings.items[0].data) == "a");
-  CHECK(std::get<std::string>(strings.items[1].data).empty());
-  CHECK(std::get<std::string>(strings.items[2].data) == "\xff\xfe not utf-8");  // values are bytes
-  CHECK(value_of<peft::GgufArray>(h, "a.empty").items.empty());
+  REQUIRE(strings.size() == 3);
+  CHECK(strings.string_at(0) == "a");
+  CHECK(strings.string_at(1).empty());
+  CHECK(strings.string_at(2) == "\xff\xfe not utf-8");  // values are bytes
+  for (size_t k = 0; k < 3; ++k) CHECK(strings.string_at(k).data()[strings.string_at(k).size()] == '\0');
+  CHECK(std::get<std::string>(strings.at(0).data) == "a");
+  CHECK(strings.at(2).type == peft::GgufValueType::STRING);
+  CHECK(value_of<peft::GgufArray>(h, "a.empty").empty());
   CHECK(value_of<peft::GgufArray>(h, "a.empty").element_type == peft::GgufValueType::F32);
   const auto bools = value_of<peft::GgufArray>(h, "a.bool");
-  REQUIRE(bools.items.size() == 2);
-  CHECK_FALSE(std::get<bool>(bools.items[0].data));
-  CHECK(std::get<bool>(bools.items[1].data));
+  REQUIRE(bools.size() == 2);
+  CHECK_FALSE(std::get<bool>(bools.at(0).data));
+  CHECK(std::get<bool>(bools.at(1).data));
 
   REQUIRE(h.tensors.size() == 6);
   const peft::TensorInfo& w = h.tensors[0];
@@ -292,6 +297,40 @@ TEST_CASE("gguf parser: value types, arrays and strings") {
   CHECK(outcome(cut.header()) == "INVALID_HEADER_LENGTH");
   // A bool byte other than 0 and 1 is true, as in gguf.cpp.
   CHECK(std::get<bool>(parse(Builder().kv("k", tBOOL, "\x07").build()).metadata[0].value.data));
+}
+
+// Arrays cost about their file bytes in memory (gguf_header.hpp, GgufArray): a fixed-size array
+// holds exactly its file bytes; a string array holds each string's bytes, a NUL and an 8-byte start
+// offset, so N empty strings (8 file bytes each) cost 9 bytes each (1.125x), and any string
+// array at most 9/8 of its file bytes plus the spare capacity of two vectors. The bound checked
+// here is 2x the file bytes of the array's elements.
+TEST_CASE("gguf parser: arrays cost about their file bytes in memory") {
+  constexpr uint64_t kBytes = 4 << 20;
+  std::string bytes(kBytes, '\0');
+  for (uint64_t i = 0; i < kBytes; ++i) bytes[i] = static_cast<char>(i * 7);
+  const peft::GgufHeader h8 = parse(Builder().kv("k", tARRAY, u32(tU8) + u64(kBytes) + bytes).build());
+  const auto& u8s = std::get<peft::GgufArray>(h8.metadata[0].value.data);
+  REQUIRE(u8s.size() == kBytes);
+  CHECK(u8s.raw.capacity() <= 2 * kBytes);
+  CHECK(u8s.string_starts.capacity() == 0);
+  CHECK(std::get<uint64_t>(u8s.at(kBytes - 1).data) == static_cast<uint8_t>((kBytes - 1) * 7));
+
+  constexpr uint64_t kStrings = 1 << 19;  // 4 MiB of empty strings (their u64 lengths)
+  std::string empties;
+  for (uint64_t i = 0; i < kStrings; ++i) empties += u64(0);
+  const peft::GgufHeader hs = parse(Builder().kv("k", tARRAY, u32(tSTRING) + u64(kStrings) + empties).build());
+  const auto& strings = std::get<peft::GgufArray>(hs.metadata[0].value.data);
+  REQUIRE(strings.size() == kStrings);
+  const uint64_t held = strings.raw.capacity() + strings.string_starts.capacity() * sizeof(uint64_t);
+  CHECK(held == kStrings * 9);  // one NUL and one offset each
+  CHECK(held <= 2 * empties.size());
+  CHECK(strings.string_at(kStrings - 1).empty());
+
+  // BOOL elements are stored as 0 or 1 (any nonzero byte is true, as gguf.cpp reads it).
+  const peft::GgufHeader hb = parse(Builder().kv("k", tARRAY, u32(tBOOL) + u64(3) + std::string("\x00\x07\x01", 3)).build());
+  const auto& bools = std::get<peft::GgufArray>(hb.metadata[0].value.data);
+  CHECK(bools.raw == std::vector<uint8_t>{0, 1, 1});
+  CHECK(std::get<bool>(bools.at(1).data));
 }
 
 TEST_CASE("gguf parser: general.alignment") {

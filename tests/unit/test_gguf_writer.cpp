@@ -47,7 +47,10 @@ GgufValue fval(GgufValueType type, double v) { return {type, v}; }
 GgufValue sval(std::string v) { return {GgufValueType::STRING, std::move(v)}; }
 GgufValue bval(bool v) { return {GgufValueType::BOOL, v}; }
 GgufValue aval(GgufValueType element, std::vector<GgufValue> items) {
-  return {GgufValueType::ARRAY, GgufArray{element, std::move(items)}};
+  GgufArray array;
+  array.element_type = element;
+  for (const GgufValue& item : items) peft::gguf_array_append(array, item);
+  return {GgufValueType::ARRAY, std::move(array)};
 }
 
 // Writes every tensor of `writer` from `data` (one byte string per tensor, raw) and finishes.
@@ -370,8 +373,17 @@ TEST_CASE("gguf writer: metadata refusals") {
   CHECK(add("a", ival(GgufValueType::I32, int64_t{INT32_MIN} - 1)) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("a", fval(GgufValueType::F32, 1e39)) == PEFT_ERR_INVALID_ARGUMENT);  // finite, rounds to inf
   CHECK(add("a", fval(GgufValueType::F32, -0x1.ffffffp127)) == PEFT_ERR_INVALID_ARGUMENT);  // the tie: inf
-  CHECK(add("a", aval(GgufValueType::U8, {uval(GgufValueType::U16, 1)})) == PEFT_ERR_INVALID_ARGUMENT);
-  CHECK(add("a", aval(GgufValueType::ARRAY, {aval(GgufValueType::U8, {uval(GgufValueType::U8, 300)})})) ==
+  CHECK_THROWS_AS(aval(GgufValueType::U8, {uval(GgufValueType::U16, 1)}), peft::Error);  // item type
+  CHECK_THROWS_AS(aval(GgufValueType::U8, {uval(GgufValueType::U8, 300)}), peft::Error);   // out of range
+  GgufArray odd;  // storage that does not hold whole elements
+  odd.element_type = GgufValueType::U16;
+  odd.raw = {1, 2, 3};
+  CHECK(add("a", GgufValue{GgufValueType::ARRAY, odd}) == PEFT_ERR_INVALID_ARGUMENT);
+  GgufArray unterminated;  // a string without its NUL
+  unterminated.element_type = GgufValueType::STRING;
+  unterminated.raw = {'x'};
+  unterminated.string_starts = {0};
+  CHECK(add("a", GgufValue{GgufValueType::ARRAY, GgufArray{GgufValueType::ARRAY, {}, {}, {unterminated}}}) ==
         PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("a", aval(static_cast<GgufValueType>(20), {})) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("general.alignment", ival(GgufValueType::I32, 32)) == PEFT_ERR_INVALID_ARGUMENT);

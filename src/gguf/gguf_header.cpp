@@ -1,0 +1,108 @@
+#include "gguf/gguf_header.hpp"
+
+#include <cstring>
+
+namespace peft {
+
+uint64_t gguf_value_size(GgufValueType type) {
+  switch (type) {
+    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::BOOL: return 1;
+    case GgufValueType::U16: case GgufValueType::I16: return 2;
+    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
+    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
+    case GgufValueType::STRING: case GgufValueType::ARRAY: return 0;
+  }
+  return 0;
+}
+
+GgufValue gguf_scalar_from_bits(GgufValueType type, uint64_t bits) {
+  GgufValue value;
+  value.type = type;
+  switch (type) {
+    case GgufValueType::U8: case GgufValueType::U16: case GgufValueType::U32: case GgufValueType::U64:
+      value.data = bits;
+      break;
+    case GgufValueType::I8: value.data = int64_t{static_cast<int8_t>(bits)}; break;
+    case GgufValueType::I16: value.data = int64_t{static_cast<int16_t>(bits)}; break;
+    case GgufValueType::I32: value.data = int64_t{static_cast<int32_t>(bits)}; break;
+    case GgufValueType::I64: value.data = static_cast<int64_t>(bits); break;
+    case GgufValueType::F32: {
+      float f;
+      const auto low = static_cast<uint32_t>(bits);
+      std::memcpy(&f, &low, 4);
+      value.data = static_cast<double>(f);
+      break;
+    }
+    case GgufValueType::F64: {
+      double d;
+      std::memcpy(&d, &bits, 8);
+      value.data = d;
+      break;
+    }
+    case GgufValueType::BOOL: value.data = bits != 0; break;
+    case GgufValueType::STRING: case GgufValueType::ARRAY: break;
+  }
+  return value;
+}
+
+size_t GgufArray::size() const {
+  if (element_type == GgufValueType::STRING) return string_starts.size();
+  if (element_type == GgufValueType::ARRAY) return arrays.size();
+  const uint64_t width = gguf_value_size(element_type);
+  return width == 0 ? 0 : raw.size() / width;
+}
+
+std::string_view GgufArray::string_at(size_t index) const {
+  const uint64_t start = string_starts[index];
+  const uint64_t end = index + 1 < string_starts.size() ? string_starts[index + 1] : raw.size();
+  return {reinterpret_cast<const char*>(raw.data()) + start, static_cast<size_t>(end - 1 - start)};
+}
+
+GgufValue GgufArray::at(size_t index) const {
+  if (element_type == GgufValueType::STRING) {
+    GgufValue value;
+    value.type = GgufValueType::STRING;
+    value.data = std::string(string_at(index));
+    return value;
+  }
+  if (element_type == GgufValueType::ARRAY) {
+    GgufValue value;
+    value.type = GgufValueType::ARRAY;
+    value.data = arrays[index];
+    return value;
+  }
+  const uint64_t width = gguf_value_size(element_type);
+  const uint8_t* bytes = raw.data() + index * width;
+  uint64_t bits = 0;
+  for (uint64_t i = width; i-- > 0;) bits = (bits << 8) | bytes[i];
+  return gguf_scalar_from_bits(element_type, bits);
+}
+
+bool GgufArray::well_formed() const {
+  if (element_type == GgufValueType::ARRAY) {
+    if (!raw.empty() || !string_starts.empty()) return false;
+    for (const GgufArray& array : arrays) {
+      if (!array.well_formed()) return false;
+    }
+    return true;
+  }
+  if (!arrays.empty()) return false;
+  if (element_type != GgufValueType::STRING) {
+    const uint64_t width = gguf_value_size(element_type);
+    if (width == 0 || raw.size() % width != 0 || !string_starts.empty()) return false;
+    if (element_type != GgufValueType::BOOL) return true;
+    for (uint8_t b : raw) {
+      if (b > 1) return false;
+    }
+    return true;
+  }
+  if (string_starts.empty()) return raw.empty();
+  if (string_starts[0] != 0 || string_starts.back() >= raw.size() || raw.back() != 0) return false;
+  for (size_t k = 1; k < string_starts.size(); ++k) {  // each element ends with its NUL before the next
+    if (string_starts[k] <= string_starts[k - 1] || string_starts[k] > raw.size()) return false;
+    if (raw[string_starts[k] - 1] != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace peft
