@@ -23,6 +23,7 @@ NOT_WRAPPED = {
     "peft_registry_names": "older alias of peft_registry_name_list; the binding calls the regular one",
     "peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls "
                                         "the regular one",
+    "peft_adapter_export_gguf": "GGUF adapter export is reached through peftc and the C API; not wrapped yet",
 }
 
 #: A C prototype: the return type and parameter types, ``const`` and spaces removed ("peft_lease**").
