@@ -105,4 +105,25 @@ bool GgufArray::well_formed() const {
   return true;
 }
 
+const GgufValue* find_metadata(const GgufHeader& header, std::string_view key) {
+  for (const GgufKeyValue& kv : header.metadata)
+    if (kv.key == key) return &kv.value;
+  return nullptr;
+}
+
+std::optional<std::string> metadata_string(const GgufHeader& header, std::string_view key) {
+  const GgufValue* value = find_metadata(header, key);
+  const auto* text = value != nullptr ? std::get_if<std::string>(&value->data) : nullptr;
+  if (text == nullptr) return std::nullopt;
+  return *text;
+}
+
+std::optional<uint64_t> metadata_count(const GgufHeader& header, std::string_view key) {
+  const GgufValue* value = find_metadata(header, key);
+  if (value == nullptr) return std::nullopt;
+  if (const auto* u = std::get_if<uint64_t>(&value->data)) return *u;
+  if (const auto* i = std::get_if<int64_t>(&value->data); i && *i >= 0) return static_cast<uint64_t>(*i);
+  return std::nullopt;
+}
+
 }  // namespace peft

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <optional>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -75,6 +76,12 @@ struct GgufHeader {
   uint64_t data_start = 0;   // absolute offset of the data section (a multiple of alignment)
   uint64_t data_size = 0;    // bytes the data section needs: the last tensor's end, padded
 };
+
+// Metadata lookups by key (first match in file order): the value or null; a string value; a
+// single non-negative integer value (nullopt when absent, of another type, negative, or an array).
+const GgufValue* find_metadata(const GgufHeader& header, std::string_view key);
+std::optional<std::string> metadata_string(const GgufHeader& header, std::string_view key);
+std::optional<uint64_t> metadata_count(const GgufHeader& header, std::string_view key);
 
 // Reads exactly `count` bytes at absolute `offset` into `dst`; throws (PEFT_ERR_IO) on failure.
 using GgufByteReader = std::function<void(uint64_t offset, void* dst, uint64_t count)>;

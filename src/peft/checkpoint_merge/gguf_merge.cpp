@@ -28,27 +28,10 @@ namespace fs = std::filesystem;
 // Copies go through a buffer of this size.
 constexpr uint64_t kCopyChunk = uint64_t{4} << 20;
 
-const GgufValue* find_value(const GgufHeader& header, const std::string& key) {
-  for (const GgufKeyValue& kv : header.metadata)
-    if (kv.key == key) return &kv.value;
-  return nullptr;
-}
-
 std::string architecture_of(const GgufHeader& header, const std::string& path) {
-  const GgufValue* value = find_value(header, "general.architecture");
-  const auto* text = value != nullptr ? std::get_if<std::string>(&value->data) : nullptr;
-  if (text == nullptr)
-    fail(PEFT_ERR_INVALID_CHECKPOINT, path + ": the GGUF file has no string general.architecture");
-  return *text;
-}
-
-// An attention head count of the architecture ("<arch>.attention.head_count[_kv]"), if present.
-std::optional<uint64_t> head_count(const GgufHeader& header, const std::string& key) {
-  const GgufValue* value = find_value(header, key);
-  if (value == nullptr) return std::nullopt;
-  if (const auto* u = std::get_if<uint64_t>(&value->data)) return *u;
-  if (const auto* i = std::get_if<int64_t>(&value->data); i && *i >= 0) return static_cast<uint64_t>(*i);
-  return std::nullopt;  // an array (per-layer counts) or another type: not a single count
+  const std::optional<std::string> architecture = metadata_string(header, "general.architecture");
+  if (!architecture) fail(PEFT_ERR_INVALID_CHECKPOINT, path + ": the GGUF file has no string general.architecture");
+  return *architecture;
 }
 
 // One adapter module merged into one GGUF tensor.
@@ -185,10 +168,10 @@ class GgufMerge {
   // The heads a RoPE row order runs over, checked against the tensor's rows.
   uint64_t heads_for(GgufRows rows, const TensorInfo& info) const {
     const std::string q_key = architecture_ + ".attention.head_count";
-    const std::optional<uint64_t> q = head_count(*header_, q_key);
+    const std::optional<uint64_t> q = metadata_count(*header_, q_key);
     std::optional<uint64_t> heads = q;
     if (rows == GgufRows::rope_k) {
-      const std::optional<uint64_t> kv = head_count(*header_, q_key + "_kv");
+      const std::optional<uint64_t> kv = metadata_count(*header_, q_key + "_kv");
       if (kv) heads = kv;
     }
     const uint64_t tensor_rows = info.shape.empty() ? 0 : info.shape[0];

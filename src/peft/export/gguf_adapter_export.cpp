@@ -28,19 +28,6 @@ struct GgufBase {
   std::string name;                        // for messages
 };
 
-std::optional<uint64_t> count_of(const GgufValue* value) {
-  if (value == nullptr) return std::nullopt;
-  if (const auto* u = std::get_if<uint64_t>(&value->data)) return *u;
-  if (const auto* i = std::get_if<int64_t>(&value->data); i && *i >= 0) return static_cast<uint64_t>(*i);
-  return std::nullopt;
-}
-
-const GgufValue* find_value(const GgufHeader& header, const std::string& key) {
-  for (const GgufKeyValue& kv : header.metadata)
-    if (kv.key == key) return &kv.value;
-  return nullptr;
-}
-
 std::optional<uint64_t> count_of(const nlohmann::json& config, const char* key) {
   auto it = config.find(key);
   if (it == config.end() || !it->is_number_unsigned()) return std::nullopt;
@@ -55,13 +42,13 @@ GgufBase open_base(const Adapter& adapter, const std::string& given) {
   if (is_gguf_path(base.name)) {
     base.gguf = Checkpoint::open(base.name);
     const GgufHeader& header = *base.gguf->gguf_header(0);
-    const GgufValue* arch = find_value(header, "general.architecture");
-    const auto* text = arch != nullptr ? std::get_if<std::string>(&arch->data) : nullptr;
-    if (text == nullptr) fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
-    base.architecture = *text;
+    const std::optional<std::string> architecture = metadata_string(header, "general.architecture");
+    if (!architecture)
+      fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
+    base.architecture = *architecture;
     base.table = builtin_table_for_gguf(base.architecture);
-    base.heads = count_of(find_value(header, base.architecture + ".attention.head_count"));
-    base.kv_heads = count_of(find_value(header, base.architecture + ".attention.head_count_kv"));
+    base.heads = metadata_count(header, base.architecture + ".attention.head_count");
+    base.kv_heads = metadata_count(header, base.architecture + ".attention.head_count_kv");
   } else {
     const std::string dir = resolve_model_location(base.name);
     const nlohmann::json config = read_base_config(dir);
