@@ -2482,6 +2482,33 @@ PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const
                                               int32_t ggml_type);
 
 /**
+ * @brief Writes a GGUF LoRA adapter (llama.cpp's `convert_lora_to_gguf.py` output, or
+ *        peft_adapter_export_gguf()'s) as a PEFT LoRA adapter folder that PEFT loads and merges to
+ *        the weights llama.cpp applies.
+ *
+ * Each `<GGUF tensor>.weight.lora_a`/`.lora_b` pair becomes the module the architecture table
+ * names (`token_embd`'s becomes PEFT's `lora_embedding_A`/`_B`, A transposed back; B of LLaMA's
+ * q/k gets PyTorch's row order back). Factors of F32, F16, BF16 or Q8_0 are written F32. The
+ * config keeps llama.cpp's scale alpha / rank exactly: lora_alpha = adapter.lora.alpha, r = the most
+ * common rank, rank_pattern for the others (alpha 0, which llama.cpp reads as scale 1: lora_alpha
+ * = r and alpha_pattern giving each other module its rank). docs/gguf.md has the details.
+ * @param gguf_path The GGUF adapter file (UTF-8).
+ * @param out_dir The folder to write adapter_model.safetensors and adapter_config.json into
+ *        (created if needed; both files replaced atomically, a failure leaves the folder as it was).
+ * @param base The base model, required: a Hugging Face model folder or hub id (config.json) or a
+ *        GGUF model file; it gives the head counts and becomes base_model_name_or_path.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL or empty arguments, a file whose general.type is not
+ *         "adapter", or a base of another architecture;
+ *         #PEFT_ERR_UNSUPPORTED for an adapter.type other than "lora", an unknown architecture, or
+ *         listing every tensor that is not a LoRA factor (norm deltas and the like);
+ *         #PEFT_ERR_UNRESOLVED_KEY listing every GGUF module the architecture table does not name;
+ *         #PEFT_ERR_INVALID_CHECKPOINT for incomplete pairs; #PEFT_ERR_SHAPE_MISMATCH for factors
+ *         that do not fit; #PEFT_ERR_IO and the errors of peft_checkpoint_open(). Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char* out_dir, const char* base);
+
+/**
  * @brief Combines adapters into a new adapter folder as PEFT's `add_weighted_adapter` does.
  *
  * With `cat`, each module's new lora_A is the rows w_i * s_i * A_i and lora_B the columns B_i of the
@@ -3149,6 +3176,7 @@ typedef struct peft_api {
   peft_error* (*checkpoint_gguf_kv_float)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, double* out); /**< peft_checkpoint_gguf_kv_float() */
   peft_error* (*checkpoint_gguf_kv_string)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, const char** out_data, size_t* out_length); /**< peft_checkpoint_gguf_kv_string() */
   peft_error* (*adapter_export_gguf)(const peft_adapter* adapter, const char* out_path, const char* base, int32_t ggml_type); /**< peft_adapter_export_gguf() */
+  peft_error* (*adapter_import_gguf)(const char* gguf_path, const char* out_dir, const char* base); /**< peft_adapter_import_gguf() */
 } peft_api;
 
 /**

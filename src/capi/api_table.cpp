@@ -210,6 +210,7 @@ const peft_api kApiV1 = {
     &peft_checkpoint_gguf_kv_float,
     &peft_checkpoint_gguf_kv_string,
     &peft_adapter_export_gguf,
+    &peft_adapter_import_gguf,
 };
 
 }  // namespace

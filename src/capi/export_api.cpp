@@ -9,6 +9,7 @@
 #include "peft/export/adapter_combine.hpp"
 #include "peft/export/adapter_export.hpp"
 #include "peft/export/gguf_adapter_export.hpp"
+#include "peft/export/gguf_adapter_import.hpp"
 
 struct peft_export_options {
   peft::ExportOptions impl;
@@ -60,6 +61,15 @@ peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* ou
     options.base = base != nullptr ? base : "";
     options.ggml_type = static_cast<uint32_t>(ggml_type);
     peft::export_gguf_adapter(*adapter->impl, out_path, options);
+  });
+}
+
+peft_error* peft_adapter_import_gguf(const char* gguf_path, const char* out_dir, const char* base) {
+  return guarded([&] {
+    require_arg(gguf_path, "gguf_path");
+    require_arg(out_dir, "out_dir");
+    require_arg(base, "base");
+    peft::import_gguf_adapter(gguf_path, out_dir, base);
   });
 }
 

@@ -4,6 +4,8 @@
 // knows. With --lenient it writes what PEFT loads (without the keys PEFT ignores; warnings on stderr).
 // With --format gguf, OUT is a GGUF LoRA file for llama.cpp (peft_adapter_export_gguf): BASE is then
 // a model folder, hub id or GGUF file (default: the adapter's base), --dtype also takes q8_0.
+// With IN a GGUF LoRA file and --format peft, OUT is a PEFT adapter folder (peft_adapter_import_gguf);
+// --base is then required.
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -26,6 +28,16 @@ std::optional<int32_t> gguf_factor_type(const std::string& name) {
   const std::optional<int32_t> dtype = parse_float_dtype(name);
   if (!dtype) return std::nullopt;
   return peft_ggml_type_from_name(peft_dtype_name(*dtype));
+}
+
+// Whether `path` is a file starting with GGUF's magic.
+bool is_gguf_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  char magic[4] = {};
+  const bool gguf = std::fread(magic, 1, 4, f) == 4 && magic[0] == 'G' && magic[1] == 'G' && magic[2] == 'U' && magic[3] == 'F';
+  std::fclose(f);
+  return gguf;
 }
 
 int export_command(const std::vector<std::string>& args) {
@@ -79,6 +91,16 @@ int export_command(const std::vector<std::string>& args) {
     if (peft_error* err = peft_adapter_export_gguf(adapter.p, positional[1].c_str(), base.c_str(), type))
       return report(err);
     std::printf("exported %zu module(s) to %s\n", peft_adapter_module_count(adapter.p), positional[1].c_str());
+    return kExitOk;
+  }
+  if (is_gguf_file(positional[0])) {
+    // A GGUF LoRA adapter to a PEFT folder (peft_adapter_import_gguf): factors are written F32.
+    if (base.empty()) return usage_error("importing a GGUF adapter needs --base BASE", kUsage);
+    if (version || !dtype_name.empty() || lenient)
+      return usage_error("--dtype, --peft-version and --lenient do not apply to a GGUF adapter", kUsage);
+    if (peft_error* err = peft_adapter_import_gguf(positional[0].c_str(), positional[1].c_str(), base.c_str()))
+      return report(err);
+    std::printf("imported %s to %s\n", positional[0].c_str(), positional[1].c_str());
     return kExitOk;
   }
   if (!dtype_name.empty()) {

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <map>
-#include <variant>
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
@@ -12,62 +11,10 @@
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
 #include "gguf/rope_rows.hpp"
-#include "peft/adapter/base_config.hpp"
-#include "peft/arch/arch_registry.hpp"
-#include "safetensors/hub_cache.hpp"
+#include "peft/export/gguf_base.hpp"
 
 namespace peft {
 namespace {
-
-// What the export needs to know of the base.
-struct GgufBase {
-  std::shared_ptr<const ArchTable> table;
-  std::string architecture;
-  std::optional<uint64_t> heads, kv_heads;
-  std::shared_ptr<const Checkpoint> gguf;  // a GGUF base: its tensors; null for a Hugging Face folder
-  std::string name;                        // for messages
-};
-
-std::optional<uint64_t> count_of(const nlohmann::json& config, const char* key) {
-  auto it = config.find(key);
-  if (it == config.end() || !it->is_number_unsigned()) return std::nullopt;
-  return it->get<uint64_t>();
-}
-
-GgufBase open_base(const Adapter& adapter, const std::string& given) {
-  GgufBase base;
-  base.name = given.empty() ? adapter.config().base_model_name_or_path.value_or("") : given;
-  if (base.name.empty())
-    fail(PEFT_ERR_INVALID_ARGUMENT, "no base model: the adapter's config has no base_model_name_or_path; give one");
-  if (is_gguf_path(base.name)) {
-    base.gguf = Checkpoint::open(base.name);
-    const GgufHeader& header = *base.gguf->gguf_header(0);
-    const std::optional<std::string> architecture = metadata_string(header, "general.architecture");
-    if (!architecture)
-      fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
-    base.architecture = *architecture;
-    base.table = builtin_table_for_gguf(base.architecture);
-    base.heads = metadata_count(header, base.architecture + ".attention.head_count");
-    base.kv_heads = metadata_count(header, base.architecture + ".attention.head_count_kv");
-  } else {
-    const std::string dir = resolve_model_location(base.name);
-    const nlohmann::json config = read_base_config(dir);
-    const auto model_type = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
-                                ? std::optional<std::string>(config["model_type"].get<std::string>())
-                                : std::nullopt;
-    if (!model_type) fail(PEFT_ERR_INVALID_CONFIG, dir + ": config.json has no model_type");
-    base.table = builtin_arch_table(detect_base_family(dir, std::nullopt));
-    const auto architecture = base.table->gguf_architecture_of(*model_type);
-    if (!architecture)
-      fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + peft::quoted(*model_type) +
-                                     " (docs/gguf.md lists those that are)");
-    base.architecture = *architecture;
-    base.heads = count_of(config, "num_attention_heads");
-    base.kv_heads = count_of(config, "num_key_value_heads");
-  }
-  if (!base.kv_heads) base.kv_heads = base.heads;
-  return base;
-}
 
 // One module as GGUF holds it.
 struct GgufPair {
@@ -172,7 +119,11 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
   if (options.ggml_type != 0 && options.ggml_type != 1 && options.ggml_type != 30 && options.ggml_type != 8)
     fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF adapter factors are written as F32, F16, BF16 or Q8_0 (ggml type " +
                                         std::to_string(options.ggml_type) + " is none of them)");
-  const GgufBase base = open_base(adapter, options.base);
+  const std::string base_name =
+      options.base.empty() ? adapter.config().base_model_name_or_path.value_or("") : options.base;
+  if (base_name.empty())
+    fail(PEFT_ERR_INVALID_ARGUMENT, "no base model: the adapter's config has no base_model_name_or_path; give one");
+  const GgufBase base = open_gguf_base(base_name);
   const std::vector<GgufPair> pairs = plan_pairs(adapter, base);
   const double alpha = adapter.config().lora_alpha;
   // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.

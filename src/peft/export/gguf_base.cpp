@@ -1,0 +1,56 @@
+#include "peft/export/gguf_base.hpp"
+
+#include <variant>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "gguf/gguf_file.hpp"
+#include "peft/adapter/base_config.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "safetensors/hub_cache.hpp"
+
+namespace peft {
+namespace {
+
+std::optional<uint64_t> count_of(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<uint64_t>();
+}
+
+}  // namespace
+
+GgufBase open_gguf_base(const std::string& name) {
+  GgufBase base;
+  base.name = name;
+  if (base.name.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "no base model given");
+  if (is_gguf_path(base.name)) {
+    base.gguf = Checkpoint::open(base.name);
+    const GgufHeader& header = *base.gguf->gguf_header(0);
+    const auto arch = metadata_string(header, "general.architecture");
+    if (!arch) fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
+    base.architecture = *arch;
+    base.table = builtin_table_for_gguf(base.architecture);
+    base.heads = metadata_count(header, base.architecture + ".attention.head_count");
+    base.kv_heads = metadata_count(header, base.architecture + ".attention.head_count_kv");
+  } else {
+    const std::string dir = resolve_model_location(base.name);
+    const nlohmann::json config = read_base_config(dir);
+    const auto model_type = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
+                                ? std::optional<std::string>(config["model_type"].get<std::string>())
+                                : std::nullopt;
+    if (!model_type) fail(PEFT_ERR_INVALID_CONFIG, dir + ": config.json has no model_type");
+    base.table = builtin_arch_table(detect_base_family(dir, std::nullopt));
+    const auto architecture = base.table->gguf_architecture_of(*model_type);
+    if (!architecture)
+      fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + peft::quoted(*model_type) +
+                                     " (docs/gguf.md lists those that are)");
+    base.architecture = *architecture;
+    base.heads = count_of(config, "num_attention_heads");
+    base.kv_heads = count_of(config, "num_key_value_heads");
+  }
+  if (!base.kv_heads) base.kv_heads = base.heads;
+  return base;
+}
+
+}  // namespace peft
