@@ -20,6 +20,7 @@
 #include "test_writer_support.hpp"
 
 using namespace peft;
+using writer_test::HookScope;
 using error_test::code_of;
 using writer_test::ScratchDir;
 
@@ -65,28 +66,6 @@ void write_all(GgufWriter& writer, const std::vector<std::string>& data) {
 std::string bytes_of(const std::vector<float>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
 }
-
-// The fault hook: fail `op` with `error` from its `countdown`-th call on.
-struct Injection {
-  testing::FileOp op = testing::FileOp::write;
-  int error = 0;
-  int countdown = 0;
-  int seen = 0;
-};
-Injection g_injection;
-
-int inject(testing::FileOp op, const std::string&) {
-  if (op != g_injection.op) return 0;
-  return ++g_injection.seen >= g_injection.countdown ? g_injection.error : 0;
-}
-
-struct HookScope {
-  HookScope(testing::FileOp op, int error, int countdown = 1) {
-    g_injection = {op, error, countdown, 0};
-    testing::fault_hook = &inject;
-  }
-  ~HookScope() { testing::fault_hook = nullptr; }
-};
 
 }  // namespace
 

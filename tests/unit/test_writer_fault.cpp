@@ -24,32 +24,10 @@
 #include "test_writer_support.hpp"
 
 using namespace peft;
+using writer_test::HookScope;
 using writer_test::ScratchDir;
 
 namespace {
-
-// The hook state: fail operation `op` with `error` from its `countdown`-th call on.
-struct Injection {
-  testing::FileOp op = testing::FileOp::write;
-  int error = 0;
-  int countdown = 0;
-  int seen = 0;
-};
-Injection g_injection;
-
-int inject(testing::FileOp op, const std::string&) {
-  if (op != g_injection.op) return 0;
-  return ++g_injection.seen >= g_injection.countdown ? g_injection.error : 0;
-}
-
-// Installs the hook for one scope.
-struct HookScope {
-  HookScope(testing::FileOp op, int error, int countdown = 1) {
-    g_injection = {op, error, countdown, 0};
-    testing::fault_hook = &inject;
-  }
-  ~HookScope() { testing::fault_hook = nullptr; }
-};
 
 int32_t error_code_of(const std::function<void()>& body, std::string* message = nullptr) {
   try {

@@ -1,4 +1,5 @@
-// Helpers shared by the writer tests: scratch folders, whole-file reads, and listing leftovers.
+// Helpers shared by the writer tests: scratch folders, whole-file reads, listing leftovers, and
+// injected file-system failures (AtomicFile's fault hook).
 #pragma once
 
 #include <sys/stat.h>
@@ -70,5 +71,28 @@ inline std::string le64(uint64_t n) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
   return out;
 }
+
+// The fault hook's state: fail operation `op` with `error` from its `countdown`-th call on.
+struct Injection {
+  peft::testing::FileOp op = peft::testing::FileOp::write;
+  int error = 0;
+  int countdown = 0;
+  int seen = 0;
+};
+inline Injection g_injection;
+
+inline int inject(peft::testing::FileOp op, const std::string&) {
+  if (op != g_injection.op) return 0;
+  return ++g_injection.seen >= g_injection.countdown ? g_injection.error : 0;
+}
+
+// Installs the hook for one scope.
+struct HookScope {
+  HookScope(peft::testing::FileOp op, int error, int countdown = 1) {
+    g_injection = {op, error, countdown, 0};
+    peft::testing::fault_hook = &inject;
+  }
+  ~HookScope() { peft::testing::fault_hook = nullptr; }
+};
 
 }  // namespace writer_test
