@@ -13,8 +13,8 @@
 #include "gguf/ggml_type.hpp"
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
-#include "gguf/rope_rows.hpp"
 #include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_row_order.hpp"
 #include "peft/arch/translator.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
@@ -62,6 +62,7 @@ class GgufMerge {
     header_ = base_->gguf_header(0);
     if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
     architecture_ = architecture_of(*header_, path_);
+    heads_ = gguf_heads_from_metadata(*header_, architecture_);
     table_ = with_file(path_, [&] { return builtin_table_for_gguf(architecture_); });
     plan();
   }
@@ -161,25 +162,11 @@ class GgufMerge {
       for (const std::string& line : unresolved) message += "\n  " + line;
       fail(PEFT_ERR_UNRESOLVED_KEY, message);
     }
-    for (const auto& [index, target] : targets_)
-      if (target.rows != GgufRows::same) heads_for(target.rows, base_->tensor(index));
-  }
-
-  // The heads a RoPE row order runs over, checked against the tensor's rows.
-  uint64_t heads_for(GgufRows rows, const TensorInfo& info) const {
-    const std::string q_key = architecture_ + ".attention.head_count";
-    const std::optional<uint64_t> q = metadata_count(*header_, q_key);
-    std::optional<uint64_t> heads = q;
-    if (rows == GgufRows::rope_k) {
-      const std::optional<uint64_t> kv = metadata_count(*header_, q_key + "_kv");
-      if (kv) heads = kv;
+    for (const auto& [index, target] : targets_) {
+      const TensorInfo& info = base_->tensor(index);
+      if (const auto problem = gguf_rows_problem(target.rows, heads_, info.shape.empty() ? 0 : info.shape[0]))
+        fail(PEFT_ERR_INVALID_CHECKPOINT, path_ + ": tensor " + peft::quoted(info.name) + ": " + *problem);
     }
-    const uint64_t tensor_rows = info.shape.empty() ? 0 : info.shape[0];
-    if (!heads || *heads == 0 || tensor_rows % (2 * *heads) != 0)
-      fail(PEFT_ERR_INVALID_CHECKPOINT, path_ + ": tensor " + peft::quoted(info.name) + " has " +
-                                            std::to_string(tensor_rows) + " rows, which " + peft::quoted(q_key) +
-                                            "(_kv) does not divide into heads of an even size");
-    return *heads;
   }
 
   // The tensor with every term added, in its own type.
@@ -188,9 +175,9 @@ class GgufMerge {
     const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
     const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
     std::vector<float> values = base_->read_f32(index);
-    const uint64_t heads = target.rows == GgufRows::same ? 0 : heads_for(target.rows, info);
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
-    if (heads > 0) reorder_rope_rows(values.data(), static_cast<uint64_t>(rows), row_bytes, heads, true);
+    const std::string what = path_ + ": tensor " + peft::quoted(info.name);
+    reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
     BufferMergeOptions merge_options;
     merge_options.threads = options_.threads;
     for (const GgufTerm& term : target.terms) {
@@ -198,7 +185,7 @@ class GgufMerge {
       const merge::WeightView view{values.data(), DType::F32, term.module.layout.rows(), term.module.layout.cols()};
       BufferMerge::apply(view, nullptr, term.module, merge_options);
     }
-    if (heads > 0) reorder_rope_rows(values.data(), static_cast<uint64_t>(rows), row_bytes, heads, false);
+    reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
     std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
     convert(DType::F32, values.data(), info.dtype, out.data(), values.size());
     if (!options_.allow_nonfinite) check_finite(info, out.data(), values.size());
@@ -218,6 +205,7 @@ class GgufMerge {
   const CheckpointMergeOptions& options_;
   std::shared_ptr<const Checkpoint> base_;
   const GgufHeader* header_ = nullptr;
+  GgufHeads heads_;
   std::string architecture_;
   std::shared_ptr<const ArchTable> table_;
   std::map<size_t, GgufTarget> targets_;

@@ -10,7 +10,6 @@
 #include "gguf/ggml_type.hpp"
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
-#include "gguf/rope_rows.hpp"
 #include "peft/export/gguf_base.hpp"
 
 namespace peft {
@@ -62,10 +61,10 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
       unresolved.push_back(what + ": the GGUF base has no tensor " + peft::quoted(pair.tensor));
       continue;
     }
-    if (pair.rows != GgufRows::same) {
-      const auto heads = pair.rows == GgufRows::rope_q ? base.heads : base.kv_heads;
-      if (!heads || *heads == 0)
-        unresolved.push_back(what + ": the base does not give the head count its GGUF row order needs");
+    if (const AdapterTensor* b = module.find(TensorRole::lora_b)) {
+      const std::vector<uint64_t>& b_shape = adapter.checkpoint().tensor(b->index).shape;
+      if (const auto problem = gguf_rows_problem(pair.rows, base.heads, b_shape.empty() ? 0 : b_shape[0]))
+        unresolved.push_back(what + ": " + *problem);
     }
     pairs.push_back(std::move(pair));
   }
@@ -150,13 +149,8 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
     if (static_cast<float>(ratio) != 1.0f)
       for (float& v : b_values) v = static_cast<float>(static_cast<double>(v) * ratio);
     const uint64_t out_rows = b_info.shape[0];
-    if (pair.rows != GgufRows::same) {
-      const uint64_t heads = *(pair.rows == GgufRows::rope_q ? base.heads : base.kv_heads);
-      if (out_rows % (2 * heads) != 0)
-        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": " + std::to_string(out_rows) +
-                                          " output rows do not split into " + std::to_string(heads) + " heads");
-      reorder_rope_rows(b_values.data(), out_rows, rank * sizeof(float), heads, false);
-    }
+    reorder_gguf_rows(pair.rows, base.heads, b_values.data(), out_rows, rank * sizeof(float), false,
+                      "module " + peft::quoted(m.name));
     if (embedding) {
       // llama.cpp applies token_embd's pair transposed: lora_a = A^T (num, r).
       factors.push_back(encode(pair.tensor + ".lora_a", transposed(a_values, rank, a_info.shape[1]), a_info.shape[1],

@@ -7,7 +7,6 @@
 #include "core/error.hpp"
 #include "core/quant/q8_0.hpp"
 #include "core/text.hpp"
-#include "gguf/rope_rows.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/export/adapter_export.hpp"
 #include "peft/export/gguf_base.hpp"
@@ -122,10 +121,10 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     if (!m.a || !m.b) broken.push_back(peft::quoted(gguf) + ": lora_" + (m.a ? "b" : "a") + " is missing");
     if (m.rule->kind != ModuleKind::linear && m.rule->kind != ModuleKind::embedding)
       unsupported.push_back(peft::quoted(gguf) + ": a " + module_kind_name(m.rule->kind) + " module");
-    if (m.rule->gguf_rows != GgufRows::same) {
-      const auto heads = m.rule->gguf_rows == GgufRows::rope_q ? base.heads : base.kv_heads;
-      if (!heads || *heads == 0)
-        unresolved.push_back(peft::quoted(gguf) + ": the base does not give the head count its GGUF row order needs");
+    if (m.b) {
+      const std::vector<uint64_t>& b_shape = file->tensor(*m.b).shape;
+      if (const auto problem = gguf_rows_problem(m.rule->gguf_rows, base.heads, b_shape.empty() ? 0 : b_shape[0]))
+        unresolved.push_back(peft::quoted(gguf) + ": " + *problem);
     }
   }
   if (!unresolved.empty())
@@ -160,14 +159,8 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     if (m.rank == 0 || b_info.shape[1] != m.rank)
       fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(gguf) + ": lora_b has " + std::to_string(b_info.shape[1]) +
                                         " columns for rank " + std::to_string(m.rank));
-    if (m.rule->gguf_rows != GgufRows::same) {
-      const uint64_t heads = *(m.rule->gguf_rows == GgufRows::rope_q ? base.heads : base.kv_heads);
-      const uint64_t rows = b_info.shape[0];
-      if (rows % (2 * heads) != 0)
-        fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(gguf) + ": " + std::to_string(rows) +
-                                          " output rows do not split into " + std::to_string(heads) + " heads");
-      reorder_rope_rows(m.b_values.data(), rows, m.rank * sizeof(float), heads, true);
-    }
+    reorder_gguf_rows(m.rule->gguf_rows, base.heads, m.b_values.data(), b_info.shape[0], m.rank * sizeof(float), true,
+                      peft::quoted(gguf));
     ++rank_counts[m.rank];
   }
 

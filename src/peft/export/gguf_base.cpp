@@ -10,16 +10,6 @@
 #include "safetensors/hub_cache.hpp"
 
 namespace peft {
-namespace {
-
-std::optional<uint64_t> count_of(const nlohmann::json& config, const char* key) {
-  auto it = config.find(key);
-  if (it == config.end() || !it->is_number_unsigned()) return std::nullopt;
-  return it->get<uint64_t>();
-}
-
-}  // namespace
-
 GgufBase open_gguf_base(const std::string& name) {
   GgufBase base;
   base.name = name;
@@ -31,8 +21,7 @@ GgufBase open_gguf_base(const std::string& name) {
     if (!arch) fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
     base.architecture = *arch;
     base.table = builtin_table_for_gguf(base.architecture);
-    base.heads = metadata_count(header, base.architecture + ".attention.head_count");
-    base.kv_heads = metadata_count(header, base.architecture + ".attention.head_count_kv");
+    base.heads = gguf_heads_from_metadata(header, base.architecture);
   } else {
     const std::string dir = resolve_model_location(base.name);
     const nlohmann::json config = read_base_config(dir);
@@ -46,10 +35,8 @@ GgufBase open_gguf_base(const std::string& name) {
       fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + peft::quoted(*model_type) +
                                      " (docs/gguf.md lists those that are)");
     base.architecture = *architecture;
-    base.heads = count_of(config, "num_attention_heads");
-    base.kv_heads = count_of(config, "num_key_value_heads");
+    base.heads = gguf_heads_from_config(config);
   }
-  if (!base.kv_heads) base.kv_heads = base.heads;
   return base;
 }
 

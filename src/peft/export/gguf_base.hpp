@@ -10,6 +10,7 @@
 
 #include "gguf/gguf_header.hpp"
 #include "peft/arch/arch_table.hpp"
+#include "peft/arch/gguf_row_order.hpp"
 #include "safetensors/checkpoint.hpp"
 
 namespace peft {
@@ -17,7 +18,7 @@ namespace peft {
 struct GgufBase {
   std::shared_ptr<const ArchTable> table;
   std::string architecture;
-  std::optional<uint64_t> heads, kv_heads;
+  GgufHeads heads;
   std::shared_ptr<const Checkpoint> gguf;  // a GGUF base: its tensors; null for a Hugging Face folder
   std::string name;                        // for messages
 };
