@@ -145,3 +145,71 @@ func Combine(adapters []*Adapter, weights []float64, method CombineMethod, outDi
 	}
 	return takeError(C.peft_adapter_combine(ptrs, cweights, n, C.int32_t(method), cout, o))
 }
+
+// The ggml types ExportGGUF writes factors in (ggml's numbering).
+const (
+	GGMLF32  GGMLType = 0
+	GGMLF16  GGMLType = 1
+	GGMLQ8_0 GGMLType = 8
+	GGMLBF16 GGMLType = 30
+)
+
+// ExportGGUF writes the adapter as a GGUF LoRA adapter that llama.cpp loads (--lora,
+// llama-export-lora), with PEFT's exact scale for every module: general.architecture (the base's),
+// adapter.lora.alpha, and a "<GGUF tensor>.lora_a"/".lora_b" pair per module, named by the base's
+// architecture table. base is a Hugging Face model folder or hub id (its config.json) or a GGUF model
+// file; "" uses the adapter's base_model_name_or_path. typ is the factors' type: GGMLF32, GGMLF16,
+// GGMLBF16 or GGMLQ8_0 (a factor whose rows are not a multiple of 32 values is written F16, as
+// llama.cpp's converter does). The file is written atomically.
+//
+// Errors: ErrUnsupported listing the modules GGUF cannot hold (DoRA, lora_B.bias, whole tensors,
+// trainable tokens, conv layers) or for a base architecture without GGUF names; ErrUnresolvedKey
+// listing the modules without a GGUF tensor; ErrInvalidArgument for another type or no base;
+// ErrInvalidConfig for a base folder without a usable config.json; ErrNonFinite; ErrIO and the
+// errors of Open for the base.
+func (a *Adapter) ExportGGUF(outPath, base string, typ GGMLType) error {
+	var cs cstrings
+	defer cs.free()
+	cout, err := cs.add(outPath, "output path")
+	if err != nil {
+		return err
+	}
+	cbase, err := cs.addOptional(base, "base")
+	if err != nil {
+		return err
+	}
+	p, err := a.use()
+	if err != nil {
+		return err
+	}
+	defer a.done()
+	return takeError(C.peft_adapter_export_gguf(p, cout, cbase, C.int32_t(typ)))
+}
+
+// ImportGGUF writes a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py output, or
+// ExportGGUF's) as a PEFT LoRA adapter folder (adapter_model.safetensors with F32 factors and
+// adapter_config.json) that PEFT loads and merges to the weights llama.cpp applies, creating outDir
+// if needed. base is required: a Hugging Face model folder or hub id, or a GGUF model file; it gives
+// the head counts and becomes base_model_name_or_path. A failure leaves outDir as it was.
+//
+// Errors: ErrInvalidArgument for an empty argument, a file that is not a GGUF adapter or a base of
+// another architecture; ErrUnsupported for an adapter type other than LoRA, an unknown architecture
+// or tensors that are not LoRA factors; ErrUnresolvedKey listing the GGUF modules without a PEFT
+// module; ErrInvalidCheckpoint for incomplete pairs; ErrShapeMismatch; ErrIO and the errors of Open.
+func ImportGGUF(ggufPath, outDir, base string) error {
+	var cs cstrings
+	defer cs.free()
+	cpath, err := cs.add(ggufPath, "GGUF path")
+	if err != nil {
+		return err
+	}
+	cout, err := cs.add(outDir, "output folder")
+	if err != nil {
+		return err
+	}
+	cbase, err := cs.add(base, "base")
+	if err != nil {
+		return err
+	}
+	return takeError(C.peft_adapter_import_gguf(cpath, cout, cbase))
+}

@@ -27,9 +27,6 @@ var notWrapped = map[string]string{
 	"peft_merge_buffer_remove":         "older alias of peft_merge_record_unmerge; the binding calls the regular one",
 	"peft_registry_names":              "older alias of peft_registry_name_list; the binding calls the regular one",
 	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
-	// GGUF adapter conversion (issue 16).
-	"peft_adapter_export_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
-	"peft_adapter_import_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
 }
 
 var (
