@@ -26,7 +26,7 @@ from .gguf import GgufValueType, ggml_type_from_name, ggml_type_geometry, ggml_t
 from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
-from .export import combine_adapters, export_adapter
+from .export import combine_adapters, export_adapter, export_adapter_gguf, import_adapter_gguf
 from .doctor import adapter_doctor, adapter_doctor_fix
 from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
 from .hub import hub_cache_dir, hub_resolve
@@ -100,9 +100,11 @@ __all__ = [
     "convert",
     "dtype_bits",
     "export_adapter",
+    "export_adapter_gguf",
     "has_ml_dtypes",
     "hub_cache_dir",
     "hub_resolve",
+    "import_adapter_gguf",
     "kernels",
     "library_path",
     "load_library",

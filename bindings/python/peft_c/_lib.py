@@ -212,6 +212,8 @@ PROTOTYPES = {
     "peft_adapter_export": (_err, [_handle, c_char_p, _handle]),
     "peft_adapter_combine": (_err, [POINTER(c_void_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
                                     _handle]),
+    "peft_adapter_export_gguf": (_err, [_handle, c_char_p, c_char_p, c_int32]),
+    "peft_adapter_import_gguf": (_err, [c_char_p, c_char_p, c_char_p]),
     # serving: registry, leases, unmerged apply, host models
     "peft_registry_new": (_err, [c_int32, c_uint64, _handle, POINTER(c_void_p)]),
     "peft_registry_free": (None, [_handle]),

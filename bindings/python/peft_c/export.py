@@ -1,7 +1,9 @@
-"""Exporting and combining adapters as PEFT adapter folders: ``export_adapter``, ``combine_adapters``.
+"""Exporting and combining adapters as PEFT adapter folders: ``export_adapter``, ``combine_adapters``; and
+converting LoRA adapters to and from llama.cpp's GGUF LoRA files: ``export_adapter_gguf``,
+``import_adapter_gguf``.
 
 The folders are what ``PeftModel.save_pretrained`` writes (adapter_model.safetensors and
-adapter_config.json), written atomically. Both only read the adapters.
+adapter_config.json), written atomically. Each function only reads the adapters.
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import math
 from ctypes import c_double, c_void_p
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from ._dtypes import DTypeLike, as_dtype
 from ._handle import handle_of
 from ._helpers import c_options, encode, fs_path
 from ._lib import check, lib
 from .adapter import Adapter
+from .gguf import ggml_type_from_name
 
 # Mirrors PEFT_COMBINE_* of include/peft_c.h (checked by a test).
 COMBINE_METHODS = {"cat": 0, "linear": 1}
@@ -62,4 +65,47 @@ def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_
                                          fs_path(out_dir), opts))
 
 
-__all__ = ["COMBINE_METHODS", "combine_adapters", "export_adapter"]
+def export_adapter_gguf(adapter: Adapter, out_path, *, base=None, ggml_type: Union[str, int] = "F32") -> None:
+    """Writes ``adapter`` as a GGUF LoRA adapter that llama.cpp loads (``--lora``, ``llama-export-lora``),
+    with PEFT's exact scale for every module; the file is written atomically.
+
+    It holds ``general.architecture`` (the base's), ``adapter.lora.alpha`` and a
+    ``<GGUF tensor>.lora_a``/``.lora_b`` pair per module, named by the base's architecture table.
+    ``base`` is a Hugging Face model folder or hub id (its config.json) or a GGUF model file; None uses
+    the adapter's ``base_model_name_or_path``. ``ggml_type`` is the factors' type, a name or ggml's
+    number: "F32", "F16", "BF16" or "Q8_0" (a factor whose rows are not a multiple of 32 values is then
+    written F16, as llama.cpp's converter does).
+
+    Raises ``UnsupportedError`` listing the modules GGUF cannot hold (DoRA, lora_B.bias, whole tensors,
+    trainable tokens, conv layers) or for a base architecture without GGUF names;
+    ``UnresolvedKeyError`` listing the modules without a GGUF tensor; ``InvalidArgumentError`` for
+    another type or no base; ``InvalidConfigError`` for a base folder without a usable config.json;
+    ``NonFiniteError``; ``IoError`` and the errors of ``Checkpoint.open`` for the base.
+    """
+    code = ggml_type_from_name(ggml_type) if isinstance(ggml_type, str) else ggml_type
+    if isinstance(code, bool) or not isinstance(code, int):
+        raise TypeError("ggml_type is a name or an int")
+    if not 0 <= code < 2**31:
+        raise ValueError(f"ggml type {code} is not F32, F16, BF16 or Q8_0")
+    check(lib().peft_adapter_export_gguf(handle_of(adapter).ptr, fs_path(out_path),
+                                         None if base is None else fs_path(base, "base"), code))
+
+
+def import_adapter_gguf(gguf_path, out_dir, *, base) -> None:
+    """Writes a GGUF LoRA adapter (llama.cpp's ``convert_lora_to_gguf.py`` output, or
+    ``export_adapter_gguf``'s) as a PEFT LoRA adapter folder that PEFT loads and merges to the weights
+    llama.cpp applies; factors are written F32, and a failure leaves ``out_dir`` as it was.
+
+    ``base`` is required: a Hugging Face model folder or hub id, or a GGUF model file; it gives the
+    head counts and becomes ``base_model_name_or_path``.
+
+    Raises ``InvalidArgumentError`` for an empty argument, a file that is not a GGUF adapter or a base of
+    another architecture; ``UnsupportedError`` for an adapter type other than LoRA, an unknown
+    architecture or tensors that are not LoRA factors; ``UnresolvedKeyError`` listing the GGUF modules
+    without a PEFT module; ``InvalidCheckpointError`` for incomplete pairs; ``ShapeMismatchError``;
+    ``IoError`` and the errors of ``Checkpoint.open``.
+    """
+    check(lib().peft_adapter_import_gguf(fs_path(gguf_path), fs_path(out_dir), fs_path(base, "base")))
+
+
+__all__ = ["COMBINE_METHODS", "combine_adapters", "export_adapter", "export_adapter_gguf", "import_adapter_gguf"]

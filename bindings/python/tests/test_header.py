@@ -23,9 +23,6 @@ NOT_WRAPPED = {
     "peft_registry_names": "older alias of peft_registry_name_list; the binding calls the regular one",
     "peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls "
                                         "the regular one",
-    # GGUF adapter conversion (issue 16).
-    "peft_adapter_export_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
-    "peft_adapter_import_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
 }
 
 #: A C prototype: the return type and parameter types, ``const`` and spaces removed ("peft_lease**").
