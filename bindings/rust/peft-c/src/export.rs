@@ -1,4 +1,5 @@
-//! Exporting adapters as PEFT adapter folders and combining adapters (add_weighted_adapter).
+//! Exporting adapters as PEFT adapter folders, combining adapters (add_weighted_adapter), and
+//! converting LoRA adapters to and from llama.cpp's GGUF LoRA files.
 
 use std::fmt;
 use std::path::Path;
@@ -9,6 +10,7 @@ use crate::adapter::Adapter;
 use crate::dtype::DType;
 use crate::error::{check, Error, Result};
 use crate::ffi::{c_path, c_string, handle, new_handle};
+use crate::gguf::GgmlType;
 
 handle!(
     /// Options of [`Adapter::export`] and [`combine_adapters`]: the tensors' dtype and the PEFT
@@ -63,6 +65,56 @@ impl Adapter {
         // SAFETY: live handles, a valid string.
         unsafe { check(sys::peft_adapter_export(self.as_ptr(), out.as_ptr(), opts)) }
     }
+
+    /// Writes the adapter as a GGUF LoRA adapter that llama.cpp loads (`--lora`,
+    /// `llama-export-lora`), atomically, with PEFT's exact scale for every module: the base's
+    /// `general.architecture`, `adapter.lora.alpha`, and a `<GGUF tensor>.lora_a`/`.lora_b` pair per
+    /// module, named by the base's architecture table.
+    ///
+    /// `base` is a Hugging Face model folder or hub id (its config.json) or a GGUF model file; None
+    /// uses the adapter's `base_model_name_or_path`. `ggml_type` is the factors' type:
+    /// [`GgmlType::F32`], [`F16`](GgmlType::F16), [`BF16`](GgmlType::BF16) or
+    /// [`Q8_0`](GgmlType::Q8_0) (a factor whose rows are not a multiple of 32 values is then written
+    /// F16, as llama.cpp's converter does).
+    ///
+    /// Errors: [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported) listing the modules GGUF
+    /// cannot hold (DoRA, lora_B.bias, whole tensors, trainable tokens, conv layers) or for a base
+    /// architecture without GGUF names; `UnresolvedKey` listing the modules without a GGUF tensor;
+    /// `InvalidArgument` for another type or no base; `InvalidConfig` for a base folder without a
+    /// usable config.json; `NonFinite`; `Io` and the errors of [`Checkpoint::open`](crate::Checkpoint::open)
+    /// for the base.
+    pub fn export_gguf(&self, out_path: impl AsRef<Path>, base: Option<&Path>, ggml_type: GgmlType) -> Result<()> {
+        let out = c_path(out_path.as_ref())?;
+        let base = base.map(c_path).transpose()?;
+        let base_ptr = base.as_ref().map_or(std::ptr::null(), |b| b.as_ptr());
+        // SAFETY: a live handle, valid strings (the base may be NULL).
+        unsafe { check(sys::peft_adapter_export_gguf(self.as_ptr(), out.as_ptr(), base_ptr, ggml_type.0)) }
+    }
+}
+
+/// Writes a GGUF LoRA adapter (llama.cpp's `convert_lora_to_gguf.py` output, or
+/// [`Adapter::export_gguf`]'s) as a PEFT LoRA adapter folder that PEFT loads and merges to the weights
+/// llama.cpp applies; factors are written F32, `out_dir` is created if needed, and a failure leaves
+/// it as it was.
+///
+/// `base` is required: a Hugging Face model folder or hub id, or a GGUF model file; it gives the head
+/// counts and becomes `base_model_name_or_path`.
+///
+/// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for an empty argument, a
+/// file that is not a GGUF adapter or a base of another architecture; `Unsupported` for an adapter
+/// type other than LoRA, an unknown architecture or tensors that are not LoRA factors;
+/// `UnresolvedKey` listing the GGUF modules without a PEFT module; `InvalidCheckpoint` for incomplete
+/// pairs; `ShapeMismatch`; `Io` and the errors of [`Checkpoint::open`](crate::Checkpoint::open).
+pub fn import_adapter_gguf(
+    gguf_path: impl AsRef<Path>,
+    out_dir: impl AsRef<Path>,
+    base: impl AsRef<Path>,
+) -> Result<()> {
+    let path = c_path(gguf_path.as_ref())?;
+    let out = c_path(out_dir.as_ref())?;
+    let base = c_path(base.as_ref())?;
+    // SAFETY: valid strings.
+    unsafe { check(sys::peft_adapter_import_gguf(path.as_ptr(), out.as_ptr(), base.as_ptr())) }
 }
 
 /// How [`combine_adapters`] combines (PEFT's `combination_type`).

@@ -202,6 +202,15 @@ impl<'a> GgufValue<'a> {
 pub struct GgmlType(pub i32);
 
 impl GgmlType {
+    /// F32, one of the types [`Adapter::export_gguf`](crate::Adapter::export_gguf) writes factors in.
+    pub const F32: GgmlType = GgmlType(0);
+    /// F16.
+    pub const F16: GgmlType = GgmlType(1);
+    /// Q8_0 (blocks of 32 values).
+    pub const Q8_0: GgmlType = GgmlType(8);
+    /// BF16.
+    pub const BF16: GgmlType = GgmlType(30);
+
     /// The name as gguf-py spells it ("Q4_K"); None for a number ggml does not define.
     pub fn name(self) -> Option<&'static str> {
         // SAFETY: takes any integer; a non-NULL result is a static string.

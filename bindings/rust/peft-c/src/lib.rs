@@ -122,7 +122,7 @@ pub use checkpoint::{Checkpoint, OpenOptions, TensorInfo};
 pub use doctor::{adapter_doctor, adapter_doctor_fix};
 pub use dtype::{convert, DType, Element};
 pub use error::{Error, ErrorCode, Result};
-pub use export::{combine_adapters, CombineMethod, ExportOptions};
+pub use export::{combine_adapters, import_adapter_gguf, CombineMethod, ExportOptions};
 pub use gguf::{FileFormat, GgmlType, GgufType, GgufValue};
 pub use hub::{hub_cache_dir, hub_resolve};
 pub use merge::{merge_checkpoint, merge_checkpoint_with_progress, MergeOptions, MergeResult};
