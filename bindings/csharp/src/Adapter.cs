@@ -152,6 +152,12 @@ namespace PeftC
         {
             PeftC.Export.Save(this, outDir, options);
         }
+
+        /// <summary>Writes the adapter as a GGUF LoRA adapter for llama.cpp (see <see cref="PeftC.Export.SaveGguf"/>).</summary>
+        public void ExportGguf(string outPath, string baseModel = null, int ggmlType = Ggml.F32)
+        {
+            PeftC.Export.SaveGguf(this, outPath, baseModel, ggmlType);
+        }
     }
 
     /// <summary>One module of an adapter (a LoRA layer or a module with full replacement tensors).</summary>

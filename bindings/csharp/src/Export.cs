@@ -1,4 +1,5 @@
-// Export and combination: adapters written as PEFT's save_pretrained writes them.
+// Export and combination: adapters written as PEFT's save_pretrained writes them; LoRA adapters converted to
+// and from llama.cpp's GGUF LoRA files.
 using System;
 using System.Collections.Generic;
 
@@ -48,7 +49,8 @@ namespace PeftC
     }
 
     /// <summary>Writing adapters as PEFT adapter folders (adapter_model.safetensors + adapter_config.json,
-    /// atomically). Only reads the adapters: may run concurrently on the same adapters.</summary>
+    /// atomically), and as or from GGUF LoRA adapters. Only reads the adapters: may run concurrently on the same
+    /// adapters.</summary>
     public static class Export
     {
         /// <summary>Writes <paramref name="adapter"/> into <paramref name="outDir"/> (created if needed).</summary>
@@ -56,6 +58,47 @@ namespace PeftC
         {
             if (adapter == null) throw new ArgumentNullException("adapter");
             PeftException.Check(Native.peft_adapter_export(adapter.Handle, Utf8.Required(outDir, "outDir"), ExportOptions.HandleOf(options)));
+        }
+
+        /// <summary>Writes <paramref name="adapter"/> as a GGUF LoRA adapter that llama.cpp loads (--lora,
+        /// llama-export-lora), atomically, with PEFT's exact scale for every module: the base's general.architecture,
+        /// adapter.lora.alpha, and a "&lt;GGUF tensor&gt;.lora_a"/".lora_b" pair per module, named by the base's
+        /// architecture table.</summary>
+        /// <param name="adapter">A LoRA adapter.</param>
+        /// <param name="outPath">The GGUF file to write.</param>
+        /// <param name="baseModel">A Hugging Face model folder or hub id (its config.json) or a GGUF model file; null or
+        /// "" for the adapter's base_model_name_or_path.</param>
+        /// <param name="ggmlType">The factors' type: <see cref="Ggml.F32"/>, <see cref="Ggml.F16"/>,
+        /// <see cref="Ggml.BF16"/> or <see cref="Ggml.Q8_0"/> (a factor whose rows are not a multiple of 32 values is
+        /// then written F16, as llama.cpp's converter does).</param>
+        /// <exception cref="PeftException">Unsupported listing the modules GGUF cannot hold (DoRA, lora_B.bias, whole
+        /// tensors, trainable tokens, conv layers) or for a base architecture without GGUF names; UnresolvedKey
+        /// listing the modules without a GGUF tensor; InvalidArgument for another type or no base; InvalidConfig for
+        /// a base folder without a usable config.json; NonFinite; Io and the errors of Checkpoint.Open for the
+        /// base.</exception>
+        public static void SaveGguf(Adapter adapter, string outPath, string baseModel = null, int ggmlType = Ggml.F32)
+        {
+            if (adapter == null) throw new ArgumentNullException("adapter");
+            PeftException.Check(Native.peft_adapter_export_gguf(adapter.Handle, Utf8.Required(outPath, "outPath"),
+                                                                Utf8.Encode(baseModel, "baseModel"), ggmlType));
+        }
+
+        /// <summary>Writes a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py output, or
+        /// <see cref="SaveGguf"/>'s) as a PEFT LoRA adapter folder that PEFT loads and merges to the weights llama.cpp
+        /// applies; factors are written F32, <paramref name="outDir"/> is created if needed, and a failure leaves it
+        /// as it was.</summary>
+        /// <param name="ggufPath">The GGUF adapter file.</param>
+        /// <param name="outDir">The folder to write adapter_model.safetensors and adapter_config.json into.</param>
+        /// <param name="baseModel">Required: a Hugging Face model folder or hub id, or a GGUF model file; it gives the
+        /// head counts and becomes base_model_name_or_path.</param>
+        /// <exception cref="PeftException">InvalidArgument for an empty argument, a file that is not a GGUF adapter or
+        /// a base of another architecture; Unsupported for an adapter type other than LoRA, an unknown architecture or
+        /// tensors that are not LoRA factors; UnresolvedKey listing the GGUF modules without a PEFT module;
+        /// InvalidCheckpoint for incomplete pairs; ShapeMismatch; Io and the errors of Checkpoint.Open.</exception>
+        public static void ImportGguf(string ggufPath, string outDir, string baseModel)
+        {
+            PeftException.Check(Native.peft_adapter_import_gguf(Utf8.Required(ggufPath, "ggufPath"), Utf8.Required(outDir, "outDir"),
+                                                                Utf8.Required(baseModel, "baseModel")));
         }
 
         /// <summary>Combines adapters with weights into a new adapter folder as PEFT's add_weighted_adapter does.</summary>

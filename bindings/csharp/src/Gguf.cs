@@ -123,6 +123,15 @@ namespace PeftC
     /// <summary>ggml tensor types (ggml's numbering: 0 F32, 1 F16, 8 Q8_0, 12 Q4_K, 30 BF16, ...), as GGUF files store tensors.</summary>
     public static class Ggml
     {
+        /// <summary>F32, one of the types <see cref="Export.SaveGguf"/> writes factors in.</summary>
+        public const int F32 = 0;
+        /// <summary>F16.</summary>
+        public const int F16 = 1;
+        /// <summary>Q8_0 (blocks of 32 values).</summary>
+        public const int Q8_0 = 8;
+        /// <summary>BF16.</summary>
+        public const int BF16 = 30;
+
         /// <summary>The name of a ggml type as gguf-py spells it ("Q4_K"); null for a number ggml does not define.</summary>
         public static string TypeName(int ggmlType)
         {

@@ -278,6 +278,10 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_combine(IntPtr* adapters, double[] weights, UIntPtr count, int method,
                                                                 byte[] outDir, ExportOptionsHandle o);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_export_gguf(AdapterHandle a, byte[] outPath, byte[] baseModel, int ggmlType);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_import_gguf(byte[] ggufPath, byte[] outDir, byte[] baseModel);
 
         // ---- serving ----
         [DllImport(Lib, CallingConvention = Cdecl)]

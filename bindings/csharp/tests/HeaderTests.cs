@@ -31,9 +31,6 @@ namespace PeftC.Tests
             { "peft_merge_buffer_remove", "older alias of peft_merge_record_unmerge; the binding calls the regular one" },
             { "peft_registry_names", "older alias of peft_registry_name_list; the binding calls the regular one" },
             { "peft_translator_builtin_families", "older alias of peft_translator_builtin_family_list; the binding calls the regular one" },
-            // GGUF adapter conversion (issue 16).
-            { "peft_adapter_export_gguf", "GGUF adapter conversion is reached through peftc; not wrapped yet" },
-            { "peft_adapter_import_gguf", "GGUF adapter conversion is reached through peftc; not wrapped yet" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>
