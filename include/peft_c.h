@@ -2476,6 +2476,8 @@ PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char
  *         #PEFT_ERR_UNRESOLVED_KEY listing every module without a GGUF tensor;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, another @p ggml_type, or no base;
  *         #PEFT_ERR_NON_FINITE for a factor holding an infinity or NaN;
+ *         #PEFT_ERR_NOT_FOUND for a base that is neither a GGUF file nor a model folder (nor in
+ *         the hub cache);
  *         #PEFT_ERR_IO and the errors of peft_checkpoint_open() for the base. Thread-safe.
  */
 PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* out_path, const char* base,
@@ -2504,7 +2506,9 @@ PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const
  *         listing every tensor that is not a LoRA factor (norm deltas and the like);
  *         #PEFT_ERR_UNRESOLVED_KEY listing every GGUF module the architecture table does not name;
  *         #PEFT_ERR_INVALID_CHECKPOINT for incomplete pairs; #PEFT_ERR_SHAPE_MISMATCH for factors
- *         that do not fit; #PEFT_ERR_IO and the errors of peft_checkpoint_open(). Thread-safe.
+ *         that do not fit; #PEFT_ERR_NOT_FOUND for a base that is neither a GGUF file nor a model
+ *         folder (nor in the hub cache); #PEFT_ERR_IO and the errors of peft_checkpoint_open().
+ *         Thread-safe.
  */
 PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char* out_dir, const char* base);
 

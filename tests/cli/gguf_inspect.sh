@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # peftc inspect on GGUF files: the typed metadata and the tensors (text and --json), a
-# block-quantized tensor shown by its ggml type, and malformed files refused with their codes.
+# block-quantized tensor shown by its ggml type, malformed files refused with their codes, and the
+# adapter conversions refusing a base that does not exist.
 # (Merges and exports against llama.cpp are tests/interop/test_gguf_lora.py.)
 # Usage: bash gguf_inspect.sh path/to/peftc
 set -uo pipefail
@@ -44,5 +45,19 @@ check "overlapping offsets: INVALID_OFFSET" contains "$work/overlap.err" "peftc:
 "$peftc" inspect "$malformed/truncated_at_28.gguf" >/dev/null 2>"$work/trunc.err"
 check "a truncated header: exit 1" test $? -eq 1
 check "a truncated header names the file" contains "$work/trunc.err" "truncated_at_28.gguf"
+
+# The adapter conversions name a base that is neither a GGUF file nor a model folder.
+adapter="$data/adapters/llama_lora"
+"$peftc" adapter export "$adapter" "$work/out.gguf" --format gguf --base "$work/no-such-base" >/dev/null 2>"$work/nobase.err"
+check "export with a missing base: exit 1" test $? -eq 1
+check "export with a missing base: NOT_FOUND naming it" contains "$work/nobase.err" "NOT_FOUND: base model"
+check "export with a missing base writes nothing" test ! -e "$work/out.gguf"
+"$peftc" adapter export "$adapter" "$work/lora.gguf" --format gguf --base "$data/models/llama" >/dev/null 2>&1
+check "export with the fixture base succeeds" test $? -eq 0
+"$peftc" adapter export "$work/lora.gguf" "$work/out_dir" --format peft --base "$work/no-such-base.gguf" \
+  >/dev/null 2>"$work/nobase2.err"
+check "import with a missing base: exit 1" test $? -eq 1
+check "import with a missing base: NOT_FOUND naming it" contains "$work/nobase2.err" \
+  "NOT_FOUND: base model \"$work/no-such-base.gguf\""
 
 finish gguf_inspect

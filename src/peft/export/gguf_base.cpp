@@ -1,5 +1,7 @@
 #include "peft/export/gguf_base.hpp"
 
+#include <filesystem>
+#include <system_error>
 #include <variant>
 
 #include "core/error.hpp"
@@ -24,6 +26,10 @@ GgufBase open_gguf_base(const std::string& name) {
     base.heads = gguf_heads_from_metadata(header, base.architecture);
   } else {
     const std::string dir = resolve_model_location(base.name);
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base.name) +
+                                   " is neither a GGUF file nor a model folder (nor a model id in the hub cache)");
     const nlohmann::json config = read_base_config(dir);
     const auto model_type = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
                                 ? std::optional<std::string>(config["model_type"].get<std::string>())
