@@ -37,8 +37,8 @@ constexpr std::array<Kernels, 19> kKernels{{
     {ggml_id::IQ4_NL, dequantize_iq4_nl, quantize_iq4_nl},
     {ggml_id::IQ4_XS, dequantize_iq4_xs, nullptr},
     {ggml_id::MXFP4, dequantize_mxfp4, quantize_mxfp4},
-    {ggml_id::TQ1_0, dequantize_tq1_0, nullptr},
-    {ggml_id::TQ2_0, dequantize_tq2_0, nullptr},
+    {ggml_id::TQ1_0, dequantize_tq1_0, quantize_tq1_0},
+    {ggml_id::TQ2_0, dequantize_tq2_0, quantize_tq2_0},
 }};
 
 const Kernels* kernels_of(uint32_t type) {
@@ -100,7 +100,7 @@ void quantize_rows(uint32_t type, const float* in, uint64_t rows, uint64_t cols,
     checked_type(type);
     fail(PEFT_ERR_UNSUPPORTED, "no quantizer for " + type_text(type) +
                                    " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
-                                   "Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4)");
+                                   "Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4, TQ1_0, TQ2_0)");
   }
   ggml_rows_bytes(type, rows, cols);
   const uint32_t block = checked_type(type).block_size;

@@ -6,7 +6,7 @@
 // - quantize_rows gives, for every type ggml_can_quantize accepts, the bytes of ggml_quantize_chunk
 //   without an importance matrix (quantize_row_*_ref for all but IQ4_NL, whose chunk quantizer
 //   searches more scales): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-//   Q6_K, IQ4_NL, MXFP4.
+//   Q6_K, IQ4_NL, MXFP4, TQ1_0, TQ2_0.
 //
 // The other types (the IQ1/IQ2/IQ3 grid types, Q8_1, NVFP4, Q1_0, Q2_0, the integer types) are
 // refused with PEFT_ERR_UNSUPPORTED naming the type. Values in, values out are in host (little-endian)

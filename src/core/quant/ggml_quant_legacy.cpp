@@ -371,6 +371,60 @@ void dequantize_tq1_0(const uint8_t* in, float* out, uint64_t blocks) {
   }
 }
 
+// ggml's ternary quantizers: d = max |x|, digits lroundf(x / d) + 1 (glibc's lroundf, as ggml calls it).
+namespace {
+float ternary_scale(const float* x, uint8_t* d_out) {
+  float amax = 0.0f;
+  for (int j = 0; j < 256; ++j) amax = amax > std::fabs(x[j]) ? amax : std::fabs(x[j]);
+  store_f16(d_out, amax);
+  return amax != 0.0f ? 1.0f / amax : 0.0f;
+}
+int ternary_digit(float x, float id) { return static_cast<int>(std::lround(x * id)) + 1; }
+// Five (or four, then shifted up) base-3 digits, most significant first, stored as the ceiling of
+// value x 256 / 243 so that multiplying by a power of 3 brings each digit to the top.
+uint8_t pack_trits(uint8_t q) { return static_cast<uint8_t>((uint16_t(q) * 256 + (243 - 1)) / 243); }
+}  // namespace
+
+void quantize_tq1_0(const float* x, uint8_t* out, uint64_t blocks) {
+  for (uint64_t b = 0; b < blocks; ++b, out += 54) {
+    const float id = ternary_scale(x, out + 52);
+    uint8_t* qs = out;
+    uint8_t* qh = out + 48;
+    for (int m = 0; m < 32; ++m) {
+      uint8_t q = 0;
+      for (int n = 0; n < 5; ++n) q = static_cast<uint8_t>(q * 3 + ternary_digit(x[m + n * 32], id));
+      qs[m] = pack_trits(q);
+    }
+    x += 160;
+    for (int m = 0; m < 16; ++m) {
+      uint8_t q = 0;
+      for (int n = 0; n < 5; ++n) q = static_cast<uint8_t>(q * 3 + ternary_digit(x[m + n * 16], id));
+      qs[32 + m] = pack_trits(q);
+    }
+    x += 80;
+    for (int j = 0; j < 4; ++j) {
+      uint8_t q = 0;
+      for (int m = 0; m < 4; ++m) q = static_cast<uint8_t>(q * 3 + ternary_digit(x[j + m * 4], id));
+      qh[j] = pack_trits(static_cast<uint8_t>(q * 3));
+    }
+    x += 16;
+  }
+}
+
+void quantize_tq2_0(const float* x, uint8_t* out, uint64_t blocks) {
+  for (uint64_t b = 0; b < blocks; ++b, out += 66) {
+    const float id = ternary_scale(x, out + 64);
+    for (int j = 0; j < 64; j += 32) {
+      for (int m = 0; m < 32; ++m) {
+        uint8_t q = 0;
+        for (int n = 0; n < 4; ++n) q = static_cast<uint8_t>(q + ((ternary_digit(x[m + n * 32], id) & 3) << (2 * n)));
+        out[j + m] = q;
+      }
+      x += 128;
+    }
+  }
+}
+
 // TQ2_0: 64 bytes of four 2-bit digits each, f16 d. Digit t gives (t - 1) x d.
 void dequantize_tq2_0(const uint8_t* in, float* out, uint64_t blocks) {
   for (uint64_t b = 0; b < blocks; ++b, in += 66) {

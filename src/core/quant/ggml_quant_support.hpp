@@ -77,6 +77,8 @@ void quantize_q5_1(const float* in, uint8_t* out, uint64_t blocks);
 void quantize_q8_0(const float* in, uint8_t* out, uint64_t blocks);
 void quantize_iq4_nl(const float* in, uint8_t* out, uint64_t blocks);
 void quantize_mxfp4(const float* in, uint8_t* out, uint64_t blocks);
+void quantize_tq1_0(const float* in, uint8_t* out, uint64_t blocks);
+void quantize_tq2_0(const float* in, uint8_t* out, uint64_t blocks);
 
 // K-quants, super-blocks of 256 (ggml_quant_k.cpp).
 void dequantize_q2_k(const uint8_t* in, float* out, uint64_t blocks);
