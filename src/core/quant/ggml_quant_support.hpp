@@ -94,4 +94,13 @@ void quantize_q4_k(const float* in, uint8_t* out, uint64_t blocks);
 void quantize_q5_k(const float* in, uint8_t* out, uint64_t blocks);
 void quantize_q6_k(const float* in, uint8_t* out, uint64_t blocks);
 
+// The lattice types (ggml_quant_iq.cpp).
+void dequantize_iq2_xxs(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_iq2_xs(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_iq2_s(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_iq3_xxs(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_iq3_s(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_iq1_s(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_iq1_m(const uint8_t* in, float* out, uint64_t blocks);
+
 }  // namespace peft::quant
