@@ -40,7 +40,13 @@ constexpr uint8_t signs7(uint32_t v) {
   const uint32_t s = v & 127;
   return static_cast<uint8_t>(s | ((std::popcount(s) & 1u) << 7));
 }
-float sign_of(uint8_t signs, int j) { return (signs & (1u << j)) ? -1.0f : 1.0f; }
+// ggml's `v * (signs & kmask_iq2xs[j] ? -1.f : 1.f)` as a flip of the sign bit: the same for every
+// value but a NaN (from a NaN scale), whose sign a real multiply would keep. ggml's release build
+// flips the bit (its compiler turns the multiply into that); written as a multiply here, the NaN
+// signs would depend on our optimizer (an -O1 build kept some multiplies), so the flip is explicit.
+float signed_by(float v, uint8_t signs, int j) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(v) ^ ((signs >> j) & 1u) << 31);
+}
 
 uint16_t le16(const uint8_t* p) {
   uint16_t v;
@@ -67,7 +73,7 @@ void dequantize_iq2_xxs(const uint8_t* in, float* y, uint64_t blocks) {
       for (int l = 0; l < 4; ++l) {
         const auto& grid = kIq2xxs[q[l]];
         const uint8_t signs = signs7(aux >> (7 * l));
-        for (int j = 0; j < 8; ++j) y[j] = db * fl(grid[j]) * sign_of(signs, j);
+        for (int j = 0; j < 8; ++j) y[j] = signed_by(db * fl(grid[j]), signs, j);
         y += 8;
       }
     }
@@ -85,7 +91,7 @@ void dequantize_iq2_xs(const uint8_t* in, float* y, uint64_t blocks) {
         const uint16_t q = le16(in + 2 + 2 * (4 * ib32 + l));
         const auto& grid = kIq2xs[q & 511];
         const uint8_t signs = signs7(q >> 9);
-        for (int j = 0; j < 8; ++j) y[j] = db[l / 2] * fl(grid[j]) * sign_of(signs, j);
+        for (int j = 0; j < 8; ++j) y[j] = signed_by(db[l / 2] * fl(grid[j]), signs, j);
         y += 8;
       }
     }
@@ -105,7 +111,7 @@ void dequantize_iq2_s(const uint8_t* in, float* y, uint64_t blocks) {
       for (int l = 0; l < 4; ++l) {
         const float dl = db[l / 2];
         const auto& grid = kIq2s[qs[l] | ((qh[ib32] << (8 - 2 * l)) & 0x300)];
-        for (int j = 0; j < 8; ++j) y[j] = dl * fl(grid[j]) * sign_of(signs[l], j);
+        for (int j = 0; j < 8; ++j) y[j] = signed_by(dl * fl(grid[j]), signs[l], j);
         y += 8;
       }
       qs += 4;
@@ -128,8 +134,8 @@ void dequantize_iq3_xxs(const uint8_t* in, float* y, uint64_t blocks) {
         const auto& grid1 = kIq3xxs[qs[2 * l + 0]];
         const auto& grid2 = kIq3xxs[qs[2 * l + 1]];
         for (int j = 0; j < 4; ++j) {
-          y[j + 0] = db * fl(grid1[j]) * sign_of(signs, j);
-          y[j + 4] = db * fl(grid2[j]) * sign_of(signs, j + 4);
+          y[j + 0] = signed_by(db * fl(grid1[j]), signs, j);
+          y[j + 4] = signed_by(db * fl(grid2[j]), signs, j + 4);
         }
         y += 8;
       }
@@ -153,8 +159,8 @@ void dequantize_iq3_s(const uint8_t* in, float* y, uint64_t blocks) {
           const auto& grid1 = kIq3s[qs[2 * l + 0] | ((qh[half] << (8 - 2 * l)) & 256)];
           const auto& grid2 = kIq3s[qs[2 * l + 1] | ((qh[half] << (7 - 2 * l)) & 256)];
           for (int j = 0; j < 4; ++j) {
-            y[j + 0] = db[half] * fl(grid1[j]) * sign_of(signs[l], j);
-            y[j + 4] = db[half] * fl(grid2[j]) * sign_of(signs[l], j + 4);
+            y[j + 0] = signed_by(db[half] * fl(grid1[j]), signs[l], j);
+            y[j + 4] = signed_by(db[half] * fl(grid2[j]), signs[l], j + 4);
           }
           y += 8;
         }
