@@ -112,9 +112,9 @@ const RowKind kKinds[] = {
      }},
 };
 
-const uint32_t kQuantizable[] = {0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 39, 34, 35};
+const uint32_t kQuantizable[] = {0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 39, 40, 34, 35, 41, 42};
 const uint32_t kDequantizable[] = {0,  1,  30, 2,  3,  6,  7,  8,  10, 11, 12, 13, 14, 15, 20,
-                                   23, 39, 34, 35, 16, 17, 22, 18, 21, 19, 29};
+                                   23, 39, 40, 34, 35, 41, 42, 16, 17, 22, 18, 21, 19, 29};
 
 std::string type_name(uint32_t type) { return std::string(peft::ggml_type(type)->name); }
 

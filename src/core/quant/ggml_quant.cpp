@@ -19,7 +19,7 @@ struct Kernels {
   QuantizeKernel quantize;  // nullptr: dequantize only
 };
 
-constexpr std::array<Kernels, 26> kKernels{{
+constexpr std::array<Kernels, 29> kKernels{{
     {ggml_id::F32, dequantize_f32, quantize_f32},
     {ggml_id::F16, dequantize_f16, quantize_f16},
     {ggml_id::BF16, dequantize_bf16, quantize_bf16},
@@ -46,6 +46,9 @@ constexpr std::array<Kernels, 26> kKernels{{
     {ggml_id::IQ3_S, dequantize_iq3_s, nullptr},
     {ggml_id::IQ1_S, dequantize_iq1_s, nullptr},
     {ggml_id::IQ1_M, dequantize_iq1_m, nullptr},
+    {ggml_id::NVFP4, dequantize_nvfp4, quantize_nvfp4},
+    {ggml_id::Q1_0, dequantize_q1_0, quantize_q1_0},
+    {ggml_id::Q2_0, dequantize_q2_0, quantize_q2_0},
 }};
 
 const Kernels* kernels_of(uint32_t type) {
@@ -95,7 +98,7 @@ void dequantize_rows(uint32_t type, const void* in, uint64_t rows, uint64_t cols
     fail(PEFT_ERR_UNSUPPORTED, "no dequantizer for " + type_text(type) +
                                    " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
                                    "Q4_K, Q5_K, Q6_K, Q8_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, "
-                                   "IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0)");
+                                   "IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0)");
   }
   ggml_rows_bytes(type, rows, cols);
   const uint32_t block = checked_type(type).block_size;
@@ -108,7 +111,7 @@ void quantize_rows(uint32_t type, const float* in, uint64_t rows, uint64_t cols,
     checked_type(type);
     fail(PEFT_ERR_UNSUPPORTED, "no quantizer for " + type_text(type) +
                                    " (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, "
-                                   "Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4, TQ1_0, TQ2_0)");
+                                   "Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0)");
   }
   ggml_rows_bytes(type, rows, cols);
   const uint32_t block = checked_type(type).block_size;

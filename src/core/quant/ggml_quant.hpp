@@ -3,17 +3,22 @@
 // - dequantize_rows gives, for every type ggml_can_dequantize accepts, the floats of ggml's
 //   dequantize_row_* (to_float of ggml's type traits): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL,
-//   IQ4_XS, MXFP4, TQ1_0, TQ2_0.
+//   IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0.
 // - quantize_rows gives, for every type ggml_can_quantize accepts, the bytes of ggml_quantize_chunk
 //   without an importance matrix (quantize_row_*_ref for all but IQ4_NL, whose chunk quantizer
 //   searches more scales): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-//   Q6_K, IQ4_NL, MXFP4, TQ1_0, TQ2_0.
+//   Q6_K, IQ4_NL, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0.
 //
-// Not quantized here: Q8_K and the IQ types other than IQ4_NL (ggml's quantizers for the lattice
-// types need an importance matrix or a search over the grids' neighbours). Neither direction: Q8_1,
-// NVFP4, Q1_0, Q2_0 and the integer types; they are refused with PEFT_ERR_UNSUPPORTED naming the type. Values in, values out are in host (little-endian)
-// order, as GGUF stores them. Non-finite inputs to a quantizer give ggml's x86-64 result (the same
-// float -> integer conversions); ggml itself refuses such rows when it validates a file.
+// Not quantized here: Q8_K (not a storage type: ggml_quantize_chunk refuses it) and the IQ types
+// other than IQ4_NL (ggml's quantizers for them need an importance matrix or searches over the grids'
+// neighbours). Neither direction: Q8_1 (ggml has no dequantizer for it either; it is an intermediate
+// of its dot products) and the integer and F64 types (plain dtypes: core/convert). Those are refused
+// with PEFT_ERR_UNSUPPORTED naming the type.
+//
+// Values in and out are in host (little-endian) order, as GGUF stores them. Non-finite inputs to a
+// quantizer give ggml's x86-64 result (the same float -> integer conversions); ggml itself refuses
+// such rows when it validates a file. The kernels are scalar C++ compiled without floating-point
+// contraction (core/no_fp_contract.hpp), so the results do not depend on the machine or compiler.
 #pragma once
 
 #include <cstdint>

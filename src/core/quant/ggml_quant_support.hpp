@@ -94,6 +94,14 @@ void quantize_q4_k(const float* in, uint8_t* out, uint64_t blocks);
 void quantize_q5_k(const float* in, uint8_t* out, uint64_t blocks);
 void quantize_q6_k(const float* in, uint8_t* out, uint64_t blocks);
 
+// Q1_0, Q2_0, NVFP4 (ggml_quant_low_bit.cpp).
+void dequantize_q1_0(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_q2_0(const uint8_t* in, float* out, uint64_t blocks);
+void dequantize_nvfp4(const uint8_t* in, float* out, uint64_t blocks);
+void quantize_q1_0(const float* in, uint8_t* out, uint64_t blocks);
+void quantize_q2_0(const float* in, uint8_t* out, uint64_t blocks);
+void quantize_nvfp4(const float* in, uint8_t* out, uint64_t blocks);
+
 // The lattice types (ggml_quant_iq.cpp).
 void dequantize_iq2_xxs(const uint8_t* in, float* out, uint64_t blocks);
 void dequantize_iq2_xs(const uint8_t* in, float* out, uint64_t blocks);
