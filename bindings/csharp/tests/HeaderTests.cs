@@ -34,6 +34,9 @@ namespace PeftC.Tests
             // GGUF adapter conversion (issue 16).
             { "peft_adapter_export_gguf", "GGUF adapter conversion is reached through peftc; not wrapped yet" },
             { "peft_adapter_import_gguf", "GGUF adapter conversion is reached through peftc; not wrapped yet" },
+            // Translators for GGUF names (issue 16, serving on GGUF hosts).
+            { "peft_translator_from_gguf", "translators for GGUF names are not wrapped yet" },
+            { "peft_translator_new_gguf", "translators for GGUF names are not wrapped yet" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>
