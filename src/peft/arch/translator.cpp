@@ -62,7 +62,9 @@ Translator Translator::for_gguf_file(const GgufHeader& header, const std::string
 
 std::optional<Translator::GgufModule> Translator::gguf_module(std::string_view name) const {
   if (!gguf_) return std::nullopt;
-  for (std::string_view candidate : {name, name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name}) {
+  constexpr std::string_view kWeight = ".weight";
+  const std::string_view module = name.ends_with(kWeight) ? name.substr(0, name.size() - kWeight.size()) : name;
+  for (std::string_view candidate : {name, module}) {
     NameTemplate::Captures captures;
     if (const ModuleRule* rule = table_->rule_for_gguf(candidate, &captures))
       return GgufModule{rule->hf.fill(captures), rule->gguf_rows};
@@ -74,9 +76,7 @@ std::optional<std::string> Translator::gguf_key(std::string_view hf_key) const {
   if (hf_key.starts_with(kPeftPrefix)) hf_key.remove_prefix(kPeftPrefix.size());
   const auto split = split_gguf_role(hf_key);
   if (!split) return std::nullopt;
-  auto module = table_->module_to_gguf(split->first);
-  if (!module && !table_->base_model_prefix().empty())
-    module = table_->module_to_gguf(table_->base_model_prefix() + "." + std::string(split->first));
+  const auto module = table_->module_to_gguf(split->first);
   if (!module) return std::nullopt;
   return *module + "." + std::string(split->second);
 }
@@ -84,7 +84,7 @@ std::optional<std::string> Translator::gguf_key(std::string_view hf_key) const {
 std::optional<std::string> Translator::hf_key_of_gguf(std::string_view gguf_key, bool with_peft_prefix) const {
   const auto split = split_gguf_role(gguf_key);
   if (!split) return std::nullopt;
-  auto module = table_->module_from_gguf(split->first);
+  const auto module = table_->module_from_gguf(split->first);
   if (!module) return std::nullopt;
   return (with_peft_prefix ? std::string(kPeftPrefix) : std::string()) + *module + "." + std::string(split->second);
 }
