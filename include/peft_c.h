@@ -1286,7 +1286,9 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
  *  architecture family (`data/arch/<family>.json`, found through `$PEFT_C_DATA_DIR`, the install
  *  prefix or the source tree) or the caller's own, from a file or a JSON string. The format is
  *  documented in docs/translation-tables.md. HF -> native -> HF is the identity; a key that a table
- *  does not resolve is an error (#PEFT_ERR_UNRESOLVED_KEY) that lists every such key.
+ *  does not resolve is an error (#PEFT_ERR_UNRESOLVED_KEY) that lists every such key. A translator
+ *  for GGUF names (peft_translator_from_gguf(), peft_translator_new_gguf()) uses GGUF tensor names
+ *  (`blk.4.attn_q.weight`) as its native names.
  *
  *  Thread safety: adapters and translators are read-only after creation; all their functions may be
  *  called from many threads at once. Options belong to one thread at a time.
@@ -1791,6 +1793,56 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
                                                  size_t count, int32_t with_peft_prefix, char** out);
 
 /**
+ * @brief A translator for GGUF names, from a GGUF model file: its `general.architecture` picks the
+ *        built-in table, and its `<arch>.attention.head_count` and `head_count_kv` are the head
+ *        counts of the converter's row orders.
+ *
+ * A translator for GGUF names reads and writes the tensor names of GGUF model files (the tables'
+ * `gguf` side; docs/gguf.md): peft_translator_to_native() turns
+ * "model.layers.0.self_attn.q_proj.weight" into "blk.0.attn_q.weight" (the roles `weight` and `bias`
+ * only; other keys do not resolve) and peft_translator_to_hf() back. Given to
+ * peft_merge_buffer_options_set_translator() or peft_host_model_set_translator(), it makes layer
+ * names GGUF tensor names ("blk.0.attn_q.weight", or "blk.0.attn_q") of buffers that hold the
+ * tensors as a llama.cpp-family engine loads them from the file: shapes are given as PyTorch gives
+ * them, outermost first (GGUF's `ne` reversed: [out, in] for a linear weight, [vocab, dim] for
+ * `token_embd`), and rows in the order the converter wrote them. Where the converter reordered a
+ * weight's rows (LLaMA's RoPE permutation of `attn_q` and `attn_k`, the tables' `gguf_rows`), the
+ * rows of the adapter's lora_B (and of lora_B.bias and a DoRA magnitude) are put in the same order,
+ * never the buffer's; so a merge writes exactly what peft_merge_checkpoint() writes into the GGUF
+ * file, and exact removal and hot-swap restore the buffers bit for bit. GPT-2 Conv1D layers are
+ * merged as Linear, since GGUF holds their weights [out, in]. peft_registry_new() refuses such a
+ * translator (unmerged apply does not reorder rows).
+ *
+ * The translator copies what it needs; the checkpoint may be freed afterwards. A file without head
+ * counts gives a translator whose reordered weights fail (#PEFT_ERR_SHAPE_MISMATCH) when they are
+ * merged or added to a host model.
+ * @param checkpoint A checkpoint opened on one GGUF model file (peft_checkpoint_open()).
+ * @param[out] out Receives the translator; free it with peft_translator_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a checkpoint that is not one GGUF
+ *         file; #PEFT_ERR_INVALID_CHECKPOINT (naming the file) without a string
+ *         `general.architecture`; #PEFT_ERR_UNSUPPORTED when no built-in table reads that
+ *         architecture; #PEFT_ERR_NOT_FOUND or #PEFT_ERR_INVALID_CONFIG when the tables cannot be
+ *         read. Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_from_gguf(const peft_checkpoint* checkpoint, peft_translator** out);
+
+/**
+ * @brief A translator for GGUF names from a GGUF architecture and head counts, for hosts that hold
+ *        the weights without the file (see peft_translator_from_gguf() for what it does).
+ * @param architecture A GGUF `general.architecture` such as "llama", "qwen2", "gemma2" (UTF-8).
+ * @param head_count The attention heads (`<arch>.attention.head_count`), at least 1.
+ * @param head_count_kv The key/value heads (`<arch>.attention.head_count_kv`), or 0 for
+ *        @p head_count.
+ * @param[out] out Receives the translator; free it with peft_translator_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a @p head_count of 0;
+ *         #PEFT_ERR_UNSUPPORTED when no built-in table reads @p architecture;
+ *         #PEFT_ERR_NOT_FOUND or #PEFT_ERR_INVALID_CONFIG when the tables cannot be read.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_translator_new_gguf(const char* architecture, uint64_t head_count, uint64_t head_count_kv,
+                                              peft_translator** out);
+
+/**
  * @brief Chooses lenient loading: what PEFT 0.21's `PeftModel.from_pretrained` (through
  *        `set_peft_model_state_dict` and `load_state_dict(strict=False)`) ignores is ignored, and
  *        each ignored item becomes a warning (peft_adapter_warning()). Strict is the default.
@@ -2278,7 +2330,9 @@ PEFT_API peft_error* peft_merge_buffer_options_set_translator(peft_merge_buffer_
  * @param name The layer: without a translator a HuggingFace module path
  *        ("model.layers.0.self_attn.q_proj") or tensor name ("...q_proj.weight"), with or without
  *        "base_model.model."; with a translator (peft_merge_buffer_options_set_translator()) the
- *        host's name of the module or of its weight ("transformer/layer_0/attention/query").
+ *        host's name of the module or of its weight ("transformer/layer_0/attention/query"); with a
+ *        translator for GGUF names, the GGUF tensor name ("blk.0.attn_q.weight"), and then the delta
+ *        goes in with its rows in the converter's order (see peft_translator_from_gguf()).
  * @param data The weight: row-major, @p dtype elements, any alignment. Changed in place.
  * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
  * @param shape @p ndim dimensions of the weight. Copied.
@@ -2596,6 +2650,14 @@ PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, c
  *  peft_registry_new() (for peft_lora_apply()) or peft_host_model_set_translator() (for the host's
  *  weights), the host's own names.
  *
+ *  **GGUF hosts** (llama.cpp-family engines that hold the base as loaded from a GGUF file): give
+ *  peft_host_model_set_translator() a translator for GGUF names (peft_translator_from_gguf() on the
+ *  model file, or peft_translator_new_gguf()), and each weight by its GGUF tensor name
+ *  ("blk.0.attn_q.weight"), its shape outermost first as PyTorch gives it ([out, in]: GGUF's `ne`
+ *  reversed) and its rows as the file holds them. Swaps then merge each adapter's delta with its
+ *  rows in the converter's order (LLaMA's RoPE permutation of q and k), so the buffers hold what
+ *  `peftc merge` into the GGUF file writes, and swapping to none restores them bit for bit.
+ *
  *  Thread safety: a registry and its leases may be used from any number of threads at once
  *  (register, acquire, release, trim, stats, apply). A host model belongs to one thread at a time,
  *  and nothing else may read or write its buffers during a swap.
@@ -2640,7 +2702,8 @@ typedef struct peft_swap_stats {
  * @param translator Makes peft_lora_apply() read layer names as the host's own names (the table is
  *        shared; the handle may be freed afterwards), or NULL for HuggingFace names.
  * @param[out] out Receives the registry; free it with peft_registry_free().
- * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p out or another dtype. Thread-safe.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p out, another dtype or a translator for
+ *         GGUF names (peft_translator_from_gguf()). Thread-safe.
  */
 PEFT_API peft_error* peft_registry_new(int32_t storage_dtype, uint64_t budget_bytes,
                                        const peft_translator* translator, peft_registry** out);
@@ -2880,7 +2943,8 @@ PEFT_API void peft_host_model_free(peft_host_model* host);
  * @brief Makes the host model read weight names as the host's own names, through a translator.
  * @param host A host model with no weights added yet.
  * @param translator A translator (its table is shared; the handle may be freed afterwards), or NULL
- *        for HuggingFace names (the default).
+ *        for HuggingFace names (the default); a translator for GGUF names makes them GGUF tensor names
+ *        (see GGUF hosts in @ref serving).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host or after weights were added.
  */
 PEFT_API peft_error* peft_host_model_set_translator(peft_host_model* host, const peft_translator* translator);
@@ -2911,7 +2975,7 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
  * @param data The weight: row-major, @p dtype elements.
  * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
  * @param shape @p ndim dimensions ([out, in] for Linear, [in, out] for GPT-2 Conv1D,
- *        [num_embeddings, dim] for embeddings). Copied.
+ *        [num_embeddings, dim] for embeddings; a GGUF tensor's `ne` reversed). Copied.
  * @param ndim 2, or 4 for Conv2d.
  * @param bias The layer's bias buffer (needed by adapters with lora_bias), or NULL.
  * @param bias_dtype Dtype of @p bias; ignored without one.
@@ -2920,7 +2984,8 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
  *        ignored without a bias. A swap refuses a layer whose output features differ.
  * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve @p name;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a layer given twice or while an adapter is merged;
- *         #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for a zero dimension.
+ *         #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for a zero dimension, or
+ *         (GGUF names) rows that the weight's row order cannot split into the translator's heads.
  */
 PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, void* data, int32_t dtype,
                                                 const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype,
@@ -3181,6 +3246,8 @@ typedef struct peft_api {
   peft_error* (*checkpoint_gguf_kv_string)(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element, const char** out_data, size_t* out_length); /**< peft_checkpoint_gguf_kv_string() */
   peft_error* (*adapter_export_gguf)(const peft_adapter* adapter, const char* out_path, const char* base, int32_t ggml_type); /**< peft_adapter_export_gguf() */
   peft_error* (*adapter_import_gguf)(const char* gguf_path, const char* out_dir, const char* base); /**< peft_adapter_import_gguf() */
+  peft_error* (*translator_from_gguf)(const peft_checkpoint* checkpoint, peft_translator** out); /**< peft_translator_from_gguf() */
+  peft_error* (*translator_new_gguf)(const char* architecture, uint64_t head_count, uint64_t head_count_kv, peft_translator** out); /**< peft_translator_new_gguf() */
 } peft_api;
 
 /**

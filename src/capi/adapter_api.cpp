@@ -7,6 +7,7 @@
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
+#include "capi/checkpoint_handle.hpp"
 #include "capi/string_list.hpp"
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
@@ -316,6 +317,33 @@ peft_error* peft_translator_detect(const char* base_dir, const char* model_name,
     if (base_dir != nullptr) dir = base_dir;
     if (model_name != nullptr) name = model_name;
     *out = new_translator(peft::Translator::for_family(peft::detect_base_family(dir, name)));
+  });
+}
+
+peft_error* peft_translator_from_gguf(const peft_checkpoint* checkpoint, peft_translator** out) {
+  return guarded([&] {
+    require_arg(checkpoint, "checkpoint");
+    require_arg(out, "out");
+    const peft::Checkpoint& ckpt = *checkpoint->impl;
+    const peft::GgufHeader* header = ckpt.file_count() == 1 ? ckpt.gguf_header(0) : nullptr;
+    if (header == nullptr)
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT,
+                 "the checkpoint" + (ckpt.file_count() > 0 ? " " + peft::quoted(ckpt.file_path(0)) : std::string()) +
+                     " is not one GGUF file; a translator of GGUF names reads a GGUF model file");
+    *out = new_translator(peft::Translator::for_gguf_file(*header, ckpt.file_path(0)));
+  });
+}
+
+peft_error* peft_translator_new_gguf(const char* architecture, uint64_t head_count, uint64_t head_count_kv,
+                                     peft_translator** out) {
+  return guarded([&] {
+    require_arg(architecture, "architecture");
+    require_arg(out, "out");
+    if (head_count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "head_count must be at least 1");
+    peft::GgufHeads heads;
+    heads.heads = head_count;
+    heads.kv_heads = head_count_kv == 0 ? head_count : head_count_kv;
+    *out = new_translator(peft::Translator::for_gguf(architecture, heads));
   });
 }
 

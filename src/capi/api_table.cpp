@@ -211,6 +211,8 @@ const peft_api kApiV1 = {
     &peft_checkpoint_gguf_kv_string,
     &peft_adapter_export_gguf,
     &peft_adapter_import_gguf,
+    &peft_translator_from_gguf,
+    &peft_translator_new_gguf,
 };
 
 }  // namespace

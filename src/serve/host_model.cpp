@@ -113,14 +113,19 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
     if (shape[i] < 1)
       fail(PEFT_ERR_SHAPE_MISMATCH, what + ": dimension " + std::to_string(i) + " is " + std::to_string(shape[i]));
 
-  const std::vector<std::string> modules = module_candidates(name, translator_ ? &*translator_ : nullptr);
+  const Translator* translator = translator_ ? &*translator_ : nullptr;
+  const std::vector<std::string> modules = module_candidates(name, translator);
+  const GgufRows rows = host_row_order(name, translator);
+  if (rows != GgufRows::same)
+    if (const auto problem = gguf_rows_problem(rows, translator->gguf()->heads, static_cast<uint64_t>(shape[0])))
+      fail(PEFT_ERR_SHAPE_MISMATCH, what + ": " + *problem);
   for (const std::string& module : modules)
     if (auto it = weight_of_module_.find(module); it != weight_of_module_.end())
       fail(PEFT_ERR_INVALID_ARGUMENT, what + " stands for layer " + peft::quoted(module) + ", which weight " +
                                           peft::quoted(weights_[it->second].name) + " was given for already");
 
   weights_.push_back({std::string(name), data, dtype, {shape.begin(), shape.end()}, bias, bias_dtype,
-                      bias != nullptr ? bias_elements : 0});
+                      bias != nullptr ? bias_elements : 0, rows});
   try {
     for (const std::string& module : modules) weight_of_module_.emplace(module, weights_.size() - 1);
   } catch (...) {
@@ -166,7 +171,8 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     layer.weight = weight_of_module_.at(loaded_layer.module);
     const Weight& w = weights_[layer.weight];
     BufferMergeModule& m = layer.module;
-    m.layout = lora_layout(loaded_layer.kind, w.shape, loaded_layer.a_shape, loaded_layer.b_shape, loaded_layer.module);
+    const LayerKind kind = host_layer_kind(loaded_layer.kind, translator_ ? &*translator_ : nullptr);
+    m.layout = lora_layout(kind, w.shape, loaded_layer.a_shape, loaded_layer.b_shape, loaded_layer.module);
     // The storage holds rank x a_cols and b_rows x rank elements: the layout must read exactly those.
     if (m.layout.in != loaded_layer.a_cols || m.layout.out != loaded_layer.b_rows)
       fail(PEFT_ERR_INTERNAL, adapter + ": layer " + peft::quoted(loaded_layer.module) + " has " +
@@ -212,6 +218,9 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     m.lora_bias = at(loaded_layer.bias);
     m.magnitude = at(loaded_layer.magnitude);
     m.keep_alive = factors;
+    const Weight& w = weights_[layers[i].weight];
+    if (w.rows != GgufRows::same)
+      m = in_gguf_row_order(std::move(m), w.rows, translator_->gguf()->heads, adapter + ": weight " + peft::quoted(w.name));
   }
   return layers;
 }

@@ -79,8 +79,10 @@ class HostModel {
   HostModel(const HostModel&) = delete;
   HostModel& operator=(const HostModel&) = delete;
 
-  // Names of weights added later are read through `translator` (nullopt: HuggingFace names).
-  // INVALID_ARGUMENT once weights were added.
+  // Names of weights added later are read through `translator` (nullopt: HuggingFace names). With
+  // a translator of GGUF names, a weight whose GGUF tensor the converter reordered (gguf_rows) gets
+  // each adapter's lora_B rows in that order (in_gguf_row_order, layer_module.hpp), and Conv1D
+  // layers are laid out as Linear, as GGUF holds them. INVALID_ARGUMENT once weights were added.
   void set_translator(std::optional<Translator> translator);
   // Exact removal (write back a copy of the original bytes, the default) or PEFT's arithmetic
   // unmerge; applies to layers merged from the next swap on (see above).
@@ -93,7 +95,8 @@ class HostModel {
   // swap refuses a lora_B.bias of another length with SHAPE_MISMATCH). UNRESOLVED_KEY when the
   // translator does not resolve the name; INVALID_ARGUMENT for a null pointer, a layer given twice
   // or while an adapter is merged; UNSUPPORTED for a dtype other than F32/BF16/F16;
-  // SHAPE_MISMATCH for another number of dimensions or a zero dimension.
+  // SHAPE_MISMATCH for another number of dimensions or a zero dimension, or (GGUF names) for rows
+  // that the weight's row order cannot split into its heads.
   void add_weight(std::string_view name, void* data, DType dtype, std::span<const int64_t> shape, void* bias,
                   DType bias_dtype, int64_t bias_elements);
   size_t weight_count() const { return weights_.size(); }
@@ -120,6 +123,7 @@ class HostModel {
     void* bias = nullptr;
     DType bias_dtype = DType::F32;
     int64_t bias_elements = 0;  // 0 without a bias
+    GgufRows rows = GgufRows::same;  // with GGUF names: the converter's row order (host_row_order)
     // Exact mode: the bytes the buffers held before the first exact merge changed them (the bias's
     // once a lora_bias layer changed it); null and empty until then, kept from then on.
     std::unique_ptr<unsigned char[]> original{};

@@ -326,6 +326,11 @@ Registry::Registry(DType storage, uint64_t budget_bytes, std::optional<Translato
   if (storage != DType::F32 && storage != DType::BF16 && storage != DType::F16)
     fail(PEFT_ERR_INVALID_ARGUMENT, "the registry's storage dtype must be F32, BF16 or F16, not " +
                                         std::string(dtype_name(storage)));
+  // Unmerged apply adds B's rows into the host's outputs in PyTorch's order; GGUF's row orders
+  // (gguf_rows) would need them reordered, which only merges do (host_buffer_module).
+  if (translator && translator->gguf())
+    fail(PEFT_ERR_INVALID_ARGUMENT, "a translator of GGUF names serves host models and buffer merges; a registry's "
+                                    "translator (for unmerged apply) reads native names");
   core_ = std::make_shared<RegistryCore>(storage, budget_bytes, std::move(translator));
 }
 

@@ -77,7 +77,8 @@ class Lease {
 
 class Registry {
  public:
-  // storage: F32, BF16 or F16 (INVALID_ARGUMENT otherwise). translator: for Lease::find_layer.
+  // storage: F32, BF16 or F16 (INVALID_ARGUMENT otherwise). translator: for Lease::find_layer;
+  // INVALID_ARGUMENT for one of GGUF names (unmerged apply does not reorder rows).
   Registry(DType storage, uint64_t budget_bytes, std::optional<Translator> translator);
   ~Registry();
   Registry(const Registry&) = delete;

@@ -1,5 +1,8 @@
 #include "peft/arch/translator.hpp"
 
+#include <optional>
+#include <utility>
+
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "peft/arch/arch_registry.hpp"
@@ -8,8 +11,20 @@
 namespace peft {
 namespace {
 
-std::string table_name(const ArchTable& table) {
-  return "the " + peft::quoted(table.family()) + " translation table (" + table.source() + ")";
+std::string table_name(const ArchTable& table, bool gguf) {
+  return "the " + peft::quoted(table.family()) + " translation table (" + table.source() + ")" +
+         (gguf ? " for GGUF names" : "");
+}
+
+// The roles a GGUF model file names: "<module>.weight" and "<module>.bias".
+constexpr std::string_view kGgufRoles[] = {"weight", "bias"};
+
+// Splits "<module>.<role>" for a GGUF role; nullopt for another tail.
+std::optional<std::pair<std::string_view, std::string_view>> split_gguf_role(std::string_view key) {
+  for (std::string_view role : kGgufRoles)
+    if (key.size() > role.size() + 1 && key.ends_with(role) && key[key.size() - role.size() - 1] == '.')
+      return std::pair{key.substr(0, key.size() - role.size() - 1), role};
+  return std::nullopt;
 }
 
 }  // namespace
@@ -31,15 +46,66 @@ Translator Translator::from_json(std::string_view json_text) {
   return Translator(ArchTable::parse(json_text, "<json string>"));
 }
 
+Translator Translator::for_gguf(const std::string& architecture, GgufHeads heads) {
+  return Translator(builtin_table_for_gguf(architecture), GgufNames{architecture, heads});
+}
+
+Translator Translator::for_gguf_file(const GgufHeader& header, const std::string& file) {
+  const std::optional<std::string> architecture = metadata_string(header, "general.architecture");
+  if (!architecture) fail(PEFT_ERR_INVALID_CHECKPOINT, file + ": the GGUF file has no string general.architecture");
+  try {
+    return for_gguf(*architecture, gguf_heads_from_metadata(header, *architecture));
+  } catch (const Error& e) {
+    throw Error(e.code(), file + ": " + e.what());
+  }
+}
+
+std::optional<Translator::GgufModule> Translator::gguf_module(std::string_view name) const {
+  if (!gguf_) return std::nullopt;
+  constexpr std::string_view kWeight = ".weight";
+  const std::string_view module = name.ends_with(kWeight) ? name.substr(0, name.size() - kWeight.size()) : name;
+  for (std::string_view candidate : {name, module}) {
+    NameTemplate::Captures captures;
+    if (const ModuleRule* rule = table_->rule_for_gguf(candidate, &captures))
+      return GgufModule{rule->hf.fill(captures), rule->gguf_rows};
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> Translator::gguf_key(std::string_view hf_key) const {
+  if (hf_key.starts_with(kPeftPrefix)) hf_key.remove_prefix(kPeftPrefix.size());
+  const auto split = split_gguf_role(hf_key);
+  if (!split) return std::nullopt;
+  const auto module = table_->module_to_gguf(split->first);
+  if (!module) return std::nullopt;
+  return *module + "." + std::string(split->second);
+}
+
+std::optional<std::string> Translator::hf_key_of_gguf(std::string_view gguf_key, bool with_peft_prefix) const {
+  const auto split = split_gguf_role(gguf_key);
+  if (!split) return std::nullopt;
+  const auto module = table_->module_from_gguf(split->first);
+  if (!module) return std::nullopt;
+  return (with_peft_prefix ? std::string(kPeftPrefix) : std::string()) + *module + "." + std::string(split->second);
+}
+
+std::optional<std::string> Translator::key_to_native(std::string_view hf_key) const {
+  return gguf_ ? gguf_key(hf_key) : table_->key_to_native(hf_key);
+}
+
+std::optional<std::string> Translator::key_to_hf(std::string_view native_key, bool with_peft_prefix) const {
+  return gguf_ ? hf_key_of_gguf(native_key, with_peft_prefix) : table_->key_to_hf(native_key, with_peft_prefix);
+}
+
 std::string Translator::to_native(std::string_view hf_key) const {
-  auto out = table_->key_to_native(hf_key);
-  if (!out) fail_unresolved({std::string(hf_key)}, table_name(*table_));
+  auto out = key_to_native(hf_key);
+  if (!out) fail_unresolved({std::string(hf_key)}, table_name(*table_, gguf_.has_value()));
   return *out;
 }
 
 std::string Translator::to_hf(std::string_view native_key, bool with_peft_prefix) const {
-  auto out = table_->key_to_hf(native_key, with_peft_prefix);
-  if (!out) fail_unresolved({std::string(native_key)}, table_name(*table_));
+  auto out = key_to_hf(native_key, with_peft_prefix);
+  if (!out) fail_unresolved({std::string(native_key)}, table_name(*table_, gguf_.has_value()));
   return *out;
 }
 
@@ -47,11 +113,11 @@ std::vector<std::string> Translator::to_native(const std::vector<std::string>& h
   std::vector<std::string> out, unresolved;
   out.reserve(hf_keys.size());
   for (const std::string& key : hf_keys) {
-    auto native = table_->key_to_native(key);
+    auto native = key_to_native(key);
     if (native) out.push_back(std::move(*native));
     else unresolved.push_back(key);
   }
-  if (!unresolved.empty()) fail_unresolved(unresolved, table_name(*table_));
+  if (!unresolved.empty()) fail_unresolved(unresolved, table_name(*table_, gguf_.has_value()));
   return out;
 }
 
@@ -59,11 +125,11 @@ std::vector<std::string> Translator::to_hf(const std::vector<std::string>& nativ
   std::vector<std::string> out, unresolved;
   out.reserve(native_keys.size());
   for (const std::string& key : native_keys) {
-    auto hf = table_->key_to_hf(key, with_peft_prefix);
+    auto hf = key_to_hf(key, with_peft_prefix);
     if (hf) out.push_back(std::move(*hf));
     else unresolved.push_back(key);
   }
-  if (!unresolved.empty()) fail_unresolved(unresolved, table_name(*table_));
+  if (!unresolved.empty()) fail_unresolved(unresolved, table_name(*table_, gguf_.has_value()));
   return out;
 }
 

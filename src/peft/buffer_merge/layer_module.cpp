@@ -28,6 +28,11 @@ std::vector<std::string> module_candidates(std::string_view name, const Translat
     return out;
   }
   const ArchTable& table = translator->table();
+  if (translator->gguf()) {
+    if (auto module = translator->gguf_module(name)) return {module->module};
+    fail(PEFT_ERR_UNRESOLVED_KEY, "the " + table.family() + " translation table does not resolve GGUF name " +
+                                      peft::quoted(std::string(name)) + " to a module");
+  }
   if (auto module = table.module_to_hf(name)) out.push_back(*module);
   if (auto key = table.key_to_hf(name, false)) {
     if (auto parsed = parse_adapter_key(*key)) out.push_back(parsed->module);
@@ -111,8 +116,60 @@ merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_s
   return merge::layout_for(merge_kind, weight_shape, a_shape, b_shape, 1, module);
 }
 
-BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
-                               std::span<const int64_t> weight_shape) {
+LayerKind host_layer_kind(LayerKind kind, const Translator* translator) {
+  return kind == LayerKind::conv1d && translator != nullptr && translator->gguf() ? LayerKind::linear : kind;
+}
+
+GgufRows host_row_order(std::string_view name, const Translator* translator) {
+  if (translator == nullptr) return GgufRows::same;
+  const auto module = translator->gguf_module(name);
+  return module ? module->rows : GgufRows::same;
+}
+
+namespace {
+
+struct ReorderedFactors {
+  std::shared_ptr<const void> parent;  // the module's own keep_alive
+  std::vector<float> b, bias, magnitude;
+};
+
+// `rows` values of `width` floats from `from`, reordered from PyTorch's order into GGUF's.
+std::vector<float> reordered(const float* from, int64_t rows, int64_t width, GgufRows order, const GgufHeads& heads,
+                             const std::string& what) {
+  std::vector<float> out(from, from + rows * width);
+  reorder_gguf_rows(order, heads, out.data(), static_cast<uint64_t>(rows), static_cast<uint64_t>(width) * sizeof(float),
+                    false, what);
+  return out;
+}
+
+}  // namespace
+
+BufferMergeModule in_gguf_row_order(BufferMergeModule module, GgufRows order, const GgufHeads& heads,
+                                    const std::string& what) {
+  if (order == GgufRows::same) return module;
+  if (module.layout.transposed)
+    fail(PEFT_ERR_UNSUPPORTED, what + ": a GGUF row order applies to [out, in] weights, not to a layer stored transposed");
+  const int64_t out = module.layout.out;
+  auto owned = std::make_shared<ReorderedFactors>();
+  owned->parent = module.keep_alive;
+  owned->b = reordered(module.lora_b, out, module.rank, order, heads, what);
+  module.lora_b = owned->b.data();
+  if (module.lora_bias != nullptr) {
+    owned->bias = reordered(module.lora_bias, out, 1, order, heads, what);
+    module.lora_bias = owned->bias.data();
+  }
+  if (module.magnitude != nullptr) {
+    owned->magnitude = reordered(module.magnitude, out, 1, order, heads, what);
+    module.magnitude = owned->magnitude.data();
+  }
+  module.keep_alive = std::move(owned);
+  return module;
+}
+
+namespace {
+
+BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m, LayerKind kind,
+                                 std::span<const int64_t> weight_shape) {
   const Checkpoint& ckpt = adapter->checkpoint();
   const AdapterTensor* a = factor_a(m);
   const AdapterTensor* b = factor_b(m);
@@ -123,7 +180,7 @@ BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adap
   auto owned = std::make_shared<OwnedFactors>();
   owned->adapter = adapter;
   BufferMergeModule module;
-  module.layout = lora_layout(m.kind, weight_shape, a_shape, b_shape, m.name);
+  module.layout = lora_layout(kind, weight_shape, a_shape, b_shape, m.name);
   owned->a = ckpt.read_f32(a->index);
   owned->b = ckpt.read_f32(b->index);
   if (const AdapterTensor* mag = m.find(TensorRole::lora_magnitude)) {
@@ -148,6 +205,23 @@ BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adap
   module.lora_bias = owned->bias.empty() ? nullptr : owned->bias.data();
   module.keep_alive = std::move(owned);
   return module;
+}
+
+}  // namespace
+
+BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
+                                      std::span<const int64_t> weight_shape) {
+  return module_factors(adapter, m, m.kind, weight_shape);
+}
+
+BufferMergeModule host_buffer_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
+                                     std::string_view name, std::span<const int64_t> weight_shape,
+                                     const Translator* translator) {
+  BufferMergeModule module = module_factors(adapter, m, host_layer_kind(m.kind, translator), weight_shape);
+  const GgufRows order = host_row_order(name, translator);
+  if (order == GgufRows::same) return module;
+  return in_gguf_row_order(std::move(module), order, translator->gguf()->heads,
+                           "GGUF weight " + peft::quoted(std::string(name)));
 }
 
 }  // namespace peft

@@ -5,7 +5,15 @@
 // Names: without a translator, a HuggingFace module path ("model.layers.0.self_attn.q_proj") or
 // tensor name ("model.layers.0.self_attn.q_proj.weight"), with or without "base_model.model.", or
 // the base tensor the adapter resolved the module to; with a translator, the host's own name for
-// the module ("transformer/layer_0/attention/query") or for its weight (".../weight").
+// the module ("transformer/layer_0/attention/query") or for its weight (".../weight"); with a
+// translator of GGUF names (Translator::for_gguf), the GGUF tensor name ("blk.0.attn_q.weight") or
+// that name without ".weight".
+//
+// GGUF buffers hold their rows in the order llama.cpp's converter gave them (gguf_rows: LLaMA's q/k
+// RoPE permutation, ...): the module's lora_B rows (and lora_B.bias's, DoRA's magnitude's) are put
+// in that order (in_gguf_row_order), never the host's buffer, so the buffer merge writes exactly
+// what a merge in PyTorch's order followed by the converter's reorder gives, and removal by the
+// saved bytes stays exact.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +24,7 @@
 #include <vector>
 
 #include "peft/adapter/adapter.hpp"
+#include "peft/arch/gguf_row_order.hpp"
 #include "peft/arch/translator.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 
@@ -30,6 +39,22 @@ std::vector<std::string> module_candidates(std::string_view name, const Translat
 // that is not a LoRA layer (full replacement tensors and trainable tokens are not merged in memory).
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator);
 
+// The kind a host's buffer holds a layer as: a GGUF weight is always [out, in] (llama.cpp's converter
+// transposes GPT-2's Conv1D weights), so with GGUF names a Conv1D layer is laid out as Linear.
+LayerKind host_layer_kind(LayerKind kind, const Translator* translator);
+
+// The row order of the host's buffer `name`: the converter's (the table's gguf_rows) with a
+// translator of GGUF names, GgufRows::same otherwise.
+GgufRows host_row_order(std::string_view name, const Translator* translator);
+
+// `module` with lora_B's rows, and lora_B.bias's and a DoRA magnitude's, in GGUF's `order` over
+// `heads` (reorder_gguf_rows), copied and owned by the result's keep_alive (which also holds the
+// module's own); `module` as it is for GgufRows::same. PEFT_ERR_SHAPE_MISMATCH naming `what` when the
+// order does not fit the layer's output features; PEFT_ERR_UNSUPPORTED for a layer whose delta is
+// stored transposed (embeddings).
+BufferMergeModule in_gguf_row_order(BufferMergeModule module, GgufRows order, const GgufHeads& heads,
+                                    const std::string& what);
+
 // The layout of a LoRA layer's delta in a weight of `weight_shape`, from the factors' shapes as
 // stored (lora_A, lora_B; embeddings: lora_embedding_A/B). Linear vs GPT-2 Conv1D follows the
 // weight's shape when only one fits, `kind` (the adapter's decision) when both do (a square weight).
@@ -43,5 +68,11 @@ merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_s
 // does not fit the module.
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
                                std::span<const int64_t> weight_shape);
+
+// The module as it merges into the host's buffer `name` of `weight_shape`: buffer_merge_module with
+// the host's kind (host_layer_kind) and row order (host_row_order, in_gguf_row_order).
+BufferMergeModule host_buffer_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
+                                     std::string_view name, std::span<const int64_t> weight_shape,
+                                     const Translator* translator);
 
 }  // namespace peft

@@ -18,8 +18,9 @@ void require_buffer_dtype(DType dtype, const char* what) {
 NamedBufferMerge NamedBufferMerge::apply(const std::shared_ptr<const Adapter>& adapter, std::string_view name,
                                          void* weight, DType weight_dtype, std::span<const int64_t> shape,
                                          void* bias, DType bias_dtype, const NamedBufferMergeOptions& options) {
-  const AdapterModule& module = find_lora_module(*adapter, name, options.translator ? &*options.translator : nullptr);
-  const BufferMergeModule factors = buffer_merge_module(adapter, module, shape);
+  const Translator* translator = options.translator ? &*options.translator : nullptr;
+  const AdapterModule& module = find_lora_module(*adapter, name, translator);
+  const BufferMergeModule factors = host_buffer_module(adapter, module, name, shape, translator);
   NamedBufferMerge merge;
   merge.module_ = module.name;
   merge.weight_dtype_ = weight_dtype;

@@ -26,12 +26,13 @@ struct NamedBufferMergeOptions {
   double weight = 1.0;              // multiplies the adapter's scaling
   bool keep_original_rows = false;  // removal restores the original bytes (BufferMergeOptions)
   unsigned threads = 0;             // 0: one per hardware thread
-  std::optional<Translator> translator;  // names are the host's own; otherwise HuggingFace's
+  std::optional<Translator> translator;  // names are the host's own (or GGUF's); otherwise HuggingFace's
 };
 
 class NamedBufferMerge {
  public:
-  // Merges the LoRA module that `name` addresses (find_lora_module) into `weight`, a buffer of
+  // Merges the LoRA module that `name` addresses (find_lora_module) as the host holds it
+  // (host_buffer_module: with GGUF names, in the converter's row order) into `weight`, a buffer of
   // `weight_dtype` (F32, BF16 or F16) and `shape`, and, when the module has a lora_B.bias, into
   // `bias`, a buffer of `bias_dtype` holding one element per output feature (required then,
   // ignored otherwise). Errors: those of find_lora_module, buffer_merge_module and BufferMerge::apply;
