@@ -19,7 +19,13 @@ in a session folder (removed at exit) and returned as paths that callers must tr
 The tiny fixture models have no tokenizer, and convert_hf_to_gguf.py refuses a model without one. The
 llama, qwen2, gemma and phi3 converters all take a SentencePiece `tokenizer.model` first, so
 `convert_hf_to_gguf` stages the model folder (symbolic links to its files) together with a tiny
-SentencePiece model written by `write_sentencepiece_model` (no training, no download).
+SentencePiece model written by `write_sentencepiece_model` (no training, no download). The gpt2, gpt_neox,
+bloom and falcon converters only take a BPE tokenizer whose pre-tokenizer they recognise by the hash of its
+output on a test text (get_vocab_base_pre), which no tiny tokenizer can match: for those model types without
+a tokenizer the converter runs with its vocabulary reader (TextModel.get_vocab_base) replaced by one giving
+vocab_size placeholder tokens (`_BPE_VOCAB_STUB`). The same run also gives the GPT-NeoX converter the
+`rotary_pct` it reads, which transformers 5 keeps as rope_parameters.partial_rotary_factor only. Only
+metadata differs; every tensor goes through the converter's own code.
 """
 
 from __future__ import annotations
@@ -217,12 +223,52 @@ def _staged_model(model_dir: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
     return staged
 
 
+# Model types whose converter reads only a recognised BPE tokenizer (see the module docstring).
+BPE_VOCAB_MODEL_TYPES = ("gpt2", "gpt_neox", "bloom", "falcon")
+
+# Runs convert_hf_to_gguf.py (argv[1], its arguments after it) with TextModel.get_vocab_base giving
+# vocab_size placeholder tokens instead of reading a tokenizer, and rotary_pct in the hyperparameters.
+_BPE_VOCAB_STUB = """
+import os, runpy, sys
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(script))
+import gguf
+from conversion.base import ModelBase, TextModel
+
+def placeholder_vocab(self):
+    n = int(self.hparams["vocab_size"])
+    return [f"<t{i}>" for i in range(n)], [gguf.TokenType.NORMAL] * n, "gpt-2"
+
+load_hparams = ModelBase.load_hparams
+
+def with_rotary_pct(dir_model, is_mistral_format):
+    hparams = load_hparams(dir_model, is_mistral_format)
+    rope = hparams.get("rope_parameters") or {}
+    if "rotary_pct" not in hparams and "partial_rotary_factor" in rope:
+        hparams["rotary_pct"] = rope["partial_rotary_factor"]
+    return hparams
+
+TextModel.get_vocab_base = placeholder_vocab
+ModelBase.load_hparams = staticmethod(with_rotary_pct)
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _needs_vocab_stub(model_dir: pathlib.Path) -> bool:
+    import json
+
+    if any((model_dir / name).exists() for name in ("tokenizer.json", "vocab.json")):
+        return False
+    return json.loads((model_dir / "config.json").read_text()).get("model_type") in BPE_VOCAB_MODEL_TYPES
+
+
 # --- the references -------------------------------------------------------------------------------------
 
 def convert_hf_to_gguf(model_dir: os.PathLike, out_path: os.PathLike | None = None,
                        outtype: str = "f32") -> pathlib.Path:
     """convert_hf_to_gguf.py on a transformers model folder (a tiny SentencePiece tokenizer is added when
-    the folder has none). outtype: f32, f16, bf16 or q8_0. Returns the GGUF file."""
+    the folder has none; BPE_VOCAB_MODEL_TYPES get placeholder tokens). outtype: f32, f16, bf16 or q8_0. Returns the GGUF file."""
     if outtype not in HF_OUTTYPES:
         raise ValueError(f"outtype {outtype!r} is not one of {HF_OUTTYPES}")
     tools = llama_cpp()
@@ -230,7 +276,8 @@ def convert_hf_to_gguf(model_dir: os.PathLike, out_path: os.PathLike | None = No
 
     def make(result: pathlib.Path) -> None:
         staged = _staged_model(model_dir, result.parent)
-        _run([sys.executable, tools.src / "convert_hf_to_gguf.py", staged, "--outfile", result,
+        stub = ["-c", _BPE_VOCAB_STUB] if _needs_vocab_stub(model_dir) else []
+        _run([sys.executable, *stub, tools.src / "convert_hf_to_gguf.py", staged, "--outfile", result,
               "--outtype", outtype], f"convert_hf_to_gguf.py on {model_dir}", env=tools.python_env())
 
     return _cached(("hf", _identity(model_dir), outtype), f"{model_dir.name}.{outtype}.gguf", make, out_path)

@@ -270,7 +270,11 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
       const std::string text = rows->is_string() ? rows->get<std::string>() : "";
       if (text == "rope_q") m.gguf_rows = GgufRows::rope_q;
       else if (text == "rope_k") m.gguf_rows = GgufRows::rope_k;
-      else if (text != "same") bad_table(source, "modules[" + std::to_string(i) + "]: \"gguf_rows\" must be same, rope_q or rope_k");
+      else if (text == "qkv_per_head") m.gguf_rows = GgufRows::qkv_per_head;
+      else if (text == "qkv_per_kv_group") m.gguf_rows = GgufRows::qkv_per_kv_group;
+      else if (text != "same")
+        bad_table(source, "modules[" + std::to_string(i) +
+                              "]: \"gguf_rows\" must be same, rope_q, rope_k, qkv_per_head or qkv_per_kv_group");
       if (!m.gguf) bad_table(source, "modules[" + std::to_string(i) + "]: \"gguf_rows\" needs \"gguf\"");
     }
     auto hf_names = m.hf.placeholder_names(), native_names = m.native.placeholder_names();

@@ -8,7 +8,8 @@
 // A rule may also name the module in GGUF files ("gguf": "blk.{layer}.attn_q", the tensor name
 // without ".weight"/".bias") and the row order llama.cpp's converter gives its weight ("gguf_rows":
 // "rope_q" or "rope_k", the LLaMA-family RoPE permutation over the attention heads or the key/value
-// heads); "gguf_architectures" maps each GGUF architecture (general.architecture) whose files the
+// heads; "qkv_per_head" or "qkv_per_kv_group", the fused query_key_value reordered to all queries,
+// keys, values); "gguf_architectures" maps each GGUF architecture (general.architecture) whose files the
 // table reads to the model_types llama.cpp's converter gives it ({"llama": ["llama"]}). See
 // docs/gguf.md.
 //
@@ -57,10 +58,13 @@ class NameTemplate {
   std::vector<Token> tokens_;
 };
 
-// How llama.cpp's converter orders a weight's rows in GGUF (conversion/llama.py's permute): within
-// each head, the two halves of the rotary dimensions interleaved. rope_q uses the attention heads,
-// rope_k the key/value heads.
-enum class GgufRows { same, rope_q, rope_k };
+// How llama.cpp's converter orders a weight's rows in GGUF. rope_q / rope_k (conversion/llama.py's
+// permute): within each head, the two halves of the rotary dimensions interleaved, over the
+// attention heads / the key/value heads. qkv_per_head (gptneox.py, bloom.py): a fused
+// query_key_value whose PyTorch rows are per head [q, k, v] becomes [all q; all k; all v];
+// qkv_per_kv_group (falcon.py): the same from key/value groups of [q heads..., k, v]. Each is a row
+// permutation (peft/arch/gguf_row_order.hpp applies them).
+enum class GgufRows { same, rope_q, rope_k, qkv_per_head, qkv_per_kv_group };
 
 struct ModuleRule {
   NameTemplate hf;

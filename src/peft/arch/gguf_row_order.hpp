@@ -21,7 +21,9 @@ struct GgufHeads {
 
 // From a GGUF file's "<architecture>.attention.head_count" and "..._kv".
 GgufHeads gguf_heads_from_metadata(const GgufHeader& header, const std::string& architecture);
-// From a config.json's num_attention_heads and num_key_value_heads.
+// From a config.json as llama.cpp's converter reads it: attention heads from num_attention_heads or
+// n_head (BLOOM); key/value heads from num_key_value_heads, num_kv_heads or n_head_kv (Falcon), else
+// 1 for Falcon's RefinedWeb model_types, else the attention heads.
 GgufHeads gguf_heads_from_config(const nlohmann::json& config);
 
 // Why `order` cannot reorder a weight of `rows` rows with `heads` (a phrase for a message), or

@@ -149,7 +149,10 @@ class GgufMerge {
         const std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
         GgufTarget& target = targets_[*index];
         target.rows = rule->gguf_rows;
-        target.terms.push_back({buffer_merge_module(input.adapter, module, shape), input.weight});
+        // GPT-2's Conv1D weights are [out, in] in GGUF (the converter transposes them): merged as Linear.
+        AdapterModule oriented = module;
+        if (oriented.kind == LayerKind::conv1d) oriented.kind = LayerKind::linear;
+        target.terms.push_back({buffer_merge_module(input.adapter, oriented, shape), input.weight});
       }
     }
     if (!unsupported.empty()) {

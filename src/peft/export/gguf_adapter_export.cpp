@@ -42,7 +42,9 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
       unsupported.push_back(what + ": lora_B.bias has no place in a GGUF LoRA");
       continue;
     }
-    if (module.kind != LayerKind::linear && module.kind != LayerKind::embedding) {
+    // GPT-2's Conv1D weights are [out, in] in GGUF (the converter transposes them): their lora_A/B
+    // go in as a Linear layer's.
+    if (module.kind != LayerKind::linear && module.kind != LayerKind::conv1d && module.kind != LayerKind::embedding) {
       unsupported.push_back(what + ": " + layer_kind_name(module.kind) + " layers are not exported to GGUF");
       continue;
     }

@@ -119,7 +119,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     }
     m.path = m.rule->hf.fill(captures);
     if (!m.a || !m.b) broken.push_back(peft::quoted(gguf) + ": lora_" + (m.a ? "b" : "a") + " is missing");
-    if (m.rule->kind != ModuleKind::linear && m.rule->kind != ModuleKind::embedding)
+    if (m.rule->kind != ModuleKind::linear && m.rule->kind != ModuleKind::conv1d && m.rule->kind != ModuleKind::embedding)
       unsupported.push_back(peft::quoted(gguf) + ": a " + module_kind_name(m.rule->kind) + " module");
     if (m.b) {
       const std::vector<uint64_t>& b_shape = file->tensor(*m.b).shape;
@@ -173,8 +173,10 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
   nlohmann::ordered_json rank_pattern = nlohmann::ordered_json::object();
   nlohmann::ordered_json alpha_pattern = nlohmann::ordered_json::object();
   std::vector<std::string> targets;
+  bool conv1d = false;  // GPT-2: GGUF's [out, in] factors are PEFT's Conv1D factors as they are
   for (const auto& [gguf, m] : modules) {
     targets.push_back(m.path);
+    conv1d = conv1d || m.rule->kind == ModuleKind::conv1d;
     if (m.rank == r) continue;
     rank_pattern[m.path] = m.rank;
     if (file_alpha == 0.0f) alpha_pattern[m.path] = m.rank;
@@ -184,7 +186,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
   config["alpha_pattern"] = alpha_pattern;
   config["base_model_name_or_path"] = base_name;
   config["bias"] = "none";
-  config["fan_in_fan_out"] = false;
+  config["fan_in_fan_out"] = conv1d;
   config["inference_mode"] = true;
   config["init_lora_weights"] = true;
   // alpha as the f32 llama.cpp reads, written exactly (as a double).
