@@ -64,6 +64,11 @@ def module_names(experts=range(EXPERTS), which=("w1", "w2", "w3"), attention=ATT
     return names
 
 
+def on_disk(module: str) -> str:
+    """The checkpoint name of a module: transformers 5 calls Mixtral's router mlp.gate in memory."""
+    return module.replace(".mlp.gate", ".block_sparse_moe.gate")
+
+
 def write_adapter(folder: pathlib.Path, base: pathlib.Path, modules: list[str], r: int, alpha: float,
                   ranks: dict | None = None, alpha_pattern: dict | None = None, rslora: bool = False,
                   seed: int = 1) -> pathlib.Path:
@@ -73,7 +78,7 @@ def write_adapter(folder: pathlib.Path, base: pathlib.Path, modules: list[str], 
     ranks = ranks or {}
     factors = {}
     for m in modules:
-        out, inp = weights[m + ".weight"].shape
+        out, inp = weights[on_disk(m) + ".weight"].shape
         rank = ranks.get(m, r)
         factors[f"base_model.model.{m}.lora_A.weight"] = rng.normal(0, 0.2, (rank, inp)).astype(np.float32)
         factors[f"base_model.model.{m}.lora_B.weight"] = rng.normal(0, 0.2, (out, rank)).astype(np.float32)
@@ -108,7 +113,7 @@ def expected_merge(base: pathlib.Path, adapter: pathlib.Path, out: pathlib.Path,
         rank = a.shape[0]
         alpha = pattern_value(config.get("alpha_pattern") or {}, module, config["lora_alpha"])
         scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-        weights[module + ".weight"] += weight * scale * (b.astype(np.float64) @ a.astype(np.float64))
+        weights[on_disk(module) + ".weight"] += weight * scale * (b.astype(np.float64) @ a.astype(np.float64))
     out.mkdir()
     save_file({k: v.astype(np.float32) for k, v in weights.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
@@ -151,10 +156,11 @@ def patterned(mixtral, tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def partial(mixtral, tmp_path_factory) -> pathlib.Path:
-    """w1 of experts 0 and 2 only, and v_proj: what llama.cpp cannot hold as a stacked LoRA."""
+    """w1 of experts 0 and 2 only, and v_proj: what llama.cpp cannot hold as a stacked LoRA; and the
+    router under its transformers 5 name (mlp.gate), as PEFT 0.21 saves it."""
+    modules = module_names(experts=(0, 2), which=("w1",), attention=("v_proj",), router=False)
     return write_adapter(tmp_path_factory.mktemp("adapters") / "partial", mixtral,
-                         module_names(experts=(0, 2), which=("w1",), attention=("v_proj",), router=False),
-                         r=4, alpha=16, seed=3)
+                         modules + ["model.layers.1.mlp.gate"], r=4, alpha=16, seed=3)
 
 
 def test_plain_adapter_equals_convert_lora_to_gguf(peftc_binary, tmp_path, mixtral, plain):
@@ -217,6 +223,7 @@ def test_merge_of_some_experts_goes_into_their_slices(peftc_binary, tmp_path, mi
     gate = got["blk.0.ffn_gate_exps.weight"][2]
     assert np.array_equal(gate[1], before["blk.0.ffn_gate_exps.weight"][2][1])  # expert 1 untouched
     assert not np.array_equal(gate[0], before["blk.0.ffn_gate_exps.weight"][2][0])
+    assert not np.array_equal(got["blk.1.ffn_gate_inp.weight"][2], before["blk.1.ffn_gate_inp.weight"][2])
 
 
 def test_export_refuses_missing_experts(peftc_binary, tmp_path, mixtral, partial):

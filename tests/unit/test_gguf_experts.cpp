@@ -47,6 +47,12 @@ TEST_CASE("gguf experts: Mixtral's modules and their slots") {
   CHECK_FALSE(slot->slice);
   CHECK(slot->rule->gguf_rows == peft::GgufRows::rope_q);
   CHECK_FALSE(peft::gguf_slot(*table, "model.layers.0.input_layernorm"));
+  slot = peft::gguf_slot(*table, "model.layers.2.mlp.gate");  // transformers 5's name of the router
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.2.ffn_gate_inp.weight");
+  slot = peft::gguf_slot(*table, "layers.2.mlp.gate");
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.2.ffn_gate_inp.weight");
   // A stacked GGUF tensor holds several modules: no single module for it, one per slice.
   CHECK_FALSE(table->module_from_gguf("blk.1.ffn_up_exps"));
   peft::NameTemplate::Captures captures;

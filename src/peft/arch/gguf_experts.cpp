@@ -9,9 +9,19 @@ namespace peft {
 
 std::optional<GgufSlot> gguf_slot(const ArchTable& table, std::string_view module) {
   NameTemplate::Captures captures;
-  const ModuleRule* rule = table.rule_for_hf(module, &captures);
-  if (rule == nullptr && !table.base_model_prefix().empty())
-    rule = table.rule_for_hf(table.base_model_prefix() + "." + std::string(module), &captures);
+  std::string path(module);
+  const ModuleRule* rule = table.rule_for_hf(path, &captures);
+  if (rule == nullptr && !table.base_model_prefix().empty()) {
+    path = table.base_model_prefix() + "." + path;
+    rule = table.rule_for_hf(path, &captures);
+  }
+  if (rule != nullptr && !rule->gguf) {  // transformers 5's in-memory name of a checkpoint module
+    for (const std::string& alias : table.aliases_of(path))
+      if (const ModuleRule* other = table.rule_for_hf(alias, &captures); other != nullptr && other->gguf) {
+        rule = other;
+        break;
+      }
+  }
   if (rule == nullptr || !rule->gguf) return std::nullopt;
   GgufSlot slot{rule, rule->gguf->fill(captures) + ".weight", std::nullopt};
   if (rule->gguf_stack) {

@@ -26,7 +26,8 @@ struct GgufSlot {
 };
 
 // Where an adapter's module (its path as it is, else with the table's base_model_prefix) is in
-// GGUF; nullopt when the table gives it no GGUF name.
+// GGUF, or that of its checkpoint alias (transformers 5's "mlp.gate" is Mixtral's
+// "block_sparse_moe.gate" on disk); nullopt when the table gives it no GGUF name.
 std::optional<GgufSlot> gguf_slot(const ArchTable& table, std::string_view module);
 
 // The module path of slice `slice` of a stacked GGUF module that `rule` matched with `captures`.

@@ -73,8 +73,12 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
   }
   // llama.cpp applies one pair to a whole stacked tensor: every slice needs its module.
   std::map<std::string, std::vector<uint64_t>> stacks;
-  for (const GgufPair& pair : pairs)
+  std::map<std::string, size_t> singles;
+  for (const GgufPair& pair : pairs) {
     if (pair.slice) stacks[pair.tensor].push_back(*pair.slice);
+    else if (++singles[pair.tensor] == 2)
+      unsupported.push_back("GGUF tensor " + peft::quoted(pair.tensor) + ": the adapter has two modules for it");
+  }
   for (const auto& [tensor, slices] : stacks)
     if (const std::string missing = missing_slices(slices, *base.experts); !missing.empty())
       unsupported.push_back("GGUF tensor " + peft::quoted(tensor) + " stacks " + std::to_string(*base.experts) +

@@ -86,7 +86,6 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
       fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(gguf_path) + ": adapter.lora.alpha is not a float");
     alpha = *number;
   }
-  std::shared_ptr<const ArchTable> table;
 
   // Pair the tensors by GGUF module, every problem listed at once.
   std::map<std::string, ImportedModule> modules;
@@ -113,7 +112,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
       if (candidate.rule_for_gguf(gguf) == nullptr) return false;
     return true;
   };
-  table = builtin_table_for_gguf(*architecture, names_all);
+  const std::shared_ptr<const ArchTable> table = builtin_table_for_gguf(*architecture, names_all);
   const GgufBase base = open_gguf_base(base_name, names_all);
   if (base.architecture != *architecture)
     fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(gguf_path) + " is an adapter for GGUF architecture " +
@@ -158,9 +157,12 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     const TensorInfo& a_info = file->tensor(*m.a);
     const TensorInfo& b_info = file->tensor(*m.b);
     if (a_info.shape.size() != 3 || b_info.shape.size() != 3 || a_info.shape[0] != b_info.shape[0] ||
-        a_info.shape[1] == 0 || b_info.shape[2] != a_info.shape[1])
+        a_info.shape[0] == 0 || a_info.shape[1] == 0 || b_info.shape[2] != a_info.shape[1])
       fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(it->first) + ": a stacked tensor's LoRA factors must be "
                                                               "(n, r, in) and (n, out, r)");
+    if (base.experts && a_info.shape[0] != *base.experts)
+      fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(it->first) + ": the LoRA stacks " + std::to_string(a_info.shape[0]) +
+                                        " experts, the base has " + std::to_string(*base.experts));
     LoraFactors stacked{read_factor(*file, *m.a), read_factor(*file, *m.b), a_info.shape[1], a_info.shape[2],
                         b_info.shape[1], a_info.shape[0]};
     std::vector<LoraFactors> slices = unstack_lora(stacked);
