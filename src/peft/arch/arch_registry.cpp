@@ -90,6 +90,15 @@ std::shared_ptr<const ArchTable> builtin_table_for_gguf(const std::string& archi
                                  " (docs/gguf.md lists those that do)");
 }
 
+std::shared_ptr<const ArchTable> builtin_table_for_gguf(const std::string& architecture,
+                                                        const std::function<bool(const ArchTable&)>& fits) {
+  for (const std::string& family : builtin_families()) {
+    auto table = builtin_arch_table(family);
+    if (table->reads_gguf_architecture(architecture) && fits(*table)) return table;
+  }
+  return builtin_table_for_gguf(architecture);
+}
+
 std::vector<std::string> builtin_families() {
   for (const std::string& dir : arch_table_search_dirs()) {
     std::error_code ec;

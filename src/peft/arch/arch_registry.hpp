@@ -10,6 +10,7 @@
 // Loaded tables are cached for the life of the process; all functions are thread-safe.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,11 @@ std::vector<std::string> builtin_families();
 // The first built-in table (in family order) that reads files of a GGUF architecture
 // (general.architecture); PEFT_ERR_UNSUPPORTED naming it when none does.
 std::shared_ptr<const ArchTable> builtin_table_for_gguf(const std::string& architecture);
+// The same among the tables for which `fits` holds: several tables read one GGUF architecture
+// (llama, mistral and mixtral all read "llama"), and the names an input needs pick the one that
+// knows them all (a Mixtral expert); the first that reads it when none fits.
+std::shared_ptr<const ArchTable> builtin_table_for_gguf(const std::string& architecture,
+                                                        const std::function<bool(const ArchTable&)>& fits);
 
 // The directories searched, in order (for messages and docs).
 std::vector<std::string> arch_table_search_dirs();

@@ -249,11 +249,11 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
     if (!rule.is_object()) bad_table(source, "modules[" + std::to_string(i) + "] must be an object");
     for (const auto& [key, value] : rule.items())
       if (key != "hf" && key != "native" && key != "kind" && key != "gguf" && key != "gguf_rows" &&
-          !key.starts_with("_"))
+          key != "gguf_stack" && !key.starts_with("_"))
         bad_table(source, "modules[" + std::to_string(i) + "] has an unknown field " + peft::quoted(key));
     ModuleRule m{NameTemplate::parse(required_string(rule, "hf", source, where), where),
                  NameTemplate::parse(required_string(rule, "native", source, where), where), ModuleKind::other,
-                 std::nullopt, GgufRows::same};
+                 std::nullopt, GgufRows::same, std::nullopt};
     if (auto kind = rule.find("kind"); kind != rule.end()) {
       auto parsed = kind->is_string() ? kind_from_name(kind->get<std::string>()) : std::nullopt;
       if (!parsed)
@@ -283,8 +283,18 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
     if (hf_names != native_names)
       bad_table(source, "modules[" + std::to_string(i) + "]: " + peft::quoted(m.hf.text()) + " and " +
                             peft::quoted(m.native.text()) + " must use the same placeholders");
+    if (auto stack = rule.find("gguf_stack"); stack != rule.end()) {
+      const std::string text = stack->is_string() ? stack->get<std::string>() : "";
+      if (!m.gguf || std::find(hf_names.begin(), hf_names.end(), text) == hf_names.end())
+        bad_table(source, "modules[" + std::to_string(i) + "]: \"gguf_stack\" must name a placeholder of " +
+                              peft::quoted(m.hf.text()) + " and needs \"gguf\"");
+      if (m.gguf_rows != GgufRows::same)
+        bad_table(source, "modules[" + std::to_string(i) + "]: \"gguf_stack\" and \"gguf_rows\" do not combine");
+      m.gguf_stack = text;
+    }
     if (m.gguf) {
       auto gguf_names = m.gguf->placeholder_names();
+      if (m.gguf_stack) gguf_names.push_back(*m.gguf_stack);  // the slice index, not in the tensor name
       std::sort(gguf_names.begin(), gguf_names.end());
       if (gguf_names != hf_names)
         bad_table(source, "modules[" + std::to_string(i) + "]: " + peft::quoted(m.hf.text()) + " and " +
@@ -417,7 +427,7 @@ std::optional<std::string> ArchTable::module_to_gguf(std::string_view hf_module)
 std::optional<std::string> ArchTable::module_from_gguf(std::string_view gguf_module) const {
   NameTemplate::Captures captures;
   const ModuleRule* rule = rule_for_gguf(gguf_module, &captures);
-  if (!rule) return std::nullopt;
+  if (!rule || rule->gguf_stack) return std::nullopt;  // a stacked tensor holds several modules
   return rule->hf.fill(captures);
 }
 

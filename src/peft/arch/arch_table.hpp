@@ -9,7 +9,11 @@
 // without ".weight"/".bias") and the row order llama.cpp's converter gives its weight ("gguf_rows":
 // "rope_q" or "rope_k", the LLaMA-family RoPE permutation over the attention heads or the key/value
 // heads; "qkv_per_head" or "qkv_per_kv_group", the fused query_key_value reordered to all queries,
-// keys, values); "gguf_architectures" maps each GGUF architecture (general.architecture) whose files the
+// keys, values); "gguf_stack": "expert" says the converter stacks the modules that differ only in
+// that placeholder into one tensor of one more dimension (outermost), the placeholder's value being
+// the slice (Mixtral's experts.{expert}.w1 in blk.{layer}.ffn_gate_exps; see
+// peft/arch/gguf_experts.hpp); "gguf_architectures" maps each GGUF architecture
+// (general.architecture) whose files the
 // table reads to the model_types llama.cpp's converter gives it ({"llama": ["llama"]}). See
 // docs/gguf.md.
 //
@@ -72,6 +76,7 @@ struct ModuleRule {
   ModuleKind kind = ModuleKind::other;
   std::optional<NameTemplate> gguf;  // the GGUF tensor name without ".weight"/".bias"
   GgufRows gguf_rows = GgufRows::same;
+  std::optional<std::string> gguf_stack;  // the placeholder that indexes a stacked GGUF tensor
 };
 
 struct RoleRule {
@@ -116,7 +121,8 @@ class ArchTable {
   std::optional<std::string> key_to_hf(std::string_view native_key, bool with_peft_prefix) const;
 
   // GGUF: whether the table reads files of a GGUF architecture; the GGUF architecture of a
-  // model_type (nullopt if none); module paths both ways.
+  // model_type (nullopt if none); module paths both ways (module_to_gguf gives a stacked module's
+  // stacked tensor; module_from_gguf gives nullopt for a stacked tensor, which holds several modules).
   bool reads_gguf_architecture(std::string_view architecture) const;
   std::optional<std::string> gguf_architecture_of(std::string_view model_type) const;
   const ModuleRule* rule_for_gguf(std::string_view gguf_module, NameTemplate::Captures* captures = nullptr) const;

@@ -14,6 +14,7 @@
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
 #include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_experts.hpp"
 #include "peft/arch/gguf_row_order.hpp"
 #include "peft/arch/translator.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
@@ -38,6 +39,7 @@ std::string architecture_of(const GgufHeader& header, const std::string& path) {
 struct GgufTerm {
   BufferMergeModule module;  // factors in f32, laid out for the tensor (PyTorch orientation)
   double weight;
+  uint64_t slice = 0;  // of a stacked tensor (gguf_experts.hpp): the module's 2-D slice
 };
 
 struct GgufTarget {
@@ -63,7 +65,14 @@ class GgufMerge {
     if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
     architecture_ = architecture_of(*header_, path_);
     heads_ = gguf_heads_from_metadata(*header_, architecture_);
-    table_ = with_file(path_, [&] { return builtin_table_for_gguf(architecture_); });
+    table_ = with_file(path_, [&] {
+      return builtin_table_for_gguf(architecture_, [&](const ArchTable& table) {
+        for (const MergeInput& input : options_.adapters)
+          for (const AdapterModule& module : input.adapter->modules())
+            if (module.is_lora() && !gguf_slot(table, module.name)) return false;
+        return true;
+      });
+    });
     plan();
   }
 
@@ -124,15 +133,12 @@ class GgufMerge {
           unsupported.push_back(what + " (lora_B.bias)");
           continue;
         }
-        NameTemplate::Captures captures;
-        const ModuleRule* rule = table_->rule_for_hf(module.name, &captures);
-        if (rule == nullptr && !table_->base_model_prefix().empty())
-          rule = table_->rule_for_hf(table_->base_model_prefix() + "." + module.name, &captures);
-        if (rule == nullptr || !rule->gguf) {
+        const std::optional<GgufSlot> slot = gguf_slot(*table_, module.name);
+        if (!slot) {
           unresolved.push_back(what + " (no GGUF name for it in table " + peft::quoted(table_->family()) + ")");
           continue;
         }
-        const std::string tensor = rule->gguf->fill(captures) + ".weight";
+        const std::string& tensor = slot->tensor;
         const auto index = base_->find(tensor);
         if (!index) {
           unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
@@ -146,13 +152,22 @@ class GgufMerge {
                                 "; merges go into F32, F16 and BF16 tensors)");
           continue;
         }
-        const std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
+        std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
+        if (slot->slice) {  // a stacked module: its slice of the tensor
+          if (shape.size() != 3 || *slot->slice >= info.shape[0]) {
+            unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " has no slice " +
+                                 std::to_string(*slot->slice) + ")");
+            continue;
+          }
+          shape.erase(shape.begin());
+        }
         GgufTarget& target = targets_[*index];
-        target.rows = rule->gguf_rows;
+        target.rows = slot->rule->gguf_rows;
         // GPT-2's Conv1D weights are [out, in] in GGUF (the converter transposes them): merged as Linear.
         AdapterModule oriented = module;
         if (oriented.kind == LayerKind::conv1d) oriented.kind = LayerKind::linear;
-        target.terms.push_back({buffer_merge_module(input.adapter, oriented, shape), input.weight});
+        target.terms.push_back(
+            {buffer_merge_module(input.adapter, oriented, shape), input.weight, slot->slice.value_or(0)});
       }
     }
     if (!unsupported.empty()) {
@@ -185,7 +200,9 @@ class GgufMerge {
     merge_options.threads = options_.threads;
     for (const GgufTerm& term : target.terms) {
       merge_options.weight = term.weight;
-      const merge::WeightView view{values.data(), DType::F32, term.module.layout.rows(), term.module.layout.cols()};
+      const uint64_t slice_size = static_cast<uint64_t>(term.module.layout.rows() * term.module.layout.cols());
+      const merge::WeightView view{values.data() + term.slice * slice_size, DType::F32, term.module.layout.rows(),
+                                   term.module.layout.cols()};
       BufferMerge::apply(view, nullptr, term.module, merge_options);
     }
     reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);

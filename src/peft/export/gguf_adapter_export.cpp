@@ -1,5 +1,6 @@
 #include "peft/export/gguf_adapter_export.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -10,6 +11,7 @@
 #include "gguf/ggml_type.hpp"
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
+#include "peft/arch/gguf_experts.hpp"
 #include "peft/export/gguf_base.hpp"
 
 namespace peft {
@@ -20,6 +22,7 @@ struct GgufPair {
   const AdapterModule* module;
   std::string tensor;  // the GGUF base tensor, "blk.0.attn_q.weight"
   GgufRows rows = GgufRows::same;
+  std::optional<uint64_t> slice;  // a stacked module's slice of `tensor` (gguf_experts.hpp)
 };
 
 // Every module's GGUF tensor; every problem listed at once.
@@ -48,17 +51,17 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
       unsupported.push_back(what + ": " + layer_kind_name(module.kind) + " layers are not exported to GGUF");
       continue;
     }
-    const ModuleRule* rule = table.rule_for_module(module.name);
-    NameTemplate::Captures captures;
-    if (rule != nullptr) {
-      const bool direct = rule->hf.match(module.name, captures);
-      if (!direct) rule->hf.match(table.base_model_prefix() + "." + module.name, captures);
-    }
-    if (rule == nullptr || !rule->gguf) {
+    const std::optional<GgufSlot> slot = gguf_slot(table, module.name);
+    if (!slot) {
       unresolved.push_back(what + ": table " + peft::quoted(table.family()) + " gives it no GGUF name");
       continue;
     }
-    GgufPair pair{&module, rule->gguf->fill(captures) + ".weight", rule->gguf_rows};
+    GgufPair pair{&module, slot->tensor, slot->rule->gguf_rows, slot->slice};
+    if (pair.slice && !(base.experts && *pair.slice < *base.experts)) {
+      unresolved.push_back(what + ": the base has " + (base.experts ? std::to_string(*base.experts) : "no count of") +
+                           " experts, so " + peft::quoted(pair.tensor) + " has no slice " + std::to_string(*pair.slice));
+      continue;
+    }
     if (base.gguf && !base.gguf->find(pair.tensor)) {
       unresolved.push_back(what + ": the GGUF base has no tensor " + peft::quoted(pair.tensor));
       continue;
@@ -70,6 +73,21 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
     }
     pairs.push_back(std::move(pair));
   }
+  // llama.cpp applies one pair to a whole stacked tensor: every slice needs its module.
+  std::map<std::string, std::vector<uint64_t>> stacks;
+  std::map<std::string, size_t> singles;
+  for (const GgufPair& pair : pairs) {
+    if (pair.slice) stacks[pair.tensor].push_back(*pair.slice);
+    else if (++singles[pair.tensor] == 2)
+      unsupported.push_back("GGUF tensor " + peft::quoted(pair.tensor) + ": the adapter has two modules for it");
+  }
+  for (const auto& [tensor, slices] : stacks)
+    if (const std::string missing = missing_slices(slices, *base.experts); !missing.empty())
+      unsupported.push_back("GGUF tensor " + peft::quoted(tensor) + " stacks " + std::to_string(*base.experts) +
+                            " experts, and llama.cpp applies a LoRA to all of them or none: the adapter lacks the "
+                            "module of expert(s) " + missing);
+    else if (slices.size() != *base.experts)
+      unsupported.push_back("GGUF tensor " + peft::quoted(tensor) + ": the adapter has two modules for one expert");
   if (!unsupported.empty()) {
     std::string message = std::to_string(unsupported.size()) + " module(s) cannot be exported as a GGUF LoRA:";
     for (const std::string& line : unsupported) message += "\n  " + line;
@@ -98,9 +116,9 @@ struct GgufFactor {
   std::vector<uint8_t> bytes;
 };
 
-GgufFactor encode(std::string name, const std::vector<float>& values, uint64_t rows, uint64_t cols, uint32_t wanted) {
-  GgufFactor out{std::move(name), wanted, {rows, cols}, {}};
-  if (out.type == 8 && cols % kQ8_0BlockSize != 0) out.type = 1;  // llama.cpp's converter falls back to F16
+GgufFactor encode(std::string name, const std::vector<float>& values, std::vector<uint64_t> shape, uint32_t wanted) {
+  GgufFactor out{std::move(name), wanted, std::move(shape), {}};
+  if (out.type == 8 && out.shape.back() % kQ8_0BlockSize != 0) out.type = 1;  // llama.cpp's converter falls back to F16
   for (float v : values)
     if (!std::isfinite(v)) fail(PEFT_ERR_NON_FINITE, "tensor " + peft::quoted(out.name) + " holds an infinity or NaN");
   if (out.type == 8) {
@@ -124,43 +142,70 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
       options.base.empty() ? adapter.config().base_model_name_or_path.value_or("") : options.base;
   if (base_name.empty())
     fail(PEFT_ERR_INVALID_ARGUMENT, "no base model: the adapter's config has no base_model_name_or_path; give one");
-  const GgufBase base = open_gguf_base(base_name);
+  const GgufBase base = open_gguf_base(base_name, [&](const ArchTable& table) {
+    for (const AdapterModule& module : adapter.modules())
+      if (module.is_lora() && !gguf_slot(table, module.name)) return false;
+    return true;
+  });
   const std::vector<GgufPair> pairs = plan_pairs(adapter, base);
   const double alpha = adapter.config().lora_alpha;
   // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.
   const float file_alpha = static_cast<float>(alpha);
 
-  std::vector<GgufFactor> factors;
+  // One entry per GGUF tensor: a module, or the modules of a stacked tensor by slice.
+  std::vector<std::vector<const GgufPair*>> groups;
+  std::map<std::string, size_t> group_of;
   for (const GgufPair& pair : pairs) {
-    const AdapterModule& m = *pair.module;
-    const bool embedding = m.kind == LayerKind::embedding;
-    const AdapterTensor* a = m.find(embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
-    const AdapterTensor* b = m.find(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b);
-    if (a == nullptr || b == nullptr)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(m.name) + " lacks its A or B factor");
-    const TensorInfo& a_info = adapter.checkpoint().tensor(a->index);
-    const TensorInfo& b_info = adapter.checkpoint().tensor(b->index);
-    if (a_info.shape.size() != 2 || b_info.shape.size() != 2)
-      fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": only 2-D factors are exported to GGUF");
-    std::vector<float> a_values = adapter.checkpoint().read_f32(a->index);
-    std::vector<float> b_values = adapter.checkpoint().read_f32(b->index);
-    const uint64_t rank = a_info.shape[0];
-    const double llama_scale = file_alpha == 0.0f ? 1.0 : static_cast<double>(file_alpha) / static_cast<double>(rank);
-    // PEFT's scale over llama.cpp's: exactly 1 for a plain module whose alpha f32 holds exactly.
-    const double ratio = m.scaling / llama_scale;
-    if (static_cast<float>(ratio) != 1.0f)
-      for (float& v : b_values) v = static_cast<float>(static_cast<double>(v) * ratio);
-    const uint64_t out_rows = b_info.shape[0];
-    reorder_gguf_rows(pair.rows, base.heads, b_values.data(), out_rows, rank * sizeof(float), false,
-                      "module " + peft::quoted(m.name));
-    if (embedding) {
-      // llama.cpp applies token_embd's pair transposed: lora_a = A^T (num, r).
-      factors.push_back(encode(pair.tensor + ".lora_a", transposed(a_values, rank, a_info.shape[1]), a_info.shape[1],
-                               rank, options.ggml_type));
-    } else {
-      factors.push_back(encode(pair.tensor + ".lora_a", a_values, rank, a_info.shape[1], options.ggml_type));
+    auto [it, added] = group_of.emplace(pair.tensor, groups.size());
+    if (added) groups.emplace_back();
+    groups[it->second].push_back(&pair);
+  }
+  std::vector<GgufFactor> factors;
+  for (std::vector<const GgufPair*>& group : groups) {
+    std::sort(group.begin(), group.end(), [](const GgufPair* x, const GgufPair* y) { return x->slice < y->slice; });
+    const GgufPair& first = *group.front();
+    std::vector<LoraFactors> slices;
+    uint64_t rank = 0;  // the largest: llama.cpp has one rank per tensor
+    for (const GgufPair* pair : group) {
+      const AdapterModule& m = *pair->module;
+      const bool embedding = m.kind == LayerKind::embedding;
+      const AdapterTensor* a = m.find(embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
+      const AdapterTensor* b = m.find(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b);
+      if (a == nullptr || b == nullptr)
+        fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(m.name) + " lacks its A or B factor");
+      const TensorInfo& a_info = adapter.checkpoint().tensor(a->index);
+      const TensorInfo& b_info = adapter.checkpoint().tensor(b->index);
+      if (a_info.shape.size() != 2 || b_info.shape.size() != 2)
+        fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": only 2-D factors are exported to GGUF");
+      slices.push_back({adapter.checkpoint().read_f32(a->index), adapter.checkpoint().read_f32(b->index),
+                        a_info.shape[0], a_info.shape[1], b_info.shape[0], 1});
+      rank = std::max(rank, a_info.shape[0]);
     }
-    factors.push_back(encode(pair.tensor + ".lora_b", b_values, out_rows, b_info.shape[1], options.ggml_type));
+    const double llama_scale = file_alpha == 0.0f ? 1.0 : static_cast<double>(file_alpha) / static_cast<double>(rank);
+    for (size_t i = 0; i < group.size(); ++i) {
+      const AdapterModule& m = *group[i]->module;
+      LoraFactors& f = slices[i];
+      // PEFT's scale over llama.cpp's: exactly 1 for a plain module whose alpha f32 holds exactly.
+      const double ratio = m.scaling / llama_scale;
+      if (static_cast<float>(ratio) != 1.0f)
+        for (float& v : f.b) v = static_cast<float>(static_cast<double>(v) * ratio);
+      reorder_gguf_rows(first.rows, base.heads, f.b.data(), f.out, f.rank * sizeof(float), false,
+                        "module " + peft::quoted(m.name));
+    }
+    if (first.slice) {
+      const LoraFactors stacked = stack_lora(slices, rank, "GGUF tensor " + peft::quoted(first.tensor));
+      factors.push_back(encode(first.tensor + ".lora_a", stacked.a, {stacked.count, rank, stacked.in}, options.ggml_type));
+      factors.push_back(encode(first.tensor + ".lora_b", stacked.b, {stacked.count, stacked.out, rank}, options.ggml_type));
+      continue;
+    }
+    const LoraFactors& f = slices.front();
+    if (first.module->kind == LayerKind::embedding) {
+      // llama.cpp applies token_embd's pair transposed: lora_a = A^T (num, r).
+      factors.push_back(encode(first.tensor + ".lora_a", transposed(f.a, f.rank, f.in), {f.in, f.rank}, options.ggml_type));
+    } else {
+      factors.push_back(encode(first.tensor + ".lora_a", f.a, {f.rank, f.in}, options.ggml_type));
+    }
+    factors.push_back(encode(first.tensor + ".lora_b", f.b, {f.out, f.rank}, options.ggml_type));
   }
 
   GgufWriter writer(out_path);

@@ -8,6 +8,7 @@
 #include "core/quant/q8_0.hpp"
 #include "core/text.hpp"
 #include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_experts.hpp"
 #include "peft/export/adapter_export.hpp"
 #include "peft/export/gguf_base.hpp"
 #include "safetensors/writer.hpp"
@@ -22,6 +23,7 @@ struct ImportedModule {
   std::string gguf;  // "blk.0.attn_q"
   std::string path;  // "model.layers.0.self_attn.q_proj"
   const ModuleRule* rule = nullptr;
+  NameTemplate::Captures captures;
   std::optional<size_t> a, b;  // tensor indices
   uint64_t rank = 0;
   std::vector<float> a_values, b_values;
@@ -84,12 +86,6 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
       fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(gguf_path) + ": adapter.lora.alpha is not a float");
     alpha = *number;
   }
-  const std::shared_ptr<const ArchTable> table = builtin_table_for_gguf(*architecture);
-  const GgufBase base = open_gguf_base(base_name);
-  if (base.architecture != *architecture)
-    fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(gguf_path) + " is an adapter for GGUF architecture " +
-                                        peft::quoted(*architecture) + " but the base " + peft::quoted(base_name) +
-                                        " is " + peft::quoted(base.architecture));
 
   // Pair the tensors by GGUF module, every problem listed at once.
   std::map<std::string, ImportedModule> modules;
@@ -110,6 +106,18 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     fail(PEFT_ERR_UNSUPPORTED, peft::quoted(gguf_path) + ": " + std::to_string(unsupported.size()) +
                                    " tensor(s) are not LoRA factors (\"<tensor>.weight.lora_a\"/\".lora_b\"), which "
                                    "is all a PEFT LoRA adapter can hold:" + listing(unsupported));
+  // The table that names every module of the file (llama, mistral and mixtral all read "llama").
+  const auto names_all = [&](const ArchTable& candidate) {
+    for (const auto& [gguf, m] : modules)
+      if (candidate.rule_for_gguf(gguf) == nullptr) return false;
+    return true;
+  };
+  const std::shared_ptr<const ArchTable> table = builtin_table_for_gguf(*architecture, names_all);
+  const GgufBase base = open_gguf_base(base_name, names_all);
+  if (base.architecture != *architecture)
+    fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(gguf_path) + " is an adapter for GGUF architecture " +
+                                        peft::quoted(*architecture) + " but the base " + peft::quoted(base_name) +
+                                        " is " + peft::quoted(base.architecture));
   for (auto& [gguf, m] : modules) {
     NameTemplate::Captures captures;
     m.rule = table->rule_for_gguf(gguf, &captures);
@@ -117,6 +125,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
       unresolved.push_back(peft::quoted(gguf) + ": table " + peft::quoted(table->family()) + " has no module for it");
       continue;
     }
+    m.captures = captures;
     m.path = m.rule->hf.fill(captures);
     if (!m.a || !m.b) broken.push_back(peft::quoted(gguf) + ": lora_" + (m.a ? "b" : "a") + " is missing");
     if (m.rule->kind != ModuleKind::linear && m.rule->kind != ModuleKind::conv1d && m.rule->kind != ModuleKind::embedding)
@@ -136,8 +145,42 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     fail(PEFT_ERR_UNSUPPORTED, peft::quoted(gguf_path) + ": modules PEFT LoRA is not imported for:" + listing(unsupported));
   if (modules.empty()) fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(gguf_path) + " holds no LoRA pair");
 
-  // Factors in PEFT's layout.
+  // Factors in PEFT's layout; a stacked pair (gguf_experts.hpp) becomes one module per slice.
   std::map<uint64_t, size_t> rank_counts;
+  std::map<std::string, ImportedModule> unstacked;
+  for (auto it = modules.begin(); it != modules.end();) {
+    ImportedModule& m = it->second;
+    if (!m.rule->gguf_stack) {
+      ++it;
+      continue;
+    }
+    const TensorInfo& a_info = file->tensor(*m.a);
+    const TensorInfo& b_info = file->tensor(*m.b);
+    if (a_info.shape.size() != 3 || b_info.shape.size() != 3 || a_info.shape[0] != b_info.shape[0] ||
+        a_info.shape[0] == 0 || a_info.shape[1] == 0 || b_info.shape[2] != a_info.shape[1])
+      fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(it->first) + ": a stacked tensor's LoRA factors must be "
+                                                              "(n, r, in) and (n, out, r)");
+    if (base.experts && a_info.shape[0] != *base.experts)
+      fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(it->first) + ": the LoRA stacks " + std::to_string(a_info.shape[0]) +
+                                        " experts, the base has " + std::to_string(*base.experts));
+    LoraFactors stacked{read_factor(*file, *m.a), read_factor(*file, *m.b), a_info.shape[1], a_info.shape[2],
+                        b_info.shape[1], a_info.shape[0]};
+    std::vector<LoraFactors> slices = unstack_lora(stacked);
+    for (uint64_t e = 0; e < slices.size(); ++e) {
+      ImportedModule one;
+      one.gguf = it->first;
+      one.path = gguf_stacked_module(*m.rule, m.captures, e);
+      one.rule = m.rule;
+      one.rank = stacked.rank;
+      one.a_values = std::move(slices[e].a);
+      one.b_values = std::move(slices[e].b);
+      one.a_shape = {stacked.rank, stacked.in};
+      one.b_shape = {stacked.out, stacked.rank};
+      ++rank_counts[one.rank];
+      unstacked.emplace(one.path, std::move(one));
+    }
+    it = modules.erase(it);
+  }
   for (auto& [gguf, m] : modules) {
     const TensorInfo& a_info = file->tensor(*m.a);
     const TensorInfo& b_info = file->tensor(*m.b);
@@ -163,6 +206,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
                       peft::quoted(gguf));
     ++rank_counts[m.rank];
   }
+  for (auto& [path, m] : unstacked) modules.emplace(path, std::move(m));
 
   // r: the most common rank (the smallest among equals); the others through rank_pattern.
   uint64_t r = 0;

@@ -9,10 +9,11 @@
 #include "gguf/gguf_file.hpp"
 #include "peft/adapter/base_config.hpp"
 #include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_experts.hpp"
 #include "safetensors/hub_cache.hpp"
 
 namespace peft {
-GgufBase open_gguf_base(const std::string& name) {
+GgufBase open_gguf_base(const std::string& name, const std::function<bool(const ArchTable&)>& fits) {
   GgufBase base;
   base.name = name;
   if (base.name.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "no base model given");
@@ -22,8 +23,9 @@ GgufBase open_gguf_base(const std::string& name) {
     const auto arch = metadata_string(header, "general.architecture");
     if (!arch) fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
     base.architecture = *arch;
-    base.table = builtin_table_for_gguf(base.architecture);
+    base.table = fits ? builtin_table_for_gguf(base.architecture, fits) : builtin_table_for_gguf(base.architecture);
     base.heads = gguf_heads_from_metadata(header, base.architecture);
+    base.experts = gguf_experts_from_metadata(header, base.architecture);
   } else {
     const std::string dir = resolve_model_location(base.name);
     std::error_code ec;
@@ -42,6 +44,7 @@ GgufBase open_gguf_base(const std::string& name) {
                                      " (docs/gguf.md lists those that are)");
     base.architecture = *architecture;
     base.heads = gguf_heads_from_config(config);
+    base.experts = gguf_experts_from_config(config);
   }
   return base;
 }

@@ -1,0 +1,129 @@
+// Stacked GGUF tensors (Mixtral's experts): where a module is, the table chosen for a GGUF
+// architecture several tables read, "gguf_stack" checked when a table loads, and LoRA factors
+// stacked (smaller ranks zero-padded: B A unchanged) and unstacked.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_experts.hpp"
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// B A of single pair i of `f`, row-major (out, in).
+std::vector<double> product(const peft::LoraFactors& f, uint64_t i) {
+  std::vector<double> out(f.out * f.in, 0.0);
+  const float* a = f.a.data() + i * f.rank * f.in;
+  const float* b = f.b.data() + i * f.out * f.rank;
+  for (uint64_t r = 0; r < f.out; ++r)
+    for (uint64_t c = 0; c < f.in; ++c)
+      for (uint64_t k = 0; k < f.rank; ++k) out[r * f.in + c] += double(b[r * f.rank + k]) * a[k * f.in + c];
+  return out;
+}
+
+peft::LoraFactors pair(uint64_t rank, uint64_t in, uint64_t out, float seed) {
+  peft::LoraFactors f;
+  f.rank = rank, f.in = in, f.out = out;
+  for (uint64_t i = 0; i < rank * in; ++i) f.a.push_back(seed + 0.25f * float(i));
+  for (uint64_t i = 0; i < out * rank; ++i) f.b.push_back(seed - 0.5f * float(i));
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("gguf experts: Mixtral's modules and their slots") {
+  auto table = peft::builtin_arch_table("mixtral");
+  auto slot = peft::gguf_slot(*table, "model.layers.3.block_sparse_moe.experts.7.w2");
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.3.ffn_down_exps.weight");
+  CHECK(slot->slice == 7u);
+  slot = peft::gguf_slot(*table, "layers.0.self_attn.q_proj");  // without the base_model_prefix
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.0.attn_q.weight");
+  CHECK_FALSE(slot->slice);
+  CHECK(slot->rule->gguf_rows == peft::GgufRows::rope_q);
+  CHECK_FALSE(peft::gguf_slot(*table, "model.layers.0.input_layernorm"));
+  slot = peft::gguf_slot(*table, "model.layers.2.mlp.gate");  // transformers 5's name of the router
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.2.ffn_gate_inp.weight");
+  slot = peft::gguf_slot(*table, "layers.2.mlp.gate");
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.2.ffn_gate_inp.weight");
+  // A stacked GGUF tensor holds several modules: no single module for it, one per slice.
+  CHECK_FALSE(table->module_from_gguf("blk.1.ffn_up_exps"));
+  peft::NameTemplate::Captures captures;
+  const peft::ModuleRule* rule = table->rule_for_gguf("blk.1.ffn_up_exps", &captures);
+  REQUIRE(rule);
+  CHECK(peft::gguf_stacked_module(*rule, captures, 2) == "model.layers.1.block_sparse_moe.experts.2.w3");
+  CHECK(table->module_from_gguf("blk.1.ffn_gate_inp") == "model.layers.1.block_sparse_moe.gate");
+  // An absurd expert number saturates (and is out of range for any base) rather than wrapping.
+  slot = peft::gguf_slot(*table, "model.layers.0.block_sparse_moe.experts.99999999999999999999999.w1");
+  REQUIRE(slot);
+  CHECK(slot->slice == ~uint64_t{0});
+}
+
+TEST_CASE("gguf experts: the names an input needs pick among the tables of one GGUF architecture") {
+  auto needs = [](const std::string& module) {
+    return [module](const peft::ArchTable& t) { return peft::gguf_slot(t, module).has_value(); };
+  };
+  CHECK(peft::builtin_table_for_gguf("llama")->family() == "llama");
+  CHECK(peft::builtin_table_for_gguf("llama", needs("model.layers.0.self_attn.q_proj"))->family() == "llama");
+  CHECK(peft::builtin_table_for_gguf("llama", needs("model.layers.0.block_sparse_moe.experts.0.w1"))->family() ==
+        "mixtral");
+  CHECK(peft::builtin_table_for_gguf("llama", needs("nothing.at.all"))->family() == "llama");
+  CHECK(peft::builtin_arch_table("mixtral")->gguf_architecture_of("mixtral") == "llama");
+}
+
+TEST_CASE("gguf experts: gguf_stack is checked when a table loads") {
+  const char* bad[] = {
+      R"({"family": "x", "modules": [{"hf": "e.{i}", "native": "e/{i}", "gguf_stack": "i"}]})",
+      R"({"family": "x", "modules": [{"hf": "e.{i}", "native": "e/{i}", "gguf": "t", "gguf_stack": "j"}]})",
+      R"({"family": "x", "modules": [{"hf": "e.{i}", "native": "e/{i}", "gguf": "t.{i}", "gguf_stack": "i"}]})",
+      R"({"family": "x", "modules": [{"hf": "e.{i}", "native": "e/{i}", "gguf": "t", "gguf_stack": "i",
+                                      "gguf_rows": "rope_q"}]})",
+  };
+  for (const char* json : bad) {
+    CAPTURE(json);
+    try {
+      peft::ArchTable::parse(json, "test-table");
+      FAIL("accepted");
+    } catch (const peft::Error& e) {
+      CHECK(e.code() == PEFT_ERR_INVALID_CONFIG);
+      CHECK(contains(e.what(), "modules[0]"));
+    }
+  }
+  auto ok = peft::ArchTable::parse(
+      R"({"family": "x", "modules": [{"hf": "l.{l}.e.{i}", "native": "l/{l}/e/{i}", "gguf": "t.{l}", "gguf_stack": "i"}]})",
+      "test-table");
+  CHECK(ok->modules()[0].gguf_stack == "i");
+}
+
+TEST_CASE("gguf experts: stacking zero-pads smaller ranks and keeps every B A; unstacking gives the slices back") {
+  const std::vector<peft::LoraFactors> slices = {pair(2, 3, 4, 1.0f), pair(3, 3, 4, -2.0f), pair(1, 3, 4, 0.5f)};
+  const peft::LoraFactors stacked = peft::stack_lora(slices, 3, "t");
+  CHECK(stacked.count == 3);
+  CHECK(stacked.rank == 3);
+  CHECK(stacked.a.size() == 3 * 3 * 3);
+  CHECK(stacked.b.size() == 3 * 4 * 3);
+  for (uint64_t i = 0; i < 3; ++i) CHECK(product(stacked, i) == product(slices[i], 0));
+  const std::vector<peft::LoraFactors> back = peft::unstack_lora(stacked);
+  REQUIRE(back.size() == 3);
+  CHECK(back[1].a == slices[1].a);
+  CHECK(back[1].b == slices[1].b);
+  CHECK(product(back[0], 0) == product(slices[0], 0));
+  CHECK(back[0].rank == 3);
+
+  try {
+    peft::stack_lora({pair(2, 3, 4, 1.0f), pair(2, 5, 4, 1.0f)}, 2, "GGUF tensor \"t\"");
+    FAIL("accepted");
+  } catch (const peft::Error& e) {
+    CHECK(e.code() == PEFT_ERR_SHAPE_MISMATCH);
+    CHECK(contains(e.what(), "slice 1"));
+  }
+  CHECK(peft::missing_slices({2, 0}, 4) == "1, 3");
+  CHECK(peft::missing_slices({1, 0}, 2).empty());
+}
