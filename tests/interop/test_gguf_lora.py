@@ -13,12 +13,12 @@ Skipped (with the reason) when PEFT_LLAMA_CPP_BIN is not set; scripts/test.sh se
 from __future__ import annotations
 
 import pathlib
-import subprocess
 
 import numpy as np
 import pytest
 
-from gguf_reference import convert_hf_to_gguf, convert_lora_to_gguf, export_lora, read_gguf
+from gguf_reference import (assert_same_merge, convert_hf_to_gguf, convert_lora_to_gguf, export_lora, metadata,
+                            read_gguf, relative_error, run_peftc, tensors)
 from merge_support import peft_merged
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
@@ -31,32 +31,6 @@ EXACT_SCALE = [("llama", "llama_lora"), ("llama", "llama_rslora"), ("llama", "ll
                ("llama", "llama_all_linear"), ("qwen2", "qwen2_lora"), ("gemma", "gemma_lora"),
                ("phi3", "phi3_lora")]
 PLAIN = [("llama", "llama_lora"), ("qwen2", "qwen2_lora"), ("gemma", "gemma_lora"), ("phi3", "phi3_lora")]
-
-
-def run_peftc(peftc: pathlib.Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(peftc), *map(str, args)], capture_output=True, text=True)
-    assert proc.returncode == expect, f"peftc {' '.join(map(str, args))}: exit {proc.returncode}\n{proc.stderr}"
-    return proc
-
-
-def tensors(path: pathlib.Path) -> dict:
-    """name -> (ggml type name, ne, values or raw bytes as gguf-py reads them)."""
-    return {t.name: (t.tensor_type.name, [int(n) for n in t.shape], np.array(t.data)) for t in read_gguf(path).tensors}
-
-
-def metadata(path: pathlib.Path) -> dict:
-    out = {}
-    for field in read_gguf(path).fields.values():
-        if field.name.startswith("GGUF."):
-            continue
-        out[field.name] = field.contents()
-    return out
-
-
-def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
-    scale = max(float(np.max(np.abs(reference))), 1e-30)
-    return float(np.max(np.abs(ours - reference))) / scale
 
 
 def export_gguf(peftc, adapter: str, base: pathlib.Path, out: pathlib.Path, *extra: str) -> pathlib.Path:
@@ -149,25 +123,7 @@ def test_merge_into_gguf_base_equals_llama_export_lora(peftc_binary, tmp_path, m
         args += ["--adapter", f"{ADAPTERS / a}:{w!r}"]
     run_peftc(peftc_binary, *args)
 
-    got, want, before = tensors(out), tensors(reference), tensors(base)
-    assert got.keys() == want.keys() == before.keys()
-    changed = 0
-    for name, (kind, ne, values) in want.items():
-        assert got[name][:2] == (kind, ne), name
-        if np.array_equal(before[name][2], values):
-            # Untouched by the adapters: copied byte for byte.
-            assert np.array_equal(got[name][2], values), name
-            continue
-        changed += 1
-        if kind == "F32":
-            assert relative_error(got[name][2], values) <= 1e-6, name
-        else:
-            # Both round the same f32 sum once; the sums may differ in their last bits.
-            steps = np.abs(got[name][2].view(np.int16).astype(np.int32) - values.view(np.int16).astype(np.int32))
-            assert steps.max() <= 1, name
-    assert changed > 0
-    # The base's metadata, unchanged and in order.
-    assert list(metadata(out).items()) == list(metadata(base).items())
+    assert assert_same_merge(out, reference, base) > 0
 
 
 def test_merge_into_gguf_base_refuses_before_writing(peftc_binary, tmp_path):
