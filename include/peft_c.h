@@ -2069,8 +2069,23 @@ PEFT_API peft_error* peft_merge_options_add_adapter(peft_merge_options* opts, co
  *
  * Equivalent to peft_adapter_open() with the base folder set, then
  * peft_merge_options_add_adapter(); errors of opening are reported by peft_merge_checkpoint().
+ *
+ * For a merge into a GGUF base, @p dir may also be a GGUF LoRA file (llama.cpp's
+ * `convert_lora_to_gguf.py` output or peft_adapter_export_gguf()'s: general.type "adapter",
+ * adapter.type "lora", pairs `<base tensor>.lora_a` / `.lora_b`), mixable with PEFT folders. Its
+ * pairs name the base's tensors directly and are merged as `llama-export-lora` merges them:
+ * W += s·B·A with s = @p weight · adapter.lora.alpha / rank in f32 (s = @p weight when the alpha is 0
+ * or absent), the pair on `token_embd*` transposed as llama.cpp stores it, factors F32, F16, BF16 or
+ * Q8_0. peft_merge_checkpoint() checks it before writing and lists every problem:
+ * #PEFT_ERR_INVALID_ARGUMENT for a GGUF file that is not an adapter (a model file) or an
+ * architecture other than the base's, #PEFT_ERR_INVALID_CHECKPOINT for a pair missing its lora_a or
+ * lora_b, #PEFT_ERR_UNRESOLVED_KEY for a tensor the base lacks, #PEFT_ERR_SHAPE_MISMATCH for factors
+ * that do not fit their tensor, #PEFT_ERR_UNSUPPORTED for another adapter.type, tensors that are not
+ * factors, or other factor or base types. With a safetensors base it is #PEFT_ERR_UNSUPPORTED:
+ * convert it first with peft_adapter_import_gguf().
  * @param opts Options.
- * @param dir The adapter folder, or a hub model id (@ref hub) (UTF-8). Copied.
+ * @param dir The adapter folder, or a hub model id (@ref hub), or a GGUF LoRA file (see above)
+ *        (UTF-8). Copied.
  * @param weight Any finite number (see peft_merge_options_add_adapter()).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, an empty @p dir or a weight that is
  *         not finite. Not thread-safe for the same @p opts.
@@ -2174,7 +2189,8 @@ PEFT_API peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* 
  * (F32, F16 or BF16); every other tensor is copied byte for byte (docs/gguf.md). The dtype and shard
  * size options must be unset (#PEFT_ERR_INVALID_ARGUMENT). Modules with no GGUF tensor are
  * #PEFT_ERR_UNRESOLVED_KEY, and whole-tensor replacements, trainable tokens, `lora_B.bias` and
- * block-quantized targets #PEFT_ERR_UNSUPPORTED, each listed, before anything is written.
+ * block-quantized targets #PEFT_ERR_UNSUPPORTED, each listed, before anything is written. GGUF LoRA
+ * adapters merge into GGUF bases only (see peft_merge_options_add_adapter_dir()).
  * @param base_dir The base model folder or a hub model id (@ref hub) (UTF-8): config.json (see
  *        peft_merge_options_set_require_config()) and `model.safetensors` or
  *        `model.safetensors.index.json` with its shards; or a GGUF file.

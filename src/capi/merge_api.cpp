@@ -125,9 +125,10 @@ peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, con
     if (opts->adapters.empty()) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge options hold no adapter");
     auto result = out_result ? std::make_unique<peft_merge_result>() : nullptr;
     peft::CheckpointMergeOptions options = opts->impl;
-    // A GGUF base is a file whose names are GGUF's: adapters are checked against it by the merge.
+    // A GGUF base is a file whose names are GGUF's: adapters are checked against it by the merge
+    // (open_merge_inputs opens folders without it, and GGUF LoRA files for it alone).
     const bool gguf = peft::is_gguf_path(base_dir);
-    options.adapters = peft::open_merge_inputs(opts->adapters, gguf ? "" : base_dir);
+    options.adapters = peft::open_merge_inputs(opts->adapters, base_dir);
     peft::CheckpointMergeResult r =
         gguf ? peft::merge_into_gguf(base_dir, out_dir, options) : peft::merge_checkpoint(base_dir, out_dir, options);
     if (result) {

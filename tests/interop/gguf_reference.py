@@ -109,6 +109,110 @@ def read_gguf(path: os.PathLike):
     return gguf_module().GGUFReader(str(path))
 
 
+def tensors(path: os.PathLike) -> dict:
+    """name -> (ggml type name, ne, values or raw bytes as gguf-py reads them)."""
+    return {t.name: (t.tensor_type.name, [int(n) for n in t.shape], np.array(t.data)) for t in read_gguf(path).tensors}
+
+
+def metadata(path: os.PathLike) -> dict:
+    """key -> value of a GGUF file's metadata, in order (gguf-py's virtual GGUF.* fields left out)."""
+    out = {}
+    for field in read_gguf(path).fields.values():
+        if field.name.startswith("GGUF."):
+            continue
+        out[field.name] = field.contents()
+    return out
+
+
+def rewrite_gguf(src: os.PathLike, dst: os.PathLike, set_metadata: dict | None = None,
+                 tensors: Sequence[tuple] | None = None) -> pathlib.Path:
+    """gguf-py writes a copy of GGUF `src` at `dst`: its metadata in order, with `set_metadata`
+    {key: (value, GGUFValueType)} replacing or adding values (value None removes the key), and `tensors`
+    [(name, numpy array, GGMLQuantizationType)] instead of src's when given (quantized types as raw uint8
+    rows, as gguf-py reads them). Returns dst."""
+    gguf = gguf_module()
+    reader = read_gguf(src)
+    changes = dict(set_metadata or {})
+    arch = changes.get("general.architecture", (None,))[0] or reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        value = field.contents()
+        if field.name in changes:
+            value, value_type = changes.pop(field.name)
+            sub_type = None
+        if value is not None:
+            writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
+    for key, (value, value_type) in changes.items():
+        if value is not None:
+            writer.add_key_value(key, value, value_type)
+    if tensors is None:
+        tensors = [(t.name, np.array(t.data), t.tensor_type) for t in reader.tensors]
+    for name, data, tensor_type in tensors:
+        writer.add_tensor(name, data, raw_dtype=tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return pathlib.Path(dst)
+
+
+def dequantized_gguf(src: os.PathLike, dst: os.PathLike) -> pathlib.Path:
+    """A copy of GGUF `src` with every block-quantized tensor dequantized to F32 by gguf-py (llama-export-lora
+    refuses quantized adapters: this is the adapter it merges instead)."""
+    gguf = gguf_module()
+    F32 = gguf.GGMLQuantizationType.F32
+    out = []
+    for t in read_gguf(src).tensors:
+        if t.tensor_type in (F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
+            out.append((t.name, np.array(t.data), t.tensor_type))
+        else:
+            out.append((t.name, gguf.quants.dequantize(np.array(t.data), t.tensor_type).astype(np.float32), F32))
+    return rewrite_gguf(src, dst, tensors=out)
+
+
+# --- peftc and comparisons ------------------------------------------------------------------------------
+
+def run_peftc(peftc: pathlib.Path, *args, expect: int = 0) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(peftc), *map(str, args)], capture_output=True, text=True)
+    assert proc.returncode == expect, f"peftc {' '.join(map(str, args))}: exit {proc.returncode}\n{proc.stderr}"
+    return proc
+
+
+def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
+    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
+    scale = max(float(np.max(np.abs(reference))), 1e-30)
+    return float(np.max(np.abs(ours - reference))) / scale
+
+
+def assert_same_merge(out: os.PathLike, reference: os.PathLike, base: os.PathLike) -> int:
+    """A merged GGUF `out` against llama-export-lora's `reference` on the same `base`: the same tensors,
+    types and shapes; tensors the adapters did not touch copied byte for byte; merged F32 tensors within
+    1e-6 relative, F16 ones at most one step apart; the base's metadata unchanged and in order. Returns how
+    many tensors the merge changed."""
+    got, want, before = tensors(out), tensors(reference), tensors(base)
+    assert got.keys() == want.keys() == before.keys()
+    changed = 0
+    for name, (kind, ne, values) in want.items():
+        assert got[name][:2] == (kind, ne), name
+        if np.array_equal(before[name][2], values):
+            # Untouched by the adapters: copied byte for byte.
+            assert np.array_equal(got[name][2], values), name
+            continue
+        changed += 1
+        if kind == "F32":
+            assert relative_error(got[name][2], values) <= 1e-6, name
+        else:
+            # Both round the same f32 sum once; the sums may differ in their last bits.
+            steps = np.abs(got[name][2].view(np.int16).astype(np.int32) - values.view(np.int16).astype(np.int32))
+            assert steps.max() <= 1, name
+    assert list(metadata(out).items()) == list(metadata(base).items())
+    return changed
+
+
 # --- session cache --------------------------------------------------------------------------------------
 
 _session: pathlib.Path | None = None

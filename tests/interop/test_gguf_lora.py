@@ -17,8 +17,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from gguf_reference import (convert_hf_to_gguf, convert_lora_to_gguf, export_lora, metadata, relative_error,
-                            run_peftc, tensors)
+from gguf_reference import (assert_same_merge, convert_hf_to_gguf, convert_lora_to_gguf, export_lora, metadata,
+                            read_gguf, relative_error, run_peftc, tensors)
 from merge_support import peft_merged
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
@@ -123,25 +123,7 @@ def test_merge_into_gguf_base_equals_llama_export_lora(peftc_binary, tmp_path, m
         args += ["--adapter", f"{ADAPTERS / a}:{w!r}"]
     run_peftc(peftc_binary, *args)
 
-    got, want, before = tensors(out), tensors(reference), tensors(base)
-    assert got.keys() == want.keys() == before.keys()
-    changed = 0
-    for name, (kind, ne, values) in want.items():
-        assert got[name][:2] == (kind, ne), name
-        if np.array_equal(before[name][2], values):
-            # Untouched by the adapters: copied byte for byte.
-            assert np.array_equal(got[name][2], values), name
-            continue
-        changed += 1
-        if kind == "F32":
-            assert relative_error(got[name][2], values) <= 1e-6, name
-        else:
-            # Both round the same f32 sum once; the sums may differ in their last bits.
-            steps = np.abs(got[name][2].view(np.int16).astype(np.int32) - values.view(np.int16).astype(np.int32))
-            assert steps.max() <= 1, name
-    assert changed > 0
-    # The base's metadata, unchanged and in order.
-    assert list(metadata(out).items()) == list(metadata(base).items())
+    assert assert_same_merge(out, reference, base) > 0
 
 
 def test_merge_into_gguf_base_refuses_before_writing(peftc_binary, tmp_path):

@@ -16,6 +16,15 @@ peft_error* open_adapter(const std::string& dir, const std::string& base, bool l
   return err;
 }
 
+bool is_gguf_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  char magic[4] = {};
+  const bool gguf = std::fread(magic, 1, 4, f) == 4 && magic[0] == 'G' && magic[1] == 'G' && magic[2] == 'U' && magic[3] == 'F';
+  std::fclose(f);
+  return gguf;
+}
+
 void print_warnings(const peft_adapter* adapter) {
   for (size_t i = 0; i < peft_adapter_warning_count(adapter); ++i)
     std::fprintf(stderr, "warning: %s\n", peft_adapter_warning(adapter, i));

@@ -30,16 +30,6 @@ std::optional<int32_t> gguf_factor_type(const std::string& name) {
   return peft_ggml_type_from_name(peft_dtype_name(*dtype));
 }
 
-// Whether `path` is a file starting with GGUF's magic.
-bool is_gguf_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;
-  char magic[4] = {};
-  const bool gguf = std::fread(magic, 1, 4, f) == 4 && magic[0] == 'G' && magic[1] == 'G' && magic[2] == 'U' && magic[3] == 'F';
-  std::fclose(f);
-  return gguf;
-}
-
 int export_command(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   int32_t dtype = PEFT_DTYPE_KEEP;

@@ -1,11 +1,13 @@
-// peftc merge [--base DIR] --adapter DIR[:WEIGHT] ... --out DIR [--dtype keep|f32|bf16|f16]
+// peftc merge [--base DIR|FILE.gguf] --adapter A[:WEIGHT] ... --out DIR|FILE.gguf [--dtype keep|f32|bf16|f16]
 //              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] [--lenient]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
-// is. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
+// is. An adapter A is a PEFT folder or, with a GGUF base, a GGUF LoRA file too. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
 // adapter's base_model_name_or_path, as a path or an id. Which folder an id resolved to goes to
 // stderr ("base: org/name -> /path"). --lenient loads the adapters as PEFT does, printing what it
-// ignored to stderr ("warning: ..."). A GGUF file as --base makes --out a GGUF file (docs/gguf.md).
+// ignored to stderr ("warning: ..."). A GGUF file as --base makes --out a GGUF file (docs/gguf.md);
+// its adapters are then opened without a base (the merge checks them against the GGUF's tensors), and
+// GGUF LoRA files, which have nothing lenient loading would change, are passed on as they are.
 #include <unistd.h>
 
 #include <chrono>
@@ -23,7 +25,7 @@ namespace peftc {
 namespace {
 
 constexpr const char* kUsage =
-    "merge [--base DIR|FILE.gguf] --adapter DIR[:WEIGHT] [--adapter DIR[:WEIGHT] ...] --out DIR|FILE.gguf "
+    "merge [--base DIR|FILE.gguf] --adapter DIR|LORA.gguf[:WEIGHT] [--adapter ...] --out DIR|FILE.gguf "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
     "[--lenient]";
 
@@ -118,6 +120,9 @@ std::string resolve_folder(const char* what, const std::string& text) {
 // hub cache. Returns an exit status when it cannot be used.
 std::optional<int> base_from_adapter(Options& o) {
   const std::string& dir = o.adapters.front().dir;
+  if (is_gguf_file(dir))
+    return usage_error("merge needs --base: adapter '" + dir + "' is a GGUF file, which names no base model",
+                       kUsage);
   // Opened without a base (lenient when asked, its warnings printed once the base is known).
   Owned<peft_adapter_options, peft_adapter_options_free> options;
   if (peft_error* err = peft_adapter_options_new(&options.p)) return report(err);
@@ -145,14 +150,16 @@ std::optional<int> base_from_adapter(Options& o) {
 int run_merge(const Options& o) {
   Owned<peft_merge_options, peft_merge_options_free> opts;
   if (peft_error* err = peft_merge_options_new(&opts.p)) return report(err);
+  const bool gguf_base = is_gguf_file(o.base);
   for (const AdapterArg& a : o.adapters) {
-    if (!o.lenient) {
+    if (!o.lenient || is_gguf_file(a.dir)) {
       if (peft_error* err = peft_merge_options_add_adapter_dir(opts.p, a.dir.c_str(), a.weight)) return report(err);
       continue;
     }
-    // Lenient: each adapter opened against the base here, so that its warnings can be printed.
+    // Lenient: each adapter opened here, so that its warnings can be printed; against the base when it
+    // is a model folder (a GGUF base is no folder: the merge checks the adapter against its tensors).
     Owned<peft_adapter, peft_adapter_free> adapter;
-    if (peft_error* err = open_adapter(a.dir, o.base, true, &adapter.p)) return report(err);
+    if (peft_error* err = open_adapter(a.dir, gguf_base ? "" : o.base, true, &adapter.p)) return report(err);
     if (peft_error* err = peft_merge_options_add_adapter(opts.p, adapter.p, a.weight)) return report(err);
   }
   if (peft_error* err = peft_merge_options_set_dtype(opts.p, o.dtype)) return report(err);

@@ -19,6 +19,7 @@
 #include "peft/arch/translator.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
+#include "peft/checkpoint_merge/gguf_lora_input.hpp"
 #include "safetensors/checkpoint.hpp"
 
 namespace peft {
@@ -39,7 +40,8 @@ std::string architecture_of(const GgufHeader& header, const std::string& path) {
 struct GgufTerm {
   BufferMergeModule module;  // factors in f32, laid out for the tensor (PyTorch orientation)
   double weight;
-  uint64_t slice = 0;  // of a stacked tensor (gguf_experts.hpp): the module's 2-D slice
+  uint64_t slice = 0;        // of a stacked tensor (gguf_experts.hpp): the module's 2-D slice
+  bool torch_rows = true;    // its rows in PyTorch's order; false for a GGUF LoRA's (GGUF's order)
 };
 
 struct GgufTarget {
@@ -121,6 +123,11 @@ class GgufMerge {
   void plan() {
     std::vector<std::string> unresolved, unsupported;
     for (const MergeInput& input : options_.adapters) {
+      if (input.gguf_lora) {  // GGUF names and rows: checked and matched by gguf_lora_input
+        for (GgufLoraTerm& term : gguf_lora_terms(*input.gguf_lora, input.weight, *base_, architecture_))
+          targets_[term.tensor].terms.push_back({std::move(term.module), 1.0, term.slice, false});
+        continue;
+      }
       const std::string adapter_name = input.adapter->dir().empty() ? "adapter" : input.adapter->dir();
       for (const AdapterModule& module : input.adapter->modules()) {
         const std::string what = adapter_name + ": module " + peft::quoted(module.name);
@@ -195,17 +202,22 @@ class GgufMerge {
     std::vector<float> values = base_->read_f32(index);
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
     const std::string what = path_ + ": tensor " + peft::quoted(info.name);
-    reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
     BufferMergeOptions merge_options;
     merge_options.threads = options_.threads;
+    bool torch_rows = false;  // the values' row order now: GGUF's, or PyTorch's for a PEFT adapter's terms
     for (const GgufTerm& term : target.terms) {
+      if (term.torch_rows != torch_rows) {
+        reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);
+        torch_rows = term.torch_rows;
+      }
       merge_options.weight = term.weight;
       const uint64_t slice_size = static_cast<uint64_t>(term.module.layout.rows() * term.module.layout.cols());
       const merge::WeightView view{values.data() + term.slice * slice_size, DType::F32, term.module.layout.rows(),
                                    term.module.layout.cols()};
       BufferMerge::apply(view, nullptr, term.module, merge_options);
     }
-    reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
+    if (torch_rows)
+      reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
     std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
     convert(DType::F32, values.data(), info.dtype, out.data(), values.size());
     if (!options_.allow_nonfinite) check_finite(info, out.data(), values.size());

@@ -11,6 +11,10 @@
 // nearest even); all other tensors, block-quantized ones included, are copied byte for byte. One
 // merged tensor is in memory at a time.
 //
+// An adapter may also be a GGUF LoRA file (MergeInput::gguf_lora): its pairs name the base's tensors
+// directly, their rows already in GGUF's order, and are merged as llama-export-lora merges them
+// (gguf_lora_input.hpp), in the given order among the PEFT adapters.
+//
 // Refused before anything is written, each listed: modules GGUF cannot place (no GGUF name for the
 // architecture, or a tensor the base lacks: PEFT_ERR_UNRESOLVED_KEY), and parts merged here only
 // into safetensors checkpoints (whole replacement tensors, trainable tokens, lora_B.bias; and

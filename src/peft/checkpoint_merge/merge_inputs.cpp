@@ -2,6 +2,9 @@
 #include "peft/checkpoint_merge/merge_inputs.hpp"
 
 #include "core/error.hpp"
+#include "core/text.hpp"
+#include "gguf/gguf_file.hpp"
+#include "peft/adapter/gguf_lora_file.hpp"
 #include "safetensors/hub_cache.hpp"
 
 namespace peft {
@@ -10,13 +13,23 @@ std::vector<MergeInput> open_merge_inputs(const std::vector<MergeAdapter>& adapt
   std::vector<MergeInput> inputs;
   std::vector<std::string> problems;
   bool unresolved = false;
+  const bool gguf_base = is_gguf_path(base_dir);
   for (const MergeAdapter& a : adapters) {
     if (a.adapter) {
       inputs.push_back({a.adapter, a.weight});
       continue;
     }
+    if (is_gguf_path(a.dir)) {
+      if (!gguf_base)
+        fail(PEFT_ERR_UNSUPPORTED, peft::quoted(a.dir) + " is a GGUF file: GGUF LoRA adapters merge into GGUF bases "
+                                   "only; for the base " + peft::quoted(base_dir) + " convert it to a PEFT adapter "
+                                   "folder first (peft_adapter_import_gguf, or `peftc adapter export " + a.dir +
+                                   " OUT --format peft --base " + base_dir + "`)");
+      inputs.push_back({open_gguf_lora(a.dir), a.weight});
+      continue;
+    }
     Adapter::Options options;
-    if (!base_dir.empty()) options.base_dir = resolve_model_location(base_dir);
+    if (!base_dir.empty() && !gguf_base) options.base_dir = resolve_model_location(base_dir);
     try {
       inputs.push_back({Adapter::open(a.dir, options), a.weight});
     } catch (const Error& error) {

@@ -13,7 +13,7 @@
 namespace peft {
 
 // One adapter to merge: `adapter` when it is open already; otherwise the folder `dir`, opened
-// against the base when the merge starts.
+// against the base when the merge starts, or a GGUF LoRA file (peft/adapter/gguf_lora_file.hpp).
 struct MergeAdapter {
   std::shared_ptr<const Adapter> adapter;
   std::string dir;
@@ -24,6 +24,9 @@ struct MergeAdapter {
 // (Adapter::open; an empty `base_dir` opens them without a base). Adapters that do not fit the base are all tried before failing, with
 // PEFT_ERR_UNRESOLVED_KEY when any has an unresolved tensor (PEFT_ERR_SHAPE_MISMATCH otherwise) and
 // a message holding every adapter's problem; any other error is thrown as it comes.
+// A GGUF base file as `base_dir`: folders are opened without a base (the GGUF merge checks them) and
+// GGUF LoRA files are opened (open_gguf_lora; the merge checks them against the base). GGUF LoRA files
+// with any other base: PEFT_ERR_UNSUPPORTED, pointing to the conversion to a PEFT folder.
 std::vector<MergeInput> open_merge_inputs(const std::vector<MergeAdapter>& adapters, const std::string& base_dir);
 
 }  // namespace peft

@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,9 +42,19 @@
 
 namespace peft {
 
+struct GgufLoraFile;  // peft/adapter/gguf_lora_file.hpp
+
+// One adapter of a merge: a PEFT adapter, or (merges into a GGUF base only, gguf_merge.hpp) a GGUF
+// LoRA file, with `adapter` null.
+// (Constructors rather than an aggregate, so that `{adapter, weight}` stays complete.)
 struct MergeInput {
+  MergeInput() = default;
+  MergeInput(std::shared_ptr<const Adapter> a, double w = 1.0) : adapter(std::move(a)), weight(w) {}
+  MergeInput(std::shared_ptr<const GgufLoraFile> lora, double w) : weight(w), gguf_lora(std::move(lora)) {}
+
   std::shared_ptr<const Adapter> adapter;
   double weight = 1.0;
+  std::shared_ptr<const GgufLoraFile> gguf_lora;
 };
 
 struct MergePlanOptions {

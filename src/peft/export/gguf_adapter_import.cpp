@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <map>
-#include <variant>
 
 #include "core/error.hpp"
-#include "core/quant/q8_0.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/gguf_lora_file.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/arch/gguf_experts.hpp"
 #include "peft/export/adapter_export.hpp"
@@ -30,20 +29,6 @@ struct ImportedModule {
   std::vector<uint64_t> a_shape, b_shape;
 };
 
-std::vector<float> read_factor(const Checkpoint& file, size_t i) {
-  const TensorInfo& info = file.tensor(i);
-  if (info.ggml_type == 8) {  // Q8_0
-    uint64_t elements = 1;
-    for (uint64_t d : info.shape) elements *= d;
-    std::vector<uint8_t> bytes(static_cast<size_t>(info.end - info.begin));
-    file.read_bytes(i, 0, bytes.data(), bytes.size());
-    std::vector<float> out(static_cast<size_t>(elements));
-    dequantize_q8_0(bytes.data(), elements, out.data());
-    return out;
-  }
-  return file.read_f32(i);
-}
-
 std::vector<float> transposed(const std::vector<float>& m, uint64_t rows, uint64_t cols) {
   std::vector<float> out(m.size());
   for (uint64_t r = 0; r < rows; ++r)
@@ -63,29 +48,12 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
   if (base_name.empty())
     fail(PEFT_ERR_INVALID_ARGUMENT, "a GGUF LoRA adapter is imported against its base model: give the base "
                                     "(a Hugging Face folder or hub id, or a GGUF model file)");
-  const std::shared_ptr<const Checkpoint> file = Checkpoint::open(gguf_path);
-  const GgufHeader* header = file->gguf_header(0);
-  if (header == nullptr || file->file_count() != 1)
-    fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(gguf_path) + " is not a GGUF file");
-  const auto type = metadata_string(*header, "general.type");
-  if (type != "adapter")
-    fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(gguf_path) + " is not a GGUF adapter (general.type is " +
-                                        (type ? peft::quoted(*type) : std::string("absent")) + ", not \"adapter\")");
-  const auto adapter_type = metadata_string(*header, "adapter.type");
-  if (adapter_type != "lora")
-    fail(PEFT_ERR_UNSUPPORTED, peft::quoted(gguf_path) + ": adapter.type is " +
-                                   (adapter_type ? peft::quoted(*adapter_type) : std::string("absent")) +
-                                   "; only \"lora\" adapters are imported");
-  const auto architecture = metadata_string(*header, "general.architecture");
-  if (!architecture)
-    fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(gguf_path) + " has no string general.architecture");
-  double alpha = 0.0;
-  if (const GgufValue* value = find_metadata(*header, "adapter.lora.alpha")) {
-    const auto* number = std::get_if<double>(&value->data);
-    if (number == nullptr)
-      fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(gguf_path) + ": adapter.lora.alpha is not a float");
-    alpha = *number;
-  }
+  // The metadata checks (general.type, adapter.type, architecture, alpha) and factor reading are
+  // gguf_lora_file's.
+  const std::shared_ptr<const GgufLoraFile> lora = open_gguf_lora(gguf_path);
+  const std::shared_ptr<const Checkpoint> file = lora->file;
+  const std::optional<std::string> architecture = lora->architecture;
+  const double alpha = lora->alpha;
 
   // Pair the tensors by GGUF module, every problem listed at once.
   std::map<std::string, ImportedModule> modules;
@@ -187,8 +155,8 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     if (a_info.shape.size() != 2 || b_info.shape.size() != 2)
       fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(gguf) + ": LoRA factors must be 2-D");
     const bool embedding = m.rule->kind == ModuleKind::embedding;
-    std::vector<float> a = read_factor(*file, *m.a);
-    m.b_values = read_factor(*file, *m.b);
+    std::vector<float> a = read_gguf_lora_factor(*file, *m.a);
+    m.b_values = read_gguf_lora_factor(*file, *m.b);
     if (embedding) {  // lora_a = A^T (num, r)
       m.rank = a_info.shape[1];
       m.a_values = transposed(a, a_info.shape[0], a_info.shape[1]);
