@@ -18,6 +18,7 @@
 #include "peft/arch/translator.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
+#include "peft/methods/lora_math.hpp"
 #include "safetensors/checkpoint.hpp"
 
 namespace peft {
@@ -40,9 +41,26 @@ struct GgufTerm {
   double weight;
 };
 
+// A whole adapter tensor replacing a GGUF tensor (modules_to_save, saved base weights), PyTorch order.
+struct GgufReplacement {
+  std::shared_ptr<const Adapter> adapter;
+  size_t index;      // in the adapter's checkpoint
+  std::string what;  // for messages
+};
+
+// lora_B.bias added to a GGUF bias tensor: bias += coefficient x lora_B.bias.
+struct GgufBiasTerm {
+  std::shared_ptr<const Adapter> adapter;
+  size_t index;
+  double coefficient;
+};
+
+// What is done to one GGUF tensor, in this order: the replacement, the LoRA terms, the bias terms.
 struct GgufTarget {
   GgufRows rows = GgufRows::same;
+  std::optional<GgufReplacement> replacement;
   std::vector<GgufTerm> terms;
+  std::vector<GgufBiasTerm> biases;
 };
 
 template <class Body>
@@ -85,7 +103,7 @@ class GgufMerge {
       if (auto it = targets_.find(i); it != targets_.end()) {
         const std::vector<uint8_t> bytes = merged_tensor(i, it->second);
         writer.write_tensor(info.name, bytes.data(), bytes.size());
-        ++result.merged;
+        ++(it->second.replacement && it->second.terms.empty() && it->second.biases.empty() ? result.replaced : result.merged);
       } else {
         base_->check_unchanged(i);
         writer.begin_tensor(info.name);
@@ -110,18 +128,31 @@ class GgufMerge {
  private:
   // Finds every module's GGUF tensor and refuses what cannot be merged, listing all of it at once.
   void plan() {
-    std::vector<std::string> unresolved, unsupported;
+    std::vector<std::string> unresolved, unsupported, conflicts;
+    // The index of GGUF tensor `tensor` when it can take a merge; nullopt (with the problem listed) otherwise.
+    auto target_index = [&](const std::string& what, const std::string& tensor) -> std::optional<size_t> {
+      const auto index = base_->find(tensor);
+      if (!index) {
+        unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
+        return std::nullopt;
+      }
+      const TensorInfo& info = base_->tensor(*index);
+      if (info.block_quantized || !(info.dtype == DType::F32 || info.dtype == DType::F16 || info.dtype == DType::BF16)) {
+        const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
+        unsupported.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is " +
+                              std::string(type ? type->name : "of an unknown type") +
+                              "; merges go into F32, F16 and BF16 tensors)");
+        return std::nullopt;
+      }
+      return index;
+    };
     for (const MergeInput& input : options_.adapters) {
       const std::string adapter_name = input.adapter->dir().empty() ? "adapter" : input.adapter->dir();
       for (const AdapterModule& module : input.adapter->modules()) {
+        if (input.modules && !input.modules->contains(module.name)) continue;
         const std::string what = adapter_name + ": module " + peft::quoted(module.name);
-        if (!module.is_lora()) {
-          unsupported.push_back(what + " (" + layer_kind_name(module.kind) +
-                                ": whole tensors and trainable tokens are merged into safetensors checkpoints only)");
-          continue;
-        }
-        if (module.find(TensorRole::lora_b_bias) != nullptr) {
-          unsupported.push_back(what + " (lora_B.bias)");
+        if (module.kind == LayerKind::trainable_tokens) {
+          unsupported.push_back(what + " (trainable tokens are merged into safetensors checkpoints only)");
           continue;
         }
         NameTemplate::Captures captures;
@@ -132,25 +163,47 @@ class GgufMerge {
           unresolved.push_back(what + " (no GGUF name for it in table " + peft::quoted(table_->family()) + ")");
           continue;
         }
-        const std::string tensor = rule->gguf->fill(captures) + ".weight";
-        const auto index = base_->find(tensor);
-        if (!index) {
-          unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
-          continue;
+        const std::string stem = rule->gguf->fill(captures);
+        // Whole tensors (modules_to_save copies, saved base weights and biases) replace the GGUF tensor
+        // of the same parameter.
+        for (const AdapterTensor& t : module.tensors) {
+          if (t.role != TensorRole::full) continue;
+          const std::string tensor = stem + "." + t.base_tensor.substr(t.base_tensor.rfind('.') + 1);
+          const auto index = target_index(what, tensor);
+          if (!index) continue;
+          GgufTarget& target = targets_[*index];
+          if (target.replacement) {
+            conflicts.push_back("GGUF tensor " + peft::quoted(tensor) + " is replaced by both " + target.replacement->what +
+                                " and " + what);
+            continue;
+          }
+          target.rows = rule->gguf_rows;
+          target.replacement = GgufReplacement{input.adapter, t.index, what};
         }
+        if (!module.is_lora()) continue;
+        const auto index = target_index(what, stem + ".weight");
+        if (!index) continue;
         const TensorInfo& info = base_->tensor(*index);
-        if (info.block_quantized || !(info.dtype == DType::F32 || info.dtype == DType::F16 || info.dtype == DType::BF16)) {
-          const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
-          unsupported.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is " +
-                                std::string(type ? type->name : "of an unknown type") +
-                                "; merges go into F32, F16 and BF16 tensors)");
-          continue;
-        }
         const std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
+        BufferMergeModule term = buffer_merge_module(input.adapter, module, shape);
+        term.lora_bias = nullptr;  // added to the bias tensor below
         GgufTarget& target = targets_[*index];
         target.rows = rule->gguf_rows;
-        target.terms.push_back({buffer_merge_module(input.adapter, module, shape), input.weight});
+        target.terms.push_back({std::move(term), input.weight});
+        if (const AdapterTensor* bias = module.find(TensorRole::lora_b_bias)) {
+          const auto bias_index = target_index(what + " lora_B.bias", stem + ".bias");
+          if (!bias_index) continue;
+          GgufTarget& bias_target = targets_[*bias_index];
+          bias_target.rows = rule->gguf_rows;
+          bias_target.biases.push_back({input.adapter, bias->index,
+                                        merge::lora_coefficient(input.weight, module.scaling, what)});
+        }
       }
+    }
+    if (!conflicts.empty()) {
+      std::string message = path_ + ": the adapters of the merge conflict:";
+      for (const std::string& line : conflicts) message += "\n  " + line;
+      fail(PEFT_ERR_INVALID_ARGUMENT, message);
     }
     if (!unsupported.empty()) {
       std::string message = path_ + ": " + std::to_string(unsupported.size()) + " module(s) cannot be merged into a GGUF file:";
@@ -174,16 +227,34 @@ class GgufMerge {
     const TensorInfo& info = base_->tensor(index);
     const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
     const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
-    std::vector<float> values = base_->read_f32(index);
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
     const std::string what = path_ + ": tensor " + peft::quoted(info.name);
-    reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
+    std::vector<float> values;
+    if (target.replacement) {
+      const GgufReplacement& r = *target.replacement;
+      const TensorInfo& source = r.adapter->checkpoint().tensor(r.index);
+      if (source.shape != info.shape)
+        fail(PEFT_ERR_SHAPE_MISMATCH, what + ": " + r.what + " replaces it with tensor " + peft::quoted(source.name) +
+                                          " of shape " + shape_text(source.shape) + ", not " + shape_text(info.shape));
+      values = r.adapter->checkpoint().read_f32(r.index);  // PyTorch's row order already
+    } else {
+      values = base_->read_f32(index);
+      reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
+    }
     BufferMergeOptions merge_options;
     merge_options.threads = options_.threads;
     for (const GgufTerm& term : target.terms) {
       merge_options.weight = term.weight;
       const merge::WeightView view{values.data(), DType::F32, term.module.layout.rows(), term.module.layout.cols()};
       BufferMerge::apply(view, nullptr, term.module, merge_options);
+    }
+    for (const GgufBiasTerm& term : target.biases) {
+      const std::vector<float> bias = term.adapter->checkpoint().read_f32(term.index);
+      if (bias.size() != values.size())
+        fail(PEFT_ERR_SHAPE_MISMATCH, what + ": lora_B.bias has " + std::to_string(bias.size()) + " values for " +
+                                          std::to_string(values.size()));
+      const merge::WeightView view{values.data(), DType::F32, 1, static_cast<int64_t>(values.size())};
+      merge::add_lora_bias(view, bias.data(), term.coefficient);
     }
     reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
     std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
