@@ -30,6 +30,8 @@ var notWrapped = map[string]string{
 	// GGUF adapter conversion (issue 16).
 	"peft_adapter_export_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
 	"peft_adapter_import_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
+	// GGUF split export (issue 16, item 4).
+	"peft_adapter_export_gguf_split": "the GGUF split export is reached through peftc; not wrapped yet",
 }
 
 var (

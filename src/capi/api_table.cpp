@@ -211,6 +211,7 @@ const peft_api kApiV1 = {
     &peft_checkpoint_gguf_kv_string,
     &peft_adapter_export_gguf,
     &peft_adapter_import_gguf,
+    &peft_adapter_export_gguf_split,
 };
 
 }  // namespace

@@ -34,6 +34,7 @@ namespace PeftC.Tests
             // GGUF adapter conversion (issue 16).
             { "peft_adapter_export_gguf", "GGUF adapter conversion is reached through peftc; not wrapped yet" },
             { "peft_adapter_import_gguf", "GGUF adapter conversion is reached through peftc; not wrapped yet" },
+            { "peft_adapter_export_gguf_split", "the GGUF split export is reached through peftc; not wrapped yet" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>

@@ -26,6 +26,7 @@ NOT_WRAPPED = {
     # GGUF adapter conversion (issue 16).
     "peft_adapter_export_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
     "peft_adapter_import_gguf": "GGUF adapter conversion is reached through peftc; not wrapped yet",
+    "peft_adapter_export_gguf_split": "the GGUF split export is reached through peftc; not wrapped yet",
 }
 
 #: A C prototype: the return type and parameter types, ``const`` and spaces removed ("peft_lease**").

@@ -762,6 +762,13 @@ functions! {
         out_dir: *const c_char,
         base: *const c_char,
     ) -> *mut peft_error;
+    pub fn peft_adapter_export_gguf_split(
+        adapter: *const peft_adapter,
+        out_path: *const c_char,
+        base: *const c_char,
+        ggml_type: i32,
+        base_out: *const c_char,
+    ) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1028,5 +1035,6 @@ api_table! {
         pub fn checkpoint_gguf_kv_string(ckpt: *const peft_checkpoint, file_index: usize, kv: usize, element: u64, out_data: *mut *const c_char, out_length: *mut usize) -> *mut peft_error = peft_checkpoint_gguf_kv_string;
         pub fn adapter_export_gguf(adapter: *const peft_adapter, out_path: *const c_char, base: *const c_char, ggml_type: i32) -> *mut peft_error = peft_adapter_export_gguf;
         pub fn adapter_import_gguf(gguf_path: *const c_char, out_dir: *const c_char, base: *const c_char) -> *mut peft_error = peft_adapter_import_gguf;
+        pub fn adapter_export_gguf_split(adapter: *const peft_adapter, out_path: *const c_char, base: *const c_char, ggml_type: i32, base_out: *const c_char) -> *mut peft_error = peft_adapter_export_gguf_split;
     }
 }
