@@ -18,8 +18,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from gguf_reference import convert_hf_to_gguf, convert_lora_to_gguf, export_lora, read_gguf
-from merge_support import peft_merged
+from gguf_reference import (convert_hf_to_gguf, convert_lora_to_gguf, export_lora, gguf_tensors, peft_merged_gguf,
+                            read_gguf, relative_error)
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = FIXTURES / "models"
@@ -39,9 +39,7 @@ def run_peftc(peftc: pathlib.Path, *args: str, expect: int = 0) -> subprocess.Co
     return proc
 
 
-def tensors(path: pathlib.Path) -> dict:
-    """name -> (ggml type name, ne, values or raw bytes as gguf-py reads them)."""
-    return {t.name: (t.tensor_type.name, [int(n) for n in t.shape], np.array(t.data)) for t in read_gguf(path).tensors}
+tensors = gguf_tensors
 
 
 def metadata(path: pathlib.Path) -> dict:
@@ -51,12 +49,6 @@ def metadata(path: pathlib.Path) -> dict:
             continue
         out[field.name] = field.contents()
     return out
-
-
-def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
-    scale = max(float(np.max(np.abs(reference))), 1e-30)
-    return float(np.max(np.abs(ours - reference))) / scale
 
 
 def export_gguf(peftc, adapter: str, base: pathlib.Path, out: pathlib.Path, *extra: str) -> pathlib.Path:
@@ -70,12 +62,7 @@ def test_exported_adapter_applies_peft_scale(peftc_binary, tmp_path, model, adap
     ours = export_gguf(peftc_binary, adapter, MODELS / model, tmp_path / "adapter.gguf")
     merged = export_lora(base_gguf, [(ours, 1.0)], tmp_path / "merged.gguf")
 
-    peft_folder = tmp_path / "peft_merged"
-    peft_merged(MODELS / model, [(ADAPTERS / adapter, 1.0)]).save_pretrained(str(peft_folder))
-    for side_file in (MODELS / model).iterdir():  # the tokenizer and config files beside the weights
-        if not side_file.name.endswith(".safetensors") and not (peft_folder / side_file.name).exists():
-            (peft_folder / side_file.name).write_bytes(side_file.read_bytes())
-    reference = tensors(convert_hf_to_gguf(peft_folder, outtype="f32"))
+    reference = tensors(peft_merged_gguf(MODELS / model, [(ADAPTERS / adapter, 1.0)], tmp_path / "peft_merged"))
     got, base = tensors(merged), tensors(base_gguf)
 
     assert got.keys() == reference.keys()
