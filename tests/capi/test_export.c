@@ -205,7 +205,7 @@ static void test_combine(void) {
 
 /* peft_adapter_export_gguf_split: its argument errors, and that a failure leaves neither output. */
 static void test_export_gguf_split(void) {
-  char base[512], out[512], base_out[512], file[512];
+  char base[512], out[512], base_out[512], file[1024];
   peft_adapter* dora = open_fixture("llama_dora");
   FILE* f;
   if (dora == NULL) return;
