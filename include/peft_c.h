@@ -2473,7 +2473,8 @@ PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char
  *        are not a multiple of 32 values is written F16, as llama.cpp's converter does).
  * @return NULL on success, else:
  *         #PEFT_ERR_UNSUPPORTED listing every module GGUF cannot hold (DoRA, lora_B.bias, whole
- *         tensors, trainable tokens, conv layers) or for a base architecture without GGUF names;
+ *         tensors, trainable tokens, conv layers; peft_adapter_export_gguf_split() merges them into a
+ *         copy of the base instead) or for a base architecture without GGUF names;
  *         #PEFT_ERR_UNRESOLVED_KEY listing every module without a GGUF tensor;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, another @p ggml_type, or no base;
  *         #PEFT_ERR_NON_FINITE for a factor holding an infinity or NaN;
