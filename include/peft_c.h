@@ -2187,8 +2187,9 @@ PEFT_API peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* 
  * the tensor its architecture table names in GGUF (`blk.0.attn_q.weight`; LLaMA's RoPE row order
  * handled), computed in f32 with every adapter's delta added and stored once in the tensor's type
  * (F32, F16 or BF16); every other tensor is copied byte for byte (docs/gguf.md). The dtype and shard
- * size options must be unset (#PEFT_ERR_INVALID_ARGUMENT). Modules with no GGUF tensor are
- * #PEFT_ERR_UNRESOLVED_KEY, and whole-tensor replacements, trainable tokens, `lora_B.bias` and
+ * size options must be unset (#PEFT_ERR_INVALID_ARGUMENT). Whole tensors (modules_to_save) replace
+ * the GGUF tensor of the same parameter and `lora_B.bias` is added to the module's `.bias` tensor.
+ * Modules with no GGUF tensor (a bias included) are #PEFT_ERR_UNRESOLVED_KEY, and trainable tokens and
  * block-quantized targets #PEFT_ERR_UNSUPPORTED, each listed, before anything is written. GGUF LoRA
  * adapters merge into GGUF bases only (see peft_merge_options_add_adapter_dir()).
  * @param base_dir The base model folder or a hub model id (@ref hub) (UTF-8): config.json (see
@@ -2542,7 +2543,8 @@ PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char
  *        are not a multiple of 32 values is written F16, as llama.cpp's converter does).
  * @return NULL on success, else:
  *         #PEFT_ERR_UNSUPPORTED listing every module GGUF cannot hold (DoRA, lora_B.bias, whole
- *         tensors, trainable tokens, conv layers) or for a base architecture without GGUF names;
+ *         tensors, trainable tokens, conv layers; peft_adapter_export_gguf_split() merges them into a
+ *         copy of the base instead) or for a base architecture without GGUF names;
  *         #PEFT_ERR_UNRESOLVED_KEY listing every module without a GGUF tensor;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, another @p ggml_type, or no base;
  *         #PEFT_ERR_NON_FINITE for a factor holding an infinity or NaN;
@@ -2552,6 +2554,43 @@ PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char
  */
 PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* out_path, const char* base,
                                               int32_t ggml_type);
+
+/**
+ * @brief peft_adapter_export_gguf() for any LoRA adapter: what a GGUF LoRA cannot hold is merged into a
+ *        copy of the base written to @p base_out, the rest is written to @p out_path, so that llama.cpp
+ *        applying @p out_path to @p base_out gives PEFT's merged model.
+ *
+ * The modules peft_adapter_export_gguf() refuses as #PEFT_ERR_UNSUPPORTED (DoRA, lora_B.bias, whole
+ * tensors such as modules_to_save, trainable tokens, conv layers) are merged whole (a DoRA module is
+ * not separable; a lora_B.bias module is merged with its factors), PEFT-exactly, by the checkpoint
+ * merge (peft_merge_checkpoint()): into a GGUF file when @p base is a GGUF model file (each tensor keeps
+ * its type; trainable tokens are refused there), into a model folder that transformers loads when
+ * @p base is a Hugging Face folder or hub id. Every other module is
+ * written to @p out_path exactly as peft_adapter_export_gguf() writes it. With nothing to merge,
+ * @p base_out is a copy of the base. docs/gguf.md has the details.
+ *
+ * All or nothing: the adapter is first written under a temporary name next to @p out_path, then
+ * @p base_out is written (atomically), then the adapter is renamed to @p out_path. A failure leaves
+ * neither output and no temporary; if that last rename fails, the files of @p base_out are removed
+ * again (and its folder when this call created it). A process killed midway may leave the temporary
+ * (".<name>.peft-tmp-XXXXXX") or a complete @p base_out without @p out_path.
+ * @param adapter A LoRA adapter (only read).
+ * @param out_path The GGUF adapter file to write (UTF-8).
+ * @param base As for peft_adapter_export_gguf(): a Hugging Face model folder or hub id, or a GGUF model
+ *        file; NULL or "" for the adapter's base_model_name_or_path.
+ * @param ggml_type The factors' type, as for peft_adapter_export_gguf().
+ * @param base_out Where the merged base goes (UTF-8): a GGUF file for a GGUF base, a folder (created
+ *        if needed) for a Hugging Face base. It must not be the base or @p out_path.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter, @p out_path or @p base_out, an empty path,
+ *         @p base_out equal to the base or to @p out_path, another @p ggml_type, or no base;
+ *         the errors of peft_adapter_export_gguf() for the exported modules, and of
+ *         peft_merge_checkpoint() for the merged ones (#PEFT_ERR_UNRESOLVED_KEY
+ *         listing every module without a base tensor, #PEFT_ERR_UNSUPPORTED for trainable tokens or a
+ *         block-quantized target in a GGUF base, #PEFT_ERR_NON_FINITE, #PEFT_ERR_IO). Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_export_gguf_split(const peft_adapter* adapter, const char* out_path,
+                                                    const char* base, int32_t ggml_type, const char* base_out);
 
 /**
  * @brief Writes a GGUF LoRA adapter (llama.cpp's `convert_lora_to_gguf.py` output, or
@@ -3264,6 +3303,7 @@ typedef struct peft_api {
   peft_error* (*adapter_import_gguf)(const char* gguf_path, const char* out_dir, const char* base); /**< peft_adapter_import_gguf() */
   peft_error* (*translator_from_gguf)(const peft_checkpoint* checkpoint, peft_translator** out); /**< peft_translator_from_gguf() */
   peft_error* (*translator_new_gguf)(const char* architecture, uint64_t head_count, uint64_t head_count_kv, peft_translator** out); /**< peft_translator_new_gguf() */
+  peft_error* (*adapter_export_gguf_split)(const peft_adapter* adapter, const char* out_path, const char* base, int32_t ggml_type, const char* base_out); /**< peft_adapter_export_gguf_split() */
 } peft_api;
 
 /**

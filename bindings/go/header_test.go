@@ -30,6 +30,8 @@ var notWrapped = map[string]string{
 	// Translators for GGUF names (issue 16, serving on GGUF hosts).
 	"peft_translator_from_gguf": "translators for GGUF names are not wrapped yet",
 	"peft_translator_new_gguf":  "translators for GGUF names are not wrapped yet",
+	// GGUF split export (issue 16, item 4).
+	"peft_adapter_export_gguf_split": "the GGUF split export is reached through peftc; not wrapped yet",
 }
 
 var (

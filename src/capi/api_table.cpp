@@ -213,6 +213,7 @@ const peft_api kApiV1 = {
     &peft_adapter_import_gguf,
     &peft_translator_from_gguf,
     &peft_translator_new_gguf,
+    &peft_adapter_export_gguf_split,
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "peft/export/adapter_export.hpp"
 #include "peft/export/gguf_adapter_export.hpp"
 #include "peft/export/gguf_adapter_import.hpp"
+#include "peft/export/gguf_split_export.hpp"
 
 struct peft_export_options {
   peft::ExportOptions impl;
@@ -61,6 +62,20 @@ peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* ou
     options.base = base != nullptr ? base : "";
     options.ggml_type = static_cast<uint32_t>(ggml_type);
     peft::export_gguf_adapter(*adapter->impl, out_path, options);
+  });
+}
+
+peft_error* peft_adapter_export_gguf_split(const peft_adapter* adapter, const char* out_path, const char* base,
+                                           int32_t ggml_type, const char* base_out) {
+  return guarded([&] {
+    require_arg(adapter, "adapter");
+    require_arg(out_path, "out_path");
+    require_arg(base_out, "base_out");
+    if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
+    peft::GgufAdapterExportOptions options;
+    options.base = base != nullptr ? base : "";
+    options.ggml_type = static_cast<uint32_t>(ggml_type);
+    peft::export_gguf_adapter_split(adapter->impl, out_path, options, base_out);
   });
 }
 

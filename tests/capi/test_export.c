@@ -203,6 +203,63 @@ static void test_combine(void) {
   peft_adapter_free(dora);
 }
 
+/* peft_adapter_export_gguf_split: its argument errors, and that a failure leaves neither output. */
+static void test_export_gguf_split(void) {
+  char base[512], out[512], base_out[512], file[1024];
+  peft_adapter* dora = open_fixture("llama_dora");
+  FILE* f;
+  if (dora == NULL) return;
+  snprintf(base, sizeof base, "%s/models/llama", PEFT_TEST_DATA);
+  in_scratch("split.gguf", out, sizeof out);
+  in_scratch("split_base", base_out, sizeof base_out);
+
+  CHECK_CODE(peft_adapter_export_gguf_split(NULL, out, base, 0, base_out), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_export_gguf_split(dora, NULL, base, 0, base_out), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_adapter_export_gguf_split(dora, out, base, 0, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE_NAMING(peft_adapter_export_gguf_split(dora, out, base, 0, ""), PEFT_ERR_INVALID_ARGUMENT, "empty");
+  CHECK_CODE_NAMING(peft_adapter_export_gguf_split(dora, out, base, -1, base_out), PEFT_ERR_INVALID_ARGUMENT, "-1");
+  CHECK_CODE_NAMING(peft_adapter_export_gguf_split(dora, out, base, 2, base_out), PEFT_ERR_INVALID_ARGUMENT, "2");
+  CHECK_CODE_NAMING(peft_adapter_export_gguf_split(dora, out, base, 0, base), PEFT_ERR_INVALID_ARGUMENT, "is the base");
+  CHECK_CODE_NAMING(peft_adapter_export_gguf_split(dora, out, base, 0, out), PEFT_ERR_INVALID_ARGUMENT, "same path");
+  CHECK(!exists(out) && !exists(base_out));
+
+  /* The merge fails (the merged base of a Hugging Face base is a folder, and a file is in the way)
+   * after the adapter part was written under a temporary name: neither output is left, the file in
+   * the way is unchanged, and the scratch folder holds no temporary. */
+  in_scratch("in_the_way", file, sizeof file);
+  f = fopen(file, "wb");
+  CHECK(f != NULL);
+  if (f != NULL) {
+    fputs("keep", f);
+    fclose(f);
+  }
+  CHECK_CODE(peft_adapter_export_gguf_split(dora, out, base, 0, file), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(!exists(out));
+  {
+    size_t n = 0;
+    char* kept = slurp(file, &n);
+    CHECK(kept != NULL && n == 4 && memcmp(kept, "keep", 4) == 0);
+    free(kept);
+  }
+  {
+    DIR* d = opendir(scratch);
+    struct dirent* e;
+    int temporaries = 0;
+    while (d != NULL && (e = readdir(d)) != NULL)
+      if (strstr(e->d_name, "peft-tmp") != NULL) ++temporaries;
+    if (d != NULL) closedir(d);
+    CHECK(temporaries == 0);
+  }
+  remove(file);
+
+  /* Success: everything merged (DoRA), an adapter without pairs, a model folder. */
+  CHECK_OK(peft_adapter_export_gguf_split(dora, out, base, 0, base_out));
+  CHECK(exists(out));
+  snprintf(file, sizeof file, "%s/model.safetensors", base_out);
+  CHECK(exists(file));
+  peft_adapter_free(dora);
+}
+
 int main(void) {
   char probe[512];
   snprintf(probe, sizeof probe, "%s/adapters/llama_lora/adapter_config.json", PEFT_TEST_DATA);
@@ -218,6 +275,7 @@ int main(void) {
   test_options();
   test_export();
   test_combine();
+  test_export_gguf_split();
   remove_tree(scratch);
   return check_summary();
 }

@@ -478,3 +478,18 @@ def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
     ours, reference = ours.astype(np.float64), reference.astype(np.float64)
     scale = max(float(np.max(np.abs(reference))), 1e-30)
     return float(np.max(np.abs(ours - reference))) / scale
+
+
+def peft_merged_gguf(model_dir: os.PathLike, adapters: Sequence[tuple[os.PathLike, float]],
+                     folder: os.PathLike) -> pathlib.Path:
+    """PEFT's merge_and_unload() of the adapters into the model (merge_support.peft_merged), saved to
+    `folder` with the model's side files, converted by convert_hf_to_gguf.py to F32: the reference a GGUF
+    merge must equal."""
+    from merge_support import peft_merged
+
+    model_dir, folder = pathlib.Path(model_dir), pathlib.Path(folder)
+    peft_merged(model_dir, [(pathlib.Path(a), w) for a, w in adapters]).save_pretrained(str(folder))
+    for side_file in model_dir.iterdir():  # the tokenizer and config files beside the weights
+        if not side_file.name.endswith(".safetensors") and not (folder / side_file.name).exists():
+            (folder / side_file.name).write_bytes(side_file.read_bytes())
+    return convert_hf_to_gguf(folder, outtype="f32")

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
-import subprocess
 
 import numpy as np
 import pytest
 
-from gguf_reference import convert_hf_to_gguf, export_lora, read_gguf
+from gguf_reference import convert_hf_to_gguf, export_lora, run_peftc, tensors
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = FIXTURES / "models"
@@ -43,14 +42,9 @@ CASES = [
 ]
 
 
-def run_peftc(peftc: pathlib.Path, *args) -> None:
-    proc = subprocess.run([str(peftc), *map(str, args)], capture_output=True, text=True)
-    assert proc.returncode == 0, f"peftc {' '.join(map(str, args))}: exit {proc.returncode}\n{proc.stderr}"
-
-
 def gguf_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
     """name -> values as gguf-py reads them (outermost dimension first)."""
-    return {t.name: np.array(t.data) for t in read_gguf(path).tensors}
+    return {name: values for name, (_, _, values) in tensors(path).items()}
 
 
 def translator_from_gguf(peft_c, checkpoint):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_reference import convert_hf_to_gguf, convert_lora_to_gguf, export_lora
+from gguf_reference import convert_hf_to_gguf, convert_lora_to_gguf, export_lora, peft_merged_gguf
 from merge_support import load_model, peft_merged
 from test_gguf_lora import ADAPTERS, MODELS, export_gguf, relative_error, run_peftc, tensors
 
@@ -46,12 +46,7 @@ def check_loads_cleanly(model: str, folder: pathlib.Path) -> None:
 
 
 def gguf_of_peft_merge(model: str, folder: pathlib.Path, out: pathlib.Path) -> dict:
-    out.mkdir()
-    peft_merged(MODELS / model, [(folder, 1.0)]).save_pretrained(str(out))
-    for side_file in (MODELS / model).iterdir():
-        if not side_file.name.endswith(".safetensors") and not (out / side_file.name).exists():
-            (out / side_file.name).write_bytes(side_file.read_bytes())
-    return tensors(convert_hf_to_gguf(out, outtype="f32"))
+    return tensors(peft_merged_gguf(MODELS / model, [(folder, 1.0)], out))
 
 
 def assert_imported_merge_equals_llama_cpp(peftc, tmp_path, model, adapter_gguf):

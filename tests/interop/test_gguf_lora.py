@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from gguf_reference import (assert_same_merge, convert_hf_to_gguf, convert_lora_to_gguf, export_lora, metadata,
-                            read_gguf, relative_error, run_peftc, tensors)
-from merge_support import peft_merged
+                            peft_merged_gguf, read_gguf, relative_error, run_peftc, tensors)
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = FIXTURES / "models"
@@ -44,12 +43,7 @@ def test_exported_adapter_applies_peft_scale(peftc_binary, tmp_path, model, adap
     ours = export_gguf(peftc_binary, adapter, MODELS / model, tmp_path / "adapter.gguf")
     merged = export_lora(base_gguf, [(ours, 1.0)], tmp_path / "merged.gguf")
 
-    peft_folder = tmp_path / "peft_merged"
-    peft_merged(MODELS / model, [(ADAPTERS / adapter, 1.0)]).save_pretrained(str(peft_folder))
-    for side_file in (MODELS / model).iterdir():  # the tokenizer and config files beside the weights
-        if not side_file.name.endswith(".safetensors") and not (peft_folder / side_file.name).exists():
-            (peft_folder / side_file.name).write_bytes(side_file.read_bytes())
-    reference = tensors(convert_hf_to_gguf(peft_folder, outtype="f32"))
+    reference = tensors(peft_merged_gguf(MODELS / model, [(ADAPTERS / adapter, 1.0)], tmp_path / "peft_merged"))
     got, base = tensors(merged), tensors(base_gguf)
 
     assert got.keys() == reference.keys()

@@ -3,7 +3,10 @@
 // optionally converting its float tensors and restricting its config to what an older PEFT release
 // knows. With --lenient it writes what PEFT loads (without the keys PEFT ignores; warnings on stderr).
 // With --format gguf, OUT is a GGUF LoRA file for llama.cpp (peft_adapter_export_gguf): BASE is then
-// a model folder, hub id or GGUF file (default: the adapter's base), --dtype also takes q8_0.
+// a model folder, hub id or GGUF file (default: the adapter's base), --dtype also takes q8_0; with
+// --split-into BASE_OUT, what a GGUF LoRA cannot hold is merged into a copy of the base written to
+// BASE_OUT (a GGUF file or a model folder, like the base) and the rest exported
+// (peft_adapter_export_gguf_split).
 // With IN a GGUF LoRA file and --format peft, OUT is a PEFT adapter folder (peft_adapter_import_gguf);
 // --base is then required.
 #include <cstdio>
@@ -20,7 +23,7 @@ namespace {
 
 constexpr const char* kUsage =
     "adapter export IN_DIR OUT [--format peft|gguf] [--dtype f32|bf16|f16|q8_0] [--peft-version X.Y] [--base BASE] "
-    "[--lenient]";
+    "[--lenient] [--split-into BASE_OUT]";
 
 // The ggml type of a --dtype value for GGUF output.
 std::optional<int32_t> gguf_factor_type(const std::string& name) {
@@ -38,6 +41,7 @@ int export_command(const std::vector<std::string>& args) {
   std::string format = "peft";
   std::string dtype_name;
   bool lenient = false;
+  std::string split_into;
   for (Arguments a(args); a.next();) {
     const std::string& arg = a.name();
     if (arg == kLenientOption && !a.has_inline_value()) {
@@ -46,6 +50,10 @@ int export_command(const std::vector<std::string>& args) {
       const auto v = a.value();
       if (!v || v->empty()) return usage_error("--base needs a model folder", kUsage);
       base = *v;
+    } else if (arg == "--split-into") {
+      const auto v = a.value();
+      if (!v || v->empty()) return usage_error("--split-into needs a path for the merged base", kUsage);
+      split_into = *v;
     } else if (arg == "--format") {
       const auto v = a.value();
       if (!v || (*v != "peft" && *v != "gguf")) return usage_error("--format must be peft or gguf", kUsage);
@@ -67,6 +75,7 @@ int export_command(const std::vector<std::string>& args) {
     }
   }
   if (positional.size() != 2) return usage_error("adapter export needs IN_DIR and OUT", kUsage);
+  if (!split_into.empty() && format != "gguf") return usage_error("--split-into applies to --format gguf only", kUsage);
   if (format == "gguf") {
     if (version) return usage_error("--peft-version applies to --format peft only", kUsage);
     int32_t type = 0;
@@ -78,6 +87,14 @@ int export_command(const std::vector<std::string>& args) {
     Owned<peft_adapter, peft_adapter_free> adapter;
     // The base is GGUF's business here (a GGUF file is no base folder to validate against).
     if (peft_error* err = open_adapter(positional[0], "", lenient, &adapter.p)) return report(err);
+    if (!split_into.empty()) {
+      if (peft_error* err = peft_adapter_export_gguf_split(adapter.p, positional[1].c_str(), base.c_str(), type,
+                                                           split_into.c_str()))
+        return report(err);
+      std::printf("exported %s and merged the modules a GGUF LoRA cannot hold into %s\n", positional[1].c_str(),
+                  split_into.c_str());
+      return kExitOk;
+    }
     if (peft_error* err = peft_adapter_export_gguf(adapter.p, positional[1].c_str(), base.c_str(), type))
       return report(err);
     std::printf("exported %zu module(s) to %s\n", peft_adapter_module_count(adapter.p), positional[1].c_str());

@@ -20,6 +20,7 @@
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/checkpoint_merge/gguf_lora_input.hpp"
+#include "peft/methods/lora_math.hpp"
 #include "safetensors/checkpoint.hpp"
 
 namespace peft {
@@ -44,9 +45,26 @@ struct GgufTerm {
   bool torch_rows = true;    // its rows in PyTorch's order; false for a GGUF LoRA's (GGUF's order)
 };
 
+// A whole adapter tensor replacing a GGUF tensor (modules_to_save, saved base weights), PyTorch order.
+struct GgufReplacement {
+  std::shared_ptr<const Adapter> adapter;
+  size_t index;      // in the adapter's checkpoint
+  std::string what;  // for messages
+};
+
+// lora_B.bias added to a GGUF bias tensor: bias += coefficient x lora_B.bias.
+struct GgufBiasTerm {
+  std::shared_ptr<const Adapter> adapter;
+  size_t index;
+  double coefficient;
+};
+
+// What is done to one GGUF tensor, in this order: the replacement, the LoRA terms, the bias terms.
 struct GgufTarget {
   GgufRows rows = GgufRows::same;
+  std::optional<GgufReplacement> replacement;
   std::vector<GgufTerm> terms;
+  std::vector<GgufBiasTerm> biases;
 };
 
 template <class Body>
@@ -96,7 +114,7 @@ class GgufMerge {
       if (auto it = targets_.find(i); it != targets_.end()) {
         const std::vector<uint8_t> bytes = merged_tensor(i, it->second);
         writer.write_tensor(info.name, bytes.data(), bytes.size());
-        ++result.merged;
+        ++(it->second.replacement && it->second.terms.empty() && it->second.biases.empty() ? result.replaced : result.merged);
       } else {
         base_->check_unchanged(i);
         writer.begin_tensor(info.name);
@@ -121,7 +139,24 @@ class GgufMerge {
  private:
   // Finds every module's GGUF tensor and refuses what cannot be merged, listing all of it at once.
   void plan() {
-    std::vector<std::string> unresolved, unsupported;
+    std::vector<std::string> unresolved, unsupported, conflicts;
+    // The index of GGUF tensor `tensor` when it can take a merge; nullopt (with the problem listed) otherwise.
+    auto target_index = [&](const std::string& what, const std::string& tensor) -> std::optional<size_t> {
+      const auto index = base_->find(tensor);
+      if (!index) {
+        unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
+        return std::nullopt;
+      }
+      const TensorInfo& info = base_->tensor(*index);
+      if (info.block_quantized || !(info.dtype == DType::F32 || info.dtype == DType::F16 || info.dtype == DType::BF16)) {
+        const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
+        unsupported.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is " +
+                              std::string(type ? type->name : "of an unknown type") +
+                              "; merges go into F32, F16 and BF16 tensors)");
+        return std::nullopt;
+      }
+      return index;
+    };
     for (const MergeInput& input : options_.adapters) {
       if (input.gguf_lora) {  // GGUF names and rows: checked and matched by gguf_lora_input
         for (GgufLoraTerm& term : gguf_lora_terms(*input.gguf_lora, input.weight, *base_, architecture_))
@@ -130,14 +165,10 @@ class GgufMerge {
       }
       const std::string adapter_name = input.adapter->dir().empty() ? "adapter" : input.adapter->dir();
       for (const AdapterModule& module : input.adapter->modules()) {
+        if (input.modules && !input.modules->contains(module.name)) continue;
         const std::string what = adapter_name + ": module " + peft::quoted(module.name);
-        if (!module.is_lora()) {
-          unsupported.push_back(what + " (" + layer_kind_name(module.kind) +
-                                ": whole tensors and trainable tokens are merged into safetensors checkpoints only)");
-          continue;
-        }
-        if (module.find(TensorRole::lora_b_bias) != nullptr) {
-          unsupported.push_back(what + " (lora_B.bias)");
+        if (module.kind == LayerKind::trainable_tokens) {
+          unsupported.push_back(what + " (trainable tokens are merged into safetensors checkpoints only)");
           continue;
         }
         const std::optional<GgufSlot> slot = gguf_slot(*table_, module.name);
@@ -146,19 +177,32 @@ class GgufMerge {
           continue;
         }
         const std::string& tensor = slot->tensor;
-        const auto index = base_->find(tensor);
-        if (!index) {
-          unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
-          continue;
+        const std::string stem = tensor.substr(0, tensor.size() - std::string_view(".weight").size());
+        // Whole tensors (modules_to_save copies, saved base weights and biases) replace the GGUF tensor
+        // of the same parameter (not a slice of a stacked one).
+        for (const AdapterTensor& t : module.tensors) {
+          if (t.role != TensorRole::full) continue;
+          if (slot->slice) {
+            unsupported.push_back(what + " (a whole tensor for one slice of the stacked GGUF tensor " +
+                                  peft::quoted(tensor) + ")");
+            continue;
+          }
+          const std::string replaced = stem + "." + t.base_tensor.substr(t.base_tensor.rfind('.') + 1);
+          const auto index = target_index(what, replaced);
+          if (!index) continue;
+          GgufTarget& target = targets_[*index];
+          if (target.replacement) {
+            conflicts.push_back("GGUF tensor " + peft::quoted(replaced) + " is replaced by both " +
+                                target.replacement->what + " and " + what);
+            continue;
+          }
+          target.rows = slot->rule->gguf_rows;
+          target.replacement = GgufReplacement{input.adapter, t.index, what};
         }
+        if (!module.is_lora()) continue;
+        const auto index = target_index(what, stem + ".weight");
+        if (!index) continue;
         const TensorInfo& info = base_->tensor(*index);
-        if (info.block_quantized || !(info.dtype == DType::F32 || info.dtype == DType::F16 || info.dtype == DType::BF16)) {
-          const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
-          unsupported.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is " +
-                                std::string(type ? type->name : "of an unknown type") +
-                                "; merges go into F32, F16 and BF16 tensors)");
-          continue;
-        }
         std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
         if (slot->slice) {  // a stacked module: its slice of the tensor
           if (shape.size() != 3 || *slot->slice >= info.shape[0]) {
@@ -168,14 +212,33 @@ class GgufMerge {
           }
           shape.erase(shape.begin());
         }
-        GgufTarget& target = targets_[*index];
-        target.rows = slot->rule->gguf_rows;
         // GPT-2's Conv1D weights are [out, in] in GGUF (the converter transposes them): merged as Linear.
         AdapterModule oriented = module;
         if (oriented.kind == LayerKind::conv1d) oriented.kind = LayerKind::linear;
-        target.terms.push_back(
-            {buffer_merge_module(input.adapter, oriented, shape), input.weight, slot->slice.value_or(0)});
+        BufferMergeModule term = buffer_merge_module(input.adapter, oriented, shape);
+        term.lora_bias = nullptr;  // added to the bias tensor below
+        GgufTarget& target = targets_[*index];
+        target.rows = slot->rule->gguf_rows;
+        target.terms.push_back({std::move(term), input.weight, slot->slice.value_or(0)});
+        if (const AdapterTensor* bias = module.find(TensorRole::lora_b_bias)) {
+          if (slot->slice) {
+            unsupported.push_back(what + " (lora_B.bias of one slice of the stacked GGUF tensor " +
+                                  peft::quoted(tensor) + ")");
+            continue;
+          }
+          const auto bias_index = target_index(what + " lora_B.bias", stem + ".bias");
+          if (!bias_index) continue;
+          GgufTarget& bias_target = targets_[*bias_index];
+          bias_target.rows = slot->rule->gguf_rows;
+          bias_target.biases.push_back({input.adapter, bias->index,
+                                        merge::lora_coefficient(input.weight, module.scaling, what)});
+        }
       }
+    }
+    if (!conflicts.empty()) {
+      std::string message = path_ + ": the adapters of the merge conflict:";
+      for (const std::string& line : conflicts) message += "\n  " + line;
+      fail(PEFT_ERR_INVALID_ARGUMENT, message);
     }
     if (!unsupported.empty()) {
       std::string message = path_ + ": " + std::to_string(unsupported.size()) + " module(s) cannot be merged into a GGUF file:";
@@ -199,12 +262,24 @@ class GgufMerge {
     const TensorInfo& info = base_->tensor(index);
     const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
     const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
-    std::vector<float> values = base_->read_f32(index);
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
     const std::string what = path_ + ": tensor " + peft::quoted(info.name);
+    // The values start in GGUF's row order, a replacement's in PyTorch's.
+    std::vector<float> values;
+    bool torch_rows = false;  // the values' row order now: GGUF's, or PyTorch's
+    if (target.replacement) {
+      const GgufReplacement& r = *target.replacement;
+      const TensorInfo& source = r.adapter->checkpoint().tensor(r.index);
+      if (source.shape != info.shape)
+        fail(PEFT_ERR_SHAPE_MISMATCH, what + ": " + r.what + " replaces it with tensor " + peft::quoted(source.name) +
+                                          " of shape " + shape_text(source.shape) + ", not " + shape_text(info.shape));
+      values = r.adapter->checkpoint().read_f32(r.index);
+      torch_rows = true;
+    } else {
+      values = base_->read_f32(index);
+    }
     BufferMergeOptions merge_options;
     merge_options.threads = options_.threads;
-    bool torch_rows = false;  // the values' row order now: GGUF's, or PyTorch's for a PEFT adapter's terms
     for (const GgufTerm& term : target.terms) {
       if (term.torch_rows != torch_rows) {
         reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);
@@ -215,6 +290,18 @@ class GgufMerge {
       const merge::WeightView view{values.data() + term.slice * slice_size, DType::F32, term.module.layout.rows(),
                                    term.module.layout.cols()};
       BufferMerge::apply(view, nullptr, term.module, merge_options);
+    }
+    if (!target.biases.empty() && !torch_rows) {
+      reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
+      torch_rows = true;
+    }
+    for (const GgufBiasTerm& term : target.biases) {
+      const std::vector<float> bias = term.adapter->checkpoint().read_f32(term.index);
+      if (bias.size() != values.size())
+        fail(PEFT_ERR_SHAPE_MISMATCH, what + ": lora_B.bias has " + std::to_string(bias.size()) + " values for " +
+                                          std::to_string(values.size()));
+      const merge::WeightView view{values.data(), DType::F32, 1, static_cast<int64_t>(values.size())};
+      merge::add_lora_bias(view, bias.data(), term.coefficient);
     }
     if (torch_rows)
       reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);

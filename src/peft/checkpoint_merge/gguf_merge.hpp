@@ -14,12 +14,17 @@
 // An adapter may also be a GGUF LoRA file (MergeInput::gguf_lora): its pairs name the base's tensors
 // directly, their rows already in GGUF's order, and are merged as llama-export-lora merges them
 // (gguf_lora_input.hpp), in the given order among the PEFT adapters.
+// Whole adapter tensors (modules_to_save copies, saved base weights and biases) replace the GGUF
+// tensor of the same parameter (converted to its type, rows put in GGUF's order), before any LoRA
+// term; a lora_B.bias is added (scaled like its module) to the module's "<name>.bias" tensor. Only
+// the modules a MergeInput selects are merged (MergeInput::modules).
 //
 // Refused before anything is written, each listed: modules GGUF cannot place (no GGUF name for the
-// architecture, or a tensor the base lacks: PEFT_ERR_UNRESOLVED_KEY), and parts merged here only
-// into safetensors checkpoints (whole replacement tensors, trainable tokens, lora_B.bias; and
-// block-quantized targets, the next step: PEFT_ERR_UNSUPPORTED). The output is written atomically
-// and must not be the base file.
+// architecture, or a tensor the base lacks, a bias included: PEFT_ERR_UNRESOLVED_KEY), trainable
+// tokens (merged into safetensors checkpoints only) and block-quantized targets (the next step:
+// PEFT_ERR_UNSUPPORTED), and two adapters replacing the same tensor (PEFT_ERR_INVALID_ARGUMENT). A
+// replacement of another shape is PEFT_ERR_SHAPE_MISMATCH. The output is written atomically and
+// must not be the base file.
 #pragma once
 
 #include <string>

@@ -91,6 +91,8 @@ class Planner {
       planned->adapter = input.adapter;
       planned->weight = input.weight;
       planned->modules = input.adapter->modules();
+      if (input.modules)
+        std::erase_if(planned->modules, [&](const AdapterModule& m) { return !input.modules->contains(m.name); });
       // Linear vs Conv1D is decided again from this base (the adapter may have been opened without one).
       for (AdapterModule& m : planned->modules)
         if (m.kind == LayerKind::conv1d) m.kind = LayerKind::linear;

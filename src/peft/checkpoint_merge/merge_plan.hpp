@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +56,9 @@ struct MergeInput {
   std::shared_ptr<const Adapter> adapter;
   double weight = 1.0;
   std::shared_ptr<const GgufLoraFile> gguf_lora;
+  // Only these modules of the adapter (AdapterModule::name) are merged; unset: all of them. Used by
+  // the GGUF split export, which merges what a GGUF LoRA cannot hold and exports the rest.
+  std::optional<std::set<std::string>> modules = std::nullopt;
 };
 
 struct MergePlanOptions {

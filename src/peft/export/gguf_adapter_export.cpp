@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
@@ -25,30 +27,16 @@ struct GgufPair {
   std::optional<uint64_t> slice;  // a stacked module's slice of `tensor` (gguf_experts.hpp)
 };
 
-// Every module's GGUF tensor; every problem listed at once.
-std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
+// Every module's GGUF tensor; every problem listed at once. Modules in `skip` are left out.
+std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base, const std::set<std::string>& skip) {
   std::vector<GgufPair> pairs;
   std::vector<std::string> unsupported, unresolved;
   const ArchTable& table = *base.table;
   for (const AdapterModule& module : adapter.modules()) {
+    if (skip.contains(module.name)) continue;
     const std::string what = "module " + peft::quoted(module.name);
-    if (!module.is_lora()) {
-      unsupported.push_back(what + ": " + layer_kind_name(module.kind) +
-                            " tensors replace base tensors, which a GGUF LoRA cannot hold");
-      continue;
-    }
-    if (module.find(TensorRole::lora_magnitude) != nullptr) {
-      unsupported.push_back(what + ": DoRA's magnitude vector has no place in a GGUF LoRA");
-      continue;
-    }
-    if (module.find(TensorRole::lora_b_bias) != nullptr) {
-      unsupported.push_back(what + ": lora_B.bias has no place in a GGUF LoRA");
-      continue;
-    }
-    // GPT-2's Conv1D weights are [out, in] in GGUF (the converter transposes them): their lora_A/B
-    // go in as a Linear layer's.
-    if (module.kind != LayerKind::linear && module.kind != LayerKind::conv1d && module.kind != LayerKind::embedding) {
-      unsupported.push_back(what + ": " + layer_kind_name(module.kind) + " layers are not exported to GGUF");
+    if (const std::optional<std::string> problem = gguf_lora_problem(module)) {
+      unsupported.push_back(what + ": " + *problem);
       continue;
     }
     const std::optional<GgufSlot> slot = gguf_slot(table, module.name);
@@ -89,7 +77,8 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base) {
     else if (slices.size() != *base.experts)
       unsupported.push_back("GGUF tensor " + peft::quoted(tensor) + ": the adapter has two modules for one expert");
   if (!unsupported.empty()) {
-    std::string message = std::to_string(unsupported.size()) + " module(s) cannot be exported as a GGUF LoRA:";
+    std::string message = std::to_string(unsupported.size()) +
+                          " module(s) cannot be exported as a GGUF LoRA (--split-into merges them into a copy of the base):";
     for (const std::string& line : unsupported) message += "\n  " + line;
     fail(PEFT_ERR_UNSUPPORTED, message);
   }
@@ -134,20 +123,38 @@ GgufFactor encode(std::string name, const std::vector<float>& values, std::vecto
 
 }  // namespace
 
+std::optional<std::string> gguf_lora_problem(const AdapterModule& module) {
+  if (!module.is_lora())
+    return layer_kind_name(module.kind) + std::string(" tensors replace base tensors, which a GGUF LoRA cannot hold");
+  if (module.find(TensorRole::lora_magnitude) != nullptr) return "DoRA's magnitude vector has no place in a GGUF LoRA";
+  if (module.find(TensorRole::lora_b_bias) != nullptr) return "lora_B.bias has no place in a GGUF LoRA";
+  // GPT-2's Conv1D weights are [out, in] in GGUF (the converter transposes them): their lora_A/B go
+  // in as a Linear layer's.
+  if (module.kind != LayerKind::linear && module.kind != LayerKind::conv1d && module.kind != LayerKind::embedding)
+    return layer_kind_name(module.kind) + std::string(" layers are not exported to GGUF");
+  for (const AdapterTensor& t : module.tensors)
+    if (t.role == TensorRole::full)
+      return "its whole tensor " + peft::quoted(t.key) + " replaces a base tensor, which a GGUF LoRA cannot hold";
+  return std::nullopt;
+}
+
+std::string gguf_export_base_name(const Adapter& adapter, const GgufAdapterExportOptions& options) {
+  const std::string name = options.base.empty() ? adapter.config().base_model_name_or_path.value_or("") : options.base;
+  if (name.empty())
+    fail(PEFT_ERR_INVALID_ARGUMENT, "no base model: the adapter's config has no base_model_name_or_path; give one");
+  return name;
+}
+
 void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, const GgufAdapterExportOptions& options) {
   if (options.ggml_type != 0 && options.ggml_type != 1 && options.ggml_type != 30 && options.ggml_type != 8)
     fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF adapter factors are written as F32, F16, BF16 or Q8_0 (ggml type " +
                                         std::to_string(options.ggml_type) + " is none of them)");
-  const std::string base_name =
-      options.base.empty() ? adapter.config().base_model_name_or_path.value_or("") : options.base;
-  if (base_name.empty())
-    fail(PEFT_ERR_INVALID_ARGUMENT, "no base model: the adapter's config has no base_model_name_or_path; give one");
-  const GgufBase base = open_gguf_base(base_name, [&](const ArchTable& table) {
+  const GgufBase base = open_gguf_base(gguf_export_base_name(adapter, options), [&](const ArchTable& table) {
     for (const AdapterModule& module : adapter.modules())
-      if (module.is_lora() && !gguf_slot(table, module.name)) return false;
+      if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, module.name)) return false;
     return true;
   });
-  const std::vector<GgufPair> pairs = plan_pairs(adapter, base);
+  const std::vector<GgufPair> pairs = plan_pairs(adapter, base, options.skip);
   const double alpha = adapter.config().lora_alpha;
   // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.
   const float file_alpha = static_cast<float>(alpha);

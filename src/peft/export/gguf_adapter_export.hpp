@@ -13,11 +13,15 @@
 // names and "gguf_rows": B of a RoPE-permuted weight is permuted the same way).
 //
 // What GGUF LoRA cannot hold is refused with PEFT_ERR_UNSUPPORTED listing every module and why:
-// DoRA magnitudes, lora_B.bias, whole replacement tensors (modules_to_save) and trainable tokens.
+// DoRA magnitudes, lora_B.bias, whole replacement tensors (modules_to_save, saved base weights or
+// biases), trainable tokens and layer kinds other than linear and embedding (gguf_lora_problem).
+// gguf_split_export.hpp merges those modules into a copy of the base instead.
 // Modules with no GGUF tensor (no GGUF name, or absent from a GGUF base) are PEFT_ERR_UNRESOLVED_KEY.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "peft/adapter/adapter.hpp"
@@ -32,7 +36,16 @@ struct GgufAdapterExportOptions {
   // ggml type of the factors: 0 F32 (default), 1 F16, 30 BF16, or 8 Q8_0 (a tensor whose rows are
   // not a multiple of 32 is written F16 instead, as llama.cpp's converter does).
   uint32_t ggml_type = 0;
+  // Modules (AdapterModule::name) left out of the file: the split export merges them into the base.
+  std::set<std::string> skip;
 };
+
+// Why a GGUF LoRA cannot hold `module`, or nullopt when it can.
+std::optional<std::string> gguf_lora_problem(const AdapterModule& module);
+
+// The base an export is for: options.base, else the adapter's base_model_name_or_path
+// (INVALID_ARGUMENT when neither is given).
+std::string gguf_export_base_name(const Adapter& adapter, const GgufAdapterExportOptions& options);
 
 void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, const GgufAdapterExportOptions& options);
 
