@@ -87,9 +87,11 @@ class GgufMerge {
     heads_ = gguf_heads_from_metadata(*header_, architecture_);
     table_ = with_file(path_, [&] {
       return builtin_table_for_gguf(architecture_, [&](const ArchTable& table) {
-        for (const MergeInput& input : options_.adapters)
+        for (const MergeInput& input : options_.adapters) {
+          if (!input.adapter) continue;  // a GGUF LoRA: named as the base's tensors, no table needed
           for (const AdapterModule& module : input.adapter->modules())
             if (module.is_lora() && !gguf_slot(table, module.name)) return false;
+        }
         return true;
       });
     });

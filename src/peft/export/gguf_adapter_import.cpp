@@ -131,7 +131,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
     if (base.experts && a_info.shape[0] != *base.experts)
       fail(PEFT_ERR_SHAPE_MISMATCH, peft::quoted(it->first) + ": the LoRA stacks " + std::to_string(a_info.shape[0]) +
                                         " experts, the base has " + std::to_string(*base.experts));
-    LoraFactors stacked{read_factor(*file, *m.a), read_factor(*file, *m.b), a_info.shape[1], a_info.shape[2],
+    LoraFactors stacked{read_gguf_lora_factor(*file, *m.a), read_gguf_lora_factor(*file, *m.b), a_info.shape[1], a_info.shape[2],
                         b_info.shape[1], a_info.shape[0]};
     std::vector<LoraFactors> slices = unstack_lora(stacked);
     for (uint64_t e = 0; e < slices.size(); ++e) {
