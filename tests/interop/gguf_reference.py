@@ -183,7 +183,7 @@ def run_peftc(peftc: pathlib.Path, *args, expect: int = 0) -> subprocess.Complet
 
 
 def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
+    ours, reference = np.asarray(ours, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     scale = max(float(np.max(np.abs(reference))), 1e-30)
     return float(np.max(np.abs(ours - reference))) / scale
 
@@ -449,36 +449,7 @@ def ggml_reads(path: os.PathLike) -> tuple[bool, str]:
     return proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# --- reading results ------------------------------------------------------------------------------------
-
-def run_peftc(peftc: pathlib.Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    """peftc with args; asserts its exit code."""
-    proc = subprocess.run([str(peftc), *map(str, args)], capture_output=True, text=True)
-    assert proc.returncode == expect, f"peftc {' '.join(map(str, args))}: exit {proc.returncode}\n{proc.stderr}"
-    return proc
-
-
-def tensors(path: pathlib.Path) -> dict:
-    """name -> (ggml type name, ne, values or raw bytes as gguf-py reads them)."""
-    return {t.name: (t.tensor_type.name, [int(n) for n in t.shape], np.array(t.data)) for t in read_gguf(path).tensors}
-
-
-def metadata(path: pathlib.Path) -> dict:
-    """key -> value of a GGUF file's metadata, in file order (gguf-py's own GGUF.* fields left out)."""
-    out = {}
-    for field in read_gguf(path).fields.values():
-        if field.name.startswith("GGUF."):
-            continue
-        out[field.name] = field.contents()
-    return out
-
-
-def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    """The largest absolute difference over the reference's largest magnitude."""
-    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
-    scale = max(float(np.max(np.abs(reference))), 1e-30)
-    return float(np.max(np.abs(ours - reference))) / scale
-
+# --- references for comparisons -----------------------------------------------------------------------
 
 def peft_merged_gguf(model_dir: os.PathLike, adapters: Sequence[tuple[os.PathLike, float]],
                      folder: os.PathLike) -> pathlib.Path:
