@@ -186,6 +186,42 @@ func (a *Adapter) ExportGGUF(outPath, base string, typ GGMLType) error {
 	return takeError(C.peft_adapter_export_gguf(p, cout, cbase, C.int32_t(typ)))
 }
 
+// ExportGGUFSplit is ExportGGUF for any LoRA adapter: what a GGUF LoRA cannot hold (DoRA,
+// lora_B.bias, whole tensors such as modules_to_save, trainable tokens, conv layers) is merged
+// PEFT-exactly into a copy of the base written to baseOut, the rest is written to outPath exactly as
+// ExportGGUF writes it, so that llama.cpp applying outPath to baseOut gives PEFT's merged model.
+// baseOut is a GGUF file for a GGUF base, a folder (created if needed) that transformers loads for a
+// Hugging Face base; it must be neither the base nor outPath. With nothing to merge, baseOut is a
+// copy of the base. base and typ are as for ExportGGUF. All or nothing: a failure leaves neither
+// output.
+//
+// Errors: ErrInvalidArgument for an empty path, baseOut equal to the base or to outPath, another
+// type or no base; the errors of ExportGGUF for the exported modules and of MergeCheckpoint for the
+// merged ones (ErrUnresolvedKey, ErrUnsupported for trainable tokens or a block-quantized target in
+// a GGUF base, ErrNonFinite, ErrIO).
+func (a *Adapter) ExportGGUFSplit(outPath, base string, typ GGMLType, baseOut string) error {
+	var cs cstrings
+	defer cs.free()
+	cout, err := cs.add(outPath, "output path")
+	if err != nil {
+		return err
+	}
+	cbase, err := cs.addOptional(base, "base")
+	if err != nil {
+		return err
+	}
+	cbaseOut, err := cs.add(baseOut, "base output")
+	if err != nil {
+		return err
+	}
+	p, err := a.use()
+	if err != nil {
+		return err
+	}
+	defer a.done()
+	return takeError(C.peft_adapter_export_gguf_split(p, cout, cbase, C.int32_t(typ), cbaseOut))
+}
+
 // ImportGGUF writes a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py output, or
 // ExportGGUF's) as a PEFT LoRA adapter folder (adapter_model.safetensors with F32 factors and
 // adapter_config.json) that PEFT loads and merges to the weights llama.cpp applies, creating outDir

@@ -27,11 +27,6 @@ var notWrapped = map[string]string{
 	"peft_merge_buffer_remove":         "older alias of peft_merge_record_unmerge; the binding calls the regular one",
 	"peft_registry_names":              "older alias of peft_registry_name_list; the binding calls the regular one",
 	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
-	// Translators for GGUF names (issue 16, serving on GGUF hosts).
-	"peft_translator_from_gguf": "translators for GGUF names are not wrapped yet",
-	"peft_translator_new_gguf":  "translators for GGUF names are not wrapped yet",
-	// GGUF split export (issue 16, item 4).
-	"peft_adapter_export_gguf_split": "the GGUF split export is reached through peftc; not wrapped yet",
 }
 
 var (

@@ -65,6 +65,43 @@ func makeTranslator(arg, what string, create func(*C.char, **C.peft_translator) 
 	return newTranslator(out), nil
 }
 
+// TranslatorFromGGUF returns a translator for GGUF names from a checkpoint opened on one GGUF model
+// file: its general.architecture chooses the table and its attention head counts the RoPE row
+// order. ToNative turns "model.layers.0.self_attn.q_proj.weight" into "blk.0.attn_q.weight" (the
+// roles weight and bias only) and ToHF back; given to WithNativeNames (buffer merges) or HostModel.SetTranslator,
+// layer names are GGUF tensor names of buffers laid out as a llama.cpp-family engine loads them
+// (include/peft_c.h, peft_translator_from_gguf). The translator copies what it needs; the checkpoint
+// may be closed afterwards. A file without head counts gives a translator whose reordered weights
+// fail with ErrShapeMismatch when merged or added to a host model.
+//
+// Errors: ErrInvalidArgument for a checkpoint that is not one GGUF file; ErrInvalidCheckpoint
+// without a string general.architecture; ErrUnsupported when no built-in table reads the
+// architecture; ErrNotFound or ErrInvalidConfig when the tables cannot be read.
+func TranslatorFromGGUF(c *Checkpoint) (*Translator, error) {
+	p, err := c.use()
+	if err != nil {
+		return nil, err
+	}
+	defer c.done()
+	var out *C.peft_translator
+	if err := takeError(C.peft_translator_from_gguf(p, &out)); err != nil {
+		return nil, err
+	}
+	return newTranslator(out), nil
+}
+
+// NewGGUFTranslator returns a translator for GGUF names from a GGUF architecture ("llama", "qwen2",
+// "gemma2", ...) and its head counts, for hosts that hold the weights without the file (see
+// TranslatorFromGGUF). headCount is at least 1; headCountKV 0 means headCount.
+//
+// Errors: ErrInvalidArgument for a headCount of 0; ErrUnsupported when no built-in table reads the
+// architecture; ErrNotFound or ErrInvalidConfig when the tables cannot be read.
+func NewGGUFTranslator(architecture string, headCount, headCountKV uint64) (*Translator, error) {
+	return makeTranslator(architecture, "architecture", func(s *C.char, out **C.peft_translator) *C.peft_error {
+		return C.peft_translator_new_gguf(s, C.uint64_t(headCount), C.uint64_t(headCountKV), out)
+	})
+}
+
 // DetectTranslator detects the architecture family of a base model folder (its config.json) or,
 // failing that, of a model name such as "meta-llama/Llama-3.2-1B", and returns its built-in
 // translator. Either argument may be "". ErrNotFound when no family matches.

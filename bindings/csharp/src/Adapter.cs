@@ -158,6 +158,13 @@ namespace PeftC
         {
             PeftC.Export.SaveGguf(this, outPath, baseModel, ggmlType);
         }
+
+        /// <summary>Writes the adapter as a GGUF LoRA adapter for llama.cpp and what GGUF LoRA cannot hold merged into a
+        /// copy of the base at <paramref name="baseOut"/> (see <see cref="PeftC.Export.SaveGgufSplit"/>).</summary>
+        public void ExportGgufSplit(string outPath, string baseOut, string baseModel = null, int ggmlType = Ggml.F32)
+        {
+            PeftC.Export.SaveGgufSplit(this, outPath, baseOut, baseModel, ggmlType);
+        }
     }
 
     /// <summary>One module of an adapter (a LoRA layer or a module with full replacement tensors).</summary>

@@ -83,6 +83,30 @@ namespace PeftC
                                                                 Utf8.Encode(baseModel, "baseModel"), ggmlType));
         }
 
+        /// <summary><see cref="SaveGguf"/> for any LoRA adapter: what a GGUF LoRA cannot hold (DoRA, lora_B.bias, whole
+        /// tensors such as modules_to_save, trainable tokens, conv layers) is merged PEFT-exactly into a copy of the base
+        /// written to <paramref name="baseOut"/>, the rest is written to <paramref name="outPath"/> exactly as SaveGguf
+        /// writes it, so that llama.cpp applying outPath to baseOut gives PEFT's merged model. With nothing to merge,
+        /// baseOut is a copy of the base. All or nothing: a failure leaves neither output.</summary>
+        /// <param name="adapter">A LoRA adapter.</param>
+        /// <param name="outPath">The GGUF adapter file to write.</param>
+        /// <param name="baseOut">Where the merged base goes: a GGUF file for a GGUF base, a folder (created if needed)
+        /// that transformers loads for a Hugging Face base; neither the base nor outPath.</param>
+        /// <param name="baseModel">As for <see cref="SaveGguf"/>; null or "" for the adapter's
+        /// base_model_name_or_path.</param>
+        /// <param name="ggmlType">The factors' type, as for <see cref="SaveGguf"/>.</param>
+        /// <exception cref="PeftException">InvalidArgument for an empty path, baseOut equal to the base or to outPath,
+        /// another type or no base; the errors of SaveGguf for the exported modules and of Merge.Checkpoint for the
+        /// merged ones (UnresolvedKey, Unsupported for trainable tokens or a block-quantized target in a GGUF base,
+        /// NonFinite, Io).</exception>
+        public static void SaveGgufSplit(Adapter adapter, string outPath, string baseOut, string baseModel = null, int ggmlType = Ggml.F32)
+        {
+            if (adapter == null) throw new ArgumentNullException("adapter");
+            PeftException.Check(Native.peft_adapter_export_gguf_split(adapter.Handle, Utf8.Required(outPath, "outPath"),
+                                                                      Utf8.Encode(baseModel, "baseModel"), ggmlType,
+                                                                      Utf8.Required(baseOut, "baseOut")));
+        }
+
         /// <summary>Writes a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py output, or
         /// <see cref="SaveGguf"/>'s) as a PEFT LoRA adapter folder that PEFT loads and merges to the weights llama.cpp
         /// applies; factors are written F32, <paramref name="outDir"/> is created if needed, and a failure leaves it

@@ -207,6 +207,10 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_translator_detect(byte[] baseDir, byte[] modelName, out TranslatorHandle t);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_translator_builtin_family_list(out IntPtr list);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_from_gguf(CheckpointHandle c, out TranslatorHandle t);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_translator_new_gguf(byte[] architecture, ulong headCount, ulong headCountKv, out TranslatorHandle t);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_translator_free(IntPtr t);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_translator_family(TranslatorHandle t);
         [DllImport(Lib, CallingConvention = Cdecl)]
@@ -280,6 +284,9 @@ namespace PeftC
                                                                 byte[] outDir, ExportOptionsHandle o);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_export_gguf(AdapterHandle a, byte[] outPath, byte[] baseModel, int ggmlType);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_export_gguf_split(AdapterHandle a, byte[] outPath, byte[] baseModel, int ggmlType,
+                                                                          byte[] baseOut);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_import_gguf(byte[] ggufPath, byte[] outDir, byte[] baseModel);
 

@@ -40,6 +40,39 @@ namespace PeftC
             return new Translator(h);
         }
 
+        /// <summary>A translator for GGUF names from a checkpoint opened on one GGUF model file: its general.architecture
+        /// chooses the table, its attention head counts the RoPE row order. <c>ToNative</c> turns
+        /// "model.layers.0.self_attn.q_proj.weight" into "blk.0.attn_q.weight" (the roles weight and bias only) and
+        /// ToHf back; given to a buffer merge or <c>HostModel.SetTranslator</c>, layer names are GGUF tensor names
+        /// of buffers laid out as a llama.cpp-family engine loads them (include/peft_c.h, peft_translator_from_gguf).
+        /// The translator copies what it needs; the checkpoint may be disposed afterwards. A file without head counts
+        /// gives a translator whose reordered weights fail (ShapeMismatch) when merged or added to a host
+        /// model.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a checkpoint that is not one GGUF file;
+        /// InvalidCheckpoint without a string general.architecture; Unsupported when no built-in table reads the
+        /// architecture; NotFound or InvalidConfig when the tables cannot be read.</exception>
+        public static Translator FromGguf(Checkpoint checkpoint)
+        {
+            if (checkpoint == null) throw new ArgumentNullException("checkpoint");
+            TranslatorHandle h;
+            PeftException.Check(Native.peft_translator_from_gguf(checkpoint.Handle, out h));
+            return new Translator(h);
+        }
+
+        /// <summary>A translator for GGUF names from a GGUF architecture ("llama", "qwen2", "gemma2", ...) and its
+        /// attention head counts, for hosts that hold the weights without the file (see <see cref="FromGguf"/>).</summary>
+        /// <param name="architecture">A GGUF general.architecture.</param>
+        /// <param name="headCount">The attention heads, at least 1.</param>
+        /// <param name="headCountKv">The key/value heads, or 0 for <paramref name="headCount"/>.</param>
+        /// <exception cref="PeftException">InvalidArgument for a headCount of 0; Unsupported when no built-in table
+        /// reads the architecture; NotFound or InvalidConfig when the tables cannot be read.</exception>
+        public static Translator NewGguf(string architecture, ulong headCount, ulong headCountKv = 0)
+        {
+            TranslatorHandle h;
+            PeftException.Check(Native.peft_translator_new_gguf(Utf8.Required(architecture, "architecture"), headCount, headCountKv, out h));
+            return new Translator(h);
+        }
+
         /// <summary>The built-in table of a base model (its config.json) or, failing that, of a model name.</summary>
         public static Translator Detect(string baseDir, string modelName = null)
         {

@@ -26,7 +26,8 @@ from .gguf import GgufValueType, ggml_type_from_name, ggml_type_geometry, ggml_t
 from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
-from .export import combine_adapters, export_adapter, export_adapter_gguf, import_adapter_gguf
+from .export import (combine_adapters, export_adapter, export_adapter_gguf, export_adapter_gguf_split,
+                     import_adapter_gguf)
 from .doctor import adapter_doctor, adapter_doctor_fix
 from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
 from .hub import hub_cache_dir, hub_resolve
@@ -101,6 +102,7 @@ __all__ = [
     "dtype_bits",
     "export_adapter",
     "export_adapter_gguf",
+    "export_adapter_gguf_split",
     "has_ml_dtypes",
     "hub_cache_dir",
     "hub_resolve",

@@ -164,6 +164,8 @@ PROTOTYPES = {
     "peft_translator_from_json": (_err, [c_char_p, POINTER(c_void_p)]),
     "peft_translator_detect": (_err, [c_char_p, c_char_p, POINTER(c_void_p)]),
     "peft_translator_builtin_family_list": (_err, [POINTER(c_void_p)]),
+    "peft_translator_from_gguf": (_err, [_handle, POINTER(c_void_p)]),
+    "peft_translator_new_gguf": (_err, [c_char_p, c_uint64, c_uint64, POINTER(c_void_p)]),
     "peft_translator_free": (None, [_handle]),
     "peft_translator_family": (c_char_p, [_handle]),
     "peft_translator_to_native": (_err, [_handle, c_char_p, POINTER(c_void_p)]),
@@ -213,6 +215,7 @@ PROTOTYPES = {
     "peft_adapter_combine": (_err, [POINTER(c_void_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
                                     _handle]),
     "peft_adapter_export_gguf": (_err, [_handle, c_char_p, c_char_p, c_int32]),
+    "peft_adapter_export_gguf_split": (_err, [_handle, c_char_p, c_char_p, c_int32, c_char_p]),
     "peft_adapter_import_gguf": (_err, [c_char_p, c_char_p, c_char_p]),
     # serving: registry, leases, unmerged apply, host models
     "peft_registry_new": (_err, [c_int32, c_uint64, _handle, POINTER(c_void_p)]),

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._dtypes import DType, DTypeLike, as_dtype, dtype_bits, numpy_dtype
-from ._handle import HandleObject, Owned
+from ._handle import HandleObject, Owned, handle_of
 from ._helpers import adapter_options, encode, fs_path
 from ._lib import check, lib, take_string, take_string_list, text
 
@@ -67,6 +67,45 @@ class Translator(HandleObject):
         if not isinstance(table, str):
             table = json.dumps(table)
         return cls._make("peft_translator_from_json", encode(table, "table"))
+
+    @classmethod
+    def from_gguf(cls, checkpoint) -> "Translator":
+        """A translator for GGUF names from a ``Checkpoint`` opened on one GGUF model file: its
+        ``general.architecture`` chooses the table, its attention head counts the RoPE row order.
+
+        ``to_native`` turns "model.layers.0.self_attn.q_proj.weight" into "blk.0.attn_q.weight" (the
+        roles weight and bias only) and ``to_hf`` back; given to ``merge_into(..., translator=...)`` or
+        ``HostModel.set_translator``, layer names are GGUF tensor names of buffers laid out as a
+        llama.cpp-family engine loads them (include/peft_c.h, peft_translator_from_gguf). The
+        translator copies what it needs; the checkpoint may be closed afterwards. A file without head
+        counts gives a translator whose reordered weights fail (``ShapeMismatchError``) when merged or
+        added to a host model.
+
+        Raises ``InvalidArgumentError`` for a checkpoint that is not one GGUF file,
+        ``InvalidCheckpointError`` without a string ``general.architecture``, ``UnsupportedError`` when
+        no built-in table reads the architecture, ``NotFoundError``/``InvalidConfigError`` when the
+        tables cannot be read.
+        """
+        owned = handle_of(checkpoint)  # held for the call
+        return cls._make("peft_translator_from_gguf", owned.ptr)
+
+    @classmethod
+    def new_gguf(cls, architecture: str, head_count: int, head_count_kv: int = 0) -> "Translator":
+        """A translator for GGUF names from a GGUF architecture ("llama", "qwen2", "gemma2", ...) and
+        its attention head counts, for hosts that hold the weights without the file (see
+        ``from_gguf``). ``head_count`` is at least 1; ``head_count_kv`` 0 means ``head_count``.
+
+        Raises ``InvalidArgumentError`` for a ``head_count`` of 0, ``UnsupportedError`` when no
+        built-in table reads the architecture, ``NotFoundError``/``InvalidConfigError`` when the
+        tables cannot be read.
+        """
+        for name, value in (("head_count", head_count), ("head_count_kv", head_count_kv)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} is an int")
+            if not 0 <= value < 2**64:
+                raise ValueError(f"{name} {value} is out of range")
+        return cls._make("peft_translator_new_gguf", encode(architecture, "architecture"), head_count,
+                         head_count_kv)
 
     @classmethod
     def detect(cls, base_dir=None, model_name: Optional[str] = None) -> "Translator":

@@ -82,13 +82,43 @@ def export_adapter_gguf(adapter: Adapter, out_path, *, base=None, ggml_type: Uni
     another type or no base; ``InvalidConfigError`` for a base folder without a usable config.json;
     ``NonFiniteError``; ``IoError`` and the errors of ``Checkpoint.open`` for the base.
     """
+    check(lib().peft_adapter_export_gguf(handle_of(adapter).ptr, fs_path(out_path),
+                                         None if base is None else fs_path(base, "base"),
+                                         _ggml_type_code(ggml_type)))
+
+
+def _ggml_type_code(ggml_type: Union[str, int]) -> int:
+    """The ggml number of a GGUF export's factor type, given as a name or a number."""
     code = ggml_type_from_name(ggml_type) if isinstance(ggml_type, str) else ggml_type
     if isinstance(code, bool) or not isinstance(code, int):
         raise TypeError("ggml_type is a name or an int")
     if not 0 <= code < 2**31:
         raise ValueError(f"ggml type {code} is not F32, F16, BF16 or Q8_0")
-    check(lib().peft_adapter_export_gguf(handle_of(adapter).ptr, fs_path(out_path),
-                                         None if base is None else fs_path(base, "base"), code))
+    return code
+
+
+def export_adapter_gguf_split(adapter: Adapter, out_path, base_out, *, base=None,
+                              ggml_type: Union[str, int] = "F32") -> None:
+    """``export_adapter_gguf`` for any LoRA adapter: what a GGUF LoRA cannot hold (DoRA, lora_B.bias,
+    whole tensors such as modules_to_save, trainable tokens, conv layers) is merged PEFT-exactly into a
+    copy of the base written to ``base_out``, the rest is written to ``out_path`` exactly as
+    ``export_adapter_gguf`` writes it, so that llama.cpp applying ``out_path`` to ``base_out`` gives
+    PEFT's merged model.
+
+    ``base_out`` is a GGUF file for a GGUF base, a folder (created if needed) that transformers loads
+    for a Hugging Face base; it must be neither the base nor ``out_path``. With nothing to merge it is
+    a copy of the base. ``base`` and ``ggml_type`` are as for ``export_adapter_gguf``. All or nothing:
+    a failure leaves neither output.
+
+    Raises ``InvalidArgumentError`` for an empty path, ``base_out`` equal to the base or to
+    ``out_path``, another type or no base; the errors of ``export_adapter_gguf`` for the exported
+    modules and of ``merge_checkpoint`` for the merged ones (``UnresolvedKeyError``,
+    ``UnsupportedError`` for trainable tokens or a block-quantized target in a GGUF base,
+    ``NonFiniteError``, ``IoError``).
+    """
+    check(lib().peft_adapter_export_gguf_split(handle_of(adapter).ptr, fs_path(out_path),
+                                               None if base is None else fs_path(base, "base"),
+                                               _ggml_type_code(ggml_type), fs_path(base_out, "base_out")))
 
 
 def import_adapter_gguf(gguf_path, out_dir, *, base) -> None:
@@ -108,4 +138,5 @@ def import_adapter_gguf(gguf_path, out_dir, *, base) -> None:
     check(lib().peft_adapter_import_gguf(fs_path(gguf_path), fs_path(out_dir), fs_path(base, "base")))
 
 
-__all__ = ["COMBINE_METHODS", "combine_adapters", "export_adapter", "export_adapter_gguf", "import_adapter_gguf"]
+__all__ = ["COMBINE_METHODS", "combine_adapters", "export_adapter", "export_adapter_gguf", "export_adapter_gguf_split",
+           "import_adapter_gguf"]

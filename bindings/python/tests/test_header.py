@@ -23,10 +23,6 @@ NOT_WRAPPED = {
     "peft_registry_names": "older alias of peft_registry_name_list; the binding calls the regular one",
     "peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls "
                                         "the regular one",
-    # Translators for GGUF names (issue 16, serving on GGUF hosts).
-    "peft_translator_from_gguf": "translators for GGUF names are not wrapped yet",
-    "peft_translator_new_gguf": "translators for GGUF names are not wrapped yet",
-    "peft_adapter_export_gguf_split": "the GGUF split export is reached through peftc; not wrapped yet",
 }
 
 #: A C prototype: the return type and parameter types, ``const`` and spaces removed ("peft_lease**").

@@ -1047,7 +1047,6 @@ api_table! {
         pub fn adapter_import_gguf(gguf_path: *const c_char, out_dir: *const c_char, base: *const c_char) -> *mut peft_error = peft_adapter_import_gguf;
         pub fn translator_from_gguf(checkpoint: *const peft_checkpoint, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_from_gguf;
         pub fn translator_new_gguf(architecture: *const c_char, head_count: u64, head_count_kv: u64, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_new_gguf;
-    ) -> *mut peft_error;
         pub fn adapter_export_gguf_split(adapter: *const peft_adapter, out_path: *const c_char, base: *const c_char, ggml_type: i32, base_out: *const c_char) -> *mut peft_error = peft_adapter_export_gguf_split;
     }
 }

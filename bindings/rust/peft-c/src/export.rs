@@ -90,6 +90,45 @@ impl Adapter {
         // SAFETY: a live handle, valid strings (the base may be NULL).
         unsafe { check(sys::peft_adapter_export_gguf(self.as_ptr(), out.as_ptr(), base_ptr, ggml_type.0)) }
     }
+
+    /// [`export_gguf`](Adapter::export_gguf) for any LoRA adapter: what a GGUF LoRA cannot hold
+    /// (DoRA, lora_B.bias, whole tensors such as modules_to_save, trainable tokens, conv layers) is
+    /// merged PEFT-exactly into a copy of the base written to `base_out`, the rest is written to
+    /// `out_path` exactly as `export_gguf` writes it, so that llama.cpp applying `out_path` to
+    /// `base_out` gives PEFT's merged model.
+    ///
+    /// `base_out` is a GGUF file for a GGUF base, a folder (created if needed) that transformers
+    /// loads for a Hugging Face base; it must be neither the base nor `out_path`. With nothing to
+    /// merge it is a copy of the base. `base` and `ggml_type` are as for `export_gguf`. All or
+    /// nothing: a failure leaves neither output.
+    ///
+    /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for an empty path,
+    /// `base_out` equal to the base or to `out_path`, another type or no base; the errors of
+    /// `export_gguf` for the exported modules and of the checkpoint merge for the merged ones
+    /// (`UnresolvedKey`, `Unsupported` for trainable tokens or a block-quantized target in a GGUF
+    /// base, `NonFinite`, `Io`).
+    pub fn export_gguf_split(
+        &self,
+        out_path: impl AsRef<Path>,
+        base: Option<&Path>,
+        ggml_type: GgmlType,
+        base_out: impl AsRef<Path>,
+    ) -> Result<()> {
+        let out = c_path(out_path.as_ref())?;
+        let base = base.map(c_path).transpose()?;
+        let base_ptr = base.as_ref().map_or(std::ptr::null(), |b| b.as_ptr());
+        let base_out = c_path(base_out.as_ref())?;
+        // SAFETY: a live handle, valid strings (the base may be NULL).
+        unsafe {
+            check(sys::peft_adapter_export_gguf_split(
+                self.as_ptr(),
+                out.as_ptr(),
+                base_ptr,
+                ggml_type.0,
+                base_out.as_ptr(),
+            ))
+        }
+    }
 }
 
 /// Writes a GGUF LoRA adapter (llama.cpp's `convert_lora_to_gguf.py` output, or

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use peft_c_sys as sys;
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{check, Result};
 use crate::ffi::{borrowed_str, c_path, c_string, handle, new_handle, take_string, take_string_list};
 
@@ -48,6 +49,44 @@ impl Translator {
         let json = c_string(json, "translation table")?;
         // SAFETY: as above.
         Ok(Translator { raw: unsafe { new_handle(|out| sys::peft_translator_from_json(json.as_ptr(), out))? } })
+    }
+
+    /// A translator for GGUF names from a checkpoint opened on one GGUF model file: its
+    /// `general.architecture` chooses the table, its attention head counts the RoPE row order.
+    ///
+    /// [`to_native`](Translator::to_native) turns "model.layers.0.self_attn.q_proj.weight" into
+    /// "blk.0.attn_q.weight" (the roles weight and bias only) and [`to_hf`](Translator::to_hf)
+    /// back; given to a buffer merge or [`HostModel::set_translator`](crate::HostModel::set_translator),
+    /// layer names are GGUF tensor names of buffers laid out as a llama.cpp-family engine loads
+    /// them (include/peft_c.h, `peft_translator_from_gguf`). The translator copies what it needs; the
+    /// checkpoint may be dropped afterwards. A file without head counts gives a translator whose
+    /// reordered weights fail (`ShapeMismatch`) when merged or added to a host model.
+    ///
+    /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a checkpoint that
+    /// is not one GGUF file; `InvalidCheckpoint` without a string `general.architecture`;
+    /// `Unsupported` when no built-in table reads the architecture; `NotFound` or `InvalidConfig`
+    /// when the tables cannot be read.
+    pub fn from_gguf(checkpoint: &Checkpoint) -> Result<Translator> {
+        // SAFETY: a live checkpoint handle; the constructor stores an owned handle.
+        Ok(Translator { raw: unsafe { new_handle(|out| sys::peft_translator_from_gguf(checkpoint.as_ptr(), out))? } })
+    }
+
+    /// A translator for GGUF names from a GGUF architecture ("llama", "qwen2", "gemma2", ...) and its
+    /// attention head counts, for hosts that hold the weights without the file (see
+    /// [`from_gguf`](Translator::from_gguf)). `head_count` is at least 1; `head_count_kv` 0 means
+    /// `head_count`.
+    ///
+    /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a `head_count`
+    /// of 0; `Unsupported` when no built-in table reads the architecture; `NotFound` or
+    /// `InvalidConfig` when the tables cannot be read.
+    pub fn new_gguf(architecture: &str, head_count: u64, head_count_kv: u64) -> Result<Translator> {
+        let architecture = c_string(architecture, "architecture")?;
+        // SAFETY: a valid string; the constructor stores an owned handle.
+        Ok(Translator {
+            raw: unsafe {
+                new_handle(|out| sys::peft_translator_new_gguf(architecture.as_ptr(), head_count, head_count_kv, out))?
+            },
+        })
     }
 
     /// Detects the family of a base model (its config.json), failing that of a model name (such
