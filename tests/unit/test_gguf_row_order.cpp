@@ -70,8 +70,10 @@ TEST_CASE("gguf row order: fused QKV per key/value group (Falcon) against a hand
 }
 
 TEST_CASE("gguf row order: fused QKV equals the converter's reshape and is a permutation") {
-  for (const auto& [h, kv, d] : std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>{
+  for (const auto& heads : std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>{
            {1, 1, 4}, {2, 2, 8}, {4, 2, 3}, {8, 2, 4}, {6, 3, 2}, {4, 1, 5}, {12, 4, 6}}) {
+    // Plain variables (not structured bindings), which clang 15's CAPTURE lambdas cannot capture.
+    const uint64_t h = std::get<0>(heads), kv = std::get<1>(heads), d = std::get<2>(heads);
     CAPTURE(h);
     CAPTURE(kv);
     CAPTURE(d);
