@@ -305,18 +305,6 @@ float e8m0_half(uint8_t e) {
   const uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
   return std::bit_cast<float>(bits);
 }
-int best_index_fp4(float x, float e) {
-  int best = 0;
-  float best_err = std::fabs(static_cast<float>(kFp4Values[0]) * e - x);
-  for (int i = 1; i < 16; ++i) {
-    const float err = std::fabs(static_cast<float>(kFp4Values[i]) * e - x);
-    if (err < best_err) {
-      best = i;
-      best_err = err;
-    }
-  }
-  return best;
-}
 }  // namespace
 
 void dequantize_mxfp4(const uint8_t* in, float* out, uint64_t blocks) {

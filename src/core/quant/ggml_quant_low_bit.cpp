@@ -47,18 +47,6 @@ uint8_t to_ue4m3(float x) {
   return static_cast<uint8_t>((exp << 3) | man);
 }
 
-int best_index_fp4(float x, float e) {
-  int best = 0;
-  float best_err = std::fabs(static_cast<float>(kFp4Values[0]) * e - x);
-  for (int i = 1; i < 16; ++i) {
-    const float err = std::fabs(static_cast<float>(kFp4Values[i]) * e - x);
-    if (err < best_err) {
-      best = i;
-      best_err = err;
-    }
-  }
-  return best;
-}
 
 }  // namespace
 

@@ -51,6 +51,21 @@ inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22,
                                             1,    13,   25,  38,  53,  69,  89,  113};
 inline constexpr int8_t kFp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+// The index of the FP4 level nearest x / e (the first of equals), as ggml's best_index_mxfp4 picks it
+// for MXFP4 and NVFP4. Included by kernels compiled without floating-point contraction.
+inline int best_index_fp4(float x, float e) {
+  int best = 0;
+  float best_err = std::fabs(static_cast<float>(kFp4Values[0]) * e - x);
+  for (int i = 1; i < 16; ++i) {
+    const float err = std::fabs(static_cast<float>(kFp4Values[i]) * e - x);
+    if (err < best_err) {
+      best = i;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
 using DequantizeKernel = void (*)(const uint8_t* in, float* out, uint64_t blocks);
 using QuantizeKernel = void (*)(const float* in, uint8_t* out, uint64_t blocks);
 
