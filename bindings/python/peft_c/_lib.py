@@ -3,8 +3,9 @@
 The library is looked up, in order, at:
 
 1. the path in the environment variable ``PEFT_C_LIB`` (a file, or a folder holding the library);
-2. the ``libdir`` that ``pkg-config --variable=libdir peft_c`` reports;
-3. whatever ``ctypes.util.find_library("peft_c")`` finds (the system's library path).
+2. the package's own ``lib`` folder (``peft_c/lib``), where the wheel built by ``pip install`` puts it;
+3. the ``libdir`` that ``pkg-config --variable=libdir peft_c`` reports;
+4. whatever ``ctypes.util.find_library("peft_c")`` finds (the system's library path).
 
 It is loaded on first use, so importing the package never fails for want of the library.
 """
@@ -320,6 +321,8 @@ _LIB_NAMES = {
     "win32": ["peft_c.dll", "libpeft_c.dll"],
 }
 _DEFAULT_NAMES = [f"libpeft_c.so.{ABI_VERSION}", "libpeft_c.so"]
+#: Where a wheel built from this package holds the library (and, next to it, bin/peftc and share/peft_c).
+PACKAGE_LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib")
 
 
 def _names() -> List[str]:
@@ -357,6 +360,9 @@ def candidates() -> List[str]:
         else:
             found.append(env)
         return found  # an explicit choice is never silently overridden
+    bundled = _in_folder(PACKAGE_LIB_DIR)
+    if bundled:
+        found.append(bundled)
     libdir = _pkg_config_libdir()
     if libdir:
         path = _in_folder(libdir)

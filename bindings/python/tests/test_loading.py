@@ -1,4 +1,5 @@
-"""Finding the library (PEFT_C_LIB, pkg-config, find_library), the ABI check, and a compiler-free install.
+"""Finding the library (PEFT_C_LIB, the package's lib folder, pkg-config, find_library), the ABI check, and
+the `peftc` console command. (The wheel itself is tested by scripts/test-packaging.sh.)
 
 Each case runs in a fresh interpreter with a controlled environment, since the library loads once.
 """
@@ -131,19 +132,38 @@ def test_every_declared_function_is_exported():
     assert missing == []
 
 
-def test_pip_install_needs_no_compiler(tmp_path, real_library):
-    pytest.importorskip("setuptools")
-    source = tmp_path / "src"  # a copy, so the build leaves nothing behind in the repository
-    shutil.copytree(PACKAGE_ROOT, source, ignore=shutil.ignore_patterns(
-        "tests", "__pycache__", "build", "*.egg-info", ".pytest_cache"))
-    target = tmp_path / "site"
-    env = dict(os.environ, CC="/nonexistent/cc", CXX="/nonexistent/c++")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                           "--no-index", "--quiet", "--target", str(target), str(source)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    installed = sorted(p.name for p in (target / "peft_c").iterdir() if p.is_file())
-    assert "__init__.py" in installed
-    assert not [p for p in target.rglob("*") if p.suffix in (".so", ".pyd", ".dylib", ".c")]
-    done = run(PROBE, {"PEFT_C_LIB": str(real_library)}, pythonpath=str(target))
+def package_copy(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A copy of the package (as a wheel lays it out) under tmp_path/site; returns its peft_c folder."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE_ROOT / "peft_c", site / "peft_c",
+                    ignore=shutil.ignore_patterns("__pycache__", "lib", "bin", "share"))
+    return site / "peft_c"
+
+
+def test_library_inside_the_package_comes_first(real_library, tmp_path):
+    package = package_copy(tmp_path)
+    (package / "lib").mkdir()
+    bundled = package / "lib" / f"libpeft_c.so.{peft_c.ABI_VERSION}"
+    shutil.copyfile(real_library, bundled)  # a copy: a symlink would resolve to the build's file
+    done = run(PROBE, {}, pythonpath=str(package.parent))
+    assert loaded_from(done) == bundled
+    # PEFT_C_LIB still overrides the bundled library
+    done = run(PROBE, {"PEFT_C_LIB": str(real_library)}, pythonpath=str(package.parent))
     assert loaded_from(done) == real_library
+
+
+def test_console_command_runs_the_bundled_peftc(tmp_path):
+    peftc = os.environ.get("PEFTC") or str(PACKAGE_ROOT.parents[1] / "build" / "peftc")
+    if not os.access(peftc, os.X_OK):
+        pytest.skip("no built peftc (set PEFTC)")
+    package = package_copy(tmp_path)
+    code = "import sys, peft_c._peftc as p; sys.exit(p.main())"
+    done = run(code, {}, pythonpath=str(package.parent))
+    assert done.returncode == 127 and "is missing" in done.stderr
+    (package / "bin").mkdir()
+    (package / "bin" / "peftc").symlink_to(peftc)
+    clean = {k: v for k, v in os.environ.items() if k != "PEFT_C_LIB"}
+    done = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True,
+                          timeout=60, env=dict(clean, PYTHONPATH=str(package.parent)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("peftc ") and peft_c.version() in done.stdout
