@@ -1,5 +1,5 @@
 # Entry points. Each installs what it needs (Debian packages, a Python environment under ~/.cache).
-.PHONY: all demo test bench clean
+.PHONY: all demo test bench dist clean
 
 all:
 	scripts/install-deps.sh
@@ -15,5 +15,9 @@ test:
 bench:
 	scripts/bench.sh
 
+# A relocatable binary tarball: build/dist/peft_c-<version>-linux-<arch>.tar.gz (scripts/dist.sh).
+dist:
+	scripts/dist.sh
+
 clean:
-	rm -rf build build-asan build-tsan build-fuzz build-clang build-aarch64
+	rm -rf build build-asan build-tsan build-fuzz build-clang build-aarch64 build-wheel build-consumer-subdir build-consumer-fetch

@@ -85,6 +85,11 @@ for t in bindings/*/test.sh examples/test.sh; do
   [ -f "$t" ] && run "$t" bash "$t"
 done
 
+# Packaging: projects that use the source tree (add_subdirectory, FetchContent) and `make dist`'s tarball
+# (find_package, pkg-config); the Python wheel built, repaired and installed into a fresh venv.
+run "C/C++ consumers and make dist" env -u LD_LIBRARY_PATH -u PEFT_C_LIB JOBS="$jobs" bash tests/packaging/consumers.sh
+run "Python wheel" env PYTHON="$py" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" bash tests/packaging/wheel.sh
+
 step "build (AddressSanitizer + UndefinedBehaviorSanitizer)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 \
   -DPEFT_SANITIZE=ON -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
