@@ -88,14 +88,17 @@ vet() {
     (cd "$root/examples/go" && "$go" vet ./...)
 }
 
-# The README's example snippet must be examples/go/main.go, verbatim.
+# The README's example snippets must be examples/go/main.go and the quickstart, verbatim.
 readme_snippet() {
-  awk '/<!-- example: examples\/go\/main.go -->/{f=1; next} f && /^```go$/{g=1; next} g && /^```$/{exit} g' \
-    "$root/bindings/go/README.md" > "$work/snippet.go"
-  if ! diff -u "$root/examples/go/main.go" "$work/snippet.go"; then
-    echo "bindings/go/README.md's snippet differs from examples/go/main.go"
-    return 1
-  fi
+  local file
+  for file in examples/go/main.go examples/go/quickstart/main.go; do
+    awk -v marker="<!-- example: $file -->" '$0 == marker {f=1; next} f && /^```go$/{g=1; next} g && /^```$/{exit} g' \
+      "$root/bindings/go/README.md" > "$work/snippet.go"
+    if ! diff -u "$root/$file" "$work/snippet.go"; then
+      echo "bindings/go/README.md's snippet differs from $file"
+      return 1
+    fi
+  done
 }
 
 # Runs the example on the fixtures; its merged model (every safetensors file and config.json) must be
@@ -136,6 +139,10 @@ step "go test -tags debug (forced GC)" gotest_forced_gc
 step "go test -asan (leaks)" gotest asan -asan
 step "README snippet" readme_snippet
 step "examples/go" example
+# The Go wrappers of the bundled build match src/ (and the Rust crate's copy, when present, too).
+step "bundled sources in sync" "$root/scripts/sync-native-sources.sh" --check
+# A fresh module outside the repository, go build -tags peftc_bundled, no pkg-config.
+step "bundled build (-tags peftc_bundled)" bash "$root/bindings/go/bundled-test.sh"
 
 if [ ${#failures[@]} -gt 0 ]; then
   printf 'go: failed: %s\n' "${failures[@]}"
