@@ -139,10 +139,6 @@ step "go test -tags debug (forced GC)" gotest_forced_gc
 step "go test -asan (leaks)" gotest asan -asan
 step "README snippet" readme_snippet
 step "examples/go" example
-# The Go wrappers of the bundled build match src/ (and the Rust crate's copy, when present, too).
-step "bundled sources in sync" "$root/scripts/sync-native-sources.sh" --check
-# A fresh module outside the repository, go build -tags peftc_bundled, no pkg-config.
-step "bundled build (-tags peftc_bundled)" bash "$root/bindings/go/bundled-test.sh"
 
 if [ ${#failures[@]} -gt 0 ]; then
   printf 'go: failed: %s\n' "${failures[@]}"

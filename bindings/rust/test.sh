@@ -4,8 +4,7 @@
 # LD_LIBRARY_PATH pointing there. Steps: cargo fmt --check, cargo clippy, cargo test --locked (the
 # header check of peft-c-sys, the peft-c tests and doctests), cargo doc, the README snippet check,
 # then build and run examples/rust on the fixtures and compare its merged model byte for byte with
-# `peftc merge`, then bindings/rust/package.sh (cargo package of both crates; the packaged peft-c-sys
-# built with `bundled` outside the repository, without pkg-config).
+# `peftc merge`. (scripts/test.sh runs bindings/rust/package.sh, the packaging test, as a step of its own.)
 # Exits nonzero if any step fails.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -115,8 +114,6 @@ step "cargo doc (warnings are errors)" env RUSTDOCFLAGS="-D warnings" bash -c \
   'cd "$1" && "$2" doc --locked --no-deps --workspace -q' _ "$root/bindings/rust" "$cargo"
 step "README snippet" readme_snippet
 step "examples/rust" example
-# Both crates packaged, the packaged peft-c-sys built with `bundled` in isolation (package.sh).
-step "cargo package + bundled build" bash "$root/bindings/rust/package.sh"
 
 if [ ${#failures[@]} -gt 0 ]; then
   printf 'rust: failed: %s\n' "${failures[@]}"
