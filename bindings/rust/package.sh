@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Packages both crates and builds the packaged peft-c-sys with `bundled` in isolation:
 #  1. scripts/sync-native-sources.sh rust (peft-c-sys/csrc, the C++ sources the crate carries);
-#  2. cargo package -p peft-c-sys -p peft-c --features bundled, with pkg-config made unusable
-#     (PKG_CONFIG=false, no PKG_CONFIG_PATH): cargo writes the .crate files and verifies them by
-#     unpacking each into $CARGO_TARGET_DIR/package/<name>-<version>/ (outside the repository) and
-#     building it there, so the packaged peft-c-sys compiles the C++ it carries;
+#  2. cargo package -p peft-c-sys -p peft-c --no-verify: the .crate files;
 #  3. scripts/sync-native-sources.sh --check, and the .crate holds exactly csrc's files;
-#  4. a fresh program (examples/rust/src/bin/quickstart.rs) on those unpacked crates, with peft-c's
-#     `bundled` feature and still no pkg-config: it must not load libpeft_c; it runs on the fixtures and
-#     its merged model must be byte-identical to `peftc merge` (PEFTC).
-# With ccache installed it serves the C++ compiler (the program's build of peft-c-sys compiles the same
-# files with the same flags as the verification, so it hits the cache).
+#  4. the verification, done here rather than by cargo (whose check of peft-c would compile the C++ a
+#     second time, from another folder): both .crate files unpacked into
+#     $CARGO_TARGET_DIR/package/<name>-<version>/ (where cargo's own verification unpacks them,
+#     outside the repository), and a fresh program (examples/rust/src/bin/quickstart.rs) built on
+#     them with peft-c's `bundled` feature and pkg-config made unusable (PKG_CONFIG=false, no
+#     PKG_CONFIG_PATH): it must not load libpeft_c; it runs on the fixtures and its merged model must
+#     be byte-identical to `peftc merge` (PEFTC).
+# With ccache installed it serves the C++ compiler; the unpacked crates keep their folder from run to
+# run, so the compile is cached until the sources change.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 peftc=${PEFTC:-$root/build/peftc}
@@ -19,15 +20,13 @@ export PATH=$(dirname "$cargo"):$PATH
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/peft_c
 work=$cache/rust-bundled
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$cache/cargo-target}
-if command -v ccache >/dev/null; then export CC="ccache cc" CXX="ccache c++" CCACHE_NOHASHDIR=1; fi
+if command -v ccache >/dev/null; then export CC="ccache cc" CXX="ccache c++"; fi
 export PKG_CONFIG=false   # the bundled build must not ask pkg-config for anything
 unset PKG_CONFIG_PATH
 
 "$root/scripts/sync-native-sources.sh" rust
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/bindings/rust/Cargo.toml")
-start=$SECONDS
-(cd "$root/bindings/rust" && "$cargo" package --locked --allow-dirty -q -p peft-c-sys -p peft-c --features bundled)
-echo "   cargo package (both crates, verified with bundled): $((SECONDS - start)) s"
+(cd "$root/bindings/rust" && "$cargo" package --locked --no-verify --allow-dirty -q -p peft-c-sys -p peft-c)
 "$root/scripts/sync-native-sources.sh" --check
 sys_crate=$CARGO_TARGET_DIR/package/peft-c-sys-$version.crate
 safe_crate=$CARGO_TARGET_DIR/package/peft-c-$version.crate
@@ -38,6 +37,10 @@ if [ "$want" != "$got" ]; then
 fi
 echo "   packaged: $(basename "$sys_crate") ($(du -k "$sys_crate" | cut -f1) KiB, $(echo "$got" | wc -l) files in csrc/), $(basename "$safe_crate")"
 
+for crate in "$sys_crate" "$safe_crate"; do
+  rm -rf "${crate%.crate}"
+  tar -xzf "$crate" -C "$CARGO_TARGET_DIR/package"
+done
 mkdir -p "$work/app/src"
 cat > "$work/app/Cargo.toml" <<TOML
 [package]
