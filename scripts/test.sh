@@ -84,6 +84,14 @@ done
 for t in bindings/*/test.sh examples/test.sh; do
   [ -f "$t" ] && run "$t" bash "$t"
 done
+# The native packages without an installed library (each compiles the C++ once per change of the
+# sources; the caches under ~/.cache/peft_c keep it): Rust: both crates packaged, the packaged
+# peft-c-sys built with `bundled` and run; the Go wrappers (and the Rust crate's copy) of src/ in
+# step; Go: a fresh module built with -tags peftc_bundled and run. (C#: the NuGet package is a step of
+# bindings/csharp/test.sh.)
+run "Rust: cargo package + bundled build" bash bindings/rust/package.sh
+run "native sources in sync" scripts/sync-native-sources.sh --check   # after package.sh refreshed the Rust copy
+run "Go: bundled build (fresh module)" bash bindings/go/bundled-test.sh
 
 # Packaging: projects that use the source tree (add_subdirectory, FetchContent) and `make dist`'s tarball
 # (find_package, pkg-config); the Python wheel built, repaired and installed into a fresh venv.

@@ -6,7 +6,9 @@
 // adapters into the host's own weight buffers.
 //
 // It calls the C library through cgo (found with pkg-config, package "peft_c") and uses nothing
-// beyond the Go standard library.
+// beyond the Go standard library. Built with -tags peftc_bundled, cgo compiles the library itself
+// from the module's C++ sources (bindings/go/bundled-*.cpp include ../../src) and links it
+// statically: then no installed peft_c is needed, only the C++ dependencies' development packages.
 //
 // # Errors
 //
@@ -47,7 +49,10 @@
 package peft
 
 /*
-#cgo pkg-config: peft_c
+#cgo !peftc_bundled pkg-config: peft_c
+#cgo peftc_bundled CPPFLAGS: -I${SRCDIR}/../../include -I${SRCDIR}/../../src -DPEFT_BUILD -DPEFT_STATIC -DNDEBUG
+#cgo peftc_bundled CXXFLAGS: -std=c++20 -O2 -fvisibility=hidden -fvisibility-inlines-hidden
+#cgo peftc_bundled LDFLAGS: -lopenblas -lpcre2-8 -lpthread -lstdc++ -lm
 #include <peft_c.h>
 
 #if PEFT_ABI_VERSION != 1

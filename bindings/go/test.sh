@@ -88,14 +88,17 @@ vet() {
     (cd "$root/examples/go" && "$go" vet ./...)
 }
 
-# The README's example snippet must be examples/go/main.go, verbatim.
+# The README's example snippets must be examples/go/main.go and the quickstart, verbatim.
 readme_snippet() {
-  awk '/<!-- example: examples\/go\/main.go -->/{f=1; next} f && /^```go$/{g=1; next} g && /^```$/{exit} g' \
-    "$root/bindings/go/README.md" > "$work/snippet.go"
-  if ! diff -u "$root/examples/go/main.go" "$work/snippet.go"; then
-    echo "bindings/go/README.md's snippet differs from examples/go/main.go"
-    return 1
-  fi
+  local file
+  for file in examples/go/main.go examples/go/quickstart/main.go; do
+    awk -v marker="<!-- example: $file -->" '$0 == marker {f=1; next} f && /^```go$/{g=1; next} g && /^```$/{exit} g' \
+      "$root/bindings/go/README.md" > "$work/snippet.go"
+    if ! diff -u "$root/$file" "$work/snippet.go"; then
+      echo "bindings/go/README.md's snippet differs from $file"
+      return 1
+    fi
+  done
 }
 
 # Runs the example on the fixtures; its merged model (every safetensors file and config.json) must be

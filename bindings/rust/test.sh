@@ -4,7 +4,7 @@
 # LD_LIBRARY_PATH pointing there. Steps: cargo fmt --check, cargo clippy, cargo test --locked (the
 # header check of peft-c-sys, the peft-c tests and doctests), cargo doc, the README snippet check,
 # then build and run examples/rust on the fixtures and compare its merged model byte for byte with
-# `peftc merge`.
+# `peftc merge`. (scripts/test.sh runs bindings/rust/package.sh, the packaging test, as a step of its own.)
 # Exits nonzero if any step fails.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -58,14 +58,17 @@ cargo_test() {
   return $rc
 }
 
-# The README's example snippet must be examples/rust/src/main.rs, verbatim.
+# The README's example snippets must be examples/rust/src/main.rs and the quickstart, verbatim.
 readme_snippet() {
-  awk '/<!-- example: examples\/rust\/src\/main.rs -->/{f=1; next} f && /^```rust$/{g=1; next} g && /^```$/{exit} g' \
-    "$root/bindings/rust/README.md" > "$work/snippet.rs"
-  if ! diff -u "$root/examples/rust/src/main.rs" "$work/snippet.rs"; then
-    echo "bindings/rust/README.md's snippet differs from examples/rust/src/main.rs"
-    return 1
-  fi
+  local file
+  for file in examples/rust/src/main.rs examples/rust/src/bin/quickstart.rs; do
+    awk -v marker="<!-- example: $file -->" '$0 == marker {f=1; next} f && /^```rust$/{g=1; next} g && /^```$/{exit} g' \
+      "$root/bindings/rust/README.md" > "$work/snippet.rs"
+    if ! diff -u "$root/$file" "$work/snippet.rs"; then
+      echo "bindings/rust/README.md's snippet differs from $file"
+      return 1
+    fi
+  done
 }
 
 # Runs the example on the fixtures; its merged model must be byte-identical to what peftc writes.

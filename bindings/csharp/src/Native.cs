@@ -53,6 +53,9 @@ namespace PeftC
         internal const string Lib = "peft_c";
         private const CallingConvention Cdecl = CallingConvention.Cdecl;
 
+        // Runs before the first call into the library (an explicit static constructor is precise).
+        static Native() { DataDir.Init(); }
+
         /// <summary>For options that choose an output dtype: keep each tensor's own.</summary>
         internal const int PEFT_DTYPE_KEEP = -1;
 

@@ -1,5 +1,8 @@
 //! Finds libpeft_c for linking: through pkg-config (`peft_c.pc`, honouring `PKG_CONFIG_PATH`), or
 //! from `PEFT_C_LIB_DIR` when set (a folder holding libpeft_c.so / peft_c.lib), which wins.
+//! With the `bundled` feature it compiles the library instead, from the C++ sources the crate carries
+//! in `csrc/` (scripts/sync-native-sources.sh puts them there; inside the repository, without that
+//! copy, from the repository's own `src/`), and links it statically.
 
 use std::env;
 use std::path::PathBuf;
@@ -7,6 +10,12 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-env-changed=PEFT_C_LIB_DIR");
     println!("cargo:rerun-if-env-changed=PEFT_C_INCLUDE_DIR");
+
+    if cfg!(feature = "bundled") {
+        #[cfg(feature = "bundled")]
+        bundled::build();
+        return;
+    }
 
     if let Some(dir) = env::var_os("PEFT_C_LIB_DIR") {
         let dir = PathBuf::from(dir);
@@ -54,5 +63,85 @@ fn relocated_prefix() {
             libdir.display()
         );
         println!("cargo:rustc-link-search=native={}", libdir.display());
+    }
+}
+
+/// The `bundled` feature: the C++ library compiled with the `cc` crate, as CMakeLists.txt compiles it
+/// (every `.cpp` under `src/`, C++20, the same definitions), into a static library.
+#[cfg(feature = "bundled")]
+mod bundled {
+    use std::path::{Path, PathBuf};
+
+    /// The folder holding `include/peft_c.h`, `src/` and `data/arch`: the crate's copy, or the
+    /// repository this crate sits in.
+    fn source_root() -> PathBuf {
+        let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+        let copy = manifest.join("csrc");
+        if copy.join("include/peft_c.h").exists() {
+            return copy;
+        }
+        let repository = manifest.join("../../..");
+        if repository.join("include/peft_c.h").exists() && repository.join("src/capi").is_dir() {
+            return repository;
+        }
+        panic!(
+            "\n\npeft-c-sys (bundled): no C++ sources in {} (run scripts/sync-native-sources.sh in the \
+             peft_c repository) nor in a peft_c repository around the crate\n",
+            copy.display()
+        );
+    }
+
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("peft-c-sys (bundled): reading {}: {e}", dir.display()))
+            .map(|entry| entry.expect("directory entry").path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|ext| ext == "cpp") {
+                out.push(path);
+            }
+        }
+    }
+
+    pub fn build() {
+        let root = source_root();
+        let root = root.canonicalize().unwrap_or(root);
+        println!("cargo:rerun-if-changed={}", root.join("src").display());
+        println!("cargo:rerun-if-changed={}", root.join("include").display());
+        let mut files = Vec::new();
+        sources(&root.join("src"), &mut files);
+        // The translation tables are read at run time: PEFT_C_DATA_DIR, then share/peft_c next to the
+        // program, then this folder (the crate's copy, which stays where cargo unpacked it).
+        let data = root.join("data");
+        let quoted = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+        let mut build = cc::Build::new();
+        build
+            .cpp(true)
+            .std("c++20")
+            .files(&files)
+            .include(root.join("include"))
+            .include(root.join("src"))
+            .define("PEFT_BUILD", None)
+            .define("PEFT_STATIC", None)
+            .define("NDEBUG", None)
+            .define("PEFT_SOURCE_DATA_DIR", quoted(&data.to_string_lossy()).as_str())
+            .define("PEFT_VERSION_STRING", quoted(env!("CARGO_PKG_VERSION")).as_str())
+            // A numeric library: optimised whatever the profile (a debug build of the Rust program
+            // would otherwise merge at -O0 speed).
+            .opt_level(2)
+            .flag("-fvisibility=hidden")
+            .flag("-fvisibility-inlines-hidden")
+            .flag_if_supported("-Wno-unused-parameter");
+        build.compile("peft_c_bundled");
+        // What the C++ library links (CMakeLists.txt: OpenBLAS, PCRE2, threads); the C++ runtime comes
+        // from cc (`cpp(true)`).
+        for lib in ["openblas", "pcre2-8", "pthread", "m"] {
+            println!("cargo:rustc-link-lib=dylib={lib}");
+        }
+        println!("cargo:include={}", root.join("include").display());
+        println!("cargo:bundled=1");
     }
 }
