@@ -36,8 +36,9 @@ struct Fp8BlockLayout {
   uint64_t block_rows = 128;
   uint64_t block_cols = 128;
 
-  uint64_t scale_rows() const { return (rows + block_rows - 1) / block_rows; }
-  uint64_t scale_cols() const { return (cols + block_cols - 1) / block_cols; }
+  // ceil(rows / block_rows), ceil(cols / block_cols); the blocks are at least 1 x 1.
+  uint64_t scale_rows() const { return rows / block_rows + (rows % block_rows != 0); }
+  uint64_t scale_cols() const { return cols / block_cols + (cols % block_cols != 0); }
   uint64_t elements() const { return batch * rows * cols; }
   uint64_t scales() const { return batch * scale_rows() * scale_cols(); }
 };
