@@ -32,8 +32,10 @@ BaseQuantization fp8(const nlohmann::json& q, const std::string& base_dir) {
   auto block = q.find("weight_block_size");
   if (block == q.end() || block->is_null())
     unsupported(base_dir, "\"fp8\" with per-tensor scales (weight_block_size null)");
-  if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_unsigned() ||
-      !(*block)[1].is_number_unsigned() || (*block)[0].get<uint64_t>() == 0 || (*block)[1].get<uint64_t>() == 0)
+  const auto positive = [](const nlohmann::json& v) {
+    return v.is_number_unsigned() ? v.get<uint64_t>() > 0 : v.is_number_integer() && v.get<int64_t>() > 0;
+  };
+  if (!block->is_array() || block->size() != 2 || !positive((*block)[0]) || !positive((*block)[1]))
     fail(PEFT_ERR_INVALID_CHECKPOINT, "base model " + peft::quoted(base_dir) +
                                           ": quantization_config.weight_block_size must be two positive integers, not " +
                                           block->dump());
