@@ -1983,6 +1983,17 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  - the base folder's other files (tokenizer files, generation_config.json, README.md, ...)
  *    copied; weight files of other formats and subfolders are not.
  *
+ *  Quantized bases (docs/quantized-bases.md): a base whose config.json has a `quantization_config`
+ *  is merged only for the methods listed there; any other (GPTQ, AWQ, HQQ, compressed-tensors, ...)
+ *  is #PEFT_ERR_UNSUPPORTED naming the method and listing what is supported. FP8 block-scale bases
+ *  (`quant_method: "fp8"`, F8_E4M3 weights with F32 `weight_scale_inv` per `weight_block_size`
+ *  block): with the dtype kept, a changed FP8 weight is dequantized (`q * scale_inv`), merged in f32
+ *  and quantized again block by block as transformers does (`s = 448 / amax` as torch computes it,
+ *  `scale_inv = 1 / s`, 1 for an all-zero block; `q = e4m3(w * s)` rounded to nearest even,
+ *  saturating at ±448), its scales rewritten, everything else copied byte for byte; an infinity or
+ *  NaN there is #PEFT_ERR_NON_FINITE. With an output dtype every FP8 weight is written dequantized,
+ *  the scales are left out and config.json loses `quantization_config`.
+ *
  *  Everything is checked before anything is written: adapter tensors whose base tensor is missing
  *  (#PEFT_ERR_UNRESOLVED_KEY, every one listed), shapes (#PEFT_ERR_SHAPE_MISMATCH), conflicts between
  *  adapters (#PEFT_ERR_INVALID_ARGUMENT: two adapters replacing one tensor, trainable-token rows set
@@ -2097,7 +2108,8 @@ PEFT_API peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts
  * @param opts Options.
  * @param dtype #PEFT_DTYPE_KEEP (the default), #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or
  *        #PEFT_DTYPE_F16. Only tensors of F64, F32, F16 and BF16 are converted. config.json's
- *        `dtype` / `torch_dtype` are set to match.
+ *        `dtype` / `torch_dtype` are set to match. For an FP8 block-scale base every FP8 weight is
+ *        also written dequantized in it (its scales left out, `quantization_config` removed).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another dtype.
  *         Not thread-safe for the same @p opts.
  */

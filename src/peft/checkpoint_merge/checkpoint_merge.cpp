@@ -217,7 +217,8 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
   plan_options.open = options.open;
   const MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
   std::vector<FolderFile> folder_files =
-      plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype, options.require_config);
+      plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype, options.require_config,
+                        plan.dequantized);
 
   std::vector<OutputFilePlan> files;
   for (const PlannedFile& f : plan.files) files.push_back({f.name, f.members, f.metadata});

@@ -8,6 +8,7 @@
 #include "core/convert.hpp"
 #include "core/error.hpp"
 #include "core/f16.hpp"
+#include "core/quant/fp8_block.hpp"
 #include "core/text.hpp"
 #include "peft/methods/lora_math.hpp"
 
@@ -72,8 +73,11 @@ bool same_layout(const merge::DeltaLayout& x, const merge::DeltaLayout& y) {
   return x.out == y.out && x.in == y.in && x.transposed == y.transposed;
 }
 
-void apply_lora(const PlannedTensor& p, uint8_t* data, unsigned threads) {
-  const auto shape = signed_shape(p.shape);
+// The LoRA terms of `p` added to `data`, which holds the weight of `weight_shape` in `dtype`
+// (p.shape and p.work_dtype, but the FP8 weight's shape and F32 for an FP8 weight or its scales).
+void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shape, DType dtype, uint8_t* data,
+                unsigned threads) {
+  const auto shape = signed_shape(weight_shape);
   merge::ExecOptions exec;
   exec.threads = threads;
   std::vector<LoadedTerm> loaded;
@@ -83,7 +87,7 @@ void apply_lora(const PlannedTensor& p, uint8_t* data, unsigned threads) {
   std::vector<merge::LoraFactors> pending;
   merge::DeltaLayout pending_layout;
   auto view_for = [&](const merge::DeltaLayout& layout) {
-    return merge::WeightView{data, p.work_dtype, layout.rows(), layout.cols()};
+    return merge::WeightView{data, dtype, layout.rows(), layout.cols()};
   };
   auto flush = [&] {
     if (pending.empty()) return;
@@ -147,6 +151,48 @@ void apply_token_rows(const PlannedTensor& p, uint8_t* data, uint64_t nbytes) {
   }
 }
 
+// An FP8 block weight (or its scales): the weight in f32 (dequantized, or its replacement), its
+// LoRA terms added, then either kept in f32 (an output dtype was asked for) or quantized again,
+// giving the weight's bytes or its scales.
+void compute_fp8(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out) {
+  const Fp8BlockSource& f = *p.fp8;
+  const Checkpoint& base = *plan.base.weights;
+  const uint64_t n = f.layout.elements();
+  const bool requantize = p.work_dtype != DType::F32 || f.scale_output;
+  std::vector<float> values;
+  float* w = nullptr;
+  if (requantize) {
+    values.resize(n);
+    w = values.data();
+  } else {
+    out.reserve(n * sizeof(float), "merging tensor " + peft::quoted(p.name));
+    w = reinterpret_cast<float*>(out.data());
+  }
+  if (p.replacement) {
+    p.replacement->adapter->adapter->checkpoint().read(p.replacement->tensor->index, DType::F32, w, n * sizeof(float));
+  } else {
+    std::vector<uint8_t> q(n);
+    std::vector<float> scales(f.layout.scales());
+    base.read_bytes(f.weight_index, 0, q.data(), n);
+    base.read(f.scale_index, DType::F32, scales.data(), scales.size() * sizeof(float));
+    fp8_block_dequantize(f.layout, q.data(), scales.data(), w);
+  }
+  if (!p.lora.empty())
+    apply_lora(p, base.tensor(f.weight_index).shape, DType::F32, reinterpret_cast<uint8_t*>(w), threads);
+  if (!requantize) return;
+  const std::string& weight_name = base.tensor(f.weight_index).name;
+  std::vector<uint8_t> q(n);
+  std::vector<float> scales(f.layout.scales());
+  fp8_block_quantize(f.layout, w, q.data(), scales.data(), "merged FP8 weight " + peft::quoted(weight_name));
+  if (f.scale_output) {
+    out.reserve(scales.size() * sizeof(float), "merging tensor " + peft::quoted(p.name));
+    std::memcpy(out.data(), scales.data(), scales.size() * sizeof(float));
+  } else {
+    out.reserve(n, "merging tensor " + peft::quoted(p.name));
+    std::memcpy(out.data(), q.data(), n);
+  }
+}
+
 }  // namespace
 
 void TensorBuffer::reserve(uint64_t nbytes, const std::string& what) {
@@ -205,6 +251,7 @@ void check_finite(const PlannedTensor& p, const TensorBuffer& buffer) {
 }
 
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out) {
+  if (p.fp8) return compute_fp8(plan, p, threads, out);
   uint64_t elements = 1;
   for (uint64_t d : p.shape) elements *= d;  // checked when planned
   const uint64_t nbytes = converted_byte_size(p.work_dtype, elements);
@@ -215,7 +262,7 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
     const Checkpoint& base = *plan.base.weights;
     base.read(p.base_index, p.work_dtype, out.data(), nbytes);
   }
-  if (!p.lora.empty()) apply_lora(p, out.data(), threads);
+  if (!p.lora.empty()) apply_lora(p, p.shape, p.work_dtype, out.data(), threads);
   if (!p.lora_bias.empty()) apply_lora_bias(p, out.data(), elements);
   if (!p.tokens.empty()) apply_token_rows(p, out.data(), nbytes);
 }

@@ -10,6 +10,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/f8.hpp"
 #include "core/path.hpp"
 #include "core/text.hpp"
 #include "peft/arch/arch_registry.hpp"
@@ -64,15 +65,21 @@ class Planner {
  public:
   Planner(const std::string& base_dir, const MergePlanOptions& options) : options_(options) {
     plan_.base = BaseModel::open(base_dir, options.open);
+    plan_.quantization = recognise_base_quantization(plan_.base.config, base_dir);
     plan_.dtype = options.dtype;
+    plan_.dequantized = plan_.quantization.method != BaseQuantMethod::none && options.dtype.has_value();
     base_dir_ = base_dir;
   }
 
   MergePlan run(const std::vector<MergeInput>& inputs) {
     check_adapters(inputs);
     gather_changes();
+    find_fp8_weights();
     build_tensors();
     handle_tied_embeddings();
+    std::erase_if(plan_.tensors, [&](const PlannedTensor& p) {
+      return p.action != TensorAction::duplicate && dropped_.contains(p.base_index);
+    });
     lay_out_files();
     return std::move(plan_);
   }
@@ -184,6 +191,102 @@ class Planner {
     return options_.dtype && is_convertible_float(base_dtype) ? *options_.dtype : base_dtype;
   }
 
+  // An FP8 block-scale base: every "<m>.weight_scale_inv" and its F8_E4M3 "<m>.weight"; each weight's
+  // scales, activation_scale and weight are tied together here (transformers' FP8Linear names).
+  void find_fp8_weights() {
+    if (plan_.quantization.method != BaseQuantMethod::fp8_block) return;
+    const std::string suffix = ".weight_scale_inv";
+    std::vector<std::string> problems;
+    for (size_t i = 0; i < base().tensor_count(); ++i) {
+      const TensorInfo& s = base().tensor(i);
+      if (!s.name.ends_with(suffix)) continue;
+      const std::string module = s.name.substr(0, s.name.size() - suffix.size());
+      const auto w = base().find(module + ".weight");
+      const std::string who = "FP8 scales " + peft::quoted(s.name);
+      if (!w) {
+        problems.push_back(who + " have no weight " + peft::quoted(module + ".weight"));
+        continue;
+      }
+      const TensorInfo& t = base().tensor(*w);
+      Fp8BlockLayout layout;
+      layout.block_rows = plan_.quantization.block_rows;
+      layout.block_cols = plan_.quantization.block_cols;
+      const size_t n = t.shape.size();
+      if (n >= 2) {
+        layout.rows = t.shape[n - 2];
+        layout.cols = t.shape[n - 1];
+        for (size_t d = 0; d + 2 < n; ++d) layout.batch *= t.shape[d];
+      }
+      std::vector<uint64_t> expected(t.shape.begin(), t.shape.end());
+      if (n >= 2) {
+        expected[n - 2] = layout.scale_rows();
+        expected[n - 1] = layout.scale_cols();
+      }
+      if (t.dtype != DType::F8_E4M3 || n < 2)
+        problems.push_back("weight " + peft::quoted(t.name) + " is " + std::string(dtype_name(t.dtype)) + " " +
+                           shape_text(t.shape) + "; an FP8 block weight is F8_E4M3 with at least 2 dimensions");
+      else if (s.dtype != DType::F32)
+        problems.push_back(who + " are " + std::string(dtype_name(s.dtype)) + "; F32 scales are supported");
+      else if (s.shape != expected)
+        problems.push_back(who + " have shape " + shape_text(s.shape) + ", not " + shape_text(expected) + " (weight " +
+                           shape_text(t.shape) + " in blocks of " + std::to_string(layout.block_rows) + "x" +
+                           std::to_string(layout.block_cols) + ")");
+      else {
+        fp8_weights_[*w] = Fp8BlockSource{*w, i, layout, false};
+        fp8_scales_[i] = *w;
+      }
+    }
+    if (plan_.dequantized) {
+      for (const auto& [w, source] : fp8_weights_) {
+        dropped_.insert(source.scale_index);
+        const std::string& name = base().tensor(w).name;
+        if (auto a = base().find(name.substr(0, name.size() - 7) + ".activation_scale")) dropped_.insert(*a);
+      }
+      // Nothing quantized may stay behind once quantization_config is gone.
+      for (size_t i = 0; i < base().tensor_count(); ++i)
+        if (is_f8(base().tensor(i).dtype) && !fp8_weights_.contains(i) && !dropped_.contains(i))
+          problems.push_back("tensor " + peft::quoted(base().tensor(i).name) + " is " +
+                             std::string(dtype_name(base().tensor(i).dtype)) +
+                             " without block scales, so it cannot be written dequantized");
+    }
+    if (!problems.empty())
+      fail_listing(PEFT_ERR_UNSUPPORTED, "the FP8 base model " + peft::quoted(base_dir_) + " cannot be merged", problems);
+  }
+
+  // An FP8 weight (or its scales, `scale_index` set) becomes a computed tensor when it is changed or
+  // written dequantized; false: it is copied as it is.
+  bool plan_fp8(PlannedTensor& p, size_t index, std::vector<std::string>& unsupported) {
+    std::optional<Fp8BlockSource> source;
+    if (auto it = fp8_weights_.find(index); it != fp8_weights_.end()) {
+      source = it->second;
+    } else if (auto scale = fp8_scales_.find(index); scale != fp8_scales_.end()) {
+      source = fp8_weights_.at(scale->second);
+      source->scale_output = true;
+      const Changes& weight_changes = changes_[scale->second];  // the scales follow their weight's changes
+      p.replacement = weight_changes.replacement;
+      p.lora = weight_changes.lora;
+    }
+    if (!source) return false;
+    if (!source->scale_output && (!p.lora_bias.empty() || !p.tokens.empty()))
+      unsupported.push_back("FP8 weight " + peft::quoted(p.name) + ": only LoRA terms and replacements can change it");
+    if (plan_.dequantized) {
+      p.action = TensorAction::compute;
+      p.out_dtype = *plan_.dtype;
+      p.work_dtype = DType::F32;
+    } else if (p.changed()) {
+      p.action = TensorAction::compute;
+      p.out_dtype = source->scale_output ? DType::F32 : DType::F8_E4M3;
+      p.work_dtype = p.out_dtype;
+    } else {
+      p.action = TensorAction::copy;
+    }
+    if (p.action == TensorAction::compute) {
+      p.fp8 = source;
+      check_sources(p, unsupported);
+    }
+    return true;
+  }
+
   void build_tensors() {
     std::vector<std::string> unsupported;
     for (size_t i = 0; i < base().tensor_count(); ++i) {
@@ -197,11 +300,13 @@ class Planner {
       p.work_dtype = p.out_dtype;
       p.shape = t.shape;
       p.replacement = c.replacement;
-      p.lora = std::move(c.lora);
+      p.lora = c.lora;  // copied: an FP8 weight's scales read them too (plan_fp8)
       p.lora_bias = std::move(c.lora_bias);
       p.tokens = std::move(c.tokens);
       const std::string who = "base tensor " + peft::quoted(t.name) + " (" + std::string(dtype_name(t.dtype)) + ")";
-      if (!p.lora.empty() || !p.lora_bias.empty() || !p.tokens.empty()) {
+      if (dropped_.contains(i) || plan_fp8(p, i, unsupported)) {
+        // an FP8 weight or its scales (planned by plan_fp8), or a tensor left out
+      } else if (!p.lora.empty() || !p.lora_bias.empty() || !p.tokens.empty()) {
         p.action = TensorAction::compute;
         if (p.out_dtype == p.base_dtype && is_merge_storage(p.out_dtype)) {
           p.work_dtype = p.out_dtype;
@@ -237,6 +342,7 @@ class Planner {
 
   // Every adapter tensor a computed tensor reads must convert to what it is read as.
   void check_sources(const PlannedTensor& p, std::vector<std::string>& problems) {
+    const DType work = p.fp8 ? DType::F32 : p.work_dtype;  // FP8 weights are changed in f32
     auto need = [&](const PlannedAdapter& a, const AdapterTensor* t, DType as) {
       if (t == nullptr) return;
       const DType d = info(a, *t).dtype;
@@ -244,13 +350,13 @@ class Planner {
         problems.push_back("adapter tensor " + peft::quoted(t->key) + " is " + std::string(dtype_name(d)) +
                            ", which does not convert to " + std::string(dtype_name(as)));
     };
-    if (p.replacement) need(*p.replacement->adapter, p.replacement->tensor, p.work_dtype);
+    if (p.replacement) need(*p.replacement->adapter, p.replacement->tensor, work);
     for (const LoraTerm& term : p.lora)
       for (const AdapterTensor& t : term.module->tensors)
         if (t.role != TensorRole::full && t.role != TensorRole::lora_b_bias) need(*term.adapter, &t, DType::F32);
     for (const LoraTerm& term : p.lora_bias) need(*term.adapter, term.module->find(TensorRole::lora_b_bias), DType::F32);
     for (const TokenRows& rows : p.tokens)
-      need(*rows.adapter, rows.module->find(TensorRole::trainable_tokens_delta), p.work_dtype);
+      need(*rows.adapter, rows.module->find(TensorRole::trainable_tokens_delta), work);
   }
 
   // transformers ties the output embedding to the input embedding when tie_word_embeddings is true.
@@ -345,6 +451,9 @@ class Planner {
   std::string base_dir_;
   MergePlan plan_;
   std::vector<Changes> changes_;
+  std::map<size_t, Fp8BlockSource> fp8_weights_;  // FP8 block weights by base index
+  std::map<size_t, size_t> fp8_scales_;            // their scales' base index -> the weight's
+  std::set<size_t> dropped_;                       // base tensors not written (scales of dequantized weights)
 };
 
 }  // namespace
@@ -362,8 +471,10 @@ uint64_t MergePlan::total_bytes() const {
 }
 
 size_t MergePlan::count(TensorAction action) const {
-  return static_cast<size_t>(std::count_if(tensors.begin(), tensors.end(),
-                                           [&](const PlannedTensor& p) { return p.action == action; }));
+  return static_cast<size_t>(std::count_if(tensors.begin(), tensors.end(), [&](const PlannedTensor& p) {
+    const bool dequantized_only = p.action == TensorAction::compute && !p.changed();
+    return (dequantized_only ? TensorAction::copy : p.action) == action;
+  }));
 }
 
 MergePlan plan_merge(const std::string& base_dir, const std::vector<MergeInput>& inputs,

@@ -23,6 +23,13 @@
 // of an ordinary floating-point dtype (F64, F32, F16, BF16) becomes it, and everything else (integers,
 // F8 and smaller formats) is copied as it is. A tensor that is merged is computed in its output dtype
 // when that equals the base's, otherwise in F32 and rounded to the output dtype when written.
+//
+// Quantized bases (base_quantization.hpp): an FP8 block-scale base keeps its layout when `dtype` is
+// unset: an FP8 weight that an adapter changes is dequantized, changed in f32 and quantized again
+// block by block (core/quant/fp8_block.hpp), and its weight_scale_inv is recomputed with it (the
+// same computation, run once for each of the two output tensors); untouched weights and scales are
+// copied byte for byte. With `dtype` set every FP8 weight is written dequantized in it, its
+// weight_scale_inv and activation_scale are left out, and config.json loses quantization_config.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +43,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.hpp"
+#include "core/quant/fp8_block.hpp"
 #include "peft/adapter/adapter.hpp"
 #include "peft/adapter/base_model.hpp"
 #include "peft/adapter/base_validation.hpp"
+#include "peft/checkpoint_merge/base_quantization.hpp"
 #include "safetensors/header_writer.hpp"
 
 namespace peft {
@@ -102,6 +111,14 @@ enum class TensorAction {
   duplicate, // a copy of another base tensor's original data (an untied output embedding)
 };
 
+// An output tensor made from an FP8 block-scale weight of the base and its scales.
+struct Fp8BlockSource {
+  size_t weight_index = 0;  // base tensors: the F8_E4M3 weight and its F32 weight_scale_inv
+  size_t scale_index = 0;
+  Fp8BlockLayout layout;
+  bool scale_output = false;  // this tensor is the recomputed weight_scale_inv, not the weight
+};
+
 struct PlannedTensor {
   std::string name;
   size_t base_index = 0;        // the base tensor it comes from (for duplicate: the one copied)
@@ -115,6 +132,12 @@ struct PlannedTensor {
   std::vector<LoraTerm> lora;
   std::vector<LoraTerm> lora_bias;  // terms whose lora_B.bias adds to this (bias) tensor
   std::vector<TokenRows> tokens;
+  // Set for an FP8 weight (or its scales) that is requantized or dequantized. For the scales, the
+  // changes above are the weight's. work_dtype is what the buffer holds: F8_E4M3 (requantized
+  // weight), F32 (scales, or a weight dequantized for an output dtype).
+  std::optional<Fp8BlockSource> fp8;
+
+  bool changed() const { return replacement || !lora.empty() || !lora_bias.empty() || !tokens.empty(); }
 };
 
 struct PlannedFile {
@@ -133,8 +156,11 @@ struct MergePlan {
   std::optional<DType> dtype;              // as asked
   bool untie_embeddings = false;           // config.json gets tie_word_embeddings = false
   std::vector<std::string> notes;          // for the caller: what was decided and why
+  BaseQuantization quantization;           // config.json's quantization_config
+  bool dequantized = false;                // quantized weights written dequantized: config loses quantization_config
 
   uint64_t total_bytes() const;
+  // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy.
   size_t count(TensorAction action) const;
 };
 
