@@ -35,6 +35,11 @@ std::optional<std::string> BaseModel::model_type() const {
   return it->get<std::string>();
 }
 
+const std::vector<uint64_t>& BaseModel::weight_shape(size_t i) const {
+  auto it = weight_shapes.find(i);
+  return it != weight_shapes.end() ? it->second : weights->tensor(i).shape;
+}
+
 std::optional<size_t> BaseModel::find(std::string_view module, std::string_view param, const ArchTable* table) const {
   auto lookup = [&](std::string_view candidate) -> std::optional<size_t> {
     std::string name = std::string(candidate) + "." + std::string(param);

@@ -48,10 +48,11 @@ const char* torch_dtype_name(DType dtype) {
   }
 }
 
-std::optional<std::string> updated_config_text(const nlohmann::json& config, bool untie, std::optional<DType> dtype) {
+std::optional<std::string> updated_config_text(const nlohmann::json& config, bool untie, std::optional<DType> dtype,
+                                               bool drop_quantization) {
   if (!config.is_object()) return std::nullopt;
   nlohmann::json updated = config;
-  bool changed = false;
+  bool changed = drop_quantization && updated.erase("quantization_config") > 0;
   if (untie) {
     auto it = updated.find("tie_word_embeddings");
     if (it == updated.end() || !it->is_boolean() || it->get<bool>()) {
@@ -79,7 +80,8 @@ bool is_model_weight_file(const std::string& name) {
 }
 
 std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config, bool untie,
-                                          std::optional<DType> dtype, bool require_config) {
+                                          std::optional<DType> dtype, bool require_config,
+                                          bool drop_quantization) {
   std::vector<FolderFile> files;
   std::error_code ec;
   fs::directory_iterator it(base_dir, ec), end;
@@ -103,7 +105,7 @@ std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlo
     f.name = name;
     f.source_path = source;
     if (name == "config.json") {
-      f.content = updated_config_text(config, untie, dtype);
+      f.content = updated_config_text(config, untie, dtype, drop_quantization);
       have_config = true;
     }
     files.push_back(std::move(f));

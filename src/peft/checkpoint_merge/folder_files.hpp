@@ -19,7 +19,9 @@ namespace peft {
 // ("bfloat16"); a config with neither at the top level gets "dtype", as transformers 5 writes it.
 // nullopt when nothing changes, so the file can be copied byte for byte; otherwise the text
 // transformers writes: json.dumps(config, indent=2, sort_keys=True) + "\n".
-std::optional<std::string> updated_config_text(const nlohmann::json& config, bool untie, std::optional<DType> dtype);
+// With `drop_quantization`, "quantization_config" is removed too (a quantized base written dequantized).
+std::optional<std::string> updated_config_text(const nlohmann::json& config, bool untie, std::optional<DType> dtype,
+                                               bool drop_quantization = false);
 
 // The torch name of a floating-point dtype ("float32", "bfloat16", "float16", "float64").
 const char* torch_dtype_name(DType dtype);
@@ -36,6 +38,7 @@ bool is_model_weight_file(const std::string& name);
 // PEFT_ERR_NOT_FOUND when there is no config.json and PEFT_ERR_INVALID_CHECKPOINT when it is not a
 // regular file (a folder, a FIFO). PEFT_ERR_IO if the folder cannot be listed.
 std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config, bool untie,
-                                          std::optional<DType> dtype, bool require_config);
+                                          std::optional<DType> dtype, bool require_config,
+                                          bool drop_quantization = false);
 
 }  // namespace peft

@@ -66,6 +66,11 @@ class Planner {
     plan_.base = BaseModel::open(base_dir, options.open);
     plan_.dtype = options.dtype;
     base_dir_ = base_dir;
+    if (auto bnb = recognise_bnb_base(plan_.base)) {
+      for (const auto& [index, weight] : bnb->weights) plan_.base.weight_shapes[index] = weight.shape;
+      plan_.bnb = std::make_shared<const BnbBase>(std::move(*bnb));
+      plan_.drop_quantization_config = options.dtype.has_value();
+    }
   }
 
   MergePlan run(const std::vector<MergeInput>& inputs) {
@@ -73,6 +78,7 @@ class Planner {
     gather_changes();
     build_tensors();
     handle_tied_embeddings();
+    std::erase_if(plan_.tensors, [](const PlannedTensor& p) { return p.bnb && p.action == TensorAction::copy; });
     lay_out_files();
     return std::move(plan_);
   }
@@ -184,9 +190,57 @@ class Planner {
     return options_.dtype && is_convertible_float(base_dtype) ? *options_.dtype : base_dtype;
   }
 
+  // Plans tensor i when it belongs to a bitsandbytes weight; false when it is planned as any other.
+  bool plan_bnb(size_t i, std::vector<std::string>& unsupported) {
+    if (!plan_.bnb) return false;
+    const BnbBase& b = *plan_.bnb;
+    auto own = b.weights.find(i);
+    auto owner = b.owner.find(i);
+    if (own == b.weights.end() && owner == b.owner.end()) return false;
+    const BnbWeight& w = own != b.weights.end() ? own->second : b.weights.at(owner->second);
+    const TensorInfo& t = base().tensor(i);
+    const Changes& c = changes_[w.weight];
+    if (i == w.weight && (c.replacement || !c.tokens.empty()))
+      unsupported.push_back("base tensor " + peft::quoted(t.name) + " is a bitsandbytes weight: only LoRA terms merge into it");
+    for (const LoraTerm& term : bnb_terms_[w.weight])
+      if (term.dora) unsupported.push_back("base tensor " + peft::quoted(base().tensor(w.weight).name) +
+                                           " is a bitsandbytes weight: DoRA terms do not merge into it");
+    const bool merged = !bnb_terms_[w.weight].empty();
+    PlannedTensor p;
+    p.name = t.name;
+    p.base_index = i;
+    p.base_dtype = t.dtype;
+    p.bnb = &w;
+    p.bnb_part = i;
+    p.lora = bnb_terms_[w.weight];
+    p.action = TensorAction::compute;
+    if (options_.dtype) {
+      if (i != w.weight) {  // a state tensor: dropped once the tied embeddings are settled (run())
+        p.action = TensorAction::copy;
+        p.shape = t.shape;
+        plan_.tensors.push_back(std::move(p));
+        return true;
+      }
+      p.out_dtype = *options_.dtype;
+      p.work_dtype = DType::F32;
+      p.shape = w.shape;
+    } else {
+      if (!merged) return false;  // copied as it is
+      p.out_dtype = p.work_dtype = t.dtype;
+      p.shape = t.shape;
+      p.bnb_requantize = true;
+    }
+    p.out_nbytes = converted_byte_size(p.out_dtype, element_count(p.shape));
+    plan_.tensors.push_back(std::move(p));
+    return true;
+  }
+
   void build_tensors() {
     std::vector<std::string> unsupported;
+    if (plan_.bnb)
+      for (const auto& [index, weight] : plan_.bnb->weights) bnb_terms_[index] = changes_[index].lora;
     for (size_t i = 0; i < base().tensor_count(); ++i) {
+      if (plan_bnb(i, unsupported)) continue;
       const TensorInfo& t = base().tensor(i);
       Changes& c = changes_[i];
       PlannedTensor p;
@@ -345,6 +399,7 @@ class Planner {
   std::string base_dir_;
   MergePlan plan_;
   std::vector<Changes> changes_;
+  std::map<size_t, std::vector<LoraTerm>> bnb_terms_;  // a bitsandbytes weight's LoRA terms
 };
 
 }  // namespace

@@ -19,6 +19,11 @@
 // row. Tensors an adapter names that the base lacks are PEFT_ERR_UNRESOLVED_KEY and shapes that do
 // not fit PEFT_ERR_SHAPE_MISMATCH, every problem of every adapter listed in one message.
 //
+// bitsandbytes bases (bnb_base.hpp): a quantized weight takes LoRA terms only. With `dtype` unset,
+// a merged weight is quantized again in its format and every one of its state tensors rewritten
+// (untouched weights are copied byte for byte); with `dtype` set, every quantized weight is written
+// dequantized in that dtype, its state tensors are dropped and config.json loses quantization_config.
+//
 // Dtypes: with `dtype` unset each tensor keeps the base's dtype; with F32, BF16 or F16 every tensor
 // of an ordinary floating-point dtype (F64, F32, F16, BF16) becomes it, and everything else (integers,
 // F8 and smaller formats) is copied as it is. A tensor that is merged is computed in its output dtype
@@ -39,6 +44,7 @@
 #include "peft/adapter/adapter.hpp"
 #include "peft/adapter/base_model.hpp"
 #include "peft/adapter/base_validation.hpp"
+#include "peft/checkpoint_merge/bnb_base.hpp"
 #include "safetensors/header_writer.hpp"
 
 namespace peft {
@@ -115,6 +121,12 @@ struct PlannedTensor {
   std::vector<LoraTerm> lora;
   std::vector<LoraTerm> lora_bias;  // terms whose lora_B.bias adds to this (bias) tensor
   std::vector<TokenRows> tokens;
+  // A bitsandbytes weight (bnb_base.hpp), or one of its state tensors (bnb_part: this tensor's base
+  // index): dequantized (with `dtype`: the weight in out_dtype, its shape, the state tensors dropped),
+  // merged, and with `bnb_requantize` quantized again, this tensor holding its part of the result.
+  const BnbWeight* bnb = nullptr;
+  size_t bnb_part = 0;
+  bool bnb_requantize = false;
 };
 
 struct PlannedFile {
@@ -133,6 +145,8 @@ struct MergePlan {
   std::optional<DType> dtype;              // as asked
   bool untie_embeddings = false;           // config.json gets tie_word_embeddings = false
   std::vector<std::string> notes;          // for the caller: what was decided and why
+  std::shared_ptr<const BnbBase> bnb;      // a bitsandbytes base's quantized weights
+  bool drop_quantization_config = false;   // config.json loses quantization_config (bnb written dequantized)
 
   uint64_t total_bytes() const;
   size_t count(TensorAction action) const;
