@@ -66,8 +66,7 @@ class Planner {
     plan_.base = BaseModel::open(base_dir, options.open);
     plan_.dtype = options.dtype;
     base_dir_ = base_dir;
-    if (auto bnb = recognise_bnb_base(plan_.base)) {
-      for (const auto& [index, weight] : bnb->weights) plan_.base.weight_shapes[index] = weight.shape;
+    if (auto bnb = recognise_bnb_base(plan_.base.config, *plan_.base.weights, plan_.base.dir)) {
       plan_.bnb = std::make_shared<const BnbBase>(std::move(*bnb));
       plan_.drop_quantization_config = options.dtype.has_value();
     }

@@ -44,7 +44,7 @@
 #include "peft/adapter/adapter.hpp"
 #include "peft/adapter/base_model.hpp"
 #include "peft/adapter/base_validation.hpp"
-#include "peft/checkpoint_merge/bnb_base.hpp"
+#include "peft/adapter/bnb_base.hpp"
 #include "safetensors/header_writer.hpp"
 
 namespace peft {

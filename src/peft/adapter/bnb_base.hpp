@@ -1,6 +1,7 @@
 // Bases saved by transformers with bitsandbytes quantization (config.json "quantization_config" with
 // "quant_method": "bitsandbytes"): which tensors are quantized weights, their quantization state, and
-// reading and rewriting them through core/quant/bnb_4bit and bnb_int8.
+// reading and rewriting them through core/quant/bnb_4bit and bnb_int8. BaseModel::open records the
+// 4-bit weights' shapes (BaseModel::weight_shapes), so adapters validate against them.
 //
 // 4-bit (load_in_4bit, NF4 or FP4): "<m>.weight" U8 [(n + 1) / 2, 1] with "<m>.weight.absmax",
 // "<m>.weight.quant_map" (the 16 codes), "<m>.weight.quant_state.bitsandbytes__<nf4|fp4>" (U8 bytes of
@@ -20,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/quant/bnb_4bit.hpp"
-#include "peft/adapter/base_model.hpp"
+#include "safetensors/checkpoint.hpp"
 
 namespace peft {
 
@@ -48,7 +49,8 @@ struct BnbBase {
 // quant_method is "bitsandbytes". PEFT_ERR_UNSUPPORTED naming the method for any other method, and
 // for bitsandbytes options this library does not read (a quant_storage other than uint8);
 // PEFT_ERR_INVALID_CHECKPOINT naming the tensor when a weight's state is missing or inconsistent.
-std::optional<BnbBase> recognise_bnb_base(const BaseModel& base);
+// `config` is the base's config.json (null when absent), `weights` its tensors, `dir` its folder.
+std::optional<BnbBase> recognise_bnb_base(const nlohmann::json& config, const Checkpoint& weights, const std::string& dir);
 
 // The weight as bitsandbytes dequantizes it on CPU, f32, row-major.
 std::vector<float> bnb_dequantize(const Checkpoint& base, const BnbWeight& w);

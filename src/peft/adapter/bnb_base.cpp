@@ -1,4 +1,4 @@
-#include "peft/checkpoint_merge/bnb_base.hpp"
+#include "peft/adapter/bnb_base.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -63,7 +63,7 @@ uint64_t product(const std::vector<uint64_t>& shape) {
 
 class Recogniser {
  public:
-  explicit Recogniser(const BaseModel& base) : c_(*base.weights) {}
+  explicit Recogniser(const Checkpoint& weights) : c_(weights) {}
 
   BnbBase run() {
     for (size_t i = 0; i < c_.tensor_count(); ++i) {
@@ -186,19 +186,20 @@ std::vector<size_t> BnbWeight::companions() const {
   return out;
 }
 
-std::optional<BnbBase> recognise_bnb_base(const BaseModel& base) {
-  if (!base.config.is_object() || !base.config.contains("quantization_config")) return std::nullopt;
-  const nlohmann::json& q = base.config["quantization_config"];
+std::optional<BnbBase> recognise_bnb_base(const nlohmann::json& config, const Checkpoint& weights,
+                                          const std::string& dir) {
+  if (!config.is_object() || !config.contains("quantization_config")) return std::nullopt;
+  const nlohmann::json& q = config["quantization_config"];
   const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
                                  ? q["quant_method"].get<std::string>() : std::string("(none)");
   if (method != "bitsandbytes")
-    fail(PEFT_ERR_UNSUPPORTED, "the base model " + peft::quoted(base.dir) + " is quantized with " +
+    fail(PEFT_ERR_UNSUPPORTED, "the base model " + peft::quoted(dir) + " is quantized with " +
                                    peft::quoted(method) + " (config.json quantization_config), which merges do not read");
   if (q.contains("bnb_4bit_quant_storage") && q["bnb_4bit_quant_storage"] != "uint8" &&
       q.value("load_in_4bit", false))
-    fail(PEFT_ERR_UNSUPPORTED, "the base model " + peft::quoted(base.dir) + " stores its 4-bit weights as " +
+    fail(PEFT_ERR_UNSUPPORTED, "the base model " + peft::quoted(dir) + " stores its 4-bit weights as " +
                                    q["bnb_4bit_quant_storage"].dump() + "; only uint8 storage is supported");
-  return Recogniser(base).run();
+  return Recogniser(weights).run();
 }
 
 std::vector<float> bnb_dequantize(const Checkpoint& c, const BnbWeight& w) {
