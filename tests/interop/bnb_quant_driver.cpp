@@ -3,7 +3,7 @@
 // the bytes with the bitsandbytes package's.
 //
 // Usage (counts and sizes are decimal; f32 files are raw float32):
-//   bnb_quant_driver deq4  PACKED ABSMAX CODE16 BLOCKSIZE COUNT OUT
+//   bnb_quant_driver deq4  PACKED ABSMAX CODE16 BLOCKSIZE COUNT nf4|fp4 LAST_DIM OUT
 //   bnb_quant_driver q4    VALUES COUNT BLOCKSIZE nf4|fp4 OUT_PACKED OUT_ABSMAX
 //   bnb_quant_driver deq8  Q ABSMAX CODE256 BLOCKSIZE COUNT OUT
 //   bnb_quant_driver q8    VALUES COUNT BLOCKSIZE CODE256 OUT_Q OUT_ABSMAX
@@ -55,13 +55,16 @@ int run(int argc, char** argv) {
   };
   namespace bnb = peft::bnb;
   if (op == "deq4") {
-    need(6);
+    need(8);
     const auto packed = read_file(argv[2]);
-    const auto absmax = read_as<float>(argv[3]), code = read_as<float>(argv[4]);
+    const auto absmax = read_as<float>(argv[3]);
+    auto code = read_as<float>(argv[4]);
     const uint64_t blocksize = number(argv[5]), count = number(argv[6]);
+    const auto type = std::string(argv[7]) == "nf4" ? bnb::FourBit::nf4 : bnb::FourBit::fp4;
+    bnb::cpu_dequantize_code(type, number(argv[8]), count, blocksize, code.data());
     std::vector<float> out(count);
     bnb::dequantize_4bit(packed.data(), absmax.data(), code.data(), blocksize, count, out.data());
-    write_file(argv[7], out);
+    write_file(argv[9], out);
   } else if (op == "q4") {
     need(6);
     const auto values = read_as<float>(argv[2]);

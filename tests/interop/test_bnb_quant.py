@@ -89,7 +89,7 @@ def test_4bit_round_trip_matches_bitsandbytes(drive, quant_type, double, blocksi
         assert got_absmax == state.absmax.numpy().tobytes()
     # Our dequantizer: bitsandbytes' CPU dequantization bit for bit.
     out = drive("deq4", drive.put(packed.numpy()), drive.put(absmax.numpy()), drive.put(state.code.numpy()),
-                blocksize, n, outputs=1)[0]
+                blocksize, n, quant_type, n, outputs=1)[0]
     assert out == F.dequantize_4bit(packed, state).reshape(-1).numpy().tobytes()
 
 
@@ -102,7 +102,7 @@ def test_4bit_dequantize_2d_matches_bitsandbytes(drive, shape, quant_type):
     packed, state = F.quantize_4bit(x, quant_type=quant_type, compress_statistics=True)
     absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset
     out = drive("deq4", drive.put(packed.numpy()), drive.put(absmax.numpy()), drive.put(state.code.numpy()),
-                64, x.numel(), outputs=1)[0]
+                64, x.numel(), quant_type, shape[-1], outputs=1)[0]
     assert out == F.dequantize_4bit(packed, state).numpy().tobytes()
 
 

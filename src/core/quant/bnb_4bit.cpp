@@ -89,6 +89,10 @@ std::span<const float, 16> four_bit_code(FourBit type) {
   return type == FourBit::nf4 ? std::span<const float, 16>(kNf4) : std::span<const float, 16>(kFp4);
 }
 
+void cpu_dequantize_code(FourBit type, uint64_t last_dim, uint64_t count, uint64_t blocksize, float* code) {
+  if (type == FourBit::fp4 && last_dim % 2 == 0 && count % blocksize != 0) code[8] = -0.0f;
+}
+
 void dequantize_4bit(const uint8_t* packed, const float* absmax, const float* code, uint64_t blocksize,
                      uint64_t count, float* values) {
   for (uint64_t i = 0; i < count; ++i) {

@@ -30,6 +30,13 @@ enum class FourBit { nf4, fp4 };
 // bitsandbytes' get_4bit_type(): the 16 codes, exactly as bitsandbytes saves them in quant_map.
 std::span<const float, 16> four_bit_code(FourBit type);
 
+// The table bitsandbytes' CPU dequantization uses for `count` values in blocks of `blocksize`, the
+// weight's last dimension `last_dim`, from its stored quant_map. Measured with bitsandbytes 0.50.2 on
+// an AVX-512 CPU: its native kernel (an even last dimension) decodes FP4's index 8 as -0.0 when the
+// count is not a multiple of the block size, where quant_map holds +0.0; otherwise, and in the torch
+// fallback (an odd last dimension), quant_map as it is.
+void cpu_dequantize_code(FourBit type, uint64_t last_dim, uint64_t count, uint64_t blocksize, float* code);
+
 // values[i] = code[index i] x absmax[i / blocksize], f32; `packed` holds (count + 1) / 2 bytes.
 void dequantize_4bit(const uint8_t* packed, const float* absmax, const float* code, uint64_t blocksize,
                      uint64_t count, float* values);
@@ -48,8 +55,9 @@ void quantize_blockwise(const float* values, uint64_t count, uint64_t blocksize,
                         float* absmax);
 
 // torch.mean of a contiguous f32 tensor on CPU: the cascade sum of ATen's SumKernel (4 accumulators of
-// `lanes`-wide vectors, 16 for AVX-512 and 8 for AVX2) divided by the count in f32. torch splits
-// tensors of more than 32768 values between its threads; this is its one-thread order.
-float torch_mean_f32(const float* values, uint64_t count, int lanes = 16);
+// `lanes`-wide vectors) divided by the count in f32. 8 lanes matches torch 2.x's sum on x86-64 (measured
+// on an AVX-512 machine, where torch reports capability AVX512 and still sums in 8-lane vectors).
+// torch splits tensors of more than 32768 values between its threads; this is its one-thread order.
+float torch_mean_f32(const float* values, uint64_t count, int lanes = 8);
 
 }  // namespace peft::bnb
