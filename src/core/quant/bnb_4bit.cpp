@@ -89,8 +89,8 @@ std::span<const float, 16> four_bit_code(FourBit type) {
   return type == FourBit::nf4 ? std::span<const float, 16>(kNf4) : std::span<const float, 16>(kFp4);
 }
 
-void cpu_dequantize_code(FourBit type, uint64_t last_dim, uint64_t count, uint64_t blocksize, float* code) {
-  if (type == FourBit::fp4 && last_dim % 2 == 0 && count % blocksize != 0) code[8] = -0.0f;
+void cpu_dequantize_code(FourBit type, uint64_t last_dim, float* code) {
+  if (type == FourBit::fp4 && last_dim % 2 == 0 && last_dim % 16 != 0) code[8] = -0.0f;
 }
 
 void dequantize_4bit(const uint8_t* packed, const float* absmax, const float* code, uint64_t blocksize,

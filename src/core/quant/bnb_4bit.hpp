@@ -30,12 +30,12 @@ enum class FourBit { nf4, fp4 };
 // bitsandbytes' get_4bit_type(): the 16 codes, exactly as bitsandbytes saves them in quant_map.
 std::span<const float, 16> four_bit_code(FourBit type);
 
-// The table bitsandbytes' CPU dequantization uses for `count` values in blocks of `blocksize`, the
-// weight's last dimension `last_dim`, from its stored quant_map. Measured with bitsandbytes 0.50.2 on
-// an AVX-512 CPU: its native kernel (an even last dimension) decodes FP4's index 8 as -0.0 when the
-// count is not a multiple of the block size, where quant_map holds +0.0; otherwise, and in the torch
-// fallback (an odd last dimension), quant_map as it is.
-void cpu_dequantize_code(FourBit type, uint64_t last_dim, uint64_t count, uint64_t blocksize, float* code);
+// The table bitsandbytes' CPU dequantization uses for a weight whose last dimension is `last_dim`,
+// from its stored quant_map. Measured with bitsandbytes 0.50.2 on an AVX-512 CPU: its native kernel
+// (an even last dimension) decodes FP4's index 8 as -0.0, where quant_map holds +0.0, when the last
+// dimension is not a multiple of 16; otherwise, and in its torch fallback (an odd last dimension),
+// it uses quant_map as it is.
+void cpu_dequantize_code(FourBit type, uint64_t last_dim, float* code);
 
 // values[i] = code[index i] x absmax[i / blocksize], f32; `packed` holds (count + 1) / 2 bytes.
 void dequantize_4bit(const uint8_t* packed, const float* absmax, const float* code, uint64_t blocksize,
