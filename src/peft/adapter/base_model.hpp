@@ -23,7 +23,7 @@ struct BaseModel {
   nlohmann::json config;  // config.json; null when the folder has none
   std::shared_ptr<const Checkpoint> weights;
   // Quantized weights whose stored shape is not the module's (bitsandbytes' packed 4-bit weights):
-  // base tensor index -> the weight's shape, set by the merge planner.
+  // base tensor index -> the weight's shape (set by open(), bnb_base.hpp).
   std::map<size_t, std::vector<uint64_t>> weight_shapes;
 
   // PEFT_ERR_NOT_FOUND / PEFT_ERR_IO / format errors from the checkpoint; a config.json that is not
