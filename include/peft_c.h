@@ -2110,6 +2110,10 @@ PEFT_API peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts
  *        #PEFT_DTYPE_F16. Only tensors of F64, F32, F16 and BF16 are converted. config.json's
  *        `dtype` / `torch_dtype` are set to match. For an FP8 block-scale base every FP8 weight is
  *        also written dequantized in it (its scales left out, `quantization_config` removed).
+ *        A bitsandbytes base (NF4, FP4, int8): with
+ *        #PEFT_DTYPE_KEEP merged weights are quantized again in their format; with a dtype every
+ *        quantized weight is written dequantized, its state tensors dropped and
+ *        `quantization_config` removed from config.json (docs/quantized-bases.md).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another dtype.
  *         Not thread-safe for the same @p opts.
  */

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/base_config.hpp"
+#include "peft/adapter/bnb_base.hpp"
 #include "safetensors/hub_cache.hpp"
 
 namespace peft {
@@ -25,6 +26,12 @@ BaseModel BaseModel::open(const std::string& dir_or_id, const OpenOptions& optio
     fail(PEFT_ERR_NOT_FOUND, "base model folder " + peft::quoted(dir) + " does not exist or is not a folder");
   base.config = read_base_config(dir);
   base.weights = Checkpoint::open(dir, options);
+  // bitsandbytes' packed 4-bit weights: the modules' shapes, for validating adapters against them.
+  const nlohmann::json* q = base.config.is_object() && base.config.contains("quantization_config")
+                                ? &base.config["quantization_config"] : nullptr;
+  if (q && q->is_object() && q->value("quant_method", std::string()) == "bitsandbytes")
+    if (auto bnb = recognise_bnb_base(base.config, *base.weights, dir))
+      for (const auto& [index, weight] : bnb->weights) base.weight_shapes[index] = weight.shape;
   return base;
 }
 
@@ -33,6 +40,11 @@ std::optional<std::string> BaseModel::model_type() const {
   auto it = config.find("model_type");
   if (it == config.end() || !it->is_string()) return std::nullopt;
   return it->get<std::string>();
+}
+
+const std::vector<uint64_t>& BaseModel::weight_shape(size_t i) const {
+  auto it = weight_shapes.find(i);
+  return it != weight_shapes.end() ? it->second : weights->tensor(i).shape;
 }
 
 std::optional<size_t> BaseModel::find(std::string_view module, std::string_view param, const ArchTable* table) const {

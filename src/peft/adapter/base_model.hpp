@@ -2,6 +2,7 @@
 // its config.json and safetensors weights, and the module names PEFT's "all-linear" expands to in it.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,9 @@ struct BaseModel {
   std::string dir;
   nlohmann::json config;  // config.json; null when the folder has none
   std::shared_ptr<const Checkpoint> weights;
+  // Quantized weights whose stored shape is not the module's (bitsandbytes' packed 4-bit weights):
+  // base tensor index -> the weight's shape (set by open(), bnb_base.hpp).
+  std::map<size_t, std::vector<uint64_t>> weight_shapes;
 
   // PEFT_ERR_NOT_FOUND / PEFT_ERR_IO / format errors from the checkpoint; a config.json that is not
   // valid JSON is PEFT_ERR_INVALID_CONFIG.
@@ -29,6 +33,8 @@ struct BaseModel {
   std::optional<std::string> model_type() const;
   // The index of the base tensor "<module>.<param>", trying the name as is, then without and with
   // the table's base_model_prefix.
+  // Tensor i's shape as the module sees it: weight_shapes[i] if set, else its stored shape.
+  const std::vector<uint64_t>& weight_shape(size_t i) const;
   std::optional<size_t> find(std::string_view module, std::string_view param, const ArchTable* table) const;
 };
 

@@ -32,7 +32,7 @@ class ModuleChecker {
     }
     const TensorInfo& base_weight = base_.weights->tensor(*weight);
     base_name_ = base_weight.name;
-    const Shape& w = base_weight.shape;
+    const Shape& w = base_.weight_shape(*weight);
     for (AdapterTensor& t : m_.tensors)
       if (t.role != TensorRole::lora_b_bias && is_lora_role(t.role)) t.base_tensor = base_name_;
     if (m_.kind == LayerKind::embedding) {

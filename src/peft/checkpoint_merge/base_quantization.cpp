@@ -10,6 +10,7 @@ namespace {
 
 const char* const kSupportedQuantizedBases[] = {
     "FP8 block-scale safetensors (quant_method \"fp8\" with weight_block_size and f32 weight_scale_inv)",
+    "bitsandbytes 4-bit (NF4/FP4, with or without double quantization, uint8 storage) and 8-bit safetensors",
     "GGUF files",
 };
 
@@ -69,6 +70,12 @@ BaseQuantization recognise_base_quantization(const nlohmann::json& config, const
   const nlohmann::json& q = *it;
   const std::string method = string_field(q, "quant_method");
   if (method == "fp8") return fp8(q, base_dir);
+  if (method == "bitsandbytes") {
+    BaseQuantization result;
+    result.method = BaseQuantMethod::bitsandbytes;
+    result.quant_method = method;
+    return result;
+  }
   if (method.empty()) unsupported(base_dir, "a quantization_config without quant_method");
   if (method == "compressed-tensors") {
     const std::string format = string_field(q, "format");

@@ -15,6 +15,7 @@ namespace peft {
 enum class BaseQuantMethod {
   none,       // no quantization_config: an ordinary floating-point checkpoint
   fp8_block,  // quant_method "fp8" with weight_block_size (transformers' FineGrainedFP8, core/quant/fp8_block.hpp)
+  bitsandbytes,  // quant_method "bitsandbytes": NF4/FP4 or int8 weights (peft/adapter/bnb_base.hpp)
 };
 
 struct BaseQuantization {

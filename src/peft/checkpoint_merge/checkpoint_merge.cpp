@@ -215,10 +215,10 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
   plan_options.dtype = options.dtype;
   plan_options.max_shard_size = options.max_shard_size;
   plan_options.open = options.open;
-  const MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
-  std::vector<FolderFile> folder_files =
-      plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype, options.require_config,
-                        plan.dequantized);
+  MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
+  settle_bnb_sizes(plan, options.threads);
+  std::vector<FolderFile> folder_files = plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype,
+                                                           options.require_config, plan.dequantized);
 
   std::vector<OutputFilePlan> files;
   for (const PlannedFile& f : plan.files) files.push_back({f.name, f.members, f.metadata});

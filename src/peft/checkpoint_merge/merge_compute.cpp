@@ -250,7 +250,43 @@ void check_finite(const PlannedTensor& p, const TensorBuffer& buffer) {
                                 "(allow_nonfinite / --allow-nonfinite writes it anyway)");
 }
 
+namespace {
+
+// A bitsandbytes weight or state tensor: the weight dequantized and merged in f32, then written as
+// it is (with an output dtype) or quantized again, this tensor taking its part.
+void compute_bnb(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out) {
+  const BnbWeight& w = *p.bnb;
+  const Checkpoint& base = *plan.base.weights;
+  std::vector<float> values = bnb_dequantize(base, w);
+  if (!p.lora.empty()) apply_lora(p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads);
+  if (!p.bnb_requantize) {
+    out.reserve(values.size() * 4, "merging tensor " + peft::quoted(p.name));
+    std::memcpy(out.data(), values.data(), values.size() * 4);
+    return;
+  }
+  const auto parts = bnb_quantize(base, w, values);
+  const std::vector<uint8_t>& bytes = parts.at(p.bnb_part);
+  out.reserve(bytes.size(), "merging tensor " + peft::quoted(p.name));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+}
+
+}  // namespace
+
+void settle_bnb_sizes(MergePlan& plan, unsigned threads) {
+  for (PlannedTensor& p : plan.tensors) {
+    if (!p.bnb || !p.bnb_requantize || !p.bnb->nested || p.bnb_part != p.bnb->quant_state) continue;
+    TensorBuffer buffer;
+    compute_bnb(plan, p, threads, buffer);
+    p.shape = {buffer.size()};
+    p.out_nbytes = buffer.size();
+  }
+}
+
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out) {
+  if (p.bnb) {
+    compute_bnb(plan, p, threads, out);
+    return;
+  }
   if (p.fp8) return compute_fp8(plan, p, threads, out);
   uint64_t elements = 1;
   for (uint64_t d : p.shape) elements *= d;  // checked when planned

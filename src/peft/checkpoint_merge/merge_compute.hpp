@@ -30,6 +30,11 @@ class TensorBuffer {
 // Inputs are read with pread (Checkpoint::read), so nothing of the base model stays resident.
 void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out);
 
+// bitsandbytes keep-format merges: the quant_state JSON of a double-quantized weight holds the new
+// nested_offset, whose text may change length, so its size is known only once the weight is merged:
+// computes those tensors (once more than the executor will) and sets their shape and size.
+void settle_bnb_sizes(MergePlan& plan, unsigned threads);
+
 // PEFT_ERR_NON_FINITE naming tensor `p` when `buffer` (its values in p.work_dtype, computed by
 // compute_tensor) holds an infinity or a NaN once rounded to p.out_dtype.
 void check_finite(const PlannedTensor& p, const TensorBuffer& buffer);

@@ -69,6 +69,9 @@ class Planner {
     plan_.dtype = options.dtype;
     plan_.dequantized = plan_.quantization.method != BaseQuantMethod::none && options.dtype.has_value();
     base_dir_ = base_dir;
+    if (plan_.quantization.method == BaseQuantMethod::bitsandbytes)
+      if (auto bnb = recognise_bnb_base(plan_.base.config, *plan_.base.weights, plan_.base.dir))
+        plan_.bnb = std::make_shared<const BnbBase>(std::move(*bnb));
   }
 
   MergePlan run(const std::vector<MergeInput>& inputs) {
@@ -78,6 +81,7 @@ class Planner {
     build_tensors();
     handle_tied_embeddings();
     std::erase_if(plan_.tensors, [&](const PlannedTensor& p) {
+      if (p.bnb) return p.action == TensorAction::copy;
       return p.action != TensorAction::duplicate && dropped_.contains(p.base_index);
     });
     lay_out_files();
@@ -287,9 +291,57 @@ class Planner {
     return true;
   }
 
+  // Plans tensor i when it belongs to a bitsandbytes weight; false when it is planned as any other.
+  bool plan_bnb(size_t i, std::vector<std::string>& unsupported) {
+    if (!plan_.bnb) return false;
+    const BnbBase& b = *plan_.bnb;
+    auto own = b.weights.find(i);
+    auto owner = b.owner.find(i);
+    if (own == b.weights.end() && owner == b.owner.end()) return false;
+    const BnbWeight& w = own != b.weights.end() ? own->second : b.weights.at(owner->second);
+    const TensorInfo& t = base().tensor(i);
+    const Changes& c = changes_[w.weight];
+    if (i == w.weight && (c.replacement || !c.tokens.empty()))
+      unsupported.push_back("base tensor " + peft::quoted(t.name) + " is a bitsandbytes weight: only LoRA terms merge into it");
+    for (const LoraTerm& term : bnb_terms_[w.weight])
+      if (term.dora) unsupported.push_back("base tensor " + peft::quoted(base().tensor(w.weight).name) +
+                                           " is a bitsandbytes weight: DoRA terms do not merge into it");
+    const bool merged = !bnb_terms_[w.weight].empty();
+    PlannedTensor p;
+    p.name = t.name;
+    p.base_index = i;
+    p.base_dtype = t.dtype;
+    p.bnb = &w;
+    p.bnb_part = i;
+    p.lora = bnb_terms_[w.weight];
+    p.action = TensorAction::compute;
+    if (options_.dtype) {
+      if (i != w.weight) {  // a state tensor: dropped once the tied embeddings are settled (run())
+        p.action = TensorAction::copy;
+        p.shape = t.shape;
+        plan_.tensors.push_back(std::move(p));
+        return true;
+      }
+      p.out_dtype = *options_.dtype;
+      p.work_dtype = DType::F32;
+      p.shape = w.shape;
+    } else {
+      if (!merged) return false;  // copied as it is
+      p.out_dtype = p.work_dtype = t.dtype;
+      p.shape = t.shape;
+      p.bnb_requantize = true;
+    }
+    p.out_nbytes = converted_byte_size(p.out_dtype, element_count(p.shape));
+    plan_.tensors.push_back(std::move(p));
+    return true;
+  }
+
   void build_tensors() {
     std::vector<std::string> unsupported;
+    if (plan_.bnb)
+      for (const auto& [index, weight] : plan_.bnb->weights) bnb_terms_[index] = changes_[index].lora;
     for (size_t i = 0; i < base().tensor_count(); ++i) {
+      if (plan_bnb(i, unsupported)) continue;
       const TensorInfo& t = base().tensor(i);
       Changes& c = changes_[i];
       PlannedTensor p;
@@ -454,6 +506,7 @@ class Planner {
   std::map<size_t, Fp8BlockSource> fp8_weights_;  // FP8 block weights by base index
   std::map<size_t, size_t> fp8_scales_;            // their scales' base index -> the weight's
   std::set<size_t> dropped_;                       // base tensors not written (scales of dequantized weights)
+  std::map<size_t, std::vector<LoraTerm>> bnb_terms_;  // a bitsandbytes weight's LoRA terms
 };
 
 }  // namespace

@@ -19,6 +19,11 @@
 // row. Tensors an adapter names that the base lacks are PEFT_ERR_UNRESOLVED_KEY and shapes that do
 // not fit PEFT_ERR_SHAPE_MISMATCH, every problem of every adapter listed in one message.
 //
+// bitsandbytes bases (bnb_base.hpp): a quantized weight takes LoRA terms only. With `dtype` unset,
+// a merged weight is quantized again in its format and every one of its state tensors rewritten
+// (untouched weights are copied byte for byte); with `dtype` set, every quantized weight is written
+// dequantized in that dtype, its state tensors are dropped and config.json loses quantization_config.
+//
 // Dtypes: with `dtype` unset each tensor keeps the base's dtype; with F32, BF16 or F16 every tensor
 // of an ordinary floating-point dtype (F64, F32, F16, BF16) becomes it, and everything else (integers,
 // F8 and smaller formats) is copied as it is. A tensor that is merged is computed in its output dtype
@@ -48,6 +53,7 @@
 #include "peft/adapter/base_model.hpp"
 #include "peft/adapter/base_validation.hpp"
 #include "peft/checkpoint_merge/base_quantization.hpp"
+#include "peft/adapter/bnb_base.hpp"
 #include "safetensors/header_writer.hpp"
 
 namespace peft {
@@ -137,6 +143,14 @@ struct PlannedTensor {
   // weight), F32 (scales, or a weight dequantized for an output dtype).
   std::optional<Fp8BlockSource> fp8;
 
+
+  // A bitsandbytes weight (bnb_base.hpp), or one of its state tensors (bnb_part: this tensor's base
+  // index): dequantized (with `dtype`: the weight in out_dtype, its shape, the state tensors dropped),
+  // merged, and with `bnb_requantize` quantized again, this tensor holding its part of the result.
+  const BnbWeight* bnb = nullptr;
+  size_t bnb_part = 0;
+  bool bnb_requantize = false;
+
   bool changed() const { return replacement || !lora.empty() || !lora_bias.empty() || !tokens.empty(); }
 };
 
@@ -158,6 +172,7 @@ struct MergePlan {
   std::vector<std::string> notes;          // for the caller: what was decided and why
   BaseQuantization quantization;           // config.json's quantization_config
   bool dequantized = false;                // quantized weights written dequantized: config loses quantization_config
+  std::shared_ptr<const BnbBase> bnb;      // a bitsandbytes base's quantized weights
 
   uint64_t total_bytes() const;
   // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy.

@@ -1,0 +1,81 @@
+// core/quant/bnb_4bit and bnb_int8: hand-computed values, the nibble order, short and zero blocks,
+// and round trips of values the formats hold exactly. Bit-identity with the bitsandbytes package is
+// tests/interop/test_bnb_quant.py.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/quant/bnb_4bit.hpp"
+#include "core/quant/bnb_int8.hpp"
+
+namespace bnb = peft::bnb;
+
+TEST_CASE("bnb 4-bit: the first value of a byte is its high nibble, scaled by its block's absmax") {
+  const auto code = bnb::four_bit_code(bnb::FourBit::nf4);
+  const uint8_t packed[2] = {0xF0, 0x7F};
+  const float absmax[2] = {2.0f, 0.5f};
+  float out[3];
+  bnb::dequantize_4bit(packed, absmax, code.data(), 2, 3, out);
+  CHECK(out[0] == 2.0f);          // code[15] = 1
+  CHECK(out[1] == -2.0f);         // code[0] = -1
+  CHECK(out[2] == 0.0f);          // code[7] = 0, block 1
+}
+
+TEST_CASE("bnb 4-bit: values on the code grid survive a round trip; a short last block and a zero block") {
+  for (auto type : {bnb::FourBit::nf4, bnb::FourBit::fp4}) {
+    const auto code = bnb::four_bit_code(type);
+    std::vector<float> values;
+    for (int i = 0; i < 16; ++i) values.push_back(code[static_cast<size_t>(i)] * 3.0f);
+    values[3] = 3.0f;  // make sure each block's absmax is 3 (FP4's table is not sorted)
+    for (int i = 0; i < 8; ++i) values.push_back(0.0f);                       // a zero block
+    for (int i = 0; i < 5; ++i) values.push_back(code[static_cast<size_t>(i)] * 3.0f);  // a short block
+    values.back() = 3.0f;
+    const uint64_t n = values.size(), blocksize = 8;
+    std::vector<uint8_t> packed((n + 1) / 2);
+    std::vector<float> absmax((n + blocksize - 1) / blocksize), back(n);
+    bnb::quantize_4bit(values.data(), n, blocksize, type, packed.data(), absmax.data());
+    CHECK(absmax[2] == 0.0f);
+    bnb::dequantize_4bit(packed.data(), absmax.data(), code.data(), blocksize, n, back.data());
+    for (uint64_t i = 0; i < n; ++i) CHECK(back[i] == values[i]);
+  }
+}
+
+TEST_CASE("bnb 8-bit blockwise: a code value times the absmax comes back; a zero block gets index 0") {
+  std::vector<float> code(256);
+  for (int i = 0; i < 256; ++i) code[static_cast<size_t>(i)] = -1.0f + static_cast<float>(i) / 127.5f;
+  const float values[6] = {code[10] * 4.0f, 4.0f, code[200] * 4.0f, 0.0f, 0.0f, 0.0f};
+  uint8_t q[6];
+  float absmax[2], back[6];
+  bnb::quantize_blockwise(values, 6, 3, code.data(), q, absmax);
+  CHECK(q[0] == 10);
+  CHECK(q[2] == 200);
+  CHECK(absmax[1] == 0.0f);
+  CHECK(q[3] == 0);
+  bnb::dequantize_blockwise(q, absmax, code.data(), 3, 3, back);
+  CHECK(back[1] == code[255] * 4.0f);
+}
+
+TEST_CASE("torch mean: short and vector-wide inputs") {
+  std::vector<float> ones(100, 0.5f);
+  CHECK(bnb::torch_mean_f32(ones.data(), 3) == 0.5f);
+  CHECK(bnb::torch_mean_f32(ones.data(), 100) == 0.5f);
+  const float v[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  CHECK(bnb::torch_mean_f32(v, 4) == 2.5f);
+}
+
+TEST_CASE("bnb int8: rows scaled by 127 / max |row|, zero rows stay zero") {
+  const float values[6] = {1.0f, -0.5f, 0.25f, 0.0f, 0.0f, 0.0f};
+  int8_t q[6];
+  float scb[2], back[6];
+  bnb::quantize_int8(values, 2, 3, q, scb);
+  CHECK(scb[0] == 1.0f);
+  CHECK(scb[1] == 0.0f);
+  CHECK(q[0] == 127);
+  CHECK(q[1] == -64);  // -63.5 rounds to even
+  CHECK(q[2] == 32);   // 31.75
+  CHECK(q[3] == 0);
+  bnb::dequantize_int8(q, scb, 2, 3, back);
+  CHECK(back[0] == (127.0f * 1.0f) * static_cast<float>(7.874015718698502e-3));
+  CHECK(back[4] == 0.0f);
+}
