@@ -17,7 +17,9 @@ magnitudes scaled by random factors in [0.5, 1.5] so that magnitude / norm is fa
 * F32: max |ours - PEFT| <= 1e-5 x max |PEFT| in every layer.
 * BF16 (PEFT's default autocast_adapter_dtype=True: adapters in f32, x cast to f32; PEFT subtracts
   the bias in bf16 and rounds the sum once): every element within 2 bf16 ulps of PEFT's, the ulp
-  taken at the size of the largest of |base output| and |PEFT's output|.
+  taken at the size of the largest of |base output|, |PEFT's output|, |base output - bias| (the
+  value PEFT rounds to bf16 before scaling it by s - 1) and s x scaling x |x A^T| |B^T| (where
+  cancellation in the rank sum shows, as in test_serve_apply.py).
 * Rows of no adapter, and rows whose adapter lacks the layer, are left bit for bit as they were.
 
 ``test_base_weights_changed`` changes a layer's base weight in place: without
@@ -168,6 +170,29 @@ def give_base_weights(registry, model) -> None:
         registry.set_base_weight(module_name, base.weight.detach(), bias=bias)
 
 
+def lora_terms(layer, x: np.ndarray, row_adapter: list[str]) -> np.ndarray:
+    """Per element, s * scaling * |x A^T| |B^T| in float64 (s = 1 for plain LoRA): the size of what
+    the rank sum adds up, where cancellation shows (as serve_support.Reference.terms)."""
+    x64 = x.astype(np.float64)
+    out = np.zeros((x.shape[0], layer.lora_B[next(iter(layer.lora_B))].weight.shape[0]))
+    weight = layer.base_layer.weight.detach().double()
+    if getattr(layer, "fan_in_fan_out", False):
+        weight = weight.T
+    for adapter in set(row_adapter):
+        if adapter == "__base__" or adapter not in layer.lora_A:
+            continue
+        rows = np.array([a == adapter for a in row_adapter])
+        a = layer.lora_A[adapter].weight.detach().double()
+        b = layer.lora_B[adapter].weight.detach().double()
+        scaling = layer.scaling[adapter]
+        s = np.ones(b.shape[0])
+        if adapter in layer.lora_magnitude_vector:
+            norm = (weight + scaling * b @ a).norm(dim=1).numpy()
+            s = np.abs(layer.lora_magnitude_vector[adapter].weight.detach().double().numpy()) / norm
+        out[rows] = s * abs(scaling) * (np.abs(x64[rows] @ a.numpy().T) @ np.abs(b.numpy().T))
+    return out
+
+
 def raw(array: np.ndarray) -> np.ndarray:
     return array.view(np.uint16 if array.dtype.itemsize == 2 else np.uint32)
 
@@ -213,7 +238,11 @@ def test_dora_apply_matches_peft_mixed_with_lora(family, dtype, peft_c, fixtures
                 worst = max(worst, rel)
                 assert rel <= 1e-5, f"{module}: differs from PEFT by {rel:.3g} of the output's scale"
             else:
-                size = np.maximum(np.abs(before.astype(np.float64)), np.abs(peft))
+                # PEFT rounds y - bias to bf16 before scaling it by s - 1: its size counts too.
+                bias = layers[module].base_layer.bias
+                centred = before.astype(np.float64) - (to_numpy(bias).astype(np.float64) if bias is not None else 0)
+                size = np.maximum.reduce([np.abs(before.astype(np.float64)), np.abs(peft), np.abs(centred),
+                                          lora_terms(layers[module], x, row_adapter)])
                 scaled = np.abs(ours - peft) / bf16_ulp_of(size)
                 worst = max(worst, float(scaled.max()))
                 assert scaled.max() <= 2, (f"{module}: {int(np.sum(scaled > 2))} elements differ from PEFT's by "
