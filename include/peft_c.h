@@ -2714,7 +2714,8 @@ PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, c
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
  *  into the output the host computed with the base weight, as PEFT's forward of an unmerged model
  *  with mixed-batch `adapter_names` does. Rows are grouped by adapter and each group costs two
- *  BLAS matrix products.
+ *  BLAS matrix products. DoRA adapters are applied too, mixed with the others, from the base
+ *  weights the host gives the registry (peft_registry_set_base_weight()).
  *
  *  Names of layers: HuggingFace module paths ("model.layers.0.self_attn.q_proj") or weight names
  *  ("...q_proj.weight"), with or without "base_model.model."; with a translator given to
@@ -2972,6 +2973,13 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * gamma(n) = n u / (1 - n u), u = 2^-24 and n = in_features + rank + 6 (the depth of rounded
  * operations). A BF16 or F16 @p y is that F32 result rounded once, to nearest even. The tests check
  * this bound on every kernel table (see peft_kernels()).
+ *
+ * DoRA layers (`use_dora`): rows of a DoRA adapter get PEFT's DoRA forward instead,
+ * y[i] += (s - 1) * (y[i] - bias) + (s * (x[i] A^T) B^T) * scaling, in F32 and rounded once, where
+ * s = magnitude / ||W + scaling B A|| per output feature comes from the base weight and bias given
+ * with peft_registry_set_base_weight() (computed on the layer's first apply, kept until
+ * peft_registry_base_weights_changed()); @p y must then be the base output with its bias. DoRA,
+ * plain LoRA and adapter-less rows may share one call (PEFT refuses `adapter_names` with DoRA).
  * @param module The layer (see @ref serving).
  * @param leases The adapters of this batch.
  * @param lease_count Their number (at least 1).
@@ -2986,8 +2994,10 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * @param out_features The layer's output features.
  * @return NULL on success, and @p y is unchanged on failure: #PEFT_ERR_SHAPE_MISMATCH naming the
  *         adapter when its layer's features differ from @p in_features / @p out_features;
- *         #PEFT_ERR_UNSUPPORTED for a DoRA, embedding or Conv2d layer (PEFT refuses mixed batches
- *         with DoRA too) or another dtype; #PEFT_ERR_UNRESOLVED_KEY when the registry's translator
+ *         #PEFT_ERR_UNSUPPORTED for an embedding or Conv2d layer or another dtype;
+ *         #PEFT_ERR_NOT_FOUND naming the layer and the adapter for a DoRA layer whose base weight
+ *         was not given with peft_registry_set_base_weight(); #PEFT_ERR_SHAPE_MISMATCH when that
+ *         weight's shape or bias does not fit the layer; #PEFT_ERR_UNRESOLVED_KEY when the registry's translator
  *         does not resolve @p module; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or an index
  *         out of range; #PEFT_ERR_OUT_OF_MEMORY. Thread-safe; calls writing different outputs may
  *         run at once, also with the same leases.
@@ -3096,6 +3106,54 @@ PEFT_API peft_error* peft_host_model_swap(peft_host_model* host, const peft_leas
  * @return Borrowed UTF-8 string valid until the next swap; NULL when none (or for NULL).
  */
 PEFT_API const char* peft_host_model_current(const peft_host_model* host);
+
+/**
+ * @brief Gives the registry the host's base weight of one layer, which peft_lora_apply() needs for
+ *        DoRA layers: their weight norm ||W + scaling B A|| per output feature, and the layer's bias.
+ *
+ * PEFT's DoRA forward adds `(s - 1) * (base(x) - bias) + s * scaling * (x A^T) B^T` to the base
+ * layer's output base(x), with s = magnitude / ||W + scaling B A||. peft_lora_apply() computes s
+ * the first time an adapter version's DoRA layer is applied (with the norm of the DoRA merge,
+ * accumulated in F64 and rounded to F32; then s = magnitude / norm in F32) and keeps it until
+ * peft_registry_base_weights_changed() or another call of this function; its `y` must be the full
+ * base output, bias included, which it takes out again with the bias given here. Plain LoRA layers
+ * need no base weight.
+ *
+ * The buffers are borrowed, not copied: the host keeps them valid, and their contents as they were,
+ * while any peft_lora_apply() on this registry's leases may run (until the registry and all its
+ * leases are freed, or the layer is given again); after changing their contents it calls
+ * peft_registry_base_weights_changed(). They must hold the base weights without any adapter merged
+ * (not a #peft_host_model's buffers while it has an adapter merged).
+ * @param registry A registry.
+ * @param name The weight's name or its layer's (see @ref serving; the registry's translator applies).
+ *        Giving a layer again replaces its buffers.
+ * @param data The weight: row-major, @p dtype elements.
+ * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @param shape @p ndim dimensions: [out, in] for Linear, [in, out] for GPT-2 Conv1D. Copied.
+ * @param ndim 2.
+ * @param bias The layer's bias (what the host's base output includes), or NULL for a layer without.
+ * @param bias_dtype Dtype of @p bias (#PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16); ignored
+ *        without one.
+ * @param bias_elements Number of elements of @p bias (the output features); ignored without a bias.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p registry, @p name, @p data or
+ *         @p shape; #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for another
+ *         number of dimensions, a zero dimension or a bias of 0 elements; #PEFT_ERR_UNRESOLVED_KEY
+ *         when the translator does not resolve @p name. Whether the shape fits a DoRA layer is
+ *         checked by peft_lora_apply() (#PEFT_ERR_SHAPE_MISMATCH). Thread-safe.
+ */
+PEFT_API peft_error* peft_registry_set_base_weight(peft_registry* registry, const char* name, const void* data,
+                                                   int32_t dtype, const uint64_t* shape, size_t ndim, const void* bias,
+                                                   int32_t bias_dtype, uint64_t bias_elements);
+
+/**
+ * @brief Tells the registry that the host changed the contents of the base weights (or biases) it
+ *        gave with peft_registry_set_base_weight(): every DoRA layer's scale is computed again, from
+ *        the buffers as they are then, at its next peft_lora_apply().
+ * @param registry A registry.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe; applies running at the
+ *         same time finish with the scales they started with.
+ */
+PEFT_API peft_error* peft_registry_base_weights_changed(peft_registry* registry);
 
 /** @} */
 /* ================================================================================================ */
@@ -3320,6 +3378,8 @@ typedef struct peft_api {
   peft_error* (*translator_from_gguf)(const peft_checkpoint* checkpoint, peft_translator** out); /**< peft_translator_from_gguf() */
   peft_error* (*translator_new_gguf)(const char* architecture, uint64_t head_count, uint64_t head_count_kv, peft_translator** out); /**< peft_translator_new_gguf() */
   peft_error* (*adapter_export_gguf_split)(const peft_adapter* adapter, const char* out_path, const char* base, int32_t ggml_type, const char* base_out); /**< peft_adapter_export_gguf_split() */
+  peft_error* (*registry_set_base_weight)(peft_registry* registry, const char* name, const void* data, int32_t dtype, const uint64_t* shape, size_t ndim, const void* bias, int32_t bias_dtype, uint64_t bias_elements); /**< peft_registry_set_base_weight() */
+  peft_error* (*registry_base_weights_changed)(peft_registry* registry); /**< peft_registry_base_weights_changed() */
 } peft_api;
 
 /**

@@ -214,6 +214,8 @@ const peft_api kApiV1 = {
     &peft_translator_from_gguf,
     &peft_translator_new_gguf,
     &peft_adapter_export_gguf_split,
+    &peft_registry_set_base_weight,
+    &peft_registry_base_weights_changed,
 };
 
 }  // namespace

@@ -1,8 +1,10 @@
 // peft_lora_apply() of the serving section: the factors of each lease's layer, as far as PEFT's
 // mixed-batch forward allows them (serve/mixed_batch.hpp), handed to serve::apply_lora.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capi/capi_common.hpp"
@@ -25,11 +27,16 @@ peft_error* peft_lora_apply(const char* module, const peft_lease* const* leases,
     require_arg(leases, "leases");
     if (lease_count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "lease_count must be at least 1");
     std::vector<std::optional<peft::serve::LoraFactors>> groups;
+    std::vector<std::shared_ptr<const peft::serve::DoraScale>> dora;  // kept while groups point into them
     groups.reserve(lease_count);
+    dora.reserve(lease_count);
     for (size_t i = 0; i < lease_count; ++i) {
       if (leases[i] == nullptr)
         peft::fail(PEFT_ERR_INVALID_ARGUMENT, "leases[" + std::to_string(i) + "] must not be NULL");
-      groups.push_back(peft::serve::mixed_batch_factors(*leases[i]->impl, module, in_features, out_features));
+      peft::serve::BatchFactors factors =
+          peft::serve::mixed_batch_factors(*leases[i]->impl, module, in_features, out_features);
+      groups.push_back(factors.factors);
+      dora.push_back(std::move(factors.dora));
     }
     // apply_lora checks the dtypes (any int32 value is a valid DType object), pointers and indices.
     const peft::serve::LoraBatch batch{.x = x,

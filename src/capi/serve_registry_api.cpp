@@ -1,14 +1,17 @@
 // The registry part of the serving section of the C API: registries, registration, leases, stats.
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "capi/serve_handles.hpp"
 #include "capi/string_list.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace {
 
@@ -168,6 +171,30 @@ int32_t peft_lease_has_module(const peft_lease* lease, const char* module) {
   } catch (...) {
     return 0;  // a name the translator does not resolve is not a layer of the adapter
   }
+}
+
+peft_error* peft_registry_set_base_weight(peft_registry* registry, const char* name, const void* data, int32_t dtype,
+                                          const uint64_t* shape, size_t ndim, const void* bias, int32_t bias_dtype,
+                                          uint64_t bias_elements) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    require_arg(name, "name");
+    require_arg(data, "data");
+    if (ndim > 0) require_arg(shape, "shape");
+    const std::vector<int64_t> dims = peft::capi::buffer_shape(shape, ndim, "base weight " + peft::quoted(name) + ": ");
+    if (bias != nullptr && (bias_elements == 0 || bias_elements > static_cast<uint64_t>(INT64_MAX)))
+      peft::fail(PEFT_ERR_SHAPE_MISMATCH, "base weight " + peft::quoted(name) + ": the bias has " +
+                                              std::to_string(bias_elements) + " elements");
+    registry->impl->set_base_weight(name, data, static_cast<peft::DType>(dtype), dims, bias,
+                                    static_cast<peft::DType>(bias_dtype), static_cast<int64_t>(bias_elements));
+  });
+}
+
+peft_error* peft_registry_base_weights_changed(peft_registry* registry) {
+  return guarded([&] {
+    require_arg(registry, "registry");
+    registry->impl->base_weights_changed();
+  });
 }
 
 }  // extern "C"

@@ -102,6 +102,10 @@ void check_factors(const LoraFactors& f, size_t group) {
   if (!is_aligned(f.a, f.dtype) || !is_aligned(f.b, f.dtype) || !is_aligned(f.bias, f.dtype))
     fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": factors must be aligned to their element size");
   if (!is_blas_dimension(f.rank)) fail_dimension(f.rank, name() + "'s rank");
+  if (f.dora_scale == nullptr && f.base_bias != nullptr)
+    fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": a base bias is for DoRA only");
+  if (f.dora_scale != nullptr && f.bias != nullptr)
+    fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": a DoRA layer has no lora_B.bias");
 }
 
 // The rows of one group: [first, first + count) or, when list is set, list[0 .. count) (ascending).
@@ -142,12 +146,35 @@ void accumulate_b(size_t n, int rank, int out, float scaling, const float* t, co
                 1.0f, c, out);
 }
 
+// L [n, out] = T [n, rank] B^T.
+void multiply_by_b(size_t n, int rank, int out, const float* t, const float* b, float* l) {
+  if (n == 1)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, rank, 1.0f, b, rank, t, 1, 0.0f, l, 1);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, rank, 1.0f, t, rank, b, rank, 0.0f,
+                l, out);
+}
+
+// C [n, out] += (s - 1) * (C - bias) + (s * L) * scaling, per output feature j (PEFT's DoRA forward).
+void add_dora(size_t n, size_t out, float scaling, const float* s, const float* bias, const float* l, float* c) {
+  for (size_t i = 0; i < n; ++i) {
+    float* row = c + i * out;
+    const float* lora = l + i * out;
+    for (size_t j = 0; j < out; ++j) {
+      const float base = bias ? row[j] - bias[j] : row[j];
+      const float dora = (s[j] - 1.0f) * base + (s[j] * lora[j]) * scaling;
+      row[j] = row[j] + dora;
+    }
+  }
+}
+
 // The f32 buffers of one call, carved from the thread's scratch before anything is written.
 struct Buffers {
   float* factors = nullptr;  // widened A, B and bias of the group being applied
   float* x = nullptr;        // a block of x's rows, when they must be gathered or widened
   float* t = nullptr;        // a block of X A^T
   float* y = nullptr;        // a block of y's rows, when they must be gathered or widened
+  float* lora = nullptr;     // DoRA: a block of (X A^T) B^T
 };
 
 void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batch, const Buffers& buffers) {
@@ -197,7 +224,12 @@ void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batc
     }
 
     multiply_by_a(n, static_cast<int>(in), static_cast<int>(rank), x, a, buffers.t);
-    accumulate_b(n, static_cast<int>(rank), static_cast<int>(out), scaling, buffers.t, b, c);
+    if (f.dora_scale) {
+      multiply_by_b(n, static_cast<int>(rank), static_cast<int>(out), buffers.t, b, buffers.lora);
+      add_dora(n, out, scaling, f.dora_scale, f.base_bias, buffers.lora, c);
+    } else {
+      accumulate_b(n, static_cast<int>(rank), static_cast<int>(out), scaling, buffers.t, b, c);
+    }
     if (bias) {
       for (size_t i = 0; i < n; ++i) {
         float* row = c + i * out;
@@ -231,12 +263,14 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
     fail(PEFT_ERR_INVALID_ARGUMENT, "x and y must not overlap");
 
   size_t factor_floats = 0, max_rank = 0;
+  bool dora = false;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g]) continue;
     const LoraFactors& f = *groups[g];
     check_factors(f, g);
     const size_t rank = static_cast<size_t>(f.rank);
     max_rank = std::max(max_rank, rank);
+    dora = dora || f.dora_scale != nullptr;
     if (f.dtype != DType::F32)
       factor_floats = std::max(factor_floats, rank * (batch.in_features + batch.out_features) +
                                                   (f.bias ? batch.out_features : 0));
@@ -280,10 +314,12 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
   const size_t x_floats = gathered || !is_f32_in_place(batch.x, batch.x_dtype) ? block * batch.in_features : 0;
   const size_t y_floats = gathered || !is_f32_in_place(batch.y, batch.y_dtype) ? block * batch.out_features : 0;
   Buffers buffers;
-  buffers.factors = scratch.floats(factor_floats + x_floats + block * max_rank + y_floats);
+  const size_t lora_floats = dora ? block * batch.out_features : 0;
+  buffers.factors = scratch.floats(factor_floats + x_floats + block * max_rank + y_floats + lora_floats);
   buffers.x = buffers.factors + factor_floats;
   buffers.t = buffers.x + x_floats;
   buffers.y = buffers.t + block * max_rank;
+  buffers.lora = buffers.y + y_floats;
 
   // ---- the products ----
   if (!gathered) {

@@ -20,6 +20,17 @@
 // block's rows are consecutive, nor of y's rows when y is f32 and they are (x and y may have any
 // alignment; f32 rows not aligned to 4 bytes are copied).
 //
+// DoRA groups (LoraFactors::dora_scale set): PEFT's DoRA forward (dora.py DoraLinearLayer.forward,
+// eval mode), with s = dora_scale (magnitude / ||W + scaling B A||, per output feature) and
+// bias = base_bias (the base layer's bias, which y includes; zero when null):
+//
+//   y[i] += (s - 1) * (y[i] - bias) + (s * (x[i] A^T) B^T) * scaling
+//
+// in f32 with that order of operations, then rounded once into y's dtype. PEFT computes the same in
+// f32 when its adapters are f32 (autocast_adapter_dtype, its default); it subtracts the bias in
+// y's dtype where we do it in f32. The LoRA groups' arithmetic is the same with or without DoRA
+// groups in the batch.
+//
 // Thread safety: no shared mutable state; calls writing different outputs may run at once, with
 // the same factors too.
 #pragma once
@@ -42,6 +53,10 @@ struct LoraFactors {
   const void* bias = nullptr;  // lora_B.bias [out_features], or null
   int64_t rank = 0;
   double scaling = 0;
+  // DoRA (see above): out_features f32 values each, borrowed for the call; null for plain LoRA.
+  // A DoRA group has no lora_B.bias.
+  const float* dora_scale = nullptr;
+  const float* base_bias = nullptr;  // may be null with dora_scale (a base layer without bias)
 };
 
 // One layer's activations for a batch of rows (tokens). x and y must not overlap.
@@ -67,7 +82,7 @@ inline constexpr size_t kKeptScratchBytes = size_t(32) << 20;
 // adapter has no factors for this layer. Everything is checked before y is written; on failure y
 // is unchanged: INVALID_ARGUMENT for no groups, null pointers (x and y may be null when rows is
 // 0), misaligned factors, features or ranks below 1 or above what BLAS takes (2^31 - 1), a group
-// index out of range, sizes that overflow, overlapping x and y; UNSUPPORTED for dtypes other than
+// index out of range, sizes that overflow, overlapping x and y, a DoRA group with a lora_B.bias; UNSUPPORTED for dtypes other than
 // F32, BF16 and F16.
 void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBatch& batch);
 

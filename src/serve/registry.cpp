@@ -66,6 +66,7 @@ struct RegistryCore {
   uint64_t reserved_bytes = 0;  // bytes of loads under way (counted against the budget too)
   uint64_t next_version = 1;
   RegistryStats counters;       // peak, loaded, pinned, loads, hits, evictions
+  BaseWeights base_weights;     // DoRA: the host's base weights and the scales (its own lock)
 
   // Lease::find_layer's cache: layer name -> the module paths it may stand for (module_candidates).
   struct NameHash {
@@ -320,6 +321,10 @@ std::unique_ptr<Lease> Lease::clone() const {
   return copy;
 }
 
+std::shared_ptr<const DoraScale> Lease::dora_scale(const LoadedLayer& layer) const {
+  return core_->base_weights.scale(loaded_, layer, entry_->name);
+}
+
 // ---- Registry ----
 
 Registry::Registry(DType storage, uint64_t budget_bytes, std::optional<Translator> translator) {
@@ -360,5 +365,13 @@ void Registry::trim() { core_->trim(); }
 void Registry::set_budget(uint64_t budget_bytes) { core_->set_budget(budget_bytes); }
 
 RegistryStats Registry::stats() const { return core_->stats(); }
+
+void Registry::set_base_weight(std::string_view name, const void* data, DType dtype, std::span<const int64_t> shape,
+                               const void* bias, DType bias_dtype, int64_t bias_elements) {
+  core_->base_weights.set(name, data, dtype, shape, bias, bias_dtype, bias_elements,
+                          core_->translator ? &*core_->translator : nullptr);
+}
+
+void Registry::base_weights_changed() { core_->base_weights.changed(); }
 
 }  // namespace peft::serve

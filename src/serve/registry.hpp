@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "core/dtype.hpp"
 #include "peft/adapter/adapter.hpp"
 #include "peft/arch/translator.hpp"
+#include "serve/base_weights.hpp"
 #include "serve/loaded_adapter.hpp"
 
 namespace peft::serve {
@@ -65,6 +67,9 @@ class Lease {
   const LoadedLayer* find_layer(std::string_view name) const;
   // A second, independent pin on the same version (a host model keeps one while merged).
   std::unique_ptr<Lease> clone() const;
+  // The DoRA scale of `layer` (one of loaded()'s layers with a magnitude) from the registry's base
+  // weights (BaseWeights::scale: NOT_FOUND without a base weight for it, SHAPE_MISMATCH, UNSUPPORTED).
+  std::shared_ptr<const DoraScale> dora_scale(const LoadedLayer& layer) const;
 
  private:
   friend struct RegistryCore;
@@ -99,6 +104,13 @@ class Registry {
   void trim();                              // evicts every unpinned loaded version
   void set_budget(uint64_t budget_bytes);   // OVER_BUDGET (nothing changed) if pinned bytes exceed it
   RegistryStats stats() const;
+
+  // DoRA in unmerged apply (base_weights.hpp): the host's base weight of a layer, named as
+  // Lease::find_layer names are (BaseWeights::set's errors), and the notice that the host changed
+  // the contents of its base weights (every DoRA scale is computed again at its next use).
+  void set_base_weight(std::string_view name, const void* data, DType dtype, std::span<const int64_t> shape,
+                       const void* bias, DType bias_dtype, int64_t bias_elements);
+  void base_weights_changed();
 
  private:
   std::shared_ptr<RegistryCore> core_;

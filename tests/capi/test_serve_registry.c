@@ -17,6 +17,7 @@
 
 #define LLAMA_LORA PEFT_TEST_DATA "/adapters/llama_lora"
 #define LLAMA_RSLORA PEFT_TEST_DATA "/adapters/llama_rslora"
+#define LLAMA_DORA PEFT_TEST_DATA "/adapters/llama_dora"
 
 static peft_lease* const kUntouchedLease = (peft_lease*)(uintptr_t)0x5eed;
 static peft_registry* const kUntouchedRegistry = (peft_registry*)(uintptr_t)0x5eed;
@@ -287,10 +288,82 @@ static void test_errors(void) {
   peft_registry_free(registry);
 }
 
+/* DoRA in unmerged apply: a DoRA layer without its base weight is NOT_FOUND (y untouched), the
+ * argument checks of peft_registry_set_base_weight(), a weight that does not fit the layer
+ * (SHAPE_MISMATCH at apply), then a fitting one: y changes, and changes again after the weight
+ * changed and the registry was told. The fixture's q_proj is Linear 16 -> 16. */
+static void test_dora_base_weights(void) {
+  const char* q = "model.layers.0.self_attn.q_proj";
+  const uint64_t shape[2] = {16, 16}, wrong[2] = {16, 8}, three[3] = {16, 16, 1};
+  float weight[16 * 16], bias[16], x[2 * 16], y[2 * 16], first[2 * 16];
+  peft_registry* registry = NULL;
+  peft_lease* lease = NULL;
+  const peft_lease* leases[1];
+  for (int i = 0; i < 16 * 16; ++i) weight[i] = (float)((i * 37) % 19 - 9) / 16.0f;
+  for (int i = 0; i < 16; ++i) bias[i] = (float)i / 8.0f;
+  for (int i = 0; i < 2 * 16; ++i) x[i] = (float)((i * 11) % 7 - 3) / 4.0f;
+  memset(y, 0, sizeof y);
+
+  CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 1u << 20, NULL, &registry));
+  CHECK_OK(peft_registry_register(registry, "dora", LLAMA_DORA, NULL));
+  CHECK_OK(peft_registry_acquire(registry, "dora", &lease));
+  leases[0] = lease;
+  CHECK_CODE_NAMING(peft_lora_apply(q, leases, 1, NULL, x, PEFT_DTYPE_F32, 2, 16, y, PEFT_DTYPE_F32, 16),
+                    PEFT_ERR_NOT_FOUND, "peft_registry_set_base_weight");
+  for (int i = 0; i < 2 * 16; ++i) CHECK(y[i] == 0.0f);
+
+  CHECK_CODE(peft_registry_set_base_weight(NULL, q, weight, PEFT_DTYPE_F32, shape, 2, NULL, 0, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_set_base_weight(registry, NULL, weight, PEFT_DTYPE_F32, shape, 2, NULL, 0, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_set_base_weight(registry, q, NULL, PEFT_DTYPE_F32, shape, 2, NULL, 0, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_set_base_weight(registry, q, weight, PEFT_DTYPE_F32, NULL, 2, NULL, 0, 0),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_registry_set_base_weight(registry, q, weight, PEFT_DTYPE_I32, shape, 2, NULL, 0, 0),
+             PEFT_ERR_UNSUPPORTED);
+  CHECK_CODE(peft_registry_set_base_weight(registry, q, weight, 12345, shape, 2, NULL, 0, 0), PEFT_ERR_UNSUPPORTED);
+  CHECK_CODE(peft_registry_set_base_weight(registry, q, weight, PEFT_DTYPE_F32, three, 3, NULL, 0, 0),
+             PEFT_ERR_SHAPE_MISMATCH);
+  CHECK_CODE(peft_registry_set_base_weight(registry, q, weight, PEFT_DTYPE_F32, shape, 2, bias, PEFT_DTYPE_F32, 0),
+             PEFT_ERR_SHAPE_MISMATCH);
+  CHECK_CODE(peft_registry_base_weights_changed(NULL), PEFT_ERR_INVALID_ARGUMENT);
+
+  CHECK_OK(peft_registry_set_base_weight(registry, q, weight, PEFT_DTYPE_F32, wrong, 2, NULL, 0, 0));
+  CHECK_CODE_NAMING(peft_lora_apply(q, leases, 1, NULL, x, PEFT_DTYPE_F32, 2, 16, y, PEFT_DTYPE_F32, 16),
+                    PEFT_ERR_SHAPE_MISMATCH, "[16, 8]");
+  CHECK_OK(peft_registry_set_base_weight(registry, q, weight, PEFT_DTYPE_F32, shape, 2, bias, PEFT_DTYPE_F32, 8));
+  CHECK_CODE_NAMING(peft_lora_apply(q, leases, 1, NULL, x, PEFT_DTYPE_F32, 2, 16, y, PEFT_DTYPE_F32, 16),
+                    PEFT_ERR_SHAPE_MISMATCH, "bias");
+  for (int i = 0; i < 2 * 16; ++i) CHECK(y[i] == 0.0f);
+
+  CHECK_OK(peft_registry_set_base_weight(registry, "model.layers.0.self_attn.q_proj.weight", weight, PEFT_DTYPE_F32,
+                                         shape, 2, bias, PEFT_DTYPE_F32, 16));
+  CHECK_OK(peft_lora_apply(q, leases, 1, NULL, x, PEFT_DTYPE_F32, 2, 16, y, PEFT_DTYPE_F32, 16));
+  memcpy(first, y, sizeof y);
+  int changed = 0;
+  for (int i = 0; i < 2 * 16; ++i) changed += y[i] != 0.0f;
+  CHECK(changed > 0);
+
+  /* Kept until told: the same y again, then another after the change is announced. */
+  for (int i = 0; i < 16 * 16; ++i) weight[i] *= 2.0f;
+  memset(y, 0, sizeof y);
+  CHECK_OK(peft_lora_apply(q, leases, 1, NULL, x, PEFT_DTYPE_F32, 2, 16, y, PEFT_DTYPE_F32, 16));
+  CHECK(memcmp(y, first, sizeof y) == 0);
+  CHECK_OK(peft_registry_base_weights_changed(registry));
+  memset(y, 0, sizeof y);
+  CHECK_OK(peft_lora_apply(q, leases, 1, NULL, x, PEFT_DTYPE_F32, 2, 16, y, PEFT_DTYPE_F32, 16));
+  CHECK(memcmp(y, first, sizeof y) != 0);
+
+  peft_lease_free(lease);
+  peft_registry_free(registry);
+}
+
 int main(void) {
   test_lifecycle();
   test_memory_and_translator();
   test_stats_size();
   test_errors();
+  test_dora_base_weights();
   return check_summary();
 }

@@ -493,7 +493,8 @@ TEST_CASE("peft_lora_apply: errors name what is wrong and leave y unchanged") {
   };
   const char* q_proj = "model.layers.0.self_attn.q_proj";
   fails(PEFT_ERR_SHAPE_MISMATCH, "model.layers.0.mlp.down_proj", {lora}, "\"llama_lora\"");
-  fails(PEFT_ERR_UNSUPPORTED, q_proj, {lora, dora}, "DoRA");
+  // DoRA is served from the host's base weight; without one: NOT_FOUND naming how to give it.
+  fails(PEFT_ERR_NOT_FOUND, q_proj, {lora, dora}, "peft_registry_set_base_weight");
   fails(PEFT_ERR_UNSUPPORTED, "model.embed_tokens", {embedding}, "embedding");
   fails(PEFT_ERR_INVALID_ARGUMENT, nullptr, {lora}, "module");
   fails(PEFT_ERR_INVALID_ARGUMENT, q_proj, {}, "lease");

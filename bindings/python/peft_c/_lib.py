@@ -246,6 +246,9 @@ PROTOTYPES = {
                                           c_void_p, c_int32, c_uint64]),
     "peft_host_model_swap": (_err, [_handle, _handle, ctypes.c_double, POINTER(SwapStatsStruct)]),
     "peft_host_model_current": (c_char_p, [_handle]),
+    "peft_registry_set_base_weight": (_err, [_handle, c_char_p, c_void_p, c_int32, POINTER(c_uint64), c_size_t,
+                                             c_void_p, c_int32, c_uint64]),
+    "peft_registry_base_weights_changed": (_err, [_handle]),
     # the hub cache
     "peft_hub_resolve": (_err, [c_char_p, POINTER(c_void_p)]),
     "peft_hub_cache_dir": (_err, [POINTER(c_void_p)]),

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import json
-from ctypes import byref, c_void_p
+import math
+from ctypes import byref, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .._dtypes import DType, DTypeLike, as_dtype
 from .._handle import HandleObject, Owned, handle_of
-from .._helpers import adapter_options, encode, fs_path, u64
+from .._helpers import adapter_options, buffer_of, encode, fs_path, u64
 from .._lib import RegistryStatsStruct, check, lib, take_string_list, text
 from ..adapter import Translator
 
@@ -148,9 +149,12 @@ class Registry(HandleObject):
     def acquire(self, name: str) -> Lease:
         """Loads the adapter if needed and pins it until the lease is released (``OverBudgetError``
         when it does not fit beside the pinned adapters)."""
+        owned = self._live()
         out = c_void_p()
-        check(lib().peft_registry_acquire(self._live().ptr, encode(name, "names"), byref(out)))
-        return Lease(Owned(out.value, "peft_lease_free"))
+        check(lib().peft_registry_acquire(owned.ptr, encode(name, "names"), byref(out)))
+        lease = Owned(out.value, "peft_lease_free")
+        lease.keep.append(owned.keep)  # the base weights (set_base_weight): a lease may outlive the registry
+        return Lease(lease)
 
     def trim(self) -> None:
         """Evicts every loaded adapter that nothing pins."""
@@ -160,6 +164,29 @@ class Registry(HandleObject):
         """Changes the budget, evicting unpinned adapters until the loaded bytes fit
         (``OverBudgetError``, nothing changed, when the pinned ones alone take more)."""
         check(lib().peft_registry_set_budget(self._live().ptr, u64(budget_bytes, "budget_bytes")))
+
+    def set_base_weight(self, name: str, weight, *, bias=None, dtype: Optional[DTypeLike] = None) -> None:
+        """Gives the base weight of one layer (and its bias), which ``lora_apply`` needs for DoRA
+        layers: laid out as the base model stores it ([out, in] for Linear, [in, out] for GPT-2
+        Conv1D), a C-contiguous numpy array or CPU torch tensor, borrowed (this object keeps it
+        referenced). ``y`` given to ``lora_apply`` for a DoRA layer is the base output with the bias.
+        After changing the arrays' contents call ``base_weights_changed``. ``dtype`` reads a raw
+        ``uint16`` array as "BF16"."""
+        owned = self._live()
+        buffer = buffer_of(weight, dtype, "weight")
+        bias_buffer = buffer_of(bias, None, "bias") if bias is not None else None
+        shape = (c_uint64 * max(len(buffer.shape), 1))(*buffer.shape)
+        check(lib().peft_registry_set_base_weight(
+            owned.ptr, encode(name, "weight names"), buffer.address, int(buffer.dtype), shape,
+            len(buffer.shape), bias_buffer.address if bias_buffer else None,
+            int(bias_buffer.dtype) if bias_buffer else 0,
+            math.prod(bias_buffer.shape) if bias_buffer else 0))
+        owned.keep.append((weight, bias))
+
+    def base_weights_changed(self) -> None:
+        """The contents of the base weights given with ``set_base_weight`` changed: DoRA scales are
+        computed again at their next use."""
+        check(lib().peft_registry_base_weights_changed(self._live().ptr))
 
     def stats(self) -> RegistryStats:
         raw = RegistryStatsStruct(size=ctypes.sizeof(RegistryStatsStruct))

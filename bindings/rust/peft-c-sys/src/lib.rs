@@ -779,6 +779,18 @@ functions! {
         ggml_type: i32,
         base_out: *const c_char,
     ) -> *mut peft_error;
+    pub fn peft_registry_set_base_weight(
+        registry: *mut peft_registry,
+        name: *const c_char,
+        data: *const c_void,
+        dtype: i32,
+        shape: *const u64,
+        ndim: usize,
+        bias: *const c_void,
+        bias_dtype: i32,
+        bias_elements: u64,
+    ) -> *mut peft_error;
+    pub fn peft_registry_base_weights_changed(registry: *mut peft_registry) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1048,5 +1060,7 @@ api_table! {
         pub fn translator_from_gguf(checkpoint: *const peft_checkpoint, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_from_gguf;
         pub fn translator_new_gguf(architecture: *const c_char, head_count: u64, head_count_kv: u64, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_new_gguf;
         pub fn adapter_export_gguf_split(adapter: *const peft_adapter, out_path: *const c_char, base: *const c_char, ggml_type: i32, base_out: *const c_char) -> *mut peft_error = peft_adapter_export_gguf_split;
+        pub fn registry_set_base_weight(registry: *mut peft_registry, name: *const c_char, data: *const c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *const c_void, bias_dtype: i32, bias_elements: u64) -> *mut peft_error = peft_registry_set_base_weight;
+        pub fn registry_base_weights_changed(registry: *mut peft_registry) -> *mut peft_error = peft_registry_base_weights_changed;
     }
 }
