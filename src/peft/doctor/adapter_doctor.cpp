@@ -532,7 +532,7 @@ class Doctor {
   };
 
   void classify(AdapterModule& m, const Group&) {
-    const auto [lora, embedding, tokens] = module_roles(m);
+    const auto [lora, embedding, tokens, method_params] = module_roles(m);
     if (embedding) {
       m.kind = LayerKind::embedding;
     } else if (lora) {
