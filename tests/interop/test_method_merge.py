@@ -8,6 +8,9 @@ with the real peft package (seeded random parameters). For each:
   the tensor's largest value (f32), and the merged logits within 1e-5;
 * with `--dtype bf16`: each bf16 tensor is PEFT's f32 merge rounded once (at most 1 ulp apart, and
   exactly our own f32 merge rounded);
+* into host buffers (peft_merge_buffer_apply through the Python binding): f32 weights as PEFT's,
+  bf16 ones the f32 merge of the same values rounded once, and removal with kept rows restoring the
+  original bytes, also after swapping among methods;
 * weighted: `--adapter dir:0.5` equals PEFT with the method's scale set to half (set_scale for
   LoHa/LoKr/AdaLoRA's scaling, ia3_l * 0.5 for IA3, add_weighted_adapter's sum for one adapter);
 * an adapter of a method that cannot be merged (prompt tuning, X-LoRA...) fails with UNSUPPORTED
@@ -120,3 +123,68 @@ def test_unmergeable_methods_are_refused(peft_type, why, peftc_binary, fixtures_
                            str(adapter), "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "UNSUPPORTED" in proc.stderr and peft_type in proc.stderr and why in proc.stderr, proc.stderr
+
+
+def _module_names(adapter):
+    return [m.name for m in adapter.modules if m.kind.name not in ("FULL", "TRAINABLE_TOKENS")]
+
+
+@pytest.mark.parametrize("case", ["llama_loha", "llama_lokr_decomposed", "llama_lokr_full", "llama_adalora",
+                                  "llama_ia3", "gpt2_adalora", "gpt2_ia3"])
+def test_host_buffer_merge_matches_peft_and_comes_out_exactly(case, method_adapter, peft_c, tmp_path):
+    """peft_merge_buffer_apply through the Python binding: each weight equals PEFT's merged weight
+    (f32, 1e-6 relative), a bf16 buffer is that f32 result rounded once, and removal with
+    keep_original_rows restores the original bytes."""
+    base, adapter_dir = method_adapter(case)
+    ref = saved_tensors(peft_reference(base, adapter_dir), tmp_path / "ref")
+    tensors = file_tensors(base)
+    with peft_c.Adapter.open(str(adapter_dir)) as adapter:
+        names = _module_names(adapter)
+        assert names
+        for module in names:
+            key = module + ".weight"
+            weight = tensors[key].clone()
+            original = weight.clone()
+            record = peft_c.merge_into(adapter, module, weight, keep_original_rows=True)
+            want = ref[key].double()
+            assert float((weight.double() - want).abs().max()) <= 1e-6 * float(want.abs().max()), key
+            record.remove(weight)
+            assert torch.equal(weight.view(torch.int32), original.view(torch.int32)), key
+
+            # bf16: the f32 merge of the same (bf16) values, rounded once.
+            half = original.to(torch.bfloat16)
+            half_original = half.clone()
+            wide = half.float()
+            peft_c.merge_into(adapter, module, wide)
+            record = peft_c.merge_into(adapter, module, half, keep_original_rows=True)
+            assert torch.equal(half.view(torch.int16), wide.to(torch.bfloat16).view(torch.int16)), key
+            assert not torch.equal(half.view(torch.int16), half_original.view(torch.int16)), key
+            record.remove(half)
+            assert torch.equal(half.view(torch.int16), half_original.view(torch.int16)), key
+
+
+def test_host_buffer_swap_among_methods_and_back_to_none(method_adapter, peft_c):
+    """One llama weight: LoHa, then LoKr on top, then IA3, removed in reverse order, then AdaLoRA
+    alone and removed, in f32 and bf16: the buffer ends as it began, bit for bit."""
+    adapters = {case: method_adapter(case)[1] for case in ("llama_loha", "llama_lokr_decomposed", "llama_ia3",
+                                                           "llama_adalora")}
+    base = method_adapter("llama_loha")[0]
+    module = "model.layers.0.self_attn.v_proj"
+    opened = {case: peft_c.Adapter.open(str(path)) for case, path in adapters.items()}
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            weight = file_tensors(base)[module + ".weight"].to(dtype).contiguous()
+            original = weight.clone()
+            view = torch.int32 if dtype == torch.float32 else torch.int16
+            records = [peft_c.merge_into(opened[c], module, weight, keep_original_rows=True)
+                       for c in ("llama_loha", "llama_lokr_decomposed", "llama_ia3")]
+            assert not torch.equal(weight.view(view), original.view(view))
+            for record in reversed(records):
+                record.remove(weight)
+            assert torch.equal(weight.view(view), original.view(view))
+            record = peft_c.merge_into(opened["llama_adalora"], module, weight, scale=0.5, keep_original_rows=True)
+            record.remove(weight)
+            assert torch.equal(weight.view(view), original.view(view))
+    finally:
+        for a in opened.values():
+            a.close()
