@@ -146,7 +146,12 @@ void apply_lora(const PlannedTensor& p, uint8_t* data, unsigned threads) {
 
 void apply_lora_bias(const PlannedTensor& p, uint8_t* data, uint64_t elements) {
   const merge::WeightView view{data, p.work_dtype, 1, static_cast<int64_t>(elements)};
-  if (p.lora_bias.front().module->method == PeftMethod::ia3) {
+  size_t ia3_terms = 0;
+  for (const LoraTerm& term : p.lora_bias) ia3_terms += term.module->method == PeftMethod::ia3 ? 1 : 0;
+  if (ia3_terms != 0 && ia3_terms != p.lora_bias.size())
+    fail(PEFT_ERR_UNSUPPORTED, "bias " + peft::quoted(p.name) + ": an IA3 scale and a LoRA lora_B.bias on the same "
+                                                                "bias in one merge are not supported");
+  if (ia3_terms != 0) {
     for (const LoraTerm& term : p.lora_bias) {  // each IA3 adapter scales the bias in turn, as PEFT merges
       const std::vector<float> l = ia3_vector(load_method_params(*term.adapter->adapter, *term.module), term.coefficient);
       if (l.size() != elements)
