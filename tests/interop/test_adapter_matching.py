@@ -297,7 +297,7 @@ UNSUPPORTED_BUT_VALID = {
     "qalora": {"use_qalora": True},
     "layer_replication": {"layer_replication": [[0, 2], [1, 3]]},
     "target_parameters": {"target_parameters": ["mlp.experts.gate_up_proj"]},
-    "oft": {"peft_type": "OFT"},
+    "vera": {"peft_type": "VERA"},
 }
 
 
