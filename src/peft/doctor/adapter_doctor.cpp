@@ -219,7 +219,8 @@ class Doctor {
         e.module = rewrite->module;
         e.suffix = rewrite->suffix;
         e.understood = true;
-      } else if (auto parsed = parse_adapter_key(e.key)) {
+      } else if (auto parsed = parse_adapter_key(e.key); parsed && parsed->role != TensorRole::method_param) {
+        // (other methods' parameter keys are left to the rules below, as before they were known)
         e.module = parsed->module;
         e.suffix = parsed->role_suffix;
         e.understood = true;
