@@ -1360,8 +1360,10 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * @param[out] out Receives the adapter; free it with peft_adapter_free().
  * @return NULL on success, else:
  *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
- *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a non-LoRA `peft_type`, or a LoRA
- *         variant this library does not merge (the message names the field);
+ *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a `peft_type` other than LORA,
+ *         LOHA, LOKR, ADALORA and IA3 (the message names the method and, for prompt/prefix tuning,
+ *         p-tuning, X-LoRA, Poly..., why it cannot be merged), LoHa/LoKr in their CP (conv) form, or
+ *         a LoRA variant this library does not merge (the message names the field);
  *         #PEFT_ERR_INVALID_CONFIG for invalid JSON, a field of the wrong type, a value PEFT rejects,
  *         modules the config does not target, or ranks / DoRA / lora_bias that do not match the
  *         tensors (the message names the field and every module at fault);
@@ -2010,6 +2012,14 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  (peft_merge_buffer_options_set_keep_original_rows()), otherwise by PEFT's arithmetic unmerge, which
  *  in BF16/F16 may differ from the original in the last bit. So a server can swap adapters without
  *  reloading its base weights.
+ *
+ *  **Other PEFT methods** (LoHa, LoKr, AdaLoRA, IA3 on Linear and GPT-2 Conv1D layers): both merges
+ *  take them as PEFT 0.21's merge_and_unload() does (docs/peft-semantics.md, "Other PEFT methods"),
+ *  the merge weight multiplying their scale (IA3: ia3_l times the weight). Their arithmetic unmerge
+ *  subtracts the delta again, and for IA3 divides by ia3_l + 1e-8 as PEFT does, which is not exact
+ *  even in F32: keep the original rows for an exact removal. IA3 scales a non-feed-forward layer's
+ *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. Registries (serving) load
+ *  LoRA adapters only.
  *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.

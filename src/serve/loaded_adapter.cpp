@@ -94,8 +94,13 @@ LayerPlan layer_plan(const Adapter& adapter, const AdapterModule& m, DType stora
 std::vector<LayerPlan> adapter_plan(const Adapter& adapter, DType storage) {
   require_storage(storage);
   std::vector<LayerPlan> plans;
-  for (const AdapterModule& m : adapter.modules())
+  for (const AdapterModule& m : adapter.modules()) {
+    if (m.is_lora() && m.method != PeftMethod::lora)
+      fail(PEFT_ERR_UNSUPPORTED, "adapter " + quoted(adapter.dir()) + ": serving " + peft_method_name(m.method) +
+                                     " adapters from the registry is not supported (only LoRA layers are loaded "
+                                     "there); merge them into host buffers (peft_merge_buffer_apply) or a checkpoint");
     if (m.is_lora()) plans.push_back(layer_plan(adapter, m, storage));
+  }
   return plans;
 }
 

@@ -73,8 +73,10 @@ TEST_CASE("adapter config: missing peft_type is INVALID_CONFIG") {
 }
 
 TEST_CASE("adapter config: another PEFT method is UNSUPPORTED, an unknown one INVALID_CONFIG") {
-  check_fails({{"peft_type", "IA3"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
-  check_fails({{"peft_type", "ADALORA"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
+  check_fails({{"peft_type", "OFT"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
+  check_fails({{"peft_type", "PROMPT_TUNING"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
+  CHECK(contains(parse_failure(config_text({{"peft_type", "PROMPT_TUNING"}})).message, "virtual tokens"));
+  CHECK(contains(parse_failure(config_text({{"peft_type", "XLORA"}})).message, "per-token routing"));
   check_fails({{"peft_type", "NOT_A_METHOD"}}, PEFT_ERR_INVALID_CONFIG, "peft_type");
 }
 
@@ -161,4 +163,25 @@ TEST_CASE("adapter config: LoRA variants with another merge are UNSUPPORTED nami
 
 TEST_CASE("adapter config: a bad regex is INVALID_CONFIG naming the field") {
   check_fails({{"target_modules", ".*(q_proj"}}, PEFT_ERR_INVALID_CONFIG, "target_modules");
+}
+
+TEST_CASE("adapter config: LoHa, LoKr, AdaLoRA and IA3 fields read in LoRA's names") {
+  auto loha = peft::LoraConfig::parse(R"({"peft_type": "LOHA", "r": 4, "alpha": 6, "rank_pattern": {"q_proj": 2}})", "x");
+  CHECK(loha.method == peft::PeftMethod::loha);
+  CHECK(loha.r == 4);
+  CHECK(loha.lora_alpha == 6);
+  CHECK(loha.rank_pattern.size() == 1);
+  auto ada = peft::LoraConfig::parse(
+      R"({"peft_type": "ADALORA", "r": 8, "init_r": 4, "lora_alpha": 16, "rank_pattern": {"m.lora_E": [true, false]}})",
+      "x");
+  CHECK(ada.method == peft::PeftMethod::adalora);
+  CHECK(ada.r == 4);
+  REQUIRE(ada.adalora_rank_masks.size() == 1);
+  CHECK(ada.adalora_rank_masks[0].second == std::vector<bool>{true, false});
+  CHECK(ada.rank_pattern.empty());
+  auto ia3 = peft::LoraConfig::parse(R"({"peft_type": "IA3", "feedforward_modules": ["down_proj"]})", "x");
+  CHECK(ia3.method == peft::PeftMethod::ia3);
+  CHECK(ia3.feedforward_modules.names == std::vector<std::string>{"down_proj"});
+  CHECK(loha.canonical_json().find("\"alpha\": 6") != std::string::npos);  // the document is kept
+  check_fails({{"peft_type", "ADALORA"}, {"rank_pattern", {{"m", {1, 0}}}}}, PEFT_ERR_INVALID_CONFIG, "rank_pattern");
 }

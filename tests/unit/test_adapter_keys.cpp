@@ -78,9 +78,7 @@ TEST_CASE("adapter keys: keys that are not LoRA adapter keys do not resolve") {
       "weight",                                                         // no module
       "base_model.model.model..layers.0.lora_A.weight",                  // empty segment
       "base_model.model.model.layers.0.q_proj.lora_A.my_task.weight",   // another adapter name
-      "base_model.model.model.layers.0.q_proj.lora_E",                  // AdaLoRA
       "base_model.model.model.layers.0.q_proj.lora_diag.weight",        // KaSA
-      "base_model.model.model.layers.0.q_proj.lora_A",                  // no .weight
       "base_model.model.model.layers.0.q_proj.lora_A.weight.extra",
       "base_model.model.classifier.modules_to_save.task2.weight",       // another adapter name
       "base_model.model.classifier.original_module.weight",             // not saved by PEFT
@@ -98,4 +96,22 @@ TEST_CASE("adapter keys: the canonical key drops the adapter name and keeps the 
   REQUIRE(parsed);
   CHECK(parsed->key(true) == "base_model.model.x.y.lora_A.weight");
   CHECK(parsed->key(false) == "x.y.lora_A.weight");
+}
+
+TEST_CASE("adapter keys: parameters of other methods are method_param keys named by the parameter") {
+  const std::pair<const char*, const char*> cases[] = {
+      {"base_model.model.model.layers.0.q_proj.lora_E", "lora_E"},        // AdaLoRA
+      {"base_model.model.model.layers.0.q_proj.lora_A", "lora_A"},        // AdaLoRA (no .weight)
+      {"base_model.model.model.layers.0.q_proj.hada_w1_a", "hada_w1_a"},  // LoHa
+      {"model.layers.0.mlp.up_proj.lokr_w2.default", "lokr_w2"},          // LoKr, adapter name
+      {"base_model.model.transformer.h.0.attn.c_attn.ia3_l", "ia3_l"},    // IA3
+  };
+  for (const auto& [key, param] : cases) {
+    CAPTURE(key);
+    auto parsed = peft::parse_adapter_key(key);
+    REQUIRE(parsed);
+    CHECK(parsed->role == peft::TensorRole::method_param);
+    CHECK(parsed->role_suffix == param);
+  }
+  CHECK_FALSE(peft::parse_adapter_key("hada_w1_a"));  // no module
 }

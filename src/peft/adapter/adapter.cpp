@@ -1,11 +1,13 @@
 #include "peft/adapter/adapter.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/python_regex.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/base_model.hpp"
 #include "peft/adapter/base_validation.hpp"
@@ -75,6 +77,24 @@ struct AdapterBuilder {
     a.family_reason_ = guess->reason;
   }
 
+  // Whether a parsed key's role belongs to the adapter's method: LoRA roles to LoRA, method
+  // parameters to their own method (AdaLoRA's lora_A/lora_B/lora_E, LoHa's hada_*, ...); full
+  // replacement tensors and trainable tokens to every method.
+  bool role_fits_method(const ParsedKey& key) const {
+    const PeftMethod method = a.config_.method;
+    if (key.role == TensorRole::full || key.role == TensorRole::trainable_tokens_delta) return true;
+    if (key.role != TensorRole::method_param) return method == PeftMethod::lora;
+    const std::string& p = key.role_suffix;
+    switch (method) {
+      case PeftMethod::lora: return false;
+      case PeftMethod::loha: return p.starts_with("hada_");
+      case PeftMethod::lokr: return p.starts_with("lokr_");
+      case PeftMethod::adalora: return p == "lora_A" || p == "lora_B" || p == "lora_E";
+      case PeftMethod::ia3: return p == "ia3_l";
+    }
+    return false;
+  }
+
   void group_keys() {
     std::vector<std::string> unresolved;
     std::map<std::string, size_t> by_name;
@@ -83,6 +103,7 @@ struct AdapterBuilder {
     for (size_t i = 0; i < a.checkpoint_->tensor_count(); ++i) {
       const TensorInfo& t = a.checkpoint_->tensor(i);
       auto parsed = parse_adapter_key(t.name);
+      if (parsed && !role_fits_method(*parsed)) parsed.reset();
       if (!parsed && options.lenient) {
         unexpected(t.name, "it is not a PEFT LoRA adapter key");
         continue;
@@ -117,7 +138,7 @@ struct AdapterBuilder {
     if (!unresolved.empty()) {
       std::string message = a.dir_ + ": " + std::to_string(unresolved.size()) +
                             (unresolved.size() == 1 ? " tensor key is" : " tensor keys are") +
-                            " not PEFT LoRA adapter keys: ";
+                            " not PEFT " + std::string(peft_method_name(a.config_.method)) + " adapter keys: ";
       for (size_t i = 0; i < unresolved.size(); ++i) message += (i ? ", " : "") + peft::quoted(unresolved[i]);
       fail(PEFT_ERR_UNRESOLVED_KEY, message);
     }
@@ -132,8 +153,13 @@ struct AdapterBuilder {
 
   // Decides each module's kind from its roles and checks that its LoRA tensors are complete.
   void classify(AdapterModule& m) {
-    const auto [lora, embedding, tokens] = module_roles(m);
+    const auto [lora, embedding, tokens, method_params] = module_roles(m);
     std::string who = "module " + peft::quoted(m.name);
+    if (method_params) {
+      m.kind = LayerKind::linear;  // GPT-2 Conv1D is told apart with the base or the table
+      m.method = a.config_.method;
+      return;
+    }
     if (embedding && (m.find(TensorRole::lora_a) || m.find(TensorRole::lora_b) || m.find(TensorRole::lora_b_bias))) {
       broken_structure.push_back(who + " has both lora_embedding_* and lora_A/lora_B tensors");
       return;
@@ -284,6 +310,104 @@ struct AdapterBuilder {
     }
   }
 
+  // A module of another method: its parameters complete, rank and scale as PEFT computes them.
+  void resolve_method(AdapterModule& m, const ModuleMatcher& matcher, std::vector<std::string>& untargeted) {
+    const LoraConfig& c = a.config_;
+    auto verdict = matcher.check(m.name);
+    if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
+      untargeted.push_back(peft::quoted(m.name) + " (" + verdict_name(verdict) + ")");
+    const std::string who = "module " + peft::quoted(m.name);
+    const std::string method = peft_method_name(c.method);
+    auto need = [&](std::initializer_list<const char*> params) {
+      bool ok = true;
+      for (const char* p : params)
+        if (!m.find_param(p)) {
+          broken_structure.push_back(who + " (" + method + ") has no " + p);
+          ok = false;
+        }
+      return ok;
+    };
+    auto dim = [&](const char* p, size_t axis) -> int64_t {
+      const auto& shape = info(*m.find_param(p)).shape;
+      return axis < shape.size() ? static_cast<int64_t>(shape[axis]) : 0;
+    };
+    auto refuse_cp = [&](const char* p) {
+      if (m.find_param(p))
+        fail(PEFT_ERR_UNSUPPORTED, who + " holds " + p + ": the CP (effective conv2d) form of " + method +
+                                       " on convolution layers is not supported");
+    };
+    auto check_rank = [&](int64_t actual) {
+      if (actual == m.rank) return;
+      const std::string text = who + " has rank " + std::to_string(actual) + " but ";
+      if (m.rank_key)
+        config_problem("rank_pattern", text + "key " + peft::quoted(*m.rank_key) + " gives " + std::to_string(m.rank));
+      else
+        config_problem("r", text + "r is " + std::to_string(m.rank));
+    };
+    switch (c.method) {
+      case PeftMethod::lora: return;
+      case PeftMethod::loha:
+      case PeftMethod::lokr: {
+        refuse_cp(c.method == PeftMethod::loha ? "hada_t1" : "lokr_t2");
+        refuse_cp("hada_t2");
+        m.rank_key = matcher.rank_key(m.name);
+        m.alpha_key = matcher.alpha_key(m.name);
+        m.rank = matcher.rank_for(m.name);
+        m.alpha = matcher.alpha_for(m.name);
+        m.scaling = m.alpha / static_cast<double>(m.rank);  // LycorisLayer: alpha / r
+        if (c.method == PeftMethod::loha) {
+          if (!need({"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"})) return;
+          check_rank(dim("hada_w1_a", 1));
+          return;
+        }
+        const bool w1 = m.find_param("lokr_w1") != nullptr, w2 = m.find_param("lokr_w2") != nullptr;
+        if (!need(w1 ? std::initializer_list<const char*>{} : std::initializer_list<const char*>{"lokr_w1_a", "lokr_w1_b"}))
+          return;
+        if (!need(w2 ? std::initializer_list<const char*>{} : std::initializer_list<const char*>{"lokr_w2_a", "lokr_w2_b"}))
+          return;
+        if (!w1) check_rank(dim("lokr_w1_a", 1));
+        if (!w2) check_rank(dim("lokr_w2_a", 1));
+        return;
+      }
+      case PeftMethod::adalora: {
+        if (!need({"lora_A", "lora_B", "lora_E"})) return;
+        m.rank = dim("lora_A", 0);
+        m.alpha = c.lora_alpha;
+        // SVDLinear.update_layer: scaling = lora_alpha if > 0 else float(r); ranknum = float(init_r),
+        // kept when rank_pattern resizes the layer (resize_modules_by_rank_pattern).
+        m.scaling = c.lora_alpha > 0 ? c.lora_alpha : static_cast<double>(m.rank);
+        m.ranknum = static_cast<double>(c.r);
+        int64_t expected = c.r;
+        for (const auto& [key, mask] : c.adalora_rank_masks) {
+          std::string module = key;
+          for (const char* tail : {".lora_E", ".lora_A", ".lora_B"})
+            if (module.ends_with(tail)) module.resize(module.size() - std::string_view(tail).size());
+          if (module.starts_with(kPeftPrefix)) module.erase(0, kPeftPrefix.size());
+          if (module != m.name) continue;
+          m.rank_key = key;
+          expected = static_cast<int64_t>(std::count(mask.begin(), mask.end(), true));
+        }
+        if (m.rank != expected)
+          config_problem(m.rank_key ? "rank_pattern" : "init_r",
+                         who + " has rank " + std::to_string(m.rank) + " but " +
+                             (m.rank_key ? "its rank_pattern mask keeps " : "init_r is ") + std::to_string(expected));
+        return;
+      }
+      case PeftMethod::ia3: {
+        m.scaling = 1.0;  // the merge weight multiplies ia3_l (add_weighted_adapter's weighted sum)
+        if (!need({"ia3_l"})) return;
+        const ModuleSelector& ff = c.feedforward_modules;
+        if (ff.kind == ModuleSelector::Kind::list) {
+          for (const std::string& name : ff.names) m.ia3_feedforward = m.ia3_feedforward || m.name.ends_with(name);
+        } else if (ff.kind == ModuleSelector::Kind::regex || ff.kind == ModuleSelector::Kind::all_linear) {
+          m.ia3_feedforward = PythonRegex(ff.pattern, PEFT_ERR_INVALID_CONFIG, "field \"feedforward_modules\"")
+                                  .fullmatch(m.name);
+        }
+        return;
+      }
+    }
+  }
+
   void resolve_tokens(AdapterModule& m) {
     const TrainableTokenIndices& tti = a.config_.trainable_token_indices;
     const AdapterTensor* delta = m.find(TensorRole::trainable_tokens_delta);
@@ -364,7 +488,8 @@ struct AdapterBuilder {
       fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
     size_t token_modules = 0;
     for (AdapterModule& m : a.modules_) {
-      if (m.is_lora()) resolve_lora(m, *matcher, untargeted);
+      if (m.is_lora() && m.method != PeftMethod::lora) resolve_method(m, *matcher, untargeted);
+      else if (m.is_lora()) resolve_lora(m, *matcher, untargeted);
       if (m.kind == LayerKind::trainable_tokens) {
         resolve_tokens(m);
         ++token_modules;

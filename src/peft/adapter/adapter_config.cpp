@@ -18,10 +18,30 @@ constexpr uint64_t kMaxConfigBytes = 64ull << 20;
 constexpr const char* kTaskTypes[] = {"SEQ_CLS",     "SEQ_2_SEQ_LM",       "CAUSAL_LM", "TOKEN_CLS",
                                       "QUESTION_ANS", "FEATURE_EXTRACTION"};
 
+// PEFT types this library does not merge, with the reason (virtual tokens, routing...) or the
+// generic one.
+struct OtherType {
+  const char* name;
+  const char* why;
+};
+constexpr const char* kNotYet = "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA and IA3 are)";
+constexpr OtherType kWhyNot[] = {
+    {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
+    {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
+    {"P_TUNING", "p-tuning learns virtual tokens through a prompt encoder; there is no weight to merge"},
+    {"PREFIX_TUNING", "prefix tuning learns key/value prefixes for every layer; there is no weight to merge"},
+    {"ADAPTION_PROMPT", "adaption prompts add gated attention over learned prompts; there is no weight to merge"},
+    {"CPT", "context-aware prompt tuning learns virtual tokens; there is no weight to merge"},
+    {"XLORA", "X-LoRA mixes LoRA experts with per-token routing computed at run time; no single weight holds it"},
+    {"POLY", "Poly routes each task through a learned mixture of LoRA skills at run time; no single weight "
+             "holds it"},
+    {"CARTRIDGE", "cartridges are trained key/value caches; there is no weight to merge"},
+};
+
 // PEFT types other than LoRA: valid adapters this library does not merge.
 constexpr const char* kOtherPeftTypes[] = {
-    "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADALORA", "ADAMSS", "BOFT",
-    "ADAPTION_PROMPT", "IA3", "BEFT", "LILY", "LOHA", "LOKR", "OFT", "POLY", "LN_TUNING", "VERA", "FROD",
+    "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS", "BOFT",
+    "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "LN_TUNING", "VERA", "FROD",
     "PVERA", "FOURIERFT", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "MISS", "RANDLORA", "ROAD",
     "TRAINABLE_TOKENS", "HIRA", "SHIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
@@ -126,14 +146,22 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   if (it == doc.end()) f.invalid("peft_type", "is missing (PEFT requires it)");
   if (!it->is_string()) f.wrong_type("peft_type", "a string such as \"LORA\"");
   c.peft_type = it->get<std::string>();
-  if (c.peft_type == "LORA") return;
-  for (const char* other : kOtherPeftTypes)
-    if (c.peft_type == other)
-      f.unsupported("peft_type", "is " + peft::quoted(c.peft_type) + ": only LORA adapters are supported");
+  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3})
+    if (c.peft_type == peft_method_name(m)) {
+      c.method = m;
+      return;
+    }
+  for (const char* other : kOtherPeftTypes) {
+    if (c.peft_type != other) continue;
+    const char* why = kNotYet;
+    for (const OtherType& t : kWhyNot)
+      if (c.peft_type == t.name) why = t.why;
+    f.unsupported("peft_type", "is " + peft::quoted(c.peft_type) + ": " + why);
+  }
   f.invalid("peft_type", "is " + peft::quoted(c.peft_type) + ", which is not a PEFT type");
 }
 
-void read_scalars(const FieldReader& f, LoraConfig& c) {
+void read_scalars(const FieldReader& f, const Json& doc, LoraConfig& c) {
   c.task_type = f.optional_string("task_type");
   if (c.task_type) {
     bool known = false;
@@ -150,7 +178,7 @@ void read_scalars(const FieldReader& f, LoraConfig& c) {
       f.invalid("r", "is " + v->dump() + ", more than the largest rank this library handles (2^63 - 1)");
     c.r = v->get<int64_t>();
     c.r_given = true;
-  } else if (c.document.contains("r")) {
+  } else if (doc.contains("r")) {
     f.wrong_type("r", "a positive integer");  // an explicit null
   }
   if (c.r <= 0) f.invalid("r", "must be a positive integer, got " + std::to_string(c.r));
@@ -159,7 +187,7 @@ void read_scalars(const FieldReader& f, LoraConfig& c) {
     if (!v->is_number() || !std::isfinite(v->get<double>())) f.wrong_type("lora_alpha", "a finite number");
     c.lora_alpha = v->get<double>();
     c.lora_alpha_given = true;
-  } else if (c.document.contains("lora_alpha")) {
+  } else if (doc.contains("lora_alpha")) {
     f.wrong_type("lora_alpha", "a number");
   }
   c.lora_dropout = f.number("lora_dropout", 0.0);
@@ -173,7 +201,7 @@ void read_scalars(const FieldReader& f, LoraConfig& c) {
   if (const Json* v = f.get("bias")) {
     if (!v->is_string()) f.wrong_type("bias", "\"none\", \"all\" or \"lora_only\"");
     c.bias = v->get<std::string>();
-  } else if (c.document.contains("bias")) {
+  } else if (doc.contains("bias")) {
     f.wrong_type("bias", "\"none\", \"all\" or \"lora_only\"");
   }
   if (c.bias != "none" && c.bias != "all" && c.bias != "lora_only")
@@ -303,16 +331,74 @@ void check_supported(const FieldReader& f, LoraConfig& c) {
   }
 }
 
+// The fields of the other methods, in the names LoRA's readers use (see LoraConfig::method).
+Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
+  Json view = doc;
+  auto rename = [&](const char* from, const char* to) {
+    view.erase(to);
+    if (doc.contains(from)) view[to] = doc.at(from);
+  };
+  switch (c.method) {
+    case PeftMethod::lora: break;
+    case PeftMethod::loha:
+    case PeftMethod::lokr:
+      rename("alpha", "lora_alpha");
+      rename("init_weights", "init_lora_weights");
+      if (const Json* v = f.get("use_effective_conv2d"); v && !v->is_boolean())
+        f.wrong_type("use_effective_conv2d", "true or false");
+      break;
+    case PeftMethod::adalora: {
+      rename("init_r", "r");
+      if (!view.contains("r")) view["r"] = 12;  // AdaLoraConfig's default init_r
+      view.erase("rank_pattern");
+      if (const Json* v = f.get("rank_pattern")) {
+        if (!v->is_object()) f.wrong_type("rank_pattern", "an object {module: [true/false per rank]}");
+        for (const auto& [key, mask] : v->items()) {
+          if (!mask.is_array()) f.invalid("rank_pattern", "entry " + peft::quoted(key) + " must be a list of booleans");
+          std::vector<bool> bits;
+          for (const Json& b : mask) {
+            if (!b.is_boolean()) f.invalid("rank_pattern", "entry " + peft::quoted(key) + " must be a list of booleans");
+            bits.push_back(b.get<bool>());
+          }
+          c.adalora_rank_masks.emplace_back(key, std::move(bits));
+        }
+      }
+      if (f.boolean("use_dora", false)) f.invalid("use_dora", "is not supported by AdaLoRA (PEFT refuses it)");
+      break;
+    }
+    case PeftMethod::ia3:
+      view.erase("r");
+      view.erase("lora_alpha");
+      view.erase("init_lora_weights");
+      c.feedforward_modules = f.selector("feedforward_modules");
+      break;
+  }
+  return view;
+}
+
 }  // namespace
+
+const char* peft_method_name(PeftMethod method) {
+  switch (method) {
+    case PeftMethod::lora: return "LORA";
+    case PeftMethod::loha: return "LOHA";
+    case PeftMethod::lokr: return "LOKR";
+    case PeftMethod::adalora: return "ADALORA";
+    case PeftMethod::ia3: return "IA3";
+  }
+  return "LORA";
+}
 
 LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& source) {
   LoraConfig c;
   c.document = parse_json_ordered(json_text, PEFT_ERR_INVALID_CONFIG, source);
   if (!c.document.is_object()) fail(PEFT_ERR_INVALID_CONFIG, source + ": must be a JSON object");
-  FieldReader f(c.document, source);
-  read_peft_type(f, c.document, c);
-  read_scalars(f, c);
-  read_init(f, c.document, c);
+  FieldReader original(c.document, source);
+  read_peft_type(original, c.document, c);
+  const Json view = lora_view(original, c.document, c);
+  FieldReader f(view, source);
+  read_scalars(f, view, c);
+  read_init(f, view, c);
   read_lists(f, c);
   check_like_post_init(f, c);
   check_other_types(f, c);

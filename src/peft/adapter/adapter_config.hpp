@@ -60,10 +60,21 @@ struct TrainableTokenIndices {
   }
 };
 
+// The PEFT methods whose adapters load and merge (peft_type); methods/peft_methods.hpp has their
+// arithmetic. Every other peft_type is PEFT_ERR_UNSUPPORTED naming the method and why.
+enum class PeftMethod { lora, loha, lokr, adalora, ia3 };
+const char* peft_method_name(PeftMethod method);  // "LORA", "LOHA", "LOKR", "ADALORA", "IA3"
+
 struct LoraConfig {
   nlohmann::ordered_json document;  // the file as read, in file order, unknown fields included
 
-  std::string peft_type;  // "LORA"
+  std::string peft_type;  // "LORA", "LOHA", "LOKR", "ADALORA" or "IA3"
+  // The method, and its fields read as LoRA's: LoHa/LoKr "alpha" is lora_alpha (their r,
+  // rank_pattern and alpha_pattern are LoRA's); AdaLoRA's "init_r" is r (its rank_pattern holds
+  // masks, kept in adalora_rank_masks); IA3 has no rank (r and lora_alpha stay unused).
+  PeftMethod method = PeftMethod::lora;
+  std::vector<std::pair<std::string, std::vector<bool>>> adalora_rank_masks;  // AdaLoRA rank_pattern
+  ModuleSelector feedforward_modules;  // IA3
   std::optional<std::string> task_type;
   std::optional<std::string> base_model_name_or_path;
   std::optional<std::string> revision;

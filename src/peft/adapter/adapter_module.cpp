@@ -26,6 +26,19 @@ const AdapterTensor* AdapterModule::find_suffix(const std::string& suffix) const
   return nullptr;
 }
 
+const AdapterTensor* AdapterModule::find_param(std::string_view param) const {
+  for (const AdapterTensor& t : tensors)
+    if (t.role == TensorRole::method_param && t.suffix == param) return &t;
+  return nullptr;
+}
+
+const AdapterTensor* AdapterModule::weight_factor() const {
+  for (const AdapterTensor& t : tensors)
+    if (t.role == TensorRole::lora_a || t.role == TensorRole::lora_embedding_a || t.role == TensorRole::method_param)
+      return &t;
+  return nullptr;
+}
+
 ModuleRoles module_roles(const AdapterModule& m) {
   ModuleRoles roles;
   for (const AdapterTensor& t : m.tensors) {
@@ -34,6 +47,7 @@ ModuleRoles module_roles(const AdapterModule& m) {
     roles.embedding =
         roles.embedding || t.role == TensorRole::lora_embedding_a || t.role == TensorRole::lora_embedding_b;
     roles.tokens = roles.tokens || t.role == TensorRole::trainable_tokens_delta;
+    roles.method = roles.method || t.role == TensorRole::method_param;
   }
   return roles;
 }

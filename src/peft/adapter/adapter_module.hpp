@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "peft/adapter/adapter_config.hpp"
 #include "peft/arch/key_grammar.hpp"
 
 namespace peft {
@@ -45,10 +46,24 @@ struct AdapterModule {
   std::optional<std::string> alpha_key;  // the alpha_pattern key that applied, if any
   std::vector<AdapterTensor> tensors;    // file order
   std::vector<int64_t> token_indices;    // trainable_tokens only
+  // The PEFT method of the module's adapter layer (LoRA, or the adapter's peft_type for
+  // method_param tensors). For LoHa/LoKr rank/alpha/scaling are PEFT's r, alpha, alpha / r; for
+  // AdaLoRA rank is the saved rank, scaling lora_alpha (or the rank when lora_alpha <= 0) and
+  // ranknum init_r; IA3 has none of them, and ia3_feedforward says whether feedforward_modules
+  // selects the module (ia3_l then scales the input features, otherwise the output features).
+  PeftMethod method = PeftMethod::lora;
+  double ranknum = 0;
+  bool ia3_feedforward = false;
+  std::string ia3_bias;  // IA3, not feed-forward: the base bias ia3_l also scales ("" when none)
 
   bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
   const AdapterTensor* find(TensorRole role) const;
   const AdapterTensor* find_suffix(const std::string& suffix) const;
+  // The method_param tensor named `param` ("hada_w1_a"), or null.
+  const AdapterTensor* find_param(std::string_view param) const;
+  // The tensor whose base_tensor is the module's weight: lora_A, lora_embedding_A or the first
+  // method parameter.
+  const AdapterTensor* weight_factor() const;
 };
 
 // Which kinds of tensor roles a module holds: what its kind is decided from.
@@ -56,6 +71,7 @@ struct ModuleRoles {
   bool lora = false;       // lora_A, lora_B, lora_B.bias or lora_magnitude_vector
   bool embedding = false;  // lora_embedding_A or lora_embedding_B
   bool tokens = false;     // trainable_tokens_delta
+  bool method = false;     // parameters of another method (method_param)
 };
 ModuleRoles module_roles(const AdapterModule& m);
 

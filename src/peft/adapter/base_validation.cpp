@@ -35,7 +35,9 @@ class ModuleChecker {
     const Shape& w = base_.weight_shape(*weight);
     for (AdapterTensor& t : m_.tensors)
       if (t.role != TensorRole::lora_b_bias && is_lora_role(t.role)) t.base_tensor = base_name_;
-    if (m_.kind == LayerKind::embedding) {
+    if (m_.method != PeftMethod::lora) {
+      method_layer(w);
+    } else if (m_.kind == LayerKind::embedding) {
       embedding(w);
     } else if (m_.kind == LayerKind::conv2d) {
       conv2d(w);
@@ -77,6 +79,62 @@ class ModuleChecker {
     }
     m_.kind = conv1d ? LayerKind::conv1d : LayerKind::linear;
     magnitude({out});
+  }
+
+  // The features a non-LoRA method's parameters imply (0: not implied), as PEFT creates them.
+  std::pair<uint64_t, uint64_t> method_features() const {
+    auto dims = [&](const char* p) -> Shape {
+      const AdapterTensor* t = m_.find_param(p);
+      return t ? adapter_.tensor(t->index).shape : Shape{};
+    };
+    auto at = [](const Shape& s, size_t i) -> uint64_t { return i < s.size() ? s[i] : 0; };
+    switch (m_.method) {
+      case PeftMethod::loha: return {at(dims("hada_w1_a"), 0), at(dims("hada_w1_b"), 1)};
+      case PeftMethod::lokr: {
+        const Shape w1 = dims("lokr_w1"), w2 = dims("lokr_w2");
+        const uint64_t a = w1.empty() ? at(dims("lokr_w1_a"), 0) : at(w1, 0);
+        const uint64_t c = w1.empty() ? at(dims("lokr_w1_b"), 1) : at(w1, 1);
+        const uint64_t b = w2.empty() ? at(dims("lokr_w2_a"), 0) : at(w2, 0);
+        const uint64_t d = w2.empty() ? at(dims("lokr_w2_b"), 1) : at(w2, 1);
+        return {a * b, c * d};
+      }
+      case PeftMethod::adalora: return {at(dims("lora_B"), 0), at(dims("lora_A"), 1)};
+      case PeftMethod::ia3: {
+        const Shape l = dims("ia3_l");  // (out, 1), or (1, in) for a feed-forward module
+        return m_.ia3_feedforward ? std::pair<uint64_t, uint64_t>{0, at(l, 1)} : std::pair<uint64_t, uint64_t>{at(l, 0), 0};
+      }
+      case PeftMethod::lora: break;
+    }
+    return {0, 0};
+  }
+
+  void method_layer(const Shape& w) {
+    const auto [out, in] = method_features();
+    auto fits = [&](uint64_t rows, uint64_t cols) {
+      return w.size() == 2 && (rows == 0 || w[0] == rows) && (cols == 0 || w[1] == cols);
+    };
+    const bool fits_linear = fits(out, in), fits_conv1d = fits(in, out);
+    const std::string method = peft_method_name(m_.method);
+    if (!fits_linear && !fits_conv1d) {
+      mismatch(method + " parameters for " + std::to_string(out) + " output and " + std::to_string(in) +
+               " input features (0: any) do not fit " + peft::quoted(base_name_) + " " + shape_text(w) +
+               " (Linear [out, in] or GPT-2 Conv1D [in, out]; convolutions are not supported)");
+      return;
+    }
+    bool conv1d = fits_conv1d && !fits_linear;
+    if (fits_conv1d && fits_linear && table_) {
+      const ModuleRule* rule = table_->rule_for_module(m_.name);
+      conv1d = rule && rule->kind == ModuleKind::conv1d;
+    }
+    if (conv1d && (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr)) {
+      mismatch(method + " on the GPT-2 Conv1D layer " + peft::quoted(base_name_) +
+               ": PEFT implements " + method + " for Linear and Conv layers only");
+      return;
+    }
+    m_.kind = conv1d ? LayerKind::conv1d : LayerKind::linear;
+    // IA3 on a non-feed-forward layer scales the bias too; the bias is the module's.
+    if (m_.method == PeftMethod::ia3 && !m_.ia3_feedforward)
+      if (auto b = base_.find(m_.name, "bias", table_)) m_.ia3_bias = base_.weights->tensor(*b).name;
   }
 
   void embedding(const Shape& w) {

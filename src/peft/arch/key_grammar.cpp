@@ -60,7 +60,18 @@ std::optional<TensorRole> lora_role(const std::vector<std::string_view>& segs, s
   return std::nullopt;
 }
 
+constexpr std::string_view kMethodParams[] = {
+    "hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1",   "hada_t2", "lokr_w1", "lokr_w1_a",
+    "lokr_w1_b", "lokr_w2",   "lokr_w2_a", "lokr_w2_b", "lokr_t2",   "lora_A",  "lora_B",  "lora_E",
+    "ia3_l"};
+
 }  // namespace
+
+bool is_method_param(std::string_view segment) {
+  for (std::string_view p : kMethodParams)
+    if (segment == p) return true;
+  return false;
+}
 
 const char* role_suffix(TensorRole role) {
   switch (role) {
@@ -72,6 +83,7 @@ const char* role_suffix(TensorRole role) {
     case TensorRole::lora_magnitude: return "lora_magnitude_vector";
     case TensorRole::trainable_tokens_delta: return "token_adapter.trainable_tokens_delta";
     case TensorRole::full: return "";
+    case TensorRole::method_param: return "";
   }
   return "";
 }
@@ -94,6 +106,20 @@ std::optional<ParsedKey> parse_adapter_key(std::string_view key) {
   std::vector<std::string_view> segs = split_segments(key);
   for (std::string_view s : segs)
     if (s.empty()) return std::nullopt;
+
+  // Parameters of other methods: <module>.<param>[.default], the param last.
+  {
+    size_t last = segs.size() - 1;
+    const bool named = segs.size() >= 3 && segs[last] == kDefaultAdapter && is_method_param(segs[last - 1]);
+    if (named) --last;
+    if (last >= 1 && is_method_param(segs[last])) {
+      parsed.module = join(segs, 0, last);
+      parsed.role = TensorRole::method_param;
+      parsed.role_suffix = std::string(segs[last]);
+      parsed.had_adapter_name = named;
+      return parsed;
+    }
+  }
 
   // LoRA roles: the last lora_* segment decides; anything lora_* that is not a LoRA role of this
   // grammar (AdaLoRA's lora_E, KaSA's lora_diag, another adapter name) is not resolved.

@@ -32,7 +32,15 @@ enum class TensorRole {
   lora_magnitude,          // lora_magnitude_vector    DoRA
   trainable_tokens_delta,  // token_adapter.trainable_tokens_delta  (n_indices, dim)
   full,                    // a whole tensor that replaces the base's tensor of the same name
+  method_param,            // a parameter of another PEFT method (methods/peft_methods.hpp): its
+                           // role_suffix is the parameter's name (hada_w1_a, lokr_w2, lora_E, ia3_l, ...)
 };
+
+// The parameter names of the non-LoRA methods (PEFT saves their ParameterDicts as
+// "<module>.<name>", e.g. "model.layers.0.mlp.up_proj.hada_w1_a"): LoHa hada_w1_a hada_w1_b
+// hada_w2_a hada_w2_b hada_t1 hada_t2; LoKr lokr_w1 lokr_w1_a lokr_w1_b lokr_w2 lokr_w2_a
+// lokr_w2_b lokr_t2; AdaLoRA lora_A lora_B lora_E (no ".weight"); IA3 ia3_l.
+bool is_method_param(std::string_view segment);
 
 // The key suffix of a role ("lora_A.weight"); for `full`, see ParsedKey::role_suffix.
 const char* role_suffix(TensorRole role);

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
+#include "peft/methods/peft_methods.hpp"
 
 namespace peft {
 
@@ -75,6 +77,7 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   const merge::DeltaLayout& layout = module.layout;
   if (layout.out < 1 || layout.in < 1) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module layout is empty");
   check_view(weight, layout.rows(), layout.cols(), "buffer merge: weight");
+  if (module.method_params) return apply_method(weight, bias, module, options);
   if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1)
     fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module has no lora_A/lora_B factors");
   const bool with_bias = module.lora_bias != nullptr;
@@ -147,13 +150,85 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   return record;
 }
 
+// The record's changes for another method, computed from its parameters and the merge weight.
+struct BufferMerge::MethodChange {
+  std::vector<float> delta;  // additive methods: dW [out, in], PyTorch order
+  std::vector<float> scale;  // IA3: ia3_l x weight
+  bool scales_bias = false;  // IA3 on a layer that is not feed-forward, with a bias buffer
+};
+
+BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const merge::WeightView* bias,
+                                      const BufferMergeModule& module, const BufferMergeOptions& options) {
+  const AdapterModule& m = *module.method_module;
+  const merge::DeltaLayout& layout = module.layout;
+  auto change = std::make_shared<MethodChange>();
+  const bool ia3 = m.method == PeftMethod::ia3;
+  if (ia3) {
+    change->scale = ia3_vector(*module.method_params, options.weight);
+    const int64_t want = m.ia3_feedforward ? layout.in : layout.out;
+    if (static_cast<int64_t>(change->scale.size()) != want)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "buffer merge: module " + peft::quoted(m.name) + ": ia3_l has " +
+                                        std::to_string(change->scale.size()) + " values, the layer " +
+                                        std::to_string(want) + " features");
+    change->scales_bias = !m.ia3_feedforward && bias != nullptr;
+    if (change->scales_bias) check_view(*bias, 1, layout.out, "buffer merge: bias");
+  } else {
+    const double coefficient = merge::lora_coefficient(options.weight, module.scaling, "buffer merge");
+    change->delta = method_delta(m, *module.method_params, coefficient, layout);
+  }
+  BufferMerge record;
+  record.module_ = module;
+  record.method_ = change;
+  record.threads_ = options.threads;
+  record.keep_rows_ = options.keep_original_rows;
+  record.dtype_ = weight.dtype;
+  record.bias_dtype_ = change->scales_bias ? bias->dtype : DType::F32;
+  const size_t row_bytes = static_cast<size_t>(layout.cols()) * element_bytes(weight.dtype);
+  merge::RowSink sink;
+  merge::ExecOptions exec;
+  exec.threads = options.threads;
+  if (record.keep_rows_) {
+    const size_t rows = static_cast<size_t>(layout.rows());
+    reserve_or_fail(record.saved_row_index_, rows, "row indices");
+    reserve_or_fail(record.saved_bytes_, rows * row_bytes, "the original rows");
+    reserve_or_fail(record.merged_row_hash_, rows, "row hashes");
+    if (change->scales_bias) reserve_or_fail(record.saved_bias_, static_cast<size_t>(layout.out) * 4, "the original bias");
+    sink = [&record](int64_t row, const void* bytes, size_t count) {
+      record.saved_row_index_.push_back(row);
+      const auto* p = static_cast<const unsigned char*>(bytes);
+      record.saved_bytes_.insert(record.saved_bytes_.end(), p, p + count);
+    };
+    exec.row_sink = &sink;
+  }
+  if (ia3)
+    merge::ia3_scale(weight, layout, change->scale.data(), m.ia3_feedforward, false, exec);
+  else
+    merge::add_dense_delta(weight, layout, change->delta.data(), false, exec);
+  if (change->scales_bias) {
+    merge::RowSink bias_sink = [&record](int64_t, const void* bytes, size_t count) {
+      const auto* p = static_cast<const unsigned char*>(bytes);
+      record.saved_bias_.assign(p, p + count);
+    };
+    merge::ia3_scale_bias(*bias, change->scale.data(), false, record.keep_rows_ ? &bias_sink : nullptr);
+    if (record.keep_rows_ && !record.saved_bias_.empty())
+      record.merged_bias_hash_ = hash_bytes(static_cast<const unsigned char*>(bias->data), record.saved_bias_.size());
+  }
+  if (record.keep_rows_) {
+    const auto* base = static_cast<const unsigned char*>(weight.data);
+    for (int64_t row : record.saved_row_index_)
+      record.merged_row_hash_.push_back(hash_bytes(base + static_cast<size_t>(row) * row_bytes, row_bytes));
+  }
+  record.active_ = true;
+  return record;
+}
+
 void BufferMerge::check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const {
   if (!active_) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: the record holds no merge (already removed?)");
   if (weight.dtype != dtype_)
     fail(PEFT_ERR_SHAPE_MISMATCH, "buffer unmerge: weight is " + std::string(dtype_name(weight.dtype)) +
                                       " but was merged as " + std::string(dtype_name(dtype_)));
   check_view(weight, module_.layout.rows(), module_.layout.cols(), "buffer unmerge: weight");
-  if (module_.lora_bias != nullptr) {
+  if (module_.lora_bias != nullptr || (method_ && method_->scales_bias)) {
     if (bias == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: the merge changed a bias; pass it");
     if (bias->dtype != bias_dtype_)
       fail(PEFT_ERR_SHAPE_MISMATCH, "buffer unmerge: bias is " + std::string(dtype_name(bias->dtype)) +
@@ -181,6 +256,17 @@ void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightVie
       std::memcpy(base + static_cast<size_t>(saved_row_index_[i]) * row_bytes, saved_bytes_.data() + i * row_bytes,
                   row_bytes);
     if (!saved_bias_.empty()) std::memcpy(bias->data, saved_bias_.data(), saved_bias_.size());
+  } else if (method_) {
+    // PEFT's arithmetic unmerge: subtract the delta, or divide by (ia3_l + 1e-8), which is not exact.
+    merge::ExecOptions exec;
+    exec.threads = threads_;
+    const AdapterModule& m = *module_.method_module;
+    if (m.method == PeftMethod::ia3) {
+      merge::ia3_scale(weight, layout, method_->scale.data(), m.ia3_feedforward, true, exec);
+      if (method_->scales_bias) merge::ia3_scale_bias(*bias, method_->scale.data(), true);
+    } else {
+      merge::add_dense_delta(weight, layout, method_->delta.data(), true, exec);
+    }
   } else {
     merge::ExecOptions exec;
     exec.threads = threads_;

@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "peft/adapter/method_params.hpp"
 #include "peft/methods/lora_math.hpp"
 
 namespace peft {
@@ -44,6 +45,12 @@ struct BufferMergeModule {
   const float* magnitude = nullptr;      // DoRA lora_magnitude_vector [layout.out], or null
   const float* lora_bias = nullptr;      // lora_B.bias [layout.out] (lora_bias=True), or null
   std::shared_ptr<const void> keep_alive;  // optional owner of the memory above; the BufferMerge keeps it
+  // Another PEFT method (LoHa, LoKr, AdaLoRA, IA3; methods/peft_methods.hpp): its module and
+  // parameters, lora_a/lora_b then null. The additive methods add their dense delta (scaling x
+  // weight folded in as PEFT's set_scale does); IA3 multiplies the weight by ia3_l (x weight) and,
+  // for a module that is not feed-forward, a bias buffer when one is given.
+  std::shared_ptr<const AdapterModule> method_module;
+  std::shared_ptr<const MethodParams> method_params;
 };
 
 struct BufferMergeOptions {
@@ -82,6 +89,10 @@ class BufferMerge {
 
  private:
   void check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const;
+  struct MethodChange;
+  static BufferMerge apply_method(const merge::WeightView& weight, const merge::WeightView* bias,
+                                  const BufferMergeModule& module, const BufferMergeOptions& options);
+  std::shared_ptr<const MethodChange> method_;  // another method's delta or scale (apply_method)
 
   BufferMergeModule module_;
   double coefficient_ = 0.0;

@@ -147,6 +147,9 @@ std::vector<float> reordered(const float* from, int64_t rows, int64_t width, Ggu
 BufferMergeModule in_gguf_row_order(BufferMergeModule module, GgufRows order, const GgufHeads& heads,
                                     const std::string& what) {
   if (order == GgufRows::same) return module;
+  if (module.method_params)
+    fail(PEFT_ERR_UNSUPPORTED, what + ": " + peft_method_name(module.method_module->method) +
+                                   " modules are not merged into GGUF buffers with a permuted row order");
   if (module.layout.transposed)
     fail(PEFT_ERR_UNSUPPORTED, what + ": a GGUF row order applies to [out, in] weights, not to a layer stored transposed");
   const int64_t out = module.layout.out;
@@ -168,8 +171,37 @@ BufferMergeModule in_gguf_row_order(BufferMergeModule module, GgufRows order, co
 
 namespace {
 
+// Another method's module: its parameters, and the layout of its layer in a 2-D weight (Linear
+// [out, in], or Conv1D [in, out] when `kind` says so; the features its parameters fix must fit).
+BufferMergeModule method_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m, LayerKind kind,
+                                std::span<const int64_t> weight_shape) {
+  if (weight_shape.size() != 2)
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": " + peft_method_name(m.method) +
+                                   " merges into 2-D Linear or Conv1D weights only, not " + shape_text(weight_shape));
+  const bool gpt2 = kind == LayerKind::conv1d;
+  BufferMergeModule module;
+  module.layout = merge::layout_for(gpt2 ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear,
+                                    gpt2 ? weight_shape[1] : weight_shape[0], gpt2 ? weight_shape[0] : weight_shape[1]);
+  module.scaling = m.scaling;
+  module.method_module = std::make_shared<const AdapterModule>(m);
+  module.method_params = std::make_shared<const MethodParams>(load_method_params(*adapter, m));
+  module.keep_alive = adapter;
+  // The shapes are checked now, so that a buffer that does not fit fails before any merge.
+  if (m.method == PeftMethod::ia3) {
+    const merge::MethodTensor* l = module.method_params->get("ia3_l");
+    const int64_t want = m.ia3_feedforward ? module.layout.in : module.layout.out;
+    if (l == nullptr || static_cast<int64_t>(l->values.size()) != want)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": ia3_l does not fit a weight of " +
+                                        shape_text(weight_shape));
+  } else {
+    method_delta(m, *module.method_params, m.scaling, module.layout);
+  }
+  return module;
+}
+
 BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m, LayerKind kind,
                                  std::span<const int64_t> weight_shape) {
+  if (m.method != PeftMethod::lora) return method_module(adapter, m, kind, weight_shape);
   const Checkpoint& ckpt = adapter->checkpoint();
   const AdapterTensor* a = factor_a(m);
   const AdapterTensor* b = factor_b(m);

@@ -11,6 +11,8 @@
 #include "core/quant/fp8_block.hpp"
 #include "core/text.hpp"
 #include "peft/methods/lora_math.hpp"
+#include "peft/adapter/method_params.hpp"
+#include "peft/methods/peft_methods.hpp"
 
 namespace peft {
 namespace {
@@ -73,6 +75,36 @@ bool same_layout(const merge::DeltaLayout& x, const merge::DeltaLayout& y) {
   return x.out == y.out && x.in == y.in && x.transposed == y.transposed;
 }
 
+// The layout of a non-LoRA module's layer in the base weight (Linear [out, in] or Conv1D [in, out]).
+merge::DeltaLayout method_layout(const AdapterModule& m, const std::vector<int64_t>& shape) {
+  if (shape.size() != 2)
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": " + peft_method_name(m.method) +
+                                   " is merged into 2-D Linear or Conv1D weights only, not " + shape_text(shape));
+  const bool gpt2 = m.kind == LayerKind::conv1d;
+  return merge::layout_for(gpt2 ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear,
+                           gpt2 ? shape[1] : shape[0], gpt2 ? shape[0] : shape[1]);
+}
+
+// Applies one term of a non-LoRA method to the weight: its dense delta, or IA3's scale.
+void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType dtype, uint8_t* data,
+                  const merge::ExecOptions& exec) {
+  const AdapterModule& m = *term.module;
+  const merge::DeltaLayout layout = method_layout(m, shape);
+  const merge::WeightView view{data, dtype, layout.rows(), layout.cols()};
+  const MethodParams params = load_method_params(*term.adapter->adapter, m);
+  if (m.method == PeftMethod::ia3) {
+    const std::vector<float> l = ia3_vector(params, term.coefficient);
+    const int64_t want = m.ia3_feedforward ? layout.in : layout.out;
+    if (static_cast<int64_t>(l.size()) != want)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": ia3_l has " + std::to_string(l.size()) +
+                                        " values, the layer " + std::to_string(want) + " features");
+    merge::ia3_scale(view, layout, l.data(), m.ia3_feedforward, false, exec);
+    return;
+  }
+  const std::vector<float> delta = method_delta(m, params, term.coefficient, layout);
+  merge::add_dense_delta(view, layout, delta.data(), false, exec);
+}
+
 // The LoRA terms of `p` added to `data`, which holds the weight of `weight_shape` in `dtype`
 // (p.shape and p.work_dtype, but the FP8 weight's shape and F32 for an FP8 weight or its scales).
 void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shape, DType dtype, uint8_t* data,
@@ -82,7 +114,8 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
   exec.threads = threads;
   std::vector<LoadedTerm> loaded;
   loaded.reserve(p.lora.size());
-  for (const LoraTerm& term : p.lora) loaded.push_back(load_term(term, shape));
+  for (const LoraTerm& term : p.lora)
+    if (term.module->method == PeftMethod::lora) loaded.push_back(load_term(term, shape));
 
   std::vector<merge::LoraFactors> pending;
   merge::DeltaLayout pending_layout;
@@ -94,7 +127,14 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
     merge::add_delta(view_for(pending_layout), pending_layout, pending, exec);
     pending.clear();
   };
-  for (const LoadedTerm& t : loaded) {
+  size_t next = 0;
+  for (const LoraTerm& term : p.lora) {
+    if (term.module->method != PeftMethod::lora) {
+      flush();  // another method's change applies to the weight as the earlier adapters left it
+      apply_method(term, shape, dtype, data, exec);
+      continue;
+    }
+    const LoadedTerm& t = loaded[next++];
     const merge::LoraFactors factors{t.a.data(), t.b.data(), t.rank, t.coefficient};
     if (t.dora) {
       flush();  // DoRA's norm is taken from the weight as the earlier adapters left it
@@ -110,6 +150,22 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
 
 void apply_lora_bias(const PlannedTensor& p, uint8_t* data, uint64_t elements) {
   const merge::WeightView view{data, p.work_dtype, 1, static_cast<int64_t>(elements)};
+  size_t ia3_terms = 0;
+  for (const LoraTerm& term : p.lora_bias) ia3_terms += term.module->method == PeftMethod::ia3 ? 1 : 0;
+  if (ia3_terms != 0 && ia3_terms != p.lora_bias.size())
+    fail(PEFT_ERR_UNSUPPORTED, "bias " + peft::quoted(p.name) + ": an IA3 scale and a LoRA lora_B.bias on the same "
+                                                                "bias in one merge are not supported");
+  if (ia3_terms != 0) {
+    for (const LoraTerm& term : p.lora_bias) {  // each IA3 adapter scales the bias in turn, as PEFT merges
+      const std::vector<float> l = ia3_vector(load_method_params(*term.adapter->adapter, *term.module), term.coefficient);
+      if (l.size() != elements)
+        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(term.module->name) + ": ia3_l has " +
+                                          std::to_string(l.size()) + " values, the bias " + peft::quoted(p.name) + " " +
+                                          std::to_string(elements));
+      merge::ia3_scale_bias(view, l.data(), false);
+    }
+    return;
+  }
   std::vector<std::vector<float>> values;
   for (const LoraTerm& term : p.lora_bias) {
     const AdapterTensor* t = term.module->find(TensorRole::lora_b_bias);

@@ -143,8 +143,7 @@ class Planner {
       const PlannedAdapter& a = *owned;
       for (const AdapterModule& m : a.modules) {
         if (m.is_lora()) {
-          const AdapterTensor* factor = m.find(m.kind == LayerKind::embedding ? TensorRole::lora_embedding_a
-                                                                             : TensorRole::lora_a);
+          const AdapterTensor* factor = m.weight_factor();
           const size_t target = base_index_of(factor->base_tensor, a);
           LoraTerm term{&a, &m,
                         merge::lora_coefficient(a.weight, m.scaling, adapter_label(a) + ", module " + peft::quoted(m.name)), m.find(TensorRole::lora_magnitude) != nullptr};
@@ -152,6 +151,8 @@ class Planner {
             conflicts.push_back(adapter_label(a) + " has two LoRA modules on base tensor " +
                                 peft::quoted(base().tensor(target).name));
           changes_[target].lora.push_back(term);
+          if (m.method == PeftMethod::ia3 && !m.ia3_bias.empty())  // ia3_l scales the bias too
+            changes_[base_index_of(m.ia3_bias, a)].lora_bias.push_back(term);
           if (const AdapterTensor* bias = m.find(TensorRole::lora_b_bias)) {
             const size_t bias_target = base_index_of(bias->base_tensor, a);
             if (!bias_seen.insert({bias_target, &a}).second)
@@ -406,7 +407,10 @@ class Planner {
     for (const LoraTerm& term : p.lora)
       for (const AdapterTensor& t : term.module->tensors)
         if (t.role != TensorRole::full && t.role != TensorRole::lora_b_bias) need(*term.adapter, &t, DType::F32);
-    for (const LoraTerm& term : p.lora_bias) need(*term.adapter, term.module->find(TensorRole::lora_b_bias), DType::F32);
+    for (const LoraTerm& term : p.lora_bias)
+      need(*term.adapter, term.module->find(term.module->method == PeftMethod::ia3 ? TensorRole::method_param
+                                                                                  : TensorRole::lora_b_bias),
+           DType::F32);
     for (const TokenRows& rows : p.tokens)
       need(*rows.adapter, rows.module->find(TensorRole::trainable_tokens_delta), work);
   }

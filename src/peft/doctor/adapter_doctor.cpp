@@ -219,7 +219,8 @@ class Doctor {
         e.module = rewrite->module;
         e.suffix = rewrite->suffix;
         e.understood = true;
-      } else if (auto parsed = parse_adapter_key(e.key)) {
+      } else if (auto parsed = parse_adapter_key(e.key); parsed && parsed->role != TensorRole::method_param) {
+        // (other methods' parameter keys are left to the rules below, as before they were known)
         e.module = parsed->module;
         e.suffix = parsed->role_suffix;
         e.understood = true;
@@ -532,7 +533,7 @@ class Doctor {
   };
 
   void classify(AdapterModule& m, const Group&) {
-    const auto [lora, embedding, tokens] = module_roles(m);
+    const auto [lora, embedding, tokens, method_params] = module_roles(m);
     if (embedding) {
       m.kind = LayerKind::embedding;
     } else if (lora) {

@@ -1,0 +1,134 @@
+// The merge arithmetic of LoHa, LoKr, AdaLoRA and IA3 (methods/peft_methods.hpp) against plain
+// reference loops written from PEFT's formulas, and the dense-delta / scale application.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/bf16.hpp"
+#include "peft/methods/peft_methods.hpp"
+#include "test_error_support.hpp"
+
+namespace {
+
+using peft::merge::MethodTensor;
+using error_test::code_of;
+
+MethodTensor random_tensor(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  MethodTensor t{{rows, cols}, std::vector<float>(static_cast<size_t>(rows * cols))};
+  for (float& v : t.values) v = dist(gen);
+  return t;
+}
+
+// x @ y in double.
+std::vector<double> product(const MethodTensor& x, const MethodTensor& y) {
+  const int64_t m = x.shape[0], k = x.shape[1], n = y.shape[1];
+  std::vector<double> out(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p)
+      for (int64_t j = 0; j < n; ++j) out[i * n + j] += double(x.values[i * k + p]) * y.values[p * n + j];
+  return out;
+}
+
+void check_close(const std::vector<float>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) CHECK(std::fabs(got[i] - want[i]) <= 1e-6 * scale);
+}
+
+}  // namespace
+
+TEST_CASE("methods: LoHa delta is ((w1a @ w1b) * (w2a @ w2b)) * scale") {
+  const int64_t out = 6, in = 5, r = 3;
+  auto w1a = random_tensor(out, r, 1), w1b = random_tensor(r, in, 2), w2a = random_tensor(out, r, 3),
+       w2b = random_tensor(r, in, 4);
+  const auto d = peft::merge::loha_delta(w1a, w1b, w2a, w2b, 0.75, out, in, "m");
+  const auto p1 = product(w1a, w1b), p2 = product(w2a, w2b);
+  std::vector<double> want(p1.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = p1[i] * p2[i] * 0.75;
+  check_close(d, want);
+  auto bad = random_tensor(r, in + 1, 5);
+  CHECK(code_of([&] { peft::merge::loha_delta(w1a, bad, w2a, w2b, 1.0, out, in, "m"); }) == PEFT_ERR_SHAPE_MISMATCH);
+}
+
+TEST_CASE("methods: LoKr delta is kron(w1, w2) * scale, from whole or decomposed factors") {
+  auto w1 = random_tensor(2, 3, 6), w2 = random_tensor(4, 2, 7);
+  peft::merge::LokrFactors whole;
+  whole.w1 = &w1;
+  whole.w2 = &w2;
+  const auto d = peft::merge::lokr_delta(whole, 0.5, 8, 6, "m");
+  std::vector<double> want(48);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 2; ++l) want[(i * 4 + k) * 6 + j * 2 + l] = double(w1.values[i * 3 + j]) * w2.values[k * 2 + l] * 0.5;
+  check_close(d, want);
+
+  auto w2a = random_tensor(4, 1, 8), w2b = random_tensor(1, 2, 9);
+  peft::merge::LokrFactors split;
+  split.w1 = &w1;
+  split.w2_a = &w2a;
+  split.w2_b = &w2b;
+  const auto p2 = product(w2a, w2b);
+  const auto d2 = peft::merge::lokr_delta(split, 1.0, 8, 6, "m");
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 2; ++l) want[(i * 4 + k) * 6 + j * 2 + l] = double(w1.values[i * 3 + j]) * p2[k * 2 + l];
+  check_close(d2, want);
+  CHECK(code_of([&] { peft::merge::lokr_delta(whole, 1.0, 8, 8, "m"); }) == PEFT_ERR_SHAPE_MISMATCH);
+  peft::merge::LokrFactors missing;
+  missing.w1 = &w1;
+  CHECK(code_of([&] { peft::merge::lokr_delta(missing, 1.0, 8, 6, "m"); }) == PEFT_ERR_INVALID_CHECKPOINT);
+}
+
+TEST_CASE("methods: AdaLoRA delta is B @ (A * E) * scaling / (ranknum + 1e-5)") {
+  const int64_t out = 4, in = 7, r = 2;
+  auto a = random_tensor(r, in, 10), e = random_tensor(r, 1, 11), b = random_tensor(out, r, 12);
+  const auto d = peft::merge::adalora_delta(a, e, b, 8.0, 4.0, out, in, "m");
+  std::vector<double> want(static_cast<size_t>(out * in), 0.0);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) {
+      for (int64_t k = 0; k < r; ++k) want[o * in + i] += double(b.values[o * r + k]) * a.values[k * in + i] * e.values[k];
+      want[o * in + i] *= 8.0 / (4.0 + 1e-5);
+    }
+  check_close(d, want);
+}
+
+TEST_CASE("methods: a dense delta goes into storage order, transposed for Conv1D, and comes out again") {
+  const int64_t out = 3, in = 5;
+  auto delta = random_tensor(out, in, 13);
+  auto w = random_tensor(in, out, 14);  // Conv1D storage [in, out]
+  const std::vector<float> original = w.values;
+  const auto layout = peft::merge::layout_for(peft::merge::ModuleKind::conv1d_gpt2, out, in);
+  const peft::merge::WeightView view{w.values.data(), peft::DType::F32, in, out};
+  peft::merge::add_dense_delta(view, layout, delta.values.data(), false);
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t o = 0; o < out; ++o) CHECK(w.values[i * out + o] == original[i * out + o] + delta.values[o * in + i]);
+  peft::merge::add_dense_delta(view, layout, delta.values.data(), true);
+  for (size_t k = 0; k < w.values.size(); ++k) CHECK(std::fabs(w.values[k] - original[k]) <= 1e-6f);
+}
+
+TEST_CASE("methods: IA3 scales output features, or input features of a feed-forward layer, in one rounding") {
+  const int64_t out = 3, in = 4;
+  std::vector<uint16_t> weight(static_cast<size_t>(out * in));
+  for (size_t k = 0; k < weight.size(); ++k) weight[k] = peft::f32_to_bf16(0.1f * float(k) - 0.5f);
+  const std::vector<uint16_t> original = weight;
+  const std::vector<float> l_out = {1.5f, 0.25f, -2.0f}, l_in = {0.5f, 1.0f, 3.0f, 1.25f};
+  const auto layout = peft::merge::layout_for(peft::merge::ModuleKind::linear, out, in);
+  const peft::merge::WeightView view{weight.data(), peft::DType::BF16, out, in};
+  peft::merge::ia3_scale(view, layout, l_out.data(), false, false);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i)
+      CHECK(weight[o * in + i] == peft::f32_to_bf16(peft::bf16_to_f32(original[o * in + i]) * l_out[o]));
+  weight = original;
+  peft::merge::ia3_scale(view, layout, l_in.data(), true, false);
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i)
+      CHECK(weight[o * in + i] == peft::f32_to_bf16(peft::bf16_to_f32(original[o * in + i]) * l_in[i]));
+}
