@@ -214,6 +214,22 @@ const peft_api kApiV1 = {
     &peft_translator_from_gguf,
     &peft_translator_new_gguf,
     &peft_adapter_export_gguf_split,
+    &peft_lowrank_options_new,
+    &peft_lowrank_options_free,
+    &peft_lowrank_options_set_rank,
+    &peft_lowrank_options_set_energy,
+    &peft_lowrank_options_set_svd,
+    &peft_lowrank_options_set_threads,
+    &peft_lowrank_options_set_dtype,
+    &peft_lowrank_options_set_modules,
+    &peft_lowrank_report_module_count,
+    &peft_lowrank_report_module_name,
+    &peft_lowrank_report_module_rank,
+    &peft_lowrank_report_module_error,
+    &peft_lowrank_report_free,
+    &peft_adapter_extract,
+    &peft_adapter_convert_to_lora,
+    &peft_adapter_convert_initial,
 };
 
 }  // namespace
