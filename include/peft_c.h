@@ -18,7 +18,7 @@
  * | @ref writing | Writing safetensors files and checkpoint folders, atomically. |
  * | @ref adapter | PEFT LoRA adapters, translation of module names, validation against a base, the adapter doctor. |
  * | @ref merge | Merging adapters into checkpoints (streaming) and into host buffers, and back out. |
- * | @ref export | Writing adapters as PEFT does, and combining several into one. |
+ * | @ref export | Writing adapters as PEFT does, combining several into one, extracting LoRA from fine-tuned checkpoints, converting adapters to plain LoRA. |
  * | @ref serving | A registry with a memory budget, hot swap, unmerged multi-adapter apply. |
  * | @ref plugin | The function table, for hosts that load the library with `dlopen`. |
  *
@@ -2686,6 +2686,196 @@ PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char*
 PEFT_API peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const double* weights, size_t count,
                                           int32_t method, const char* out_dir, const peft_export_options* opts);
 
+/** @name Extraction and conversion to plain LoRA (truncated SVD)
+ *
+ *  peft_adapter_extract() makes a LoRA adapter from a fully fine-tuned checkpoint (dW = W_tuned -
+ *  W_base per module); peft_adapter_convert_to_lora() re-factors an adapter's dW per module to a
+ *  new rank; peft_adapter_convert_initial() turns a PiSSA / CorDA / OLoRA / LoRA-GA / LoftQ
+ *  initialised adapter into a LoRA on the original base. All three write an adapter folder as
+ *  described for this section, which PEFT loads with no missing or unexpected keys.
+ *
+ *  The truncated SVD follows PEFT's `convert_to_lora`: dW = U S V^T, lora_B = U[:, :r] S[:r],
+ *  lora_A = V^T[:r] (for a GPT-2 Conv1D module, stored [in, out], the factors of the stored matrix
+ *  transposed and swapped, with `fan_in_fan_out` set in the config). The SVD runs in f32 through
+ *  LAPACK's sgesdd (as torch.linalg.svd on CPU), or a randomized range finder (Gaussian sketch of
+ *  r + 10 columns, two power iterations, fixed seed) when asked and r + 10 is at most half of
+ *  min(out, in). The rank is fixed, or chosen per module by an energy fraction f as PEFT's
+ *  `_find_cutoff_index`: the smallest k whose top-k squared singular values reach f of their sum.
+ *  The config is `convert_to_lora`'s: with a fixed rank r, `r` = `lora_alpha` = r; with an energy
+ *  fraction, `r` = `lora_alpha` = 1 and each module's rank in `rank_pattern` and `alpha_pattern`
+ *  (scaling 1 either way). Modules are factored in parallel, one dW per thread in memory.
+ *
+ *  The report gives, per module, the rank and the relative error ||dW - B A||_F / ||dW||_F of the
+ *  f32 factors, computed from the singular values (0 for a zero dW); writing the factors as BF16
+ *  or F16 adds their rounding to it.
+ *  @{ */
+
+/** Options for peft_adapter_extract() and peft_adapter_convert_to_lora(). Free with peft_lowrank_options_free(). */
+typedef struct peft_lowrank_options peft_lowrank_options;
+/** The per-module result of an extraction or conversion. Free with peft_lowrank_report_free(). */
+typedef struct peft_lowrank_report peft_lowrank_report;
+
+#define PEFT_SVD_EXACT 0      /**< LAPACK sgesdd of the whole matrix (the default). */
+#define PEFT_SVD_RANDOMIZED 1 /**< Randomized range finder; falls back to exact where it does not pay. */
+
+/**
+ * @brief Creates low-rank options: no rank chosen yet (set a rank or an energy fraction), exact SVD,
+ *        one thread per hardware thread, F32 factors, default modules.
+ * @param[out] out Receives the options.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p out is NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_lowrank_options_new(peft_lowrank_options** out);
+
+/** @brief Releases low-rank options. @param opts Options, or NULL. Thread-safe. */
+PEFT_API void peft_lowrank_options_free(peft_lowrank_options* opts);
+
+/**
+ * @brief A fixed rank for every module (clears an energy fraction).
+ * @param opts Options.
+ * @param rank At least 1; a module with fewer rows or columns fails the call.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or a rank below 1.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_rank(peft_lowrank_options* opts, int64_t rank);
+
+/**
+ * @brief A rank per module chosen by an energy fraction (clears a fixed rank).
+ * @param opts Options.
+ * @param fraction In (0, 1]: the share of the squared singular values kept.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or a fraction outside (0, 1].
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_energy(peft_lowrank_options* opts, double fraction);
+
+/**
+ * @brief The SVD method.
+ * @param opts Options.
+ * @param method #PEFT_SVD_EXACT or #PEFT_SVD_RANDOMIZED.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or another value.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_svd(peft_lowrank_options* opts, int32_t method);
+
+/**
+ * @brief Worker threads (modules factored at once); 0 = one per hardware thread (the default).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_threads(peft_lowrank_options* opts, uint32_t threads);
+
+/**
+ * @brief The factors' dtype: #PEFT_DTYPE_F32 (the default; #PEFT_DTYPE_KEEP means the same),
+ *        #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or another dtype.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_dtype(peft_lowrank_options* opts, int32_t dtype);
+
+/**
+ * @brief The modules peft_adapter_extract() considers, as PEFT's `target_modules` list selects them
+ *        (exact module names or name suffixes such as "q_proj"); by default (count 0) the base's
+ *        Linear and Conv1D layers that `"all-linear"` names. Of those, only weights that changed
+ *        are extracted. Copied; not used by peft_adapter_convert_to_lora().
+ * @param opts Options.
+ * @param names @p count UTF-8 names (may be NULL when @p count is 0).
+ * @param count Number of names; 0 restores the default.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts, NULL @p names with a
+ *         nonzero @p count, or a NULL or empty name. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_modules(peft_lowrank_options* opts, const char* const* names,
+                                                      size_t count);
+
+/** @brief Number of modules in a report (0 for NULL). Thread-safe. */
+PEFT_API size_t peft_lowrank_report_module_count(const peft_lowrank_report* report);
+/** @brief A module's name ("model.layers.0.self_attn.q_proj"), borrowed; NULL out of range. Thread-safe. */
+PEFT_API const char* peft_lowrank_report_module_name(const peft_lowrank_report* report, size_t index);
+/** @brief A module's rank; 0 out of range. Thread-safe. */
+PEFT_API int64_t peft_lowrank_report_module_rank(const peft_lowrank_report* report, size_t index);
+/** @brief A module's relative error ||dW - B A||_F / ||dW||_F; -1 out of range. Thread-safe. */
+PEFT_API double peft_lowrank_report_module_error(const peft_lowrank_report* report, size_t index);
+/** @brief Releases a report. @param report A report, or NULL. Thread-safe. */
+PEFT_API void peft_lowrank_report_free(peft_lowrank_report* report);
+
+/**
+ * @brief Extracts a LoRA adapter from a fully fine-tuned checkpoint: dW = W_tuned - W_base per
+ *        module, truncated SVD, written as a PEFT adapter folder (see the group above).
+ *
+ * Both checkpoints are read as peft_merge_checkpoint() reads a base: a folder with
+ * `model.safetensors` or a sharded index, or a hub id resolved offline in the Hugging Face cache;
+ * they must have the same tensor names. dW is formed in f32 one module per thread. The config's
+ * `base_model_name_or_path` is @p base as given, `task_type` null.
+ * @param base The base model (UTF-8).
+ * @param tuned The fine-tuned model (UTF-8).
+ * @param out_dir The output folder (UTF-8); created if needed; both files replaced atomically.
+ * @param opts Options; a rank or an energy fraction must be set.
+ * @param[out] out_report Receives the report (free with peft_lowrank_report_free()), or NULL.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, options without a rank or energy, a rank
+ *         above a module's min(out, in), an unknown architecture without named modules, modules that
+ *         select nothing, or no selected weight that changed;
+ *         #PEFT_ERR_UNRESOLVED_KEY listing base weights the fine-tuned checkpoint lacks;
+ *         #PEFT_ERR_SHAPE_MISMATCH naming a weight whose shapes differ;
+ *         #PEFT_ERR_UNSUPPORTED for a selected module that is not Linear or Conv1D;
+ *         #PEFT_ERR_NON_FINITE for a dW holding an infinity or NaN;
+ *         #PEFT_ERR_NOT_FOUND, #PEFT_ERR_IO and the format codes of peft_checkpoint_open().
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_extract(const char* base, const char* tuned, const char* out_dir,
+                                          const peft_lowrank_options* opts, peft_lowrank_report** out_report);
+
+/**
+ * @brief Converts an adapter to a plain LoRA of another rank by truncated SVD of each module's dW,
+ *        as PEFT's `convert_to_lora` / `save_as_lora` do.
+ *
+ * dW is the module's change as the merge computes it (LoRA: scaling * B A, in f32). The config keeps
+ * the source's `target_modules` (a list extended by the module names; "all-linear" or an absent
+ * field becomes the list), `base_model_name_or_path`, `layers_to_transform`, `layers_pattern` and
+ * `task_type`; the rest is a fresh LoraConfig (scaling 1, no DoRA, no rsLoRA).
+ * @param adapter The adapter (only read); open it with its base for GPT-2 Conv1D modules to be
+ *        recognised (the product is the same either way, the factors' orientation follows PEFT's).
+ * @param out_dir The output folder (UTF-8).
+ * @param opts Options; a rank or an energy fraction must be set (modules are ignored).
+ * @param[out] out_report Receives the report, or NULL.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_UNSUPPORTED naming what PEFT does not convert (lora_bias, DoRA, embedding and
+ *         conv modules, modules_to_save and other whole tensors, trainable tokens);
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, options without a rank or energy, or a rank
+ *         above a module's min(out, in); #PEFT_ERR_NON_FINITE; #PEFT_ERR_IO. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_convert_to_lora(const peft_adapter* adapter, const char* out_dir,
+                                                  const peft_lowrank_options* opts, peft_lowrank_report** out_report);
+
+/**
+ * @brief Converts a PiSSA / CorDA / OLoRA / LoRA-GA / LoftQ initialised adapter, after training, into
+ *        a LoRA on the original base, exactly as PEFT's
+ *        `save_pretrained(path_initial_model_for_weight_conversion=...)` does.
+ *
+ * dW = B A - B0 A0, so lora_A = [A; A0] (rows) and lora_B = [B, -B0] (columns): the rank doubles
+ * and the result is exact (no SVD). The config is the fine-tuned adapter's with
+ * `init_lora_weights` true, `r` and `rank_pattern` doubled, `lora_alpha` and `alpha_pattern`
+ * doubled (with `use_rslora`, `lora_alpha` times sqrt(2)). Factors keep their dtype unless @p opts
+ * sets one.
+ *
+ * Both are adapter folders (or hub ids), not opened adapters: peft_adapter_open() refuses a
+ * `pissa`, `corda`, `olora`, `loftq` or `lora_ga` config (PEFT would rewrite the base while
+ * loading it); they are opened here as PEFT opens the initial adapter for this, with
+ * `init_lora_weights` taken as true.
+ * @param tuned_dir The adapter after training (UTF-8 folder).
+ * @param initial_dir The same adapter saved right after initialisation, before training.
+ * @param out_dir The output folder (UTF-8).
+ * @param opts Export options (dtype; the target PEFT version is not used), or NULL.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_UNSUPPORTED for a tensor other than lora_A / lora_B weights in either adapter
+ *         (PEFT's conversion would drop it), or `use_rslora` with rank or alpha patterns (PEFT
+ *         refuses it);
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or adapters with different modules;
+ *         #PEFT_ERR_SHAPE_MISMATCH naming a factor whose shapes differ; #PEFT_ERR_IO (also for a
+ *         missing file); the errors of peft_adapter_open() for configs and weights. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_convert_initial(const char* tuned_dir, const char* initial_dir, const char* out_dir,
+                                                  const peft_export_options* opts);
+
+/** @} */
+
 /** @} */
 /* ================================================================================================ */
 /** @defgroup serving Serving many adapters over one base model
@@ -3390,6 +3580,22 @@ typedef struct peft_api {
   peft_error* (*adapter_export_gguf_split)(const peft_adapter* adapter, const char* out_path, const char* base, int32_t ggml_type, const char* base_out); /**< peft_adapter_export_gguf_split() */
   peft_error* (*registry_set_base_weight)(peft_registry* registry, const char* name, const void* data, int32_t dtype, const uint64_t* shape, size_t ndim, const void* bias, int32_t bias_dtype, uint64_t bias_elements); /**< peft_registry_set_base_weight() */
   peft_error* (*registry_base_weights_changed)(peft_registry* registry); /**< peft_registry_base_weights_changed() */
+  peft_error* (*lowrank_options_new)(peft_lowrank_options** out); /**< peft_lowrank_options_new() */
+  void (*lowrank_options_free)(peft_lowrank_options* opts); /**< peft_lowrank_options_free() */
+  peft_error* (*lowrank_options_set_rank)(peft_lowrank_options* opts, int64_t rank); /**< peft_lowrank_options_set_rank() */
+  peft_error* (*lowrank_options_set_energy)(peft_lowrank_options* opts, double fraction); /**< peft_lowrank_options_set_energy() */
+  peft_error* (*lowrank_options_set_svd)(peft_lowrank_options* opts, int32_t method); /**< peft_lowrank_options_set_svd() */
+  peft_error* (*lowrank_options_set_threads)(peft_lowrank_options* opts, uint32_t threads); /**< peft_lowrank_options_set_threads() */
+  peft_error* (*lowrank_options_set_dtype)(peft_lowrank_options* opts, int32_t dtype); /**< peft_lowrank_options_set_dtype() */
+  peft_error* (*lowrank_options_set_modules)(peft_lowrank_options* opts, const char* const* names, size_t count); /**< peft_lowrank_options_set_modules() */
+  size_t (*lowrank_report_module_count)(const peft_lowrank_report* report); /**< peft_lowrank_report_module_count() */
+  const char* (*lowrank_report_module_name)(const peft_lowrank_report* report, size_t index); /**< peft_lowrank_report_module_name() */
+  int64_t (*lowrank_report_module_rank)(const peft_lowrank_report* report, size_t index); /**< peft_lowrank_report_module_rank() */
+  double (*lowrank_report_module_error)(const peft_lowrank_report* report, size_t index); /**< peft_lowrank_report_module_error() */
+  void (*lowrank_report_free)(peft_lowrank_report* report); /**< peft_lowrank_report_free() */
+  peft_error* (*adapter_extract)(const char* base, const char* tuned, const char* out_dir, const peft_lowrank_options* opts, peft_lowrank_report** out_report); /**< peft_adapter_extract() */
+  peft_error* (*adapter_convert_to_lora)(const peft_adapter* adapter, const char* out_dir, const peft_lowrank_options* opts, peft_lowrank_report** out_report); /**< peft_adapter_convert_to_lora() */
+  peft_error* (*adapter_convert_initial)(const char* tuned_dir, const char* initial_dir, const char* out_dir, const peft_export_options* opts); /**< peft_adapter_convert_initial() */
 } peft_api;
 
 /**

@@ -216,6 +216,22 @@ const peft_api kApiV1 = {
     &peft_adapter_export_gguf_split,
     &peft_registry_set_base_weight,
     &peft_registry_base_weights_changed,
+    &peft_lowrank_options_new,
+    &peft_lowrank_options_free,
+    &peft_lowrank_options_set_rank,
+    &peft_lowrank_options_set_energy,
+    &peft_lowrank_options_set_svd,
+    &peft_lowrank_options_set_threads,
+    &peft_lowrank_options_set_dtype,
+    &peft_lowrank_options_set_modules,
+    &peft_lowrank_report_module_count,
+    &peft_lowrank_report_module_name,
+    &peft_lowrank_report_module_rank,
+    &peft_lowrank_report_module_error,
+    &peft_lowrank_report_free,
+    &peft_adapter_extract,
+    &peft_adapter_convert_to_lora,
+    &peft_adapter_convert_initial,
 };
 
 }  // namespace

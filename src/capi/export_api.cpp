@@ -111,3 +111,16 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
 }
 
 }  // extern "C"
+
+// Appended with LoRA extraction (capi/lowrank_api.cpp has the rest): it takes export options.
+#include "peft/export/lora_convert.hpp"
+
+extern "C" peft_error* peft_adapter_convert_initial(const char* tuned_dir, const char* initial_dir,
+                                                    const char* out_dir, const peft_export_options* opts) {
+  return guarded([&] {
+    require_arg(tuned_dir, "tuned_dir");
+    require_arg(initial_dir, "initial_dir");
+    require_arg(out_dir, "out_dir");
+    peft::convert_initial_to_lora(tuned_dir, initial_dir, out_dir, options_of(opts).dtype);
+  });
+}

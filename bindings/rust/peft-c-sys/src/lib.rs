@@ -195,6 +195,10 @@ opaque_types! {
     peft_host_model;
     /// An immutable list of strings, read by index.
     peft_string_list;
+    /// Options for `peft_adapter_extract` and `peft_adapter_convert_to_lora`.
+    peft_lowrank_options;
+    /// The per-module ranks and errors of an extraction or conversion.
+    peft_lowrank_report;
 }
 
 callback_types! {
@@ -296,6 +300,9 @@ constants! {
     pub const PEFT_GGUF_U64: i32 = 10;
     pub const PEFT_GGUF_I64: i32 = 11;
     pub const PEFT_GGUF_F64: i32 = 12;
+
+    pub const PEFT_SVD_EXACT: i32 = 0;
+    pub const PEFT_SVD_RANDOMIZED: i32 = 1;
 }
 
 functions! {
@@ -791,6 +798,42 @@ functions! {
         bias_elements: u64,
     ) -> *mut peft_error;
     pub fn peft_registry_base_weights_changed(registry: *mut peft_registry) -> *mut peft_error;
+    pub fn peft_lowrank_options_new(out: *mut *mut peft_lowrank_options) -> *mut peft_error;
+    pub fn peft_lowrank_options_free(opts: *mut peft_lowrank_options);
+    pub fn peft_lowrank_options_set_rank(opts: *mut peft_lowrank_options, rank: i64) -> *mut peft_error;
+    pub fn peft_lowrank_options_set_energy(opts: *mut peft_lowrank_options, fraction: f64) -> *mut peft_error;
+    pub fn peft_lowrank_options_set_svd(opts: *mut peft_lowrank_options, method: i32) -> *mut peft_error;
+    pub fn peft_lowrank_options_set_threads(opts: *mut peft_lowrank_options, threads: u32) -> *mut peft_error;
+    pub fn peft_lowrank_options_set_dtype(opts: *mut peft_lowrank_options, dtype: i32) -> *mut peft_error;
+    pub fn peft_lowrank_options_set_modules(
+        opts: *mut peft_lowrank_options,
+        names: *const *const c_char,
+        count: usize,
+    ) -> *mut peft_error;
+    pub fn peft_lowrank_report_module_count(report: *const peft_lowrank_report) -> usize;
+    pub fn peft_lowrank_report_module_name(report: *const peft_lowrank_report, index: usize) -> *const c_char;
+    pub fn peft_lowrank_report_module_rank(report: *const peft_lowrank_report, index: usize) -> i64;
+    pub fn peft_lowrank_report_module_error(report: *const peft_lowrank_report, index: usize) -> f64;
+    pub fn peft_lowrank_report_free(report: *mut peft_lowrank_report);
+    pub fn peft_adapter_extract(
+        base: *const c_char,
+        tuned: *const c_char,
+        out_dir: *const c_char,
+        opts: *const peft_lowrank_options,
+        out_report: *mut *mut peft_lowrank_report,
+    ) -> *mut peft_error;
+    pub fn peft_adapter_convert_to_lora(
+        adapter: *const peft_adapter,
+        out_dir: *const c_char,
+        opts: *const peft_lowrank_options,
+        out_report: *mut *mut peft_lowrank_report,
+    ) -> *mut peft_error;
+    pub fn peft_adapter_convert_initial(
+        tuned_dir: *const c_char,
+        initial_dir: *const c_char,
+        out_dir: *const c_char,
+        opts: *const peft_export_options,
+    ) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1062,5 +1105,21 @@ api_table! {
         pub fn adapter_export_gguf_split(adapter: *const peft_adapter, out_path: *const c_char, base: *const c_char, ggml_type: i32, base_out: *const c_char) -> *mut peft_error = peft_adapter_export_gguf_split;
         pub fn registry_set_base_weight(registry: *mut peft_registry, name: *const c_char, data: *const c_void, dtype: i32, shape: *const u64, ndim: usize, bias: *const c_void, bias_dtype: i32, bias_elements: u64) -> *mut peft_error = peft_registry_set_base_weight;
         pub fn registry_base_weights_changed(registry: *mut peft_registry) -> *mut peft_error = peft_registry_base_weights_changed;
+        pub fn lowrank_options_new(out: *mut *mut peft_lowrank_options) -> *mut peft_error = peft_lowrank_options_new;
+        pub fn lowrank_options_free(opts: *mut peft_lowrank_options) = peft_lowrank_options_free;
+        pub fn lowrank_options_set_rank(opts: *mut peft_lowrank_options, rank: i64) -> *mut peft_error = peft_lowrank_options_set_rank;
+        pub fn lowrank_options_set_energy(opts: *mut peft_lowrank_options, fraction: f64) -> *mut peft_error = peft_lowrank_options_set_energy;
+        pub fn lowrank_options_set_svd(opts: *mut peft_lowrank_options, method: i32) -> *mut peft_error = peft_lowrank_options_set_svd;
+        pub fn lowrank_options_set_threads(opts: *mut peft_lowrank_options, threads: u32) -> *mut peft_error = peft_lowrank_options_set_threads;
+        pub fn lowrank_options_set_dtype(opts: *mut peft_lowrank_options, dtype: i32) -> *mut peft_error = peft_lowrank_options_set_dtype;
+        pub fn lowrank_options_set_modules(opts: *mut peft_lowrank_options, names: *const *const c_char, count: usize) -> *mut peft_error = peft_lowrank_options_set_modules;
+        pub fn lowrank_report_module_count(report: *const peft_lowrank_report) -> usize = peft_lowrank_report_module_count;
+        pub fn lowrank_report_module_name(report: *const peft_lowrank_report, index: usize) -> *const c_char = peft_lowrank_report_module_name;
+        pub fn lowrank_report_module_rank(report: *const peft_lowrank_report, index: usize) -> i64 = peft_lowrank_report_module_rank;
+        pub fn lowrank_report_module_error(report: *const peft_lowrank_report, index: usize) -> f64 = peft_lowrank_report_module_error;
+        pub fn lowrank_report_free(report: *mut peft_lowrank_report) = peft_lowrank_report_free;
+        pub fn adapter_extract(base: *const c_char, tuned: *const c_char, out_dir: *const c_char, opts: *const peft_lowrank_options, out_report: *mut *mut peft_lowrank_report) -> *mut peft_error = peft_adapter_extract;
+        pub fn adapter_convert_to_lora(adapter: *const peft_adapter, out_dir: *const c_char, opts: *const peft_lowrank_options, out_report: *mut *mut peft_lowrank_report) -> *mut peft_error = peft_adapter_convert_to_lora;
+        pub fn adapter_convert_initial(tuned_dir: *const c_char, initial_dir: *const c_char, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_convert_initial;
     }
 }
