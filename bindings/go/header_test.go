@@ -27,6 +27,10 @@ var notWrapped = map[string]string{
 	"peft_merge_buffer_remove":         "older alias of peft_merge_record_unmerge; the binding calls the regular one",
 	"peft_registry_names":              "older alias of peft_registry_name_list; the binding calls the regular one",
 	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
+	// Merges into block-quantized GGUF bases: wrapped in Python so far.
+	"peft_merge_options_set_quant":  "GGUF merge output type: not wrapped in Go yet (peftc merge --quant, Python quant=)",
+	"peft_merge_options_set_report": "GGUF merge store report: not wrapped in Go yet (peftc merge --report, Python report=)",
+	"peft_merge_result_report_json": "GGUF merge store report: not wrapped in Go yet (peftc merge --report, Python report=)",
 }
 
 var (

@@ -214,6 +214,9 @@ const peft_api kApiV1 = {
     &peft_translator_from_gguf,
     &peft_translator_new_gguf,
     &peft_adapter_export_gguf_split,
+    &peft_merge_options_set_quant,
+    &peft_merge_options_set_report,
+    &peft_merge_result_report_json,
 };
 
 }  // namespace

@@ -31,6 +31,10 @@ namespace PeftC.Tests
             { "peft_merge_buffer_remove", "older alias of peft_merge_record_unmerge; the binding calls the regular one" },
             { "peft_registry_names", "older alias of peft_registry_name_list; the binding calls the regular one" },
             { "peft_translator_builtin_families", "older alias of peft_translator_builtin_family_list; the binding calls the regular one" },
+            // Merges into block-quantized GGUF bases: wrapped in Python so far.
+            { "peft_merge_options_set_quant", "GGUF merge output type: not wrapped in C# yet (peftc merge --quant, Python quant=)" },
+            { "peft_merge_options_set_report", "GGUF merge store report: not wrapped in C# yet (peftc merge --report, Python report=)" },
+            { "peft_merge_result_report_json", "GGUF merge store report: not wrapped in C# yet (peftc merge --report, Python report=)" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>

@@ -779,6 +779,9 @@ functions! {
         ggml_type: i32,
         base_out: *const c_char,
     ) -> *mut peft_error;
+    pub fn peft_merge_options_set_quant(opts: *mut peft_merge_options, ggml_type: i32) -> *mut peft_error;
+    pub fn peft_merge_options_set_report(opts: *mut peft_merge_options, report: i32) -> *mut peft_error;
+    pub fn peft_merge_result_report_json(result: *const peft_merge_result) -> *const c_char;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1048,5 +1051,8 @@ api_table! {
         pub fn translator_from_gguf(checkpoint: *const peft_checkpoint, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_from_gguf;
         pub fn translator_new_gguf(architecture: *const c_char, head_count: u64, head_count_kv: u64, out: *mut *mut peft_translator) -> *mut peft_error = peft_translator_new_gguf;
         pub fn adapter_export_gguf_split(adapter: *const peft_adapter, out_path: *const c_char, base: *const c_char, ggml_type: i32, base_out: *const c_char) -> *mut peft_error = peft_adapter_export_gguf_split;
+        pub fn merge_options_set_quant(opts: *mut peft_merge_options, ggml_type: i32) -> *mut peft_error = peft_merge_options_set_quant;
+        pub fn merge_options_set_report(opts: *mut peft_merge_options, report: i32) -> *mut peft_error = peft_merge_options_set_report;
+        pub fn merge_result_report_json(result: *const peft_merge_result) -> *const c_char = peft_merge_result_report_json;
     }
 }
