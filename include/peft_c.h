@@ -2118,12 +2118,14 @@ PEFT_API peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts
  * @param opts Options.
  * @param dtype #PEFT_DTYPE_KEEP (the default), #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or
  *        #PEFT_DTYPE_F16. Only tensors of F64, F32, F16 and BF16 are converted. config.json's
- *        `dtype` / `torch_dtype` are set to match. For an FP8 block-scale base every FP8 weight is
- *        also written dequantized in it (its scales left out, `quantization_config` removed).
- *        A bitsandbytes base (NF4, FP4, int8): with
- *        #PEFT_DTYPE_KEEP merged weights are quantized again in their format; with a dtype every
- *        quantized weight is written dequantized, its state tensors dropped and
- *        `quantization_config` removed from config.json (docs/quantized-bases.md).
+ *        `dtype` / `torch_dtype` are set to match. For a GGUF base, only the merged tensors of two
+ *        or more dimensions are written in it (block-quantized ones too, unquantized); see
+ *        peft_merge_options_set_quant(). For an FP8 block-scale base every FP8 weight is also
+ *        written dequantized in it (its scales left out, `quantization_config` removed). A
+ *        bitsandbytes base (NF4, FP4, int8): with #PEFT_DTYPE_KEEP merged weights are quantized
+ *        again in their format; with a dtype every quantized weight is written dequantized, its
+ *        state tensors dropped and `quantization_config` removed from config.json
+ *        (docs/quantized-bases.md).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another dtype.
  *         Not thread-safe for the same @p opts.
  */
@@ -2211,12 +2213,15 @@ PEFT_API peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* 
  * **A GGUF base.** When @p base_dir is a GGUF file, @p out_dir is the GGUF file to write (atomically):
  * the base's metadata and tensors in their order and types, with each adapter module merged into
  * the tensor its architecture table names in GGUF (`blk.0.attn_q.weight`; LLaMA's RoPE row order
- * handled), computed in f32 with every adapter's delta added and stored once in the tensor's type
- * (F32, F16 or BF16); every other tensor is copied byte for byte (docs/gguf.md). The dtype and shard
- * size options must be unset (#PEFT_ERR_INVALID_ARGUMENT). Whole tensors (modules_to_save) replace
+ * handled), computed in f32 from its (dequantized) values with every adapter's delta added and
+ * stored once in the tensor's type, block-quantized types included (re-quantized as ggml does), or
+ * in the type peft_merge_options_set_quant() or peft_merge_options_set_dtype() chooses; every other
+ * tensor is copied byte for byte (docs/gguf.md). The shard size option must be unset
+ * (#PEFT_ERR_INVALID_ARGUMENT). Whole tensors (modules_to_save) replace
  * the GGUF tensor of the same parameter and `lora_B.bias` is added to the module's `.bias` tensor.
  * Modules with no GGUF tensor (a bias included) are #PEFT_ERR_UNRESOLVED_KEY, and trainable tokens and
- * block-quantized targets #PEFT_ERR_UNSUPPORTED, each listed, before anything is written. GGUF LoRA
+ * targets whose output type cannot be quantized here (IQ types but IQ4_NL) #PEFT_ERR_UNSUPPORTED,
+ * each listed, before anything is written. GGUF LoRA
  * adapters merge into GGUF bases only (see peft_merge_options_add_adapter_dir()).
  * @param base_dir The base model folder or a hub model id (@ref hub) (UTF-8): config.json (see
  *        peft_merge_options_set_require_config()) and `model.safetensors` or
@@ -2304,6 +2309,58 @@ PEFT_API size_t peft_merge_result_note_count(const peft_merge_result* result);
  * @return Borrowed UTF-8 string valid while @p result lives; NULL if out of range. Thread-safe.
  */
 PEFT_API const char* peft_merge_result_note(const peft_merge_result* result, size_t index);
+
+/**
+ * @brief Chooses the ggml type merged tensors are written in, for a merge into a GGUF base.
+ *
+ * By default (#PEFT_DTYPE_KEEP) each merged tensor keeps its own type: a block-quantized one (Q4_K,
+ * Q8_0, ...) is dequantized, the adapters' deltas are added in f32 and the sum is quantized again to
+ * the same type with ggml's reference quantizer (`ggml_quantize_chunk` without an importance matrix,
+ * bit-identical), so the output is what `llama-quantize` makes of the exact f32 merge, and a Q4_K_M
+ * base stays about its size. With a type, every merged tensor of two or more dimensions is written
+ * in it instead (tensors of one dimension, biases and norms, keep theirs); untouched tensors are
+ * copied byte for byte either way. peft_merge_options_set_dtype() does the same with F32, BF16 or F16
+ * (both set: #PEFT_ERR_INVALID_ARGUMENT from peft_merge_checkpoint()). Ignored for a safetensors base.
+ * A merged tensor whose output type has no quantizer here (IQ1_S .. IQ3_S, IQ4_XS: ggml's need an
+ * importance matrix) or whose rows do not fill whole blocks of it is refused by
+ * peft_merge_checkpoint() with #PEFT_ERR_UNSUPPORTED naming the tensor, before anything is written.
+ * @param opts Options.
+ * @param ggml_type #PEFT_DTYPE_KEEP (-1, the default) or a ggml type number that can be quantized:
+ *        F32 (0), F16 (1), BF16 (30), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, MXFP4, NVFP4,
+ *        TQ1_0, TQ2_0, Q1_0, Q2_0 (see peft_ggml_type_from_name()).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or an unknown type;
+ *         #PEFT_ERR_UNSUPPORTED for a type without a quantizer. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_quant(peft_merge_options* opts, int32_t ggml_type);
+
+/**
+ * @brief Asks a merge into a GGUF base to measure what storing each merged tensor costs.
+ *
+ * For every merged tensor, the values stored in its output type are read back (dequantized) and
+ * compared with the exact f32 merge (RMS and largest absolute difference); next to them, the same
+ * figures for the unmerged base's values stored in that type, what re-quantizing costs without any
+ * merge (for a Q4_K tensor kept Q4_K, quantizing its dequantized values again). Read them with
+ * peft_merge_result_report_json(). Costs one more quantization per merged tensor. Ignored for a
+ * safetensors base.
+ * @param opts Options.
+ * @param report 0 (the default) or 1.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT if @p opts is NULL.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_report(peft_merge_options* opts, int32_t report);
+
+/**
+ * @brief The per-tensor report of a merge into a GGUF base (see peft_merge_options_set_report()).
+ *
+ * A JSON array with one object per merged tensor, in file order:
+ * `{"tensor": "blk.0.attn_q.weight", "base_type": "Q4_K", "type": "Q4_K", "values": 4194304,
+ * "rms": ..., "max": ..., "base_rms": ..., "base_max": ...}`: `rms` and `max` compare the stored
+ * merge with the exact f32 merge, `base_rms` and `base_max` the base stored in `type` with the base
+ * itself (0 for a tensor an adapter replaced whole). `[]` when no report was asked for.
+ * @param result A result.
+ * @return Borrowed UTF-8 string valid while @p result lives; NULL for NULL. Thread-safe.
+ */
+PEFT_API const char* peft_merge_result_report_json(const peft_merge_result* result);
 
 /**
  * @brief Creates buffer merge options with the defaults: weight 1.0, original rows not kept, no
@@ -3596,6 +3653,9 @@ typedef struct peft_api {
   peft_error* (*adapter_extract)(const char* base, const char* tuned, const char* out_dir, const peft_lowrank_options* opts, peft_lowrank_report** out_report); /**< peft_adapter_extract() */
   peft_error* (*adapter_convert_to_lora)(const peft_adapter* adapter, const char* out_dir, const peft_lowrank_options* opts, peft_lowrank_report** out_report); /**< peft_adapter_convert_to_lora() */
   peft_error* (*adapter_convert_initial)(const char* tuned_dir, const char* initial_dir, const char* out_dir, const peft_export_options* opts); /**< peft_adapter_convert_initial() */
+  peft_error* (*merge_options_set_quant)(peft_merge_options* opts, int32_t ggml_type); /**< peft_merge_options_set_quant() */
+  peft_error* (*merge_options_set_report)(peft_merge_options* opts, int32_t report); /**< peft_merge_options_set_report() */
+  const char* (*merge_result_report_json)(const peft_merge_result* result); /**< peft_merge_result_report_json() */
 } peft_api;
 
 /**

@@ -14,7 +14,7 @@ for b in build/bench/bench_*; do
   case $(basename "$b") in bench_open) continue ;; esac   # driven by open_vs_python.py
   echo "### $(basename "$b")"; "$b"
 done
-eval "$(scripts/llama-cpp.sh --env)"   # llama.cpp's tools for bench/gguf_merge_vs_llama.py
+eval "$(scripts/llama-cpp.sh --env)"   # llama.cpp's tools for bench/gguf_merge_vs_llama.py and gguf_quant_merge_vs_llama.py
 for s in bench/*.py; do
   echo "### $s"; "$py" "$s" build
 done

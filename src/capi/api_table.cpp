@@ -232,6 +232,9 @@ const peft_api kApiV1 = {
     &peft_adapter_extract,
     &peft_adapter_convert_to_lora,
     &peft_adapter_convert_initial,
+    &peft_merge_options_set_quant,
+    &peft_merge_options_set_report,
+    &peft_merge_result_report_json,
 };
 
 }  // namespace

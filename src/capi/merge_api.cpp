@@ -1,5 +1,7 @@
 // The merge section of the C API: checkpoint merges (options, result) and buffer merges (records).
 #include <cmath>
+
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -7,6 +9,8 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
+#include "core/quant/ggml_quant.hpp"
+#include "core/quant/ggml_types.hpp"
 #include "core/text.hpp"
 #include "gguf/gguf_file.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
@@ -34,6 +38,7 @@ struct peft_merge_options {
 
 struct peft_merge_result {
   peft::CheckpointMergeResult impl;
+  std::string report_json = "[]";  // impl.store_report as peft_merge_result_report_json() gives it
 };
 
 struct peft_merge_buffer_options {
@@ -132,6 +137,16 @@ peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, con
     peft::CheckpointMergeResult r =
         gguf ? peft::merge_into_gguf(base_dir, out_dir, options) : peft::merge_checkpoint(base_dir, out_dir, options);
     if (result) {
+      nlohmann::json report = nlohmann::json::array();
+      auto type_name = [](uint32_t id) {
+        const auto type = peft::ggml_type(id);
+        return type ? std::string(type->name) : std::to_string(id);
+      };
+      for (const peft::GgufStoreReport& t : r.store_report)
+        report.push_back({{"tensor", t.tensor}, {"base_type", type_name(t.base_type)}, {"type", type_name(t.out_type)},
+                          {"values", t.values}, {"rms", t.rms}, {"max", t.max}, {"base_rms", t.base_rms},
+                          {"base_max", t.base_max}});
+      result->report_json = report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       result->impl = std::move(r);
       *out_result = result.release();
     }
@@ -169,6 +184,34 @@ size_t peft_merge_result_note_count(const peft_merge_result* result) { return re
 const char* peft_merge_result_note(const peft_merge_result* result, size_t index) {
   if (result == nullptr || index >= result->impl.notes.size()) return nullptr;
   return result->impl.notes[index].c_str();
+}
+
+peft_error* peft_merge_options_set_quant(peft_merge_options* opts, int32_t ggml_type) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (ggml_type == PEFT_DTYPE_KEEP) {
+      opts->impl.quant.reset();
+      return;
+    }
+    const auto type = ggml_type < 0 ? std::nullopt : peft::ggml_type(static_cast<uint32_t>(ggml_type));
+    if (!type) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge's quantization type " + std::to_string(ggml_type) +
+                                                         " is not a ggml type");
+    if (!peft::ggml_can_quantize(type->id))
+      peft::fail(PEFT_ERR_UNSUPPORTED, "merged tensors cannot be quantized to " + std::string(type->name) +
+                                           " (ggml's quantizer for it needs an importance matrix)");
+    opts->impl.quant = type->id;
+  });
+}
+
+peft_error* peft_merge_options_set_report(peft_merge_options* opts, int32_t report) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->impl.report = report != 0;
+  });
+}
+
+const char* peft_merge_result_report_json(const peft_merge_result* result) {
+  return result ? result->report_json.c_str() : nullptr;
 }
 
 // ---- buffer merge --------------------------------------------------------------------------------

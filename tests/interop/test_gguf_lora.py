@@ -130,6 +130,6 @@ def test_merge_into_gguf_base_refuses_before_writing(peftc_binary, tmp_path):
                      expect=1)
     assert "UNRESOLVED_KEY" in proc.stderr and "c_attn" in proc.stderr
     proc = run_peftc(peftc_binary, "merge", "--base", base, "--out", out, "--adapter", ADAPTERS / "llama_lora",
-                     "--dtype", "bf16", expect=1)
+                     "--dtype", "bf16", "--quant", "Q8_0", expect=1)
     assert "INVALID_ARGUMENT" in proc.stderr
     assert not out.exists()

@@ -1,5 +1,6 @@
 // peftc merge [--base DIR|FILE.gguf] --adapter A[:WEIGHT] ... --out DIR|FILE.gguf [--dtype keep|f32|bf16|f16]
 //              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] [--lenient]
+//              [--quant TYPE] [--report]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
 // is. An adapter A is a PEFT folder or, with a GGUF base, a GGUF LoRA file too. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
@@ -8,6 +9,14 @@
 // ignored to stderr ("warning: ..."). A GGUF file as --base makes --out a GGUF file (docs/gguf.md);
 // its adapters are then opened without a base (the merge checks them against the GGUF's tensors), and
 // GGUF LoRA files, which have nothing lenient loading would change, are passed on as they are.
+// With a GGUF base, merged tensors keep their type (block-quantized ones re-quantized as ggml does);
+// --quant TYPE (a ggml type name: Q8_0, Q4_K, ...) or --dtype f32|bf16|f16 writes them in another, and
+// --report prints, per merged tensor, the RMS and largest error of the stored merge against the exact
+// f32 merge next to the same figures for the unmerged base stored in that type.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
 #include <unistd.h>
 
 #include <chrono>
@@ -27,7 +36,7 @@ namespace {
 constexpr const char* kUsage =
     "merge [--base DIR|FILE.gguf] --adapter DIR|LORA.gguf[:WEIGHT] [--adapter ...] --out DIR|FILE.gguf "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
-    "[--lenient]";
+    "[--lenient] [--quant TYPE] [--report]";
 
 struct AdapterArg {
   std::string dir;
@@ -43,7 +52,25 @@ struct Options {
   bool require_config = true;    // --no-config: a base without config.json is merged anyway
   bool allow_nonfinite = false;  // --allow-nonfinite: merged weights may be infinite or NaN
   bool lenient = false;          // --lenient: adapters loaded as PEFT loads them, warnings on stderr
+  int32_t quant = PEFT_DTYPE_KEEP;  // --quant TYPE: GGUF bases' merged tensors in this ggml type
+  bool report = false;           // --report: what storing each merged GGUF tensor costs
 };
+
+// The --report table: one line per merged tensor.
+void print_report(const char* json) {
+  const nlohmann::json report = nlohmann::json::parse(json);
+  if (report.empty()) return;
+  size_t width = std::string_view("tensor").size();
+  for (const auto& t : report) width = std::max(width, t["tensor"].get<std::string>().size());
+  std::printf("store report (stored merge vs exact f32 merge; base stored in the same type vs base):\n");
+  std::printf("  %-*s %-6s %-6s %12s %12s %12s %12s\n", static_cast<int>(width), "tensor", "base", "type", "rms", "max",
+              "base rms", "base max");
+  for (const auto& t : report)
+    std::printf("  %-*s %-6s %-6s %12.4e %12.4e %12.4e %12.4e\n", static_cast<int>(width),
+                t["tensor"].get<std::string>().c_str(), t["base_type"].get<std::string>().c_str(),
+                t["type"].get<std::string>().c_str(), t["rms"].get<double>(), t["max"].get<double>(),
+                t["base_rms"].get<double>(), t["base_max"].get<double>());
+}
 
 // DIR or DIR:WEIGHT. A suffix after the last ':' that is not a number belongs to the folder name.
 AdapterArg parse_adapter(const std::string& text) {
@@ -167,6 +194,8 @@ int run_merge(const Options& o) {
   if (peft_error* err = peft_merge_options_set_threads(opts.p, o.threads)) return report(err);
   if (peft_error* err = peft_merge_options_set_require_config(opts.p, o.require_config ? 1 : 0)) return report(err);
   if (peft_error* err = peft_merge_options_set_allow_nonfinite(opts.p, o.allow_nonfinite ? 1 : 0)) return report(err);
+  if (peft_error* err = peft_merge_options_set_quant(opts.p, o.quant)) return report(err);
+  if (peft_error* err = peft_merge_options_set_report(opts.p, o.report ? 1 : 0)) return report(err);
   ProgressBar bar;
   if (::isatty(STDERR_FILENO)) {
     if (peft_error* err = peft_merge_options_set_progress(opts.p, &ProgressBar::callback, &bar)) return report(err);
@@ -194,6 +223,7 @@ int run_merge(const Options& o) {
   for (size_t i = 0; i < peft_merge_result_file_count(r); ++i) std::printf(" %s", peft_merge_result_file_name(r, i));
   std::printf("\n");
   for (size_t i = 0; i < peft_merge_result_note_count(r); ++i) std::printf("note: %s\n", peft_merge_result_note(r, i));
+  if (o.report) print_report(peft_merge_result_report_json(r));
   return kExitOk;
 }
 
@@ -213,12 +243,16 @@ int merge_command(const std::vector<std::string>& args) {
       o.lenient = true;
       continue;
     }
+    if (arg == "--report" && !a.has_inline_value()) {
+      o.report = true;
+      continue;
+    }
     if (arg == "--allow-nonfinite" && !a.has_inline_value()) {
       o.allow_nonfinite = true;
       continue;
     }
     const bool known = arg == "--base" || arg == "--adapter" || arg == "--out" || arg == "--dtype" ||
-                       arg == "--max-shard-size" || arg == "--threads";
+                       arg == "--max-shard-size" || arg == "--threads" || arg == "--quant";
     if (!known) {
       if (arg.rfind("-", 0) == 0) return usage_error("unknown option '" + arg + "'", kUsage);
       return usage_error("unexpected argument '" + arg + "' (options come as --name VALUE)", kUsage);
@@ -235,6 +269,11 @@ int merge_command(const std::vector<std::string>& args) {
       const std::optional<int32_t> dtype = parse_dtype(*v);
       if (!dtype) return usage_error("--dtype must be keep, f32, bf16 or f16, not '" + *v + "'", kUsage);
       o.dtype = *dtype;
+    } else if (arg == "--quant") {
+      std::string name = *v;
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+      o.quant = peft_ggml_type_from_name(name.c_str());
+      if (o.quant < 0) return usage_error("--quant must be a ggml type name such as Q8_0, Q4_K or F16, not '" + *v + "'", kUsage);
     } else if (arg == "--max-shard-size") {
       const auto size = parse_size(*v);
       if (!size)

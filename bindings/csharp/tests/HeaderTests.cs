@@ -50,6 +50,10 @@ namespace PeftC.Tests
             { "peft_adapter_extract", "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)" },
             { "peft_adapter_convert_to_lora", "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)" },
             { "peft_adapter_convert_initial", "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)" },
+            // Merges into block-quantized GGUF bases: wrapped in Python so far.
+            { "peft_merge_options_set_quant", "GGUF merge output type: not wrapped in C# yet (peftc merge --quant, Python quant=)" },
+            { "peft_merge_options_set_report", "GGUF merge store report: not wrapped in C# yet (peftc merge --report, Python report=)" },
+            { "peft_merge_result_report_json", "GGUF merge store report: not wrapped in C# yet (peftc merge --report, Python report=)" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>

@@ -277,6 +277,9 @@ PROTOTYPES = {
     # a void pointer, not c_char_p: strings may hold NUL bytes, read with their length
     "peft_checkpoint_gguf_kv_string": (_err, [_handle, c_size_t, c_size_t, c_uint64, POINTER(c_void_p),
                                               POINTER(c_size_t)]),
+    "peft_merge_options_set_quant": (_err, [_handle, c_int32]),
+    "peft_merge_options_set_report": (_err, [_handle, c_int32]),
+    "peft_merge_result_report_json": (c_char_p, [_handle]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from ctypes import byref, c_uint64, c_void_p
@@ -43,12 +44,17 @@ class MergeResult:
     files: Tuple[str, ...]  #: files written, relative to the output folder (weights first)
     untied_embeddings: bool  #: whether tie_word_embeddings was set to false
     notes: Tuple[str, ...]
+    #: GGUF bases with ``report=True``: per merged tensor, a dict with "tensor", "base_type", "type",
+    #: "values", "rms", "max" (stored merge vs exact f32 merge), "base_rms", "base_max" (base stored in
+    #: that type vs the base); empty otherwise
+    report: Tuple[dict, ...] = ()
 
 
 def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                      dtype: Optional[DTypeLike] = None, max_shard_size: int = 0, threads: int = 0,
                      progress: Optional[Callable[[int, int], Optional[bool]]] = None,
-                     require_config: bool = True, allow_nonfinite: bool = False) -> MergeResult:
+                     require_config: bool = True, allow_nonfinite: bool = False,
+                     quant: Optional[Union[str, int]] = None, report: bool = False) -> MergeResult:
     """Merges adapters into a base model folder and writes the merged model folder.
 
     ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
@@ -60,6 +66,11 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
     config.json (the output then has none; by default it is ``NotFoundError``, as transformers cannot load
     such a folder). ``allow_nonfinite`` True writes merged tensors holding an infinity or a NaN (by default
     ``NonFiniteError``). On any failure the output folder is left as it was.
+
+    For a GGUF base (``base_dir`` a .gguf file, ``out_dir`` the file to write) merged tensors keep their
+    type, block-quantized ones re-quantized as ggml does; ``quant`` (a ggml type name such as "Q8_0" or
+    "Q4_K", or its number) or ``dtype`` writes them in another type instead, and ``report`` True fills
+    ``MergeResult.report`` with what storing each merged tensor costs.
     """
     library = lib()
     raised: List[BaseException] = []
@@ -83,6 +94,14 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
         check(library.peft_merge_options_set_threads(opts, thread_count(threads)))
         check(library.peft_merge_options_set_require_config(opts, 1 if require_config else 0))
         check(library.peft_merge_options_set_allow_nonfinite(opts, 1 if allow_nonfinite else 0))
+        if quant is not None:
+            type_id = quant if isinstance(quant, int) and not isinstance(quant, bool) else \
+                library.peft_ggml_type_from_name(encode(str(quant).upper(), "quant"))
+            if type_id < 0:
+                raise ValueError(f"quant must be a ggml type name such as 'Q8_0' or a type number, not {quant!r}")
+            check(library.peft_merge_options_set_quant(opts, type_id))
+        if report:
+            check(library.peft_merge_options_set_report(opts, 1))
         if progress is not None:
             def trampoline(_user, done, total):
                 try:
@@ -113,6 +132,7 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
         untied_embeddings=bool(library.peft_merge_result_untied_embeddings(ptr)),
         notes=tuple(text(library.peft_merge_result_note(ptr, i))
                     for i in range(library.peft_merge_result_note_count(ptr))),
+        report=tuple(json.loads(text(library.peft_merge_result_report_json(ptr)) or "[]")),
     )
 
 

@@ -7,6 +7,7 @@ byte layout of tests/capi/test_gguf.c); the expected values below are the ones t
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -127,3 +128,71 @@ def test_ggml_types():
     assert info.value.code == peft_c.ErrorCode.INVALID_ARGUMENT
     with pytest.raises(TypeError):
         peft_c.ggml_type_name("Q4_K")
+
+
+# ---- merge into a block-quantized GGUF base (quant, report) ---------------------------------------------
+
+def _q8_0_llama(path, values):
+    """A one-tensor llama GGUF written by hand: blk.0.ffn_down.weight, Q8_0, shape [16, 32]."""
+    import struct
+
+    def string(s):
+        data = s.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    blocks = b""
+    for row in values.reshape(-1, 32):  # ggml's Q8_0: d = max|x| / 127 (f16), q = round(x / d)
+        d = np.float16(np.abs(row).max() / 127)
+        q = np.round(row / np.float32(d)).astype(np.int8)
+        blocks += d.tobytes() + q.tobytes()
+    kvs = [string("general.architecture") + struct.pack("<I", 8) + string("llama"),
+           string("llama.attention.head_count") + struct.pack("<II", 4, 1),
+           string("llama.attention.head_count_kv") + struct.pack("<II", 4, 1)]
+    info = string("blk.0.ffn_down.weight") + struct.pack("<IQQIQ", 2, 32, 16, 8, 0)
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, len(kvs)) + b"".join(kvs) + info
+    head += b"\0" * (-len(head) % 32)
+    path.write_bytes(head + blocks)
+    return path
+
+
+def _down_proj_adapter(folder, rng):
+    from peft_c_test_support import safetensors_bytes
+
+    folder.mkdir()
+    a = rng.standard_normal((4, 32)).astype(np.float32) * 0.1
+    b = rng.standard_normal((16, 4)).astype(np.float32) * 0.1
+    key = "base_model.model.model.layers.0.mlp.down_proj"
+    header = {f"{key}.lora_A.weight": {"dtype": "F32", "shape": [4, 32], "data_offsets": [0, a.nbytes]},
+              f"{key}.lora_B.weight": {"dtype": "F32", "shape": [16, 4], "data_offsets": [a.nbytes, a.nbytes + b.nbytes]}}
+    (folder / "adapter_model.safetensors").write_bytes(safetensors_bytes(header, a.tobytes() + b.tobytes()))
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["down_proj"],
+        "base_model_name_or_path": "", "task_type": "CAUSAL_LM"}))
+    return folder
+
+
+def test_merge_into_quantized_gguf(tmp_path):
+    rng = np.random.default_rng(7)
+    base = _q8_0_llama(tmp_path / "base.gguf", rng.standard_normal((16, 32)).astype(np.float32))
+    adapter = _down_proj_adapter(tmp_path / "adapter", rng)
+
+    kept = peft_c.merge_checkpoint(base, tmp_path / "kept.gguf", [adapter], report=True)
+    assert kept.merged == 1 and len(kept.report) == 1
+    entry = kept.report[0]
+    assert entry["tensor"] == "blk.0.ffn_down.weight" and entry["base_type"] == entry["type"] == "Q8_0"
+    assert entry["values"] == 512 and 0 < entry["rms"] <= entry["max"] and 0 <= entry["base_rms"] <= entry["base_max"]
+    assert (tmp_path / "kept.gguf").stat().st_size == base.stat().st_size
+    with peft_c.Checkpoint.open(tmp_path / "kept.gguf") as ckpt:
+        assert ckpt.tensor("blk.0.ffn_down.weight").ggml_type == "Q8_0"
+
+    f32 = peft_c.merge_checkpoint(base, tmp_path / "f32.gguf", [adapter], quant="f32", report=True)
+    assert f32.report[0]["type"] == "F32" and f32.report[0]["rms"] == 0 == f32.report[0]["base_max"]
+    assert peft_c.merge_checkpoint(base, tmp_path / "plain.gguf", [adapter]).report == ()
+
+    with pytest.raises(peft_c.UnsupportedError):
+        peft_c.merge_checkpoint(base, tmp_path / "x.gguf", [adapter], quant="IQ2_XS")
+    with pytest.raises(peft_c.InvalidArgumentError):
+        peft_c.merge_checkpoint(base, tmp_path / "x.gguf", [adapter], quant="Q8_0", dtype="F16")
+    with pytest.raises(ValueError):
+        peft_c.merge_checkpoint(base, tmp_path / "x.gguf", [adapter], quant="Q9_9")
+    assert not (tmp_path / "x.gguf").exists()

@@ -42,6 +42,21 @@ struct CheckpointMergeOptions {
   OpenOptions open;             // header size cap for the base's files
   bool require_config = true;   // false: a base without a readable config.json is merged anyway
   bool allow_nonfinite = false; // true: merged weights may hold infinities and NaNs
+  // GGUF bases only (gguf_merge.hpp): the ggml type of every merged tensor of two or more dimensions
+  // (nullopt: dtype, else each tensor's own type), and whether to measure what storing it costs.
+  std::optional<uint32_t> quant;
+  bool report = false;
+};
+
+// What storing one merged GGUF tensor in its output type costs (CheckpointMergeOptions::report): the
+// stored values read back against the exact f32 merge, and the same for the unmerged base's values
+// stored in that type (what re-quantizing costs without any merge).
+struct GgufStoreReport {
+  std::string tensor;
+  uint32_t base_type = 0, out_type = 0;  // ggml types
+  uint64_t values = 0;
+  double rms = 0, max = 0;            // merged: stored against exact
+  double base_rms = 0, base_max = 0;  // base: stored against its own values (0 for a replaced tensor)
 };
 
 struct CheckpointMergeResult {
@@ -53,6 +68,7 @@ struct CheckpointMergeResult {
   std::vector<std::string> files;  // every file written, relative to the output folder
   std::vector<std::string> notes;
   bool untied_embeddings = false;
+  std::vector<GgufStoreReport> store_report;  // GGUF bases with options.report: each merged tensor, in file order
 };
 
 CheckpointMergeResult merge_checkpoint(const std::string& base_dir, const std::string& out_dir,

@@ -137,10 +137,6 @@ std::vector<GgufLoraTerm> gguf_lora_terms(const GgufLoraFile& lora, double weigh
                                                           "stacked dimension first when it has one)"));
       continue;
     }
-    if (w.block_quantized || !(w.dtype == DType::F32 || w.dtype == DType::F16 || w.dtype == DType::BF16)) {
-      problems.add(PEFT_ERR_UNSUPPORTED, what + " is " + type_name(w) + " in the base; merges go into F32, F16 and BF16 tensors");
-      continue;
-    }
     if (!readable) continue;
     c.out = c.embedding ? ws[1] : ws[0];
     c.in = c.embedding ? ws[0] : ws[1];

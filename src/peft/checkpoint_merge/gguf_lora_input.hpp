@@ -17,8 +17,8 @@
 //                       no pair at all
 //   UNRESOLVED_KEY      a pair whose base tensor the base does not hold
 //   SHAPE_MISMATCH      factors that do not fit the base tensor (or each other)
-//   UNSUPPORTED         tensors that are not LoRA factors; factors of another type; a base tensor that
-//                       is not F32, F16 or BF16
+//   UNSUPPORTED         tensors that are not LoRA factors; factors of another type (the base tensor's
+//                       type is checked by gguf_merge)
 #pragma once
 
 #include <cstddef>

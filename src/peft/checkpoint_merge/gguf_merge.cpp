@@ -9,6 +9,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/quant/ggml_quant.hpp"
 #include "core/text.hpp"
 #include "gguf/ggml_type.hpp"
 #include "gguf/gguf_file.hpp"
@@ -20,6 +21,7 @@
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/checkpoint_merge/gguf_lora_input.hpp"
+#include "peft/checkpoint_merge/gguf_requant.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "safetensors/checkpoint.hpp"
 
@@ -61,6 +63,7 @@ struct GgufBiasTerm {
 
 // What is done to one GGUF tensor, in this order: the replacement, the LoRA terms, the bias terms.
 struct GgufTarget {
+  std::string what;  // the first module merged into it, for messages
   GgufRows rows = GgufRows::same;
   std::optional<GgufReplacement> replacement;
   std::vector<GgufTerm> terms;
@@ -104,8 +107,9 @@ class GgufMerge {
     uint64_t total = 0;
     for (size_t i = 0; i < base_->tensor_count(); ++i) {
       const TensorInfo& info = base_->tensor(i);
-      writer.add_tensor(info.name, static_cast<uint32_t>(info.ggml_type), info.shape);
-      total += info.nbytes();
+      const bool target = targets_.contains(i);
+      writer.add_tensor(info.name, target ? out_type(info) : static_cast<uint32_t>(info.ggml_type), info.shape);
+      total += target ? out_bytes(info) : info.nbytes();
     }
     writer.start();
     CheckpointMergeResult result;
@@ -114,8 +118,9 @@ class GgufMerge {
     for (size_t i = 0; i < base_->tensor_count(); ++i) {
       const TensorInfo& info = base_->tensor(i);
       if (auto it = targets_.find(i); it != targets_.end()) {
-        const std::vector<uint8_t> bytes = merged_tensor(i, it->second);
+        const std::vector<uint8_t> bytes = merged_tensor(i, it->second, result);
         writer.write_tensor(info.name, bytes.data(), bytes.size());
+        done += bytes.size();
         ++(it->second.replacement && it->second.terms.empty() && it->second.biases.empty() ? result.replaced : result.merged);
       } else {
         base_->check_unchanged(i);
@@ -128,8 +133,8 @@ class GgufMerge {
           offset += n;
         }
         ++result.copied;
+        done += info.nbytes();
       }
-      done += info.nbytes();
       if (options_.progress && !options_.progress(done, total)) fail(PEFT_ERR_CANCELLED, "the merge was cancelled");
     }
     writer.finish();
@@ -149,20 +154,17 @@ class GgufMerge {
         unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
         return std::nullopt;
       }
-      const TensorInfo& info = base_->tensor(*index);
-      if (info.block_quantized || !(info.dtype == DType::F32 || info.dtype == DType::F16 || info.dtype == DType::BF16)) {
-        const auto type = ggml_type(static_cast<uint32_t>(info.ggml_type));
-        unsupported.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is " +
-                              std::string(type ? type->name : "of an unknown type") +
-                              "; merges go into F32, F16 and BF16 tensors)");
-        return std::nullopt;
-      }
+      if (targets_[*index].what.empty()) targets_[*index].what = what;
       return index;
     };
     for (const MergeInput& input : options_.adapters) {
       if (input.gguf_lora) {  // GGUF names and rows: checked and matched by gguf_lora_input
         for (GgufLoraTerm& term : gguf_lora_terms(*input.gguf_lora, input.weight, *base_, architecture_))
-          targets_[term.tensor].terms.push_back({std::move(term.module), 1.0, term.slice, false});
+{
+          GgufTarget& target = targets_[term.tensor];
+          if (target.what.empty()) target.what = input.gguf_lora->path + ": the pair of " + peft::quoted(base_->tensor(term.tensor).name);
+          target.terms.push_back({std::move(term.module), 1.0, term.slice, false});
+        }
         continue;
       }
       const std::string adapter_name = input.adapter->dir().empty() ? "adapter" : input.adapter->dir();
@@ -237,6 +239,29 @@ class GgufMerge {
         }
       }
     }
+    // Each target's types: its own read as f32 (unless replaced whole), its output type written.
+    for (const auto& [index, target] : targets_) {
+      const TensorInfo& info = base_->tensor(index);
+      const auto base_type = static_cast<uint32_t>(info.ggml_type);
+      const uint32_t out = out_type(info);
+      const std::string tensor = "GGUF tensor " + peft::quoted(info.name);
+      if (!target.replacement && !ggml_can_dequantize(base_type)) {
+        unsupported.push_back(target.what + " (" + tensor + " is " + type_name(base_type) +
+                              ", which cannot be read as f32 numbers)");
+        continue;
+      }
+      if (!ggml_can_quantize(out)) {
+        unsupported.push_back(target.what + " (" + tensor + " would be written as " + type_name(out) +
+                              ", which peft_c cannot quantize (ggml's quantizer for it needs an importance matrix): "
+                              "choose another type for merged tensors, peftc merge --quant TYPE or --dtype f16|bf16|f32)");
+        continue;
+      }
+      const auto type = ggml_type(out);
+      if (type && !info.shape.empty() && info.shape.back() % type->block_size != 0)
+        unsupported.push_back(target.what + " (" + tensor + " has rows of " + std::to_string(info.shape.back()) +
+                              " values, not a multiple of " + type_name(out) + "'s blocks of " +
+                              std::to_string(type->block_size) + ")");
+    }
     if (!conflicts.empty()) {
       std::string message = path_ + ": the adapters of the merge conflict:";
       for (const std::string& line : conflicts) message += "\n  " + line;
@@ -260,7 +285,7 @@ class GgufMerge {
   }
 
   // The tensor with every term added, in its own type.
-  std::vector<uint8_t> merged_tensor(size_t index, const GgufTarget& target) const {
+  std::vector<uint8_t> merged_tensor(size_t index, const GgufTarget& target, CheckpointMergeResult& result) const {
     const TensorInfo& info = base_->tensor(index);
     const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
     const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
@@ -278,8 +303,10 @@ class GgufMerge {
       values = r.adapter->checkpoint().read_f32(r.index);
       torch_rows = true;
     } else {
-      values = base_->read_f32(index);
+      values = base_values(index);
     }
+    std::vector<float> base;  // the base's own values, for the report
+    if (options_.report && !target.replacement) base = values;
     BufferMergeOptions merge_options;
     merge_options.threads = options_.threads;
     for (const GgufTerm& term : target.terms) {
@@ -307,19 +334,71 @@ class GgufMerge {
     }
     if (torch_rows)
       reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
-    std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
-    convert(DType::F32, values.data(), info.dtype, out.data(), values.size());
-    if (!options_.allow_nonfinite) check_finite(info, out.data(), values.size());
+    // Stored in the output type, in blocks of rows of the tensor's innermost dimension.
+    const uint32_t type = out_type(info);
+    const uint64_t cols_ne0 = info.shape.empty() ? 1 : info.shape.back();
+    const uint64_t rows_ne0 = cols_ne0 == 0 ? 0 : values.size() / cols_ne0;
+    std::vector<uint8_t> out(static_cast<size_t>(out_bytes(info)));
+    StoreError error;
+    const bool measure = options_.report || !options_.allow_nonfinite;
+    quantize_blocks(type, values.data(), rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr);
+    if (!options_.allow_nonfinite && !error.finite)
+      fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) +
+                                    " holds an infinity or NaN (allow_nonfinite keeps such values)");
+    if (options_.report) {
+      GgufStoreReport report;
+      report.tensor = info.name;
+      report.base_type = static_cast<uint32_t>(info.ggml_type);
+      report.out_type = type;
+      report.values = values.size();
+      report.rms = error.rms();
+      report.max = error.max;
+      if (!base.empty()) {
+        std::vector<uint8_t> scratch(out.size());
+        StoreError base_error;
+        quantize_blocks(type, base.data(), rows_ne0, cols_ne0, scratch.data(), options_.threads, &base_error);
+        report.base_rms = base_error.rms();
+        report.base_max = base_error.max;
+      }
+      result.store_report.push_back(std::move(report));
+    }
     return out;
   }
 
-  void check_finite(const TensorInfo& info, const uint8_t* bytes, size_t count) const {
-    std::vector<float> back(count);
-    convert(info.dtype, bytes, DType::F32, back.data(), count);
-    for (float v : back)
-      if (!std::isfinite(v))
-        fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) +
-                                      " holds an infinity or NaN (allow_nonfinite keeps such values)");
+  // Tensor `index` of the base as f32 values, in GGUF's row order.
+  std::vector<float> base_values(size_t index) const {
+    const TensorInfo& info = base_->tensor(index);
+    if (!info.block_quantized) return base_->read_f32(index);
+    const uint64_t elements = element_count(info);
+    const uint64_t cols = info.shape.empty() ? 1 : info.shape.back();
+    std::vector<uint8_t> bytes(static_cast<size_t>(info.nbytes()));
+    base_->read_bytes(index, 0, bytes.data(), bytes.size());
+    std::vector<float> values(static_cast<size_t>(elements));
+    with_file(path_, [&] {
+      dequantize_blocks(static_cast<uint32_t>(info.ggml_type), bytes.data(), cols == 0 ? 0 : elements / cols, cols,
+                        values.data(), options_.threads);
+    });
+    return values;
+  }
+
+  // The ggml type merged tensor `info` is written in: options.quant, else options.dtype, else its own;
+  // tensors of fewer than two dimensions (biases, norms) keep their own.
+  uint32_t out_type(const TensorInfo& info) const {
+    const auto own = static_cast<uint32_t>(info.ggml_type);
+    if (info.shape.size() < 2) return own;
+    if (options_.quant) return *options_.quant;
+    if (options_.dtype) return ggml_of_dtype(*options_.dtype).value_or(own);
+    return own;
+  }
+
+  uint64_t out_bytes(const TensorInfo& info) const {
+    const uint64_t cols = info.shape.empty() ? 1 : info.shape.back();
+    return ggml_rows_bytes(out_type(info), cols == 0 ? 0 : element_count(info) / cols, cols);
+  }
+
+  static std::string type_name(uint32_t id) {
+    const auto type = ggml_type(id);
+    return type ? std::string(type->name) : "ggml type " + std::to_string(id);
   }
 
   std::string path_;
@@ -336,8 +415,10 @@ class GgufMerge {
 
 CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::string& out_path,
                                       const CheckpointMergeOptions& options) {
-  if (options.dtype)
-    fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file keeps each tensor's type: do not set a dtype");
+  if (options.dtype && options.quant)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file takes a dtype or a quantization type, not both");
+  if (options.quant && !ggml_can_quantize(*options.quant))
+    fail(PEFT_ERR_UNSUPPORTED, "merged tensors cannot be quantized to ggml type " + std::to_string(*options.quant));
   if (options.max_shard_size != 0)
     fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file writes one file: do not set a shard size");
   std::error_code ec;

@@ -6,10 +6,12 @@
 // lists the base's general.architecture (data/arch, "gguf" names; docs/gguf.md). Weights the
 // converter stored with LLaMA's RoPE row order ("gguf_rows") are brought to PyTorch's row order,
 // merged, and put back, so the result is exactly the GGUF of the merged PyTorch weight. A merged
-// tensor is computed in f32 from the base's values with every adapter's delta added (as
-// llama-export-lora does), then stored once in the tensor's own type (F32, F16 or BF16, rounded to
-// nearest even); all other tensors, block-quantized ones included, are copied byte for byte. One
-// merged tensor is in memory at a time.
+// tensor is computed in f32 from the base's values (block-quantized ones dequantized as ggml does)
+// with every adapter's delta added (as llama-export-lora does), then stored once in its output type
+// (gguf_requant.hpp): its own type by default (F32, F16 or BF16 rounded to nearest even; a
+// block-quantized type quantized again with ggml's reference quantizer), or options.quant / options.dtype
+// for tensors of two or more dimensions. All other tensors are copied byte for byte. One merged tensor
+// is in memory at a time; options.report fills result.store_report.
 //
 // An adapter may also be a GGUF LoRA file (MergeInput::gguf_lora): its pairs name the base's tensors
 // directly, their rows already in GGUF's order, and are merged as llama-export-lora merges them
@@ -21,8 +23,9 @@
 //
 // Refused before anything is written, each listed: modules GGUF cannot place (no GGUF name for the
 // architecture, or a tensor the base lacks, a bias included: PEFT_ERR_UNRESOLVED_KEY), trainable
-// tokens (merged into safetensors checkpoints only) and block-quantized targets (the next step:
-// PEFT_ERR_UNSUPPORTED), and two adapters replacing the same tensor (PEFT_ERR_INVALID_ARGUMENT). A
+// tokens (merged into safetensors checkpoints only) and targets whose base type cannot be dequantized
+// or whose output type cannot be quantized here, or whose rows do not fill the output type's blocks
+// (PEFT_ERR_UNSUPPORTED), and two adapters replacing the same tensor (PEFT_ERR_INVALID_ARGUMENT). A
 // replacement of another shape is PEFT_ERR_SHAPE_MISMATCH. The output is written atomically and
 // must not be the base file.
 #pragma once
@@ -33,8 +36,8 @@
 
 namespace peft {
 
-// options.dtype and options.max_shard_size must be unset (INVALID_ARGUMENT): a GGUF merge keeps each
-// tensor's type and writes one file. result.files holds the output file's name.
+// options.max_shard_size must be unset, and options.dtype and options.quant not both set
+// (INVALID_ARGUMENT). result.files holds the output file's name.
 CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::string& out_path,
                                       const CheckpointMergeOptions& options);
 

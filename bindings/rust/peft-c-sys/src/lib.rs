@@ -834,6 +834,9 @@ functions! {
         out_dir: *const c_char,
         opts: *const peft_export_options,
     ) -> *mut peft_error;
+    pub fn peft_merge_options_set_quant(opts: *mut peft_merge_options, ggml_type: i32) -> *mut peft_error;
+    pub fn peft_merge_options_set_report(opts: *mut peft_merge_options, report: i32) -> *mut peft_error;
+    pub fn peft_merge_result_report_json(result: *const peft_merge_result) -> *const c_char;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1121,5 +1124,8 @@ api_table! {
         pub fn adapter_extract(base: *const c_char, tuned: *const c_char, out_dir: *const c_char, opts: *const peft_lowrank_options, out_report: *mut *mut peft_lowrank_report) -> *mut peft_error = peft_adapter_extract;
         pub fn adapter_convert_to_lora(adapter: *const peft_adapter, out_dir: *const c_char, opts: *const peft_lowrank_options, out_report: *mut *mut peft_lowrank_report) -> *mut peft_error = peft_adapter_convert_to_lora;
         pub fn adapter_convert_initial(tuned_dir: *const c_char, initial_dir: *const c_char, out_dir: *const c_char, opts: *const peft_export_options) -> *mut peft_error = peft_adapter_convert_initial;
+        pub fn merge_options_set_quant(opts: *mut peft_merge_options, ggml_type: i32) -> *mut peft_error = peft_merge_options_set_quant;
+        pub fn merge_options_set_report(opts: *mut peft_merge_options, report: i32) -> *mut peft_error = peft_merge_options_set_report;
+        pub fn merge_result_report_json(result: *const peft_merge_result) -> *const c_char = peft_merge_result_report_json;
     }
 }
