@@ -2815,6 +2815,8 @@ PEFT_API peft_error* peft_lowrank_options_set_svd(peft_lowrank_options* opts, in
 
 /**
  * @brief Worker threads (modules factored at once); 0 = one per hardware thread (the default).
+ * @param opts Options.
+ * @param threads Number of threads, or 0.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts. Not thread-safe for the same @p opts.
  */
 PEFT_API peft_error* peft_lowrank_options_set_threads(peft_lowrank_options* opts, uint32_t threads);
@@ -2822,6 +2824,8 @@ PEFT_API peft_error* peft_lowrank_options_set_threads(peft_lowrank_options* opts
 /**
  * @brief The factors' dtype: #PEFT_DTYPE_F32 (the default; #PEFT_DTYPE_KEEP means the same),
  *        #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @param opts Options.
+ * @param dtype The dtype.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or another dtype.
  *         Not thread-safe for the same @p opts.
  */
@@ -2841,13 +2845,32 @@ PEFT_API peft_error* peft_lowrank_options_set_dtype(peft_lowrank_options* opts, 
 PEFT_API peft_error* peft_lowrank_options_set_modules(peft_lowrank_options* opts, const char* const* names,
                                                       size_t count);
 
-/** @brief Number of modules in a report (0 for NULL). Thread-safe. */
+/**
+ * @brief Number of modules in a report.
+ * @param report A report, or NULL.
+ * @return The count; 0 for NULL. Thread-safe.
+ */
 PEFT_API size_t peft_lowrank_report_module_count(const peft_lowrank_report* report);
-/** @brief A module's name ("model.layers.0.self_attn.q_proj"), borrowed; NULL out of range. Thread-safe. */
+/**
+ * @brief A module's name ("model.layers.0.self_attn.q_proj").
+ * @param report A report.
+ * @param index 0 .. peft_lowrank_report_module_count() - 1.
+ * @return Borrowed from @p report (valid until it is freed); NULL for NULL or out of range. Thread-safe.
+ */
 PEFT_API const char* peft_lowrank_report_module_name(const peft_lowrank_report* report, size_t index);
-/** @brief A module's rank; 0 out of range. Thread-safe. */
+/**
+ * @brief A module's rank in the written adapter.
+ * @param report A report.
+ * @param index 0 .. peft_lowrank_report_module_count() - 1.
+ * @return The rank; 0 for NULL or out of range. Thread-safe.
+ */
 PEFT_API int64_t peft_lowrank_report_module_rank(const peft_lowrank_report* report, size_t index);
-/** @brief A module's relative error ||dW - B A||_F / ||dW||_F; -1 out of range. Thread-safe. */
+/**
+ * @brief A module's relative error ||dW - B A||_F / ||dW||_F.
+ * @param report A report.
+ * @param index 0 .. peft_lowrank_report_module_count() - 1.
+ * @return The error; -1 for NULL or out of range. Thread-safe.
+ */
 PEFT_API double peft_lowrank_report_module_error(const peft_lowrank_report* report, size_t index);
 /** @brief Releases a report. @param report A report, or NULL. Thread-safe. */
 PEFT_API void peft_lowrank_report_free(peft_lowrank_report* report);
