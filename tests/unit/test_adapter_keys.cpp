@@ -106,7 +106,9 @@ TEST_CASE("adapter keys: parameters of other methods are method_param keys named
       {"model.layers.0.mlp.up_proj.lokr_w2.default", "lokr_w2"},          // LoKr, adapter name
       {"base_model.model.transformer.h.0.attn.c_attn.ia3_l", "ia3_l"},    // IA3
   };
-  for (const auto& [key, param] : cases) {
+  for (const auto& c : cases) {
+    const char* key = c.first;  // plain variables: clang 15 cannot capture structured bindings in CAPTURE
+    const char* param = c.second;
     CAPTURE(key);
     auto parsed = peft::parse_adapter_key(key);
     REQUIRE(parsed);
