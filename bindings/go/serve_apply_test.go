@@ -270,9 +270,9 @@ func TestLoraApplyErrors(t *testing.T) {
 	wantCode(t, peft.LoraApply(module, one, nil, peft.Float32Buffer(x, rows, 8), yb), peft.CodeInvalidArgument) // data longer than the shape
 	wantCode(t, peft.LoraApply(module, one, nil, peft.Buffer{Data: make([]byte, rows*16*8), DType: peft.F64, Shape: []uint64{rows, 16}}, yb), peft.CodeUnsupported)
 	wantCode(t, peft.LoraApply(module, one, nil, xb, peft.Float32Buffer(y, rows*16)), peft.CodeInvalidArgument) // 1-D
-	wantCode(t, peft.LoraApply(module, []*peft.Lease{ld}, nil, xb, yb), peft.CodeUnsupported)                   // DoRA
+	wantCode(t, peft.LoraApply(module, []*peft.Lease{ld}, nil, xb, yb), peft.CodeNotFound)                      // DoRA without its base weight
 	unchanged("a DoRA layer")
-	wantCode(t, peft.LoraApply(module, []*peft.Lease{la, ld}, []int32{0, 1, 0}, xb, yb), peft.CodeUnsupported)
+	wantCode(t, peft.LoraApply(module, []*peft.Lease{la, ld}, []int32{0, 1, 0}, xb, yb), peft.CodeNotFound)
 	unchanged("a batch with a DoRA layer")
 	wantCode(t, peft.LoraApply("a\x00b", one, nil, xb, yb), peft.CodeInvalidArgument)
 	if err := peft.LoraApply("model.layers.0.nothing", one, nil, xb, yb); err != nil {

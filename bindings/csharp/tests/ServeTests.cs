@@ -362,9 +362,9 @@ namespace PeftC.Tests
                     Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => Serving.LoraApply(Q0, new[] { a }, new[] { 0, -2, 0 }, x, rows, inF, y, outF),
                                       "index -2");
                     Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => Serving.LoraApply(Q0, new Lease[0], null, x, rows, inF, y, outF), "no leases");
-                    Assert.ThrowsPeft(ErrorCode.Unsupported, () => Serving.LoraApply(Q0, dora, x, rows, inF, y, outF), "DoRA");
-                    Assert.ThrowsPeft(ErrorCode.Unsupported, () => Serving.LoraApply(Q0, new[] { a, dora }, new[] { 0, 0, 1 }, x, rows, inF, y, outF),
-                                      "DoRA in a mixed batch");
+                    Assert.ThrowsPeft(ErrorCode.NotFound, () => Serving.LoraApply(Q0, dora, x, rows, inF, y, outF), "DoRA without its base weight");
+                    Assert.ThrowsPeft(ErrorCode.NotFound, () => Serving.LoraApply(Q0, new[] { a, dora }, new[] { 0, 0, 1 }, x, rows, inF, y, outF),
+                                      "DoRA without its base weight in a mixed batch");
                     Assert.ThrowsPeft(ErrorCode.Unsupported, () => Serving.LoraApply(Q0, new[] { a }, null, new byte[rows * inF * 8], DType.F64, rows, inF,
                                                                                       MemoryMarshal.AsBytes(y.AsSpan()), DType.F32, outF), "F64 x");
                     Assert.SequenceEqual(y0, y, "unchanged after the C errors");

@@ -384,7 +384,8 @@ def test_lora_apply_errors_leave_y_unchanged(registry):
     unchanged()
     with pytest.raises(peft_c.InvalidArgumentError):  # at least one lease
         peft_c.lora_apply(Q0, [], None, x, y)
-    with dora.acquire("dora") as dora_lease, pytest.raises(peft_c.UnsupportedError):
+    # a DoRA layer needs the host's base weight (Registry.set_base_weight) before it applies
+    with dora.acquire("dora") as dora_lease, pytest.raises(peft_c.NotFoundError):
         peft_c.lora_apply(Q0, [lease, dora_lease], [0, 1, 0, 1], x, y)
     unchanged()
     # checked by the binding before the call
