@@ -2670,7 +2670,8 @@ PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const
  *         the errors of peft_adapter_export_gguf() for the exported modules, and of
  *         peft_merge_checkpoint() for the merged ones (#PEFT_ERR_UNRESOLVED_KEY
  *         listing every module without a base tensor, #PEFT_ERR_UNSUPPORTED for trainable tokens or a
- *         block-quantized target in a GGUF base, #PEFT_ERR_NON_FINITE, #PEFT_ERR_IO). Thread-safe.
+ *         target whose ggml type has no quantizer (the IQ types but IQ4_NL) in a GGUF base,
+ *         #PEFT_ERR_NON_FINITE, #PEFT_ERR_IO). Thread-safe.
  */
 PEFT_API peft_error* peft_adapter_export_gguf_split(const peft_adapter* adapter, const char* out_path,
                                                     const char* base, int32_t ggml_type, const char* base_out);

@@ -197,7 +197,7 @@ func (a *Adapter) ExportGGUF(outPath, base string, typ GGMLType) error {
 //
 // Errors: ErrInvalidArgument for an empty path, baseOut equal to the base or to outPath, another
 // type or no base; the errors of ExportGGUF for the exported modules and of MergeCheckpoint for the
-// merged ones (ErrUnresolvedKey, ErrUnsupported for trainable tokens or a block-quantized target in
+// merged ones (ErrUnresolvedKey, ErrUnsupported for trainable tokens or a target whose ggml type has no quantizer (the IQ types but IQ4_NL) in
 // a GGUF base, ErrNonFinite, ErrIO).
 func (a *Adapter) ExportGGUFSplit(outPath, base string, typ GGMLType, baseOut string) error {
 	var cs cstrings

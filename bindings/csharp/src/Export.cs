@@ -97,7 +97,7 @@ namespace PeftC
         /// <param name="ggmlType">The factors' type, as for <see cref="SaveGguf"/>.</param>
         /// <exception cref="PeftException">InvalidArgument for an empty path, baseOut equal to the base or to outPath,
         /// another type or no base; the errors of SaveGguf for the exported modules and of Merge.Checkpoint for the
-        /// merged ones (UnresolvedKey, Unsupported for trainable tokens or a block-quantized target in a GGUF base,
+        /// merged ones (UnresolvedKey, Unsupported for trainable tokens or a target whose ggml type has no quantizer (the IQ types but IQ4_NL) in a GGUF base,
         /// NonFinite, Io).</exception>
         public static void SaveGgufSplit(Adapter adapter, string outPath, string baseOut, string baseModel = null, int ggmlType = Ggml.F32)
         {

@@ -113,7 +113,7 @@ def export_adapter_gguf_split(adapter: Adapter, out_path, base_out, *, base=None
     Raises ``InvalidArgumentError`` for an empty path, ``base_out`` equal to the base or to
     ``out_path``, another type or no base; the errors of ``export_adapter_gguf`` for the exported
     modules and of ``merge_checkpoint`` for the merged ones (``UnresolvedKeyError``,
-    ``UnsupportedError`` for trainable tokens or a block-quantized target in a GGUF base,
+    ``UnsupportedError`` for trainable tokens or a target whose ggml type has no quantizer (the IQ types but IQ4_NL) in a GGUF base,
     ``NonFiniteError``, ``IoError``).
     """
     check(lib().peft_adapter_export_gguf_split(handle_of(adapter).ptr, fs_path(out_path),

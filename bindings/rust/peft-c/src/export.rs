@@ -105,7 +105,7 @@ impl Adapter {
     /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for an empty path,
     /// `base_out` equal to the base or to `out_path`, another type or no base; the errors of
     /// `export_gguf` for the exported modules and of the checkpoint merge for the merged ones
-    /// (`UnresolvedKey`, `Unsupported` for trainable tokens or a block-quantized target in a GGUF
+    /// (`UnresolvedKey`, `Unsupported` for trainable tokens or a target whose ggml type has no quantizer (the IQ types but IQ4_NL) in a GGUF
     /// base, `NonFinite`, `Io`).
     pub fn export_gguf_split(
         &self,
