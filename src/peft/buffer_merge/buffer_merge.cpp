@@ -72,6 +72,20 @@ merge::LoraFactors factors_of(const BufferMergeModule& m, double coefficient) {
 
 }  // namespace
 
+merge::RowSink BufferMerge::original_rows_sink(const merge::DeltaLayout& layout, size_t row_bytes, bool with_bias) {
+  // Everything the sink may need is allocated now, so the merge itself cannot fail halfway.
+  const size_t rows = static_cast<size_t>(layout.rows());
+  reserve_or_fail(saved_row_index_, rows, "row indices");
+  reserve_or_fail(saved_bytes_, rows * row_bytes, "the original rows");
+  reserve_or_fail(merged_row_hash_, rows, "row hashes");
+  if (with_bias) reserve_or_fail(saved_bias_, static_cast<size_t>(layout.out) * 4, "the original bias");
+  return [this](int64_t row, const void* bytes, size_t count) {
+    saved_row_index_.push_back(row);
+    const auto* p = static_cast<const unsigned char*>(bytes);
+    saved_bytes_.insert(saved_bytes_.end(), p, p + count);
+  };
+}
+
 BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::WeightView* bias,
                                const BufferMergeModule& module, const BufferMergeOptions& options) {
   const merge::DeltaLayout& layout = module.layout;
@@ -100,17 +114,7 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   merge::ExecOptions exec;
   exec.threads = options.threads;
   if (record.keep_rows_) {
-    // Everything the sink may need is allocated now, so the merge itself cannot fail halfway.
-    const size_t rows = static_cast<size_t>(layout.rows());
-    reserve_or_fail(record.saved_row_index_, rows, "row indices");
-    reserve_or_fail(record.saved_bytes_, rows * row_bytes, "the original rows");
-    reserve_or_fail(record.merged_row_hash_, rows, "row hashes");
-    if (with_bias) reserve_or_fail(record.saved_bias_, static_cast<size_t>(layout.out) * 4, "the original bias");
-    sink = [&record](int64_t row, const void* bytes, size_t count) {
-      record.saved_row_index_.push_back(row);
-      const auto* p = static_cast<const unsigned char*>(bytes);
-      record.saved_bytes_.insert(record.saved_bytes_.end(), p, p + count);
-    };
+    sink = record.original_rows_sink(layout, row_bytes, with_bias);
     exec.row_sink = &sink;
   }
 
@@ -188,16 +192,7 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
   merge::ExecOptions exec;
   exec.threads = options.threads;
   if (record.keep_rows_) {
-    const size_t rows = static_cast<size_t>(layout.rows());
-    reserve_or_fail(record.saved_row_index_, rows, "row indices");
-    reserve_or_fail(record.saved_bytes_, rows * row_bytes, "the original rows");
-    reserve_or_fail(record.merged_row_hash_, rows, "row hashes");
-    if (change->scales_bias) reserve_or_fail(record.saved_bias_, static_cast<size_t>(layout.out) * 4, "the original bias");
-    sink = [&record](int64_t row, const void* bytes, size_t count) {
-      record.saved_row_index_.push_back(row);
-      const auto* p = static_cast<const unsigned char*>(bytes);
-      record.saved_bytes_.insert(record.saved_bytes_.end(), p, p + count);
-    };
+    sink = record.original_rows_sink(layout, row_bytes, change->scales_bias);
     exec.row_sink = &sink;
   }
   if (ia3)

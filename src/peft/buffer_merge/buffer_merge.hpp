@@ -89,6 +89,9 @@ class BufferMerge {
 
  private:
   void check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const;
+  // Reserves the kept-rows storage (so a merge cannot fail halfway) and returns the sink that fills it;
+  // used only while this record's merge runs.
+  merge::RowSink original_rows_sink(const merge::DeltaLayout& layout, size_t row_bytes, bool with_bias);
   struct MethodChange;
   static BufferMerge apply_method(const merge::WeightView& weight, const merge::WeightView* bias,
                                   const BufferMergeModule& module, const BufferMergeOptions& options);
