@@ -91,6 +91,8 @@ struct AdapterBuilder {
       case PeftMethod::lokr: return p.starts_with("lokr_");
       case PeftMethod::adalora: return p == "lora_A" || p == "lora_B" || p == "lora_E";
       case PeftMethod::ia3: return p == "ia3_l";
+      case PeftMethod::miss: return p == "miss_block";
+      case PeftMethod::shira: return p == "shira_weight" || p == "shira_indices";
     }
     return false;
   }
@@ -405,6 +407,20 @@ struct AdapterBuilder {
         }
         return;
       }
+      case PeftMethod::miss: {
+        m.scaling = 1.0;  // MiSS has no scale (its set_scale keeps 1)
+        m.rank = c.r;
+        m.miss_bat = c.miss_bat;
+        m.miss_mini_r = c.miss_mini_r;
+        if (!need({"miss_block"})) return;
+        check_rank(dim("miss_block", c.miss_bat ? 1 : 0));
+        return;
+      }
+      case PeftMethod::shira:
+        m.scaling = 1.0;  // ShiraLayer.update_layer: scaling 1.0
+        m.rank = c.r;
+        need({"shira_weight", "shira_indices"});
+        return;
     }
   }
 

@@ -24,7 +24,8 @@ struct OtherType {
   const char* name;
   const char* why;
 };
-constexpr const char* kNotYet = "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA and IA3 are)";
+constexpr const char* kNotYet =
+    "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS and SHIRA are)";
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -42,8 +43,8 @@ constexpr OtherType kWhyNot[] = {
 constexpr const char* kOtherPeftTypes[] = {
     "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS", "BOFT",
     "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "LN_TUNING", "VERA", "FROD",
-    "PVERA", "FOURIERFT", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "MISS", "RANDLORA", "ROAD",
-    "TRAINABLE_TOKENS", "HIRA", "SHIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
+    "PVERA", "FOURIERFT", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "RANDLORA", "ROAD",
+    "TRAINABLE_TOKENS", "HIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
 
 // Fields whose non-null value selects a LoRA variant that this library does not merge.
@@ -146,7 +147,8 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   if (it == doc.end()) f.invalid("peft_type", "is missing (PEFT requires it)");
   if (!it->is_string()) f.wrong_type("peft_type", "a string such as \"LORA\"");
   c.peft_type = it->get<std::string>();
-  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3})
+  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
+                        PeftMethod::miss, PeftMethod::shira})
     if (c.peft_type == peft_method_name(m)) {
       c.method = m;
       return;
@@ -372,6 +374,26 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       view.erase("init_lora_weights");
       c.feedforward_modules = f.selector("feedforward_modules");
       break;
+    case PeftMethod::miss: {
+      view.erase("lora_alpha");
+      view.erase("init_lora_weights");
+      const Json* init = f.get("init_weights");
+      if (init != nullptr && !init->is_boolean() && !(init->is_string() && (*init == "bat" || *init == "mini")))
+        f.wrong_type("init_weights", "true, false, \"bat\" or \"mini\"");
+      c.miss_bat = init != nullptr && *init == "bat";
+      if (init != nullptr && *init == "mini") {
+        const Json* mini = f.get("mini_r");
+        if (mini == nullptr || !mini->is_number_integer() || mini->get<int64_t>() < 1)
+          f.wrong_type("mini_r", "a positive integer (init_weights is \"mini\")");
+        c.miss_mini_r = mini->get<int64_t>();
+      }
+      break;
+    }
+    case PeftMethod::shira:
+      view.erase("lora_alpha");
+      view.erase("init_lora_weights");
+      if (const Json* v = f.get("mask_type"); v && !v->is_string()) f.wrong_type("mask_type", "a string");
+      break;
   }
   return view;
 }
@@ -385,6 +407,8 @@ const char* peft_method_name(PeftMethod method) {
     case PeftMethod::lokr: return "LOKR";
     case PeftMethod::adalora: return "ADALORA";
     case PeftMethod::ia3: return "IA3";
+    case PeftMethod::miss: return "MISS";
+    case PeftMethod::shira: return "SHIRA";
   }
   return "LORA";
 }

@@ -62,8 +62,8 @@ struct TrainableTokenIndices {
 
 // The PEFT methods whose adapters load and merge (peft_type); methods/peft_methods.hpp has their
 // arithmetic. Every other peft_type is PEFT_ERR_UNSUPPORTED naming the method and why.
-enum class PeftMethod { lora, loha, lokr, adalora, ia3 };
-const char* peft_method_name(PeftMethod method);  // "LORA", "LOHA", "LOKR", "ADALORA", "IA3"
+enum class PeftMethod { lora, loha, lokr, adalora, ia3, miss, shira };
+const char* peft_method_name(PeftMethod method);  // "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA"
 
 struct LoraConfig {
   nlohmann::ordered_json document;  // the file as read, in file order, unknown fields included
@@ -75,6 +75,9 @@ struct LoraConfig {
   PeftMethod method = PeftMethod::lora;
   std::vector<std::pair<std::string, std::vector<bool>>> adalora_rank_masks;  // AdaLoRA rank_pattern
   ModuleSelector feedforward_modules;  // IA3
+  // MiSS: init_weights "bat" (miss_bat) or "mini" (miss_mini_r = mini_r); true/false is the standard form.
+  bool miss_bat = false;
+  int64_t miss_mini_r = 0;
   std::optional<std::string> task_type;
   std::optional<std::string> base_model_name_or_path;
   std::optional<std::string> revision;

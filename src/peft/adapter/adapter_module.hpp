@@ -55,6 +55,8 @@ struct AdapterModule {
   double ranknum = 0;
   bool ia3_feedforward = false;
   std::string ia3_bias;  // IA3, not feed-forward: the base bias ia3_l also scales ("" when none)
+  bool miss_bat = false;     // MiSS: the "bat" form (its delta reads the weight)
+  int64_t miss_mini_r = 0;   // MiSS: mini_r of the "mini" form, 0 otherwise
 
   bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
   const AdapterTensor* find(TensorRole role) const;

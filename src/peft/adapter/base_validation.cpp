@@ -103,6 +103,12 @@ class ModuleChecker {
         const Shape l = dims("ia3_l");  // (out, 1), or (1, in) for a feed-forward module
         return m_.ia3_feedforward ? std::pair<uint64_t, uint64_t>{0, at(l, 1)} : std::pair<uint64_t, uint64_t>{at(l, 0), 0};
       }
+      case PeftMethod::miss: {
+        const Shape b = dims("miss_block");  // [r, out], [r, mini_r] or bat's [out / r, r, r]
+        if (m_.miss_bat) return {at(b, 0) * at(b, 1), 0};
+        return {m_.miss_mini_r > 0 ? 0 : at(b, 1), 0};
+      }
+      case PeftMethod::shira: return {0, 0};  // shira_indices only bound the layer
       case PeftMethod::lora: break;
     }
     return {0, 0};
@@ -129,6 +135,11 @@ class ModuleChecker {
     if (conv1d && (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr)) {
       mismatch(method + " on the GPT-2 Conv1D layer " + peft::quoted(base_name_) +
                ": PEFT implements " + method + " for Linear and Conv layers only");
+      return;
+    }
+    if (conv1d && (m_.method == PeftMethod::miss || m_.method == PeftMethod::shira)) {
+      mismatch(method + " on the GPT-2 Conv1D layer " + peft::quoted(base_name_) + ": PEFT implements " + method +
+               " for torch.nn.Linear layers only");
       return;
     }
     m_.kind = conv1d ? LayerKind::conv1d : LayerKind::linear;

@@ -24,8 +24,10 @@ MethodParams load_method_params(const Adapter& adapter, const AdapterModule& mod
   return p;
 }
 
+bool method_reads_weight(const AdapterModule& m) { return m.method == PeftMethod::miss && m.miss_bat; }
+
 std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, double coefficient,
-                                const merge::DeltaLayout& layout) {
+                                const merge::DeltaLayout& layout, const float* weight) {
   auto need = [&](const char* name) -> const merge::MethodTensor& {
     const merge::MethodTensor* t = p.get(name);
     if (t == nullptr) fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " lost its " + name);
@@ -45,6 +47,13 @@ std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, d
                                   layout.in, m.name);
     case PeftMethod::lora:
     case PeftMethod::ia3: break;
+    case PeftMethod::miss:
+      if (coefficient != 1.0)
+        fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": MiSS has no scale (PEFT's set_scale keeps 1), "
+                                   "so it merges with weight 1 only, not " + std::to_string(coefficient));
+      return merge::miss_delta(need("miss_block"), m.miss_mini_r, m.miss_bat, weight, layout.out, layout.in, m.name);
+    case PeftMethod::shira:
+      return merge::shira_delta(need("shira_weight"), need("shira_indices"), coefficient, layout.out, layout.in, m.name);
   }
   fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " has no additive delta");
 }

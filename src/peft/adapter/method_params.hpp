@@ -20,10 +20,16 @@ struct MethodParams {
 // Every method_param tensor of `module`, converted to f32.
 MethodParams load_method_params(const Adapter& adapter, const AdapterModule& module);
 
-// dW [layout.out * layout.in] in PyTorch order of a LoHa, LoKr or AdaLoRA module, with
-// `coefficient` = merge weight x the module's scaling (PEFT_ERR_INTERNAL for IA3 or LoRA).
+// dW [layout.out * layout.in] in PyTorch order of a LoHa, LoKr, AdaLoRA, MiSS or SHiRA module, with
+// `coefficient` = merge weight x the module's scaling (PEFT_ERR_INTERNAL for IA3 or LoRA). MiSS's
+// "bat" form reads `weight` (the weight as it stands, f32 in PyTorch order, from merge::weight_f32);
+// without it, it only checks the shapes and returns an empty vector. MiSS has no scale: a
+// coefficient other than 1 is PEFT_ERR_UNSUPPORTED.
 std::vector<float> method_delta(const AdapterModule& module, const MethodParams& params, double coefficient,
-                                const merge::DeltaLayout& layout);
+                                const merge::DeltaLayout& layout, const float* weight = nullptr);
+
+// Whether the module's delta depends on the weight it is added to (MiSS "bat").
+bool method_reads_weight(const AdapterModule& module);
 
 // IA3: ia3_l flattened, times float(weight) when weight != 1 (add_weighted_adapter's weighted sum
 // for one adapter).

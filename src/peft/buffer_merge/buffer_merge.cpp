@@ -178,7 +178,8 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
     if (change->scales_bias) check_view(*bias, 1, layout.out, "buffer merge: bias");
   } else {
     const double coefficient = merge::lora_coefficient(options.weight, module.scaling, "buffer merge");
-    change->delta = method_delta(m, *module.method_params, coefficient, layout);
+    const std::vector<float> current = method_reads_weight(m) ? merge::weight_f32(weight, layout) : std::vector<float>{};
+    change->delta = method_delta(m, *module.method_params, coefficient, layout, current.empty() ? nullptr : current.data());
   }
   BufferMerge record;
   record.module_ = module;

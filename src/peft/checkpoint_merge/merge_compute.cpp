@@ -101,7 +101,9 @@ void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType
     merge::ia3_scale(view, layout, l.data(), m.ia3_feedforward, false, exec);
     return;
   }
-  const std::vector<float> delta = method_delta(m, params, term.coefficient, layout);
+  const std::vector<float> current = method_reads_weight(m) ? merge::weight_f32(view, layout) : std::vector<float>{};
+  const std::vector<float> delta =
+      method_delta(m, params, term.coefficient, layout, current.empty() ? nullptr : current.data());
   merge::add_dense_delta(view, layout, delta.data(), false, exec);
 }
 

@@ -138,3 +138,20 @@ void ia3_scale_bias(const WeightView& bias, const float* l, bool divide, const R
 }
 
 }  // namespace peft::merge
+
+namespace peft::merge {
+
+std::vector<float> weight_f32(const WeightView& weight, const DeltaLayout& layout) {
+  check_weight(weight, layout, "merge target");
+  const size_t esize = element_bytes(weight.dtype);
+  const auto* base = static_cast<const unsigned char*>(weight.data);
+  std::vector<float> w(static_cast<size_t>(layout.out * layout.in));
+  for (int64_t r = 0; r < weight.rows; ++r)
+    for (int64_t j = 0; j < weight.cols; ++j) {
+      const float v = load(weight.dtype, base + (static_cast<size_t>(r * weight.cols + j)) * esize);
+      w[static_cast<size_t>(layout.transposed ? j * layout.in + r : r * layout.in + j)] = v;
+    }
+  return w;
+}
+
+}  // namespace peft::merge

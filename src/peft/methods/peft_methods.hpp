@@ -7,6 +7,10 @@
 //   AdaLoRA (adalora/layer.py):         dW = ((B @ (A * E)) * float(scaling)) / (float(ranknum) + 1e-5f)
 //   IA3    (ia3/layer.py merge):        W' = W * l, l = ia3_l per output feature, or per input
 //                                       feature for a feed-forward module (feedforward_modules)
+//   MiSS   (miss/layer.py):             dW[o, j] = miss_block[j % r, o] (mini: miss_block[j % r, o % mini_r]);
+//                                       "bat": dW = W_blocks @ miss_block + miss_block per r x r block (needs W)
+//   SHiRA  (shira/layer.py):            dW[row_k, col_k] = shira_weight[k] * float(scale) at the saved
+//                                       shira_indices (a sparse COO delta), zero elsewhere
 //
 // where every product and sum is an f32 operation rounded as torch rounds it, left to right as
 // written; the matrix products accumulate k = 0..rank-1 in order with explicit fused
@@ -85,5 +89,20 @@ void ia3_scale(const WeightView& weight, const DeltaLayout& layout, const float*
 
 // IA3 on a bias (non-feed-forward modules): bias = round(float(bias) * l[j]) (or / (l + 1e-8f)).
 void ia3_scale_bias(const WeightView& bias, const float* l, bool divide, const RowSink* row_sink = nullptr);
+
+// MiSS (miss/layer.py): block [r, out] (standard, the init_weights true/false form), [r, mini_r]
+// (mini_r > 0, init_weights "mini") or, with bat, [out / r, r, r] (init_weights "bat"). bat's delta
+// is W_blocks @ block + block from the weight W [out, in] (PyTorch order, f32) as it stands: pass
+// `weight`; a null weight checks the shapes only and returns an empty vector for bat.
+std::vector<float> miss_delta(const MethodTensor& block, int64_t mini_r, bool bat, const float* weight, int64_t out,
+                              int64_t in, std::string_view name);
+
+// SHiRA (shira/layer.py): shira_weight [K] at shira_indices [2, K] (row, column pairs), times
+// float(scale); PEFT_ERR_INVALID_ARGUMENT names an index outside the layer.
+std::vector<float> shira_delta(const MethodTensor& values, const MethodTensor& indices, double scale, int64_t out,
+                               int64_t in, std::string_view name);
+
+// The weight of `layout` as f32 in PyTorch order [out, in] (what MiSS's bat form multiplies).
+std::vector<float> weight_f32(const WeightView& weight, const DeltaLayout& layout);
 
 }  // namespace peft::merge
