@@ -132,3 +132,59 @@ TEST_CASE("methods: IA3 scales output features, or input features of a feed-forw
     for (int64_t i = 0; i < in; ++i)
       CHECK(weight[o * in + i] == peft::f32_to_bf16(peft::bf16_to_f32(original[o * in + i]) * l_in[i]));
 }
+
+TEST_CASE("methods: MiSS adds miss_block[j % r, o] (standard, with a remainder) and the mini block repeated") {
+  const int64_t out = 6, in = 7;
+  const MethodTensor block = random_tensor(3, out, 41);  // r = 3: 7 = 2 * 3 + 1 leaves a remainder
+  const auto d = peft::merge::miss_delta(block, 0, false, nullptr, out, in, "m");
+  REQUIRE(d.size() == static_cast<size_t>(out * in));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t j = 0; j < in; ++j) CHECK(d[o * in + j] == block.values[(j % 3) * out + o]);
+  const MethodTensor mini = random_tensor(3, 2, 42);  // mini_r = 2 repeated over 6 outputs
+  const auto dm = peft::merge::miss_delta(mini, 2, false, nullptr, out, in, "m");
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t j = 0; j < in; ++j) CHECK(dm[o * in + j] == mini.values[(j % 3) * 2 + o % 2]);
+  CHECK(code_of([&] { peft::merge::miss_delta(random_tensor(3, 5, 1), 0, false, nullptr, out, in, "m"); }) ==
+        PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(code_of([&] { peft::merge::miss_delta(random_tensor(8, out, 1), 0, false, nullptr, out, in, "m"); }) ==
+        PEFT_ERR_SHAPE_MISMATCH);  // r > in
+  CHECK(code_of([&] { peft::merge::miss_delta(random_tensor(3, 4, 1), 4, false, nullptr, out, in, "m"); }) ==
+        PEFT_ERR_SHAPE_MISMATCH);  // mini_r does not divide out
+}
+
+TEST_CASE("methods: MiSS bat delta is W_block @ miss_block[a] + miss_block[a] per r x r block") {
+  const int64_t out = 4, in = 6, r = 2;
+  const MethodTensor w = random_tensor(out, in, 43);
+  MethodTensor block = random_tensor(out / r, r * r, 44);
+  block.shape = {out / r, r, r};
+  const auto d = peft::merge::miss_delta(block, 0, true, w.values.data(), out, in, "m");
+  std::vector<double> want(static_cast<size_t>(out * in));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t j = 0; j < in; ++j) {
+      const int64_t a = o / r, i = o % r, c = j / r, jj = j % r;
+      double s = block.values[a * r * r + i * r + jj];
+      for (int64_t k = 0; k < r; ++k) s += double(w.values[o * in + c * r + k]) * block.values[a * r * r + k * r + jj];
+      want[o * in + j] = s;
+    }
+  check_close(d, want);
+  CHECK(peft::merge::miss_delta(block, 0, true, nullptr, out, in, "m").empty());  // shapes only
+  CHECK(code_of([&] { peft::merge::miss_delta(block, 0, true, nullptr, out, 5, "m"); }) == PEFT_ERR_SHAPE_MISMATCH);
+}
+
+TEST_CASE("methods: SHiRA puts shira_weight * scale at the saved indices and -0.0 elsewhere") {
+  const int64_t out = 3, in = 4;
+  const MethodTensor values{{3}, {0.5f, -1.25f, 2.0f}};
+  const MethodTensor indices{{2, 3}, {0, 2, 1, /* columns */ 3, 0, 1}};
+  const auto d = peft::merge::shira_delta(values, indices, 0.5, out, in, "m");
+  REQUIRE(d.size() == 12u);
+  CHECK(d[0 * in + 3] == 0.25f);
+  CHECK(d[2 * in + 0] == -0.625f);
+  CHECK(d[1 * in + 1] == 1.0f);
+  int untouched = 0;
+  for (float v : d) untouched += (v == 0.0f && std::signbit(v)) ? 1 : 0;
+  CHECK(untouched == 9);  // -0.0 leaves every weight's bits as they are, -0.0 included
+  const MethodTensor outside{{2, 3}, {0, 3, 1, 3, 0, 1}};  // row 3 of a 3-row layer
+  CHECK(code_of([&] { peft::merge::shira_delta(values, outside, 1.0, out, in, "m"); }) == PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(code_of([&] { peft::merge::shira_delta(values, MethodTensor{{2, 2}, {0, 1, 0, 1}}, 1.0, out, in, "m"); }) ==
+        PEFT_ERR_SHAPE_MISMATCH);
+}
