@@ -1361,8 +1361,9 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * @return NULL on success, else:
  *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
  *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a `peft_type` other than LORA,
- *         LOHA, LOKR, ADALORA, IA3, MISS and SHIRA (the message names the method and, for prompt/prefix tuning,
- *         p-tuning, X-LoRA, Poly..., why it cannot be merged), LoHa/LoKr in their CP (conv) form, or
+ *         LOHA, LOKR, ADALORA, IA3, MISS and SHIRA (the message names the method and, for
+ *         prompt/prefix tuning, p-tuning, X-LoRA, Poly..., why it cannot be merged), LoHa/LoKr in
+ *         their CP (conv) form, or
  *         a LoRA variant this library does not merge (the message names the field);
  *         #PEFT_ERR_INVALID_CONFIG for invalid JSON, a field of the wrong type, a value PEFT rejects,
  *         modules the config does not target, or ranks / DoRA / lora_bias that do not match the
