@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/quant/ggml_quant_k_lanes.hpp"
 #include "core/quant/ggml_quant_support.hpp"
 
 namespace peft::quant {
@@ -210,18 +211,12 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   }
 }
 
-// Q4_K and Q5_K share the scale search and the 12-byte scale packing; nmax 15 or 31.
-void quantize_k_scales(const float* x, int nmax, float rmin, int nstep, uint8_t* L, uint8_t* d_out,
-                       uint8_t* scales_out) {
-  uint8_t Laux[32];
-  float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+// Q4_K and Q5_K share the 12-byte scale packing and the final levels; nmax 15 or 31. scales and mins:
+// the super-block's eight sub-block results of make_qkx2_quants (KLanes::qkx2_32).
+void finish_k_scales(const float* x, int nmax, const float* scales, const float* mins, uint8_t* L, uint8_t* d_out,
+                     uint8_t* scales_out) {
   float max_scale = 0.0f, max_min = 0.0f;
   for (int j = 0; j < QK_K / 32; ++j) {
-    float sum_x2 = 0.0f;
-    for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-    const float av_x = std::sqrt(sum_x2 / 32.0f);
-    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-    scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, false);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -258,7 +253,44 @@ void quantize_k_scales(const float* x, int nmax, float rmin, int nstep, uint8_t*
   }
 }
 
+// The reference sub-block searches, one sub-block after another, as ggml's quantize_row_*_ref.
+void scalar_qkx2_32(const float* x, uint64_t groups, int nmax, float rmin, int nstep, uint8_t* L, float* scales,
+                    float* mins) {
+  uint8_t Laux[32];
+  float weights[32];
+  for (uint64_t g = 0; g < groups; ++g, x += 32, L += 32) {
+    float sum_x2 = 0.0f;
+    for (int l = 0; l < 32; ++l) sum_x2 += x[l] * x[l];
+    const float av_x = std::sqrt(sum_x2 / 32.0f);
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[l]);
+    scales[g] = make_qkx2_quants(32, nmax, x, weights, L, &mins[g], Laux, rmin, 0.1f, nstep, false);
+  }
+}
+
+void scalar_qx_16(const float* x, uint64_t groups, int8_t* L, float* scales) {
+  for (uint64_t g = 0; g < groups; ++g) scales[g] = make_qx_quants(16, 32, x + 16 * g, L + 16 * g, 1);
+}
+
+// Super-blocks are searched in chunks of this many: the lanes run over all their sub-blocks at once.
+constexpr uint64_t kChunkBlocks = 16;
+
+// Q4_K and Q5_K: the levels of `blocks` super-blocks (at most kChunkBlocks) into L, the scales and
+// mins into the blocks' headers (d, dmin, scales[12] at out, block_bytes apart).
+void quantize_k_chunk(const KLanes& lanes, const float* x, uint64_t blocks, int nmax, float rmin, int nstep,
+                      uint8_t* L, uint8_t* out, uint64_t block_bytes) {
+  float scales[kChunkBlocks * 8], mins[kChunkBlocks * 8];
+  lanes.qkx2_32(x, blocks * 8, nmax, rmin, nstep, L, scales, mins);
+  for (uint64_t b = 0; b < blocks; ++b)
+    finish_k_scales(x + b * QK_K, nmax, scales + 8 * b, mins + 8 * b, L + b * QK_K, out + b * block_bytes,
+                    out + b * block_bytes + 4);
+}
+
 }  // namespace
+
+const KLanes& k_lanes_scalar() {
+  static const KLanes table{"scalar", scalar_qkx2_32, scalar_qx_16};
+  return table;
+}
 
 // Q2_K: scales[16] (low nibble scale, high nibble min), qs[64] (2 bits), f16 d, f16 dmin.
 void quantize_q2_k(const float* x, uint8_t* out, uint64_t blocks) {
@@ -433,17 +465,23 @@ void dequantize_q3_k(const uint8_t* in, float* y, uint64_t blocks) {
 }
 
 // Q4_K: f16 d, f16 dmin, scales[12] (6-bit scales and mins), qs[128] (nibbles).
-void quantize_q4_k(const float* x, uint8_t* out, uint64_t blocks) {
-  uint8_t L[QK_K];
-  for (uint64_t b = 0; b < blocks; ++b, x += QK_K, out += 144) {
-    quantize_k_scales(x, 15, -1.0f, 20, L, out, out + 4);
-    uint8_t* q = out + 16;
-    for (int j = 0; j < QK_K; j += 64) {
-      for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
-      q += 32;
+void quantize_q4_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks) {
+  uint8_t Ls[kChunkBlocks * QK_K];
+  for (uint64_t first = 0; first < blocks; first += kChunkBlocks) {
+    const uint64_t count = std::min(kChunkBlocks, blocks - first);
+    quantize_k_chunk(lanes, x + first * QK_K, count, 15, -1.0f, 20, Ls, out + first * 144, 144);
+    for (uint64_t b = 0; b < count; ++b) {
+      const uint8_t* L = Ls + b * QK_K;
+      uint8_t* q = out + (first + b) * 144 + 16;
+      for (int j = 0; j < QK_K; j += 64) {
+        for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+        q += 32;
+      }
     }
   }
 }
+
+void quantize_q4_k(const float* x, uint8_t* out, uint64_t blocks) { quantize_q4_k_with(k_lanes_active(), x, out, blocks); }
 
 void dequantize_q4_k(const uint8_t* in, float* y, uint64_t blocks) {
   for (uint64_t b = 0; b < blocks; ++b, in += 144) {
@@ -467,34 +505,40 @@ void dequantize_q4_k(const uint8_t* in, float* y, uint64_t blocks) {
 }
 
 // Q5_K: f16 d, f16 dmin, scales[12], qh[32] (fifth bits), qs[128] (nibbles).
-void quantize_q5_k(const float* x, uint8_t* out, uint64_t blocks) {
-  uint8_t L[QK_K];
-  for (uint64_t b = 0; b < blocks; ++b, x += QK_K, out += 176) {
-    quantize_k_scales(x, 31, -0.5f, 15, L, out, out + 4);
-    uint8_t* qh = out + 16;
-    uint8_t* ql = out + 48;
-    std::memset(qh, 0, QK_K / 8);
-    uint8_t m1 = 1, m2 = 2;
-    for (int n = 0; n < QK_K; n += 64) {
-      for (int j = 0; j < 32; ++j) {
-        int l1 = L[n + j];
-        if (l1 > 15) {
-          l1 -= 16;
-          qh[j] |= m1;
+void quantize_q5_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks) {
+  uint8_t Ls[kChunkBlocks * QK_K];
+  for (uint64_t first = 0; first < blocks; first += kChunkBlocks) {
+    const uint64_t count = std::min(kChunkBlocks, blocks - first);
+    quantize_k_chunk(lanes, x + first * QK_K, count, 31, -0.5f, 15, Ls, out + first * 176, 176);
+    for (uint64_t b = 0; b < count; ++b) {
+      const uint8_t* L = Ls + b * QK_K;
+      uint8_t* qh = out + (first + b) * 176 + 16;
+      uint8_t* ql = qh + 32;
+      std::memset(qh, 0, QK_K / 8);
+      uint8_t m1 = 1, m2 = 2;
+      for (int n = 0; n < QK_K; n += 64) {
+        for (int j = 0; j < 32; ++j) {
+          int l1 = L[n + j];
+          if (l1 > 15) {
+            l1 -= 16;
+            qh[j] |= m1;
+          }
+          int l2 = L[n + j + 32];
+          if (l2 > 15) {
+            l2 -= 16;
+            qh[j] |= m2;
+          }
+          ql[j] = static_cast<uint8_t>(l1 | (l2 << 4));
         }
-        int l2 = L[n + j + 32];
-        if (l2 > 15) {
-          l2 -= 16;
-          qh[j] |= m2;
-        }
-        ql[j] = static_cast<uint8_t>(l1 | (l2 << 4));
+        m1 = static_cast<uint8_t>(m1 << 2);
+        m2 = static_cast<uint8_t>(m2 << 2);
+        ql += 32;
       }
-      m1 = static_cast<uint8_t>(m1 << 2);
-      m2 = static_cast<uint8_t>(m2 << 2);
-      ql += 32;
     }
   }
 }
+
+void quantize_q5_k(const float* x, uint8_t* out, uint64_t blocks) { quantize_q5_k_with(k_lanes_active(), x, out, blocks); }
 
 void dequantize_q5_k(const uint8_t* in, float* y, uint64_t blocks) {
   for (uint64_t b = 0; b < blocks; ++b, in += 176) {
@@ -522,14 +566,16 @@ void dequantize_q5_k(const uint8_t* in, float* y, uint64_t blocks) {
 }
 
 // Q6_K: ql[128] (low nibbles), qh[64] (high 2 bits), int8 scales[16], f16 d.
-void quantize_q6_k(const float* x, uint8_t* out, uint64_t blocks) {
-  int8_t L[QK_K];
-  float scales[QK_K / 16];
+void quantize_q6_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks) {
+  int8_t Ls[kChunkBlocks * QK_K];
+  float all_scales[kChunkBlocks * (QK_K / 16)];
   for (uint64_t b = 0; b < blocks; ++b, x += QK_K, out += 210) {
+    if (b % kChunkBlocks == 0) lanes.qx_16(x, std::min(kChunkBlocks, blocks - b) * (QK_K / 16), Ls, all_scales);
+    int8_t* L = Ls + (b % kChunkBlocks) * QK_K;
+    const float* scales = all_scales + (b % kChunkBlocks) * (QK_K / 16);
     float max_scale = 0.0f, max_abs_scale = 0.0f;
     for (int ib = 0; ib < QK_K / 16; ++ib) {
-      const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, 1);
-      scales[ib] = scale;
+      const float scale = scales[ib];
       const float abs_scale = std::fabs(scale);
       if (abs_scale > max_abs_scale) {
         max_abs_scale = abs_scale;
@@ -572,6 +618,8 @@ void quantize_q6_k(const float* x, uint8_t* out, uint64_t blocks) {
     }
   }
 }
+
+void quantize_q6_k(const float* x, uint8_t* out, uint64_t blocks) { quantize_q6_k_with(k_lanes_active(), x, out, blocks); }
 
 void dequantize_q6_k(const uint8_t* in, float* y, uint64_t blocks) {
   for (uint64_t b = 0; b < blocks; ++b, in += 210) {
