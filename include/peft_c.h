@@ -2847,6 +2847,20 @@ PEFT_API peft_error* peft_lowrank_options_set_modules(peft_lowrank_options* opts
                                                       size_t count);
 
 /**
+ * @brief The base model peft_adapter_convert_to_lora() converts against: a folder (or hub id) read
+ *        as peft_merge_checkpoint() reads a base. Multiplicative methods (IA3) need it: their dW is
+ *        W' - W in f32, W the base weight and W' the same values after the buffer merge of the
+ *        module; additive methods take their layer shapes from it. Without one (NULL or "", the
+ *        default) the base the adapter was opened with, if any, is used. Copied; not used by
+ *        peft_adapter_extract().
+ * @param opts Options.
+ * @param base_dir The base model (UTF-8), or NULL / "" for none.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts. The folder is opened by the
+ *         conversion (its errors are reported there). Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_base(peft_lowrank_options* opts, const char* base_dir);
+
+/**
  * @brief Number of modules in a report.
  * @param report A report, or NULL.
  * @return The count; 0 for NULL. Thread-safe.
@@ -2907,18 +2921,27 @@ PEFT_API peft_error* peft_adapter_extract(const char* base, const char* tuned, c
  * @brief Converts an adapter to a plain LoRA of another rank by truncated SVD of each module's dW,
  *        as PEFT's `convert_to_lora` / `save_as_lora` do.
  *
- * dW is the module's change as the merge computes it (LoRA: scaling * B A, in f32). The config keeps
+ * dW is the module's change as the merge computes it, in f32: LoRA scaling * B A; LoHa, LoKr,
+ * AdaLoRA (and every additive method the merge takes) their dense delta, PEFT's get_delta_weight;
+ * IA3 (multiplicative) W' - W against the base (peft_lowrank_options_set_base(), or the base the
+ * adapter was opened with), the error reported against that dW. IA3 on a layer whose bias it also
+ * scales (not feed-forward, the base has the bias) does not convert. PEFT's own convert_to_lora
+ * takes LoHa and LoKr (same rule and config) but not AdaLoRA or IA3. The config keeps
  * the source's `target_modules` (a list extended by the module names; "all-linear" or an absent
  * field becomes the list), `base_model_name_or_path`, `layers_to_transform`, `layers_pattern` and
  * `task_type`; the rest is a fresh LoraConfig (scaling 1, no DoRA, no rsLoRA).
  * @param adapter The adapter (only read); open it with its base for GPT-2 Conv1D modules to be
- *        recognised (the product is the same either way, the factors' orientation follows PEFT's).
+ *        recognised (the product is the same either way, the factors' orientation follows PEFT's;
+ *        an IA3 Conv1D module needs it to fit its base weight).
  * @param out_dir The output folder (UTF-8).
  * @param opts Options; a rank or an energy fraction must be set (modules are ignored).
  * @param[out] out_report Receives the report, or NULL.
  * @return NULL on success, else:
  *         #PEFT_ERR_UNSUPPORTED naming what PEFT does not convert (lora_bias, DoRA, embedding and
- *         conv modules, modules_to_save and other whole tensors, trainable tokens);
+ *         conv modules, modules_to_save and other whole tensors, trainable tokens), a multiplicative
+ *         module (IA3) without a base, and an IA3 module that also scales a bias;
+ *         #PEFT_ERR_NOT_FOUND when the base has no weight for a module, or the base's open errors;
+ *         #PEFT_ERR_SHAPE_MISMATCH when a module's parameters do not fit its layer;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, options without a rank or energy, or a rank
  *         above a module's min(out, in); #PEFT_ERR_NON_FINITE; #PEFT_ERR_IO. Thread-safe.
  */
@@ -3680,6 +3703,7 @@ typedef struct peft_api {
   peft_error* (*merge_options_set_quant)(peft_merge_options* opts, int32_t ggml_type); /**< peft_merge_options_set_quant() */
   peft_error* (*merge_options_set_report)(peft_merge_options* opts, int32_t report); /**< peft_merge_options_set_report() */
   const char* (*merge_result_report_json)(const peft_merge_result* result); /**< peft_merge_result_report_json() */
+  peft_error* (*lowrank_options_set_base)(peft_lowrank_options* opts, const char* base_dir); /**< peft_lowrank_options_set_base() */
 } peft_api;
 
 /**
