@@ -2018,8 +2018,8 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  the merge weight multiplying their scale (IA3: ia3_l times the weight). Their arithmetic unmerge
  *  subtracts the delta again, and for IA3 divides by ia3_l + 1e-8 as PEFT does, which is not exact
  *  even in F32: keep the original rows for an exact removal. IA3 scales a non-feed-forward layer's
- *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. Registries (serving) load
- *  LoRA adapters only.
+ *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. In serving, host models
+ *  swap them (see @ref serving); unmerged apply takes LoRA layers only.
  *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.
@@ -3013,6 +3013,14 @@ PEFT_API peft_error* peft_adapter_convert_initial(const char* tuned_dir, const c
  *  model lives it owns the contents of the buffers: the host reads them but must not write them
  *  (whatever a buffer holds, taking an adapter out writes its original bytes back).
  *  peft_host_model_set_exact() chooses PEFT's arithmetic unmerge instead.
+ *
+ *  **Other PEFT methods** in serving: a registry takes LoHa, LoKr, AdaLoRA and IA3 adapters (and
+ *  every method the buffer merge takes). Their parameters are not loaded into the registry's
+ *  storage nor charged to the budget: a swap reads them from the adapter file (as f32) and merges
+ *  each module with peft_merge_buffer_apply()'s arithmetic for that method (IA3 also scales the
+ *  bias buffer given with a non-feed-forward layer's weight), so swapping among LoRA and these
+ *  methods, and back to none, restores the original bits as for LoRA. peft_lora_apply() refuses
+ *  their layers with #PEFT_ERR_UNSUPPORTED naming the method (peft_lease_has_module() answers 0).
  *
  *  **Unmerged LoRA** (peft_lora_apply()): for a batch of activations and one layer, adds each
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
