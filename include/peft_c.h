@@ -2019,9 +2019,10 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  the merge weight multiplying their scale (IA3: ia3_l times the weight). Their arithmetic unmerge
  *  subtracts the delta again, and for IA3 divides by ia3_l + 1e-8 as PEFT does, which is not exact
  *  even in F32: keep the original rows for an exact removal. IA3 scales a non-feed-forward layer's
- *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. Registries (serving) load
- *  LoRA adapters only. MiSS (all three forms; weight 1 only, it has no scale) and SHiRA merge the
- *  same way on Linear layers (PEFT has neither on Conv1D).
+ *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. In serving, host models
+ *  swap them (see @ref serving); unmerged apply takes LoRA layers only. MiSS (all three forms;
+ *  weight 1 only, it has no scale) and SHiRA merge the same way on Linear layers (PEFT has neither
+ *  on Conv1D).
  *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.
@@ -2849,6 +2850,20 @@ PEFT_API peft_error* peft_lowrank_options_set_modules(peft_lowrank_options* opts
                                                       size_t count);
 
 /**
+ * @brief The base model peft_adapter_convert_to_lora() converts against: a folder (or hub id) read
+ *        as peft_merge_checkpoint() reads a base. Multiplicative methods (IA3) need it: their dW is
+ *        W' - W in f32, W the base weight and W' the same values after the buffer merge of the
+ *        module; additive methods take their layer shapes from it. Without one (NULL or "", the
+ *        default) the base the adapter was opened with, if any, is used. Copied; not used by
+ *        peft_adapter_extract().
+ * @param opts Options.
+ * @param base_dir The base model (UTF-8), or NULL / "" for none.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts. The folder is opened by the
+ *         conversion (its errors are reported there). Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_lowrank_options_set_base(peft_lowrank_options* opts, const char* base_dir);
+
+/**
  * @brief Number of modules in a report.
  * @param report A report, or NULL.
  * @return The count; 0 for NULL. Thread-safe.
@@ -2909,18 +2924,27 @@ PEFT_API peft_error* peft_adapter_extract(const char* base, const char* tuned, c
  * @brief Converts an adapter to a plain LoRA of another rank by truncated SVD of each module's dW,
  *        as PEFT's `convert_to_lora` / `save_as_lora` do.
  *
- * dW is the module's change as the merge computes it (LoRA: scaling * B A, in f32). The config keeps
+ * dW is the module's change as the merge computes it, in f32: LoRA scaling * B A; LoHa, LoKr,
+ * AdaLoRA (and every additive method the merge takes) their dense delta, PEFT's get_delta_weight;
+ * IA3 (multiplicative) W' - W against the base (peft_lowrank_options_set_base(), or the base the
+ * adapter was opened with), the error reported against that dW. IA3 on a layer whose bias it also
+ * scales (not feed-forward, the base has the bias) does not convert. PEFT's own convert_to_lora
+ * takes LoHa and LoKr (same rule and config) but not AdaLoRA or IA3. The config keeps
  * the source's `target_modules` (a list extended by the module names; "all-linear" or an absent
  * field becomes the list), `base_model_name_or_path`, `layers_to_transform`, `layers_pattern` and
  * `task_type`; the rest is a fresh LoraConfig (scaling 1, no DoRA, no rsLoRA).
  * @param adapter The adapter (only read); open it with its base for GPT-2 Conv1D modules to be
- *        recognised (the product is the same either way, the factors' orientation follows PEFT's).
+ *        recognised (the product is the same either way, the factors' orientation follows PEFT's;
+ *        an IA3 Conv1D module needs it to fit its base weight).
  * @param out_dir The output folder (UTF-8).
  * @param opts Options; a rank or an energy fraction must be set (modules are ignored).
  * @param[out] out_report Receives the report, or NULL.
  * @return NULL on success, else:
  *         #PEFT_ERR_UNSUPPORTED naming what PEFT does not convert (lora_bias, DoRA, embedding and
- *         conv modules, modules_to_save and other whole tensors, trainable tokens);
+ *         conv modules, modules_to_save and other whole tensors, trainable tokens), a multiplicative
+ *         module (IA3) without a base, and an IA3 module that also scales a bias;
+ *         #PEFT_ERR_NOT_FOUND when the base has no weight for a module, or the base's open errors;
+ *         #PEFT_ERR_SHAPE_MISMATCH when a module's parameters do not fit its layer;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, options without a rank or energy, or a rank
  *         above a module's min(out, in); #PEFT_ERR_NON_FINITE; #PEFT_ERR_IO. Thread-safe.
  */
@@ -2992,6 +3016,14 @@ PEFT_API peft_error* peft_adapter_convert_initial(const char* tuned_dir, const c
  *  model lives it owns the contents of the buffers: the host reads them but must not write them
  *  (whatever a buffer holds, taking an adapter out writes its original bytes back).
  *  peft_host_model_set_exact() chooses PEFT's arithmetic unmerge instead.
+ *
+ *  **Other PEFT methods** in serving: a registry takes LoHa, LoKr, AdaLoRA and IA3 adapters (and
+ *  every method the buffer merge takes). Their parameters are not loaded into the registry's
+ *  storage nor charged to the budget: a swap reads them from the adapter file (as f32) and merges
+ *  each module with peft_merge_buffer_apply()'s arithmetic for that method (IA3 also scales the
+ *  bias buffer given with a non-feed-forward layer's weight), so swapping among LoRA and these
+ *  methods, and back to none, restores the original bits as for LoRA. peft_lora_apply() refuses
+ *  their layers with #PEFT_ERR_UNSUPPORTED naming the method (peft_lease_has_module() answers 0).
  *
  *  **Unmerged LoRA** (peft_lora_apply()): for a batch of activations and one layer, adds each
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
@@ -3682,6 +3714,7 @@ typedef struct peft_api {
   peft_error* (*merge_options_set_quant)(peft_merge_options* opts, int32_t ggml_type); /**< peft_merge_options_set_quant() */
   peft_error* (*merge_options_set_report)(peft_merge_options* opts, int32_t report); /**< peft_merge_options_set_report() */
   const char* (*merge_result_report_json)(const peft_merge_result* result); /**< peft_merge_result_report_json() */
+  peft_error* (*lowrank_options_set_base)(peft_lowrank_options* opts, const char* base_dir); /**< peft_lowrank_options_set_base() */
 } peft_api;
 
 /**

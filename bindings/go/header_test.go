@@ -51,6 +51,7 @@ var notWrapped = map[string]string{
 	"peft_merge_options_set_quant":  "GGUF merge output type: not wrapped in Go yet (peftc merge --quant, Python quant=)",
 	"peft_merge_options_set_report": "GGUF merge store report: not wrapped in Go yet (peftc merge --report, Python report=)",
 	"peft_merge_result_report_json": "GGUF merge store report: not wrapped in Go yet (peftc merge --report, Python report=)",
+	"peft_lowrank_options_set_base": "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)",
 }
 
 var (

@@ -235,6 +235,7 @@ const peft_api kApiV1 = {
     &peft_merge_options_set_quant,
     &peft_merge_options_set_report,
     &peft_merge_result_report_json,
+    &peft_lowrank_options_set_base,
 };
 
 }  // namespace

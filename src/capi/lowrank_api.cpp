@@ -97,6 +97,13 @@ peft_error* peft_lowrank_options_set_modules(peft_lowrank_options* opts, const c
   });
 }
 
+peft_error* peft_lowrank_options_set_base(peft_lowrank_options* opts, const char* base_dir) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->impl.base_dir = base_dir != nullptr ? base_dir : "";
+  });
+}
+
 size_t peft_lowrank_report_module_count(const peft_lowrank_report* report) {
   return report != nullptr ? report->modules.size() : 0;
 }

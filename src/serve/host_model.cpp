@@ -76,6 +76,14 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
   });
 }
 
+// Whether merging `m` changes the layer's bias buffer `bias` (null when the host gave none): a
+// lora_B.bias, or IA3 on a layer that is not feed-forward (ia3_l also scales the bias, as PEFT's merge).
+bool changes_bias(const BufferMergeModule& m, const void* bias) {
+  if (m.lora_bias != nullptr) return true;
+  return bias != nullptr && m.method_module && m.method_module->method == PeftMethod::ia3 &&
+         !m.method_module->ia3_feedforward;
+}
+
 [[noreturn]] void fail_to_keep(size_t bytes, const std::string& what) {
   fail(PEFT_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes to keep the original of " + what);
 }
@@ -142,12 +150,16 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     fail(PEFT_ERR_UNSUPPORTED, adapter + " replaces whole tensors (modules_to_save, bias=\"all\", trainable " +
                                    "tokens or saved base_layer weights); a swap merges LoRA layers only");
 
+  // Every layer's module: the LoRA layers, then the other methods' (merged from their parameters).
+  std::vector<const std::string*> modules;
+  for (const LoadedLayer& layer : loaded.layers()) modules.push_back(&layer.module);
+  for (const AdapterModule* m : loaded.method_modules()) modules.push_back(&m->name);
   std::vector<std::string> missing;
-  for (const LoadedLayer& layer : loaded.layers())
-    if (!weight_of_module_.contains(layer.module)) missing.push_back(peft::quoted(layer.module));
+  for (const std::string* module : modules)
+    if (!weight_of_module_.contains(*module)) missing.push_back(peft::quoted(*module));
   if (!missing.empty()) {
     std::string message = "the host model has no weight for " + std::to_string(missing.size()) + " of the " +
-                          std::to_string(loaded.layers().size()) + " layers of " + adapter + ": ";
+                          std::to_string(modules.size()) + " layers of " + adapter + ": ";
     for (size_t i = 0; i < missing.size(); ++i) message += (i ? ", " : "") + missing[i];
     fail(PEFT_ERR_UNRESOLVED_KEY, message);
   }
@@ -155,17 +167,17 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
   // One layer per weight: an exact removal writes back the weight's original, which would take
   // out every layer merged into it at once.
   std::unordered_map<size_t, const std::string*> layer_of_weight;
-  for (const LoadedLayer& layer : loaded.layers()) {
-    const size_t weight = weight_of_module_.at(layer.module);
-    const auto [it, first] = layer_of_weight.emplace(weight, &layer.module);
+  for (const std::string* module : modules) {
+    const size_t weight = weight_of_module_.at(*module);
+    const auto [it, first] = layer_of_weight.emplace(weight, module);
     if (!first)
       fail(PEFT_ERR_INVALID_ARGUMENT, adapter + ": layers " + peft::quoted(*it->second) + " and " +
-                                          peft::quoted(layer.module) + " are both merged into weight " +
+                                          peft::quoted(*module) + " are both merged into weight " +
                                           peft::quoted(weights_[weight].name) + "; a swap merges one layer per weight");
   }
 
   std::vector<Layer> layers;
-  layers.reserve(loaded.layers().size());
+  layers.reserve(modules.size());
   for (const LoadedLayer& loaded_layer : loaded.layers()) {
     Layer layer;
     layer.weight = weight_of_module_.at(loaded_layer.module);
@@ -222,6 +234,25 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     if (w.rows != GgufRows::same)
       m = in_gguf_row_order(std::move(m), w.rows, translator_->gguf()->heads, adapter + ": weight " + peft::quoted(w.name));
   }
+  // The other methods' layers: their parameters read from the adapter as f32 and checked against
+  // the weight now (host_buffer_module), so that a swap fails before any buffer changes.
+  for (const AdapterModule* method_module : loaded.method_modules()) {
+    Layer layer;
+    layer.weight = weight_of_module_.at(method_module->name);
+    const Weight& w = weights_[layer.weight];
+    layer.module = host_buffer_module(loaded.adapter_ptr(), *method_module, w.name, w.shape,
+                                      translator_ ? &*translator_ : nullptr);
+    layer.module.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const Lease>>>(
+        std::move(layer.module.keep_alive), pin);
+    if (changes_bias(layer.module, w.bias) && w.bias_elements != layer.module.layout.out)
+      fail(PEFT_ERR_SHAPE_MISMATCH, adapter + ": layer " + peft::quoted(method_module->name) + " scales the bias of " +
+                                        std::to_string(layer.module.layout.out) + " output features, but the bias " +
+                                        "given with weight " + peft::quoted(w.name) + " has " +
+                                        std::to_string(w.bias_elements) + " elements");
+    layer.options.weight = weight;
+    layer.exact = exact_;
+    layers.push_back(std::move(layer));
+  }
   return layers;
 }
 
@@ -232,7 +263,7 @@ merge::WeightView HostModel::weight_view(const Layer& layer) const {
 
 std::optional<merge::WeightView> HostModel::bias_view(const Layer& layer) const {
   const Weight& w = weights_[layer.weight];
-  if (layer.module.lora_bias == nullptr) return std::nullopt;
+  if (!changes_bias(layer.module, w.bias)) return std::nullopt;
   return merge::WeightView{w.bias, w.bias_dtype, 1, layer.module.layout.out};
 }
 
@@ -255,8 +286,8 @@ void HostModel::start_from_original(const Layer& layer) {
     if (!w.original_bias.empty()) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
   }
   w.drifted = false;
-  if (layer.module.lora_bias != nullptr && w.original_bias.empty()) {
-    // The first lora_bias layer on this weight (all have bias_elements outputs, prepare checks).
+  if (changes_bias(layer.module, w.bias) && w.original_bias.empty()) {
+    // The first lora_bias (or IA3) layer on this weight (all have bias_elements outputs, prepare checks).
     const auto* from = static_cast<const unsigned char*>(w.bias);
     const size_t bytes = static_cast<size_t>(w.bias_elements) * element_bytes(w.bias_dtype);
     try {
@@ -271,7 +302,7 @@ void HostModel::start_from_original(const Layer& layer) {
 void HostModel::write_back_original(const Layer& layer) {
   const Weight& w = weights_[layer.weight];
   copy_bytes(w.data, w.original.get(), w.bytes());
-  if (layer.module.lora_bias != nullptr) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
+  if (changes_bias(layer.module, w.bias)) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
 }
 
 // merged_ has room for the layer (swap reserves it before any buffer changes), so once the merge

@@ -11,7 +11,10 @@
 //
 // A swap checks everything about the new adapter (every LoRA layer has a weight, shapes fit, no
 // replaced tensors, no two layers on one weight, a bias buffer where lora_bias needs one) and
-// converts its factors to f32 before any buffer changes; then it takes the current adapter out,
+// converts its factors to f32 before any buffer changes (layers of other PEFT methods, LoHa, LoKr,
+// AdaLoRA, IA3..., have their parameters read from the adapter file as f32 then, and merge by their
+// own arithmetic; IA3 also scales the bias buffer of a non-feed-forward layer, kept like a
+// lora_bias layer's); then it takes the current adapter out,
 // newest layer first, and merges the new one layer by layer (BufferMerge::apply,
 // buffer_merge.hpp). Should a step fail after that (out of memory), the swap undoes what it did
 // and merges the previous adapter back, then throws. If undoing fails too, the host model records

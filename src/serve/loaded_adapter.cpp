@@ -95,11 +95,7 @@ std::vector<LayerPlan> adapter_plan(const Adapter& adapter, DType storage) {
   require_storage(storage);
   std::vector<LayerPlan> plans;
   for (const AdapterModule& m : adapter.modules()) {
-    if (m.is_lora() && m.method != PeftMethod::lora)
-      fail(PEFT_ERR_UNSUPPORTED, "adapter " + quoted(adapter.dir()) + ": serving " + peft_method_name(m.method) +
-                                     " adapters from the registry is not supported (only LoRA layers are loaded "
-                                     "there); merge them into host buffers (peft_merge_buffer_apply) or a checkpoint");
-    if (m.is_lora()) plans.push_back(layer_plan(adapter, m, storage));
+    if (m.is_lora() && m.method == PeftMethod::lora) plans.push_back(layer_plan(adapter, m, storage));
   }
   return plans;
 }
@@ -165,8 +161,16 @@ std::shared_ptr<const LoadedAdapter> LoadedAdapter::load(std::shared_ptr<const A
   for (const AdapterModule& m : adapter->modules())
     for (const AdapterTensor& t : m.tensors)
       if (!m.is_lora() || !is_lora_role(t.role)) loaded->has_replacements_ = true;
+  for (const AdapterModule& m : adapter->modules())
+    if (m.is_lora() && m.method != PeftMethod::lora) loaded->method_modules_.push_back(&m);
   loaded->adapter_ = std::move(adapter);
   return loaded;
+}
+
+const AdapterModule* LoadedAdapter::find_method_module(std::string_view module) const {
+  for (const AdapterModule* m : method_modules_)
+    if (m->name == module) return m;
+  return nullptr;
 }
 
 const LoadedLayer* LoadedAdapter::find(std::string_view module) const {

@@ -65,6 +65,14 @@ class LoadedAdapter {
   // Callers normalise names first (see module_candidates in layer_module.hpp).
   const LoadedLayer* find(std::string_view module) const;
 
+  // The modules of other PEFT methods (LoHa, LoKr, AdaLoRA, IA3 and every method the buffer merge
+  // takes), in file order. They are not copied into the storage nor charged to the budget: a host
+  // model's swap reads their parameters from the adapter file when it merges them (BufferMerge), and
+  // unmerged apply refuses them (Lease::find_layer, UNSUPPORTED).
+  const std::vector<const AdapterModule*>& method_modules() const { return method_modules_; }
+  // The method module of a HuggingFace module path; null when absent.
+  const AdapterModule* find_method_module(std::string_view module) const;
+
   // Pointer to element `offset` of the storage (in dtype() elements).
   const void* data(size_t offset) const;
   // Copies `count` elements from `offset` as f32 into `out`.
@@ -81,6 +89,7 @@ class LoadedAdapter {
   };
   std::unordered_map<std::string, size_t, NameHash, std::equal_to<>> by_module_;
   bool has_replacements_ = false;
+  std::vector<const AdapterModule*> method_modules_;
   std::unique_ptr<unsigned char[]> storage_;
 };
 

@@ -285,6 +285,12 @@ struct RegistryCore {
     auto first_found = [&](const std::vector<std::string>& paths) -> const LoadedLayer* {
       for (const std::string& path : paths)
         if (const LoadedLayer* layer = loaded.find(path)) return layer;
+      for (const std::string& path : paths)
+        if (const AdapterModule* m = loaded.find_method_module(path))
+          fail(PEFT_ERR_UNSUPPORTED, "adapter " + quoted(loaded.adapter().dir()) + ": layer " + quoted(path) + " is a " +
+                                         peft_method_name(m->method) +
+                                         " layer; unmerged apply takes LoRA layers only (swap the adapter into "
+                                         "the host's weights with a host model, or merge it)");
       return nullptr;
     };
     {

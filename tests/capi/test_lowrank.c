@@ -1,6 +1,7 @@
 /* LoRA extraction and conversion to plain LoRA, from C99: low-rank options and their errors, the
  * report, peft_adapter_convert_to_lora and peft_adapter_convert_initial on the fixture adapters
- * (ranks read back through the API), peft_adapter_extract's documented errors. Numerics against
+ * (ranks read back through the API), an IA3 adapter against a base (peft_lowrank_options_set_base),
+ * peft_adapter_extract's documented errors. Numerics against
  * numpy and PEFT are in tests/interop/test_lora_extract.py.
  * Prints "N passed, M failed" and exits nonzero on any failure. */
 #define _POSIX_C_SOURCE 200809L
@@ -111,6 +112,68 @@ static void test_convert(void) {
   peft_lowrank_options_free(o);
 }
 
+/* An IA3 adapter on the llama fixture's layer-0 k_proj (8 x 16), written here: ia3_l = 1 + i / 16. */
+static void write_ia3_adapter(const char* dir) {
+  char file[600];
+  mkdir(dir, 0755);
+  FILE* f = fopen(path(file, sizeof file, dir, "adapter_config.json"), "w");
+  if (f == NULL) return;
+  fputs("{\"peft_type\": \"IA3\", \"target_modules\": [\"k_proj\"], \"feedforward_modules\": [], "
+        "\"task_type\": \"CAUSAL_LM\"}", f);
+  fclose(f);
+  const char* header = "{\"base_model.model.model.layers.0.self_attn.k_proj.ia3_l\": "
+                       "{\"dtype\": \"F32\", \"shape\": [8, 1], \"data_offsets\": [0, 32]}}";
+  uint64_t n = strlen(header);
+  float l[8];
+  for (int i = 0; i < 8; ++i) l[i] = 1.0f + (float)i / 16.0f;
+  f = fopen(path(file, sizeof file, dir, "adapter_model.safetensors"), "wb");
+  if (f == NULL) return;
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(n >> (8 * i));
+  fwrite(len, 1, 8, f);
+  fwrite(header, 1, n, f);
+  fwrite(l, sizeof l[0], 8, f);
+  fclose(f);
+}
+
+/* A multiplicative adapter (IA3) converts against a base only: peft_lowrank_options_set_base(). */
+static void test_convert_against_base(void) {
+  char dir[512], out[512], base[512];
+  snprintf(base, sizeof base, "%s/models/llama", PEFT_TEST_DATA);
+  path(dir, sizeof dir, scratch, "ia3");
+  write_ia3_adapter(dir);
+  peft_adapter* ia3 = NULL;
+  CHECK_OK(peft_adapter_open(dir, NULL, &ia3));
+  peft_lowrank_options* o = NULL;
+  CHECK_OK(peft_lowrank_options_new(&o));
+  CHECK_CODE(peft_lowrank_options_set_base(NULL, base), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_lowrank_options_set_rank(o, 2));
+  CHECK_CODE_NAMING(peft_adapter_convert_to_lora(ia3, path(out, sizeof out, scratch, "ia3_nobase"), o, NULL),
+                    PEFT_ERR_UNSUPPORTED, "IA3");
+  CHECK_OK(peft_lowrank_options_set_base(o, base));
+  peft_lowrank_report* report = NULL;
+  CHECK_OK(peft_adapter_convert_to_lora(ia3, path(out, sizeof out, scratch, "ia3_lora"), o, &report));
+  CHECK(peft_lowrank_report_module_count(report) == 1);
+  CHECK(peft_lowrank_report_module_rank(report, 0) == 2);
+  const double e = peft_lowrank_report_module_error(report, 0);
+  CHECK(e > 0.0 && e < 1.0); /* dW = W diag-scaled rows: full rank, so rank 2 loses some */
+  peft_lowrank_report_free(report);
+  peft_adapter* converted = NULL;
+  CHECK_OK(peft_adapter_open(out, NULL, &converted));
+  CHECK(converted != NULL && peft_adapter_module_count(converted) == 1);
+  peft_adapter_free(converted);
+  /* NULL clears the base again */
+  CHECK_OK(peft_lowrank_options_set_base(o, NULL));
+  CHECK_CODE(peft_adapter_convert_to_lora(ia3, path(out, sizeof out, scratch, "ia3_cleared"), o, NULL),
+             PEFT_ERR_UNSUPPORTED);
+  /* a base without the module's weight */
+  snprintf(base, sizeof base, "%s/models/gpt2", PEFT_TEST_DATA);
+  CHECK_OK(peft_lowrank_options_set_base(o, base));
+  CHECK_CODE(peft_adapter_convert_to_lora(ia3, path(out, sizeof out, scratch, "ia3_gpt2"), o, NULL), PEFT_ERR_NOT_FOUND);
+  peft_lowrank_options_free(o);
+  peft_adapter_free(ia3);
+}
+
 static void test_extract_errors(void) {
   char base[512], out[512];
   snprintf(base, sizeof base, "%s/models/llama", PEFT_TEST_DATA);
@@ -143,6 +206,7 @@ int main(void) {
   }
   test_options();
   test_convert();
+  test_convert_against_base();
   test_extract_errors();
   remove_tree(scratch);
   return check_summary();

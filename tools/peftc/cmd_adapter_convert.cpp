@@ -2,7 +2,8 @@
 //   [--threads N] [--dtype ...] [--json]
 // peftc adapter convert IN OUT --to lora --initial INIT [--dtype ...]
 // Converts an adapter to plain LoRA: by truncated SVD of each module's change (PEFT's
-// convert_to_lora, with the per-module error), or, given the adapter saved at initialisation, a
+// convert_to_lora, with the per-module error; multiplicative methods such as IA3 as W' - W against
+// --base), or, given the adapter saved at initialisation, a
 // PiSSA / CorDA / OLoRA / LoftQ adapter exactly as PEFT's path_initial_model_for_weight_conversion.
 #include <cstdio>
 #include <optional>
@@ -85,6 +86,7 @@ int convert_command(const std::vector<std::string>& args) {
   if (dtype != PEFT_DTYPE_KEEP) {
     if (peft_error* err = peft_lowrank_options_set_dtype(opts.p, dtype)) return report(err);
   }
+  if (peft_error* err = peft_lowrank_options_set_base(opts.p, base.c_str())) return report(err);
   Owned<peft_lowrank_report, peft_lowrank_report_free> result;
   if (peft_error* err = peft_adapter_convert_to_lora(adapter.p, positional[1].c_str(), opts.p, &result.p))
     return report(err);

@@ -54,6 +54,7 @@ namespace PeftC.Tests
             { "peft_merge_options_set_quant", "GGUF merge output type: not wrapped in C# yet (peftc merge --quant, Python quant=)" },
             { "peft_merge_options_set_report", "GGUF merge store report: not wrapped in C# yet (peftc merge --report, Python report=)" },
             { "peft_merge_result_report_json", "GGUF merge store report: not wrapped in C# yet (peftc merge --report, Python report=)" },
+            { "peft_lowrank_options_set_base", "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>

@@ -39,6 +39,7 @@ NOT_WRAPPED = {
     "peft_adapter_extract": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
     "peft_adapter_convert_to_lora": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
     "peft_adapter_convert_initial": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
+    "peft_lowrank_options_set_base": "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)",
 }
 
 #: A C prototype: the return type and parameter types, ``const`` and spaces removed ("peft_lease**").

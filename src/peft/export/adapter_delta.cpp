@@ -1,31 +1,24 @@
 #include "peft/export/adapter_delta.hpp"
 
+#include <memory>
+#include <optional>
+#include <span>
+
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/method_params.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 #include "peft/methods/lora_math.hpp"
 
 namespace peft {
+namespace {
 
-bool has_module_delta(const Adapter& adapter, const AdapterModule& m, std::string& why) {
-  if (adapter.config().use_dora) {
-    why = "a DoRA module (its change depends on the base weight's norm)";
-    return false;
-  }
-  if (m.kind != LayerKind::linear && m.kind != LayerKind::conv1d) {
-    why = std::string("a module of kind ") + layer_kind_name(m.kind) + " (only Linear and Conv1D layers convert, as in PEFT)";
-    return false;
-  }
-  for (const AdapterTensor& t : m.tensors)
-    if (t.role != TensorRole::lora_a && t.role != TensorRole::lora_b) {
-      why = "a module with tensor " + peft::quoted(t.key) + " (lora_B.bias and other tensors do not convert)";
-      return false;
-    }
-  return true;
+std::string module_text(const AdapterModule& m) {
+  return std::string(peft_method_name(m.method)) + " module " + peft::quoted(m.name);
 }
 
-ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m) {
-  std::string why;
-  if (!has_module_delta(adapter, m, why)) fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " is " + why);
+ModuleDelta lora_delta(const Adapter& adapter, const AdapterModule& m) {
   const AdapterTensor* a = m.find(TensorRole::lora_a);
   const AdapterTensor* b = m.find(TensorRole::lora_b);
   if (!a || !b) fail(PEFT_ERR_INVALID_CHECKPOINT, "module " + peft::quoted(m.name) + " lacks lora_A or lora_B");
@@ -47,6 +40,120 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m) {
   d.cols = layout.cols();
   d.transposed = layout.transposed;
   d.values = merge::compute_delta(layout, std::span<const merge::LoraFactors>(&term, 1), merge::ExecOptions{1});
+  return d;
+}
+
+int64_t dim(const merge::MethodTensor* t, size_t i) {
+  return t != nullptr && t->shape.size() == 2 ? t->shape[i] : 0;
+}
+
+// out x in of an additive module's layer from its parameters' shapes (no base): LoHa hada_w1_a
+// [out, r] and hada_w1_b [r, in]; LoKr w1 [a, c] (or w1_a [a, r] @ w1_b [r, c]) kron w2 [b, d]
+// (likewise), out = a b, in = c d; AdaLoRA lora_B [out, r] and lora_A [r, in]. 0 x 0 otherwise.
+std::pair<int64_t, int64_t> features_from_params(const AdapterModule& m, const MethodParams& p) {
+  switch (m.method) {
+    case PeftMethod::loha: return {dim(p.get("hada_w1_a"), 0), dim(p.get("hada_w1_b"), 1)};
+    case PeftMethod::lokr: {
+      const merge::MethodTensor* w1 = p.get("lokr_w1");
+      const merge::MethodTensor* w2 = p.get("lokr_w2");
+      const int64_t a = w1 ? dim(w1, 0) : dim(p.get("lokr_w1_a"), 0), c = w1 ? dim(w1, 1) : dim(p.get("lokr_w1_b"), 1);
+      const int64_t b = w2 ? dim(w2, 0) : dim(p.get("lokr_w2_a"), 0), d = w2 ? dim(w2, 1) : dim(p.get("lokr_w2_b"), 1);
+      return {a * b, c * d};
+    }
+    case PeftMethod::adalora: return {dim(p.get("lora_B"), 0), dim(p.get("lora_A"), 1)};
+    default: return {0, 0};
+  }
+}
+
+// Stored [rows, cols] from PyTorch's [out, in] order (transposed for a GPT-2 Conv1D layout).
+ModuleDelta stored(std::vector<float> delta, const merge::DeltaLayout& layout) {
+  ModuleDelta d;
+  d.rows = layout.rows();
+  d.cols = layout.cols();
+  d.transposed = layout.transposed;
+  if (!layout.transposed) {
+    d.values = std::move(delta);
+    return d;
+  }
+  d.values.resize(delta.size());
+  for (int64_t o = 0; o < layout.out; ++o)
+    for (int64_t i = 0; i < layout.in; ++i)
+      d.values[static_cast<size_t>(i * layout.out + o)] = delta[static_cast<size_t>(o * layout.in + i)];
+  return d;
+}
+
+}  // namespace
+
+bool is_multiplicative(PeftMethod method) { return method == PeftMethod::ia3; }
+
+bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why) {
+  if (adapter.config().use_dora) {
+    why = "a DoRA module (its change depends on the base weight's norm)";
+    return false;
+  }
+  if (m.kind != LayerKind::linear && m.kind != LayerKind::conv1d) {
+    why = std::string("a module of kind ") + layer_kind_name(m.kind) + " (only Linear and Conv1D layers convert, as in PEFT)";
+    return false;
+  }
+  const bool lora = m.method == PeftMethod::lora;
+  for (const AdapterTensor& t : m.tensors)
+    if (lora ? t.role != TensorRole::lora_a && t.role != TensorRole::lora_b : t.role != TensorRole::method_param) {
+      why = "a module with tensor " + peft::quoted(t.key) + " (lora_B.bias and other tensors do not convert)";
+      return false;
+    }
+  if (m.method == PeftMethod::lora || with_base) return true;
+  if (is_multiplicative(m.method)) {
+    why = std::string("of method ") + peft_method_name(m.method) +
+          ", whose change multiplies the base weight: converting it needs the base model (dW = W' - W; "
+          "peftc --base, peft_lowrank_options_set_base())";
+    return false;
+  }
+  if (m.method != PeftMethod::loha && m.method != PeftMethod::lokr && m.method != PeftMethod::adalora) {
+    why = std::string("of method ") + peft_method_name(m.method) +
+          ", whose layer shape comes from the base model: give one (peftc --base, peft_lowrank_options_set_base())";
+    return false;
+  }
+  return true;
+}
+
+ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const BaseModel* base) {
+  std::string why;
+  if (!has_module_delta(adapter, m, base != nullptr, why))
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " is " + why);
+  if (m.method == PeftMethod::lora) return lora_delta(adapter, m);
+  if (base == nullptr) {
+    const MethodParams params = load_method_params(adapter, m);
+    const auto [out, in] = features_from_params(m, params);
+    if (out < 1 || in < 1)
+      fail(PEFT_ERR_SHAPE_MISMATCH, module_text(m) + ": its parameters do not give the layer's features");
+    const merge::DeltaLayout layout = merge::layout_for(
+        m.kind == LayerKind::conv1d ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear, out, in);
+    return stored(method_delta(m, params, m.scaling, layout), layout);
+  }
+  const std::optional<size_t> wi = base->find(m.name, "weight", adapter.table().get());
+  if (!wi) fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base->dir) + " has no weight for " + module_text(m));
+  std::vector<int64_t> shape;
+  for (uint64_t d : base->weight_shape(*wi)) shape.push_back(static_cast<int64_t>(d));
+  // A non-owning pointer: the module (and its parameters) live only during this call.
+  const std::shared_ptr<const Adapter> view(std::shared_ptr<const Adapter>(), &adapter);
+  const BufferMergeModule module = buffer_merge_module(view, m, shape);
+  if (!is_multiplicative(m.method))
+    return stored(method_delta(m, *module.method_params, m.scaling, module.layout), module.layout);
+
+  if (m.method == PeftMethod::ia3 && !m.ia3_feedforward && base->find(m.name, "bias", adapter.table().get()))
+    fail(PEFT_ERR_UNSUPPORTED, module_text(m) + " also scales the layer's bias, which a plain LoRA cannot hold");
+  const std::vector<float> w = base->weights->read_f32(*wi);
+  std::vector<float> changed = w;
+  const merge::WeightView view_f32{changed.data(), DType::F32, module.layout.rows(), module.layout.cols()};
+  BufferMergeOptions options;
+  options.threads = 1;  // module_delta runs on a worker thread already
+  BufferMerge::apply(view_f32, nullptr, module, options);
+  for (size_t k = 0; k < changed.size(); ++k) changed[k] -= w[k];
+  ModuleDelta d;
+  d.rows = module.layout.rows();
+  d.cols = module.layout.cols();
+  d.transposed = module.layout.transposed;
+  d.values = std::move(changed);
   return d;
 }
 

@@ -1,8 +1,20 @@
 // The weight change dW of one module of a loaded adapter, in the layout of the base weight it
 // applies to: the one place where a method's delta is computed for conversions (lora_lowrank.hpp),
-// so that each PEFT method plugs in here. Today: LoRA Linear and GPT-2 Conv1D modules,
-// dW = scaling * B @ A (transposed for Conv1D), as PEFT's LoraLayer.get_delta_weight computes it in
-// f32 (peft/methods/lora_math.hpp compute_delta).
+// so that each PEFT method plugs in here.
+//
+// * LoRA Linear and GPT-2 Conv1D modules: dW = scaling * B @ A (transposed for Conv1D), as PEFT's
+//   LoraLayer.get_delta_weight computes it in f32 (peft/methods/lora_math.hpp compute_delta).
+// * Additive methods (every method whose module method_delta handles: LoHa, LoKr, AdaLoRA, and the
+//   methods added there later): dW = method_delta(module, scaling), PEFT's get_delta_weight. The
+//   layer's out x in features come from the base weight when a base is given, otherwise from the
+//   parameters' shapes for LoHa, LoKr and AdaLoRA (a later method without a base is UNSUPPORTED,
+//   asking for one).
+// * Multiplicative methods (IA3, and later those the buffer merge applies by transforming the weight):
+//   dW = W' - W in f32, with W the base weight read as f32 and W' the same values after the buffer
+//   merge of the module (BufferMerge::apply into an f32 copy: the "transformed weight" entry point,
+//   so any method the buffer merge takes converts). A base is required. IA3 on a layer that also
+//   scales a base bias (not feed-forward, the base has "<module>.bias") is UNSUPPORTED: the bias
+//   change is not a weight change a plain LoRA can hold.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +22,7 @@
 #include <vector>
 
 #include "peft/adapter/adapter.hpp"
+#include "peft/adapter/base_model.hpp"
 
 namespace peft {
 
@@ -20,11 +33,15 @@ struct ModuleDelta {
   bool transposed = false;    // Conv1D: storage holds [in, out], the transpose of B @ A
 };
 
-// Whether module_delta handles `m`; otherwise `why` says what it is.
-bool has_module_delta(const Adapter& adapter, const AdapterModule& m, std::string& why);
+// Whether a module of `method` changes the weight multiplicatively (its dW depends on the base).
+bool is_multiplicative(PeftMethod method);
 
-// dW of module `m` of `adapter`. UNSUPPORTED for what has_module_delta refuses; the checkpoint's
-// read errors.
-ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m);
+// Whether module_delta handles `m` (with a base model when `with_base`); otherwise `why` says what it is.
+bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why);
+
+// dW of module `m` of `adapter`; `base` may be null for LoRA and LoHa/LoKr/AdaLoRA modules.
+// UNSUPPORTED for what has_module_delta refuses; NOT_FOUND when the base has no weight for the
+// module; SHAPE_MISMATCH when the parameters do not fit it; the checkpoints' read errors.
+ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const BaseModel* base);
 
 }  // namespace peft

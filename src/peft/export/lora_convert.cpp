@@ -9,6 +9,7 @@
 #include "core/json_parse.hpp"
 #include "core/text_file.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/base_model.hpp"
 #include "peft/arch/key_grammar.hpp"
 #include "peft/export/adapter_delta.hpp"
 #include "peft/export/adapter_export.hpp"
@@ -52,16 +53,22 @@ std::vector<LowRankModule> convert_to_lora(const Adapter& adapter, const std::st
   if (c.document.contains("bias") && c.document["bias"] != "none")
     fail(PEFT_ERR_UNSUPPORTED, what + " sets bias " + c.document["bias"].dump() +
                                    ", which PEFT's convert_to_lora does not support");
+  // The base: the options' folder, else the one the adapter was opened with (multiplicative methods
+  // need it; additive ones take their layer shapes from it).
+  const std::string base_dir = !options.base_dir.empty() ? options.base_dir : adapter.base_dir();
+  std::optional<BaseModel> base_model;
+  if (!base_dir.empty()) base_model = BaseModel::open(base_dir, {});
+  const BaseModel* base = base_model ? &*base_model : nullptr;
   std::vector<DeltaSource> sources;
   for (const AdapterModule& m : adapter.modules()) {
     std::string why;
-    if (!has_module_delta(adapter, m, why))
+    if (!has_module_delta(adapter, m, base != nullptr, why))
       fail(PEFT_ERR_UNSUPPORTED, what + ": module " + peft::quoted(m.name) + " is " + why);
     const Adapter* a = &adapter;
     const AdapterModule* mp = &m;
     sources.push_back({m.name, m.kind == LayerKind::conv1d,
-                       [a, mp](int64_t& rows, int64_t& cols) -> std::optional<std::vector<float>> {
-                         ModuleDelta d = module_delta(*a, *mp);
+                       [a, mp, base](int64_t& rows, int64_t& cols) -> std::optional<std::vector<float>> {
+                         ModuleDelta d = module_delta(*a, *mp, base);
                          rows = d.rows;
                          cols = d.cols;
                          return std::move(d.values);

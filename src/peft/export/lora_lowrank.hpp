@@ -31,6 +31,7 @@ struct LowRankOptions {
   unsigned threads = 0;                // 0 = one per hardware thread
   std::optional<DType> dtype;          // the factors' dtype: F32 (default), BF16 or F16
   std::vector<std::string> modules;    // extraction only: target_modules names (PEFT matching); empty = default
+  std::string base_dir;                // conversion only: the base model (multiplicative methods); "" = none
 };
 
 // One converted module: its rank and ||dW - B A||_F / ||dW||_F.

@@ -837,6 +837,7 @@ functions! {
     pub fn peft_merge_options_set_quant(opts: *mut peft_merge_options, ggml_type: i32) -> *mut peft_error;
     pub fn peft_merge_options_set_report(opts: *mut peft_merge_options, report: i32) -> *mut peft_error;
     pub fn peft_merge_result_report_json(result: *const peft_merge_result) -> *const c_char;
+    pub fn peft_lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1127,5 +1128,6 @@ api_table! {
         pub fn merge_options_set_quant(opts: *mut peft_merge_options, ggml_type: i32) -> *mut peft_error = peft_merge_options_set_quant;
         pub fn merge_options_set_report(opts: *mut peft_merge_options, report: i32) -> *mut peft_error = peft_merge_options_set_report;
         pub fn merge_result_report_json(result: *const peft_merge_result) -> *const c_char = peft_merge_result_report_json;
+        pub fn lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error = peft_lowrank_options_set_base;
     }
 }
