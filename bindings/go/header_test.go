@@ -27,31 +27,7 @@ var notWrapped = map[string]string{
 	"peft_merge_buffer_remove":         "older alias of peft_merge_record_unmerge; the binding calls the regular one",
 	"peft_registry_names":              "older alias of peft_registry_name_list; the binding calls the regular one",
 	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
-	// DoRA in unmerged apply (base weights of the registry): not wrapped yet.
-	"peft_registry_set_base_weight":      "DoRA in unmerged apply is not wrapped in Go yet",
-	"peft_registry_base_weights_changed": "DoRA in unmerged apply is not wrapped in Go yet",
-	// LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only).
-	"peft_lowrank_options_new":         "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_options_free":        "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_options_set_rank":    "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_options_set_energy":  "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_options_set_svd":     "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_options_set_threads": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_options_set_dtype":   "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_options_set_modules": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_report_module_count": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_report_module_name":  "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_report_module_rank":  "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_report_module_error": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_lowrank_report_free":         "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_adapter_extract":             "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_adapter_convert_to_lora":     "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	"peft_adapter_convert_initial":     "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-	// Merges into block-quantized GGUF bases: wrapped in Python so far.
-	"peft_merge_options_set_quant":  "GGUF merge output type: not wrapped in Go yet (peftc merge --quant, Python quant=)",
-	"peft_merge_options_set_report": "GGUF merge store report: not wrapped in Go yet (peftc merge --report, Python report=)",
-	"peft_merge_result_report_json": "GGUF merge store report: not wrapped in Go yet (peftc merge --report, Python report=)",
-	"peft_lowrank_options_set_base": "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)",
+	"peft_lowrank_options_set_base":    "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)",
 }
 
 var (

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"runtime/cgo"
 )
@@ -34,6 +35,8 @@ type mergeConfig struct {
 	// requireConfig and allowNonFinite hold the library's defaults unless an option changes them.
 	requireConfig  bool
 	allowNonFinite bool
+	quant          GGMLType
+	storeReport    bool
 }
 
 // WithAdapter adds an opened adapter to merge, with a weight that multiplies its LoRA scaling (1.0
@@ -95,6 +98,32 @@ func WithAllowNonFinite(allow bool) MergeOption {
 	return func(c *mergeConfig) { c.allowNonFinite = allow }
 }
 
+// WithQuant chooses the ggml type the merged tensors of a GGUF base are written in (F32, F16, BF16,
+// Q8_0, Q4_K, ...): every merged tensor of two or more dimensions is written in it (one-dimensional
+// ones keep theirs). By default each merged tensor keeps its own type, a block-quantized one
+// quantized again with ggml's reference quantizer. A type without a quantizer here (the IQ types but
+// IQ4_NL) fails the merge with ErrUnsupported; with WithMergeDType also set, ErrInvalidArgument.
+// Ignored for a safetensors base.
+func WithQuant(t GGMLType) MergeOption { return func(c *mergeConfig) { c.quant = t } }
+
+// WithStoreReport asks a merge into a GGUF base to measure what storing each merged tensor costs
+// (MergeResult.StoreReport); one more quantization per merged tensor. Ignored for a safetensors base.
+func WithStoreReport(report bool) MergeOption { return func(c *mergeConfig) { c.storeReport = report } }
+
+// StoreReportEntry is what storing one merged GGUF tensor costs: RMS and Max compare the stored merge
+// with the exact f32 merge, BaseRMS and BaseMax the base stored in Type with the base itself (0 for
+// a tensor an adapter replaced whole).
+type StoreReportEntry struct {
+	Tensor   string  `json:"tensor"`
+	BaseType string  `json:"base_type"`
+	Type     string  `json:"type"`
+	Values   uint64  `json:"values"`
+	RMS      float64 `json:"rms"`
+	Max      float64 `json:"max"`
+	BaseRMS  float64 `json:"base_rms"`
+	BaseMax  float64 `json:"base_max"`
+}
+
 // MergeResult is what a checkpoint merge did.
 type MergeResult struct {
 	Merged           uint64   // tensors changed by LoRA, DoRA, lora_B.bias or token rows
@@ -105,6 +134,9 @@ type MergeResult struct {
 	Files            []string // files written, relative to the output folder (weight files first)
 	UntiedEmbeddings bool     // whether tie_word_embeddings was set to false
 	Notes            []string // decisions worth knowing
+	// StoreReport has one entry per merged tensor, in file order, with WithStoreReport and a GGUF
+	// base; empty otherwise.
+	StoreReport []StoreReportEntry
 }
 
 // progressState is what the progress trampoline reaches through its cgo.Handle.
@@ -130,7 +162,7 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 	if err := ctx.Err(); err != nil {
 		return nil, &Error{Code: CodeCancelled, Message: "the merge was not started: " + err.Error(), cause: err}
 	}
-	cfg := mergeConfig{dtype: KeepDType, requireConfig: true}
+	cfg := mergeConfig{dtype: KeepDType, requireConfig: true, quant: GGMLType(KeepDType)}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -169,6 +201,12 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 	if err := takeError(C.peft_merge_options_set_allow_nonfinite(o, boolInt(cfg.allowNonFinite))); err != nil {
 		return nil, err
 	}
+	if err := takeError(C.peft_merge_options_set_quant(o, C.int32_t(cfg.quant))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_report(o, boolInt(cfg.storeReport))); err != nil {
+		return nil, err
+	}
 	state := &progressState{ctx: ctx, report: cfg.progress}
 	h := cgo.NewHandle(state)
 	defer h.Delete()
@@ -188,7 +226,11 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 		return nil, err
 	}
 	defer C.peft_merge_result_free(result)
-	return mergeResult(result), nil
+	res := mergeResult(result)
+	if err := json.Unmarshal([]byte(goString(C.peft_merge_result_report_json(result))), &res.StoreReport); err != nil {
+		return nil, &Error{Code: CodeInternal, Message: "the merge's store report is not JSON: " + err.Error()}
+	}
+	return res, nil
 }
 
 // addMergeAdapter adds one adapter to the C options; the options keep their own reference to an

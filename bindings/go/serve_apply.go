@@ -25,8 +25,10 @@ import (
 // as for Lease.HasModule.
 //
 // Errors, with y unchanged: ErrShapeMismatch naming the adapter whose layer does not fit x and y;
-// ErrUnsupported for a DoRA, embedding or Conv2d layer or another dtype; ErrInvalidArgument for an
-// index out of range or buffers that do not match their shapes. Calls writing different outputs
+// ErrNotFound for a DoRA layer whose base weight was not given with Registry.SetBaseWeight (for
+// DoRA, y is the base output with its bias); ErrUnsupported for an embedding or Conv2d layer or
+// another dtype; ErrInvalidArgument for an index out of range or buffers that do not match their
+// shapes. Calls writing different outputs
 // may run at once, also with the same leases.
 func LoraApply(module string, leases []*Lease, rowLease []int32, x, y Buffer) error {
 	if len(leases) == 0 {

@@ -11,7 +11,9 @@ import "C"
 
 import (
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 )
 
@@ -21,7 +23,8 @@ import (
 // out. An acquired adapter (a Lease) is never evicted while a Lease or a HostModel holds it.
 // Every method may be called from many goroutines at once.
 type Registry struct {
-	h handle
+	h    handle
+	base *baseWeights
 }
 
 // RegistryStats are the counters of a registry, read in one consistent snapshot.
@@ -69,7 +72,7 @@ func NewRegistry(storage DType, budgetBytes uint64, opts ...RegistryOption) (*Re
 	if err := takeError(C.peft_registry_new(C.int32_t(storage), C.uint64_t(budgetBytes), tp, &out)); err != nil {
 		return nil, err
 	}
-	r := &Registry{}
+	r := &Registry{base: newBaseWeights()}
 	track(r, &r.h, unsafe.Pointer(out), "Registry", freeRegistry)
 	return r, nil
 }
@@ -247,7 +250,7 @@ func (r *Registry) Acquire(name string) (*Lease, error) {
 	if err := takeError(C.peft_registry_acquire(p, cname, &out)); err != nil {
 		return nil, err
 	}
-	l := &Lease{}
+	l := &Lease{base: r.base}
 	track(l, &l.h, unsafe.Pointer(out), "Lease", freeLease)
 	return l, nil
 }
@@ -298,7 +301,8 @@ func (r *Registry) Stats() (RegistryStats, error) {
 // its registry is closed. Every method, and LoraApply with it, may be called from many goroutines
 // at once.
 type Lease struct {
-	h handle
+	h    handle
+	base *baseWeights // the registry's base weights, which LoraApply with this lease may read
 }
 
 func freeLease(p unsafe.Pointer) { C.peft_lease_free((*C.peft_lease)(p)) }
@@ -369,4 +373,106 @@ func (l *Lease) HasModule(module string) bool {
 	}
 	defer l.done()
 	return C.peft_lease_has_module(p, cmodule) != 0
+}
+
+// baseWeights keeps the buffers given to Registry.SetBaseWeight pinned (the library reads them
+// without copying) while the registry or any of its leases is reachable: a runtime cleanup unpins
+// them once none is.
+type baseWeights struct{ pins *basePins }
+
+type basePins struct {
+	mu     sync.Mutex
+	pinner runtime.Pinner
+}
+
+func newBaseWeights() *baseWeights {
+	b := &baseWeights{pins: &basePins{}}
+	runtime.AddCleanup(b, func(p *basePins) { p.mu.Lock(); p.pinner.Unpin(); p.mu.Unlock() }, b.pins)
+	return b
+}
+
+func (b *baseWeights) pin(buffers ...[]byte) {
+	b.pins.mu.Lock()
+	defer b.pins.mu.Unlock()
+	for _, data := range buffers {
+		if len(data) > 0 {
+			b.pins.pinner.Pin(unsafe.SliceData(data))
+		}
+	}
+}
+
+// SetBaseWeight gives the registry the host's base weight of one layer, which LoraApply needs for
+// DoRA layers (their weight norm ||W + scaling B A|| per output feature), and the layer's bias, or
+// nil for a layer without one. weight is laid out as the base model stores it ([out, in] for Linear,
+// [in, out] for GPT-2 Conv1D), F32, BF16 or F16; bias holds the output features. For a DoRA layer
+// the y given to LoraApply is then the base output with its bias.
+//
+// The buffers are borrowed, not copied: they stay pinned while the registry or any of its leases
+// is reachable, and the host keeps their contents as they are while applies may run; after changing
+// them it calls BaseWeightsChanged. Giving a layer again replaces its buffers. name is the weight's
+// name or its layer's, as for LoraApply.
+//
+// Errors: ErrUnsupported for another dtype; ErrShapeMismatch for a weight that is not
+// two-dimensional or an empty bias; ErrUnresolvedKey when the registry's translator does not resolve
+// name; ErrInvalidArgument for buffers that do not match their shapes. Whether the shape fits a DoRA
+// layer is checked by LoraApply (ErrShapeMismatch).
+func (r *Registry) SetBaseWeight(name string, weight Buffer, bias *Buffer) error {
+	if err := weight.check("base weight"); err != nil {
+		return err
+	}
+	if len(weight.Data) == 0 {
+		return argError("the base weight of %q is empty", name)
+	}
+	var biasPtr unsafe.Pointer
+	var biasDType DType
+	var biasElements uint64
+	var biasData []byte
+	if bias != nil {
+		if err := bias.check("bias"); err != nil {
+			return err
+		}
+		n, err := elementCount(bias.Shape)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return &Error{Code: CodeShapeMismatch, Message: "the bias of " + strconv.Quote(name) + " has no elements"}
+		}
+		biasData, biasPtr, biasDType, biasElements = bias.Data, bytePtr(bias.Data), bias.DType, n
+	}
+	var cs cstrings
+	defer cs.free()
+	cname, err := cs.add(name, "weight name")
+	if err != nil {
+		return err
+	}
+	p, err := r.use()
+	if err != nil {
+		return err
+	}
+	defer r.done()
+	r.base.pin(weight.Data, biasData)
+	shape := make([]C.uint64_t, len(weight.Shape)) // Go memory without Go pointers: copied by the call
+	for i, d := range weight.Shape {
+		shape[i] = C.uint64_t(d)
+	}
+	var cshape *C.uint64_t
+	if len(shape) > 0 {
+		cshape = &shape[0]
+	}
+	return takeError(C.peft_registry_set_base_weight(p, cname, bytePtr(weight.Data), C.int32_t(weight.DType), cshape,
+		C.size_t(len(shape)), biasPtr, C.int32_t(biasDType), C.uint64_t(biasElements)))
+}
+
+// BaseWeightsChanged tells the registry that the host changed the contents of the base weights (or
+// biases) given with SetBaseWeight: every DoRA layer's scale is computed again, from the buffers as
+// they are then, at its next LoraApply. Applies running at the same time finish with the scales
+// they started with.
+func (r *Registry) BaseWeightsChanged() error {
+	p, err := r.use()
+	if err != nil {
+		return err
+	}
+	defer r.done()
+	return takeError(C.peft_registry_base_weights_changed(p))
 }

@@ -90,12 +90,67 @@ namespace PeftC
 
     internal sealed class RegistryHandle : PeftHandle
     {
-        protected override bool ReleaseHandle() { Native.peft_registry_free(handle); return true; }
+        /// <summary>The pins of the base weights given to the registry (Registry.SetBaseWeight).</summary>
+        internal readonly BaseWeightPins Pins = new BaseWeightPins();
+
+        protected override bool ReleaseHandle()
+        {
+            Native.peft_registry_free(handle);
+            Pins.ReleaseOwner();
+            return true;
+        }
     }
 
     internal sealed class LeaseHandle : PeftHandle
     {
-        protected override bool ReleaseHandle() { Native.peft_lease_free(handle); return true; }
+        /// <summary>Its registry's base-weight pins (null until Registry.Acquire sets them).</summary>
+        internal BaseWeightPins Pins;
+
+        protected override bool ReleaseHandle()
+        {
+            Native.peft_lease_free(handle);
+            if (Pins != null) Pins.ReleaseOwner();
+            return true;
+        }
+    }
+
+    /// <summary>The pins of the managed buffers given to Registry.SetBaseWeight: the library reads them at DoRA
+    /// applies of the registry's leases, so they stay pinned until the registry and every lease of it are freed
+    /// (owners counted: the registry, then one per lease).</summary>
+    internal sealed class BaseWeightPins
+    {
+        private readonly List<MemoryHandle> pins_ = new List<MemoryHandle>();
+        private int owners_ = 1;
+
+        internal void Keep(MemoryHandle pin)
+        {
+            lock (pins_) pins_.Add(pin);
+        }
+
+        internal void AddOwner()
+        {
+            lock (pins_) owners_++;
+        }
+
+        internal void ReleaseOwner()
+        {
+            lock (pins_)
+            {
+                if (--owners_ > 0) return;
+                foreach (MemoryHandle pin in pins_) pin.Dispose();
+                pins_.Clear();
+            }
+        }
+    }
+
+    internal sealed class LowrankOptionsHandle : PeftHandle
+    {
+        protected override bool ReleaseHandle() { Native.peft_lowrank_options_free(handle); return true; }
+    }
+
+    internal sealed class LowrankReportHandle : PeftHandle
+    {
+        protected override bool ReleaseHandle() { Native.peft_lowrank_report_free(handle); return true; }
     }
 
     /// <summary>A host model, and the pins of the managed buffers it was given: C keeps their addresses for its

@@ -76,6 +76,47 @@ namespace PeftC
             PeftException.Check(Native.peft_merge_options_set_allow_nonfinite(Handle, allow ? 1 : 0));
             return this;
         }
+
+        /// <summary>The ggml type the merged tensors of a GGUF base are written in (every merged tensor of two or more
+        /// dimensions; one-dimensional ones keep theirs): F32, F16, BF16, Q8_0, Q4_K, ... (see
+        /// <see cref="Ggml.ParseType"/>); null, the default, keeps each merged tensor's type, a block-quantized one
+        /// quantized again with ggml's reference quantizer. Ignored for a safetensors base.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a number ggml does not define; Unsupported for a type without
+        /// a quantizer here (the IQ types but IQ4_NL). With <see cref="SetDType"/> also set, the merge fails with
+        /// InvalidArgument.</exception>
+        public MergeOptions SetQuant(int? ggmlType)
+        {
+            PeftException.Check(Native.peft_merge_options_set_quant(Handle, ggmlType.HasValue ? ggmlType.Value : Native.PEFT_DTYPE_KEEP));
+            return this;
+        }
+
+        /// <summary>Whether a merge into a GGUF base measures what storing each merged tensor costs
+        /// (<see cref="MergeResult.StoreReport"/>); one more quantization per merged tensor. Ignored for a safetensors base.</summary>
+        public MergeOptions SetReport(bool report)
+        {
+            PeftException.Check(Native.peft_merge_options_set_report(Handle, report ? 1 : 0));
+            return this;
+        }
+    }
+
+    /// <summary>What storing one merged GGUF tensor costs (<see cref="MergeOptions.SetReport"/>): <see cref="Rms"/> and
+    /// <see cref="Max"/> compare the stored merge with the exact f32 merge, <see cref="BaseRms"/> and <see cref="BaseMax"/>
+    /// the base stored in <see cref="Type"/> with the base itself (0 for a tensor an adapter replaced whole).</summary>
+    public sealed class StoreReportEntry
+    {
+        public string Tensor { get; internal set; }
+        /// <summary>The base tensor's ggml type name ("Q4_K").</summary>
+        public string BaseType { get; internal set; }
+        /// <summary>The ggml type name it was written in.</summary>
+        public string Type { get; internal set; }
+        /// <summary>Number of values.</summary>
+        public long Values { get; internal set; }
+        public double Rms { get; internal set; }
+        public double Max { get; internal set; }
+        public double BaseRms { get; internal set; }
+        public double BaseMax { get; internal set; }
+
+        public override string ToString() { return Tensor + " " + BaseType + " -> " + Type + " rms " + Rms; }
     }
 
     /// <summary>What a checkpoint merge did (copied out of the library; nothing to dispose).</summary>
@@ -96,11 +137,17 @@ namespace PeftC
         /// <summary>Whether tie_word_embeddings was set to false.</summary>
         public bool UntiedEmbeddings { get; internal set; }
         public string[] Notes { get; internal set; }
+        /// <summary>The store report, one entry per merged tensor in file order, for a GGUF base with
+        /// <see cref="MergeOptions.SetReport"/>; empty otherwise.</summary>
+        public StoreReportEntry[] StoreReport { get; internal set; }
+        /// <summary>The same report as the library's JSON array.</summary>
+        public string StoreReportJson { get; internal set; }
 
         internal static MergeResult From(MergeResultHandle r)
         {
             var files = new string[Checkpoint.ToInt(Native.peft_merge_result_file_count(r))];
             for (int i = 0; i < files.Length; i++) files[i] = Utf8.Decode(Native.peft_merge_result_file_name(r, (UIntPtr)i));
+            string report = Utf8.Decode(Native.peft_merge_result_report_json(r)) ?? "[]";
             var notes = new string[Checkpoint.ToInt(Native.peft_merge_result_note_count(r))];
             for (int i = 0; i < notes.Length; i++) notes[i] = Utf8.Decode(Native.peft_merge_result_note(r, (UIntPtr)i));
             return new MergeResult
@@ -113,7 +160,128 @@ namespace PeftC
                 Files = files,
                 UntiedEmbeddings = Native.peft_merge_result_untied_embeddings(r) != 0,
                 Notes = notes,
+                StoreReport = StoreReportParser.Parse(report),
+                StoreReportJson = report,
             };
+        }
+    }
+
+    /// <summary>Reads the store report's JSON: an array of flat objects with string and number values, as the
+    /// library writes it.</summary>
+    internal sealed class StoreReportParser
+    {
+        private readonly string s_;
+        private int i_;
+
+        private StoreReportParser(string s) { s_ = s; }
+
+        internal static StoreReportEntry[] Parse(string json)
+        {
+            var p = new StoreReportParser(json);
+            var entries = new System.Collections.Generic.List<StoreReportEntry>();
+            p.Expect('[');
+            if (!p.Take(']'))
+            {
+                do entries.Add(p.Entry()); while (p.Take(','));
+                p.Expect(']');
+            }
+            p.Space();
+            if (p.i_ != json.Length) throw p.Bad();
+            return entries.ToArray();
+        }
+
+        private StoreReportEntry Entry()
+        {
+            var e = new StoreReportEntry();
+            Expect('{');
+            if (Take('}')) return e;
+            do
+            {
+                string key = String();
+                Expect(':');
+                Space();
+                if (i_ < s_.Length && s_[i_] == '"')
+                {
+                    string value = String();
+                    if (key == "tensor") e.Tensor = value;
+                    else if (key == "base_type") e.BaseType = value;
+                    else if (key == "type") e.Type = value;
+                }
+                else
+                {
+                    double value = Number();
+                    if (key == "values") e.Values = (long)value;
+                    else if (key == "rms") e.Rms = value;
+                    else if (key == "max") e.Max = value;
+                    else if (key == "base_rms") e.BaseRms = value;
+                    else if (key == "base_max") e.BaseMax = value;
+                }
+            } while (Take(','));
+            Expect('}');
+            return e;
+        }
+
+        private void Space()
+        {
+            while (i_ < s_.Length && char.IsWhiteSpace(s_[i_])) i_++;
+        }
+
+        private bool Take(char c)
+        {
+            Space();
+            if (i_ < s_.Length && s_[i_] == c) { i_++; return true; }
+            return false;
+        }
+
+        private void Expect(char c)
+        {
+            if (!Take(c)) throw Bad();
+        }
+
+        private string String()
+        {
+            Expect('"');
+            var b = new System.Text.StringBuilder();
+            while (i_ < s_.Length && s_[i_] != '"')
+            {
+                char c = s_[i_++];
+                if (c != '\\') { b.Append(c); continue; }
+                if (i_ >= s_.Length) throw Bad();
+                char esc = s_[i_++];
+                switch (esc)
+                {
+                    case 'n': b.Append('\n'); break;
+                    case 't': b.Append('\t'); break;
+                    case 'r': b.Append('\r'); break;
+                    case 'b': b.Append('\b'); break;
+                    case 'f': b.Append('\f'); break;
+                    case 'u':
+                        if (i_ + 4 > s_.Length) throw Bad();
+                        b.Append((char)Convert.ToInt32(s_.Substring(i_, 4), 16));
+                        i_ += 4;
+                        break;
+                    default: b.Append(esc); break;
+                }
+            }
+            if (i_ >= s_.Length) throw Bad();
+            i_++;
+            return b.ToString();
+        }
+
+        private double Number()
+        {
+            int start = i_;
+            while (i_ < s_.Length && "+-.eE0123456789".IndexOf(s_[i_]) >= 0) i_++;
+            double value;
+            if (!double.TryParse(s_.Substring(start, i_ - start), System.Globalization.NumberStyles.Float,
+                                 System.Globalization.CultureInfo.InvariantCulture, out value))
+                throw Bad();
+            return value;
+        }
+
+        private PeftException Bad()
+        {
+            return new PeftException(ErrorCode.Internal, "the merge's store report is not the JSON expected, at offset " + i_);
         }
     }
 

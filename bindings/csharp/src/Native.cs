@@ -244,6 +244,11 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_options_set_allow_nonfinite(MergeOptionsHandle o, int allow);
         [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_quant(MergeOptionsHandle o, int ggmlType);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_report(MergeOptionsHandle o, int report);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_result_report_json(MergeResultHandle r);
+        [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_checkpoint(byte[] baseDir, byte[] outDir, MergeOptionsHandle o, out MergeResultHandle r);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_merge_result_free(IntPtr r);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_merge_result_tensor_count(MergeResultHandle r, int which);
@@ -329,6 +334,35 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_add_weight(HostModelHandle host, byte[] name, void* data, int dtype, ulong[] shape,
                                                                       UIntPtr ndim, void* bias, int biasDtype, ulong biasElements);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_set_base_weight(RegistryHandle registry, byte[] name, void* data, int dtype, ulong[] shape,
+                                                                         UIntPtr ndim, void* bias, int biasDtype, ulong biasElements);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_registry_base_weights_changed(RegistryHandle registry);
+
+        // LoRA extraction and conversion to LoRA (lowrank_api.cpp)
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_new(out LowrankOptionsHandle o);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_lowrank_options_free(IntPtr o);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_set_rank(LowrankOptionsHandle o, long rank);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_set_energy(LowrankOptionsHandle o, double fraction);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_set_svd(LowrankOptionsHandle o, int method);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_set_threads(LowrankOptionsHandle o, uint threads);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_set_dtype(LowrankOptionsHandle o, int dtype);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_lowrank_options_set_modules(LowrankOptionsHandle o, IntPtr* names, UIntPtr count);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_lowrank_report_module_count(LowrankReportHandle r);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_lowrank_report_module_name(LowrankReportHandle r, UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern long peft_lowrank_report_module_rank(LowrankReportHandle r, UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern double peft_lowrank_report_module_error(LowrankReportHandle r, UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_lowrank_report_free(IntPtr r);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_extract(byte[] baseModel, byte[] tuned, byte[] outDir, LowrankOptionsHandle o,
+                                                                out LowrankReportHandle report);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_convert_to_lora(AdapterHandle adapter, byte[] outDir, LowrankOptionsHandle o,
+                                                                        out LowrankReportHandle report);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_convert_initial(byte[] tunedDir, byte[] initialDir, byte[] outDir, ExportOptionsHandle o);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_swap(HostModelHandle host, LeaseHandle lease, double weight, ref NativeSwapStats stats);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);

@@ -18,8 +18,10 @@ namespace PeftC
         /// into <paramref name="leases"/> per row, or -1 for no adapter; null when every row uses <c>leases[0]</c>.
         /// Thread-safe: calls writing different outputs may run at once with the same leases.
         /// </summary>
-        /// <exception cref="PeftException">ShapeMismatch naming the adapter whose layer has other features; Unsupported
-        /// for DoRA, embedding and Conv2d layers; InvalidArgument for an index out of range. <paramref name="y"/> is
+        /// <exception cref="PeftException">ShapeMismatch naming the adapter whose layer has other features; NotFound for
+        /// a DoRA layer whose base weight was not given with <see cref="Registry.SetBaseWeight(string, float[], long[], float[])"/>
+        /// (for DoRA, <paramref name="y"/> is the base output with its bias); Unsupported for embedding and Conv2d
+        /// layers; InvalidArgument for an index out of range. <paramref name="y"/> is
         /// unchanged on failure.</exception>
         public static unsafe void LoraApply(string module, IList<Lease> leases, int[] rowLease, ReadOnlySpan<byte> x, DType xDtype,
                                             long rows, long inFeatures, Span<byte> y, DType yDtype, long outFeatures)

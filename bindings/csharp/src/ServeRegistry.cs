@@ -2,6 +2,7 @@
 // registered under names and loaded under a byte budget (Registry, RegistryStats), and the leases that pin them.
 using System;
 using System.Collections.Generic;
+using System.Buffers;
 using System.Runtime.InteropServices;
 
 namespace PeftC
@@ -115,9 +116,90 @@ namespace PeftC
         public Lease Acquire(string name)
         {
             byte[] n = Utf8.Required(name, "name");
+            RegistryHandle r = Handle;
             LeaseHandle h;
-            PeftException.Check(Native.peft_registry_acquire(Handle, n, out h));
+            PeftException.Check(Native.peft_registry_acquire(r, n, out h));
+            r.Pins.AddOwner();
+            h.Pins = r.Pins;
             return new Lease(h);
+        }
+
+        /// <summary>Gives the registry the host's F32 base weight of one layer, which DoRA layers need at
+        /// <see cref="Serving.LoraApply(string, IList{Lease}, int[], ReadOnlySpan{float}, long, long, Span{float}, long)"/>
+        /// (their weight norm ||W + scaling B A|| per output feature), and the layer's bias, or null for a layer without
+        /// one. <paramref name="shape"/> is [out, in] for Linear, [in, out] for GPT-2 Conv1D. For a DoRA layer the
+        /// <c>y</c> given to LoraApply is the base output with its bias. <paramref name="name"/> is the weight's name or
+        /// its layer's (the registry's translator applies); giving a layer again replaces its buffers.
+        /// <para>The library reads the arrays without copying them: they stay pinned until the registry and every lease
+        /// of it are released. Change their contents only while no apply runs, then call <see cref="BaseWeightsChanged"/>.</para></summary>
+        /// <exception cref="PeftException">ShapeMismatch for a shape that is not two-dimensional, a zero dimension or an
+        /// empty bias; UnresolvedKey when the translator does not resolve the name. Whether the shape fits the DoRA
+        /// layer is checked by LoraApply (ShapeMismatch).</exception>
+        public Registry SetBaseWeight(string name, float[] weight, long[] shape, float[] bias = null)
+        {
+            if (weight == null) throw new ArgumentNullException("weight");
+            if (bias != null && bias.Length == 0) throw new PeftException(ErrorCode.ShapeMismatch, "the bias of \"" + name + "\" has no elements");
+            return Pin(name, new Memory<float>(weight).Pin(), weight.Length * 4L, DType.F32, shape,
+                       bias == null ? default(MemoryHandle) : new Memory<float>(bias).Pin(), bias == null ? 0 : bias.Length * 4L, DType.F32);
+        }
+
+        /// <summary>Gives a base weight of <paramref name="dtype"/> (F32, BF16 or F16) as bytes, and optionally the
+        /// layer's bias of <paramref name="biasDtype"/> (whole elements). Both are pinned
+        /// (<see cref="Memory{T}.Pin"/>) until the registry and every lease of it are released; otherwise as the
+        /// <c>float[]</c> overload.</summary>
+        public Registry SetBaseWeight(string name, Memory<byte> weight, DType dtype, long[] shape, Memory<byte> bias = default(Memory<byte>),
+                                      DType biasDtype = DType.F32)
+        {
+            return Pin(name, weight.Pin(), weight.Length, dtype, shape, bias.IsEmpty ? default(MemoryHandle) : bias.Pin(), bias.Length, biasDtype);
+        }
+
+        /// <summary>Tells the registry that the contents of the base weights (or biases) it was given changed: every
+        /// DoRA layer's scale is computed again, from the buffers as they are then, at its next apply.</summary>
+        public void BaseWeightsChanged()
+        {
+            PeftException.Check(Native.peft_registry_base_weights_changed(Handle));
+        }
+
+        // Checks, hands C the pinned addresses, and keeps the pins once C holds them.
+        private unsafe Registry Pin(string name, MemoryHandle weight, long weightBytes, DType dtype, long[] shape, MemoryHandle bias,
+                                    long biasBytes, DType biasDtype)
+        {
+            try
+            {
+                byte[] n = Utf8.Required(name, "name");
+                if (shape == null) throw new ArgumentNullException("shape");
+                Serving.RequireFloatDType(dtype, "dtype");
+                var dims = new ulong[shape.Length];
+                long elements = 1;
+                for (int i = 0; i < shape.Length; i++)
+                {
+                    if (shape[i] < 0) throw new ArgumentOutOfRangeException("shape", "dimension " + i + " is negative");
+                    dims[i] = (ulong)shape[i];
+                    elements = checked(elements * shape[i]);
+                }
+                Serving.RequireBytes(weightBytes, Peft.ByteSize(dtype, elements), "weight", "[" + string.Join(", ", shape) + "]", dtype);
+                ulong biasElements = 0;
+                if (bias.Pointer != null)
+                {
+                    Serving.RequireFloatDType(biasDtype, "biasDtype");
+                    long elementBytes = Peft.ByteSize(biasDtype, 1);
+                    if (biasBytes % elementBytes != 0)
+                        throw new ArgumentException("bias has " + biasBytes + " bytes, not whole " + Peft.DTypeName(biasDtype) + " elements", "bias");
+                    biasElements = (ulong)(biasBytes / elementBytes);
+                }
+                RegistryHandle r = Handle;
+                PeftException.Check(Native.peft_registry_set_base_weight(r, n, weight.Pointer, (int)dtype, dims, (UIntPtr)dims.Length, bias.Pointer,
+                                                                         (int)biasDtype, biasElements));
+                r.Pins.Keep(weight);
+                r.Pins.Keep(bias);
+                return this;
+            }
+            catch
+            {
+                weight.Dispose();
+                bias.Dispose();
+                throw;
+            }
         }
 
         /// <summary>Evicts every loaded adapter that nothing pins.</summary>

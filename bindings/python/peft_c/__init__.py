@@ -28,6 +28,7 @@ from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKi
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
 from .export import (combine_adapters, export_adapter, export_adapter_gguf, export_adapter_gguf_split,
                      import_adapter_gguf)
+from .lowrank import LowRankModule, convert_initial, convert_to_lora, extract_lora
 from .doctor import adapter_doctor, adapter_doctor_fix
 from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
 from .hub import hub_cache_dir, hub_resolve
@@ -68,6 +69,7 @@ __all__ = [
     "AdapterTensor",
     "LAYER_KINDS",
     "LayerKind",
+    "LowRankModule",
     "MergeRecord",
     "MergeResult",
     "Translator",
@@ -98,11 +100,14 @@ __all__ = [
     "adapter_doctor_fix",
     "as_dtype",
     "combine_adapters",
+    "convert_initial",
+    "convert_to_lora",
     "convert",
     "dtype_bits",
     "export_adapter",
     "export_adapter_gguf",
     "export_adapter_gguf_split",
+    "extract_lora",
     "has_ml_dtypes",
     "hub_cache_dir",
     "hub_resolve",

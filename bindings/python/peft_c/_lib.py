@@ -280,6 +280,22 @@ PROTOTYPES = {
     "peft_merge_options_set_quant": (_err, [_handle, c_int32]),
     "peft_merge_options_set_report": (_err, [_handle, c_int32]),
     "peft_merge_result_report_json": (c_char_p, [_handle]),
+    "peft_lowrank_options_new": (_err, [POINTER(c_void_p)]),
+    "peft_lowrank_options_free": (None, [_handle]),
+    "peft_lowrank_options_set_rank": (_err, [_handle, ctypes.c_int64]),
+    "peft_lowrank_options_set_energy": (_err, [_handle, ctypes.c_double]),
+    "peft_lowrank_options_set_svd": (_err, [_handle, c_int32]),
+    "peft_lowrank_options_set_threads": (_err, [_handle, c_uint32]),
+    "peft_lowrank_options_set_dtype": (_err, [_handle, c_int32]),
+    "peft_lowrank_options_set_modules": (_err, [_handle, POINTER(c_char_p), c_size_t]),
+    "peft_lowrank_report_module_count": (c_size_t, [_handle]),
+    "peft_lowrank_report_module_name": (c_char_p, [_handle, c_size_t]),
+    "peft_lowrank_report_module_rank": (ctypes.c_int64, [_handle, c_size_t]),
+    "peft_lowrank_report_module_error": (ctypes.c_double, [_handle, c_size_t]),
+    "peft_lowrank_report_free": (None, [_handle]),
+    "peft_adapter_extract": (_err, [c_char_p, c_char_p, c_char_p, _handle, POINTER(c_void_p)]),
+    "peft_adapter_convert_to_lora": (_err, [_handle, c_char_p, _handle, POINTER(c_void_p)]),
+    "peft_adapter_convert_initial": (_err, [c_char_p, c_char_p, c_char_p, _handle]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

@@ -23,22 +23,6 @@ NOT_WRAPPED = {
     "peft_registry_names": "older alias of peft_registry_name_list; the binding calls the regular one",
     "peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls "
                                         "the regular one",
-    "peft_lowrank_options_new": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_options_free": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_options_set_rank": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_options_set_energy": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_options_set_svd": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_options_set_threads": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_options_set_dtype": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_options_set_modules": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_report_module_count": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_report_module_name": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_report_module_rank": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_report_module_error": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_lowrank_report_free": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_adapter_extract": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_adapter_convert_to_lora": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
-    "peft_adapter_convert_initial": "LoRA extraction / conversion to LoRA: not wrapped yet (C API and peftc only)",
     "peft_lowrank_options_set_base": "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)",
 }
 

@@ -11,6 +11,7 @@ use crate::callback::{progress_trampoline, CallbackState};
 use crate::dtype::DType;
 use crate::error::{check, Result};
 use crate::ffi::{borrowed_str, c_path, handle, new_handle};
+use crate::gguf::GgmlType;
 
 handle!(
     /// Options of a checkpoint merge: the adapters with their weights, the output dtype and layout,
@@ -90,6 +91,28 @@ impl MergeOptions {
         unsafe { check(sys::peft_merge_options_set_allow_nonfinite(self.ptr(), i32::from(allow)))? };
         Ok(self)
     }
+
+    /// The ggml type the merged tensors of a GGUF base are written in (F32, F16, BF16, Q8_0, Q4_K,
+    /// ...; every merged tensor of two or more dimensions, one-dimensional ones keep theirs). None,
+    /// the default, keeps each merged tensor's own type, a block-quantized one quantized again with
+    /// ggml's reference quantizer. Refused here: a number ggml does not define (`InvalidArgument`)
+    /// or a type without a quantizer (`Unsupported`). With [`set_dtype`](Self::set_dtype) also
+    /// set, the merge fails with `InvalidArgument`. Ignored for a safetensors base.
+    pub fn set_quant(&mut self, ggml_type: Option<GgmlType>) -> Result<&mut Self> {
+        let raw = ggml_type.map_or(sys::PEFT_DTYPE_KEEP, |t| t.0);
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_quant(self.ptr(), raw))? };
+        Ok(self)
+    }
+
+    /// Whether a merge into a GGUF base measures what storing each merged tensor costs
+    /// ([`MergeResult::store_report_json`]); one more quantization per merged tensor. Ignored for a
+    /// safetensors base.
+    pub fn set_report(&mut self, report: bool) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_report(self.ptr(), i32::from(report)))? };
+        Ok(self)
+    }
 }
 
 impl fmt::Debug for MergeOptions {
@@ -156,6 +179,16 @@ impl MergeResult {
     pub fn untied_embeddings(&self) -> bool {
         // SAFETY: a live handle.
         unsafe { sys::peft_merge_result_untied_embeddings(self.as_ptr()) != 0 }
+    }
+
+    /// The store report of a merge into a GGUF base with [`MergeOptions::set_report`]: a JSON array
+    /// with one object per merged tensor, in file order, `{"tensor": "blk.0.attn_q.weight",
+    /// "base_type": "Q4_K", "type": "Q4_K", "values": 4194304, "rms": ..., "max": ..., "base_rms":
+    /// ..., "base_max": ...}` (`rms`, `max`: the stored merge against the exact f32 merge;
+    /// `base_rms`, `base_max`: the base stored in `type` against the base). `[]` without a report.
+    pub fn store_report_json(&self) -> &str {
+        // SAFETY: a live handle; the string lives as long as self.
+        unsafe { borrowed_str(sys::peft_merge_result_report_json(self.as_ptr())) }.unwrap_or("[]")
     }
 
     /// Notes: decisions worth knowing (untied embeddings, added tensors).

@@ -8,8 +8,9 @@ use peft_c_sys as sys;
 
 use crate::adapter::AdapterOptions;
 use crate::dtype::DType;
-use crate::error::{check, Result};
+use crate::error::{check, Error, ErrorCode, Result};
 use crate::ffi::{borrowed_str, c_path, c_string, handle, new_handle, take_string_list};
+use crate::serve::BufferRef;
 use crate::translator::Translator;
 
 handle!(
@@ -179,6 +180,71 @@ impl Registry {
         // SAFETY: a live registry and a valid string; the call stores an owned lease or fails.
         let raw = unsafe { new_handle(|out| sys::peft_registry_acquire(self.ptr(), name.as_ptr(), out))? };
         Ok(Lease { raw })
+    }
+
+    /// Gives the registry the host's base weight of one layer, which [`lora_apply`](crate::lora_apply)
+    /// needs for DoRA layers (their weight norm ||W + scaling B A|| per output feature), and the
+    /// layer's bias (None for a layer without one). `weight` is laid out as the base model stores it,
+    /// `shape` [out, in] for Linear, [in, out] for GPT-2 Conv1D; `bias` holds the output features.
+    /// For a DoRA layer the `y` given to `lora_apply` is then the base output with its bias. `name` is
+    /// the weight's name or its layer's (the registry's translator applies); giving a layer again
+    /// replaces its buffers.
+    ///
+    /// Errors: `ShapeMismatch` for a shape that is not two-dimensional, a zero dimension or an empty
+    /// bias; `InvalidArgument` for a weight whose length is not the shape's; `UnresolvedKey` when the
+    /// translator does not resolve `name`. Whether the shape fits a DoRA layer is checked by
+    /// `lora_apply` (`ShapeMismatch`).
+    ///
+    /// # Safety
+    /// The library keeps the addresses of `weight` and `bias`, not copies: both must stay valid, and
+    /// hold the base weights without any adapter merged, until this registry and every [`Lease`] of
+    /// it are dropped (or the layer is given again). Their contents may change only while no
+    /// `lora_apply` with a lease of this registry runs, followed by
+    /// [`base_weights_changed`](Self::base_weights_changed).
+    pub unsafe fn set_base_weight(
+        &self,
+        name: &str,
+        weight: BufferRef<'_>,
+        shape: &[u64],
+        bias: Option<BufferRef<'_>>,
+    ) -> Result<()> {
+        let count = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+        if count != Some(weight.len() as u64) {
+            return Err(Error::invalid_argument(format!(
+                "the base weight of {name:?} holds {} elements; shape {shape:?} needs {}",
+                weight.len(),
+                count.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string())
+            )));
+        }
+        let name = c_string(name, "weight name")?;
+        let (bias_ptr, bias_dtype, bias_len) =
+            bias.as_ref().map_or((std::ptr::null(), 0, 0), |b| (b.as_ptr(), b.dtype().raw(), b.len() as u64));
+        if bias.as_ref().is_some_and(BufferRef::is_empty) {
+            return Err(Error::new(ErrorCode::ShapeMismatch, "the bias has no elements".to_string()));
+        }
+        // SAFETY: a live registry, a valid string, `shape.len()` dimensions (copied); the caller keeps
+        // the buffers valid as the library needs (see above).
+        unsafe {
+            check(sys::peft_registry_set_base_weight(
+                self.ptr(),
+                name.as_ptr(),
+                weight.as_ptr(),
+                weight.dtype().raw(),
+                shape.as_ptr(),
+                shape.len(),
+                bias_ptr,
+                bias_dtype,
+                bias_len,
+            ))
+        }
+    }
+
+    /// Tells the registry that the contents of the base weights (or biases) given with
+    /// [`set_base_weight`](Self::set_base_weight) changed: every DoRA layer's scale is computed
+    /// again, from the buffers as they are then, at its next `lora_apply`.
+    pub fn base_weights_changed(&self) -> Result<()> {
+        // SAFETY: a live registry.
+        unsafe { check(sys::peft_registry_base_weights_changed(self.ptr())) }
     }
 
     /// Evicts every loaded adapter that nothing pins.

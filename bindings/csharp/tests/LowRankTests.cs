@@ -1,0 +1,229 @@
+// The recent C API through the binding, compared with peftc (PEFTC, else the repository's build/peftc) byte for
+// byte: LoRA extraction and conversion (LowRank), a merge into a block-quantized GGUF base with an output type and
+// the store report (MergeOptions.SetQuant/SetReport), and DoRA in unmerged apply with the host's base weight
+// (Registry.SetBaseWeight/BaseWeightsChanged).
+using System;
+using System.Diagnostics;
+using System.IO;
+using System.Linq;
+
+namespace PeftC.Tests
+{
+    public class LowRankTests
+    {
+        private static readonly string[] AdapterFiles = { "adapter_model.safetensors", "adapter_config.json" };
+
+        // Runs peftc; a test without one is skipped (bindings/csharp/test.sh always has it).
+        internal static void Peftc(params string[] args)
+        {
+            string bin = Environment.GetEnvironmentVariable("PEFTC");
+            if (string.IsNullOrEmpty(bin)) bin = Path.Combine(Directory.GetCurrentDirectory(), "build", "peftc");
+            if (!File.Exists(bin)) throw new SkipException("no peftc at " + bin + " (set PEFTC)");
+            var info = new ProcessStartInfo(bin, string.Join(" ", args.Select(a => "\"" + a + "\"")))
+            {
+                UseShellExecute = false, RedirectStandardOutput = true, RedirectStandardError = true,
+            };
+            using (Process p = Process.Start(info))
+            {
+                p.StandardOutput.ReadToEnd();
+                string err = p.StandardError.ReadToEnd();
+                p.WaitForExit();
+                Assert.Equal(0, p.ExitCode, "peftc " + string.Join(" ", args) + ": " + err);
+            }
+        }
+
+        private static void SameFiles(string a, string b, params string[] names)
+        {
+            foreach (string name in names)
+            {
+                byte[] x = File.ReadAllBytes(Path.Combine(a, name)), y = File.ReadAllBytes(Path.Combine(b, name));
+                Assert.True(x.Length > 0 && x.SequenceEqual(y), name + " is the same in " + a + " and " + b);
+            }
+        }
+
+        [Test]
+        public void ExtractionAndConversionWriteWhatPeftcWrites()
+        {
+            using (var tmp = new TempDir())
+            using (var merge = new MergeOptions())
+            using (var rank2 = new LowRankOptions())
+            using (var energy = new LowRankOptions())
+            using (var lora = Adapter.Open(Fixtures.AdapterDir("llama_lora")))
+            using (var dora = Adapter.Open(Fixtures.AdapterDir("llama_dora")))
+            {
+                string baseDir = Fixtures.Model("llama"), loraDir = Fixtures.AdapterDir("llama_lora"), tuned = tmp["tuned"];
+                Merge.Checkpoint(baseDir, tuned, merge.AddAdapterDir(loraDir));
+
+                rank2.SetRank(2).SetThreads(2).SetModules("q_proj", "v_proj");
+                LowRankModule[] report = LowRank.Extract(baseDir, tuned, tmp["extracted"], rank2);
+                Assert.True(report.Length > 0, "modules extracted");
+                foreach (LowRankModule m in report)
+                {
+                    Assert.Equal(2L, m.Rank, m.Name);
+                    Assert.True(m.Error >= 0 && m.Error < 1, m.ToString());
+                    Assert.True(m.Name.EndsWith(".q_proj") || m.Name.EndsWith(".v_proj"), m.Name);
+                }
+                Peftc("adapter", "extract", "--base", baseDir, "--tuned", tuned, "--out", tmp["extracted-peftc"], "--rank", "2",
+                      "--threads", "2", "--modules", "q_proj,v_proj");
+                SameFiles(tmp["extracted"], tmp["extracted-peftc"], AdapterFiles);
+
+                energy.SetEnergy(0.9).SetDType(DType.BF16).SetSvd(SvdMethod.Randomized);
+                Assert.True(LowRank.Extract(baseDir, tuned, tmp["energy"], energy).All(m => m.Rank >= 1), "energy ranks");
+                Peftc("adapter", "extract", "--base", baseDir, "--tuned", tuned, "--out", tmp["energy-peftc"], "--energy", "0.9",
+                      "--dtype", "bf16", "--svd", "randomized");
+                SameFiles(tmp["energy"], tmp["energy-peftc"], AdapterFiles);
+
+                rank2.SetModules(); // the default again; not used by the conversion anyway
+                LowRankModule[] converted = LowRank.ConvertToLora(lora, tmp["r2"], rank2);
+                Assert.Equal(lora.ModuleCount, converted.Length, "modules converted");
+                Assert.True(converted.All(m => m.Rank == 2), "rank 2");
+                Peftc("adapter", "convert", loraDir, tmp["r2-peftc"], "--to", "lora", "--rank", "2");
+                SameFiles(tmp["r2"], tmp["r2-peftc"], AdapterFiles);
+
+                LowRank.ConvertInitial(loraDir, loraDir, tmp["doubled"]);
+                Peftc("adapter", "convert", loraDir, tmp["doubled-peftc"], "--to", "lora", "--initial", loraDir);
+                SameFiles(tmp["doubled"], tmp["doubled-peftc"], AdapterFiles);
+                using (var doubled = Adapter.Open(tmp["doubled"]))
+                    Assert.Equal(lora.ModuleCount, doubled.ModuleCount, "modules after the initial conversion");
+
+                using (var none = new LowRankOptions())
+                {
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => LowRank.ConvertToLora(lora, tmp["none"], none), "no rank");
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => none.SetEnergy(1.5), "energy 1.5");
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => none.SetRank(0), "rank 0");
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => none.SetModules(""), "an empty module name");
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => none.SetSvd((SvdMethod)7), "svd 7");
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => none.SetRank(100000).SetDType(DType.F64), "F64 factors");
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => LowRank.ConvertToLora(lora, tmp["big"], none), "rank too big");
+                }
+                Assert.ThrowsPeft(ErrorCode.Unsupported, () => LowRank.ConvertToLora(dora, tmp["dora"], rank2), "DoRA");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => LowRank.Extract(baseDir, baseDir, tmp["same"], rank2), "nothing changed");
+                Assert.ThrowsPeft(ErrorCode.Unsupported, () => LowRank.ConvertInitial(loraDir, Fixtures.AdapterDir("llama_dora"), tmp["mixed"]),
+                                  "LoRA against DoRA");
+                Assert.ThrowsPeft(ErrorCode.Io, () => LowRank.ConvertInitial(loraDir, tmp.Path, tmp["z"]), "no adapter");
+                lora.Dispose();
+                Assert.Throws<ObjectDisposedException>(() => LowRank.ConvertToLora(lora, tmp["closed"], rank2), "disposed adapter");
+            }
+        }
+
+        [Test]
+        public void QuantizedGgufMergeWithOutputTypeAndStoreReport()
+        {
+            string baseFile = Fixtures.Path_("gguf", "bindings_q8_0.gguf"), adapter = Fixtures.Path_("gguf", "bindings_q8_0_lora");
+            using (var tmp = new TempDir())
+            {
+                foreach (string quant in new[] { "Q4_0", "Q8_0", "F16" })
+                {
+                    string out_ = tmp[quant + ".gguf"];
+                    MergeResult result;
+                    using (var options = new MergeOptions())
+                        result = Merge.Checkpoint(baseFile, out_, options.AddAdapterDir(adapter).SetQuant(Ggml.ParseType(quant)).SetReport(true));
+                    Assert.Equal(1L, result.Merged, quant + " merged");
+                    Assert.Equal(1, result.StoreReport.Length, quant + " report entries");
+                    StoreReportEntry e = result.StoreReport[0];
+                    Assert.Equal("blk.0.ffn_down.weight", e.Tensor, "tensor");
+                    Assert.Equal("Q8_0", e.BaseType, "base type");
+                    Assert.Equal(quant, e.Type, "type");
+                    Assert.Equal(512L, e.Values, "values");
+                    Assert.True(e.Rms > 0 && e.Rms <= e.Max && e.BaseRms >= 0 && e.BaseRms <= e.BaseMax, e.ToString());
+                    Assert.True(result.StoreReportJson.StartsWith("[") && result.StoreReportJson.Contains("\"base_rms\""), "the JSON");
+                    using (var ckpt = Checkpoint.Open(out_))
+                        Assert.Equal<int?>(Ggml.ParseType(quant), ckpt.Info("blk.0.ffn_down.weight").GgmlType, "stored type");
+                    Peftc("merge", "--base", baseFile, "--adapter", adapter, "--out", tmp["peftc-" + quant + ".gguf"], "--quant", quant, "--report");
+                    Assert.True(File.ReadAllBytes(out_).SequenceEqual(File.ReadAllBytes(tmp["peftc-" + quant + ".gguf"])),
+                                quant + ": the same file as peftc merge --quant");
+                }
+                using (var options = new MergeOptions())
+                {
+                    MergeResult plain = Merge.Checkpoint(baseFile, tmp["kept.gguf"], options.AddAdapterDir(adapter));
+                    Assert.Equal(0, plain.StoreReport.Length, "no report unless asked");
+                    Assert.Equal("[]", plain.StoreReportJson, "no report unless asked");
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetQuant(999), "type 999");
+                    Assert.ThrowsPeft(ErrorCode.Unsupported, () => options.SetQuant(Ggml.ParseType("IQ2_XS")), "IQ2_XS");
+                    options.SetQuant(Ggml.ParseType("Q8_0")).SetDType(DType.F16);
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => Merge.Checkpoint(baseFile, tmp["x.gguf"], options), "quant and dtype");
+                    Assert.False(File.Exists(tmp["x.gguf"]), "nothing written");
+                }
+            }
+        }
+
+        // x [rows, n] times w [n, n] transposed, in double.
+        private static double[] MatMulT(float[] x, float[] w, int n)
+        {
+            var y = new double[x.Length];
+            for (int i = 0; i < x.Length / n; i++)
+                for (int o = 0; o < n; o++)
+                {
+                    double s = 0;
+                    for (int k = 0; k < n; k++) s += (double)x[i * n + k] * w[o * n + k];
+                    y[i * n + o] = s;
+                }
+            return y;
+        }
+
+        private static float[] Single(double[] v) { return v.Select(d => (float)d).ToArray(); }
+
+        [Test]
+        public void DoraApplyWithTheBaseWeightGivesTheMergedWeight()
+        {
+            const string module = "model.layers.0.self_attn.q_proj";
+            const int n = 16, rows = 4;
+            string doraDir = Fixtures.AdapterDir("llama_dora");
+            using (var tmp = new TempDir())
+            using (var merge = new MergeOptions())
+            {
+                Merge.Checkpoint(Fixtures.Model("llama"), tmp["merged"], merge.AddAdapterDir(doraDir));
+                float[] w, merged;
+                using (var b = Checkpoint.Open(Fixtures.Model("llama"))) w = b.ReadSingle(module + ".weight");
+                using (var m = Checkpoint.Open(tmp["merged"])) merged = m.ReadSingle(module + ".weight");
+                float[] x = Enumerable.Range(0, rows * n).Select(i => ((i * 37 % 23) - 11f) / 7f).ToArray();
+                float[] y0 = Single(MatMulT(x, w, n));
+                double[] want = MatMulT(x, merged, n);
+
+                using (var registry = new Registry(DType.F32, 1 << 20))
+                using (var other = new Registry(DType.F32, 1 << 20))
+                {
+                    registry.Register("dora", doraDir);
+                    other.Register("dora", doraDir);
+                    using (Lease lease = registry.Acquire("dora"))
+                    {
+                        Func<Lease, float[], float[]> apply = (l, start) =>
+                        {
+                            float[] y = (float[])start.Clone();
+                            Serving.LoraApply(module, l, x, rows, n, y, n);
+                            return y;
+                        };
+                        Assert.ThrowsPeft(ErrorCode.NotFound, () => apply(lease, y0), "no base weight yet");
+                        registry.SetBaseWeight(module, w, new long[] { n, n });
+                        float[] got = apply(lease, y0);
+                        for (int i = 0; i < got.Length; i++)
+                            Assert.True(Math.Abs(got[i] - want[i]) <= 1e-5 * (1 + Math.Abs(want[i])),
+                                        "element " + i + ": " + got[i] + ", x W_merged^T = " + want[i]);
+
+                        // The host doubles its weight in place; the kept scale stays until BaseWeightsChanged.
+                        for (int i = 0; i < w.Length; i++) w[i] *= 2;
+                        float[] y2 = Single(MatMulT(x, w, n));
+                        float[] stale = apply(lease, y2);
+                        registry.BaseWeightsChanged();
+                        float[] fresh = apply(lease, y2);
+                        Assert.False(stale.SequenceEqual(fresh), "BaseWeightsChanged changes the DoRA output");
+                        other.SetBaseWeight(module + ".weight", (float[])w.Clone(), new long[] { n, n }, new float[n]);
+                        using (Lease otherLease = other.Acquire("dora"))
+                            Assert.SequenceEqual(fresh, apply(otherLease, y2), "the same as a registry given the new weight (zero bias)");
+
+                        Assert.ThrowsPeft(ErrorCode.ShapeMismatch, () => registry.SetBaseWeight(module, w, new long[] { 2, 8, 16 }), "3-D");
+                        Assert.ThrowsPeft(ErrorCode.ShapeMismatch, () => registry.SetBaseWeight(module, w, new long[] { n, n }, new float[0]), "empty bias");
+                        Assert.Throws<ArgumentException>(() => registry.SetBaseWeight(module, w, new long[] { 8, 8 }), "length not the shape's");
+                        Assert.Throws<ArgumentException>(() => registry.SetBaseWeight("a\0b", w, new long[] { n, n }), "NUL in the name");
+                        Assert.ThrowsPeft(ErrorCode.Unsupported, () => registry.SetBaseWeight(module, new byte[n * n * 8], DType.F64, new long[] { n, n }), "F64");
+                        // A shape that does not fit the DoRA layer is refused by the apply.
+                        registry.SetBaseWeight(module, new float[8 * n], new long[] { 8, n });
+                        Assert.ThrowsPeft(ErrorCode.ShapeMismatch, () => apply(lease, y2), "8 x 16 for a 16 x 16 layer");
+                    }
+                    registry.Dispose();
+                    Assert.Throws<ObjectDisposedException>(() => registry.BaseWeightsChanged(), "disposed registry");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+package peft_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	peft "github.com/peft-c/peft_c/bindings/go"
+)
+
+// peftc runs the command-line tool (PEFTC, else the repository's build/peftc), the reference the
+// binding's output files are compared with byte for byte.
+func peftc(t *testing.T, args ...string) {
+	t.Helper()
+	bin := os.Getenv("PEFTC")
+	if bin == "" {
+		bin = filepath.Join("..", "..", "build", "peftc")
+		if _, err := os.Stat(bin); err != nil {
+			t.Skipf("no peftc to compare with (set PEFTC): %v", err)
+		}
+	}
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("peftc %v: %v\n%s", args, err, out)
+	}
+}
+
+// sameFiles fails unless every named file of dir a is byte-identical to the one in dir b.
+func sameFiles(t *testing.T, a, b string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		x, err := os.ReadFile(filepath.Join(a, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		y, err := os.ReadFile(filepath.Join(b, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(x, y) {
+			t.Fatalf("%s differs between %s and %s", name, a, b)
+		}
+	}
+}
+
+var adapterFiles = []string{"adapter_model.safetensors", "adapter_config.json"}
+
+// Extraction from a base and a "fine-tuned" model (the base with llama_lora merged), conversion of
+// llama_lora to rank 2, and the initial-adapter conversion: the same files as peftc writes.
+func TestLowRank(t *testing.T) {
+	dir := t.TempDir()
+	base := fixture("models", "llama")
+	tuned := filepath.Join(dir, "tuned")
+	if _, err := peft.MergeCheckpoint(context.Background(), base, tuned,
+		peft.WithAdapterDir(fixture("adapters", "llama_lora"), 1)); err != nil {
+		t.Fatal(err)
+	}
+	gcPoint()
+	out := filepath.Join(dir, "extracted")
+	report, err := peft.Extract(base, tuned, out, peft.WithRank(2), peft.WithLowRankThreads(2),
+		peft.WithModules("q_proj", "v_proj"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(report) == 0 {
+		t.Fatal("Extract reported no module")
+	}
+	for _, m := range report {
+		if m.Rank != 2 || m.Error < 0 || m.Error >= 1 || filepath.Ext(m.Name) != ".q_proj" && filepath.Ext(m.Name) != ".v_proj" {
+			t.Fatalf("module %+v", m)
+		}
+	}
+	peftc(t, "adapter", "extract", "--base", base, "--tuned", tuned, "--out", filepath.Join(dir, "extracted-peftc"),
+		"--rank", "2", "--threads", "2", "--modules", "q_proj,v_proj")
+	sameFiles(t, out, filepath.Join(dir, "extracted-peftc"), adapterFiles...)
+	gcPoint()
+
+	// The energy fraction picks a rank per module; BF16 factors.
+	energy, err := peft.Extract(base, tuned, filepath.Join(dir, "energy"), peft.WithEnergy(0.9),
+		peft.WithLowRankDType(peft.BF16), peft.WithSVD(peft.SVDRandomized))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, "adapter", "extract", "--base", base, "--tuned", tuned, "--out", filepath.Join(dir, "energy-peftc"),
+		"--energy", "0.9", "--dtype", "bf16", "--svd", "randomized")
+	sameFiles(t, filepath.Join(dir, "energy"), filepath.Join(dir, "energy-peftc"), adapterFiles...)
+	for _, m := range energy {
+		if m.Rank < 1 {
+			t.Fatalf("module %+v", m)
+		}
+	}
+
+	// Conversion of an adapter to another rank.
+	lora := mustAdapter(t, fixture("adapters", "llama_lora"))
+	converted, err := lora.ConvertToLoRA(filepath.Join(dir, "r2"), peft.WithRank(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(converted) != lora.ModuleCount() {
+		t.Fatalf("%d modules converted of %d", len(converted), lora.ModuleCount())
+	}
+	peftc(t, "adapter", "convert", fixture("adapters", "llama_lora"), filepath.Join(dir, "r2-peftc"), "--to", "lora",
+		"--rank", "2")
+	sameFiles(t, filepath.Join(dir, "r2"), filepath.Join(dir, "r2-peftc"), adapterFiles...)
+
+	// The initial-adapter conversion doubles the rank, exactly.
+	loraDir := fixture("adapters", "llama_lora")
+	if err := peft.ConvertInitial(loraDir, loraDir, filepath.Join(dir, "doubled")); err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, "adapter", "convert", loraDir, filepath.Join(dir, "doubled-peftc"), "--to", "lora", "--initial", loraDir)
+	sameFiles(t, filepath.Join(dir, "doubled"), filepath.Join(dir, "doubled-peftc"), adapterFiles...)
+	doubled := mustAdapter(t, filepath.Join(dir, "doubled"))
+	if doubled.ModuleCount() != lora.ModuleCount() {
+		t.Fatalf("%d modules after the initial conversion, %d before", doubled.ModuleCount(), lora.ModuleCount())
+	}
+
+	// Errors, with the library's codes.
+	_, err = lora.ConvertToLoRA(filepath.Join(dir, "none"))
+	wantCode(t, err, peft.CodeInvalidArgument) // neither a rank nor an energy
+	_, err = lora.ConvertToLoRA(filepath.Join(dir, "big"), peft.WithRank(100000))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = mustAdapter(t, fixture("adapters", "llama_dora")).ConvertToLoRA(filepath.Join(dir, "dora"), peft.WithRank(2))
+	wantCode(t, err, peft.CodeUnsupported)
+	_, err = peft.Extract(base, base, filepath.Join(dir, "same"), peft.WithRank(2))
+	wantCode(t, err, peft.CodeInvalidArgument) // no weight changed
+	_, err = peft.Extract(base, tuned, filepath.Join(dir, "x"), peft.WithEnergy(1.5))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.Extract(base, tuned, filepath.Join(dir, "x"), peft.WithRank(2), peft.WithModules(""))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.Extract(base, tuned, filepath.Join(dir, "x"), peft.WithRank(2), peft.WithSVD(7))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	if !errors.Is(peft.ConvertInitial(loraDir, fixture("adapters", "llama_dora"), filepath.Join(dir, "mixed")), peft.ErrUnsupported) {
+		t.Fatal("the initial conversion of a LoRA against a DoRA adapter is not ErrUnsupported")
+	}
+	wantCode(t, peft.ConvertInitial(loraDir, "a\x00b", filepath.Join(dir, "x")), peft.CodeInvalidArgument)
+	lora.Close()
+	_, err = lora.ConvertToLoRA(filepath.Join(dir, "closed"), peft.WithRank(2))
+	if !errors.Is(err, peft.ErrClosed) {
+		t.Fatalf("ConvertToLoRA on a closed adapter: %v", err)
+	}
+}
+
+// A merge into the Q8_0 GGUF fixture with WithQuant and WithStoreReport: the file peftc merge --quant
+// writes, and the report's figures.
+func TestMergeQuantizedGGUF(t *testing.T) {
+	dir := t.TempDir()
+	base, adapter := fixture("gguf", "bindings_q8_0.gguf"), fixture("gguf", "bindings_q8_0_lora")
+	for _, quant := range []string{"Q4_0", "Q8_0", "F16"} {
+		typ, err := peft.ParseGGMLType(quant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, quant+".gguf")
+		res, err := peft.MergeCheckpoint(context.Background(), base, out, peft.WithAdapterDir(adapter, 1),
+			peft.WithQuant(typ), peft.WithStoreReport(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Merged != 1 || len(res.StoreReport) != 1 {
+			t.Fatalf("%s: %+v", quant, res)
+		}
+		e := res.StoreReport[0]
+		if e.Tensor != "blk.0.ffn_down.weight" || e.BaseType != "Q8_0" || e.Type != quant || e.Values != 512 ||
+			!(e.RMS > 0 && e.RMS <= e.Max) || !(e.BaseRMS >= 0 && e.BaseRMS <= e.BaseMax) {
+			t.Fatalf("%s: report %+v", quant, e)
+		}
+		peftc(t, "merge", "--base", base, "--adapter", adapter, "--out", filepath.Join(dir, "peftc-"+quant+".gguf"),
+			"--quant", quant, "--report")
+		a, _ := os.ReadFile(out)
+		b, _ := os.ReadFile(filepath.Join(dir, "peftc-"+quant+".gguf"))
+		if len(a) == 0 || !bytes.Equal(a, b) {
+			t.Fatalf("%s: the merged file differs from peftc merge --quant's", quant)
+		}
+		ckpt := mustOpen(t, out)
+		info, err := ckpt.TensorByName("blk.0.ffn_down.weight")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.GGMLType != typ {
+			t.Fatalf("%s: the merged tensor is %v", quant, info.GGMLType)
+		}
+	}
+	// No report unless asked; the base's type kept by default.
+	res, err := peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "kept.gguf"), peft.WithAdapterDir(adapter, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StoreReport == nil || len(res.StoreReport) != 0 {
+		t.Fatalf("a report without WithStoreReport: %+v", res.StoreReport)
+	}
+	iq2, _ := peft.ParseGGMLType("IQ2_XS")
+	_, err = peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "x.gguf"), peft.WithAdapterDir(adapter, 1), peft.WithQuant(iq2))
+	wantCode(t, err, peft.CodeUnsupported)
+	_, err = peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "x.gguf"), peft.WithAdapterDir(adapter, 1),
+		peft.WithQuant(8), peft.WithMergeDType(peft.F16))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "x.gguf"), peft.WithAdapterDir(adapter, 1), peft.WithQuant(999))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	if _, err := os.Stat(filepath.Join(dir, "x.gguf")); err == nil {
+		t.Fatal("a refused merge wrote its output")
+	}
+}

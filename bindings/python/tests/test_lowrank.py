@@ -1,0 +1,101 @@
+"""LoRA extraction and conversion to plain LoRA through the binding (``extract_lora``, ``convert_to_lora``,
+``convert_initial``): the files equal those ``peftc adapter extract`` / ``adapter convert`` write from the
+same inputs, the reports hold each module's rank and error, and errors carry the library's codes.
+Numerics against numpy and PEFT are in tests/interop/test_lora_extract.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+import peft_c
+from peft_c_test_support import FIXTURES, HEADER, REPO
+
+ADAPTERS = FIXTURES / "adapters"
+BASE = FIXTURES / "models" / "llama"
+FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+def peftc(*args):
+    binary = os.environ.get("PEFTC") or str(REPO / "build" / "peftc")
+    if not os.path.exists(binary):
+        pytest.skip(f"no peftc at {binary} to compare with (set PEFTC)")
+    result = subprocess.run([binary, *map(str, args)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def same_files(a, b):
+    for name in FILES:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """The base with llama_lora merged: a "fine-tuned" model whose q_proj and v_proj changed."""
+    out = tmp_path_factory.mktemp("tuned") / "tuned"
+    peft_c.merge_checkpoint(BASE, out, [ADAPTERS / "llama_lora"])
+    return out
+
+
+def test_svd_constants_mirror_the_header():
+    found = dict(re.findall(r"^#define\s+PEFT_SVD_([A-Z]+)\s+(\d+)", HEADER.read_text(), re.M))
+    assert {k.lower(): int(v) for k, v in found.items()} == peft_c.lowrank.SVD_METHODS
+
+
+def test_extract(tmp_path, tuned):
+    report = peft_c.extract_lora(BASE, tuned, tmp_path / "out", rank=2, threads=2, modules=["q_proj", "v_proj"])
+    assert report and all(m.rank == 2 and 0 <= m.error < 1 for m in report)
+    assert all(m.name.endswith((".q_proj", ".v_proj")) for m in report)
+    peftc("adapter", "extract", "--base", BASE, "--tuned", tuned, "--out", tmp_path / "ref", "--rank", 2,
+          "--threads", 2, "--modules", "q_proj,v_proj")
+    same_files(tmp_path / "out", tmp_path / "ref")
+
+    energy = peft_c.extract_lora(BASE, tuned, tmp_path / "energy", energy=0.9, dtype="BF16", svd="randomized")
+    assert energy and all(m.rank >= 1 for m in energy)
+    peftc("adapter", "extract", "--base", BASE, "--tuned", tuned, "--out", tmp_path / "energy-ref", "--energy", 0.9,
+          "--dtype", "bf16", "--svd", "randomized")
+    same_files(tmp_path / "energy", tmp_path / "energy-ref")
+
+
+def test_convert(tmp_path):
+    with peft_c.Adapter.open(ADAPTERS / "llama_lora") as lora:
+        report = peft_c.convert_to_lora(lora, tmp_path / "r2", rank=2)
+        assert len(report) == len(lora.modules) and all(m.rank == 2 for m in report)
+    peftc("adapter", "convert", ADAPTERS / "llama_lora", tmp_path / "r2-ref", "--to", "lora", "--rank", 2)
+    same_files(tmp_path / "r2", tmp_path / "r2-ref")
+
+    peft_c.convert_initial(ADAPTERS / "llama_lora", ADAPTERS / "llama_lora", tmp_path / "doubled")
+    peftc("adapter", "convert", ADAPTERS / "llama_lora", tmp_path / "doubled-ref", "--to", "lora", "--initial",
+          ADAPTERS / "llama_lora")
+    same_files(tmp_path / "doubled", tmp_path / "doubled-ref")
+
+
+def test_errors(tmp_path, tuned):
+    with peft_c.Adapter.open(ADAPTERS / "llama_lora") as lora:
+        with pytest.raises(peft_c.InvalidArgumentError) as info:
+            peft_c.convert_to_lora(lora, tmp_path / "big", rank=100000)
+        assert info.value.code == peft_c.ErrorCode.INVALID_ARGUMENT
+        with pytest.raises(ValueError):
+            peft_c.convert_to_lora(lora, tmp_path / "none")  # neither rank nor energy
+        with pytest.raises(ValueError):
+            peft_c.convert_to_lora(lora, tmp_path / "both", rank=2, energy=0.5)
+        with pytest.raises(ValueError):
+            peft_c.convert_to_lora(lora, tmp_path / "svd", rank=2, svd="fast")
+    with peft_c.Adapter.open(ADAPTERS / "llama_dora") as dora, pytest.raises(peft_c.UnsupportedError):
+        peft_c.convert_to_lora(dora, tmp_path / "dora", rank=2)
+    with pytest.raises(peft_c.InvalidArgumentError):
+        peft_c.extract_lora(BASE, BASE, tmp_path / "same", rank=2)  # no weight changed
+    with pytest.raises(peft_c.InvalidArgumentError):
+        peft_c.extract_lora(BASE, tuned, tmp_path / "x", energy=1.5)
+    with pytest.raises(peft_c.InvalidArgumentError):
+        peft_c.extract_lora(BASE, tuned, tmp_path / "x", rank=2, modules=[""])
+    with pytest.raises(TypeError):
+        peft_c.extract_lora(BASE, tuned, tmp_path / "x", rank=2, modules="q_proj")
+    with pytest.raises(peft_c.UnsupportedError):
+        peft_c.convert_initial(ADAPTERS / "llama_lora", ADAPTERS / "llama_dora", tmp_path / "mixed")
+    with pytest.raises(peft_c.IoError):
+        peft_c.convert_initial(ADAPTERS / "llama_lora", tmp_path, tmp_path / "z")
+    assert not (tmp_path / "x").exists()

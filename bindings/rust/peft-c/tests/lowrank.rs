@@ -1,0 +1,284 @@
+//! The recent C API through the safe crate, compared with `peftc` (PEFTC, else the repository's
+//! build/peftc) byte for byte: LoRA extraction and conversion ([`extract_lora`], [`convert_to_lora`],
+//! [`convert_initial`]), a merge into a block-quantized GGUF base with an output type and the store
+//! report, and DoRA in unmerged apply with the host's base weight ([`Registry::set_base_weight`]).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{expect_code, fixture, TempDir};
+use peft_c::{
+    convert_initial, convert_to_lora, extract_lora, lora_apply, merge_checkpoint, Adapter, Buffer, BufferRef,
+    Checkpoint, DType, ErrorCode, GgmlType, LowRankOptions, MergeOptions, Registry, SvdMethod,
+};
+use serde_json::Value;
+
+/// Runs peftc, or returns false (the comparison is skipped) when there is none.
+fn peftc(args: &[&dyn AsRef<std::ffi::OsStr>]) -> bool {
+    let bin = std::env::var_os("PEFTC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../build/peftc"));
+    if !bin.exists() {
+        eprintln!("no peftc at {} (set PEFTC): comparison skipped", bin.display());
+        return false;
+    }
+    let out = Command::new(&bin).args(args.iter().map(|a| a.as_ref())).output().unwrap();
+    assert!(out.status.success(), "peftc failed: {}", String::from_utf8_lossy(&out.stderr));
+    true
+}
+
+fn assert_same_files(a: &Path, b: &Path, names: &[&str]) {
+    for name in names {
+        let (x, y) = (std::fs::read(a.join(name)).unwrap(), std::fs::read(b.join(name)).unwrap());
+        assert!(!x.is_empty() && x == y, "{name} differs between {} and {}", a.display(), b.display());
+    }
+}
+
+const ADAPTER_FILES: [&str; 2] = ["adapter_model.safetensors", "adapter_config.json"];
+
+fn rank_options(rank: i64) -> LowRankOptions {
+    let mut o = LowRankOptions::new().unwrap();
+    o.set_rank(rank).unwrap();
+    o
+}
+
+#[test]
+fn extraction_and_conversion_write_what_peftc_writes() {
+    let dir = TempDir::new("lowrank");
+    let base = fixture(&["models", "llama"]);
+    let lora_dir = fixture(&["adapters", "llama_lora"]);
+    let tuned = dir.join("tuned");
+    let mut merge = MergeOptions::new().unwrap();
+    merge.add_adapter_dir(&lora_dir, 1.0).unwrap();
+    merge_checkpoint(&base, &tuned, &merge).unwrap();
+
+    let mut opts = rank_options(2);
+    opts.set_threads(2).unwrap().set_modules(&["q_proj", "v_proj"]).unwrap();
+    let report = extract_lora(&base, &tuned, dir.join("extracted"), &opts).unwrap();
+    assert!(!report.is_empty());
+    for m in &report {
+        assert!(m.rank == 2 && (0.0..1.0).contains(&m.error), "{m:?}");
+        assert!(m.name.ends_with(".q_proj") || m.name.ends_with(".v_proj"), "{m:?}");
+    }
+    let reference = dir.join("extracted-peftc");
+    let (b, t) = (base.as_os_str(), tuned.as_os_str());
+    let r = reference.as_os_str();
+    if peftc(&[
+        &"adapter",
+        &"extract",
+        &"--base",
+        &b,
+        &"--tuned",
+        &t,
+        &"--out",
+        &r,
+        &"--rank",
+        &"2",
+        &"--threads",
+        &"2",
+        &"--modules",
+        &"q_proj,v_proj",
+    ]) {
+        assert_same_files(&dir.join("extracted"), &reference, &ADAPTER_FILES);
+    }
+
+    let mut energy = LowRankOptions::new().unwrap();
+    energy.set_energy(0.9).unwrap().set_dtype(Some(DType::BF16)).unwrap().set_svd(SvdMethod::Randomized).unwrap();
+    let report = extract_lora(&base, &tuned, dir.join("energy"), &energy).unwrap();
+    assert!(report.iter().all(|m| m.rank >= 1), "{report:?}");
+    let reference = dir.join("energy-peftc");
+    let r = reference.as_os_str();
+    if peftc(&[
+        &"adapter",
+        &"extract",
+        &"--base",
+        &b,
+        &"--tuned",
+        &t,
+        &"--out",
+        &r,
+        &"--energy",
+        &"0.9",
+        &"--dtype",
+        &"bf16",
+        &"--svd",
+        &"randomized",
+    ]) {
+        assert_same_files(&dir.join("energy"), &reference, &ADAPTER_FILES);
+    }
+
+    let lora = Adapter::open(&lora_dir).unwrap();
+    let report = convert_to_lora(&lora, dir.join("r2"), &rank_options(2)).unwrap();
+    assert_eq!(report.len(), lora.module_count());
+    assert!(report.iter().all(|m| m.rank == 2), "{report:?}");
+    let reference = dir.join("r2-peftc");
+    let (l, r) = (lora_dir.as_os_str(), reference.as_os_str());
+    if peftc(&[&"adapter", &"convert", &l, &r, &"--to", &"lora", &"--rank", &"2"]) {
+        assert_same_files(&dir.join("r2"), &reference, &ADAPTER_FILES);
+    }
+
+    convert_initial(&lora_dir, &lora_dir, dir.join("doubled"), None).unwrap();
+    let doubled = Adapter::open(dir.join("doubled")).unwrap();
+    assert_eq!(doubled.module_count(), lora.module_count());
+    let reference = dir.join("doubled-peftc");
+    let r = reference.as_os_str();
+    if peftc(&[&"adapter", &"convert", &l, &r, &"--to", &"lora", &"--initial", &l]) {
+        assert_same_files(&dir.join("doubled"), &reference, &ADAPTER_FILES);
+    }
+
+    // Errors with the library's codes.
+    expect_code(convert_to_lora(&lora, dir.join("none"), &LowRankOptions::new().unwrap()), ErrorCode::InvalidArgument);
+    expect_code(convert_to_lora(&lora, dir.join("big"), &rank_options(100_000)), ErrorCode::InvalidArgument);
+    let dora = Adapter::open(fixture(&["adapters", "llama_dora"])).unwrap();
+    expect_code(convert_to_lora(&dora, dir.join("dora"), &rank_options(2)), ErrorCode::Unsupported);
+    expect_code(extract_lora(&base, &base, dir.join("same"), &rank_options(2)), ErrorCode::InvalidArgument);
+    expect_code(LowRankOptions::new().unwrap().set_energy(1.5).map(|_| ()), ErrorCode::InvalidArgument);
+    expect_code(LowRankOptions::new().unwrap().set_rank(0).map(|_| ()), ErrorCode::InvalidArgument);
+    expect_code(LowRankOptions::new().unwrap().set_modules(&[""]).map(|_| ()), ErrorCode::InvalidArgument);
+    expect_code(LowRankOptions::new().unwrap().set_dtype(Some(DType::F64)).map(|_| ()), ErrorCode::InvalidArgument);
+    expect_code(
+        convert_initial(&lora_dir, fixture(&["adapters", "llama_dora"]), dir.join("mixed"), None),
+        ErrorCode::Unsupported,
+    );
+    expect_code(convert_initial(&lora_dir, dir.path(), dir.join("z"), None), ErrorCode::Io);
+}
+
+#[test]
+fn quantized_gguf_merge_with_output_type_and_store_report() {
+    let dir = TempDir::new("quant");
+    let base = fixture(&["gguf", "bindings_q8_0.gguf"]);
+    let adapter = fixture(&["gguf", "bindings_q8_0_lora"]);
+    for name in ["Q4_0", "Q8_0", "F16"] {
+        let ggml = GgmlType::from_name(name).unwrap();
+        let out = dir.join(&format!("{name}.gguf"));
+        let mut opts = MergeOptions::new().unwrap();
+        opts.add_adapter_dir(&adapter, 1.0).unwrap().set_quant(Some(ggml)).unwrap().set_report(true).unwrap();
+        let result = merge_checkpoint(&base, &out, &opts).unwrap();
+        assert_eq!(result.merged(), 1);
+        let report: Value = serde_json::from_str(result.store_report_json()).unwrap();
+        let entries = report.as_array().unwrap();
+        assert_eq!(entries.len(), 1, "{report}");
+        let e = &entries[0];
+        assert_eq!(
+            (e["tensor"].as_str(), e["base_type"].as_str(), e["type"].as_str()),
+            (Some("blk.0.ffn_down.weight"), Some("Q8_0"), Some(name))
+        );
+        assert_eq!(e["values"].as_u64(), Some(512));
+        let (rms, max) = (e["rms"].as_f64().unwrap(), e["max"].as_f64().unwrap());
+        assert!(rms > 0.0 && rms <= max, "{e}");
+        assert!(e["base_rms"].as_f64().unwrap() <= e["base_max"].as_f64().unwrap(), "{e}");
+        let ckpt = Checkpoint::open(&out).unwrap();
+        assert_eq!(ckpt.tensor_by_name("blk.0.ffn_down.weight").unwrap().ggml_type, Some(ggml));
+        let reference = dir.join(&format!("peftc-{name}.gguf"));
+        let (b, a, r) = (base.as_os_str(), adapter.as_os_str(), reference.as_os_str());
+        if peftc(&[&"merge", &"--base", &b, &"--adapter", &a, &"--out", &r, &"--quant", &name, &"--report"]) {
+            assert_eq!(
+                std::fs::read(&out).unwrap(),
+                std::fs::read(&reference).unwrap(),
+                "{name}: differs from peftc's"
+            );
+        }
+    }
+    let mut plain = MergeOptions::new().unwrap();
+    plain.add_adapter_dir(&adapter, 1.0).unwrap();
+    assert_eq!(merge_checkpoint(&base, dir.join("kept.gguf"), &plain).unwrap().store_report_json(), "[]");
+    let mut opts = MergeOptions::new().unwrap();
+    expect_code(opts.set_quant(Some(GgmlType(999))).map(|_| ()), ErrorCode::InvalidArgument);
+    expect_code(opts.set_quant(GgmlType::from_name("IQ2_XS")).map(|_| ()), ErrorCode::Unsupported);
+    opts.add_adapter_dir(&adapter, 1.0)
+        .unwrap()
+        .set_quant(Some(GgmlType::Q8_0))
+        .unwrap()
+        .set_dtype(Some(DType::F16))
+        .unwrap();
+    expect_code(merge_checkpoint(&base, dir.join("x.gguf"), &opts), ErrorCode::InvalidArgument);
+    assert!(!dir.join("x.gguf").exists());
+}
+
+/// One tensor of a model folder as f32.
+fn weight(dir: &Path, name: &str) -> Vec<f32> {
+    let ckpt = Checkpoint::open(dir.join("model.safetensors")).unwrap();
+    ckpt.read_as::<f32>(ckpt.find(name).unwrap()).unwrap()
+}
+
+/// x [rows, n] times w [n, n] transposed, in f64.
+fn matmul_t(x: &[f32], w: &[f32], n: usize) -> Vec<f64> {
+    x.chunks(n)
+        .flat_map(|row| w.chunks(n).map(move |wr| row.iter().zip(wr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()))
+        .collect()
+}
+
+fn to_f32(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&x| x as f32).collect()
+}
+
+#[test]
+fn dora_apply_with_the_base_weight_gives_the_merged_weight() {
+    const MODULE: &str = "model.layers.0.self_attn.q_proj";
+    const N: usize = 16;
+    let dir = TempDir::new("dora");
+    let base = fixture(&["models", "llama"]);
+    let dora_dir = fixture(&["adapters", "llama_dora"]);
+    let mut merge = MergeOptions::new().unwrap();
+    merge.add_adapter_dir(&dora_dir, 1.0).unwrap();
+    merge_checkpoint(&base, dir.join("merged"), &merge).unwrap();
+    let weight_name = format!("{MODULE}.weight");
+    // Declared before the registry: the library borrows it until the registry and its leases are gone.
+    let mut w = weight(&base, &weight_name);
+    let merged = weight(&dir.join("merged"), &weight_name);
+    let x: Vec<f32> = (0..4 * N).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+    let y0 = to_f32(&matmul_t(&x, &w, N));
+    let want = matmul_t(&x, &merged, N);
+
+    let registry = Registry::new(DType::F32, 1 << 20, None).unwrap();
+    registry.register("dora", &dora_dir, None).unwrap();
+    let lease = registry.acquire("dora").unwrap();
+    let apply = |y0: &[f32]| {
+        let mut y = y0.to_vec();
+        lora_apply(MODULE, &[&lease], None, BufferRef::F32(&x), N as u64, Buffer::F32(&mut y), N as u64).map(|_| y)
+    };
+    expect_code(apply(&y0), ErrorCode::NotFound); // no base weight yet
+                                                  // SAFETY: `w` outlives the registry and the lease (declared before them), and changes only
+                                                  // between applies, followed by base_weights_changed.
+    unsafe { registry.set_base_weight(MODULE, BufferRef::F32(&w), &[N as u64, N as u64], None).unwrap() };
+    let got = apply(&y0).unwrap();
+    for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+        assert!((f64::from(g) - e).abs() <= 1e-5 * (1.0 + e.abs()), "element {i}: {g}, x W_merged^T = {e}");
+    }
+
+    // The host doubles its weight in place; the kept scale stays until base_weights_changed.
+    let doubled: Vec<f32> = w.iter().map(|v| v * 2.0).collect();
+    w.copy_from_slice(&doubled); // no apply runs while the contents change
+    let y2 = to_f32(&matmul_t(&x, &doubled, N));
+    let stale = apply(&y2).unwrap();
+    registry.base_weights_changed().unwrap();
+    let fresh = apply(&y2).unwrap();
+    assert_ne!(stale, fresh, "base_weights_changed did not change the DoRA output");
+    let other = Registry::new(DType::F32, 1 << 20, None).unwrap();
+    other.register("dora", &dora_dir, None).unwrap();
+    // SAFETY: `doubled` outlives `other` and its lease (both dropped at the end of this scope first).
+    unsafe { other.set_base_weight(&weight_name, BufferRef::F32(&doubled), &[N as u64, N as u64], None).unwrap() };
+    let other_lease = other.acquire("dora").unwrap();
+    let mut y = y2.clone();
+    lora_apply(MODULE, &[&other_lease], None, BufferRef::F32(&x), N as u64, Buffer::F32(&mut y), N as u64).unwrap();
+    assert_eq!(y, fresh, "after base_weights_changed the output differs from a registry given the new weight");
+
+    // Errors with the library's codes.
+    let zero_bias: [f32; 0] = [];
+    // SAFETY: every call below fails before the library keeps anything.
+    unsafe {
+        expect_code(registry.set_base_weight(MODULE, BufferRef::F32(&w), &[2, 8, 16], None), ErrorCode::ShapeMismatch);
+        expect_code(
+            registry.set_base_weight(MODULE, BufferRef::F32(&w[..8]), &[16, 16], None),
+            ErrorCode::InvalidArgument,
+        );
+        expect_code(
+            registry.set_base_weight(MODULE, BufferRef::F32(&w), &[16, 16], Some(BufferRef::F32(&zero_bias))),
+            ErrorCode::ShapeMismatch,
+        );
+        expect_code(registry.set_base_weight("a\0b", BufferRef::F32(&w), &[16, 16], None), ErrorCode::InvalidArgument);
+    }
+    drop((lease, registry, other_lease, other));
+}
