@@ -93,16 +93,18 @@ def test_4bit_round_trip_matches_bitsandbytes(drive, quant_type, double, blocksi
     assert out == F.dequantize_4bit(packed, state).reshape(-1).numpy().tobytes()
 
 
-@pytest.mark.parametrize("shape", [(64, 64), (96, 40), (33, 17)])
+@pytest.mark.parametrize("shape,blocksize", [((64, 64), 64), ((96, 40), 64), ((33, 17), 64), ((64, 72), 2048),
+                                             ((64, 64), 2048), ((96, 40), 32)])
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
-def test_4bit_dequantize_2d_matches_bitsandbytes(drive, shape, quant_type):
-    """2-D weights as Params4bit holds them (bitsandbytes' native CPU kernel for an even last dimension,
-    its torch fallback for an odd one)."""
+def test_4bit_dequantize_2d_matches_bitsandbytes(drive, shape, blocksize, quant_type):
+    """2-D weights as Params4bit holds them (bitsandbytes' native CPU kernel, its AVX-512 or its scalar
+    branch, for an even last dimension; its torch fallback for an odd one or a block of 2048 and more)."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(7)) * 0.02
-    packed, state = F.quantize_4bit(x, quant_type=quant_type, compress_statistics=True)
+    x[0, :4] = 1e-6  # FP4 index 8 (tiny positive values), a negative zero in one of the kernel's tables
+    packed, state = F.quantize_4bit(x, blocksize=blocksize, quant_type=quant_type, compress_statistics=True)
     absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset
     out = drive("deq4", drive.put(packed.numpy()), drive.put(absmax.numpy()), drive.put(state.code.numpy()),
-                64, x.numel(), quant_type, shape[-1], outputs=1)[0]
+                blocksize, x.numel(), quant_type, shape[-1], outputs=1)[0]
     assert out == F.dequantize_4bit(packed, state).numpy().tobytes()
 
 
