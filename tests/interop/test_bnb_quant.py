@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -113,6 +114,25 @@ def test_mean_matches_torch(drive, n):
     x = torch.rand(n, generator=torch.Generator().manual_seed(n)) * 0.1
     got = drive("mean", drive.put(x.numpy()), n)[0]
     assert got == x.mean().numpy().tobytes()
+
+
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_mean_matches_torch_on_other_cpu_capabilities(drive, tmp_path, capability):
+    """torch picks its CPU kernels at run time (ATEN_CPU_CAPABILITY caps the choice): the double-quant
+    offset, torch's mean, is the same sum under AVX2 and without SIMD as under AVX-512 (8-wide vectors,
+    ATen's generic Vectorized<float> included), and ours equals it."""
+    sizes = [17, 256, 1000, 4096, 20000, 32768]
+    script = ("import sys, torch\n"
+              "assert torch.backends.cpu.get_cpu_capability() == sys.argv[1].upper()\n"
+              "for n in map(int, sys.argv[2:]):\n"
+              "    x = torch.rand(n, generator=torch.Generator().manual_seed(n)) * 0.1\n"
+              "    print(x.mean().numpy().tobytes().hex())\n")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    out = subprocess.run([sys.executable, "-c", script, capability, *map(str, sizes)], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    for n, theirs in zip(sizes, out, strict=True):
+        x = torch.rand(n, generator=torch.Generator().manual_seed(n)) * 0.1
+        assert drive("mean", drive.put(x.numpy()), n)[0].hex() == theirs, n
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (7, 33), (1, 5)])
