@@ -13,7 +13,8 @@ our own f32 merge (the same merge written with --dtype f32 / --quant F32), that 
 relative of llama-export-lora's, and ggml's quantization of llama-export-lora's merge equals ours in every
 block whose f32 values are the same in both merges (llama-export-lora's sums depend on how ggml was built:
 the reference build, without GGML_SIMD, adds the rank products in double; ours are the fused float order of
-ggml's SIMD builds; docs/quantized-bases.md). With --quant Q8_0 the same holds for Q8_0; with --dtype f16 the merged tensors are
+ggml's SIMD builds; docs/quantized-bases.md), and llama-export-lora's F32 merge is exactly that double-sum
+order, recomputed here in numpy. With --quant Q8_0 the same holds for Q8_0; with --dtype f16 the merged tensors are
 F16 within one step of llama-export-lora's values. llama.cpp (llama-simple) loads the merged file and generates a few greedy tokens.
 --report prints each merged tensor's figures, and the C API (through the Python binding's ctypes library)
 gives them as JSON: zero error for F32 output, and figures of the right size for Q4_K.
@@ -142,6 +143,29 @@ def check_against_ggml(out: pathlib.Path, exact: pathlib.Path, base: pathlib.Pat
     return merged
 
 
+def assert_reference_order(dequantized: pathlib.Path, lora: pathlib.Path, reference: pathlib.Path) -> None:
+    """The reference build's llama-export-lora (ggml without GGML_SIMD) sums each delta value as float
+    products added in double in rank order, rounded to float once; then x (alpha / rank) and + base in
+    float (docs/quantized-bases.md). Reproduced here bit for bit, for every merged tensor."""
+    adapter = read_gguf(lora)
+    alpha = float(adapter.fields["adapter.lora.alpha"].parts[-1][0])
+    factors = {t.name: np.array(t.data, dtype=np.float32) for t in adapter.tensors}
+    base = {t.name: np.array(t.data, dtype=np.float32) for t in read_gguf(dequantized).tensors}
+    checked = 0
+    for t in read_gguf(reference).tensors:
+        if t.name + ".lora_a" not in factors:
+            continue
+        a, b = factors[t.name + ".lora_a"], factors[t.name + ".lora_b"]  # [rank, in], [out, rank]
+        total = np.zeros((b.shape[0], a.shape[1]), dtype=np.float64)
+        for k in range(a.shape[0]):
+            total += (b[:, k:k + 1] * a[k:k + 1, :]).astype(np.float64)  # float products, double sum
+        scale = np.float32(alpha) / np.float32(a.shape[0])
+        want = total.astype(np.float32) * scale + base[t.name].reshape(total.shape)
+        assert np.array(t.data, dtype=np.float32).reshape(total.shape).tobytes() == want.tobytes(), t.name
+        checked += 1
+    assert checked == 2 * len(TARGETS)
+
+
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_merge_equals_ggml_requantized_export_lora(peftc_binary, tmp_path, tiny, ftype):
     model, lora, _ = tiny
@@ -149,7 +173,9 @@ def test_merge_equals_ggml_requantized_export_lora(peftc_binary, tmp_path, tiny,
     out, exact = tmp_path / "merged.gguf", tmp_path / "exact.gguf"
     merge(peftc_binary, base, lora, out)
     merge(peftc_binary, base, lora, exact, "--dtype", "f32")
-    merged = check_against_ggml(out, exact, base, reference_merge(base, lora, tmp_path), tmp_path)
+    reference = reference_merge(base, lora, tmp_path)
+    assert_reference_order(tmp_path / "dequantized.gguf", lora, reference)
+    merged = check_against_ggml(out, exact, base, reference, tmp_path)
     assert len(merged) == 2 * len(TARGETS)
     types = set(merged.values())
     assert types == ({"Q4_K", "Q6_K"} if ftype == "Q4_K_M" else {"Q8_0"}), types
