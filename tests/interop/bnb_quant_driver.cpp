@@ -61,7 +61,7 @@ int run(int argc, char** argv) {
     auto code = read_as<float>(argv[4]);
     const uint64_t blocksize = number(argv[5]), count = number(argv[6]);
     const auto type = std::string(argv[7]) == "nf4" ? bnb::FourBit::nf4 : bnb::FourBit::fp4;
-    bnb::cpu_dequantize_code(type, number(argv[8]), code.data());
+    bnb::cpu_dequantize_code(type, number(argv[8]), blocksize, code.data());
     std::vector<float> out(count);
     bnb::dequantize_4bit(packed.data(), absmax.data(), code.data(), blocksize, count, out.data());
     write_file(argv[9], out);

@@ -83,12 +83,9 @@ def quantized_weights(tensors: dict) -> list[str]:
     return [k for k, v in tensors.items() if k.endswith(".weight") and v.dtype in (torch.uint8, torch.int8)]
 
 
-# Known differences, kept as strict xfails so that a fix shows: in this model's NF4 double-quantized
-# v_proj one nested absmax code differs by one step from bitsandbytes'; an untargeted FP4 weight of
-# last dimension 72 written as bf16 differs from bitsandbytes' CPU dequantization (the sign of zero
-# of FP4 index 8, see docs/quantized-bases.md, is not yet right for every shape).
-KEEP_XFAIL = {"nf4-double": "one nested absmax code differs by one step from bitsandbytes'"}
-BF16_XFAIL = {"fp4": "FP4 zero sign of the native CPU kernel for last dimension 72"}
+# Known differences, kept as strict xfails so that a fix shows (none at present).
+KEEP_XFAIL: dict = {}
+BF16_XFAIL: dict = {}
 
 
 def _params(names, known):
@@ -137,7 +134,9 @@ def test_dtype_bf16_writes_a_plain_model(models, variant, tmp_path):
     for name, tensor in after.items():
         assert tensor.dtype == torch.bfloat16, name
         if name in quantized_weights(before):
-            expected = dequantize(before, name) + models["deltas"].get(name, 0.0)
+            expected = dequantize(before, name)  # an untargeted weight keeps its -0.0s (no "+ 0.0")
+            if name in models["deltas"]:
+                expected = expected + models["deltas"][name]
         else:
             expected = before[name].float()
         assert tensor.view(torch.int16).equal(expected.to(torch.bfloat16).view(torch.int16)), name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -93,16 +94,18 @@ def test_4bit_round_trip_matches_bitsandbytes(drive, quant_type, double, blocksi
     assert out == F.dequantize_4bit(packed, state).reshape(-1).numpy().tobytes()
 
 
-@pytest.mark.parametrize("shape", [(64, 64), (96, 40), (33, 17)])
+@pytest.mark.parametrize("shape,blocksize", [((64, 64), 64), ((96, 40), 64), ((33, 17), 64), ((64, 72), 2048),
+                                             ((64, 64), 2048), ((96, 40), 32)])
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
-def test_4bit_dequantize_2d_matches_bitsandbytes(drive, shape, quant_type):
-    """2-D weights as Params4bit holds them (bitsandbytes' native CPU kernel for an even last dimension,
-    its torch fallback for an odd one)."""
+def test_4bit_dequantize_2d_matches_bitsandbytes(drive, shape, blocksize, quant_type):
+    """2-D weights as Params4bit holds them (bitsandbytes' native CPU kernel, its AVX-512 or its scalar
+    branch, for an even last dimension; its torch fallback for an odd one or a block of 2048 and more)."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(7)) * 0.02
-    packed, state = F.quantize_4bit(x, quant_type=quant_type, compress_statistics=True)
+    x[0, :4] = 1e-6  # FP4 index 8 (tiny positive values), a negative zero in one of the kernel's tables
+    packed, state = F.quantize_4bit(x, blocksize=blocksize, quant_type=quant_type, compress_statistics=True)
     absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset
     out = drive("deq4", drive.put(packed.numpy()), drive.put(absmax.numpy()), drive.put(state.code.numpy()),
-                64, x.numel(), quant_type, shape[-1], outputs=1)[0]
+                blocksize, x.numel(), quant_type, shape[-1], outputs=1)[0]
     assert out == F.dequantize_4bit(packed, state).numpy().tobytes()
 
 
@@ -111,6 +114,25 @@ def test_mean_matches_torch(drive, n):
     x = torch.rand(n, generator=torch.Generator().manual_seed(n)) * 0.1
     got = drive("mean", drive.put(x.numpy()), n)[0]
     assert got == x.mean().numpy().tobytes()
+
+
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_mean_matches_torch_on_other_cpu_capabilities(drive, tmp_path, capability):
+    """torch picks its CPU kernels at run time (ATEN_CPU_CAPABILITY caps the choice): the double-quant
+    offset, torch's mean, is the same sum under AVX2 and without SIMD as under AVX-512 (8-wide vectors,
+    ATen's generic Vectorized<float> included), and ours equals it."""
+    sizes = [17, 256, 1000, 4096, 20000, 32768]
+    script = ("import sys, torch\n"
+              "assert torch.backends.cpu.get_cpu_capability() == sys.argv[1].upper()\n"
+              "for n in map(int, sys.argv[2:]):\n"
+              "    x = torch.rand(n, generator=torch.Generator().manual_seed(n)) * 0.1\n"
+              "    print(x.mean().numpy().tobytes().hex())\n")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    out = subprocess.run([sys.executable, "-c", script, capability, *map(str, sizes)], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    for n, theirs in zip(sizes, out, strict=True):
+        x = torch.rand(n, generator=torch.Generator().manual_seed(n)) * 0.1
+        assert drive("mean", drive.put(x.numpy()), n)[0].hex() == theirs, n
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (7, 33), (1, 5)])

@@ -3,6 +3,7 @@
 // tests/interop/test_bnb_quant.py.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -54,6 +55,27 @@ TEST_CASE("bnb 8-bit blockwise: a code value times the absmax comes back; a zero
   CHECK(q[3] == 0);
   bnb::dequantize_blockwise(q, absmax, code.data(), 3, 3, back);
   CHECK(back[1] == code[255] * 4.0f);
+}
+
+TEST_CASE("bnb 8-bit blockwise: bitsandbytes' 65536-point table, not always the nearest code") {
+  std::vector<float> code(256);
+  for (int i = 0; i < 256; ++i) code[static_cast<size_t>(i)] = -1.0f + static_cast<float>(i) / 127.6f;  // midpoints off the table's grid
+  // Just above a midpoint (so nearer the upper code) but with its table point below it: the lower code.
+  int found = 0;
+  for (size_t j = 1; j + 1 < 255 && found == 0; ++j) {
+    const float mid = 0.5f * (code[j] + code[j + 1]);
+    const float x = std::nextafter(mid, 2.0f);
+    const float point = std::trunc(std::fma((x + 1.0f) * 0.5f, 65535.0f, 0.5f));
+    if ((2.0f * point) / 65535.0f - 1.0f >= mid) continue;
+    const float values[2] = {1.0f, x};
+    uint8_t q[2];
+    float absmax[1];
+    bnb::quantize_blockwise(values, 2, 2, code.data(), q, absmax);
+    CHECK(std::fabs(x - code[j + 1]) < std::fabs(x - code[j]));
+    CHECK(q[1] == j);
+    found = 1;
+  }
+  CHECK(found == 1);
 }
 
 TEST_CASE("torch mean: short and vector-wide inputs") {

@@ -89,8 +89,10 @@ std::span<const float, 16> four_bit_code(FourBit type) {
   return type == FourBit::nf4 ? std::span<const float, 16>(kNf4) : std::span<const float, 16>(kFp4);
 }
 
-void cpu_dequantize_code(FourBit type, uint64_t last_dim, float* code) {
-  if (type == FourBit::fp4 && last_dim % 2 == 0 && last_dim % 16 != 0) code[8] = -0.0f;
+void cpu_dequantize_code(FourBit type, uint64_t last_dim, uint64_t blocksize, float* code) {
+  const bool native = last_dim % 2 == 0 && blocksize < 2048;       // else bitsandbytes' torch fallback
+  const bool avx512 = last_dim % 16 == 0 && blocksize >= 16;        // the native kernel's AVX-512 branch
+  if (type == FourBit::fp4 && native && !avx512) code[8] = -0.0f;  // its scalar branch's table
 }
 
 void dequantize_4bit(const uint8_t* packed, const float* absmax, const float* code, uint64_t blocksize,
@@ -131,27 +133,33 @@ void dequantize_blockwise(const uint8_t* q, const float* absmax, const float* co
 
 void quantize_blockwise(const float* values, uint64_t count, uint64_t blocksize, const float* code, uint8_t* q,
                         float* absmax) {
-  std::array<float, 256> c;
-  std::copy(code, code + 256, c.begin());
-  c[0] = -1.0f;
+  // The table: 65536 points of [-1, 1], each the index of its nearest code (the number of midpoints of
+  // neighbouring codes strictly below it).
+  constexpr int kPoints = 65536;
+  std::array<float, 255> mid;
+  for (size_t i = 0; i < mid.size(); ++i) mid[i] = 0.5f * (code[i] + code[i + 1]);
+  std::vector<uint8_t> table(kPoints);
+  size_t k = 0;
+  for (int i = 0; i < kPoints; ++i) {
+    const float point = (2.0f * static_cast<float>(i)) / static_cast<float>(kPoints - 1) - 1.0f;
+    while (k < mid.size() && mid[k] < point) ++k;
+    table[static_cast<size_t>(i)] = static_cast<uint8_t>(k);
+  }
   const uint64_t blocks = (count + blocksize - 1) / blocksize;
-  for (uint64_t k = 0; k < blocks; ++k) {
-    const uint64_t begin = k * blocksize, end = std::min(count, begin + blocksize);
-    float m = -3.402823466e+38f;
-    for (uint64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(values[i]));
-    absmax[k] = m;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    const uint64_t begin = b * blocksize, end = std::min(count, begin + blocksize);
+    float m = 0.0f;
+    for (uint64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(values[i]));  // NaN skipped
+    absmax[b] = m;
+    if (m == 0.0f) {
+      std::fill(q + begin, q + end, uint8_t{0});
+      continue;
+    }
+    const float inverse = 1.0f / m;
     for (uint64_t i = begin; i < end; ++i) {
-      const float x = values[i] / m;
-      // The largest code at or below x (the binary search's answer), then the right neighbour if
-      // strictly nearer.
-      // (A block of zeros divides 0 by 0: bitsandbytes' search answers 0 for the NaN.)
-      size_t idx = std::isnan(x) ? 0 : static_cast<size_t>(std::upper_bound(c.begin(), c.end(), x) - c.begin());
-      idx = idx == 0 ? 0 : idx - 1;
-      if (idx < 255) {
-        const float left = std::fabs(x - c[idx]), right = std::fabs(x - c[idx + 1]);
-        if (right < left) ++idx;
-      }
-      q[i] = static_cast<uint8_t>(idx);
+      const float x = std::clamp(values[i] * inverse, -1.0f, 1.0f);
+      const float point = std::fma((x + 1.0f) * 0.5f, static_cast<float>(kPoints - 1), 0.5f);
+      q[i] = table[static_cast<uint16_t>(static_cast<int32_t>(point))];
     }
   }
 }

@@ -15,9 +15,8 @@
 //
 // Double quantization: offset = mean(absmax) as torch computes it (torch_mean_f32), then absmax -
 // offset quantized blockwise in blocks of 256 with the 8-bit dynamic code (quantize_blockwise:
-// bitsandbytes' native CPU kernel: absmax of the block, x / absmax, the nearest code with the lower one
-// on a tie; a block of zeros, 0 / 0, gets index 0). Dequantizing: absmax = code8[q] * nested_absmax[b] + offset, then value = code4[i] x
-// absmax, each a single f32 product.
+// bitsandbytes 0.50's native CPU kernel, a lookup table, see there). Dequantizing: absmax = code8[q] x
+// nested_absmax[b] + offset, then value = code4[i] x absmax, each a single f32 product.
 #pragma once
 
 #include <cstdint>
@@ -31,11 +30,15 @@ enum class FourBit { nf4, fp4 };
 std::span<const float, 16> four_bit_code(FourBit type);
 
 // The table bitsandbytes' CPU dequantization uses for a weight whose last dimension is `last_dim`,
-// from its stored quant_map. Measured with bitsandbytes 0.50.2 on an AVX-512 CPU: its native kernel
-// (an even last dimension) decodes FP4's index 8 as -0.0, where quant_map holds +0.0, when the last
-// dimension is not a multiple of 16; otherwise, and in its torch fallback (an odd last dimension),
-// it uses quant_map as it is.
-void cpu_dequantize_code(FourBit type, uint64_t last_dim, float* code);
+// from its stored quant_map. bitsandbytes 0.50.2 (backends/cpu/ops.py, then the native
+// dequantizeBlockwise4bitCpu, read in its compiled library): an odd last dimension, or a block size of
+// 2048 or more on a CPU torch reports as AVX512, goes to its torch fallback, which uses quant_map as it
+// is; otherwise the native kernel takes its AVX-512 branch when the CPU has AVX-512F, the last dimension
+// is a multiple of 16 and the block size at least 16 (its table: quant_map), and else its scalar branch,
+// whose FP4 table holds -0.0 at index 8 (quant_map: +0.0). We follow an AVX-512 CPU; on a CPU without
+// AVX-512F bitsandbytes takes the scalar branch for every even last dimension, so FP4's zeros of a last
+// dimension that is a multiple of 16 are -0.0 there (values otherwise equal).
+void cpu_dequantize_code(FourBit type, uint64_t last_dim, uint64_t blocksize, float* code);
 
 // values[i] = code[index i] x absmax[i / blocksize], f32; `packed` holds (count + 1) / 2 bytes.
 void dequantize_4bit(const uint8_t* packed, const float* absmax, const float* code, uint64_t blocksize,
@@ -49,8 +52,13 @@ void quantize_4bit(const float* values, uint64_t count, uint64_t blocksize, Four
 void dequantize_blockwise(const uint8_t* q, const float* absmax, const float* code, uint64_t blocksize,
                           uint64_t count, float* values);
 
-// bitsandbytes' native CPU quantize_blockwise with the 256-entry sorted `code` (code[0] is taken as
-// -1, as the kernel sets it). `absmax` receives ceil(count / blocksize) values.
+// bitsandbytes 0.50's native CPU quantize_blockwise (csrc/cpu_ops.cpp, quantize_cpu_impl), with the
+// 256-entry sorted `code` as given: absmax[b] = max |x| of the block (NaN skipped; a zero block gets
+// index 0 everywhere); each value x becomes table[trunc(fma((clamp(x * (1 / absmax), -1, 1) + 1) x 0.5,
+// 65535, 0.5))], where table[i] is the number of midpoints 0.5 x (code[j] + code[j + 1]) strictly below
+// the point 2i / 65535 - 1 of [-1, 1]. Not always the nearest code: a value within 1/65535 of a midpoint
+// takes the code of its table point (measured: bitsandbytes gives these indices; its compiled kernel
+// fuses the last multiply-add). `absmax` receives ceil(count / blocksize) values.
 void quantize_blockwise(const float* values, uint64_t count, uint64_t blocksize, const float* code, uint8_t* q,
                         float* absmax);
 

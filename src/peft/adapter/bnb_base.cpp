@@ -214,7 +214,7 @@ std::vector<float> bnb_dequantize(const Checkpoint& c, const BnbWeight& w) {
   const uint64_t blocks = (n + w.blocksize - 1) / w.blocksize;
   const std::vector<float> absmax = absmax_of(c, w, blocks);
   std::vector<float> code = f32_of(c, *w.quant_map, 16);
-  bnb::cpu_dequantize_code(w.type, w.shape.empty() ? n : w.shape.back(), code.data());
+  bnb::cpu_dequantize_code(w.type, w.shape.empty() ? n : w.shape.back(), w.blocksize, code.data());
   const std::vector<uint8_t> packed = raw(c, w.weight);
   bnb::dequantize_4bit(packed.data(), absmax.data(), code.data(), w.blocksize, n, out.data());
   return out;

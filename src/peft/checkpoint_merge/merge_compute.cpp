@@ -315,15 +315,20 @@ namespace {
 void compute_bnb(const MergePlan& plan, const PlannedTensor& p, unsigned threads, TensorBuffer& out) {
   const BnbWeight& w = *p.bnb;
   const Checkpoint& base = *plan.base.weights;
-  std::vector<float> values = bnb_dequantize(base, w);
-  if (!p.lora.empty()) apply_lora(p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads);
-  if (!p.bnb_requantize) {
-    out.reserve(values.size() * 4, "merging tensor " + peft::quoted(p.name));
-    std::memcpy(out.data(), values.data(), values.size() * 4);
-    return;
+  MergePlan::BnbParts& cache = plan.bnb_parts;
+  if (!p.bnb_requantize || cache.weight != &w) {
+    cache = {};
+    std::vector<float> values = bnb_dequantize(base, w);
+    if (!p.lora.empty()) apply_lora(p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads);
+    if (!p.bnb_requantize) {
+      out.reserve(values.size() * 4, "merging tensor " + peft::quoted(p.name));
+      std::memcpy(out.data(), values.data(), values.size() * 4);
+      return;
+    }
+    cache.parts = bnb_quantize(base, w, values);
+    cache.weight = &w;
   }
-  const auto parts = bnb_quantize(base, w, values);
-  const std::vector<uint8_t>& bytes = parts.at(p.bnb_part);
+  const std::vector<uint8_t>& bytes = cache.parts.at(p.bnb_part);
   out.reserve(bytes.size(), "merging tensor " + peft::quoted(p.name));
   std::memcpy(out.data(), bytes.data(), bytes.size());
 }

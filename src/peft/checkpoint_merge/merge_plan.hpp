@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -173,6 +174,14 @@ struct MergePlan {
   BaseQuantization quantization;           // config.json's quantization_config
   bool dequantized = false;                // quantized weights written dequantized: config loses quantization_config
   std::shared_ptr<const BnbBase> bnb;      // a bitsandbytes base's quantized weights
+  // The last re-quantized bitsandbytes weight's tensors (weight and state, by base index): its parts
+  // come one after the other, so each weight is merged and quantized once. Filled by compute_tensor,
+  // which the merge calls from one thread at a time.
+  struct BnbParts {
+    const BnbWeight* weight = nullptr;
+    std::map<size_t, std::vector<uint8_t>> parts;
+  };
+  mutable BnbParts bnb_parts;
 
   uint64_t total_bytes() const;
   // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy.
