@@ -1361,7 +1361,7 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * @return NULL on success, else:
  *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
  *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a `peft_type` other than LORA,
- *         LOHA, LOKR, ADALORA and IA3 (the message names the method and, for prompt/prefix tuning,
+ *         LOHA, LOKR, ADALORA, IA3, VERA, RANDLORA and FOURIERFT (the message names the method and, for prompt/prefix tuning,
  *         p-tuning, X-LoRA, Poly..., why it cannot be merged), LoHa/LoKr in their CP (conv) form, or
  *         a LoRA variant this library does not merge (the message names the field);
  *         #PEFT_ERR_INVALID_CONFIG for invalid JSON, a field of the wrong type, a value PEFT rejects,
@@ -2019,7 +2019,10 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  subtracts the delta again, and for IA3 divides by ia3_l + 1e-8 as PEFT does, which is not exact
  *  even in F32: keep the original rows for an exact removal. IA3 scales a non-feed-forward layer's
  *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. Registries (serving) load
- *  LoRA adapters only.
+ *  LoRA adapters only. VeRA, RandLoRA and FourierFT merge the same way (their projections as saved
+ *  with save_projection=True, the default: an adapter saved without them is #PEFT_ERR_UNSUPPORTED;
+ *  FourierFT's positions drawn as torch.randperm draws them, its inverse FFT within f32 rounding of
+ *  PEFT's).
  *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.

@@ -103,6 +103,9 @@ class ModuleChecker {
         const Shape l = dims("ia3_l");  // (out, 1), or (1, in) for a feed-forward module
         return m_.ia3_feedforward ? std::pair<uint64_t, uint64_t>{0, at(l, 1)} : std::pair<uint64_t, uint64_t>{at(l, 0), 0};
       }
+      case PeftMethod::vera: return {at(dims("vera_lambda_b"), 0), 0};  // vera_A is sliced to any in
+      case PeftMethod::randlora:   // min(out, in) only: checked by randlora_delta
+      case PeftMethod::fourierft:  // any size holding the spectrum: checked by fourierft_delta
       case PeftMethod::lora: break;
     }
     return {0, 0};
