@@ -1361,9 +1361,9 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * @return NULL on success, else:
  *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
  *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a `peft_type` other than LORA,
- *         LOHA, LOKR, ADALORA, IA3, MISS and SHIRA (the message names the method and, for
- *         prompt/prefix tuning, p-tuning, X-LoRA, Poly..., why it cannot be merged), LoHa/LoKr in
- *         their CP (conv) form, or
+ *         LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA and FOURIERFT (the message names
+ *         the method and, for prompt/prefix tuning, p-tuning, X-LoRA, Poly..., why it cannot be
+ *         merged), LoHa/LoKr in their CP (conv) form, or
  *         a LoRA variant this library does not merge (the message names the field);
  *         #PEFT_ERR_INVALID_CONFIG for invalid JSON, a field of the wrong type, a value PEFT rejects,
  *         modules the config does not target, or ranks / DoRA / lora_bias that do not match the
@@ -2022,7 +2022,10 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. In serving, host models
  *  swap them (see @ref serving); unmerged apply takes LoRA layers only. MiSS (all three forms;
  *  weight 1 only, it has no scale) and SHiRA merge the same way on Linear layers (PEFT has neither
- *  on Conv1D).
+ *  on Conv1D). VeRA, RandLoRA and FourierFT merge the same way (their projections as saved
+ *  with save_projection=True, the default: an adapter saved without them is #PEFT_ERR_UNSUPPORTED;
+ *  FourierFT's positions drawn as torch.randperm draws them, its inverse FFT within f32 rounding of
+ *  PEFT's).
  *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.

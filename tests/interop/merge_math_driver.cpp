@@ -15,6 +15,9 @@
 //   {"op": "combine", "method": "cat|linear", "out": n, "in": n,
 //    "adapters": [{"a": {"file"}, "b": {"file"}, "rank": r, "scaling": s, "weight": w}, ...],
 //    "out_a": "file", "out_b": "file"}
+//   {"op": "randperm", "n": n, "seed": s, "count": c, "out": "file"}      torch_randperm, int64
+//   {"op": "fourierft", "spectrum": {"file"}, "seed": s, "scale": x, "out": n, "in": n,
+//    "out_delta": "file"}                                                fourierft_delta, f32 [out, in]
 // Exit status 0 on success; 1 with a message on stderr otherwise.
 #include <cstdio>
 #include <cstring>
@@ -27,6 +30,7 @@
 
 #include "core/error.hpp"
 #include "peft/methods/lora_math.hpp"
+#include "peft/methods/peft_methods.hpp"
 
 namespace fs = std::filesystem;
 namespace pm = peft::merge;
@@ -139,6 +143,21 @@ void run_combine(const json& c) {
 
 }  // namespace
 
+// FourierFT's positions (torch.randperm) and delta, for test_method_merge_vera.py.
+void run_fourierft(const json& c) {
+  if (c.at("op") == "randperm") {
+    const auto r = pm::torch_randperm(c.at("n").get<int64_t>(), c.at("seed").get<int64_t>(), c.at("count").get<int64_t>());
+    write_bytes(c.at("out").get<std::string>(), r.data(), r.size() * sizeof(int64_t));
+    return;
+  }
+  pm::MethodTensor spectrum;
+  spectrum.values = read_floats(c.at("spectrum").at("file").get<std::string>());
+  spectrum.shape = {static_cast<int64_t>(spectrum.values.size())};
+  const auto d = pm::fourierft_delta(spectrum, c.at("seed").get<int64_t>(), c.at("scale").get<double>(),
+                                     c.at("out").get<int64_t>(), c.at("in").get<int64_t>(), "driver");
+  write_bytes(c.at("out_delta").get<std::string>(), d.data(), d.size() * sizeof(float));
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: merge_math_driver SPEC.json\n");
@@ -155,6 +174,8 @@ int main(int argc, char** argv) {
         run_merge(c);
       else if (op == "combine")
         run_combine(c);
+      else if (op == "randperm" || op == "fourierft")
+        run_fourierft(c);
       else
         throw std::runtime_error("unknown op " + op);
     }

@@ -297,7 +297,7 @@ UNSUPPORTED_BUT_VALID = {
     "qalora": {"use_qalora": True},
     "layer_replication": {"layer_replication": [[0, 2], [1, 3]]},
     "target_parameters": {"target_parameters": ["mlp.experts.gate_up_proj"]},
-    "vera": {"peft_type": "VERA"},
+    "waveft": {"peft_type": "WAVEFT"},  # (VERA merges since issue 18)
 }
 
 

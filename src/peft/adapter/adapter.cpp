@@ -93,8 +93,19 @@ struct AdapterBuilder {
       case PeftMethod::ia3: return p == "ia3_l";
       case PeftMethod::miss: return p == "miss_block";
       case PeftMethod::shira: return p == "shira_weight" || p == "shira_indices";
+      case PeftMethod::vera: return p.starts_with("vera_");
+      case PeftMethod::randlora: return p.starts_with("randlora_");
+      case PeftMethod::fourierft: return p.starts_with("fourierft_");
     }
     return false;
+  }
+
+  // The projections VeRA and RandLoRA share among layers, saved once as "base_model.<name>".
+  bool shared_projection(const ParsedKey& key) const {
+    const std::string& p = key.role_suffix;
+    return key.role == TensorRole::method_param && !key.had_prefix && !key.had_adapter_name &&
+           key.module == "base_model" &&
+           (p == "vera_A" || p == "vera_B" || p == "randlora_A" || p == "randlora_B");
   }
 
   void group_keys() {
@@ -106,6 +117,10 @@ struct AdapterBuilder {
       const TensorInfo& t = a.checkpoint_->tensor(i);
       auto parsed = parse_adapter_key(t.name);
       if (parsed && !role_fits_method(*parsed)) parsed.reset();
+      if (parsed && shared_projection(*parsed)) {  // VeRA / RandLoRA: "base_model.vera_A"
+        a.shared_params_[parsed->role_suffix] = i;
+        continue;
+      }
       if (!parsed && options.lenient) {
         unexpected(t.name, "it is not a PEFT LoRA adapter key");
         continue;
@@ -393,6 +408,31 @@ struct AdapterBuilder {
           config_problem(m.rank_key ? "rank_pattern" : "init_r",
                          who + " has rank " + std::to_string(m.rank) + " but " +
                              (m.rank_key ? "its rank_pattern mask keeps " : "init_r is ") + std::to_string(expected));
+        return;
+      }
+      case PeftMethod::vera:
+      case PeftMethod::randlora: {
+        const bool vera = c.method == PeftMethod::vera;
+        const char* lambda = vera ? "vera_lambda_d" : "randlora_lambda";
+        if (!need({vera ? "vera_lambda_b" : "randlora_gamma", lambda})) return;
+        m.rank = dim(lambda, 0);
+        m.alpha = vera ? 1.0 : c.lora_alpha;
+        m.scaling = vera ? 1.0 : c.lora_alpha / static_cast<double>(c.r);  // RandLoraLayer: randlora_alpha / r
+        check_rank(m.rank);
+        return;
+      }
+      case PeftMethod::fourierft: {
+        if (!need({"fourierft_spectrum"})) return;
+        m.rank_key = matcher.rank_key(m.name);  // n_frequency_pattern
+        m.rank = matcher.rank_for(m.name);
+        m.scaling = c.fourierft_scaling;
+        const auto& shape = info(*m.find_param("fourierft_spectrum")).shape;
+        if (shape.size() != 1 || static_cast<int64_t>(shape[0]) != m.rank)
+          config_problem(m.rank_key ? "n_frequency_pattern" : "n_frequency",
+                         who + " has a fourierft_spectrum of " + shape_text(shape) + " but " +
+                             (m.rank_key ? "n_frequency_pattern key " + peft::quoted(*m.rank_key) + " gives "
+                                         : std::string("n_frequency is ")) +
+                             std::to_string(m.rank));
         return;
       }
       case PeftMethod::ia3: {

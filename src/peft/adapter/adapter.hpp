@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,12 @@ class Adapter {
   //   missing key "base_model.model.<module>.<role>": <why>; ...
   // (the names of PEFT's load result without the adapter name). Empty in strict mode.
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // VeRA / RandLoRA: the checkpoint index of a projection shared by every layer, saved by PEFT as
+  // "base_model.vera_A" ("vera_A", "vera_B", "randlora_A", "randlora_B"); null when not saved.
+  const size_t* shared_param(const std::string& name) const {
+    auto it = shared_params_.find(name);
+    return it == shared_params_.end() ? nullptr : &it->second;
+  }
 
   // Validates this adapter against a base model folder (config.json + weights), without changing
   // it: PEFT_ERR_UNRESOLVED_KEY / PEFT_ERR_SHAPE_MISMATCH listing every problem.
@@ -117,6 +124,7 @@ class Adapter {
   std::string base_dir_;
   std::vector<std::string> notes_;
   std::vector<std::string> warnings_;
+  std::map<std::string, size_t> shared_params_;
 };
 
 }  // namespace peft

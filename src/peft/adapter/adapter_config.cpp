@@ -25,7 +25,8 @@ struct OtherType {
   const char* why;
 };
 constexpr const char* kNotYet =
-    "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS and SHIRA are)";
+    "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA and "
+    "FOURIERFT are)";
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -42,8 +43,8 @@ constexpr OtherType kWhyNot[] = {
 // PEFT types other than LoRA: valid adapters this library does not merge.
 constexpr const char* kOtherPeftTypes[] = {
     "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS", "BOFT",
-    "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "LN_TUNING", "VERA", "FROD",
-    "PVERA", "FOURIERFT", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "RANDLORA", "ROAD",
+    "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "LN_TUNING", "FROD",
+    "PVERA", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "ROAD",
     "TRAINABLE_TOKENS", "HIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
 
@@ -148,7 +149,8 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   if (!it->is_string()) f.wrong_type("peft_type", "a string such as \"LORA\"");
   c.peft_type = it->get<std::string>();
   for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
-                        PeftMethod::miss, PeftMethod::shira})
+                        PeftMethod::miss, PeftMethod::shira, PeftMethod::vera, PeftMethod::randlora,
+                        PeftMethod::fourierft})
     if (c.peft_type == peft_method_name(m)) {
       c.method = m;
       return;
@@ -394,6 +396,34 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       view.erase("init_lora_weights");
       if (const Json* v = f.get("mask_type"); v && !v->is_string()) f.wrong_type("mask_type", "a string");
       break;
+    case PeftMethod::vera:
+    case PeftMethod::randlora: {
+      // VeraConfig / RandLoraConfig: r (default 256 / 32), no rank or alpha patterns.
+      if (!view.contains("r")) view["r"] = c.method == PeftMethod::vera ? 256 : 32;
+      view.erase("lora_alpha");  // VeRA has no scale
+      if (c.method == PeftMethod::randlora) {
+        rename("randlora_alpha", "lora_alpha");
+        if (!view.contains("lora_alpha")) view["lora_alpha"] = 640;  // RandLoraConfig's default randlora_alpha
+      }
+      view.erase("rank_pattern");
+      view.erase("alpha_pattern");
+      rename("init_weights", "init_lora_weights");
+      c.save_projection = f.boolean("save_projection", true);
+      if (const Json* v = f.get("projection_prng_key")) c.projection_prng_key = f.integer("projection_prng_key", *v, "an integer");
+      break;
+    }
+    case PeftMethod::fourierft: {
+      rename("n_frequency", "r");
+      if (!view.contains("r")) view["r"] = 1000;  // FourierFTConfig's default n_frequency
+      rename("n_frequency_pattern", "rank_pattern");
+      view.erase("lora_alpha");
+      view.erase("alpha_pattern");
+      rename("init_weights", "init_lora_weights");
+      c.fourierft_scaling = f.number("scaling", 150.0);
+      if (!std::isfinite(c.fourierft_scaling)) f.wrong_type("scaling", "a finite number");
+      if (const Json* v = f.get("random_loc_seed")) c.random_loc_seed = f.integer("random_loc_seed", *v, "an integer");
+      break;
+    }
   }
   return view;
 }
@@ -409,6 +439,9 @@ const char* peft_method_name(PeftMethod method) {
     case PeftMethod::ia3: return "IA3";
     case PeftMethod::miss: return "MISS";
     case PeftMethod::shira: return "SHIRA";
+    case PeftMethod::vera: return "VERA";
+    case PeftMethod::randlora: return "RANDLORA";
+    case PeftMethod::fourierft: return "FOURIERFT";
   }
   return "LORA";
 }

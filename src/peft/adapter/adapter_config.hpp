@@ -62,8 +62,9 @@ struct TrainableTokenIndices {
 
 // The PEFT methods whose adapters load and merge (peft_type); methods/peft_methods.hpp has their
 // arithmetic. Every other peft_type is PEFT_ERR_UNSUPPORTED naming the method and why.
-enum class PeftMethod { lora, loha, lokr, adalora, ia3, miss, shira };
-const char* peft_method_name(PeftMethod method);  // "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA"
+enum class PeftMethod { lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft };
+// "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA", "VERA", "RANDLORA", "FOURIERFT"
+const char* peft_method_name(PeftMethod method);
 
 struct LoraConfig {
   nlohmann::ordered_json document;  // the file as read, in file order, unknown fields included
@@ -78,6 +79,14 @@ struct LoraConfig {
   // MiSS: init_weights "bat" (miss_bat) or "mini" (miss_mini_r = mini_r); true/false is the standard form.
   bool miss_bat = false;
   int64_t miss_mini_r = 0;
+  // VeRA / RandLoRA: whether the shared projections are saved (save_projection) and the seed PEFT
+  // regenerates them from otherwise; RandLoRA's randlora_alpha is read as lora_alpha.
+  bool save_projection = true;
+  int64_t projection_prng_key = 0;
+  // FourierFT: scaling, random_loc_seed (the seed of the spectrum's positions) and n_frequency
+  // (read as r; n_frequency_pattern as rank_pattern).
+  double fourierft_scaling = 150.0;
+  int64_t random_loc_seed = 777;
   std::optional<std::string> task_type;
   std::optional<std::string> base_model_name_or_path;
   std::optional<std::string> revision;

@@ -109,6 +109,9 @@ class ModuleChecker {
         return {m_.miss_mini_r > 0 ? 0 : at(b, 1), 0};
       }
       case PeftMethod::shira: return {0, 0};  // shira_indices only bound the layer
+      case PeftMethod::vera: return {at(dims("vera_lambda_b"), 0), 0};  // vera_A is sliced to any in
+      case PeftMethod::randlora:   // min(out, in) only: checked by randlora_delta
+      case PeftMethod::fourierft:  // any size holding the spectrum: checked by fourierft_delta
       case PeftMethod::lora: break;
     }
     return {0, 0};

@@ -21,6 +21,20 @@ MethodParams load_method_params(const Adapter& adapter, const AdapterModule& mod
     m.values = adapter.checkpoint().read_f32(t.index);
     p.tensors.emplace(t.suffix, std::move(m));
   }
+  const LoraConfig& c = adapter.config();
+  if (module.method == PeftMethod::vera || module.method == PeftMethod::randlora) {
+    const std::string prefix = module.method == PeftMethod::vera ? "vera_" : "randlora_";
+    for (const std::string& name : {prefix + "A", prefix + "B"}) {
+      const size_t* index = adapter.shared_param(name);
+      if (index == nullptr || p.tensors.count(name) != 0) continue;
+      merge::MethodTensor m;
+      for (uint64_t d : adapter.checkpoint().tensor(*index).shape) m.shape.push_back(static_cast<int64_t>(d));
+      m.values = adapter.checkpoint().read_f32(*index);
+      p.tensors.emplace(name, std::move(m));
+    }
+    p.projections_not_saved = !c.save_projection;
+  }
+  p.random_loc_seed = c.random_loc_seed;
   return p;
 }
 
@@ -45,6 +59,32 @@ std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, d
     case PeftMethod::adalora:
       return merge::adalora_delta(need("lora_A"), need("lora_E"), need("lora_B"), coefficient, m.ranknum, layout.out,
                                   layout.in, m.name);
+    case PeftMethod::vera:
+    case PeftMethod::randlora: {
+      const bool vera = m.method == PeftMethod::vera;
+      const std::string a = vera ? "vera_A" : "randlora_A", b = vera ? "vera_B" : "randlora_B";
+      if (p.get(a) == nullptr || p.get(b) == nullptr) {
+        const std::string method = vera ? "VeRA" : "RandLoRA";
+        if (p.projections_not_saved)
+          fail(PEFT_ERR_UNSUPPORTED,
+               "module " + peft::quoted(m.name) + ": the " + method + " adapter was saved without its shared " + a +
+                   " and " + b + " (save_projection is false); PEFT regenerates them from projection_prng_key with "
+                   "torch's generator, which this library does not reproduce. Re-save it with them: in PEFT, "
+                   "get_peft_model(base, its config with save_projection=True), load its tensors with "
+                   "load_state_dict({key + \".default\": tensor}, strict=False), then save_pretrained");
+        fail(PEFT_ERR_INVALID_CHECKPOINT, "module " + peft::quoted(m.name) + ": the adapter has no " +
+                                              peft::quoted("base_model." + a) + " / " + peft::quoted("base_model." + b) +
+                                              " although save_projection is true");
+      }
+      if (vera)
+        return merge::vera_delta(need("vera_A"), need("vera_B"), need("vera_lambda_d"), need("vera_lambda_b"),
+                                 coefficient, layout.out, layout.in, m.name);
+      return merge::randlora_delta(need("randlora_A"), need("randlora_B"), need("randlora_lambda"),
+                                   need("randlora_gamma"), coefficient, layout.out, layout.in, m.name);
+    }
+    case PeftMethod::fourierft:
+      return merge::fourierft_delta(need("fourierft_spectrum"), p.random_loc_seed, coefficient, layout.out, layout.in,
+                                    m.name);
     case PeftMethod::lora:
     case PeftMethod::ia3: break;
     case PeftMethod::miss:

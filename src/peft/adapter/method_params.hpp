@@ -14,13 +14,19 @@ namespace peft {
 
 struct MethodParams {
   std::map<std::string, merge::MethodTensor> tensors;  // by parameter name ("hada_w1_a")
+  // VeRA / RandLoRA: whether the adapter was saved with save_projection false (no shared
+  // projections to read); FourierFT: random_loc_seed.
+  bool projections_not_saved = false;
+  int64_t random_loc_seed = 0;
   const merge::MethodTensor* get(const std::string& name) const;
 };
 
-// Every method_param tensor of `module`, converted to f32.
+// Every method_param tensor of `module`, converted to f32, with the projections VeRA and RandLoRA
+// share among layers (Adapter::shared_param) where the module has none of its own.
 MethodParams load_method_params(const Adapter& adapter, const AdapterModule& module);
 
-// dW [layout.out * layout.in] in PyTorch order of a LoHa, LoKr, AdaLoRA, MiSS or SHiRA module, with
+// dW [layout.out * layout.in] in PyTorch order of a LoHa, LoKr, AdaLoRA, MiSS, SHiRA, VeRA, RandLoRA or
+// FourierFT module, with
 // `coefficient` = merge weight x the module's scaling (PEFT_ERR_INTERNAL for IA3 or LoRA). MiSS's
 // "bat" form reads `weight` (the weight as it stands, f32 in PyTorch order, from merge::weight_f32);
 // without it, it only checks the shapes and returns an empty vector. MiSS has no scale: a

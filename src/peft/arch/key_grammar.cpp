@@ -63,7 +63,8 @@ std::optional<TensorRole> lora_role(const std::vector<std::string_view>& segs, s
 constexpr std::string_view kMethodParams[] = {
     "hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1",   "hada_t2", "lokr_w1", "lokr_w1_a",
     "lokr_w1_b", "lokr_w2",   "lokr_w2_a", "lokr_w2_b", "lokr_t2",   "lora_A",  "lora_B",  "lora_E",
-    "ia3_l",     "miss_block", "shira_weight", "shira_indices"};
+    "ia3_l",     "miss_block", "shira_weight", "shira_indices", "vera_lambda_b", "vera_lambda_d", "vera_A", "vera_B", "randlora_lambda", "randlora_gamma",
+    "randlora_A", "randlora_B", "fourierft_spectrum"};
 
 }  // namespace
 

@@ -11,6 +11,11 @@
 //                                       "bat": dW = W_blocks @ miss_block + miss_block per r x r block (needs W)
 //   SHiRA  (shira/layer.py):            dW[row_k, col_k] = shira_weight[k] * float(scale) at the saved
 //                                       shira_indices (a sparse COO delta), zero elsewhere
+//   VeRA   (vera/layer.py):             dW = (lambda_b * vera_B[:out]) @ (lambda_d * vera_A[:, :in])
+//   RandLoRA (randlora/layer.py):       dW = (B_flat @ ((lambda * A) * gamma)_flat) * float(scale),
+//                                       transposed when out < in (randlora.cpp)
+//   FourierFT (fourierft/layer.py):     dW = float(ifft2(spectrum at randperm positions).real) *
+//                                       float(scale), the transform in f64 (fourierft.cpp)
 //
 // where every product and sum is an f32 operation rounded as torch rounds it, left to right as
 // written; the matrix products accumulate k = 0..rank-1 in order with explicit fused
@@ -71,6 +76,26 @@ std::vector<float> lokr_delta(const LokrFactors& f, double scale, int64_t out, i
 // AdaLoRA: lora_A [r, in], lora_E [r, 1], lora_B [out, r].
 std::vector<float> adalora_delta(const MethodTensor& a, const MethodTensor& e, const MethodTensor& b, double scaling,
                                  double ranknum, int64_t out, int64_t in, std::string_view name);
+
+// VeRA: the shared vera_A [r, >= in] and vera_B [>= out, r], lambda_d [r], lambda_b [out]. VeRA has
+// no scale; `weight` != 1 (a merge weight) multiplies the delta in f32.
+std::vector<float> vera_delta(const MethodTensor& vera_a, const MethodTensor& vera_b, const MethodTensor& lambda_d,
+                              const MethodTensor& lambda_b, double weight, int64_t out, int64_t in,
+                              std::string_view name);
+
+// RandLoRA: randlora_A [r, 1 or >= nb, >= min(out, in)], randlora_B [>= max(out, in), >= nb, r],
+// randlora_lambda [r, nb], randlora_gamma [nb, min(out, in)], nb = ceil(min(out, in) / r).
+std::vector<float> randlora_delta(const MethodTensor& a, const MethodTensor& b, const MethodTensor& lambda,
+                                  const MethodTensor& gamma, double scale, int64_t out, int64_t in,
+                                  std::string_view name);
+
+// The first `count` entries of torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on
+// the CPU, bit for bit (PEFT_ERR_UNSUPPORTED for n >= 2^32 / 20, where torch changes algorithm).
+std::vector<int64_t> torch_randperm(int64_t n, int64_t seed, int64_t count);
+
+// FourierFT: fourierft_spectrum [n] at the positions torch_randperm(out * in, seed, n) draws.
+std::vector<float> fourierft_delta(const MethodTensor& spectrum, int64_t seed, double scale, int64_t out, int64_t in,
+                                   std::string_view name);
 
 // The product x @ y of row-major f32 matrices x [m, k] and y [k, n], accumulated in k order with
 // fused multiply-adds (torch.matmul's value up to the order of its sum).
