@@ -1361,7 +1361,7 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * @return NULL on success, else:
  *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
  *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a `peft_type` other than LORA,
- *         LOHA, LOKR, ADALORA and IA3 (the message names the method and, for prompt/prefix tuning,
+ *         LOHA, LOKR, ADALORA, IA3, OFT, BOFT and HRA (the message names the method and, for prompt/prefix tuning,
  *         p-tuning, X-LoRA, Poly..., why it cannot be merged), LoHa/LoKr in their CP (conv) form, or
  *         a LoRA variant this library does not merge (the message names the field);
  *         #PEFT_ERR_INVALID_CONFIG for invalid JSON, a field of the wrong type, a value PEFT rejects,
@@ -2020,6 +2020,14 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  even in F32: keep the original rows for an exact removal. IA3 scales a non-feed-forward layer's
  *  bias too: pass the bias to peft_merge_buffer_apply() to have it scaled. Registries (serving) load
  *  LoRA adapters only.
+ *
+ *  **Multiplicative methods** (OFT, BOFT, HRA on Linear layers; PEFT has no GPT-2 Conv1D form): both
+ *  merges multiply the weight by the method's rotation, built in f64 (docs/peft-semantics.md, "OFT,
+ *  BOFT and HRA"); the result agrees with PEFT's f32 merge within 1e-6 of the weight, not bit for
+ *  bit. PEFT has no merge weight for them: a weight or scale other than 1 is #PEFT_ERR_UNSUPPORTED.
+ *  PEFT's own unmerge inverts (OFT: the inverse of R; BOFT: the transpose and 1 / boft_s; HRA: the
+ *  reflections in reverse), which is approximate; the arithmetic unmerge here does the same, while
+ *  kept original rows restore the exact original.
  *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.

@@ -24,7 +24,7 @@ struct OtherType {
   const char* name;
   const char* why;
 };
-constexpr const char* kNotYet = "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA and IA3 are)";
+constexpr const char* kNotYet = "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, OFT, BOFT and HRA are)";
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -40,9 +40,9 @@ constexpr OtherType kWhyNot[] = {
 
 // PEFT types other than LoRA: valid adapters this library does not merge.
 constexpr const char* kOtherPeftTypes[] = {
-    "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS", "BOFT",
-    "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "LN_TUNING", "VERA", "FROD",
-    "PVERA", "FOURIERFT", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "MISS", "RANDLORA", "ROAD",
+    "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS",
+    "ADAPTION_PROMPT", "BEFT", "LILY", "POLY", "LN_TUNING", "VERA", "FROD",
+    "PVERA", "FOURIERFT", "GLORA", "XLORA", "VBLORA", "UNILORA", "CPT", "MISS", "RANDLORA", "ROAD",
     "TRAINABLE_TOKENS", "HIRA", "SHIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
 
@@ -146,7 +146,8 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   if (it == doc.end()) f.invalid("peft_type", "is missing (PEFT requires it)");
   if (!it->is_string()) f.wrong_type("peft_type", "a string such as \"LORA\"");
   c.peft_type = it->get<std::string>();
-  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3})
+  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
+                       PeftMethod::oft, PeftMethod::boft, PeftMethod::hra})
     if (c.peft_type == peft_method_name(m)) {
       c.method = m;
       return;
@@ -372,6 +373,29 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       view.erase("init_lora_weights");
       c.feedforward_modules = f.selector("feedforward_modules");
       break;
+    case PeftMethod::oft:
+    case PeftMethod::boft:
+    case PeftMethod::hra: {
+      // The rotation's sizes come from the tensors (PEFT adjusts r / block sizes per layer); r is
+      // HRA's rank. "<method>_only" bias is LoRA's "lora_only"; OFT's fields are read here.
+      if (c.method != PeftMethod::hra) view.erase("r");
+      view.erase("lora_alpha");
+      rename("init_weights", "init_lora_weights");
+      const std::string own_bias = lower(c.peft_type) + "_only";
+      if (const Json* v = f.get("bias"); v && v->is_string() && v->get<std::string>() == own_bias) view["bias"] = "lora_only";
+      if (c.method == PeftMethod::hra) c.hra_apply_gs = f.boolean("apply_GS", false);
+      if (c.method != PeftMethod::oft) break;
+      c.oft.coft = f.boolean("coft", false);
+      c.oft.eps = f.number("eps", 6e-5);
+      c.oft.block_share = f.boolean("block_share", false);
+      c.oft.use_cayley_neumann = f.boolean("use_cayley_neumann", true);
+      if (const Json* v = f.get("num_cayley_neumann_terms")) {
+        if (!v->is_number_integer() || v->get<int64_t>() < 1)
+          f.invalid("num_cayley_neumann_terms", "must be a positive integer");
+        c.oft.num_cayley_neumann_terms = v->get<int64_t>();
+      }
+      break;
+    }
   }
   return view;
 }
@@ -385,6 +409,9 @@ const char* peft_method_name(PeftMethod method) {
     case PeftMethod::lokr: return "LOKR";
     case PeftMethod::adalora: return "ADALORA";
     case PeftMethod::ia3: return "IA3";
+    case PeftMethod::oft: return "OFT";
+    case PeftMethod::boft: return "BOFT";
+    case PeftMethod::hra: return "HRA";
   }
   return "LORA";
 }

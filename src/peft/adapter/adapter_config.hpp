@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/python_regex.hpp"
+#include "peft/methods/peft_methods.hpp"
 
 namespace peft {
 
@@ -62,8 +63,8 @@ struct TrainableTokenIndices {
 
 // The PEFT methods whose adapters load and merge (peft_type); methods/peft_methods.hpp has their
 // arithmetic. Every other peft_type is PEFT_ERR_UNSUPPORTED naming the method and why.
-enum class PeftMethod { lora, loha, lokr, adalora, ia3 };
-const char* peft_method_name(PeftMethod method);  // "LORA", "LOHA", "LOKR", "ADALORA", "IA3"
+enum class PeftMethod { lora, loha, lokr, adalora, ia3, oft, boft, hra };
+const char* peft_method_name(PeftMethod method);  // "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "OFT", ...
 
 struct LoraConfig {
   nlohmann::ordered_json document;  // the file as read, in file order, unknown fields included
@@ -75,6 +76,8 @@ struct LoraConfig {
   PeftMethod method = PeftMethod::lora;
   std::vector<std::pair<std::string, std::vector<bool>>> adalora_rank_masks;  // AdaLoRA rank_pattern
   ModuleSelector feedforward_modules;  // IA3
+  merge::OftSettings oft;              // OFT: coft, eps, block_share, use_cayley_neumann, num_cayley_neumann_terms
+  bool hra_apply_gs = false;           // HRA: apply_GS
   std::optional<std::string> task_type;
   std::optional<std::string> base_model_name_or_path;
   std::optional<std::string> revision;

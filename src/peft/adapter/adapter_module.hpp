@@ -55,6 +55,8 @@ struct AdapterModule {
   double ranknum = 0;
   bool ia3_feedforward = false;
   std::string ia3_bias;  // IA3, not feed-forward: the base bias ia3_l also scales ("" when none)
+  merge::OftSettings oft;     // OFT: the adapter's coft / eps / block_share / Cayley-Neumann fields
+  bool hra_apply_gs = false;  // HRA: apply_GS
 
   bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
   const AdapterTensor* find(TensorRole role) const;

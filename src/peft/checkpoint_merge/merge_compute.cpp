@@ -101,6 +101,10 @@ void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType
     merge::ia3_scale(view, layout, l.data(), m.ia3_feedforward, false, exec);
     return;
   }
+  if (is_rotation(m.method)) {  // OFT, BOFT, HRA: W' = (W @ M) * s
+    merge::transform_input(view, layout, method_transform(m, params, term.coefficient, layout, false), exec);
+    return;
+  }
   const std::vector<float> delta = method_delta(m, params, term.coefficient, layout);
   merge::add_dense_delta(view, layout, delta.data(), false, exec);
 }
