@@ -1361,9 +1361,9 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * @return NULL on success, else:
  *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
  *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a `peft_type` other than LORA,
- *         LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA and FOURIERFT (the message names
- *         the method and, for prompt/prefix tuning, p-tuning, X-LoRA, Poly..., why it cannot be
- *         merged), LoHa/LoKr in their CP (conv) form, or
+ *         LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA, FOURIERFT, OFT, BOFT and HRA (the
+ *         message names the method and, for prompt/prefix tuning, p-tuning, X-LoRA, Poly..., why
+ *         it cannot be merged), LoHa/LoKr in their CP (conv) form, or
  *         a LoRA variant this library does not merge (the message names the field);
  *         #PEFT_ERR_INVALID_CONFIG for invalid JSON, a field of the wrong type, a value PEFT rejects,
  *         modules the config does not target, or ranks / DoRA / lora_bias that do not match the
@@ -2026,6 +2026,14 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  with save_projection=True, the default: an adapter saved without them is #PEFT_ERR_UNSUPPORTED;
  *  FourierFT's positions drawn as torch.randperm draws them, its inverse FFT within f32 rounding of
  *  PEFT's).
+ *
+ *  **Multiplicative methods** (OFT, BOFT, HRA on Linear layers; PEFT has no GPT-2 Conv1D form): both
+ *  merges multiply the weight by the method's rotation, built in f64 (docs/peft-semantics.md, "OFT,
+ *  BOFT and HRA"); the result agrees with PEFT's f32 merge within 1e-6 of the weight, not bit for
+ *  bit. PEFT has no merge weight for them: a weight or scale other than 1 is #PEFT_ERR_UNSUPPORTED.
+ *  PEFT's own unmerge inverts (OFT: the inverse of R; BOFT: the transpose and 1 / boft_s; HRA: the
+ *  reflections in reverse), which is approximate; the arithmetic unmerge here does the same, while
+ *  kept original rows restore the exact original.
  *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.

@@ -99,9 +99,9 @@ printf '{"peft_type": "LORA", "r": "eight"}' >"$work/bad/adapter_config.json"
 printf 'x' >"$work/bad/adapter_model.safetensors"
 "$peftc" adapter inspect "$work/bad" >/dev/null 2>"$work/err"; rc=$?
 [ $rc -eq 1 ] && grep -q '^peftc: error: INVALID_CONFIG: .*"r"' "$work/err" || fail "bad r: exit $rc: $(cat "$work/err")"
-printf '{"peft_type": "OFT"}' >"$work/bad/adapter_config.json"
+printf '{"peft_type": "ROAD"}' >"$work/bad/adapter_config.json"
 "$peftc" adapter inspect "$work/bad" >/dev/null 2>"$work/err"; rc=$?
-[ $rc -eq 1 ] && grep -q '^peftc: error: UNSUPPORTED: .*"peft_type"' "$work/err" || fail "OFT: exit $rc: $(cat "$work/err")"
+[ $rc -eq 1 ] && grep -q '^peftc: error: UNSUPPORTED: .*"peft_type"' "$work/err" || fail "ROAD: exit $rc: $(cat "$work/err")"
 "$peftc" adapter inspect >/dev/null 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "no DIR: exit $rc, expected 2"
 "$peftc" adapter inspect "$work" --frobnicate >/dev/null 2>&1; rc=$?

@@ -73,7 +73,7 @@ TEST_CASE("adapter config: missing peft_type is INVALID_CONFIG") {
 }
 
 TEST_CASE("adapter config: another PEFT method is UNSUPPORTED, an unknown one INVALID_CONFIG") {
-  check_fails({{"peft_type", "OFT"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
+  check_fails({{"peft_type", "ROAD"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
   check_fails({{"peft_type", "PROMPT_TUNING"}}, PEFT_ERR_UNSUPPORTED, "peft_type");
   CHECK(contains(parse_failure(config_text({{"peft_type", "PROMPT_TUNING"}})).message, "virtual tokens"));
   CHECK(contains(parse_failure(config_text({{"peft_type", "XLORA"}})).message, "per-token routing"));
@@ -184,4 +184,27 @@ TEST_CASE("adapter config: LoHa, LoKr, AdaLoRA and IA3 fields read in LoRA's nam
   CHECK(ia3.feedforward_modules.names == std::vector<std::string>{"down_proj"});
   CHECK(loha.canonical_json().find("\"alpha\": 6") != std::string::npos);  // the document is kept
   check_fails({{"peft_type", "ADALORA"}, {"rank_pattern", {{"m", {1, 0}}}}}, PEFT_ERR_INVALID_CONFIG, "rank_pattern");
+}
+
+TEST_CASE("adapter config: OFT, BOFT and HRA read their own fields (r 0, *_only bias, init_weights)") {
+  auto c = peft::LoraConfig::parse(R"({"peft_type": "OFT", "r": 0, "oft_block_size": 4, "coft": true, "eps": 0.5,
+      "block_share": true, "use_cayley_neumann": false, "num_cayley_neumann_terms": 7, "bias": "oft_only",
+      "init_weights": false, "target_modules": ["q_proj"]})", "x");
+  CHECK(c.method == peft::PeftMethod::oft);
+  CHECK(c.oft.coft);
+  CHECK(c.oft.eps == 0.5);
+  CHECK(c.oft.block_share);
+  CHECK_FALSE(c.oft.use_cayley_neumann);
+  CHECK(c.oft.num_cayley_neumann_terms == 7);
+  CHECK(c.bias == "lora_only");
+  auto h = peft::LoraConfig::parse(R"({"peft_type": "HRA", "r": 6, "apply_GS": true, "target_modules": ["q_proj"]})", "x");
+  CHECK(h.method == peft::PeftMethod::hra);
+  CHECK(h.r == 6);
+  CHECK(h.hra_apply_gs);
+  auto b = peft::LoraConfig::parse(R"({"peft_type": "BOFT", "boft_block_size": 4, "bias": "boft_only"})", "x");
+  CHECK(b.method == peft::PeftMethod::boft);
+  CHECK(b.bias == "lora_only");
+  check_fails({{"peft_type", "OFT"}, {"num_cayley_neumann_terms", 0}}, PEFT_ERR_INVALID_CONFIG, "num_cayley_neumann_terms");
+  check_fails({{"peft_type", "OFT"}, {"coft", "yes"}}, PEFT_ERR_INVALID_CONFIG, "coft");
+  check_fails({{"peft_type", "HRA"}, {"apply_GS", 1}}, PEFT_ERR_INVALID_CONFIG, "apply_GS");
 }

@@ -96,6 +96,9 @@ struct AdapterBuilder {
       case PeftMethod::vera: return p.starts_with("vera_");
       case PeftMethod::randlora: return p.starts_with("randlora_");
       case PeftMethod::fourierft: return p.starts_with("fourierft_");
+      case PeftMethod::oft: return p == "oft_R";
+      case PeftMethod::boft: return p == "boft_R" || p == "boft_s";
+      case PeftMethod::hra: return p == "hra_u";
     }
     return false;
   }
@@ -460,6 +463,20 @@ struct AdapterBuilder {
         m.scaling = 1.0;  // ShiraLayer.update_layer: scaling 1.0
         m.rank = c.r;
         need({"shira_weight", "shira_indices"});
+        return;
+      case PeftMethod::oft:
+      case PeftMethod::boft:
+      case PeftMethod::hra:
+        m.scaling = 1.0;  // PEFT has no scale for rotations (set_scale warns and keeps 1)
+        m.oft = c.oft;
+        m.hra_apply_gs = c.hra_apply_gs;
+        if (c.method == PeftMethod::oft) need({"oft_R"});
+        if (c.method == PeftMethod::boft) need({"boft_R", "boft_s"});
+        if (c.method == PeftMethod::hra && need({"hra_u"})) {
+          m.rank_key = matcher.rank_key(m.name);
+          m.rank = matcher.rank_for(m.name);
+          check_rank(dim("hra_u", 1));
+        }
         return;
     }
   }

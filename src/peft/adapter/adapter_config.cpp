@@ -25,8 +25,8 @@ struct OtherType {
   const char* why;
 };
 constexpr const char* kNotYet =
-    "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA and "
-    "FOURIERFT are)";
+    "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA, "
+    "FOURIERFT, OFT, BOFT and HRA are)";
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -42,9 +42,9 @@ constexpr OtherType kWhyNot[] = {
 
 // PEFT types other than LoRA: valid adapters this library does not merge.
 constexpr const char* kOtherPeftTypes[] = {
-    "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS", "BOFT",
-    "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "LN_TUNING", "FROD",
-    "PVERA", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "ROAD",
+    "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS",
+    "ADAPTION_PROMPT", "BEFT", "LILY", "POLY", "LN_TUNING", "FROD",
+    "PVERA", "GLORA", "XLORA", "VBLORA", "UNILORA", "CPT", "ROAD",
     "TRAINABLE_TOKENS", "HIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
 
@@ -150,7 +150,7 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   c.peft_type = it->get<std::string>();
   for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
                         PeftMethod::miss, PeftMethod::shira, PeftMethod::vera, PeftMethod::randlora,
-                        PeftMethod::fourierft})
+                        PeftMethod::fourierft, PeftMethod::oft, PeftMethod::boft, PeftMethod::hra})
     if (c.peft_type == peft_method_name(m)) {
       c.method = m;
       return;
@@ -424,6 +424,29 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       if (const Json* v = f.get("random_loc_seed")) c.random_loc_seed = f.integer("random_loc_seed", *v, "an integer");
       break;
     }
+    case PeftMethod::oft:
+    case PeftMethod::boft:
+    case PeftMethod::hra: {
+      // The rotation's sizes come from the tensors (PEFT adjusts r / block sizes per layer); r is
+      // HRA's rank. "<method>_only" bias is LoRA's "lora_only"; OFT's fields are read here.
+      if (c.method != PeftMethod::hra) view.erase("r");
+      view.erase("lora_alpha");
+      rename("init_weights", "init_lora_weights");
+      const std::string own_bias = lower(c.peft_type) + "_only";
+      if (const Json* v = f.get("bias"); v && v->is_string() && v->get<std::string>() == own_bias) view["bias"] = "lora_only";
+      if (c.method == PeftMethod::hra) c.hra_apply_gs = f.boolean("apply_GS", false);
+      if (c.method != PeftMethod::oft) break;
+      c.oft.coft = f.boolean("coft", false);
+      c.oft.eps = f.number("eps", 6e-5);
+      c.oft.block_share = f.boolean("block_share", false);
+      c.oft.use_cayley_neumann = f.boolean("use_cayley_neumann", true);
+      if (const Json* v = f.get("num_cayley_neumann_terms")) {
+        if (!v->is_number_integer() || v->get<int64_t>() < 1)
+          f.invalid("num_cayley_neumann_terms", "must be a positive integer");
+        c.oft.num_cayley_neumann_terms = v->get<int64_t>();
+      }
+      break;
+    }
   }
   return view;
 }
@@ -442,6 +465,9 @@ const char* peft_method_name(PeftMethod method) {
     case PeftMethod::vera: return "VERA";
     case PeftMethod::randlora: return "RANDLORA";
     case PeftMethod::fourierft: return "FOURIERFT";
+    case PeftMethod::oft: return "OFT";
+    case PeftMethod::boft: return "BOFT";
+    case PeftMethod::hra: return "HRA";
   }
   return "LORA";
 }

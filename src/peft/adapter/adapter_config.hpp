@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/python_regex.hpp"
+#include "peft/methods/peft_methods.hpp"
 
 namespace peft {
 
@@ -62,8 +63,9 @@ struct TrainableTokenIndices {
 
 // The PEFT methods whose adapters load and merge (peft_type); methods/peft_methods.hpp has their
 // arithmetic. Every other peft_type is PEFT_ERR_UNSUPPORTED naming the method and why.
-enum class PeftMethod { lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft };
-// "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA", "VERA", "RANDLORA", "FOURIERFT"
+enum class PeftMethod { lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft, oft, boft, hra };
+// "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA", "VERA", "RANDLORA", "FOURIERFT", "OFT",
+// "BOFT", "HRA"
 const char* peft_method_name(PeftMethod method);
 
 struct LoraConfig {
@@ -87,6 +89,8 @@ struct LoraConfig {
   // (read as r; n_frequency_pattern as rank_pattern).
   double fourierft_scaling = 150.0;
   int64_t random_loc_seed = 777;
+  merge::OftSettings oft;              // OFT: coft, eps, block_share, use_cayley_neumann, num_cayley_neumann_terms
+  bool hra_apply_gs = false;           // HRA: apply_GS
   std::optional<std::string> task_type;
   std::optional<std::string> base_model_name_or_path;
   std::optional<std::string> revision;

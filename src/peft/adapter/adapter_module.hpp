@@ -57,6 +57,8 @@ struct AdapterModule {
   std::string ia3_bias;  // IA3, not feed-forward: the base bias ia3_l also scales ("" when none)
   bool miss_bat = false;     // MiSS: the "bat" form (its delta reads the weight)
   int64_t miss_mini_r = 0;   // MiSS: mini_r of the "mini" form, 0 otherwise
+  merge::OftSettings oft;     // OFT: the adapter's coft / eps / block_share / Cayley-Neumann fields
+  bool hra_apply_gs = false;  // HRA: apply_GS
 
   bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
   const AdapterTensor* find(TensorRole role) const;

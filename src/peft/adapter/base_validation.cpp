@@ -103,6 +103,18 @@ class ModuleChecker {
         const Shape l = dims("ia3_l");  // (out, 1), or (1, in) for a feed-forward module
         return m_.ia3_feedforward ? std::pair<uint64_t, uint64_t>{0, at(l, 1)} : std::pair<uint64_t, uint64_t>{at(l, 0), 0};
       }
+      case PeftMethod::oft: {
+        const Shape r = dims("oft_R");  // [blocks, b (b - 1) / 2]; one shared block says nothing of in
+        uint64_t b = 2;
+        while (r.size() == 2 && b * (b - 1) / 2 < r[1]) ++b;
+        if (m_.oft.block_share || r.size() != 2 || b * (b - 1) / 2 != r[1]) return {0, 0};
+        return {0, r[0] * b};
+      }
+      case PeftMethod::boft: {
+        const Shape r = dims("boft_R");  // [N, D, H, H]: in = D * H; boft_s [out, 1]
+        return {at(dims("boft_s"), 0), at(r, 1) * at(r, 2)};
+      }
+      case PeftMethod::hra: return {0, at(dims("hra_u"), 0)};
       case PeftMethod::miss: {
         const Shape b = dims("miss_block");  // [r, out], [r, mini_r] or bat's [out / r, r, r]
         if (m_.miss_bat) return {at(b, 0) * at(b, 1), 0};
@@ -135,7 +147,8 @@ class ModuleChecker {
       const ModuleRule* rule = table_->rule_for_module(m_.name);
       conv1d = rule && rule->kind == ModuleKind::conv1d;
     }
-    if (conv1d && (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr)) {
+    if (conv1d && (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr || m_.method == PeftMethod::oft ||
+                   m_.method == PeftMethod::boft || m_.method == PeftMethod::hra)) {
       mismatch(method + " on the GPT-2 Conv1D layer " + peft::quoted(base_name_) +
                ": PEFT implements " + method + " for Linear and Conv layers only");
       return;

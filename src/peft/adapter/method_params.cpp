@@ -3,6 +3,7 @@
 #include "peft/adapter/method_params.hpp"
 
 #include "core/error.hpp"
+#include "core/python_json.hpp"
 #include "core/text.hpp"
 
 namespace peft {
@@ -94,6 +95,9 @@ std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, d
       return merge::miss_delta(need("miss_block"), m.miss_mini_r, m.miss_bat, weight, layout.out, layout.in, m.name);
     case PeftMethod::shira:
       return merge::shira_delta(need("shira_weight"), need("shira_indices"), coefficient, layout.out, layout.in, m.name);
+    case PeftMethod::oft:
+    case PeftMethod::boft:
+    case PeftMethod::hra: break;
   }
   fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " has no additive delta");
 }
@@ -107,6 +111,38 @@ std::vector<float> ia3_vector(const MethodParams& p, double weight) {
     for (float& x : v) x = x * w;
   }
   return v;
+}
+
+bool is_rotation(PeftMethod method) {
+  return method == PeftMethod::oft || method == PeftMethod::boft || method == PeftMethod::hra;
+}
+
+void check_rotation_weight(const AdapterModule& m, double weight) {
+  if (weight != 1.0)
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": " + peft_method_name(m.method) +
+                                   " cannot be merged with weight " + python_float_repr(weight) +
+                                   ": PEFT has no merge weight for rotations (set_scale keeps 1); use 1");
+}
+
+merge::InputTransform method_transform(const AdapterModule& m, const MethodParams& p, double weight,
+                                       const merge::DeltaLayout& layout, bool inverse) {
+  check_rotation_weight(m, weight);
+  if (layout.transposed)
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": " + peft_method_name(m.method) +
+                                   " merges into Linear layers only (PEFT has no GPT-2 Conv1D form)");
+  auto need = [&](const char* name) -> const merge::MethodTensor& {
+    const merge::MethodTensor* t = p.get(name);
+    if (t == nullptr) fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " lost its " + name);
+    return *t;
+  };
+  switch (m.method) {
+    case PeftMethod::oft: return merge::oft_transform(need("oft_R"), m.oft, layout.in, inverse, m.name);
+    case PeftMethod::boft:
+      return merge::boft_transform(need("boft_R"), need("boft_s"), layout.out, layout.in, inverse, m.name);
+    case PeftMethod::hra: return merge::hra_transform(need("hra_u"), m.hra_apply_gs, layout.in, inverse, m.name);
+    default: break;
+  }
+  fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " has no rotation");
 }
 
 }  // namespace peft

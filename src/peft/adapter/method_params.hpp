@@ -41,4 +41,17 @@ bool method_reads_weight(const AdapterModule& module);
 // for one adapter).
 std::vector<float> ia3_vector(const MethodParams& params, double weight);
 
+// OFT, BOFT and HRA: the module's method multiplies the weight by a rotation (method_transform)
+// instead of adding a delta.
+bool is_rotation(PeftMethod method);
+
+// PEFT_ERR_UNSUPPORTED unless `weight` is 1: PEFT has no merge weight for rotations (set_scale
+// warns and keeps 1).
+void check_rotation_weight(const AdapterModule& module, double weight);
+
+// The rotation of an OFT, BOFT or HRA module for `layout` (merge::transform_input applies it);
+// `inverse` gives PEFT's arithmetic unmerge; `weight` passes check_rotation_weight.
+merge::InputTransform method_transform(const AdapterModule& module, const MethodParams& params, double weight,
+                                       const merge::DeltaLayout& layout, bool inverse);
+
 }  // namespace peft

@@ -64,7 +64,8 @@ constexpr std::string_view kMethodParams[] = {
     "hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1",   "hada_t2", "lokr_w1", "lokr_w1_a",
     "lokr_w1_b", "lokr_w2",   "lokr_w2_a", "lokr_w2_b", "lokr_t2",   "lora_A",  "lora_B",  "lora_E",
     "ia3_l",     "miss_block", "shira_weight", "shira_indices", "vera_lambda_b", "vera_lambda_d", "vera_A", "vera_B", "randlora_lambda", "randlora_gamma",
-    "randlora_A", "randlora_B", "fourierft_spectrum"};
+    "randlora_A", "randlora_B", "fourierft_spectrum",
+    "boft_R",    "boft_s",    "hra_u"};
 
 }  // namespace
 
@@ -107,6 +108,20 @@ std::optional<ParsedKey> parse_adapter_key(std::string_view key) {
   std::vector<std::string_view> segs = split_segments(key);
   for (std::string_view s : segs)
     if (s.empty()) return std::nullopt;
+
+  // OFT: <module>.oft_R[.default].weight (its OFTRotationModule's weight), role_suffix "oft_R".
+  {
+    const size_t n = segs.size();
+    const bool named = n >= 4 && segs[n - 2] == kDefaultAdapter;
+    const size_t at = named ? n - 3 : n - 2;
+    if (n >= 3 && segs[n - 1] == "weight" && segs[at] == "oft_R" && at >= 1) {
+      parsed.module = join(segs, 0, at);
+      parsed.role = TensorRole::method_param;
+      parsed.role_suffix = "oft_R";
+      parsed.had_adapter_name = named;
+      return parsed;
+    }
+  }
 
   // Parameters of other methods: <module>.<param>[.default], the param last.
   {

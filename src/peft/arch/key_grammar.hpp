@@ -39,7 +39,8 @@ enum class TensorRole {
 // The parameter names of the non-LoRA methods (PEFT saves their ParameterDicts as
 // "<module>.<name>", e.g. "model.layers.0.mlp.up_proj.hada_w1_a"): LoHa hada_w1_a hada_w1_b
 // hada_w2_a hada_w2_b hada_t1 hada_t2; LoKr lokr_w1 lokr_w1_a lokr_w1_b lokr_w2 lokr_w2_a
-// lokr_w2_b lokr_t2; AdaLoRA lora_A lora_B lora_E (no ".weight"); IA3 ia3_l.
+// lokr_w2_b lokr_t2; AdaLoRA lora_A lora_B lora_E (no ".weight"); IA3 ia3_l; BOFT boft_R boft_s;
+// HRA hra_u. OFT's "<module>.oft_R.weight" parses as the parameter "oft_R".
 bool is_method_param(std::string_view segment);
 
 // The key suffix of a role ("lora_A.weight"); for `full`, see ParsedKey::role_suffix.

@@ -158,6 +158,7 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
 struct BufferMerge::MethodChange {
   std::vector<float> delta;  // additive methods: dW [out, in], PyTorch order
   std::vector<float> scale;  // IA3: ia3_l x weight
+  merge::InputTransform transform;  // OFT, BOFT, HRA: the rotation (and BOFT's boft_s)
   bool scales_bias = false;  // IA3 on a layer that is not feed-forward, with a bias buffer
 };
 
@@ -176,6 +177,8 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
                                         std::to_string(want) + " features");
     change->scales_bias = !m.ia3_feedforward && bias != nullptr;
     if (change->scales_bias) check_view(*bias, 1, layout.out, "buffer merge: bias");
+  } else if (is_rotation(m.method)) {
+    change->transform = method_transform(m, *module.method_params, options.weight, layout, false);
   } else {
     const double coefficient = merge::lora_coefficient(options.weight, module.scaling, "buffer merge");
     const std::vector<float> current = method_reads_weight(m) ? merge::weight_f32(weight, layout) : std::vector<float>{};
@@ -198,6 +201,8 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
   }
   if (ia3)
     merge::ia3_scale(weight, layout, change->scale.data(), m.ia3_feedforward, false, exec);
+  else if (is_rotation(m.method))
+    merge::transform_input(weight, layout, change->transform, exec);
   else
     merge::add_dense_delta(weight, layout, change->delta.data(), false, exec);
   if (change->scales_bias) {
@@ -253,13 +258,17 @@ void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightVie
                   row_bytes);
     if (!saved_bias_.empty()) std::memcpy(bias->data, saved_bias_.data(), saved_bias_.size());
   } else if (method_) {
-    // PEFT's arithmetic unmerge: subtract the delta, or divide by (ia3_l + 1e-8), which is not exact.
+    // PEFT's arithmetic unmerge: subtract the delta, or divide by (ia3_l + 1e-8), or apply the
+    // inverse rotation (OFT inverts R, BOFT transposes and divides, HRA reflects in reverse): none
+    // of the multiplicative ones is exact.
     merge::ExecOptions exec;
     exec.threads = threads_;
     const AdapterModule& m = *module_.method_module;
     if (m.method == PeftMethod::ia3) {
       merge::ia3_scale(weight, layout, method_->scale.data(), m.ia3_feedforward, true, exec);
       if (method_->scales_bias) merge::ia3_scale_bias(*bias, method_->scale.data(), true);
+    } else if (is_rotation(m.method)) {
+      merge::transform_input(weight, layout, method_transform(m, *module_.method_params, 1.0, layout, true), exec);
     } else {
       merge::add_dense_delta(weight, layout, method_->delta.data(), true, exec);
     }

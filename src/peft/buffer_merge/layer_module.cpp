@@ -193,6 +193,8 @@ BufferMergeModule method_module(const std::shared_ptr<const Adapter>& adapter, c
     if (l == nullptr || static_cast<int64_t>(l->values.size()) != want)
       fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": ia3_l does not fit a weight of " +
                                         shape_text(weight_shape));
+  } else if (is_rotation(m.method)) {
+    method_transform(m, *module.method_params, 1.0, module.layout, false);
   } else {
     method_delta(m, *module.method_params, m.scaling, module.layout);
   }

@@ -101,6 +101,10 @@ void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType
     merge::ia3_scale(view, layout, l.data(), m.ia3_feedforward, false, exec);
     return;
   }
+  if (is_rotation(m.method)) {  // OFT, BOFT, HRA: W' = (W @ M) * s
+    merge::transform_input(view, layout, method_transform(m, params, term.coefficient, layout, false), exec);
+    return;
+  }
   const std::vector<float> current = method_reads_weight(m) ? merge::weight_f32(view, layout) : std::vector<float>{};
   const std::vector<float> delta =
       method_delta(m, params, term.coefficient, layout, current.empty() ? nullptr : current.data());

@@ -13,6 +13,7 @@
 #include "core/f8.hpp"
 #include "core/path.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/method_params.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "safetensors/checkpoint_layout.hpp"
@@ -150,6 +151,7 @@ class Planner {
           if (!lora_seen.insert({target, &a}).second)
             conflicts.push_back(adapter_label(a) + " has two LoRA modules on base tensor " +
                                 peft::quoted(base().tensor(target).name));
+          if (is_rotation(m.method)) check_rotation_weight(m, a.weight);  // before anything is written
           changes_[target].lora.push_back(term);
           if (m.method == PeftMethod::ia3 && !m.ia3_bias.empty())  // ia3_l scales the bias too
             changes_[base_index_of(m.ia3_bias, a)].lora_bias.push_back(term);

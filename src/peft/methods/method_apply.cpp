@@ -5,12 +5,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "core/bf16.hpp"
 #include "core/error.hpp"
 #include "core/f16.hpp"
+#include "core/text.hpp"
 #include "peft/methods/peft_methods.hpp"
 
 namespace peft::merge {
@@ -133,6 +136,127 @@ void ia3_scale_bias(const WeightView& bias, const float* l, bool divide, const R
       float s = l[j];
       if (divide) s = s + 1e-8f;
       v[j] = divide ? v[j] / s : v[j] * s;
+    }
+  });
+}
+
+
+// ---- The multiplicative methods' shared parts (OFT, BOFT, HRA; peft_methods.hpp) -----------------
+
+namespace {
+
+// Solves A X = B for n x n row-major A and B (m columns) in place, partial pivoting, in f64.
+void solve_f64(std::vector<double>& a, std::vector<double>& b, int64_t n, int64_t m, std::string_view name) {
+  for (int64_t c = 0; c < n; ++c) {
+    int64_t pivot = c;
+    for (int64_t r = c + 1; r < n; ++r)
+      if (std::fabs(a[r * n + c]) > std::fabs(a[pivot * n + c])) pivot = r;
+    if (!(std::fabs(a[pivot * n + c]) > 0.0))
+      fail(PEFT_ERR_INVALID_CHECKPOINT, "module " + peft::quoted(std::string(name)) +
+                                            ": the rotation's matrix is singular (non-finite or degenerate parameters)");
+    if (pivot != c) {
+      for (int64_t j = 0; j < n; ++j) std::swap(a[c * n + j], a[pivot * n + j]);
+      for (int64_t j = 0; j < m; ++j) std::swap(b[c * m + j], b[pivot * m + j]);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      if (r == c) continue;
+      const double f = a[r * n + c] / a[c * n + c];
+      if (f == 0.0) continue;
+      for (int64_t j = c; j < n; ++j) a[r * n + j] -= f * a[c * n + j];
+      for (int64_t j = 0; j < m; ++j) b[r * m + j] -= f * b[c * m + j];
+    }
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < m; ++j) b[r * m + j] /= a[r * n + r];
+}
+
+}  // namespace
+
+std::vector<double> cayley_f64(const std::vector<double>& s, int64_t n, std::string_view name) {
+  // X (I + S) = I - S; transposed, with S^T = -S: (I - S) X^T = I + S.
+  std::vector<double> a(static_cast<size_t>(n * n)), b(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const double eye = i == j ? 1.0 : 0.0;
+      a[i * n + j] = eye - s[i * n + j];
+      b[i * n + j] = eye + s[i * n + j];
+    }
+  solve_f64(a, b, n, n, name);
+  std::vector<double> x(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) x[i * n + j] = b[j * n + i];
+  return x;
+}
+
+std::vector<double> inverse_f64(const std::vector<double>& a, int64_t n, std::string_view name) {
+  std::vector<double> work = a, b(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; ++i) b[i * n + i] = 1.0;
+  solve_f64(work, b, n, n, name);
+  return b;
+}
+
+void transform_input(const WeightView& weight, const DeltaLayout& layout, const InputTransform& t,
+                     const ExecOptions& exec) {
+  check_weight(weight, layout, "merge target");
+  if (layout.transposed)
+    fail(PEFT_ERR_UNSUPPORTED, "OFT, BOFT and HRA merge into Linear weights [out, in] only (PEFT has no Conv1D form)");
+  if (t.in != layout.in)
+    fail(PEFT_ERR_SHAPE_MISMATCH, "merge: the rotation is " + std::to_string(t.in) + " x " + std::to_string(t.in) +
+                                      " but the layer has " + std::to_string(layout.in) + " input features");
+  if (!t.out_scale.empty() && static_cast<int64_t>(t.out_scale.size()) != layout.out)
+    fail(PEFT_ERR_SHAPE_MISMATCH, "merge: the output scale has " + std::to_string(t.out_scale.size()) +
+                                      " values, the layer " + std::to_string(layout.out) + " output features");
+  const size_t in = static_cast<size_t>(layout.in);
+  std::vector<double> x(in), y(in);
+  rewrite_rows(weight, exec, [&](int64_t r, float* v) {
+    for (size_t j = 0; j < in; ++j) x[j] = v[j];
+    for (const TransformStep& s : t.steps) {
+      switch (s.kind) {
+        case TransformStep::Kind::blocks: {
+          const size_t b = static_cast<size_t>(s.size);
+          for (size_t blk = 0; blk * b < in; ++blk) {
+            const double* m = s.values.data() + (s.count == 1 ? 0 : blk) * b * b;
+            const double* xs = x.data() + blk * b;
+            for (size_t i = 0; i < b; ++i) {
+              double acc = 0.0;
+              for (size_t j = 0; j < b; ++j) acc += xs[j] * m[i * b + j];
+              y[blk * b + i] = acc;
+            }
+          }
+          x.swap(y);
+          break;
+        }
+        case TransformStep::Kind::permute:
+          for (size_t i = 0; i < in; ++i) y[i] = x[static_cast<size_t>(s.index[i])];
+          x.swap(y);
+          break;
+        case TransformStep::Kind::reflections:
+        case TransformStep::Kind::projector: {
+          const bool each = s.kind == TransformStep::Kind::reflections;
+          std::vector<double> dots(static_cast<size_t>(s.count));
+          for (int64_t k = 0; k < s.count; ++k) {
+            const double* u = s.values.data() + static_cast<size_t>(k) * in;
+            double d = 0.0;
+            for (size_t j = 0; j < in; ++j) d += x[j] * u[j];
+            if (each) {
+              for (size_t j = 0; j < in; ++j) x[j] -= 2.0 * d * u[j];
+            } else {
+              dots[static_cast<size_t>(k)] = d;
+            }
+          }
+          if (!each)
+            for (int64_t k = 0; k < s.count; ++k) {
+              const double* u = s.values.data() + static_cast<size_t>(k) * in;
+              for (size_t j = 0; j < in; ++j) x[j] -= 2.0 * dots[static_cast<size_t>(k)] * u[j];
+            }
+          break;
+        }
+      }
+    }
+    for (size_t j = 0; j < in; ++j) v[j] = static_cast<float>(x[j]);
+    if (!t.out_scale.empty()) {
+      const float s = t.out_scale[static_cast<size_t>(r)];
+      for (size_t j = 0; j < in; ++j) v[j] = v[j] * s;
     }
   });
 }

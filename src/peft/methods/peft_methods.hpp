@@ -130,4 +130,83 @@ std::vector<float> shira_delta(const MethodTensor& values, const MethodTensor& i
 // The weight of `layout` as f32 in PyTorch order [out, in] (what MiSS's bat form multiplies).
 std::vector<float> weight_f32(const WeightView& weight, const DeltaLayout& layout);
 
+// ---- Multiplicative methods: W' = (W @ M) * s, a dense [in, in] matrix M on the input side -----
+//
+//   OFT  (oft/layer.py, Linear.merge):  W' = (R @ W^T)^T = W @ R^T, R block diagonal from oft_R
+//                                       (one block per row of oft_R, or one shared block repeated
+//                                       in / block_size times when block_share), each block the
+//                                       Cayley transform of a skew-symmetric Q built from the upper
+//                                       triangle: (I - Q)(I + Q)^-1, or its truncated Neumann series
+//                                       I + 2Q + 2Q^2 + ... + Q^(n-1) (use_cayley_neumann, n terms,
+//                                       exactly as _cayley_batch sums them); coft first projects each
+//                                       Q onto the Frobenius ball of radius eps / sqrt(blocks).
+//   BOFT (boft/layer.py, Linear.merge): W' = (W @ M^T) * boft_s, M = B_(N-1) ... B_0, B_i = P_i D_i
+//                                       P_i^T with D_i block diagonal of the Cayley transforms of
+//                                       0.5 (R - R^T) (boft_R [N, D, H, H]) and P_i the butterfly
+//                                       permutation block_butterfly_perm(in, D / 2^i, H / 2, N - 1).
+//   HRA  (hra/layer.py, Linear.merge):  W' = W @ H, H = (I - 2 u_1 u_1^T) ... (I - 2 u_r u_r^T) with
+//                                       u_i the normalised columns of hra_u [in, r], or with apply_GS
+//                                       H = I - 2 U U^T, U the Gram-Schmidt orthonormalised columns.
+//
+// The rotation is built and applied in f64, and each merged element rounds once to f32 (BOFT's
+// boft_s product is then an f32 product, as PEFT's `orig_weight * boft_s`) and once more to a
+// 16-bit weight dtype. PEFT builds R in f32 (torch.linalg.solve for the exact Cayley transform) and
+// multiplies in f32 with torch.mm, so bits are not expected to agree: the merged weights agree with
+// PEFT's within 1e-6 of the weight's largest value (tests/interop/test_oft_merge.py).
+//
+// Unmerge: PEFT's own unmerge inverts (OFT: torch.linalg.inv(R); BOFT: M^T and 1 / boft_s; HRA:
+// the reflections in reverse order), approximate in floating point; `inverse` builds that inverse
+// transform. Exact removal keeps the original rows instead (buffer_merge.hpp).
+// PEFT has no merge weight for these methods (set_scale warns and keeps 1): callers refuse a
+// weight != 1. Only Linear layers ([out, in] weights) are merged: PEFT refuses GPT-2 Conv1D.
+
+struct OftSettings {
+  bool coft = false;
+  double eps = 6e-5;
+  bool block_share = false;
+  bool use_cayley_neumann = true;
+  int64_t num_cayley_neumann_terms = 5;
+};
+
+// One step of a transform, applied to each weight row x (length in) in f64.
+struct TransformStep {
+  enum class Kind {
+    blocks,       // x[b*k + i] = sum_j x[b*k + j] * values[blk][i][j] (W @ block^T), blk = 0 when shared
+    permute,      // x[i] = x[index[i]]
+    reflections,  // for each unit vector u in values (in order): x -= 2 (x . u) u
+    projector,    // x -= 2 sum_u (x . u) u over the vectors in values (I - 2 U U^T)
+  };
+  Kind kind = Kind::blocks;
+  int64_t size = 0;            // blocks: the block size; reflections/projector: in
+  int64_t count = 0;           // blocks: stored blocks (1 when shared); reflections/projector: vectors
+  std::vector<double> values;  // row-major blocks, or vectors
+  std::vector<int64_t> index;  // permute
+};
+
+struct InputTransform {
+  int64_t in = 0;
+  std::vector<TransformStep> steps;  // applied in order
+  std::vector<float> out_scale;      // empty, or one f32 factor per output feature applied last
+};
+
+// Each builder checks the shapes PEFT creates for a layer of `out` x `in` features
+// (PEFT_ERR_SHAPE_MISMATCH naming `name`). `inverse` gives PEFT's unmerge transform.
+InputTransform oft_transform(const MethodTensor& oft_r, const OftSettings& settings, int64_t in, bool inverse,
+                             std::string_view name);
+InputTransform boft_transform(const MethodTensor& boft_r, const MethodTensor& boft_s, int64_t out, int64_t in,
+                              bool inverse, std::string_view name);
+InputTransform hra_transform(const MethodTensor& hra_u, bool apply_gs, int64_t in, bool inverse,
+                             std::string_view name);
+
+// The Cayley transform (I - S)(I + S)^-1 of an n x n skew-symmetric S (row-major), by Gaussian
+// elimination with partial pivoting in f64; PEFT_ERR_INVALID_CHECKPOINT naming `name` when I + S is
+// singular (it never is for a real skew-symmetric S). Also the inverse of a general matrix.
+std::vector<double> cayley_f64(const std::vector<double>& s, int64_t n, std::string_view name);
+std::vector<double> inverse_f64(const std::vector<double>& a, int64_t n, std::string_view name);
+
+// W = round((W @ M) * s) per element, M the transform, for a Linear weight [out, in] (layout not
+// transposed). exec.row_sink sees the original bytes of every row that changes.
+void transform_input(const WeightView& weight, const DeltaLayout& layout, const InputTransform& transform,
+                     const ExecOptions& exec = {});
+
 }  // namespace peft::merge
