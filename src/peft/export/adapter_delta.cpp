@@ -84,7 +84,9 @@ ModuleDelta stored(std::vector<float> delta, const merge::DeltaLayout& layout) {
 
 }  // namespace
 
-bool is_multiplicative(PeftMethod method) { return method == PeftMethod::ia3; }
+bool is_multiplicative(const AdapterModule& m) {
+  return m.method == PeftMethod::ia3 || is_rotation(m.method) || method_reads_weight(m);
+}
 
 bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why) {
   if (adapter.config().use_dora) {
@@ -102,7 +104,7 @@ bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_
       return false;
     }
   if (m.method == PeftMethod::lora || with_base) return true;
-  if (is_multiplicative(m.method)) {
+  if (is_multiplicative(m)) {
     why = std::string("of method ") + peft_method_name(m.method) +
           ", whose change multiplies the base weight: converting it needs the base model (dW = W' - W; "
           "peftc --base, peft_lowrank_options_set_base())";
@@ -137,7 +139,7 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const B
   // A non-owning pointer: the module (and its parameters) live only during this call.
   const std::shared_ptr<const Adapter> view(std::shared_ptr<const Adapter>(), &adapter);
   const BufferMergeModule module = buffer_merge_module(view, m, shape);
-  if (!is_multiplicative(m.method))
+  if (!is_multiplicative(m))
     return stored(method_delta(m, *module.method_params, m.scaling, module.layout), module.layout);
 
   if (m.method == PeftMethod::ia3 && !m.ia3_feedforward && base->find(m.name, "bias", adapter.table().get()))

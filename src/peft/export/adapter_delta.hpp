@@ -33,8 +33,9 @@ struct ModuleDelta {
   bool transposed = false;    // Conv1D: storage holds [in, out], the transpose of B @ A
 };
 
-// Whether a module of `method` changes the weight multiplicatively (its dW depends on the base).
-bool is_multiplicative(PeftMethod method);
+// Whether module `m`'s change depends on the base weight (IA3's scale, the OFT/BOFT/HRA rotations,
+// MiSS's "bat" form): its dW is W' - W, computed against a base.
+bool is_multiplicative(const AdapterModule& m);
 
 // Whether module_delta handles `m` (with a base model when `with_base`); otherwise `why` says what it is.
 bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why);
