@@ -24,7 +24,8 @@ struct OtherType {
   const char* name;
   const char* why;
 };
-constexpr const char* kNotYet = "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA and IA3 are)";
+constexpr const char* kNotYet =
+    "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, LN_TUNING and TRAINABLE_TOKENS are)";
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -41,9 +42,9 @@ constexpr OtherType kWhyNot[] = {
 // PEFT types other than LoRA: valid adapters this library does not merge.
 constexpr const char* kOtherPeftTypes[] = {
     "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS", "BOFT",
-    "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "LN_TUNING", "VERA", "FROD",
+    "ADAPTION_PROMPT", "BEFT", "LILY", "OFT", "POLY", "VERA", "FROD",
     "PVERA", "FOURIERFT", "GLORA", "XLORA", "HRA", "VBLORA", "UNILORA", "CPT", "MISS", "RANDLORA", "ROAD",
-    "TRAINABLE_TOKENS", "HIRA", "SHIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
+    "HIRA", "SHIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
 
 // Fields whose non-null value selects a LoRA variant that this library does not merge.
@@ -146,7 +147,8 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   if (it == doc.end()) f.invalid("peft_type", "is missing (PEFT requires it)");
   if (!it->is_string()) f.wrong_type("peft_type", "a string such as \"LORA\"");
   c.peft_type = it->get<std::string>();
-  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3})
+  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
+                       PeftMethod::ln_tuning, PeftMethod::trainable_tokens})
     if (c.peft_type == peft_method_name(m)) {
       c.method = m;
       return;
@@ -372,6 +374,30 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       view.erase("init_lora_weights");
       c.feedforward_modules = f.selector("feedforward_modules");
       break;
+    case PeftMethod::ln_tuning:  // LNTuningConfig: target_modules, exclude_modules, modules_to_save
+      view.erase("r");
+      view.erase("lora_alpha");
+      break;
+    case PeftMethod::trainable_tokens: {
+      // TrainableTokensConfig: token_indices for the target_modules embedding(s) (default: the
+      // input embedding, "embed_tokens"), read as LoRA's trainable_token_indices {module: indices}.
+      view.erase("r");
+      view.erase("lora_alpha");
+      view.erase("trainable_token_indices");
+      const Json* indices = f.get("token_indices");
+      if (indices == nullptr) f.invalid("token_indices", "is missing (TRAINABLE_TOKENS needs the token indices)");
+      Json targets = Json::object();
+      const ModuleSelector selector = f.selector("target_modules");
+      if (selector.kind == ModuleSelector::Kind::list)
+        for (const std::string& name : selector.names) targets[name] = *indices;
+      else if (selector.kind == ModuleSelector::Kind::regex)
+        targets[selector.pattern] = *indices;
+      else
+        targets["embed_tokens"] = *indices;
+      view["trainable_token_indices"] = targets;
+      view.erase("target_modules");
+      break;
+    }
   }
   return view;
 }
@@ -385,6 +411,8 @@ const char* peft_method_name(PeftMethod method) {
     case PeftMethod::lokr: return "LOKR";
     case PeftMethod::adalora: return "ADALORA";
     case PeftMethod::ia3: return "IA3";
+    case PeftMethod::ln_tuning: return "LN_TUNING";
+    case PeftMethod::trainable_tokens: return "TRAINABLE_TOKENS";
   }
   return "LORA";
 }

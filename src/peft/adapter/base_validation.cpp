@@ -104,6 +104,8 @@ class ModuleChecker {
         return m_.ia3_feedforward ? std::pair<uint64_t, uint64_t>{0, at(l, 1)} : std::pair<uint64_t, uint64_t>{at(l, 0), 0};
       }
       case PeftMethod::lora: break;
+      case PeftMethod::ln_tuning:
+      case PeftMethod::trainable_tokens: break;  // replacements only: no method_param tensors
     }
     return {0, 0};
   }

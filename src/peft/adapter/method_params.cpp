@@ -5,6 +5,8 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 
+#include <string>
+
 namespace peft {
 
 const merge::MethodTensor* MethodParams::get(const std::string& name) const {
@@ -45,6 +47,8 @@ std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, d
                                   layout.in, m.name);
     case PeftMethod::lora:
     case PeftMethod::ia3: break;
+    case PeftMethod::ln_tuning:
+    case PeftMethod::trainable_tokens: break;
   }
   fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " has no additive delta");
 }
@@ -58,6 +62,18 @@ std::vector<float> ia3_vector(const MethodParams& p, double weight) {
     for (float& x : v) x = x * w;
   }
   return v;
+}
+
+}  // namespace peft
+
+namespace peft {
+
+void check_replacement_weight(const Adapter& adapter, double weight) {
+  const PeftMethod method = adapter.config().method;
+  if (weight == 1.0 || (method != PeftMethod::ln_tuning && method != PeftMethod::trainable_tokens)) return;
+  fail(PEFT_ERR_UNSUPPORTED, "adapter " + peft::quoted(adapter.dir()) + " is " + peft_method_name(method) +
+                                 ", which replaces tensors; PEFT defines no merge weight for it (weight " +
+                                 std::to_string(weight) + " given, only 1 is supported)");
 }
 
 }  // namespace peft

@@ -86,4 +86,11 @@ void ia3_scale(const WeightView& weight, const DeltaLayout& layout, const float*
 // IA3 on a bias (non-feed-forward modules): bias = round(float(bias) * l[j]) (or / (l + 1e-8f)).
 void ia3_scale_bias(const WeightView& bias, const float* l, bool divide, const RowSink* row_sink = nullptr);
 
+// Replacements (LN_TUNING norms, trainable-token rows, full tensors): the weight's rows `rows`
+// (every row, in order, when empty) become `values` ([count, weight.cols] f32, row i for rows[i])
+// rounded once to the weight's dtype, as torch's copy_ / index_copy_ of an f32 tensor into it.
+// PEFT_ERR_INVALID_ARGUMENT for a row outside the weight; exec.row_sink as above.
+void replace_rows(const WeightView& weight, const float* values, std::span<const int64_t> rows,
+                  const ExecOptions& exec = {});
+
 }  // namespace peft::merge
