@@ -818,7 +818,8 @@ class Doctor {
   }
 
   void check_unused_targets() {
-    if (!base_) return;
+    // LN_TUNING targets norms and TRAINABLE_TOKENS an embedding's rows: no LoRA-style target set.
+    if (!base_ || config_.method == PeftMethod::ln_tuning || config_.method == PeftMethod::trainable_tokens) return;
     std::set<size_t> covered;
     for (const Group& g : groups_)
       if (g.base_index) covered.insert(*g.base_index);
