@@ -386,6 +386,7 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       view.erase("trainable_token_indices");
       const Json* indices = f.get("token_indices");
       if (indices == nullptr) f.invalid("token_indices", "is missing (TRAINABLE_TOKENS needs the token indices)");
+      f.int_list("token_indices", *indices);  // INVALID_CONFIG naming the field unless a list of integers
       Json targets = Json::object();
       const ModuleSelector selector = f.selector("target_modules");
       if (selector.kind == ModuleSelector::Kind::list)

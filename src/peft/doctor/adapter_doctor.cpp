@@ -225,7 +225,8 @@ class Doctor {
         e.module = rewrite->module;
         e.suffix = rewrite->suffix;
         e.understood = true;
-      } else if (auto parsed = parse_adapter_key(e.key)) {
+      } else if (auto parsed = parse_adapter_key(e.key);
+                 parsed && (parsed->role != TensorRole::method_param || method_key(parsed->role_suffix))) {
         // (other methods' parameters: role method_param, their suffix the parameter's name)
         e.module = parsed->module;
         e.suffix = parsed->role_suffix;
@@ -543,6 +544,13 @@ class Doctor {
     std::optional<std::string> dora;
     std::optional<std::string> method;  // "LORA", "LOHA", ..., or "LYCORIS_LOHA" / "LYCORIS_LOKR"
   };
+
+  // A method parameter read as such: LoHa / LoKr names anywhere (LyCORIS files included), AdaLoRA's
+  // lora_A / lora_B / lora_E and IA3's ia3_l only in an adapter of that method (in a LoRA adapter,
+  // "lora_A" is a weight_suffix variant of lora_A.weight).
+  bool method_key(const std::string& param) const {
+    return param.starts_with("hada_") || param.starts_with("lokr_") || method_of_param(param) == config_.method;
+  }
 
   bool has_method_params(const Group& g) const {
     for (size_t i : g.entries)
