@@ -2035,6 +2035,12 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  reflections in reverse), which is approximate; the arithmetic unmerge here does the same, while
  *  kept original rows restore the exact original.
  *
+ *  **Replacements** (LN_TUNING norm copies, TRAINABLE_TOKENS rows, and any adapter's full tensors and
+ *  trainable-token rows): both merges overwrite the base tensor or rows with the adapter's values,
+ *  rounded once to the buffer's dtype; the original rows are always kept in a buffer merge and
+ *  restored exactly on removal. PEFT defines no weight for them: a weight other than 1 is
+ *  #PEFT_ERR_UNSUPPORTED (docs/peft-semantics.md, "Replacement methods").
+ *
  *  Thread safety: options and records belong to one thread at a time. A checkpoint merge runs on
  *  the calling thread (which also receives every progress call) plus worker threads of its own.
  *  Buffer merges into different buffers may run concurrently from any threads, also with the same
@@ -2450,17 +2456,17 @@ PEFT_API peft_error* peft_merge_buffer_options_set_translator(peft_merge_buffer_
  * @param data The weight: row-major, @p dtype elements, any alignment. Changed in place.
  * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
  * @param shape @p ndim dimensions of the weight. Copied.
- * @param ndim Number of dimensions (2, or 4 for Conv2d).
+ * @param ndim Number of dimensions (2, or 4 for Conv2d; 1 for a replaced norm weight).
  * @param bias The layer's bias ([out] elements of @p bias_dtype), needed when the layer has a
- *        `lora_B.bias`; otherwise ignored and may be NULL.
+ *        `lora_B.bias` or its replacement replaces the bias; otherwise ignored and may be NULL.
  * @param bias_dtype Dtype of @p bias (F32, BF16 or F16); ignored without a bias.
  * @param opts Options, or NULL for the defaults. Not kept.
  * @param[out] out Receives the record needed to remove the merge; free it with
  *             peft_merge_record_free() (freeing does not undo the merge).
  * @return NULL on success, and the buffers are unchanged on failure:
  *         #PEFT_ERR_NOT_FOUND when the adapter has no such layer; #PEFT_ERR_UNRESOLVED_KEY when the
- *         translator does not resolve @p name; #PEFT_ERR_UNSUPPORTED for a module that is not a
- *         LoRA layer or a dtype other than F32/BF16/F16; #PEFT_ERR_SHAPE_MISMATCH when the shape does
+ *         translator does not resolve @p name; #PEFT_ERR_UNSUPPORTED for a dtype other than
+ *         F32/BF16/F16 or a replacement with a weight other than 1; #PEFT_ERR_SHAPE_MISMATCH when the shape does
  *         not fit the layer; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or a missing bias;
  *         #PEFT_ERR_OUT_OF_MEMORY when the original rows cannot be kept.
  *         Thread-safe for different buffers.

@@ -208,3 +208,22 @@ TEST_CASE("adapter config: OFT, BOFT and HRA read their own fields (r 0, *_only 
   check_fails({{"peft_type", "OFT"}, {"coft", "yes"}}, PEFT_ERR_INVALID_CONFIG, "coft");
   check_fails({{"peft_type", "HRA"}, {"apply_GS", 1}}, PEFT_ERR_INVALID_CONFIG, "apply_GS");
 }
+
+TEST_CASE("adapter config: LN_TUNING and TRAINABLE_TOKENS are replacement methods") {
+  auto ln = peft::LoraConfig::parse(R"({"peft_type": "LN_TUNING", "target_modules": ["input_layernorm", "norm"]})", "x");
+  CHECK(ln.method == peft::PeftMethod::ln_tuning);
+  CHECK(ln.target_modules.names == std::vector<std::string>{"input_layernorm", "norm"});
+  CHECK(std::string(peft::peft_method_name(ln.method)) == "LN_TUNING");
+
+  auto tt = peft::LoraConfig::parse(
+      R"({"peft_type": "TRAINABLE_TOKENS", "target_modules": "model.embed_tokens", "token_indices": [1, 3]})", "x");
+  CHECK(tt.method == peft::PeftMethod::trainable_tokens);
+  const std::vector<int64_t>* rows = tt.trainable_token_indices.for_module("model.embed_tokens");
+  REQUIRE(rows);
+  CHECK(*rows == std::vector<int64_t>{1, 3});
+  CHECK_FALSE(tt.trainable_token_indices.for_module("lm_head"));
+  auto by_default = peft::LoraConfig::parse(R"({"peft_type": "TRAINABLE_TOKENS", "token_indices": [0]})", "x");
+  CHECK(by_default.trainable_token_indices.for_module("model.embed_tokens"));  // PEFT's default "embed_tokens"
+  check_fails({{"peft_type", "TRAINABLE_TOKENS"}}, PEFT_ERR_INVALID_CONFIG, "token_indices");
+  check_fails({{"peft_type", "TRAINABLE_TOKENS"}, {"token_indices", "x"}}, PEFT_ERR_INVALID_CONFIG, "token_indices");
+}

@@ -117,3 +117,31 @@ TEST_CASE("adapter keys: parameters of other methods are method_param keys named
   }
   CHECK_FALSE(peft::parse_adapter_key("hada_w1_a"));  // no module
 }
+
+TEST_CASE("adapter keys: LN_TUNING norm copies and TRAINABLE_TOKENS rows") {
+  auto ln = peft::parse_adapter_key("base_model.model.model.layers.0.input_layernorm.ln_tuning_layers.weight");
+  REQUIRE(ln);
+  CHECK(ln->role == peft::TensorRole::full);
+  CHECK(ln->module == "model.layers.0.input_layernorm");
+  CHECK(ln->role_suffix == "ln_tuning_layers.weight");
+  CHECK(ln->base_tensor == "model.layers.0.input_layernorm.weight");
+  CHECK(ln->key(true) == "base_model.model.model.layers.0.input_layernorm.ln_tuning_layers.weight");
+  auto bias = peft::parse_adapter_key("base_model.model.encoder.ln.ln_tuning_layers.bias");
+  REQUIRE(bias);
+  CHECK(bias->base_tensor == "encoder.ln.bias");
+  CHECK(peft::suffix_parameter(bias->role_suffix) == "bias");
+
+  auto tokens = peft::parse_adapter_key("base_model.model.model.embed_tokens.trainable_tokens_delta");
+  REQUIRE(tokens);
+  CHECK(tokens->role == peft::TensorRole::trainable_tokens_delta);
+  CHECK(tokens->module == "model.embed_tokens");
+  CHECK(tokens->role_suffix == "trainable_tokens_delta");
+  auto named = peft::parse_adapter_key("model.embed_tokens.trainable_tokens_delta.default");
+  REQUIRE(named);
+  CHECK(named->had_adapter_name);
+  CHECK(named->module == "model.embed_tokens");
+  auto lora_form = peft::parse_adapter_key("base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta");
+  REQUIRE(lora_form);  // LoRA's trainable_token_indices form is unchanged
+  CHECK(lora_form->role_suffix == "token_adapter.trainable_tokens_delta");
+  CHECK_FALSE(peft::parse_adapter_key("trainable_tokens_delta"));  // no module
+}

@@ -85,7 +85,34 @@ TEST_CASE("merge pipeline: buffer merges address modules by native name, Conv1D 
   CHECK(error_code([&] { peft::find_lora_module(*adapter, "model.layers.7.self_attn.q_proj", nullptr); }) ==
         PEFT_ERR_NOT_FOUND);
   auto bert = open_adapter(adapter_dir("bert_seqcls_lora"));
-  CHECK(error_code([&] { peft::find_lora_module(*bert, "classifier", nullptr); }) == PEFT_ERR_UNSUPPORTED);
+  {
+    // A modules_to_save copy is a replacement: merged by overwriting the weight (and bias) with the
+    // adapter's values, only at weight 1, and removed to the original bytes.
+    const peft::AdapterModule& classifier = peft::find_lora_module(*bert, "classifier", nullptr);
+    CHECK(classifier.kind == peft::LayerKind::full);
+    const peft::AdapterTensor* cw = classifier.find_suffix("weight");
+    const peft::AdapterTensor* cb = classifier.find_suffix("bias");
+    REQUIRE(cw != nullptr);
+    const auto& dims = bert->checkpoint().tensor(cw->index).shape;
+    REQUIRE(dims.size() == 2);
+    const std::vector<int64_t> shape{static_cast<int64_t>(dims[0]), static_cast<int64_t>(dims[1])};
+    std::vector<float> w(static_cast<size_t>(shape[0] * shape[1]), 0.25f), bias(static_cast<size_t>(shape[0]), 0.5f);
+    const std::vector<float> w0 = w, bias0 = bias;
+    const peft::merge::WeightView wv{w.data(), peft::DType::F32, shape[0], shape[1]};
+    const peft::merge::WeightView bv{bias.data(), peft::DType::F32, 1, shape[0]};
+    const peft::BufferMergeModule rm = peft::buffer_merge_module(bert, classifier, shape);
+    CHECK(error_code([&] { peft::BufferMerge::apply(wv, cb ? &bv : nullptr, rm, {.weight = 0.5}); }) ==
+          PEFT_ERR_UNSUPPORTED);
+    CHECK(w == w0);
+    peft::BufferMerge record = peft::BufferMerge::apply(wv, cb ? &bv : nullptr, rm);
+    CHECK(w == bert->checkpoint().read_f32(cw->index));
+    if (cb) CHECK(bias == bert->checkpoint().read_f32(cb->index));
+    record.remove(wv, cb ? &bv : nullptr);
+    CHECK(w == w0);
+    CHECK(bias == bias0);
+    const std::vector<int64_t> wrong{shape[0] + 1, shape[1]};
+    CHECK(error_code([&] { peft::buffer_merge_module(bert, classifier, wrong); }) == PEFT_ERR_SHAPE_MISMATCH);
+  }
   const peft::AdapterModule& q = peft::find_lora_module(*adapter, "model.layers.0.self_attn.q_proj", nullptr);
   const std::vector<int64_t> wrong{16, 17};
   CHECK(error_code([&] { peft::buffer_merge_module(adapter, q, wrong); }) == PEFT_ERR_SHAPE_MISMATCH);

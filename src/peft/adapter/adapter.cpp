@@ -99,6 +99,8 @@ struct AdapterBuilder {
       case PeftMethod::oft: return p == "oft_R";
       case PeftMethod::boft: return p == "boft_R" || p == "boft_s";
       case PeftMethod::hra: return p == "hra_u";
+      case PeftMethod::ln_tuning:
+      case PeftMethod::trainable_tokens: return false;
     }
     return false;
   }
@@ -478,6 +480,8 @@ struct AdapterBuilder {
           check_rank(dim("hra_u", 1));
         }
         return;
+      case PeftMethod::ln_tuning:
+      case PeftMethod::trainable_tokens: return;  // no method_param modules (role_fits_method)
     }
   }
 
@@ -501,6 +505,33 @@ struct AdapterBuilder {
       config_problem("trainable_token_indices", "tensor " + peft::quoted(delta->key) + " is " + shape_text(shape) +
                                                     " but " + std::to_string(indices->size()) +
                                                     " token indices are configured");
+  }
+
+  // TRAINABLE_TOKENS on a model with tied embeddings: PEFT wraps the output embedding in a layer tied
+  // to the input embedding's (TrainableTokensModel.inject_adapter), which shares its delta and its
+  // token_indices, and save_pretrained writes that delta a second time under the output embedding
+  // ("lm_head.trainable_tokens_delta"). Its merge writes the same rows into the same shared weight,
+  // so the copy is left out (with a note) when no target names it.
+  void drop_tied_token_copies() {
+    if (a.config_.method != PeftMethod::trainable_tokens) return;
+    std::erase_if(a.modules_, [&](const AdapterModule& m) {
+      const bool copy = m.kind == LayerKind::trainable_tokens && !token_indices_for(m.name) &&
+                        (m.name == "lm_head" || m.name.ends_with(".lm_head"));
+      if (copy)
+        a.notes_.push_back("module " + peft::quoted(m.name) + " holds the tied output embedding's copy of the "
+                           "trainable-token rows (PEFT's tied adapter shares the input embedding's); it is left out");
+      return copy;
+    });
+  }
+
+  // LN_TUNING: PEFT loads ln_tuning_layers only into the modules target_modules selects.
+  void check_ln_target(const AdapterModule& m, std::vector<std::string>& untargeted) {
+    bool tuned = false;
+    for (const AdapterTensor& t : m.tensors) tuned = tuned || t.key.find(".ln_tuning_layers.") != std::string::npos;
+    if (!tuned) return;
+    auto verdict = matcher->check(m.name);
+    if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
+      untargeted.push_back(peft::quoted(m.name) + " (" + verdict_name(verdict) + ")");
   }
 
   void expand_targets(ModuleMatcher& matcher) {
@@ -557,6 +588,7 @@ struct AdapterBuilder {
     std::vector<std::string> untargeted;
     for (AdapterModule& m : a.modules_) classify(m);
     drop_empty_modules();  // modules inert() left out
+    drop_tied_token_copies();
     if (!broken_structure.empty())
       fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
     size_t token_modules = 0;
@@ -567,6 +599,7 @@ struct AdapterBuilder {
         resolve_tokens(m);
         ++token_modules;
       }
+      if (a.config_.method == PeftMethod::ln_tuning) check_ln_target(m, untargeted);
     }
     if (a.config_.trainable_token_indices.is_list && token_modules > 1)
       config_problem("trainable_token_indices", "a list applies to one embedding, but " +
@@ -700,7 +733,9 @@ struct AdapterBuilder {
     }
     b.report_inert();
     b.report_missing_biases();
-    if (b.base && options.lenient) b.report_untouched_targets();
+    const bool replacements_only = a.config_.method == PeftMethod::ln_tuning ||
+                                   a.config_.method == PeftMethod::trainable_tokens;
+    if (b.base && options.lenient && !replacements_only) b.report_untouched_targets();
     return adapter;
   }
 

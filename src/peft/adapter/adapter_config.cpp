@@ -26,7 +26,7 @@ struct OtherType {
 };
 constexpr const char* kNotYet =
     "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA, "
-    "FOURIERFT, OFT, BOFT and HRA are)";
+    "FOURIERFT, OFT, BOFT, HRA, LN_TUNING and TRAINABLE_TOKENS are)";
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -43,9 +43,9 @@ constexpr OtherType kWhyNot[] = {
 // PEFT types other than LoRA: valid adapters this library does not merge.
 constexpr const char* kOtherPeftTypes[] = {
     "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS",
-    "ADAPTION_PROMPT", "BEFT", "LILY", "POLY", "LN_TUNING", "FROD",
+    "ADAPTION_PROMPT", "BEFT", "LILY", "POLY", "FROD",
     "PVERA", "GLORA", "XLORA", "VBLORA", "UNILORA", "CPT", "ROAD",
-    "TRAINABLE_TOKENS", "HIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
+    "HIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
 
 // Fields whose non-null value selects a LoRA variant that this library does not merge.
@@ -150,7 +150,8 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   c.peft_type = it->get<std::string>();
   for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
                         PeftMethod::miss, PeftMethod::shira, PeftMethod::vera, PeftMethod::randlora,
-                        PeftMethod::fourierft, PeftMethod::oft, PeftMethod::boft, PeftMethod::hra})
+                        PeftMethod::fourierft, PeftMethod::oft, PeftMethod::boft, PeftMethod::hra,
+                        PeftMethod::ln_tuning, PeftMethod::trainable_tokens})
     if (c.peft_type == peft_method_name(m)) {
       c.method = m;
       return;
@@ -447,6 +448,31 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       }
       break;
     }
+    case PeftMethod::ln_tuning:  // LNTuningConfig: target_modules, exclude_modules, modules_to_save
+      view.erase("r");
+      view.erase("lora_alpha");
+      break;
+    case PeftMethod::trainable_tokens: {
+      // TrainableTokensConfig: token_indices for the target_modules embedding(s) (default: the
+      // input embedding, "embed_tokens"), read as LoRA's trainable_token_indices {module: indices}.
+      view.erase("r");
+      view.erase("lora_alpha");
+      view.erase("trainable_token_indices");
+      const Json* indices = f.get("token_indices");
+      if (indices == nullptr) f.invalid("token_indices", "is missing (TRAINABLE_TOKENS needs the token indices)");
+      f.int_list("token_indices", *indices);  // INVALID_CONFIG naming the field unless a list of integers
+      Json targets = Json::object();
+      const ModuleSelector selector = f.selector("target_modules");
+      if (selector.kind == ModuleSelector::Kind::list)
+        for (const std::string& name : selector.names) targets[name] = *indices;
+      else if (selector.kind == ModuleSelector::Kind::regex)
+        targets[selector.pattern] = *indices;
+      else
+        targets["embed_tokens"] = *indices;
+      view["trainable_token_indices"] = targets;
+      view.erase("target_modules");
+      break;
+    }
   }
   return view;
 }
@@ -468,6 +494,8 @@ const char* peft_method_name(PeftMethod method) {
     case PeftMethod::oft: return "OFT";
     case PeftMethod::boft: return "BOFT";
     case PeftMethod::hra: return "HRA";
+    case PeftMethod::ln_tuning: return "LN_TUNING";
+    case PeftMethod::trainable_tokens: return "TRAINABLE_TOKENS";
   }
   return "LORA";
 }

@@ -63,9 +63,14 @@ struct TrainableTokenIndices {
 
 // The PEFT methods whose adapters load and merge (peft_type); methods/peft_methods.hpp has their
 // arithmetic. Every other peft_type is PEFT_ERR_UNSUPPORTED naming the method and why.
-enum class PeftMethod { lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft, oft, boft, hra };
+// LN_TUNING and TRAINABLE_TOKENS adapters hold replacements only: whole norm tensors (full
+// modules) and embedding rows (trainable_tokens modules, their token_indices read as
+// trainable_token_indices); they have no LoRA layers.
+enum class PeftMethod {
+  lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft, oft, boft, hra, ln_tuning, trainable_tokens
+};
 // "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA", "VERA", "RANDLORA", "FOURIERFT", "OFT",
-// "BOFT", "HRA"
+// "BOFT", "HRA", "LN_TUNING", "TRAINABLE_TOKENS"
 const char* peft_method_name(PeftMethod method);
 
 struct LoraConfig {

@@ -125,6 +125,8 @@ class ModuleChecker {
       case PeftMethod::randlora:   // min(out, in) only: checked by randlora_delta
       case PeftMethod::fourierft:  // any size holding the spectrum: checked by fourierft_delta
       case PeftMethod::lora: break;
+      case PeftMethod::ln_tuning:
+      case PeftMethod::trainable_tokens: break;  // replacements only: no method_param tensors
     }
     return {0, 0};
   }

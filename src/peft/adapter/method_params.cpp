@@ -6,6 +6,8 @@
 #include "core/python_json.hpp"
 #include "core/text.hpp"
 
+#include <string>
+
 namespace peft {
 
 const merge::MethodTensor* MethodParams::get(const std::string& name) const {
@@ -98,6 +100,8 @@ std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, d
     case PeftMethod::oft:
     case PeftMethod::boft:
     case PeftMethod::hra: break;
+    case PeftMethod::ln_tuning:
+    case PeftMethod::trainable_tokens: break;
   }
   fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " has no additive delta");
 }
@@ -143,6 +147,18 @@ merge::InputTransform method_transform(const AdapterModule& m, const MethodParam
     default: break;
   }
   fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " has no rotation");
+}
+
+}  // namespace peft
+
+namespace peft {
+
+void check_replacement_weight(const Adapter& adapter, double weight) {
+  const PeftMethod method = adapter.config().method;
+  if (weight == 1.0 || (method != PeftMethod::ln_tuning && method != PeftMethod::trainable_tokens)) return;
+  fail(PEFT_ERR_UNSUPPORTED, "adapter " + peft::quoted(adapter.dir()) + " is " + peft_method_name(method) +
+                                 ", which replaces tensors; PEFT defines no merge weight for it (weight " +
+                                 std::to_string(weight) + " given, only 1 is supported)");
 }
 
 }  // namespace peft

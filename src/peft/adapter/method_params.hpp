@@ -55,3 +55,12 @@ merge::InputTransform method_transform(const AdapterModule& module, const Method
                                        const merge::DeltaLayout& layout, bool inverse);
 
 }  // namespace peft
+
+namespace peft {
+
+// LN_TUNING and TRAINABLE_TOKENS adapters only replace tensors (norm weights) and rows (token
+// embeddings); PEFT defines no scale for them (no set_scale, no add_weighted_adapter), so a merge
+// weight other than 1 is PEFT_ERR_UNSUPPORTED naming the adapter. Other methods pass.
+void check_replacement_weight(const Adapter& adapter, double weight);
+
+}  // namespace peft

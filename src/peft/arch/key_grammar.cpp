@@ -169,6 +169,21 @@ std::optional<ParsedKey> parse_adapter_key(std::string_view key) {
     return parsed;
   }
 
+  // TRAINABLE_TOKENS adapters (peft_type TRAINABLE_TOKENS): <module>.trainable_tokens_delta[.default],
+  // the same rows as LoRA's token_adapter.trainable_tokens_delta.
+  {
+    const size_t n = segs.size();
+    const bool named = n >= 3 && segs[n - 1] == kDefaultAdapter && segs[n - 2] == "trainable_tokens_delta";
+    const size_t last = named ? n - 2 : n - 1;
+    if (last >= 1 && segs[last] == "trainable_tokens_delta" && segs[last - 1] != "token_adapter") {
+      parsed.module = join(segs, 0, last);
+      parsed.role = TensorRole::trainable_tokens_delta;
+      parsed.role_suffix = "trainable_tokens_delta";  // as TRAINABLE_TOKENS saves it
+      parsed.had_adapter_name = named;
+      return parsed;
+    }
+  }
+
   // Full replacement tensors: <module>[.modules_to_save.default][.base_layer].<param>
   if (segs.size() < 2) return std::nullopt;
   for (std::string_view s : segs)
@@ -183,12 +198,13 @@ std::optional<ParsedKey> parse_adapter_key(std::string_view key) {
     end = j;
     break;
   }
-  bool base_layer = end >= 2 && segs[end - 1] == "base_layer";
+  // LN_TUNING saves its tuned copy of a norm as <module>.ln_tuning_layers.<param> (kept in the suffix).
+  bool base_layer = end >= 2 && (segs[end - 1] == "base_layer" || segs[end - 1] == "ln_tuning_layers");
   size_t module_end = base_layer ? end - 1 : end;
   if (module_end == 0) return std::nullopt;
   parsed.module = join(segs, 0, module_end);
   parsed.role = TensorRole::full;
-  parsed.role_suffix = (base_layer ? "base_layer." : "") + std::string(param);
+  parsed.role_suffix = (base_layer ? std::string(segs[end - 1]) + "." : "") + std::string(param);
   parsed.base_tensor = parsed.module + "." + std::string(param);
   return parsed;
 }

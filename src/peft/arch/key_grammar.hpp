@@ -7,6 +7,8 @@
 // trainable tokens:        token_adapter.trainable_tokens_delta
 // full replacement tensors (modules_to_save copies, bias="all" biases, saved embeddings):
 //                          <param>  or  base_layer.<param>   (e.g. "weight", "bias", "base_layer.weight")
+// LN_TUNING (a tuned norm):            ln_tuning_layers.<param>   (replaces <module>.<param>)
+// TRAINABLE_TOKENS adapters:           trainable_tokens_delta (no token_adapter segment; that suffix)
 //
 // Keys that still carry an adapter name are accepted when the name is PEFT's default name
 // "default" (`lora_A.default.weight`, `lora_magnitude_vector.default.weight`,

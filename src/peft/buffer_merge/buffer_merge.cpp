@@ -160,7 +160,13 @@ struct BufferMerge::MethodChange {
   std::vector<float> scale;  // IA3: ia3_l x weight
   merge::InputTransform transform;  // OFT, BOFT, HRA: the rotation (and BOFT's boft_s)
   bool scales_bias = false;  // IA3 on a layer that is not feed-forward, with a bias buffer
+  // Replacements (full and trainable_tokens modules, layer_module.cpp's replacement_module: their
+  // values under "weight" and "bias"): rows of the weight, and the bias, overwritten.
+  bool replaces = false;
+  std::vector<int64_t> rows;  // the rows replaced (trainable tokens); empty: the whole weight
+  std::vector<float> bias;    // the bias replacement [layout.out], or empty
 };
+
 
 BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const merge::WeightView* bias,
                                       const BufferMergeModule& module, const BufferMergeOptions& options) {
@@ -168,7 +174,27 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
   const merge::DeltaLayout& layout = module.layout;
   auto change = std::make_shared<MethodChange>();
   const bool ia3 = m.method == PeftMethod::ia3;
-  if (ia3) {
+  const merge::MethodTensor* replacement = nullptr;
+  if (!m.is_lora()) {
+    // A replacement: PEFT defines no weight for it, and removal always restores the saved rows
+    // (PEFT's unmerge restores its saved originals too).
+    if (options.weight != 1.0)
+      fail(PEFT_ERR_UNSUPPORTED, "buffer merge: module " + peft::quoted(m.name) + " replaces tensors (" +
+                                     layer_kind_name(m.kind) + "); PEFT defines no merge weight for it, only 1 is "
+                                     "supported");
+    change->replaces = true;
+    replacement = module.method_params->get("weight");
+    if (replacement == nullptr) fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " lost its replacement");
+    change->rows = m.kind == LayerKind::trainable_tokens ? m.token_indices : std::vector<int64_t>{};
+    if (const merge::MethodTensor* b = module.method_params->get("bias")) {
+      if (bias == nullptr)
+        fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module " + peft::quoted(m.name) +
+                                            " replaces the bias too: pass the bias buffer");
+      check_view(*bias, 1, layout.out, "buffer merge: bias");
+      change->bias = b->values;
+      change->scales_bias = true;  // the bias buffer is changed (kept and checked like IA3's)
+    }
+  } else if (ia3) {
     change->scale = ia3_vector(*module.method_params, options.weight);
     const int64_t want = m.ia3_feedforward ? layout.in : layout.out;
     if (static_cast<int64_t>(change->scale.size()) != want)
@@ -188,7 +214,7 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
   record.module_ = module;
   record.method_ = change;
   record.threads_ = options.threads;
-  record.keep_rows_ = options.keep_original_rows;
+  record.keep_rows_ = options.keep_original_rows || change->replaces;
   record.dtype_ = weight.dtype;
   record.bias_dtype_ = change->scales_bias ? bias->dtype : DType::F32;
   const size_t row_bytes = static_cast<size_t>(layout.cols()) * element_bytes(weight.dtype);
@@ -199,7 +225,9 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
     sink = record.original_rows_sink(layout, row_bytes, change->scales_bias);
     exec.row_sink = &sink;
   }
-  if (ia3)
+  if (change->replaces)
+    merge::replace_rows(weight, replacement->values.data(), change->rows, exec);
+  else if (ia3)
     merge::ia3_scale(weight, layout, change->scale.data(), m.ia3_feedforward, false, exec);
   else if (is_rotation(m.method))
     merge::transform_input(weight, layout, change->transform, exec);
@@ -210,7 +238,13 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
       const auto* p = static_cast<const unsigned char*>(bytes);
       record.saved_bias_.assign(p, p + count);
     };
-    merge::ia3_scale_bias(*bias, change->scale.data(), false, record.keep_rows_ ? &bias_sink : nullptr);
+    if (change->replaces) {
+      merge::ExecOptions bias_exec;
+      bias_exec.row_sink = &bias_sink;
+      merge::replace_rows(*bias, change->bias.data(), {}, bias_exec);
+    } else {
+      merge::ia3_scale_bias(*bias, change->scale.data(), false, record.keep_rows_ ? &bias_sink : nullptr);
+    }
     if (record.keep_rows_ && !record.saved_bias_.empty())
       record.merged_bias_hash_ = hash_bytes(static_cast<const unsigned char*>(bias->data), record.saved_bias_.size());
   }

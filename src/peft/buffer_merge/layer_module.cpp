@@ -85,10 +85,6 @@ const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view n
   if (!found)
     fail(PEFT_ERR_NOT_FOUND, "adapter " + peft::quoted(adapter.dir()) + " has no module " + peft::quoted(std::string(name)) +
                                  (names.front() != name ? " (" + peft::quoted(names.front()) + ")" : ""));
-  if (!found->is_lora())
-    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(found->name) + " of adapter " + peft::quoted(adapter.dir()) + " is a " +
-                                   layer_kind_name(found->kind) +
-                                   " module, not a LoRA layer; only LoRA layers are merged into buffers");
   return *found;
 }
 
@@ -201,8 +197,48 @@ BufferMergeModule method_module(const std::shared_ptr<const Adapter>& adapter, c
   return module;
 }
 
+// A replacement module (full tensors: LN_TUNING norms, modules_to_save copies; trainable tokens):
+// its weight replacement (or token rows) and bias replacement as f32 under "weight" and "bias".
+// The weight buffer is [out, in] with out = its first dimension (1 for a 1-D norm weight, stored
+// as one row of `out` features: transposed, so that a bias of `out` values fits).
+BufferMergeModule replacement_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
+                                     std::span<const int64_t> weight_shape) {
+  const Checkpoint& ckpt = adapter->checkpoint();
+  const std::string who = "module " + peft::quoted(m.name);
+  if (weight_shape.empty()) fail(PEFT_ERR_SHAPE_MISMATCH, who + ": the weight buffer has no shape");
+  int64_t inner = 1;
+  for (size_t i = 1; i < weight_shape.size(); ++i) inner *= weight_shape[i];
+  BufferMergeModule module;
+  module.layout = weight_shape.size() == 1 ? merge::DeltaLayout{weight_shape[0], 1, true}
+                                           : merge::DeltaLayout{weight_shape[0], inner, false};
+  auto params = std::make_shared<MethodParams>();
+  for (const AdapterTensor& t : m.tensors) {
+    const std::string param = t.role == TensorRole::trainable_tokens_delta ? "weight" : suffix_parameter(t.suffix);
+    if (param != "weight" && param != "bias") continue;
+    merge::MethodTensor value;
+    value.shape = signed_shape(ckpt.tensor(t.index).shape);
+    value.values = ckpt.read_f32(t.index);
+    const int64_t rows = m.kind == LayerKind::trainable_tokens ? static_cast<int64_t>(m.token_indices.size())
+                         : param == "bias"                     ? 1
+                                                               : module.layout.rows();
+    const int64_t cols = param == "bias" ? module.layout.out : module.layout.cols();
+    if (static_cast<int64_t>(value.values.size()) != rows * cols ||
+        (param == "weight" && m.kind == LayerKind::full && value.shape != std::vector<int64_t>(weight_shape.begin(), weight_shape.end())))
+      fail(PEFT_ERR_SHAPE_MISMATCH, who + ": " + t.key + " is " + shape_text(value.shape) +
+                                        ", which does not fit a weight of " + shape_text(weight_shape));
+    params->tensors.emplace(param, std::move(value));
+  }
+  if (params->get("weight") == nullptr)
+    fail(PEFT_ERR_UNSUPPORTED, who + " replaces no weight (only its bias); pass it by its weight's module instead");
+  module.method_module = std::make_shared<const AdapterModule>(m);
+  module.method_params = std::move(params);
+  module.keep_alive = adapter;
+  return module;
+}
+
 BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m, LayerKind kind,
                                  std::span<const int64_t> weight_shape) {
+  if (!m.is_lora()) return replacement_module(adapter, m, weight_shape);
   if (m.method != PeftMethod::lora) return method_module(adapter, m, kind, weight_shape);
   const Checkpoint& ckpt = adapter->checkpoint();
   const AdapterTensor* a = factor_a(m);
@@ -254,6 +290,9 @@ BufferMergeModule host_buffer_module(const std::shared_ptr<const Adapter>& adapt
   BufferMergeModule module = module_factors(adapter, m, host_layer_kind(m.kind, translator), weight_shape);
   const GgufRows order = host_row_order(name, translator);
   if (order == GgufRows::same) return module;
+  if (!m.is_lora())
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " replaces a tensor whose GGUF rows are reordered; "
+                                   "replacements are merged in HuggingFace row order only");
   return in_gguf_row_order(std::move(module), order, translator->gguf()->heads,
                            "GGUF weight " + peft::quoted(std::string(name)));
 }

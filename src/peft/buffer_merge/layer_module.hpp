@@ -34,9 +34,10 @@ namespace peft {
 // PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the name.
 std::vector<std::string> module_candidates(std::string_view name, const Translator* translator);
 
-// The LoRA module `name` addresses. PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the
-// name, PEFT_ERR_NOT_FOUND when the adapter has no such module, PEFT_ERR_UNSUPPORTED for a module
-// that is not a LoRA layer (full replacement tensors and trainable tokens are not merged in memory).
+// The module `name` addresses: a LoRA (or other method's) layer, or a replacement (full tensors,
+// trainable tokens; merged by overwriting, see replacement_module in layer_module.cpp).
+// PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve the name, PEFT_ERR_NOT_FOUND when
+// the adapter has no such module.
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator);
 
 // The kind a host's buffer holds a layer as: a GGUF weight is always [out, in] (llama.cpp's converter

@@ -35,6 +35,15 @@ NamedBufferMerge NamedBufferMerge::apply(const std::shared_ptr<const Adapter>& a
     merge.bias_dtype_ = bias_dtype;
     merge.bias_elements_ = factors.layout.out;
     bias_view = merge::WeightView{bias, bias_dtype, 1, merge.bias_elements_};
+  } else if (!module.is_lora() && factors.method_params->get("bias") != nullptr) {
+    // A replacement of the bias too (a LayerNorm's LN_TUNING copy, a modules_to_save Linear).
+    if (bias == nullptr)
+      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(module.name) +
+                                          " replaces the bias too: pass the layer's bias buffer");
+    require_buffer_dtype(bias_dtype, "bias");
+    merge.bias_dtype_ = bias_dtype;
+    merge.bias_elements_ = factors.layout.out;
+    bias_view = merge::WeightView{bias, bias_dtype, 1, merge.bias_elements_};
   } else if (module.method == PeftMethod::ia3 && !module.ia3_feedforward && bias != nullptr) {
     // IA3 scales the bias of a layer that is not feed-forward, when the host gives it.
     require_buffer_dtype(bias_dtype, "bias");

@@ -142,6 +142,7 @@ class Planner {
     std::map<size_t, std::map<int64_t, const PlannedAdapter*>> token_rows;
     for (const auto& owned : plan_.adapters) {
       const PlannedAdapter& a = *owned;
+      check_replacement_weight(*a.adapter, a.weight);
       for (const AdapterModule& m : a.modules) {
         if (m.is_lora()) {
           const AdapterTensor* factor = m.weight_factor();

@@ -204,8 +204,14 @@ class Doctor {
 
   void read_keys() {
     std::vector<std::string> kohya_modules;
-    for (size_t i = 0; i < weights_->tensor_count(); ++i)
+    for (size_t i = 0; i < weights_->tensor_count(); ++i) {
       if (auto m = kohya_down_module(weights_->tensor(i).name)) kohya_modules.push_back(*m);
+      // LyCORIS LoHa / LoKr modules carry a per-module alpha (and dora_scale) as kohya's LoRA ones do.
+      auto parsed = parse_adapter_key(weights_->tensor(i).name);
+      if (parsed && parsed->role == TensorRole::method_param &&
+          (parsed->role_suffix.starts_with("hada_") || parsed->role_suffix.starts_with("lokr_")))
+        kohya_modules.push_back(parsed->module);
+    }
     std::vector<std::string> unprefixed, unmatched;
     for (size_t i = 0; i < weights_->tensor_count(); ++i) {
       Entry e;
@@ -219,8 +225,9 @@ class Doctor {
         e.module = rewrite->module;
         e.suffix = rewrite->suffix;
         e.understood = true;
-      } else if (auto parsed = parse_adapter_key(e.key); parsed && parsed->role != TensorRole::method_param) {
-        // (other methods' parameter keys are left to the rules below, as before they were known)
+      } else if (auto parsed = parse_adapter_key(e.key);
+                 parsed && (parsed->role != TensorRole::method_param || method_key(parsed->role_suffix))) {
+        // (other methods' parameters: role method_param, their suffix the parameter's name)
         e.module = parsed->module;
         e.suffix = parsed->role_suffix;
         e.understood = true;
@@ -446,6 +453,7 @@ class Doctor {
       if (entries_[i].kohya && entries_[i].kohya_role != KeyRewrite::Role::kohya_dora_scale)
         kohya_keys.push_back(entries_[i].key);
     }
+    if (has_method_params(g)) kohya_keys.clear();  // a LyCORIS alpha: method_checks reports the module
     if (!suffix_keys.empty())
       problem("weight_suffix", suffix_keys, {g.name},
               "module " + peft::quoted(g.name) + ": keys with or without \".weight\" where PEFT writes the other", true);
@@ -501,8 +509,12 @@ class Doctor {
     report.group = &g;
     classify(m, g);
     report.kind = m.kind;
-    if (m.is_lora()) lora_checks(m, g, report, kohya_alpha, alpha_invalid, dora_scale);
-    if (base_ && g.resolved && report.complete) shape_checks(m, g);
+    if (has_method_params(g))
+      method_checks(m, g, report, kohya_alpha, dora_scale);
+    else if (m.is_lora())
+      lora_checks(m, g, report, kohya_alpha, alpha_invalid, dora_scale);
+    if (m.is_lora()) report.method = report.method.value_or(peft_method_name(m.method));
+    if (base_ && g.resolved && report.complete && !has_method_params(g)) shape_checks(m, g);
     if (g.resolved)
       for (size_t i : g.entries) {
         Entry& e = entries_[i];
@@ -530,7 +542,104 @@ class Doctor {
     std::optional<int64_t> rank;
     std::optional<double> alpha, scaling;
     std::optional<std::string> dora;
+    std::optional<std::string> method;  // "LORA", "LOHA", ..., or "LYCORIS_LOHA" / "LYCORIS_LOKR"
   };
+
+  // A method parameter read as such: LoHa / LoKr names anywhere (LyCORIS files included), AdaLoRA's
+  // lora_A / lora_B / lora_E and IA3's ia3_l only in an adapter of that method (in a LoRA adapter,
+  // "lora_A" is a weight_suffix variant of lora_A.weight).
+  bool method_key(const std::string& param) const {
+    return param.starts_with("hada_") || param.starts_with("lokr_") || method_of_param(param) == config_.method;
+  }
+
+  bool has_method_params(const Group& g) const {
+    for (size_t i : g.entries)
+      if (entries_[i].role == TensorRole::method_param) return true;
+    return false;
+  }
+
+  // The PEFT method whose parameter `param` is (hada_* LoHa, lokr_* LoKr, lora_A/B/E AdaLoRA, ia3_l).
+  static PeftMethod method_of_param(const std::string& param) {
+    if (param.starts_with("hada_")) return PeftMethod::loha;
+    if (param.starts_with("lokr_")) return PeftMethod::lokr;
+    if (param == "ia3_l") return PeftMethod::ia3;
+    return PeftMethod::adalora;
+  }
+
+  // A module of another method's parameters. A PEFT adapter of that method reports its method, rank,
+  // alpha and scaling (LoHa / LoKr: alpha / r); parameters of a method the config does not name, or
+  // with LyCORIS's per-module alpha / dora_scale or kohya underscore paths, are a LyCORIS / kohya
+  // file: reported as such (lycoris_method), not read as PEFT's.
+  void method_checks(AdapterModule& m, const Group& g, ModuleReport& report, std::optional<double> kohya_alpha,
+                     bool dora_scale) {
+    PeftMethod method = config_.method;
+    std::vector<std::string> params;
+    for (size_t i : g.entries)
+      if (entries_[i].role == TensorRole::method_param) {
+        params.push_back(entries_[i].suffix);
+        method = method_of_param(entries_[i].suffix);
+      }
+    m.kind = LayerKind::linear;
+    report.kind = LayerKind::linear;
+    std::string rest;
+    const bool lycoris = missing_config_ || method != config_.method || kohya_alpha || dora_scale ||
+                         kohya_underscore_path(g.written, rest);
+    auto shape = [&](const char* p) -> Shape {
+      for (size_t i : g.entries)
+        if (entries_[i].role == TensorRole::method_param && entries_[i].suffix == p) return shape_of(entries_[i]);
+      return {};
+    };
+    const Shape conv = shape(method == PeftMethod::loha ? "hada_w1_b" : "lokr_w2");
+    if (conv.size() == 4 || !shape("hada_t1").empty() || !shape("lokr_t2").empty())
+      report.kind = m.kind = LayerKind::conv2d;
+    if (lycoris && (method == PeftMethod::loha || method == PeftMethod::lokr)) {
+      const char* name = method == PeftMethod::loha ? "LoHa" : "LoKr";
+      report.method = method == PeftMethod::loha ? "LYCORIS_LOHA" : "LYCORIS_LOKR";
+      if (kohya_alpha) report.alpha = *kohya_alpha;
+      problem("lycoris_method", keys_of(g), {g.name},
+              "module " + peft::quoted(g.name) + " holds LyCORIS/kohya " + name + " tensors (" +
+                  join_text(params, ", ") + (kohya_alpha ? ", a per-module alpha" : "") +
+                  (dora_scale ? ", a dora_scale" : "") + "): LyCORIS/kohya " + name +
+                  ", not a PEFT adapter folder (PEFT saves " + name + " with adapter_config.json, peft_type " +
+                  peft_method_name(method) + ", and its alpha in the config)",
+              false);
+    } else {
+      report.method = peft_method_name(method);
+      if (method != config_.method)
+        problem("unmatched_key", keys_of(g), {g.name},
+                "module " + peft::quoted(g.name) + " holds " + peft_method_name(method) + " parameters but peft_type is " +
+                    peft::quoted(config_.peft_type),
+                false);
+    }
+    if (method == PeftMethod::loha || method == PeftMethod::lokr) {
+      const Shape r = method == PeftMethod::loha ? shape("hada_w1_a") : shape("lokr_w1_a").empty() ? shape("lokr_w2_a")
+                                                                                                     : shape("lokr_w1_a");
+      if (r.size() >= 2) report.rank = static_cast<int64_t>(r[1]);
+      if (!lycoris && matcher_) {
+        report.alpha = matcher_->alpha_for(m.name);
+        const double rank = static_cast<double>(matcher_->rank_for(m.name));
+        if (rank > 0) report.scaling = *report.alpha / rank;
+      }
+    }
+    if (dora_scale) report.dora = "dora_scale";
+    for (size_t i : g.entries)
+      if (entries_[i].kohya && entries_[i].kohya_role == KeyRewrite::Role::kohya_dora_scale)
+        problem("dora_convention", {entries_[i].key}, {g.name}, dora_scale_message(g.name, shape_of(entries_[i])), false);
+  }
+
+  // LyCORIS's dora_scale against PEFT's lora_magnitude_vector, told apart by name and shape.
+  static std::string dora_scale_message(const std::string& module, const Shape& s) {
+    std::string what;
+    if (s.size() == 2 && s[0] == 1)
+      what = " is " + shape_text(s) + ": LyCORIS's weight norm over the input dimension (wd_on_out=False), one "
+             "value per input feature";
+    else if (s.size() >= 2 && s[1] == 1)
+      what = " is " + shape_text(s) + ": LyCORIS's weight norm per output feature (wd_on_out=True)";
+    else
+      what = " is " + shape_text(s) + ", neither of LyCORIS's [1, in] (wd_on_out=False) nor [out, 1] (wd_on_out=True)";
+    return "module " + peft::quoted(module) + ": dora_scale" + what +
+           "; PEFT's DoRA magnitude is lora_magnitude_vector [out], and a dora_scale is not renamed into it";
+  }
 
   void classify(AdapterModule& m, const Group&) {
     const auto [lora, embedding, tokens, method_params] = module_roles(m);
@@ -622,11 +731,9 @@ class Doctor {
     if (magnitude) report.dora = "lora_magnitude_vector";
     if (dora_scale) {
       report.dora = "dora_scale";
-      problem("dora_convention", keys, {m.name},
-              "module " + peft::quoted(m.name) + " holds a LyCORIS dora_scale (the weight norm over the input "
-              "dimension); PEFT's lora_magnitude_vector is the norm over the output dimension and cannot be "
-              "derived by renaming",
-              false);
+      for (size_t i : g.entries)
+        if (entries_[i].kohya && entries_[i].kohya_role == KeyRewrite::Role::kohya_dora_scale)
+          problem("dora_convention", keys, {m.name}, dora_scale_message(m.name, shape_of(entries_[i])), false);
     }
     if (magnitude && !config_.use_dora)
       problem("dora_mismatch", keys, {m.name},
@@ -719,7 +826,8 @@ class Doctor {
   }
 
   void check_unused_targets() {
-    if (!base_) return;
+    // LN_TUNING targets norms and TRAINABLE_TOKENS an embedding's rows: no LoRA-style target set.
+    if (!base_ || config_.method == PeftMethod::ln_tuning || config_.method == PeftMethod::trainable_tokens) return;
     std::set<size_t> covered;
     for (const Group& g : groups_)
       if (g.base_index) covered.insert(*g.base_index);
@@ -768,6 +876,7 @@ class Doctor {
       m["scaling"] = finite_or_null(r.scaling);
       m["use_rslora"] = config_.use_rslora;
       m["dora"] = r.dora ? Json(*r.dora) : Json(nullptr);
+      m["method"] = r.method ? Json(*r.method) : Json(nullptr);
       modules.push_back(std::move(m));
     }
     Json renames = Json::array();

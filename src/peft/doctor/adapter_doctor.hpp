@@ -14,7 +14,8 @@
 //                 "embedding"|"conv2d"|"full"|"trainable_tokens", "dtype": str, "base_tensor": str|null,
 //                 "base_shape": [int]|null, "base_dtype": str|null, "host_name": str|null,
 //                 "rank": int|null, "alpha": float|null, "scaling": float|null, "use_rslora": bool,
-//                 "dora": null|"lora_magnitude_vector"|"dora_scale"}],
+//                 "dora": null|"lora_magnitude_vector"|"dora_scale",
+//                 "method": null|"LORA"|"LOHA"|"LOKR"|"ADALORA"|"IA3"|"LYCORIS_LOHA"|"LYCORIS_LOKR"}],
 //    "problems": [{"kind": str, "keys": [str], "modules": [str], "message": str,
 //                  "fix": null|{"renames": [{"from": str, "to": str}]}}],
 //    "renames": [{"from": str, "to": str}],            every key --fix renames
@@ -23,7 +24,7 @@
 // embedding_role, ambiguous_rename, unmatched_key, duplicate_key, incomplete_module,
 // untargeted_module, rank_mismatch, dora_mismatch, dora_convention, lora_bias_mismatch,
 // shape_transposed, vocabulary_resized, shape_mismatch, missing_base_tensor,
-// target_without_tensors, unsupported_dtype, invalid_value. docs/doctor.md describes each. The report
+// target_without_tensors, unsupported_dtype, invalid_value, lycoris_method. docs/doctor.md describes each. The report
 // holds no NaN / Infinity: a rank, alpha or scaling that is not finite is null (invalid_value).
 //
 // Pure functions of the files they read; thread-safe.

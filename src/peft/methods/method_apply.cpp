@@ -278,4 +278,24 @@ std::vector<float> weight_f32(const WeightView& weight, const DeltaLayout& layou
   return w;
 }
 
+void replace_rows(const WeightView& weight, const float* values, std::span<const int64_t> rows,
+                  const ExecOptions& exec) {
+  element_bytes(weight.dtype);
+  if (weight.data == nullptr || values == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "replacement: a buffer is null");
+  std::vector<int64_t> source(static_cast<size_t>(weight.rows), -1);  // weight row -> row of `values`
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= weight.rows)
+      fail(PEFT_ERR_INVALID_ARGUMENT, "replacement: row " + std::to_string(rows[i]) + " is outside the weight's " +
+                                          std::to_string(weight.rows) + " rows");
+    source[static_cast<size_t>(rows[i])] = static_cast<int64_t>(i);  // index_copy_: the last one wins
+  }
+  if (rows.empty())
+    for (int64_t r = 0; r < weight.rows; ++r) source[static_cast<size_t>(r)] = r;
+  rewrite_rows(weight, exec, [&](int64_t r, float* v) {
+    const int64_t from = source[static_cast<size_t>(r)];
+    if (from < 0) return;
+    std::memcpy(v, values + from * weight.cols, static_cast<size_t>(weight.cols) * sizeof(float));
+  });
+}
+
 }  // namespace peft::merge

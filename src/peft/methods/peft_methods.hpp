@@ -209,4 +209,11 @@ std::vector<double> inverse_f64(const std::vector<double>& a, int64_t n, std::st
 void transform_input(const WeightView& weight, const DeltaLayout& layout, const InputTransform& transform,
                      const ExecOptions& exec = {});
 
+// Replacements (LN_TUNING norms, trainable-token rows, full tensors): the weight's rows `rows`
+// (every row, in order, when empty) become `values` ([count, weight.cols] f32, row i for rows[i])
+// rounded once to the weight's dtype, as torch's copy_ / index_copy_ of an f32 tensor into it.
+// PEFT_ERR_INVALID_ARGUMENT for a row outside the weight; exec.row_sink as above.
+void replace_rows(const WeightView& weight, const float* values, std::span<const int64_t> rows,
+                  const ExecOptions& exec = {});
+
 }  // namespace peft::merge
