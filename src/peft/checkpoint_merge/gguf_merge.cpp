@@ -341,7 +341,8 @@ class GgufMerge {
     std::vector<uint8_t> out(static_cast<size_t>(out_bytes(info)));
     StoreError error;
     const bool measure = options_.report || !options_.allow_nonfinite;
-    quantize_blocks(type, values.data(), rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr);
+    quantize_blocks(type, values.data(), rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr,
+                    options_.report);
     if (!options_.allow_nonfinite && !error.finite)
       fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) +
                                     " holds an infinity or NaN (allow_nonfinite keeps such values)");
