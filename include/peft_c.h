@@ -2382,6 +2382,44 @@ PEFT_API peft_error* peft_merge_options_set_report(peft_merge_options* opts, int
  */
 PEFT_API const char* peft_merge_result_report_json(const peft_merge_result* result);
 
+/** @name The f32 arithmetic of a merge (peft_merge_options_set_arithmetic())
+ *  @{ */
+#define PEFT_MERGE_ARITHMETIC_PEFT 0 /**< PEFT's order (the default): merges equal PEFT's merge_and_unload(). */
+#define PEFT_MERGE_ARITHMETIC_GGML 1 /**< llama-export-lora's order on ggml's scalar (reference) CPU code. */
+/** @} */
+
+/**
+ * @brief Chooses the order of a merge's f32 arithmetic for plain LoRA modules: PEFT's or ggml's.
+ *
+ * A LoRA delta is a sum over the rank, and the order in which its products are rounded and added
+ * decides the last bits of the merged weights. #PEFT_MERGE_ARITHMETIC_PEFT (the default) follows
+ * PEFT: the merge equals PEFT's `merge_and_unload()` bit for bit (the delta `scaling * B @ A` as one
+ * float chain over the rank, every adapter's delta summed, added to the weight once).
+ * #PEFT_MERGE_ARITHMETIC_GGML follows llama.cpp's `llama-export-lora` as ggml's scalar reference
+ * code computes it (a llama.cpp build without GGML_SIMD, e.g. x86-64 with every AVX/SSE3 option
+ * off, no llamafile sgemm): each delta value is the rank's float products added in double in rank
+ * order and rounded to float once, then multiplied by the adapter's scale `weight * alpha / rank`
+ * (evaluated in float; the weight alone when alpha is 0) in float and added to the weight in float,
+ * adapter after adapter (`llama-export-lora --lora-scaled A w1 --lora-scaled B w2`: base + d1, then
+ * + d2). A merge into a GGUF base with it then equals, byte for byte, ggml's quantization of
+ * `llama-export-lora`'s F32 merge of the same (dequantized) base, so a Q4_K_M or Q8_0 merge is what
+ * that llama.cpp build and `llama-quantize` make. SIMD builds of llama.cpp (AVX2, AVX-512, every
+ * aarch64 build) add the products of a small rank in float (fused into FMAs where the target has
+ * them) or in vector lanes, so their merges differ from both orders in the last bits.
+ *
+ * Both orders give the same bits on every CPU and kernel table. The ggml order applies to plain
+ * LoRA modules (lora_B.bias keeps PEFT's arithmetic): into GGUF bases, and into safetensors bases,
+ * where it is exact against ggml for F32 weights (BF16/F16 weights are rounded after each adapter).
+ * With it, peft_merge_checkpoint() refuses DoRA modules and the other PEFT methods (LoHa, LoKr,
+ * IA3, ...) with #PEFT_ERR_UNSUPPORTED naming each module and its method, before anything is
+ * written: the ggml order is defined for plain LoRA only.
+ * @param opts Options.
+ * @param arithmetic #PEFT_MERGE_ARITHMETIC_PEFT or #PEFT_MERGE_ARITHMETIC_GGML.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another value.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts, int32_t arithmetic);
+
 /**
  * @brief Creates buffer merge options with the defaults: weight 1.0, original rows not kept, no
  *        translator (names are HuggingFace names), one thread per core.
@@ -3732,6 +3770,7 @@ typedef struct peft_api {
   peft_error* (*merge_options_set_report)(peft_merge_options* opts, int32_t report); /**< peft_merge_options_set_report() */
   const char* (*merge_result_report_json)(const peft_merge_result* result); /**< peft_merge_result_report_json() */
   peft_error* (*lowrank_options_set_base)(peft_lowrank_options* opts, const char* base_dir); /**< peft_lowrank_options_set_base() */
+  peft_error* (*merge_options_set_arithmetic)(peft_merge_options* opts, int32_t arithmetic); /**< peft_merge_options_set_arithmetic() */
 } peft_api;
 
 /**

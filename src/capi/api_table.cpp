@@ -236,6 +236,7 @@ const peft_api kApiV1 = {
     &peft_merge_options_set_report,
     &peft_merge_result_report_json,
     &peft_lowrank_options_set_base,
+    &peft_merge_options_set_arithmetic,
 };
 
 }  // namespace

@@ -214,6 +214,19 @@ const char* peft_merge_result_report_json(const peft_merge_result* result) {
   return result ? result->report_json.c_str() : nullptr;
 }
 
+peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts, int32_t arithmetic) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (arithmetic == PEFT_MERGE_ARITHMETIC_PEFT)
+      opts->impl.arithmetic = peft::merge::Arithmetic::peft;
+    else if (arithmetic == PEFT_MERGE_ARITHMETIC_GGML)
+      opts->impl.arithmetic = peft::merge::Arithmetic::ggml;
+    else
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge arithmetic " + std::to_string(arithmetic) +
+                                                " is not PEFT_MERGE_ARITHMETIC_PEFT (0) or PEFT_MERGE_ARITHMETIC_GGML (1)");
+  });
+}
+
 // ---- buffer merge --------------------------------------------------------------------------------
 
 peft_error* peft_merge_buffer_options_new(peft_merge_buffer_options** out) { return peft::capi::new_handle(out); }

@@ -215,6 +215,29 @@ static void test_checkpoint_merge(void) {
   peft_merge_options_free(opts);
 }
 
+/* peft_merge_options_set_arithmetic(): its errors, and the ggml order refusing DoRA before writing. */
+static void test_checkpoint_arithmetic(void) {
+  peft_merge_options* opts = NULL;
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_CODE(peft_merge_options_set_arithmetic(NULL, PEFT_MERGE_ARITHMETIC_GGML), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE_NAMING(peft_merge_options_set_arithmetic(opts, 2), PEFT_ERR_INVALID_ARGUMENT, "PEFT_MERGE_ARITHMETIC_GGML");
+  CHECK_CODE(peft_merge_options_set_arithmetic(opts, -1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_set_arithmetic(opts, PEFT_MERGE_ARITHMETIC_PEFT));
+  CHECK_OK(peft_merge_options_set_arithmetic(opts, PEFT_MERGE_ARITHMETIC_GGML));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/llama_lora"), 1.0));
+  CHECK_OK(peft_merge_checkpoint(data_path("models/llama"), scratch_path("ggml"), opts, NULL));
+  CHECK(exists(scratch_path("ggml/config.json")));
+  peft_merge_options_free(opts);
+  /* DoRA has no ggml order: refused naming the module and DoRA, nothing written. */
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_OK(peft_merge_options_set_arithmetic(opts, PEFT_MERGE_ARITHMETIC_GGML));
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/llama_dora"), 1.0));
+  CHECK_CODE_NAMING(peft_merge_checkpoint(data_path("models/llama"), scratch_path("ggml_dora"), opts, NULL),
+                    PEFT_ERR_UNSUPPORTED, "DoRA");
+  CHECK(!exists(scratch_path("ggml_dora")));
+  peft_merge_options_free(opts);
+}
+
 static void test_buffer_merge(void) {
   peft_adapter* adapter = NULL;
   peft_adapter* biased = NULL;
@@ -379,6 +402,7 @@ int main(void) {
   test_checkpoint_options();
   test_checkpoint_inputs();
   test_checkpoint_merge();
+  test_checkpoint_arithmetic();
   test_buffer_merge();
   remove_tree(scratch);
   return check_summary();

@@ -79,6 +79,22 @@ def tiny(tmp_path_factory):
     return root / "model", gguf_lora, root / "adapter"
 
 
+@pytest.fixture(scope="module")
+def second(tmp_path_factory, tiny):
+    """A second GGUF LoRA on the same modules (llama-export-lora merges several only when their tensors match)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    model, _, _ = tiny
+    root = tmp_path_factory.mktemp("quant_llama_second")
+    torch.manual_seed(1)
+    lora = get_peft_model(LlamaForCausalLM.from_pretrained(str(model)),
+                          LoraConfig(r=8, lora_alpha=12, target_modules=TARGETS, init_lora_weights=False))
+    lora.save_pretrained(str(root / "adapter"))
+    return convert_lora_to_gguf(root / "adapter", model)
+
+
 def raw(t) -> bytes:
     return np.ascontiguousarray(np.array(t.data)).tobytes()
 
@@ -180,6 +196,146 @@ def test_merge_equals_ggml_requantized_export_lora(peftc_binary, tmp_path, tiny,
     types = set(merged.values())
     assert types == ({"Q4_K", "Q6_K"} if ftype == "Q4_K_M" else {"Q8_0"}), types
     assert abs(out.stat().st_size - base.stat().st_size) < 4096  # the base's size, not F16's
+
+
+def merged_names(lora: pathlib.Path) -> set:
+    return {t.name[:-len(".lora_a")] for t in read_gguf(lora).tensors if t.name.endswith(".lora_a")}
+
+
+def assert_ggml_equal(out: pathlib.Path, exact: pathlib.Path, base: pathlib.Path, reference: pathlib.Path,
+                      merged: set, tmp: pathlib.Path) -> None:
+    """--arithmetic ggml: `exact` (--dtype f32) holds llama-export-lora's F32 merge `reference` bit for bit in
+    every merged tensor, and `out` holds, byte for byte, ggml's quantization of it to the base's type;
+    untouched tensors are the base's bytes."""
+    got = {t.name: t for t in read_gguf(out).tensors}
+    f32 = {t.name: t for t in read_gguf(exact).tensors}
+    want = {t.name: t for t in read_gguf(reference).tensors}
+    seen = 0
+    for t in read_gguf(base).tensors:
+        g = got[t.name]
+        if t.name not in merged:
+            assert g.tensor_type == t.tensor_type and raw(g) == raw(t), t.name
+            continue
+        seen += 1
+        cols, rows = int(t.shape[0]), int(np.prod(t.shape[1:]))
+        theirs = np.array(want[t.name].data, dtype=np.float32).reshape(rows, cols)
+        ours = np.array(f32[t.name].data, dtype=np.float32).reshape(rows, cols)
+        differ = int(np.count_nonzero(ours.view(np.uint32) != theirs.view(np.uint32)))
+        assert differ == 0, f"{t.name}: {differ} f32 values differ from llama-export-lora's merge"
+        assert g.tensor_type == t.tensor_type, t.name
+        assert raw(g) == ggml("quantize", int(t.tensor_type), rows, cols, theirs.tobytes(), tmp), \
+            f"{t.name}: {g.tensor_type.name} bytes differ from ggml's quantization of llama-export-lora's merge"
+    assert seen == len(merged) == 2 * len(TARGETS)
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_ggml_arithmetic_equals_export_lora(peftc_binary, tmp_path, tiny, ftype):
+    """peftc merge --arithmetic ggml: the quantized merge is ggml's quantization of llama-export-lora's F32
+    merge of the same dequantized base, byte for byte (issue 17), and the F32 merge is llama-export-lora's."""
+    model, lora, _ = tiny
+    base = quantize(convert_hf_to_gguf(model, outtype="f32"), type=ftype)
+    out, exact = tmp_path / "merged.gguf", tmp_path / "exact.gguf"
+    merge(peftc_binary, base, lora, out, "--arithmetic", "ggml")
+    merge(peftc_binary, base, lora, exact, "--arithmetic", "ggml", "--dtype", "f32")
+    reference = reference_merge(base, lora, tmp_path)
+    assert_ggml_equal(out, exact, base, reference, merged_names(lora), tmp_path)
+    # PEFT's order (the default) is another merge: it differs from llama-export-lora's in some values.
+    default = tmp_path / "default.gguf"
+    merge(peftc_binary, base, lora, default, "--dtype", "f32")
+    assert any(raw(a) != raw(b) for a, b in zip(read_gguf(default).tensors, read_gguf(exact).tensors))
+
+
+def test_ggml_arithmetic_two_weighted_adapters(peftc_binary, tmp_path, tiny, second):
+    """Two adapters with weights (llama-export-lora --lora-scaled A 0.7 --lora-scaled B -0.3: base + d_A, then
+    + d_B) and the PEFT folder of A (its scale weight * alpha / rank taken in float, as for the GGUF)."""
+    model, lora, adapter = tiny
+    base = quantize(convert_hf_to_gguf(model, outtype="f32"), type="Q8_0")
+    reference_merge(base, lora, tmp_path)  # writes tmp_path / "dequantized.gguf"
+    dequantized = tmp_path / "dequantized.gguf"
+    reference = export_lora(dequantized, [(lora, 0.7), (second, -0.3)], out_path=tmp_path / "two.gguf")
+    out, exact = tmp_path / "merged.gguf", tmp_path / "exact.gguf"
+    for path, extra in ((out, ()), (exact, ("--dtype", "f32"))):
+        run_peftc(peftc_binary, "merge", "--base", base, "--adapter", f"{lora}:0.7", "--adapter", f"{second}:-0.3",
+                  "--out", path, "--threads", "2", "--arithmetic", "ggml", *extra)
+    assert_ggml_equal(out, exact, base, reference, merged_names(lora), tmp_path)
+
+    reference = export_lora(dequantized, [(lora, 0.7)], out_path=tmp_path / "one.gguf")
+    for path, extra in ((out, ()), (exact, ("--dtype", "f32"))):
+        run_peftc(peftc_binary, "merge", "--base", base, "--adapter", f"{adapter}:0.7", "--out", path,
+                  "--threads", "2", "--arithmetic", "ggml", *extra)
+    assert_ggml_equal(out, exact, base, reference, merged_names(lora), tmp_path)
+
+
+def test_ggml_arithmetic_refusals(peftc_binary, tmp_path, tiny):
+    model, lora, _ = tiny
+    base = convert_hf_to_gguf(model, outtype="f32")
+    proc = run_peftc(peftc_binary, "merge", "--base", base, "--adapter", lora, "--out", tmp_path / "x.gguf",
+                     "--arithmetic", "fast", expect=2)
+    assert "--arithmetic" in proc.stderr
+    # DoRA has no ggml order: refused naming the module and DoRA, nothing written.
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(2)
+    dora = get_peft_model(LlamaForCausalLM.from_pretrained(str(model)),
+                          LoraConfig(r=4, target_modules=["v_proj"], use_dora=True, init_lora_weights=False))
+    dora.save_pretrained(str(tmp_path / "dora"))
+    proc = run_peftc(peftc_binary, "merge", "--base", base, "--adapter", tmp_path / "dora", "--out",
+                     tmp_path / "x.gguf", "--arithmetic", "ggml", expect=1)
+    assert "UNSUPPORTED" in proc.stderr and "DoRA" in proc.stderr and "v_proj" in proc.stderr
+    assert "plain LoRA only" in proc.stderr
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def ggml_order(base: np.ndarray, terms) -> np.ndarray:
+    """assert_reference_order's arithmetic (the one llama-export-lora's reference build is checked to follow,
+    bit for bit) for PEFT factors: terms of (A [rank, in], B [out, rank], weight, alpha), added in turn."""
+    cur = base.astype(np.float32)
+    for a, b, weight, alpha in terms:
+        total = np.zeros((b.shape[0], a.shape[1]), dtype=np.float64)
+        for k in range(a.shape[0]):
+            total += (b[:, k:k + 1] * a[k:k + 1, :]).astype(np.float64)  # float products, double sum
+        scale = np.float32(weight) * np.float32(alpha) / np.float32(a.shape[0])
+        cur = total.astype(np.float32) * scale + cur
+    return cur
+
+
+def test_ggml_arithmetic_safetensors_base(peftc_binary, tmp_path):
+    """Without llama.cpp: --arithmetic ggml into the F32 fixture llama (a safetensors base) with two weighted
+    adapters equals ggml_order bit for bit in every merged tensor; PEFT's default order differs from it."""
+    from safetensors.numpy import load_file
+
+    fixtures = pathlib.Path(os.environ.get("PEFT_TEST_DATA") or REPO / "tests" / "fixtures")
+    model = fixtures / "models" / "llama"
+    adapters = [(fixtures / "adapters" / "llama_lora", 0.7), (fixtures / "adapters" / "llama_lora_second", 0.45)]
+    if not (model / "model.safetensors").exists():
+        pytest.skip("fixtures not generated (tests/fixtures/generate.py)")
+    args = []
+    for folder, weight in adapters:
+        args += ["--adapter", f"{folder}:{weight}"]
+    run_peftc(peftc_binary, "merge", "--base", model, *args, "--out", tmp_path / "ggml", "--arithmetic", "ggml")
+    run_peftc(peftc_binary, "merge", "--base", model, *args, "--out", tmp_path / "peft")
+    base = load_file(str(model / "model.safetensors"))
+    ours = load_file(str(tmp_path / "ggml" / "model.safetensors"))
+    default = load_file(str(tmp_path / "peft" / "model.safetensors"))
+    factors = []
+    for folder, weight in adapters:
+        alpha = json.loads((folder / "adapter_config.json").read_text())["lora_alpha"]
+        factors.append((load_file(str(folder / "adapter_model.safetensors")), weight, alpha))
+    checked = differs = 0
+    for name, w in base.items():
+        stem = "base_model.model." + name[:-len(".weight")]
+        if stem + ".lora_A.weight" not in factors[0][0]:
+            assert ours[name].tobytes() == w.tobytes(), name
+            continue
+        terms = [(f[stem + ".lora_A.weight"], f[stem + ".lora_B.weight"], weight, alpha) for f, weight, alpha in factors]
+        want = ggml_order(w, terms)
+        assert ours[name].dtype == np.float32 and ours[name].tobytes() == want.tobytes(), \
+            f"{name}: {np.count_nonzero(ours[name].view(np.uint32) != want.view(np.uint32))} values differ"
+        differs += default[name].tobytes() != want.tobytes()
+        checked += 1
+    assert checked == 14 and differs > 0, (checked, differs)
 
 
 def test_quant_and_dtype_options(peftc_binary, tmp_path, tiny):

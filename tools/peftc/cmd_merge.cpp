@@ -1,6 +1,6 @@
 // peftc merge [--base DIR|FILE.gguf] --adapter A[:WEIGHT] ... --out DIR|FILE.gguf [--dtype keep|f32|bf16|f16]
 //              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] [--lenient]
-//              [--quant TYPE] [--report]
+//              [--quant TYPE] [--report] [--arithmetic peft|ggml]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
 // is. An adapter A is a PEFT folder or, with a GGUF base, a GGUF LoRA file too. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
@@ -12,7 +12,9 @@
 // With a GGUF base, merged tensors keep their type (block-quantized ones re-quantized as ggml does);
 // --quant TYPE (a ggml type name: Q8_0, Q4_K, ...) or --dtype f32|bf16|f16 writes them in another, and
 // --report prints, per merged tensor, the RMS and largest error of the stored merge against the exact
-// f32 merge next to the same figures for the unmerged base stored in that type.
+// f32 merge next to the same figures for the unmerged base stored in that type. --arithmetic ggml adds
+// plain LoRA deltas in llama-export-lora's order on ggml's scalar build (peft_merge_options_set_arithmetic();
+// docs/quantized-bases.md) instead of PEFT's.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -36,7 +38,7 @@ namespace {
 constexpr const char* kUsage =
     "merge [--base DIR|FILE.gguf] --adapter DIR|LORA.gguf[:WEIGHT] [--adapter ...] --out DIR|FILE.gguf "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
-    "[--lenient] [--quant TYPE] [--report]";
+    "[--lenient] [--quant TYPE] [--report] [--arithmetic peft|ggml]";
 
 struct AdapterArg {
   std::string dir;
@@ -54,6 +56,7 @@ struct Options {
   bool lenient = false;          // --lenient: adapters loaded as PEFT loads them, warnings on stderr
   int32_t quant = PEFT_DTYPE_KEEP;  // --quant TYPE: GGUF bases' merged tensors in this ggml type
   bool report = false;           // --report: what storing each merged GGUF tensor costs
+  int32_t arithmetic = PEFT_MERGE_ARITHMETIC_PEFT;  // --arithmetic peft|ggml
 };
 
 // The --report table: one line per merged tensor.
@@ -196,6 +199,7 @@ int run_merge(const Options& o) {
   if (peft_error* err = peft_merge_options_set_allow_nonfinite(opts.p, o.allow_nonfinite ? 1 : 0)) return report(err);
   if (peft_error* err = peft_merge_options_set_quant(opts.p, o.quant)) return report(err);
   if (peft_error* err = peft_merge_options_set_report(opts.p, o.report ? 1 : 0)) return report(err);
+  if (peft_error* err = peft_merge_options_set_arithmetic(opts.p, o.arithmetic)) return report(err);
   ProgressBar bar;
   if (::isatty(STDERR_FILENO)) {
     if (peft_error* err = peft_merge_options_set_progress(opts.p, &ProgressBar::callback, &bar)) return report(err);
@@ -252,7 +256,7 @@ int merge_command(const std::vector<std::string>& args) {
       continue;
     }
     const bool known = arg == "--base" || arg == "--adapter" || arg == "--out" || arg == "--dtype" ||
-                       arg == "--max-shard-size" || arg == "--threads" || arg == "--quant";
+                       arg == "--max-shard-size" || arg == "--threads" || arg == "--quant" || arg == "--arithmetic";
     if (!known) {
       if (arg.rfind("-", 0) == 0) return usage_error("unknown option '" + arg + "'", kUsage);
       return usage_error("unexpected argument '" + arg + "' (options come as --name VALUE)", kUsage);
@@ -274,6 +278,14 @@ int merge_command(const std::vector<std::string>& args) {
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
       o.quant = peft_ggml_type_from_name(name.c_str());
       if (o.quant < 0) return usage_error("--quant must be a ggml type name such as Q8_0, Q4_K or F16, not '" + *v + "'", kUsage);
+    } else if (arg == "--arithmetic") {
+      if (*v == "peft")
+        o.arithmetic = PEFT_MERGE_ARITHMETIC_PEFT;
+      else if (*v == "ggml")
+        o.arithmetic = PEFT_MERGE_ARITHMETIC_GGML;
+      else
+        return usage_error("--arithmetic must be peft (PEFT's order, the default) or ggml (llama-export-lora's "
+                           "order on ggml's scalar build), not '" + *v + "'", kUsage);
     } else if (arg == "--max-shard-size") {
       const auto size = parse_size(*v);
       if (!size)

@@ -50,11 +50,16 @@ class MergeResult:
     report: Tuple[dict, ...] = ()
 
 
+#: merge_checkpoint's ``arithmetic`` names: PEFT_MERGE_ARITHMETIC_PEFT and PEFT_MERGE_ARITHMETIC_GGML.
+ARITHMETICS = {"peft": 0, "ggml": 1}
+
+
 def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                      dtype: Optional[DTypeLike] = None, max_shard_size: int = 0, threads: int = 0,
                      progress: Optional[Callable[[int, int], Optional[bool]]] = None,
                      require_config: bool = True, allow_nonfinite: bool = False,
-                     quant: Optional[Union[str, int]] = None, report: bool = False) -> MergeResult:
+                     quant: Optional[Union[str, int]] = None, report: bool = False,
+                     arithmetic: str = "peft") -> MergeResult:
     """Merges adapters into a base model folder and writes the merged model folder.
 
     ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
@@ -71,6 +76,11 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
     type, block-quantized ones re-quantized as ggml does; ``quant`` (a ggml type name such as "Q8_0" or
     "Q4_K", or its number) or ``dtype`` writes them in another type instead, and ``report`` True fills
     ``MergeResult.report`` with what storing each merged tensor costs.
+
+    ``arithmetic`` "peft" (the default) adds plain LoRA deltas in PEFT's f32 order; "ggml" in
+    llama-export-lora's on ggml's scalar build (float products summed in double over the rank), so that
+    a GGUF merge equals ggml's quantization of llama-export-lora's F32 merge byte for byte; DoRA and
+    the other methods are then refused (``UnsupportedError``).
     """
     library = lib()
     raised: List[BaseException] = []
@@ -102,6 +112,9 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
             check(library.peft_merge_options_set_quant(opts, type_id))
         if report:
             check(library.peft_merge_options_set_report(opts, 1))
+        if arithmetic not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be 'peft' or 'ggml', not {arithmetic!r}")
+        check(library.peft_merge_options_set_arithmetic(opts, ARITHMETICS[arithmetic]))
         if progress is not None:
             def trampoline(_user, done, total):
                 try:

@@ -281,6 +281,29 @@ def test_allow_nonfinite(tmp_path):
         assert any(np.isinf(merged.get_tensor(key).astype(np.float32)).any() for key in merged.keys())
 
 
+def test_arithmetic(tmp_path):
+    """``arithmetic="ggml"``: each delta value is float products summed in double over the rank, times the
+    float scale, added in float (llama-export-lora on ggml's scalar build); DoRA is refused; a bad name too."""
+    base = FIXTURES / "models" / "llama"
+    peft_c.merge_checkpoint(base, tmp_path / "ggml", [(ADAPTERS / "llama_lora", 0.5)], arithmetic="ggml")
+    config = json.loads((ADAPTERS / "llama_lora" / "adapter_config.json").read_text())
+    with safe_open(str(base / "model.safetensors"), "np") as b, \
+            safe_open(str(ADAPTERS / "llama_lora" / "adapter_model.safetensors"), "np") as a, \
+            safe_open(str(tmp_path / "ggml" / "model.safetensors"), "np") as merged:
+        key = "model.layers.0.self_attn.q_proj.weight"
+        stem = "base_model.model." + key[:-len(".weight")]
+        la, lb = a.get_tensor(stem + ".lora_A.weight"), a.get_tensor(stem + ".lora_B.weight")
+        total = sum((lb[:, k:k + 1] * la[k:k + 1, :]).astype(np.float64) for k in range(la.shape[0]))
+        scale = np.float32(0.5) * np.float32(config["lora_alpha"]) / np.float32(la.shape[0])
+        want = total.astype(np.float32) * scale + b.get_tensor(key)
+        assert merged.get_tensor(key).tobytes() == want.tobytes()
+    with pytest.raises(peft_c.UnsupportedError, match="DoRA"):
+        peft_c.merge_checkpoint(base, tmp_path / "dora", [ADAPTERS / "llama_dora"], arithmetic="ggml")
+    assert not (tmp_path / "dora").exists()
+    with pytest.raises(ValueError, match="arithmetic"):
+        peft_c.merge_checkpoint(base, tmp_path / "bad", [ADAPTERS / "llama_lora"], arithmetic="fast")
+
+
 # ---- buffers -------------------------------------------------------------------------------------------
 
 def lora_modules(adapter):

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/adapter_config.hpp"
 #include "peft/methods/peft_methods.hpp"
 
 namespace peft {
@@ -91,6 +92,11 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   const merge::DeltaLayout& layout = module.layout;
   if (layout.out < 1 || layout.in < 1) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module layout is empty");
   check_view(weight, layout.rows(), layout.cols(), "buffer merge: weight");
+  if (options.arithmetic == merge::Arithmetic::ggml && (module.method_params || module.magnitude != nullptr))
+    fail(PEFT_ERR_UNSUPPORTED, std::string("buffer merge: the ggml arithmetic is defined for plain LoRA only, not ") +
+                                   (module.magnitude != nullptr ? "DoRA"
+                                    : module.method_module ? peft_method_name(module.method_module->method)
+                                                           : "another PEFT method"));
   if (module.method_params) return apply_method(weight, bias, module, options);
   if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1)
     fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module has no lora_A/lora_B factors");
@@ -113,6 +119,7 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   merge::RowSink sink;
   merge::ExecOptions exec;
   exec.threads = options.threads;
+  exec.arithmetic = options.arithmetic;
   if (record.keep_rows_) {
     sink = record.original_rows_sink(layout, row_bytes, with_bias);
     exec.row_sink = &sink;

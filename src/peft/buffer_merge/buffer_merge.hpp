@@ -57,6 +57,9 @@ struct BufferMergeOptions {
   double weight = 1.0;               // multiplies the adapter's scaling
   bool keep_original_rows = false;   // save changed rows so that remove() restores them exactly
   unsigned threads = 0;              // worker threads, 0 = one per hardware thread
+  // The order of a plain LoRA module's f32 arithmetic (merge::Arithmetic); ggml refuses DoRA and
+  // the other methods (UNSUPPORTED).
+  merge::Arithmetic arithmetic = merge::Arithmetic::peft;
 };
 
 class BufferMerge {

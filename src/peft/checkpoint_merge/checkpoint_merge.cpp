@@ -11,6 +11,7 @@
 #include "core/convert.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/adapter_config.hpp"
 #include "peft/checkpoint_merge/folder_files.hpp"
 #include "peft/checkpoint_merge/merge_compute.hpp"
 #include "peft/checkpoint_merge/merged_folder_writer.hpp"
@@ -216,6 +217,21 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
   plan_options.max_shard_size = options.max_shard_size;
   plan_options.open = options.open;
   MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
+  plan.arithmetic = options.arithmetic;
+  if (options.arithmetic == merge::Arithmetic::ggml) {  // plain LoRA only, refused before anything is written
+    std::vector<std::string> refused;
+    for (const PlannedTensor& p : plan.tensors)
+      for (const LoraTerm& term : p.lora)
+        if (term.module->method != PeftMethod::lora || term.dora)
+          refused.push_back("module " + peft::quoted(term.module->name) + " (" +
+                            (term.dora ? std::string("DoRA") : peft_method_name(term.module->method)) + ")");
+    if (!refused.empty()) {
+      std::string message = std::to_string(refused.size()) +
+                            " module(s) cannot be merged with the ggml arithmetic, which is defined for plain LoRA only:";
+      for (const std::string& line : refused) message += "\n  " + line;
+      fail(PEFT_ERR_UNSUPPORTED, message);
+    }
+  }
   settle_bnb_sizes(plan, options.threads);
   std::vector<FolderFile> folder_files = plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype,
                                                            options.require_config, plan.dequantized);

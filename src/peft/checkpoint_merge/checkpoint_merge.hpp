@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "peft/checkpoint_merge/merge_plan.hpp"
+#include "peft/methods/lora_math.hpp"
 
 namespace peft {
 
@@ -46,6 +47,10 @@ struct CheckpointMergeOptions {
   // (nullopt: dtype, else each tensor's own type), and whether to measure what storing it costs.
   std::optional<uint32_t> quant;
   bool report = false;
+  // The order of plain LoRA modules' f32 arithmetic (merge::Arithmetic): PEFT's, or llama-export-lora's
+  // on ggml's scalar build (then DoRA and the other methods are refused, UNSUPPORTED, before anything
+  // is written).
+  merge::Arithmetic arithmetic = merge::Arithmetic::peft;
 };
 
 // What storing one merged GGUF tensor in its output type costs (CheckpointMergeOptions::report): the

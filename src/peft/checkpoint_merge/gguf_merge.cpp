@@ -14,6 +14,7 @@
 #include "gguf/ggml_type.hpp"
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
+#include "peft/adapter/adapter_config.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/arch/gguf_experts.hpp"
 #include "peft/arch/gguf_row_order.hpp"
@@ -204,6 +205,12 @@ class GgufMerge {
           target.replacement = GgufReplacement{input.adapter, t.index, what};
         }
         if (!module.is_lora()) continue;
+        const bool dora = module.find(TensorRole::lora_magnitude) != nullptr;
+        if (options_.arithmetic == merge::Arithmetic::ggml && (module.method != PeftMethod::lora || dora)) {
+          unsupported.push_back(what + " (" + (dora ? std::string("DoRA") : peft_method_name(module.method)) +
+                                ": the ggml arithmetic is defined for plain LoRA only)");
+          continue;
+        }
         const auto index = target_index(what, stem + ".weight");
         if (!index) continue;
         const TensorInfo& info = base_->tensor(*index);
@@ -223,7 +230,13 @@ class GgufMerge {
         term.lora_bias = nullptr;  // added to the bias tensor below
         GgufTarget& target = targets_[*index];
         target.rows = slot->rule->gguf_rows;
-        target.terms.push_back({std::move(term), input.weight, slot->slice.value_or(0)});
+        double weight = input.weight;
+        if (options_.arithmetic == merge::Arithmetic::ggml && module.method == PeftMethod::lora) {
+          // llama-export-lora's scale of the converted adapter: weight * alpha / rank in float.
+          term.scaling = merge::ggml_lora_coefficient(weight, module.alpha, module.rank, module.scaling, what);
+          weight = 1.0;
+        }
+        target.terms.push_back({std::move(term), weight, slot->slice.value_or(0)});
         if (const AdapterTensor* bias = module.find(TensorRole::lora_b_bias)) {
           if (slot->slice) {
             unsupported.push_back(what + " (lora_B.bias of one slice of the stacked GGUF tensor " +
@@ -309,6 +322,7 @@ class GgufMerge {
     if (options_.report && !target.replacement) base = values;
     BufferMergeOptions merge_options;
     merge_options.threads = options_.threads;
+    merge_options.arithmetic = options_.arithmetic;
     for (const GgufTerm& term : target.terms) {
       if (term.torch_rows != torch_rows) {
         reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);

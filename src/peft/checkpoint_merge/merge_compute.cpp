@@ -45,7 +45,7 @@ struct LoadedTerm {
   bool dora = false;
 };
 
-LoadedTerm load_term(const LoraTerm& term, const std::vector<int64_t>& weight_shape) {
+LoadedTerm load_term(const LoraTerm& term, const std::vector<int64_t>& weight_shape, merge::Arithmetic arithmetic) {
   const AdapterModule& m = *term.module;
   const Checkpoint& ckpt = term.adapter->adapter->checkpoint();
   const bool emb = m.kind == LayerKind::embedding;
@@ -60,6 +60,9 @@ LoadedTerm load_term(const LoraTerm& term, const std::vector<int64_t>& weight_sh
   t.a = ckpt.read_f32(a->index);
   t.b = ckpt.read_f32(b->index);
   t.coefficient = term.coefficient;
+  if (arithmetic == merge::Arithmetic::ggml)  // llama-export-lora's scale: weight * alpha / rank in float
+    t.coefficient = merge::ggml_lora_coefficient(term.adapter->weight, m.alpha, m.rank, m.scaling,
+                                                 "module " + peft::quoted(m.name));
   t.dora = term.dora;
   if (t.dora) {
     t.magnitude = ckpt.read_f32(m.find(TensorRole::lora_magnitude)->index);
@@ -114,14 +117,15 @@ void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType
 // The LoRA terms of `p` added to `data`, which holds the weight of `weight_shape` in `dtype`
 // (p.shape and p.work_dtype, but the FP8 weight's shape and F32 for an FP8 weight or its scales).
 void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shape, DType dtype, uint8_t* data,
-                unsigned threads) {
+                unsigned threads, merge::Arithmetic arithmetic) {
   const auto shape = signed_shape(weight_shape);
   merge::ExecOptions exec;
   exec.threads = threads;
+  exec.arithmetic = arithmetic;
   std::vector<LoadedTerm> loaded;
   loaded.reserve(p.lora.size());
   for (const LoraTerm& term : p.lora)
-    if (term.module->method == PeftMethod::lora) loaded.push_back(load_term(term, shape));
+    if (term.module->method == PeftMethod::lora) loaded.push_back(load_term(term, shape, arithmetic));
 
   std::vector<merge::LoraFactors> pending;
   merge::DeltaLayout pending_layout;
@@ -240,7 +244,7 @@ void compute_fp8(const MergePlan& plan, const PlannedTensor& p, unsigned threads
     fp8_block_dequantize(f.layout, q.data(), scales.data(), w);
   }
   if (!p.lora.empty())
-    apply_lora(p, base.tensor(f.weight_index).shape, DType::F32, reinterpret_cast<uint8_t*>(w), threads);
+    apply_lora(p, base.tensor(f.weight_index).shape, DType::F32, reinterpret_cast<uint8_t*>(w), threads, plan.arithmetic);
   if (!requantize) return;
   const std::string& weight_name = base.tensor(f.weight_index).name;
   std::vector<uint8_t> q(n);
@@ -323,7 +327,7 @@ void compute_bnb(const MergePlan& plan, const PlannedTensor& p, unsigned threads
   if (!p.bnb_requantize || cache.weight != &w) {
     cache = {};
     std::vector<float> values = bnb_dequantize(base, w);
-    if (!p.lora.empty()) apply_lora(p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads);
+    if (!p.lora.empty()) apply_lora(p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads, plan.arithmetic);
     if (!p.bnb_requantize) {
       out.reserve(values.size() * 4, "merging tensor " + peft::quoted(p.name));
       std::memcpy(out.data(), values.data(), values.size() * 4);
@@ -365,7 +369,7 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
     const Checkpoint& base = *plan.base.weights;
     base.read(p.base_index, p.work_dtype, out.data(), nbytes);
   }
-  if (!p.lora.empty()) apply_lora(p, p.shape, p.work_dtype, out.data(), threads);
+  if (!p.lora.empty()) apply_lora(p, p.shape, p.work_dtype, out.data(), threads, plan.arithmetic);
   if (!p.lora_bias.empty()) apply_lora_bias(p, out.data(), elements);
   if (!p.tokens.empty()) apply_token_rows(p, out.data(), nbytes);
 }

@@ -37,6 +37,8 @@
 // weight_scale_inv and activation_scale are left out, and config.json loses quantization_config.
 #pragma once
 
+#include "peft/methods/lora_math.hpp"
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -182,6 +184,8 @@ struct MergePlan {
     std::map<size_t, std::vector<uint8_t>> parts;
   };
   mutable BnbParts bnb_parts;
+  // The order of plain LoRA terms' f32 arithmetic (CheckpointMergeOptions::arithmetic), set after planning.
+  merge::Arithmetic arithmetic = merge::Arithmetic::peft;
 
   uint64_t total_bytes() const;
   // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy.

@@ -2,6 +2,7 @@
 // No floating-point contraction here: PEFT rounds lora_B.bias * scaling to f32 before the add.
 #include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -37,13 +38,49 @@ std::vector<float> compute_delta(const DeltaLayout& layout, std::span<const Lora
   return out;
 }
 
+void detail::PreparedTerms::ggml_delta_rows(int64_t row0, int64_t count, float* out) const {
+  // ggml_vec_dot_f32 without GGML_SIMD: `sumf += (ggml_float)(x[i]*y[i])`, then `*s = sumf`; then
+  // ggml_vec_scale_f32 `y[i] *= v`. Each column keeps its own double sum in rank order; the loop over
+  // columns is innermost only for speed (the order of each sum does not change).
+  const Term& term = terms.at(0);
+  std::vector<double> sum(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < count; ++r) {
+    const float* l = term.L + (row0 + r) * term.rank;
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (int64_t k = 0; k < term.rank; ++k) {
+      const float lk = l[k];
+      const float* rk = term.R + k * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float product = lk * rk[c];
+        sum[static_cast<size_t>(c)] += static_cast<double>(product);
+      }
+    }
+    float* o = out + r * cols;
+    for (int64_t c = 0; c < cols; ++c) o[c] = static_cast<float>(sum[static_cast<size_t>(c)]) * term.coef;
+  }
+}
+
 namespace {
 
 void apply_plain(const WeightView& weight, const DeltaLayout& layout, std::span<const LoraFactors> terms,
                  const ExecOptions& exec, bool negate) {
   const kernels::Storage s = detail::check_view(weight, layout.rows(), layout.cols(), "LoRA merge target");
-  const PreparedTerms p = detail::prepare(layout, terms, negate);
   const kernels::Table& k = kernels::active();
+  if (exec.arithmetic == Arithmetic::ggml && !negate) {
+    // llama-export-lora adds each adapter's scaled delta in turn: cur = delta_i + cur. Every term is
+    // checked before the first row changes.
+    if (terms.empty()) detail::prepare(layout, terms, false);  // the error for no terms
+    std::vector<PreparedTerms> each;
+    for (const LoraFactors& term : terms) {
+      each.push_back(detail::prepare(layout, {&term, 1}, false));
+      each.back().ggml = true;
+    }
+    for (const PreparedTerms& p : each)
+      detail::for_each_row(weight, s, p, exec,
+                           [&](int64_t, void* row, const float* d) { k.add_rounded(s, row, d, p.cols); });
+    return;
+  }
+  const PreparedTerms p = detail::prepare(layout, terms, negate);
   const int64_t cols = p.cols;
   detail::for_each_row(weight, s, p, exec,
                        [&](int64_t, void* row, const float* d) { k.add_rounded(s, row, d, cols); });

@@ -38,15 +38,22 @@ struct PreparedTerms {
   std::vector<std::vector<float>> owned;
   int64_t total_rank = 0;
 
+  // Arithmetic::ggml (one term only): delta_rows gives float(float(sum_k double(L * R)) * coef).
+  bool ggml = false;
+
   int64_t block_rows() const { return block_rows_for(cols, total_rank); }
 
   // Writes delta rows [row0, row0 + count) into out[count * cols].
   void delta_rows(const kernels::Table& k, int64_t row0, int64_t count, float* out) const {
+    if (ggml) return ggml_delta_rows(row0, count, out);
     for (size_t t = 0; t < terms.size(); ++t) {
       const Term& term = terms[t];
       k.lowrank(term.L + row0 * term.rank, term.R, count, cols, term.rank, term.coef, t > 0, out);
     }
   }
+
+  // The ggml order of terms[0] (lora_delta.cpp, compiled without floating-point contraction).
+  void ggml_delta_rows(int64_t row0, int64_t count, float* out) const;
 };
 
 // Validates the terms against the layout (non-null factors, rank >= 1, at least one term, sizes

@@ -44,6 +44,17 @@ double lora_coefficient(double weight, double scaling, const std::string& who) {
   return product;
 }
 
+double ggml_lora_coefficient(double weight, double alpha, int64_t rank, double scaling, const std::string& who) {
+  lora_coefficient(weight, scaling, who);  // the same range check as PEFT's order
+  if (alpha == 0.0 || rank < 1 || scaling != alpha / static_cast<double>(rank)) return weight * scaling;
+  // llama-export-lora: `scale * alpha / rank` with float operands (alpha read as a float from the GGUF).
+  const float scale = static_cast<float>(weight) * static_cast<float>(alpha) / static_cast<float>(rank);
+  if (!std::isfinite(scale))
+    fail(PEFT_ERR_NON_FINITE, who + ": merge weight " + python_float_repr(weight) + " times lora_alpha " +
+                                  python_float_repr(alpha) + " overflows a float");
+  return scale;
+}
+
 DeltaLayout layout_for(ModuleKind kind, int64_t out, int64_t in) {
   if (out < 1 || in < 1)
     fail(PEFT_ERR_INVALID_ARGUMENT, "LoRA layout needs positive sizes, got out " + std::to_string(out) + ", in " +

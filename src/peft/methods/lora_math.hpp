@@ -121,10 +121,26 @@ struct ConstWeightView {
 // the same time (calls are serialised), and at most once per row per call.
 using RowSink = std::function<void(int64_t row, const void* original_bytes, size_t byte_count)>;
 
+// The order of a plain LoRA merge's f32 arithmetic (add_delta only; the other operations ignore it).
+//   peft: PEFT's: the delta c * B @ A as one float chain over the rank (the kernel table's order,
+//         the same on every table), all terms summed, then added to the weight and rounded once.
+//   ggml: llama.cpp's llama-export-lora on ggml's scalar (reference) CPU code, term after term:
+//         d = float(sum_k double(float(B[o][k] * A[k][i]))) (float products added in double in rank
+//         order, rounded once), then W = d * float(c) + W in float; the weight is rounded to its
+//         storage dtype after the last term.
+enum class Arithmetic { peft, ggml };
+
 struct ExecOptions {
   unsigned threads = 0;        // worker threads; 0 = one per hardware thread. Small jobs use one.
   const RowSink* row_sink = nullptr;  // optional; see RowSink
+  Arithmetic arithmetic = Arithmetic::peft;  // add_delta only
 };
+
+// llama-export-lora's scale of an adapter merged with weight `weight`, in its f32 arithmetic:
+// float(weight) * float(alpha) / float(rank), or float(weight) when alpha is 0. For a PEFT LoRA
+// module whose scaling is lora_alpha / r (what convert_lora_to_gguf.py writes as adapter.lora.alpha);
+// other scalings (rslora, alpha 0 in PEFT, which scales by 0) keep float(weight * scaling).
+double ggml_lora_coefficient(double weight, double alpha, int64_t rank, double scaling, const std::string& who);
 
 // ---- deltas ---------------------------------------------------------------------------------
 
