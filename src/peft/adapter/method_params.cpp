@@ -62,6 +62,18 @@ merge::DeltaLayout method_layer_layout(const AdapterModule& m, LayerKind kind, s
                            gpt2 ? shape[1] : shape[0], gpt2 ? shape[0] : shape[1]);
 }
 
+void check_conv_kernel(const AdapterModule& m, const MethodParams& p, std::span<const int64_t> shape) {
+  for (const char* name : {"hada_t1", "hada_t2", "lokr_t2", "lokr_w2"}) {
+    const merge::MethodTensor* t = p.get(name);
+    if (t == nullptr || t->shape.size() != 4) continue;
+    if (shape.size() != 4 || t->shape[2] != shape[2] || t->shape[3] != shape[3])
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": " + name + " " + shape_text(t->shape) +
+                                        " is a Conv2d factor of kernel " + std::to_string(t->shape[2]) + "x" +
+                                        std::to_string(t->shape[3]) + ", which does not fit the weight " +
+                                        shape_text(shape));
+  }
+}
+
 bool method_reads_weight(const AdapterModule& m) { return m.method == PeftMethod::miss && m.miss_bat; }
 
 std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, double coefficient,

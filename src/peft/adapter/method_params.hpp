@@ -41,6 +41,11 @@ std::vector<float> method_delta(const AdapterModule& module, const MethodParams&
 // are PEFT_ERR_UNSUPPORTED naming the module and its method.
 merge::DeltaLayout method_layer_layout(const AdapterModule& module, LayerKind kind, std::span<const int64_t> shape);
 
+// A LoHa/LoKr module's 4-D factors (the CP cores hada_t1, hada_t2, lokr_t2, a whole lokr_w2
+// [b, d, kh, kw]) need a 4-D Conv2d weight of the same kernel: PEFT_ERR_SHAPE_MISMATCH naming the
+// factor otherwise (the flattened width alone would let another kernel or a 2-D weight through).
+void check_conv_kernel(const AdapterModule& module, const MethodParams& params, std::span<const int64_t> shape);
+
 // Whether the module's delta depends on the weight it is added to (MiSS "bat").
 bool method_reads_weight(const AdapterModule& module);
 

@@ -178,6 +178,7 @@ BufferMergeModule method_module(const std::shared_ptr<const Adapter>& adapter, c
   module.method_module = std::make_shared<const AdapterModule>(m);
   module.method_params = std::make_shared<const MethodParams>(load_method_params(*adapter, m));
   module.keep_alive = adapter;
+  check_conv_kernel(m, *module.method_params, weight_shape);
   // The shapes are checked now, so that a buffer that does not fit fails before any merge.
   if (m.method == PeftMethod::ia3) {
     const merge::MethodTensor* l = module.method_params->get("ia3_l");

@@ -82,6 +82,7 @@ void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType
   const merge::DeltaLayout layout = method_layer_layout(m, m.kind, shape);
   const merge::WeightView view{data, dtype, layout.rows(), layout.cols()};
   const MethodParams params = load_method_params(*term.adapter->adapter, m);
+  check_conv_kernel(m, params, shape);
   if (m.method == PeftMethod::ia3) {
     const std::vector<float> l = ia3_vector(params, term.coefficient);
     const int64_t want = m.ia3_feedforward ? layout.in : layout.out;
