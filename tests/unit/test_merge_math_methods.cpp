@@ -87,6 +87,84 @@ TEST_CASE("methods: LoKr delta is kron(w1, w2) * scale, from whole or decomposed
   CHECK(code_of([&] { peft::merge::lokr_delta(missing, 1.0, 8, 6, "m"); }) == PEFT_ERR_INVALID_CHECKPOINT);
 }
 
+namespace {
+
+MethodTensor random_4d(int64_t a, int64_t b, int64_t c, int64_t d, uint32_t seed) {
+  MethodTensor t = random_tensor(a * b, c * d, seed);
+  t.shape = {a, b, c, d};
+  return t;
+}
+
+// einsum("i j k l, i p, j r -> p r k l", t, wa, wb) in double, one element at a time.
+double cp_element(const MethodTensor& t, const MethodTensor& wa, const MethodTensor& wb, int64_t p, int64_t q,
+                  int64_t s) {
+  const int64_t r1 = t.shape[0], r2 = t.shape[1], kernel = t.shape[2] * t.shape[3];
+  const int64_t pn = wa.shape[1], qn = wb.shape[1];
+  double sum = 0;
+  for (int64_t i = 0; i < r1; ++i)
+    for (int64_t j = 0; j < r2; ++j)
+      sum += double(t.values[(i * r2 + j) * kernel + s]) * wa.values[i * pn + p] * wb.values[j * qn + q];
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("methods: LoHa CP form is cp(t1, w1a, w1b) * cp(t2, w2a, w2b) * scale on a Conv2d") {
+  const int64_t out = 5, c = 3, kh = 3, kw = 2, r = 2, kernel = kh * kw;
+  auto t1 = random_4d(r, r, kh, kw, 11), t2 = random_4d(r, r, kh, kw, 12);
+  auto w1a = random_tensor(r, out, 13), w1b = random_tensor(r, c, 14), w2a = random_tensor(r, out, 15),
+       w2b = random_tensor(r, c, 16);
+  const auto d = peft::merge::loha_cp_delta(t1, w1a, w1b, t2, w2a, w2b, 1.5, out, c * kernel, "m");
+  std::vector<double> want(static_cast<size_t>(out * c * kernel));
+  for (int64_t p = 0; p < out; ++p)
+    for (int64_t q = 0; q < c; ++q)
+      for (int64_t s = 0; s < kernel; ++s)
+        want[(p * c + q) * kernel + s] = cp_element(t1, w1a, w1b, p, q, s) * cp_element(t2, w2a, w2b, p, q, s) * 1.5;
+  check_close(d, want);
+  CHECK(code_of([&] { peft::merge::loha_cp_delta(t1, w1a, w1b, t2, w2a, w2b, 1.0, out, c * kernel + 1, "m"); }) ==
+        PEFT_ERR_SHAPE_MISMATCH);
+  auto flat = random_tensor(r, r * kernel, 17);  // a core that is not 4-D
+  CHECK(code_of([&] { peft::merge::loha_cp_delta(flat, w1a, w1b, t2, w2a, w2b, 1.0, out, c * kernel, "m"); }) ==
+        PEFT_ERR_SHAPE_MISMATCH);
+}
+
+TEST_CASE("methods: LoKr on a Conv2d: kron(w1, w2 [b, d, kh, kw]) and the CP form of w2") {
+  const int64_t a = 2, c = 3, b = 2, dd = 2, kh = 3, kw = 3, r = 2, kernel = kh * kw;
+  const int64_t out = a * b, in = c * dd * kernel;
+  auto w1 = random_tensor(a, c, 21);
+  auto t2 = random_4d(r, r, kh, kw, 22);
+  auto w2a = random_tensor(r, b, 23), w2b = random_tensor(r, dd, 24);
+  // The reference: torch.kron(w1[:, :, None, None], w2) reshaped [out, in * kh * kw].
+  auto kron_ref = [&](auto w2_at) {
+    std::vector<double> want(static_cast<size_t>(out * in));
+    for (int64_t i = 0; i < a; ++i)
+      for (int64_t j = 0; j < c; ++j)
+        for (int64_t k = 0; k < b; ++k)
+          for (int64_t l = 0; l < dd; ++l)
+            for (int64_t s = 0; s < kernel; ++s)
+              want[((i * b + k) * (c * dd) + (j * dd + l)) * kernel + s] =
+                  double(w1.values[i * c + j]) * w2_at(k, l, s) * 0.5;
+    return want;
+  };
+  peft::merge::LokrFactors cp;
+  cp.w1 = &w1;
+  cp.t2 = &t2;
+  cp.w2_a = &w2a;
+  cp.w2_b = &w2b;
+  check_close(peft::merge::lokr_delta(cp, 0.5, out, in, "m"),
+              kron_ref([&](int64_t k, int64_t l, int64_t s) { return cp_element(t2, w2a, w2b, k, l, s); }));
+
+  auto w2 = random_4d(b, dd, kh, kw, 25);
+  peft::merge::LokrFactors whole;
+  whole.w1 = &w1;
+  whole.w2 = &w2;
+  check_close(peft::merge::lokr_delta(whole, 0.5, out, in, "m"), kron_ref([&](int64_t k, int64_t l, int64_t s) {
+                return double(w2.values[(k * dd + l) * kernel + s]);
+              }));
+  cp.w2 = &w2;  // lokr_w2 and lokr_t2 together
+  CHECK(code_of([&] { peft::merge::lokr_delta(cp, 1.0, out, in, "m"); }) == PEFT_ERR_INVALID_CHECKPOINT);
+}
+
 TEST_CASE("methods: AdaLoRA delta is B @ (A * E) * scaling / (ranknum + 1e-5)") {
   const int64_t out = 4, in = 7, r = 2;
   auto a = random_tensor(r, in, 10), e = random_tensor(r, 1, 11), b = random_tensor(out, r, 12);

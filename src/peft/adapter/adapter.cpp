@@ -353,11 +353,6 @@ struct AdapterBuilder {
       const auto& shape = info(*m.find_param(p)).shape;
       return axis < shape.size() ? static_cast<int64_t>(shape[axis]) : 0;
     };
-    auto refuse_cp = [&](const char* p) {
-      if (m.find_param(p))
-        fail(PEFT_ERR_UNSUPPORTED, who + " holds " + p + ": the CP (effective conv2d) form of " + method +
-                                       " on convolution layers is not supported");
-    };
     auto check_rank = [&](int64_t actual) {
       if (actual == m.rank) return;
       const std::string text = who + " has rank " + std::to_string(actual) + " but ";
@@ -370,25 +365,32 @@ struct AdapterBuilder {
       case PeftMethod::lora: return;
       case PeftMethod::loha:
       case PeftMethod::lokr: {
-        refuse_cp(c.method == PeftMethod::loha ? "hada_t1" : "lokr_t2");
-        refuse_cp("hada_t2");
         m.rank_key = matcher.rank_key(m.name);
         m.alpha_key = matcher.alpha_key(m.name);
         m.rank = matcher.rank_for(m.name);
         m.alpha = matcher.alpha_for(m.name);
         m.scaling = m.alpha / static_cast<double>(m.rank);  // LycorisLayer: alpha / r
+        // The CP (effective conv2d) form of a Conv2d: hada_t1/hada_t2 [r, r, kh, kw] with
+        // hada_w*_a [r, out], hada_w*_b [r, in]; LoKr's lokr_t2 with lokr_w2_a [r, b], lokr_w2_b [r, d].
         if (c.method == PeftMethod::loha) {
+          const bool cp = m.find_param("hada_t1") != nullptr || m.find_param("hada_t2") != nullptr;
+          if (cp && !need({"hada_t1", "hada_t2"})) return;
           if (!need({"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"})) return;
-          check_rank(dim("hada_w1_a", 1));
+          check_rank(dim("hada_w1_a", cp ? 0 : 1));
           return;
         }
         const bool w1 = m.find_param("lokr_w1") != nullptr, w2 = m.find_param("lokr_w2") != nullptr;
+        const bool cp = m.find_param("lokr_t2") != nullptr;
+        if (cp && w2) {
+          broken_structure.push_back(who + " (" + method + ") has both lokr_w2 and the CP form's lokr_t2");
+          return;
+        }
         if (!need(w1 ? std::initializer_list<const char*>{} : std::initializer_list<const char*>{"lokr_w1_a", "lokr_w1_b"}))
           return;
         if (!need(w2 ? std::initializer_list<const char*>{} : std::initializer_list<const char*>{"lokr_w2_a", "lokr_w2_b"}))
           return;
         if (!w1) check_rank(dim("lokr_w1_a", 1));
-        if (!w2) check_rank(dim("lokr_w2_a", 1));
+        if (!w2) check_rank(dim("lokr_w2_a", cp ? 0 : 1));
         return;
       }
       case PeftMethod::adalora: {

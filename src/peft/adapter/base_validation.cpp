@@ -131,7 +131,70 @@ class ModuleChecker {
     return {0, 0};
   }
 
+  // LoHa / LoKr on an nn.Conv2d weight [out, c, kh, kw]: the output channels and flattened input
+  // width (c * kh * kw) their parameters imply, and the kernel of a 4-D factor (CP core or a whole
+  // lokr_w2 [b, d, kh, kw]), which must be the base's.
+  void conv2d_method(const Shape& w) {
+    auto dims = [&](const char* p) -> Shape {
+      const AdapterTensor* t = m_.find_param(p);
+      return t ? adapter_.tensor(t->index).shape : Shape{};
+    };
+    auto at = [](const Shape& s, size_t i) -> uint64_t { return i < s.size() ? s[i] : 0; };
+    uint64_t out = 0, in = 0;
+    Shape core;  // the 4-D factor whose kernel is checked
+    if (m_.method == PeftMethod::loha) {
+      const Shape t1 = dims("hada_t1");
+      const Shape a = dims("hada_w1_a"), b = dims("hada_w1_b");
+      if (!t1.empty()) {  // hada_w1_a [r, out], hada_w1_b [r, c], hada_t1 [r, r, kh, kw]
+        out = at(a, 1);
+        in = at(b, 1) * at(t1, 2) * at(t1, 3);
+        core = t1;
+      } else {  // hada_w1_a [out, r], hada_w1_b [r, c * kh * kw]
+        out = at(a, 0);
+        in = at(b, 1);
+      }
+    } else {
+      const Shape w1 = dims("lokr_w1"), w2 = dims("lokr_w2"), t2 = dims("lokr_t2");
+      const uint64_t a = w1.empty() ? at(dims("lokr_w1_a"), 0) : at(w1, 0);
+      const uint64_t c = w1.empty() ? at(dims("lokr_w1_b"), 1) : at(w1, 1);
+      uint64_t b = 0, d = 0;
+      if (!w2.empty()) {  // [b, d, kh, kw] (or 2-D [b, d * kh * kw])
+        b = at(w2, 0);
+        d = 1;
+        for (size_t i = 1; i < w2.size(); ++i) d *= w2[i];
+        if (w2.size() == 4) core = w2;
+      } else if (!t2.empty()) {  // lokr_w2_a [r, b], lokr_w2_b [r, d], lokr_t2 [r, r, kh, kw]
+        b = at(dims("lokr_w2_a"), 1);
+        d = at(dims("lokr_w2_b"), 1) * at(t2, 2) * at(t2, 3);
+        core = t2;
+      } else {  // lokr_w2_a [b, r], lokr_w2_b [r, d * kh * kw]
+        b = at(dims("lokr_w2_a"), 0);
+        d = at(dims("lokr_w2_b"), 1);
+      }
+      out = a * b;
+      in = c * d;
+    }
+    const bool kernel_ok = core.empty() || (core.size() == 4 && core[2] == w[2] && core[3] == w[3]);
+    if (w[0] != out || w[1] * w[2] * w[3] != in || !kernel_ok) {
+      const std::string method = peft_method_name(m_.method);
+      mismatch(method + " parameters for " + std::to_string(out) + " output channels and " + std::to_string(in) +
+               " inputs x kernel elements" + (core.empty() ? "" : " (kernel " + shape_text(core) + ")") +
+               " do not fit the Conv2d weight " + peft::quoted(base_name_) + " " + shape_text(w));
+      return;
+    }
+    m_.kind = LayerKind::conv2d;
+  }
+
   void method_layer(const Shape& w) {
+    if (w.size() == 4 && (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr)) {
+      conv2d_method(w);
+      return;
+    }
+    if (m_.find_param("hada_t1") || m_.find_param("hada_t2") || m_.find_param("lokr_t2")) {
+      mismatch(std::string(peft_method_name(m_.method)) + " holds the CP (effective conv2d) form, which needs a Conv2d weight; " +
+               peft::quoted(base_name_) + " is " + shape_text(w));
+      return;
+    }
     const auto [out, in] = method_features();
     auto fits = [&](uint64_t rows, uint64_t cols) {
       return w.size() == 2 && (rows == 0 || w[0] == rows) && (cols == 0 || w[1] == cols);
@@ -141,7 +204,10 @@ class ModuleChecker {
     if (!fits_linear && !fits_conv1d) {
       mismatch(method + " parameters for " + std::to_string(out) + " output and " + std::to_string(in) +
                " input features (0: any) do not fit " + peft::quoted(base_name_) + " " + shape_text(w) +
-               " (Linear [out, in] or GPT-2 Conv1D [in, out]; convolutions are not supported)");
+               " (Linear [out, in] or GPT-2 Conv1D [in, out]" +
+               (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr ? std::string(", or a 4-D Conv2d")
+                                                                                : std::string("; convolutions are not supported")) +
+               ")");
       return;
     }
     bool conv1d = fits_conv1d && !fits_linear;

@@ -41,6 +41,39 @@ MethodParams load_method_params(const Adapter& adapter, const AdapterModule& mod
   return p;
 }
 
+merge::DeltaLayout method_layer_layout(const AdapterModule& m, LayerKind kind, std::span<const int64_t> shape) {
+  const bool conv = shape.size() == 4 && (m.method == PeftMethod::loha || m.method == PeftMethod::lokr);
+  if (shape.size() != 2 && !conv)
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": " + peft_method_name(m.method) +
+                                   " is merged into 2-D Linear or Conv1D weights" +
+                                   (m.method == PeftMethod::loha || m.method == PeftMethod::lokr
+                                        ? std::string(" and 4-D Conv2d weights")
+                                        : std::string()) +
+                                   " only, not " + shape_text(shape));
+  if (conv) {
+    int64_t in = 1;
+    for (size_t d = 1; d < 4; ++d)
+      if (shape[d] < 1 || __builtin_mul_overflow(in, shape[d], &in))
+        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": bad Conv2d weight " + shape_text(shape));
+    return merge::layout_for(merge::ModuleKind::conv, shape[0], in);
+  }
+  const bool gpt2 = kind == LayerKind::conv1d;
+  return merge::layout_for(gpt2 ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear,
+                           gpt2 ? shape[1] : shape[0], gpt2 ? shape[0] : shape[1]);
+}
+
+void check_conv_kernel(const AdapterModule& m, const MethodParams& p, std::span<const int64_t> shape) {
+  for (const char* name : {"hada_t1", "hada_t2", "lokr_t2", "lokr_w2"}) {
+    const merge::MethodTensor* t = p.get(name);
+    if (t == nullptr || t->shape.size() != 4) continue;
+    if (shape.size() != 4 || t->shape[2] != shape[2] || t->shape[3] != shape[3])
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": " + name + " " + shape_text(t->shape) +
+                                        " is a Conv2d factor of kernel " + std::to_string(t->shape[2]) + "x" +
+                                        std::to_string(t->shape[3]) + ", which does not fit the weight " +
+                                        shape_text(shape));
+  }
+}
+
 bool method_reads_weight(const AdapterModule& m) { return m.method == PeftMethod::miss && m.miss_bat; }
 
 std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, double coefficient,
@@ -52,11 +85,14 @@ std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, d
   };
   switch (m.method) {
     case PeftMethod::loha:
+      if (p.get("hada_t1") != nullptr || p.get("hada_t2") != nullptr)  // the CP (effective conv2d) form
+        return merge::loha_cp_delta(need("hada_t1"), need("hada_w1_a"), need("hada_w1_b"), need("hada_t2"),
+                                    need("hada_w2_a"), need("hada_w2_b"), coefficient, layout.out, layout.in, m.name);
       return merge::loha_delta(need("hada_w1_a"), need("hada_w1_b"), need("hada_w2_a"), need("hada_w2_b"), coefficient,
                                layout.out, layout.in, m.name);
     case PeftMethod::lokr: {
       merge::LokrFactors f{p.get("lokr_w1"), p.get("lokr_w1_a"), p.get("lokr_w1_b"),
-                           p.get("lokr_w2"), p.get("lokr_w2_a"), p.get("lokr_w2_b")};
+                           p.get("lokr_w2"), p.get("lokr_w2_a"), p.get("lokr_w2_b"), p.get("lokr_t2")};
       return merge::lokr_delta(f, coefficient, layout.out, layout.in, m.name);
     }
     case PeftMethod::adalora:

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,17 @@ MethodParams load_method_params(const Adapter& adapter, const AdapterModule& mod
 // coefficient other than 1 is PEFT_ERR_UNSUPPORTED.
 std::vector<float> method_delta(const AdapterModule& module, const MethodParams& params, double coefficient,
                                 const merge::DeltaLayout& layout, const float* weight = nullptr);
+
+// The layout of a non-LoRA module's layer in a weight of `shape`: Linear [out, in], GPT-2 Conv1D
+// [in, out] when `kind` is conv1d, and for LoHa and LoKr an nn.Conv2d weight [out, c, kh, kw] as
+// the matrix [out, c * kh * kw] (the order of PEFT's delta reshaped to the weight). Other shapes
+// are PEFT_ERR_UNSUPPORTED naming the module and its method.
+merge::DeltaLayout method_layer_layout(const AdapterModule& module, LayerKind kind, std::span<const int64_t> shape);
+
+// A LoHa/LoKr module's 4-D factors (the CP cores hada_t1, hada_t2, lokr_t2, a whole lokr_w2
+// [b, d, kh, kw]) need a 4-D Conv2d weight of the same kernel: PEFT_ERR_SHAPE_MISMATCH naming the
+// factor otherwise (the flattened width alone would let another kernel or a 2-D weight through).
+void check_conv_kernel(const AdapterModule& module, const MethodParams& params, std::span<const int64_t> shape);
 
 // Whether the module's delta depends on the weight it is added to (MiSS "bat").
 bool method_reads_weight(const AdapterModule& module);

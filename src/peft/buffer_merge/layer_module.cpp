@@ -167,21 +167,18 @@ BufferMergeModule in_gguf_row_order(BufferMergeModule module, GgufRows order, co
 
 namespace {
 
-// Another method's module: its parameters, and the layout of its layer in a 2-D weight (Linear
-// [out, in], or Conv1D [in, out] when `kind` says so; the features its parameters fix must fit).
+// Another method's module: its parameters, and the layout of its layer in the weight (Linear
+// [out, in], Conv1D [in, out] when `kind` says so, a LoHa/LoKr Conv2d [out, c * kh * kw]; the
+// features its parameters fix must fit).
 BufferMergeModule method_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m, LayerKind kind,
                                 std::span<const int64_t> weight_shape) {
-  if (weight_shape.size() != 2)
-    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": " + peft_method_name(m.method) +
-                                   " merges into 2-D Linear or Conv1D weights only, not " + shape_text(weight_shape));
-  const bool gpt2 = kind == LayerKind::conv1d;
   BufferMergeModule module;
-  module.layout = merge::layout_for(gpt2 ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear,
-                                    gpt2 ? weight_shape[1] : weight_shape[0], gpt2 ? weight_shape[0] : weight_shape[1]);
+  module.layout = method_layer_layout(m, kind, weight_shape);
   module.scaling = m.scaling;
   module.method_module = std::make_shared<const AdapterModule>(m);
   module.method_params = std::make_shared<const MethodParams>(load_method_params(*adapter, m));
   module.keep_alive = adapter;
+  check_conv_kernel(m, *module.method_params, weight_shape);
   // The shapes are checked now, so that a buffer that does not fit fails before any merge.
   if (m.method == PeftMethod::ia3) {
     const merge::MethodTensor* l = module.method_params->get("ia3_l");

@@ -78,23 +78,14 @@ bool same_layout(const merge::DeltaLayout& x, const merge::DeltaLayout& y) {
   return x.out == y.out && x.in == y.in && x.transposed == y.transposed;
 }
 
-// The layout of a non-LoRA module's layer in the base weight (Linear [out, in] or Conv1D [in, out]).
-merge::DeltaLayout method_layout(const AdapterModule& m, const std::vector<int64_t>& shape) {
-  if (shape.size() != 2)
-    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": " + peft_method_name(m.method) +
-                                   " is merged into 2-D Linear or Conv1D weights only, not " + shape_text(shape));
-  const bool gpt2 = m.kind == LayerKind::conv1d;
-  return merge::layout_for(gpt2 ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear,
-                           gpt2 ? shape[1] : shape[0], gpt2 ? shape[0] : shape[1]);
-}
-
 // Applies one term of a non-LoRA method to the weight: its dense delta, or IA3's scale.
 void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType dtype, uint8_t* data,
                   const merge::ExecOptions& exec) {
   const AdapterModule& m = *term.module;
-  const merge::DeltaLayout layout = method_layout(m, shape);
+  const merge::DeltaLayout layout = method_layer_layout(m, m.kind, shape);
   const merge::WeightView view{data, dtype, layout.rows(), layout.cols()};
   const MethodParams params = load_method_params(*term.adapter->adapter, m);
+  check_conv_kernel(m, params, shape);
   if (m.method == PeftMethod::ia3) {
     const std::vector<float> l = ia3_vector(params, term.coefficient);
     const int64_t want = m.ia3_feedforward ? layout.in : layout.out;

@@ -614,7 +614,10 @@ class Doctor {
     if (method == PeftMethod::loha || method == PeftMethod::lokr) {
       const Shape r = method == PeftMethod::loha ? shape("hada_w1_a") : shape("lokr_w1_a").empty() ? shape("lokr_w2_a")
                                                                                                      : shape("lokr_w1_a");
-      if (r.size() >= 2) report.rank = static_cast<int64_t>(r[1]);
+      // The CP form keeps the rank first: hada_w1_a [r, out], lokr_w2_a [r, b] beside hada_t1 / lokr_t2.
+      const bool rank_first = method == PeftMethod::loha ? !shape("hada_t1").empty()
+                                                         : shape("lokr_w1_a").empty() && !shape("lokr_t2").empty();
+      if (r.size() >= 2) report.rank = static_cast<int64_t>(r[rank_first ? 0 : 1]);
       if (!lycoris && matcher_) {
         report.alpha = matcher_->alpha_for(m.name);
         const double rank = static_cast<double>(matcher_->rank_for(m.name));

@@ -97,6 +97,14 @@ bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_
     why = std::string("a module of kind ") + layer_kind_name(m.kind) + " (only Linear and Conv1D layers convert, as in PEFT)";
     return false;
   }
+  // Without a base a Conv2d LoHa/LoKr still shows in its 4-D parameters (the CP cores, a whole
+  // lokr_w2 [b, d, kh, kw]); PEFT's LoHa/LoKr Conv2d layers do not support LoRA conversion either.
+  for (const AdapterTensor& t : m.tensors)
+    if (t.role == TensorRole::method_param && adapter.checkpoint().tensor(t.index).shape.size() == 4) {
+      why = std::string("a ") + peft_method_name(m.method) + " module on a Conv2d layer (its " + t.suffix +
+            " is 4-D; only Linear and Conv1D layers convert, as in PEFT)";
+      return false;
+    }
   const bool lora = m.method == PeftMethod::lora;
   for (const AdapterTensor& t : m.tensors)
     if (lora ? t.role != TensorRole::lora_a && t.role != TensorRole::lora_b : t.role != TensorRole::method_param) {

@@ -2,8 +2,10 @@
 // (peft/tuners/<method>/layer.py, get_delta_weight and merge), in f32:
 //
 //   LoHa   (loha/layer.py HadaWeight):  dW = ((w1a @ w1b) * (w2a @ w2b)) * float(scale)
+//          CP form (HadaWeightCP):     dW = (cp(t1, w1a, w1b) * cp(t2, w2a, w2b)) * float(scale)
 //   LoKr   (lokr/layer.py make_kron):   dW = kron(w1, w2) * float(scale), with w1 = lokr_w1 or
 //                                       lokr_w1_a @ lokr_w1_b and w2 = lokr_w2 or lokr_w2_a @ lokr_w2_b
+//                                       or, CP form, cp(lokr_t2, lokr_w2_a, lokr_w2_b)
 //   AdaLoRA (adalora/layer.py):         dW = ((B @ (A * E)) * float(scaling)) / (float(ranknum) + 1e-5f)
 //   IA3    (ia3/layer.py merge):        W' = W * l, l = ia3_l per output feature, or per input
 //                                       feature for a feed-forward module (feedforward_modules)
@@ -31,9 +33,16 @@
 // subtraction). IA3's arithmetic unmerge divides by (l + 1e-8) as PEFT does, which is not exact;
 // exact removal keeps the original rows (buffer_merge.hpp).
 //
-// Only Linear and GPT-2 Conv1D layers are merged here (LoHa/LoKr on Conv layers and their CP /
-// effective-conv2d form are PEFT_ERR_UNSUPPORTED). The dense delta of one weight is materialised
-// in f32: out x in x 4 bytes beside the weight.
+// Linear and GPT-2 Conv1D layers are merged here, and LoHa/LoKr also on nn.Conv2d: there a
+// weight [out, in, kh, kw] is the matrix [out, in * kh * kw] (PEFT's get_delta_weight reshapes
+// its delta to the weight's shape, which is the same row-major order), `in` below is that
+// flattened width, and a factor PEFT stores 4-D (LoKr's lokr_w2 [b, d, kh, kw]) is the matrix
+// [b, d * kh * kw]. The CP ("use_effective_conv2d") form rebuilds a 4-D factor with an einsum
+// (cp_rebuild); torch's einsum sums in an order of its own choosing (opt_einsum path, BLAS
+// blocking), so cp_rebuild sums in f64 and rounds once to f32: within one f32 rounding of the
+// exact value, hence within about 2^-24 relative of PEFT's f32 einsum plus its own rounding
+// error. The dense delta of one weight is materialised in f32: out x in x 4 bytes beside the
+// weight.
 //
 // Thread safety: pure functions; calls on different buffers may run concurrently.
 #pragma once
@@ -61,8 +70,25 @@ struct MethodTensor {
 std::vector<float> loha_delta(const MethodTensor& w1a, const MethodTensor& w1b, const MethodTensor& w2a,
                               const MethodTensor& w2b, double scale, int64_t out, int64_t in, std::string_view name);
 
+// The CP rebuild of loha/layer.py HadaWeightCP and lokr/layer.py make_weight_cp:
+// R[p, q, k, l] = sum_i sum_j t[i, j, k, l] * wa[i, p] * wb[j, q] for t [r, r, kh, kw], wa [r, P],
+// wb [r, Q]; returns R [P, Q, kh, kw] row-major, summed in f64 and rounded once to f32.
+// PEFT_ERR_SHAPE_MISMATCH naming `name` and the three parameters when the shapes disagree.
+std::vector<float> cp_rebuild(const MethodTensor& t, const MethodTensor& wa, const MethodTensor& wb,
+                              std::string_view name, const char* t_name, const char* wa_name, const char* wb_name);
+
+// LoHa's CP form on a Conv2d [out, c, kh, kw] (use_effective_conv2d, kernel not 1x1):
+// hada_t1/hada_t2 [r, r, kh, kw], hada_w1_a/hada_w2_a [r, out], hada_w1_b/hada_w2_b [r, c];
+// dW = (rebuild1 * rebuild2) * float(scale), each rebuild cp_rebuild's f32 tensor, the products f32
+// as torch's `rebuild1 * rebuild2 * scale`; `in` is c * kh * kw.
+std::vector<float> loha_cp_delta(const MethodTensor& t1, const MethodTensor& w1a, const MethodTensor& w1b,
+                                 const MethodTensor& t2, const MethodTensor& w2a, const MethodTensor& w2b,
+                                 double scale, int64_t out, int64_t in, std::string_view name);
+
 // LoKr: w1 = lokr_w1 [a, c] or lokr_w1_a [a, r] @ lokr_w1_b [r, c]; w2 = lokr_w2 [b, d] or
 // lokr_w2_a [b, r] @ lokr_w2_b [r, d]; out = a * b, in = c * d. Pass null for absent tensors.
+// On a Conv2d: lokr_w2 [b, d, kh, kw], or lokr_w2_b [r, d * kh * kw], or the CP form lokr_t2
+// [r, r, kh, kw] with lokr_w2_a [r, b] and lokr_w2_b [r, d] (w2 = cp_rebuild); in = c * d * kh * kw.
 struct LokrFactors {
   const MethodTensor* w1 = nullptr;
   const MethodTensor* w1_a = nullptr;
@@ -70,6 +96,7 @@ struct LokrFactors {
   const MethodTensor* w2 = nullptr;
   const MethodTensor* w2_a = nullptr;
   const MethodTensor* w2_b = nullptr;
+  const MethodTensor* t2 = nullptr;
 };
 std::vector<float> lokr_delta(const LokrFactors& f, double scale, int64_t out, int64_t in, std::string_view name);
 
