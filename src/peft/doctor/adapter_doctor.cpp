@@ -558,11 +558,14 @@ class Doctor {
     return false;
   }
 
-  // The PEFT method whose parameter `param` is (hada_* LoHa, lokr_* LoKr, lora_A/B/E AdaLoRA, ia3_l).
+  // The PEFT method whose parameter `param` is (hada_* LoHa, lokr_* LoKr, lora_A/B/E AdaLoRA, ia3_l,
+  // vblora_* VB-LoRA, c3a_kernel C3A, ...).
   static PeftMethod method_of_param(const std::string& param) {
     if (param.starts_with("hada_")) return PeftMethod::loha;
     if (param.starts_with("lokr_")) return PeftMethod::lokr;
     if (param == "ia3_l") return PeftMethod::ia3;
+    if (param.starts_with("vblora_")) return PeftMethod::vblora;
+    if (param == "c3a_kernel") return PeftMethod::c3a;
     return PeftMethod::adalora;
   }
 
