@@ -347,3 +347,37 @@ def test_c3a_fft_delta_within_bound_of_exact(blocks_out, blocks_in, b, method_ad
     bound = (2 * math.log2(b) + 4) * 2.0**-24 * float(kernel.abs().sum(-1).max()) / inp
     ulp = ours.double().abs() * 2.0**-23
     assert bool(((theirs.double() - ours.double()).abs() <= bound + ulp).all())
+
+
+# Inspection -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case,method", [("llama_vblora", "VBLORA"), ("llama_vblora_topk", "VBLORA"),
+                                         ("gpt2_vblora", "VBLORA"), ("llama_c3a", "C3A")])
+def test_inspect_and_doctor_report_the_method(case, method, method_adapter, peftc_binary):  # noqa: F811
+    base, adapter = method_adapter(case)
+    run = subprocess.run([str(peftc_binary), "adapter", "inspect", str(adapter), "--base", str(base), "--json"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["peft_type"] == method
+    modules = {m["module"]: m for m in report["modules"]}
+    assert len(modules) == (12 if case.startswith("llama") else 4), sorted(modules)
+    for name, m in modules.items():
+        assert m["kind"] == ("conv1d" if case.startswith("gpt2") else "linear"), name
+        if method == "C3A":
+            assert set(m["tensors"]) == {"c3a_kernel"}
+            assert m["rank"] == (8 if name.endswith("up_proj") else 4), name  # the block size
+        elif case.endswith("_topk"):
+            assert {t for t in m["tensors"]} == {f"vblora_logits_{f}_topk_{p}" for f in "AB"
+                                                 for p in ("indices", "weights")}
+        else:
+            assert set(m["tensors"]) == {"vblora_logits_A", "vblora_logits_B"}
+            assert m["rank"] == json.loads((adapter / "adapter_config.json").read_text())["r"]
+    doctor = subprocess.run([str(peftc_binary), "doctor", "--json", "--adapter", str(adapter), "--base", str(base)],
+                            capture_output=True, text=True)
+    assert doctor.returncode in (0, 1), doctor.stderr
+    found = json.loads(doctor.stdout)
+    assert [p for p in found["problems"] if p["kind"] == "unmatched_key"] == []
+    reported = {m["module"]: m for m in found["modules"] if m.get("method")}
+    assert len(reported) == len(modules) and {m["method"] for m in reported.values()} == {method}

@@ -218,6 +218,14 @@ class Doctor {
       e.index = i;
       e.key = weights_->tensor(i).name;
       e.had_prefix = e.key.starts_with(kPeftPrefix);
+      // A tensor PEFT saves once for the whole model (VB-LoRA's vector bank, VeRA's / RandLoRA's
+      // projections): no module of its own, written as found (no prefix to add).
+      if (e.key == "base_model.vblora_vector_bank" || e.key == "base_model.vera_A" || e.key == "base_model.vera_B" ||
+          e.key == "base_model.randlora_A" || e.key == "base_model.randlora_B") {
+        e.final_key = e.key;
+        entries_.push_back(std::move(e));
+        continue;
+      }
       auto rewrite = rewrite_key(e.key, kohya_modules);
       if (rewrite && rewrite->family == KeyRewrite::Family::kohya) {
         e.kohya = true;
