@@ -1361,7 +1361,8 @@ PEFT_API peft_error* peft_adapter_options_set_translator(peft_adapter_options* o
  * @return NULL on success, else:
  *         #PEFT_ERR_NOT_FOUND for a missing folder or file;
  *         #PEFT_ERR_UNSUPPORTED for `adapter_model.bin` (a pickle), a `peft_type` other than LORA,
- *         LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA, FOURIERFT, OFT, BOFT and HRA (the
+ *         LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA, FOURIERFT, OFT, BOFT, HRA, VBLORA
+ *         and C3A (the
  *         message names the method and, for prompt/prefix tuning, p-tuning, X-LoRA, Poly..., why
  *         it cannot be merged), LoHa/LoKr in their CP (conv) form, or
  *         a LoRA variant this library does not merge (the message names the field);
@@ -2025,7 +2026,10 @@ PEFT_API peft_error* peft_adapter_doctor_fix(const char* adapter_dir, const char
  *  on Conv1D). VeRA, RandLoRA and FourierFT merge the same way (their projections as saved
  *  with save_projection=True, the default: an adapter saved without them is #PEFT_ERR_UNSUPPORTED;
  *  FourierFT's positions drawn as torch.randperm draws them, its inverse FFT within f32 rounding of
- *  PEFT's).
+ *  PEFT's). VB-LoRA (logits saved whole or with save_only_topk_weights; Linear and Conv1D) and C3A
+ *  (Linear only, as in PEFT) merge the same way, their deltas computed in f64 and rounded once
+ *  (within f32 rounding of PEFT's; C3A's exact circulant where PEFT uses FFTs); neither has a
+ *  scale, so a weight other than 1 multiplies the delta.
  *
  *  **Multiplicative methods** (OFT, BOFT, HRA on Linear layers; PEFT has no GPT-2 Conv1D form): both
  *  merges multiply the weight by the method's rotation, built in f64 (docs/peft-semantics.md, "OFT,

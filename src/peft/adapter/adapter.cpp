@@ -101,16 +101,19 @@ struct AdapterBuilder {
       case PeftMethod::hra: return p == "hra_u";
       case PeftMethod::ln_tuning:
       case PeftMethod::trainable_tokens: return false;
+      case PeftMethod::vblora: return p.starts_with("vblora_");
+      case PeftMethod::c3a: return p == "c3a_kernel";
     }
     return false;
   }
 
-  // The projections VeRA and RandLoRA share among layers, saved once as "base_model.<name>".
+  // The projections VeRA and RandLoRA share among layers, saved once as "base_model.<name>", and
+  // VB-LoRA's vector bank ("base_model.vblora_vector_bank").
   bool shared_projection(const ParsedKey& key) const {
     const std::string& p = key.role_suffix;
     return key.role == TensorRole::method_param && !key.had_prefix && !key.had_adapter_name &&
            key.module == "base_model" &&
-           (p == "vera_A" || p == "vera_B" || p == "randlora_A" || p == "randlora_B");
+           (p == "vera_A" || p == "vera_B" || p == "randlora_A" || p == "randlora_B" || p == "vblora_vector_bank");
   }
 
   void group_keys() {
@@ -484,6 +487,32 @@ struct AdapterBuilder {
         return;
       case PeftMethod::ln_tuning:
       case PeftMethod::trainable_tokens: return;  // no method_param modules (role_fits_method)
+      case PeftMethod::vblora: {
+        // VBLoRAConfig: r, topk; no scale (the merge weight multiplies the delta). The logits
+        // whole, or (save_only_topk_weights) as _topk_indices [.., topk] + _topk_weights [.., topk - 1].
+        m.scaling = 1.0;
+        m.rank = c.r;
+        const bool whole = m.find_param("vblora_logits_A") || m.find_param("vblora_logits_B");
+        if (whole) {
+          if (!need({"vblora_logits_A", "vblora_logits_B"})) return;
+          check_rank(dim("vblora_logits_A", 0));
+          return;
+        }
+        if (!need({"vblora_logits_A_topk_indices", "vblora_logits_A_topk_weights", "vblora_logits_B_topk_indices",
+                   "vblora_logits_B_topk_weights"}))
+          return;
+        check_rank(dim("vblora_logits_A_topk_indices", 0));
+        if (dim("vblora_logits_A_topk_indices", 2) != c.vblora_topk)
+          config_problem("topk", who + " saved the top " + std::to_string(dim("vblora_logits_A_topk_indices", 2)) +
+                                     " logits but topk is " + std::to_string(c.vblora_topk));
+        return;
+      }
+      case PeftMethod::c3a:
+        // C3AConfig: block_size / block_size_pattern, the kernel's last dimension (reported as the
+        // rank); no scale.
+        m.scaling = 1.0;
+        if (need({"c3a_kernel"})) m.rank = dim("c3a_kernel", 2);
+        return;
     }
   }
 

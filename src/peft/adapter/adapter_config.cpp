@@ -26,7 +26,7 @@ struct OtherType {
 };
 constexpr const char* kNotYet =
     "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA, "
-    "FOURIERFT, OFT, BOFT, HRA, LN_TUNING and TRAINABLE_TOKENS are)";
+    "FOURIERFT, OFT, BOFT, HRA, LN_TUNING, TRAINABLE_TOKENS, VBLORA and C3A are)";
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -44,8 +44,8 @@ constexpr OtherType kWhyNot[] = {
 constexpr const char* kOtherPeftTypes[] = {
     "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "ADAMSS",
     "ADAPTION_PROMPT", "BEFT", "LILY", "POLY", "FROD",
-    "PVERA", "GLORA", "XLORA", "VBLORA", "UNILORA", "CPT", "ROAD",
-    "HIRA", "C3A", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
+    "PVERA", "GLORA", "XLORA", "UNILORA", "CPT", "ROAD",
+    "HIRA", "WAVEFT", "OSF", "DELORA", "GRALORA", "CARTRIDGE",
     "TINYLORA", "PSOFT"};
 
 // Fields whose non-null value selects a LoRA variant that this library does not merge.
@@ -151,7 +151,7 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
                         PeftMethod::miss, PeftMethod::shira, PeftMethod::vera, PeftMethod::randlora,
                         PeftMethod::fourierft, PeftMethod::oft, PeftMethod::boft, PeftMethod::hra,
-                        PeftMethod::ln_tuning, PeftMethod::trainable_tokens})
+                        PeftMethod::ln_tuning, PeftMethod::trainable_tokens, PeftMethod::vblora, PeftMethod::c3a})
     if (c.peft_type == peft_method_name(m)) {
       c.method = m;
       return;
@@ -448,6 +448,32 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
       }
       break;
     }
+    case PeftMethod::vblora:
+    case PeftMethod::c3a: {
+      // VBLoRAConfig: r (default 4), topk (default 2), save_only_topk_weights, num_vectors and
+      // vector_length (the vector bank's shape, read from the tensors); no scale. C3AConfig:
+      // block_size / block_size_pattern (the kernels' last dimension, read from the tensors), no
+      // rank and no scale. "<method>_only" bias is LoRA's "lora_only".
+      view.erase("lora_alpha");
+      view.erase("rank_pattern");
+      view.erase("alpha_pattern");
+      view.erase("init_lora_weights");
+      const std::string own_bias = lower(c.peft_type) + "_only";
+      if (const Json* v = f.get("bias"); v && v->is_string() && v->get<std::string>() == own_bias) view["bias"] = "lora_only";
+      if (c.method == PeftMethod::c3a) {
+        view.erase("r");
+        if (const Json* v = f.get("block_size"); v && (!v->is_number_integer() || v->get<int64_t>() < 1))
+          f.wrong_type("block_size", "a positive integer");
+        break;
+      }
+      if (!view.contains("r")) view["r"] = 4;  // VBLoRAConfig's default r
+      if (const Json* v = f.get("topk")) {
+        if (!v->is_number_integer() || v->get<int64_t>() < 1) f.invalid("topk", "must be a positive integer (PEFT's check)");
+        c.vblora_topk = v->get<int64_t>();
+      }
+      c.vblora_save_only_topk = f.boolean("save_only_topk_weights", false);
+      break;
+    }
     case PeftMethod::ln_tuning:  // LNTuningConfig: target_modules, exclude_modules, modules_to_save
       view.erase("r");
       view.erase("lora_alpha");
@@ -496,6 +522,8 @@ const char* peft_method_name(PeftMethod method) {
     case PeftMethod::hra: return "HRA";
     case PeftMethod::ln_tuning: return "LN_TUNING";
     case PeftMethod::trainable_tokens: return "TRAINABLE_TOKENS";
+    case PeftMethod::vblora: return "VBLORA";
+    case PeftMethod::c3a: return "C3A";
   }
   return "LORA";
 }

@@ -67,10 +67,11 @@ struct TrainableTokenIndices {
 // modules) and embedding rows (trainable_tokens modules, their token_indices read as
 // trainable_token_indices); they have no LoRA layers.
 enum class PeftMethod {
-  lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft, oft, boft, hra, ln_tuning, trainable_tokens
+  lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft, oft, boft, hra, ln_tuning, trainable_tokens,
+  vblora, c3a
 };
 // "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA", "VERA", "RANDLORA", "FOURIERFT", "OFT",
-// "BOFT", "HRA", "LN_TUNING", "TRAINABLE_TOKENS"
+// "BOFT", "HRA", "LN_TUNING", "TRAINABLE_TOKENS", "VBLORA", "C3A"
 const char* peft_method_name(PeftMethod method);
 
 struct LoraConfig {
@@ -94,6 +95,10 @@ struct LoraConfig {
   // (read as r; n_frequency_pattern as rank_pattern).
   double fourierft_scaling = 150.0;
   int64_t random_loc_seed = 777;
+  // VB-LoRA: topk (the mixture's size; also the saved top-k weights' width + 1) and
+  // save_only_topk_weights (the logits saved as _topk_indices / _topk_weights).
+  int64_t vblora_topk = 2;
+  bool vblora_save_only_topk = false;
   merge::OftSettings oft;              // OFT: coft, eps, block_share, use_cayley_neumann, num_cayley_neumann_terms
   bool hra_apply_gs = false;           // HRA: apply_GS
   std::optional<std::string> task_type;

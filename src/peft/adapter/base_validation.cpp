@@ -127,6 +127,11 @@ class ModuleChecker {
       case PeftMethod::lora: break;
       case PeftMethod::ln_tuning:
       case PeftMethod::trainable_tokens: break;  // replacements only: no method_param tensors
+      case PeftMethod::vblora: break;  // multiples of the shared vector_length: checked by vblora_delta
+      case PeftMethod::c3a: {
+        const Shape k = dims("c3a_kernel");  // [out / b, in / b, b]
+        return {at(k, 0) * at(k, 2), at(k, 1) * at(k, 2)};
+      }
     }
     return {0, 0};
   }
@@ -221,7 +226,7 @@ class ModuleChecker {
                ": PEFT implements " + method + " for Linear and Conv layers only");
       return;
     }
-    if (conv1d && (m_.method == PeftMethod::miss || m_.method == PeftMethod::shira)) {
+    if (conv1d && (m_.method == PeftMethod::miss || m_.method == PeftMethod::shira || m_.method == PeftMethod::c3a)) {
       mismatch(method + " on the GPT-2 Conv1D layer " + peft::quoted(base_name_) + ": PEFT implements " + method +
                " for torch.nn.Linear layers only");
       return;

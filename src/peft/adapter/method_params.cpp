@@ -37,6 +37,15 @@ MethodParams load_method_params(const Adapter& adapter, const AdapterModule& mod
     }
     p.projections_not_saved = !c.save_projection;
   }
+  if (module.method == PeftMethod::vblora) {
+    if (const size_t* index = adapter.shared_param("vblora_vector_bank"); index && !p.tensors.count("vblora_vector_bank")) {
+      merge::MethodTensor m;
+      for (uint64_t d : adapter.checkpoint().tensor(*index).shape) m.shape.push_back(static_cast<int64_t>(d));
+      m.values = adapter.checkpoint().read_f32(*index);
+      p.tensors.emplace("vblora_vector_bank", std::move(m));
+    }
+    p.vblora_topk = c.vblora_topk;
+  }
   p.random_loc_seed = c.random_loc_seed;
   return p;
 }
@@ -138,6 +147,23 @@ std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, d
     case PeftMethod::hra: break;
     case PeftMethod::ln_tuning:
     case PeftMethod::trainable_tokens: break;
+    case PeftMethod::vblora: {
+      const merge::MethodTensor* bank = p.get("vblora_vector_bank");
+      if (bank == nullptr)
+        fail(PEFT_ERR_INVALID_CHECKPOINT, "module " + peft::quoted(m.name) + ": the VB-LoRA adapter has no " +
+                                              peft::quoted("base_model.vblora_vector_bank") +
+                                              " (the vector bank PEFT saves with every VB-LoRA adapter)");
+      const merge::VbloraLogits a{p.get("vblora_logits_A"), p.get("vblora_logits_A_topk_indices"),
+                                  p.get("vblora_logits_A_topk_weights")};
+      const merge::VbloraLogits b{p.get("vblora_logits_B"), p.get("vblora_logits_B_topk_indices"),
+                                  p.get("vblora_logits_B_topk_weights")};
+      return merge::vblora_delta(*bank, a, b, p.vblora_topk, coefficient, layout.out, layout.in, m.name);
+    }
+    case PeftMethod::c3a:
+      if (layout.transposed)
+        fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + ": C3A merges into torch.nn.Linear layers only "
+                                   "(PEFT's C3ALayer refuses GPT-2 Conv1D: \"Unsupported layer type\")");
+      return merge::c3a_delta(need("c3a_kernel"), coefficient, layout.out, layout.in, m.name);
   }
   fail(PEFT_ERR_INTERNAL, "module " + peft::quoted(m.name) + " has no additive delta");
 }

@@ -19,6 +19,7 @@ struct MethodParams {
   // projections to read); FourierFT: random_loc_seed.
   bool projections_not_saved = false;
   int64_t random_loc_seed = 0;
+  int64_t vblora_topk = 2;  // VB-LoRA: topk (the shared vblora_vector_bank is in tensors)
   const merge::MethodTensor* get(const std::string& name) const;
 };
 

@@ -65,6 +65,8 @@ constexpr std::string_view kMethodParams[] = {
     "lokr_w1_b", "lokr_w2",   "lokr_w2_a", "lokr_w2_b", "lokr_t2",   "lora_A",  "lora_B",  "lora_E",
     "ia3_l",     "miss_block", "shira_weight", "shira_indices", "vera_lambda_b", "vera_lambda_d", "vera_A", "vera_B", "randlora_lambda", "randlora_gamma",
     "randlora_A", "randlora_B", "fourierft_spectrum",
+    "vblora_logits_A", "vblora_logits_B", "vblora_vector_bank", "vblora_logits_A_topk_indices",
+    "vblora_logits_A_topk_weights", "vblora_logits_B_topk_indices", "vblora_logits_B_topk_weights", "c3a_kernel",
     "boft_R",    "boft_s",    "hra_u"};
 
 }  // namespace

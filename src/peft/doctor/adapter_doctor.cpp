@@ -218,6 +218,14 @@ class Doctor {
       e.index = i;
       e.key = weights_->tensor(i).name;
       e.had_prefix = e.key.starts_with(kPeftPrefix);
+      // A tensor PEFT saves once for the whole model (VB-LoRA's vector bank, VeRA's / RandLoRA's
+      // projections): no module of its own, written as found (no prefix to add).
+      if (e.key == "base_model.vblora_vector_bank" || e.key == "base_model.vera_A" || e.key == "base_model.vera_B" ||
+          e.key == "base_model.randlora_A" || e.key == "base_model.randlora_B") {
+        e.final_key = e.key;
+        entries_.push_back(std::move(e));
+        continue;
+      }
       auto rewrite = rewrite_key(e.key, kohya_modules);
       if (rewrite && rewrite->family == KeyRewrite::Family::kohya) {
         e.kohya = true;
@@ -558,11 +566,14 @@ class Doctor {
     return false;
   }
 
-  // The PEFT method whose parameter `param` is (hada_* LoHa, lokr_* LoKr, lora_A/B/E AdaLoRA, ia3_l).
+  // The PEFT method whose parameter `param` is (hada_* LoHa, lokr_* LoKr, lora_A/B/E AdaLoRA, ia3_l,
+  // vblora_* VB-LoRA, c3a_kernel C3A, ...).
   static PeftMethod method_of_param(const std::string& param) {
     if (param.starts_with("hada_")) return PeftMethod::loha;
     if (param.starts_with("lokr_")) return PeftMethod::lokr;
     if (param == "ia3_l") return PeftMethod::ia3;
+    if (param.starts_with("vblora_")) return PeftMethod::vblora;
+    if (param == "c3a_kernel") return PeftMethod::c3a;
     return PeftMethod::adalora;
   }
 

@@ -61,6 +61,18 @@ std::pair<int64_t, int64_t> features_from_params(const AdapterModule& m, const M
       return {a * b, c * d};
     }
     case PeftMethod::adalora: return {dim(p.get("lora_B"), 0), dim(p.get("lora_A"), 1)};
+    case PeftMethod::vblora: {  // logits_A [r, in / L, nv], logits_B [out / L, r, nv], bank [nv, L]
+      const merge::MethodTensor* bank = p.get("vblora_vector_bank");
+      const merge::MethodTensor* a = p.get("vblora_logits_A") ? p.get("vblora_logits_A") : p.get("vblora_logits_A_topk_indices");
+      const merge::MethodTensor* b = p.get("vblora_logits_B") ? p.get("vblora_logits_B") : p.get("vblora_logits_B_topk_indices");
+      if (!bank || !a || !b || bank->shape.size() != 2 || a->shape.size() != 3 || b->shape.size() != 3) return {0, 0};
+      return {b->shape[0] * bank->shape[1], a->shape[1] * bank->shape[1]};
+    }
+    case PeftMethod::c3a: {  // c3a_kernel [out / b, in / b, b]
+      const merge::MethodTensor* k = p.get("c3a_kernel");
+      if (!k || k->shape.size() != 3) return {0, 0};
+      return {k->shape[0] * k->shape[2], k->shape[1] * k->shape[2]};
+    }
     default: return {0, 0};
   }
 }
@@ -118,7 +130,8 @@ bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_
           "peftc --base, peft_lowrank_options_set_base())";
     return false;
   }
-  if (m.method != PeftMethod::loha && m.method != PeftMethod::lokr && m.method != PeftMethod::adalora) {
+  if (m.method != PeftMethod::loha && m.method != PeftMethod::lokr && m.method != PeftMethod::adalora &&
+      m.method != PeftMethod::vblora && m.method != PeftMethod::c3a) {
     why = std::string("of method ") + peft_method_name(m.method) +
           ", whose layer shape comes from the base model: give one (peftc --base, peft_lowrank_options_set_base())";
     return false;

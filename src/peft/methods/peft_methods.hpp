@@ -18,6 +18,10 @@
 //                                       transposed when out < in (randlora.cpp)
 //   FourierFT (fourierft/layer.py):     dW = float(ifft2(spectrum at randperm positions).real) *
 //                                       float(scale), the transform in f64 (fourierft.cpp)
+//   VB-LoRA (vblora/layer.py):          dW = B @ A, A / B the softmax-weighted mixtures of the topk
+//                                       vector-bank rows per logits row, all in f64 (vblora.cpp)
+//   C3A    (c3a/layer.py):              dW[Mb+i, Nb+j] = kernel[M, N, (j - i) mod b] / in, the exact
+//                                       block-circulant (PEFT's FFT within its f32 rounding; c3a.cpp)
 //
 // where every product and sum is an f32 operation rounded as torch rounds it, left to right as
 // written; the matrix products accumulate k = 0..rank-1 in order with explicit fused
@@ -123,6 +127,25 @@ std::vector<int64_t> torch_randperm(int64_t n, int64_t seed, int64_t count);
 // FourierFT: fourierft_spectrum [n] at the positions torch_randperm(out * in, seed, n) draws.
 std::vector<float> fourierft_delta(const MethodTensor& spectrum, int64_t seed, double scale, int64_t out, int64_t in,
                                    std::string_view name);
+
+// VB-LoRA: one logits tensor as saved, whole (logits) or in save_only_topk_weights form
+// (topk_indices [.., topk] and topk_weights [.., topk - 1]); the pointers stay owned by the caller.
+struct VbloraLogits {
+  const MethodTensor* logits = nullptr;
+  const MethodTensor* topk_indices = nullptr;
+  const MethodTensor* topk_weights = nullptr;
+};
+
+// VB-LoRA: the shared vector bank [num_vectors, L], logits_A [r, in / L, num_vectors] and logits_B
+// [out / L, r, num_vectors]. No scale; `weight` != 1 multiplies the delta once in f32.
+// INVALID_ARGUMENT for top-k weights PEFT would turn into NaN (a negative completed weight) and
+// indices outside the bank; INVALID_CONFIG for topk > num_vectors.
+std::vector<float> vblora_delta(const MethodTensor& bank, const VbloraLogits& a, const VbloraLogits& b, int64_t topk,
+                                double weight, int64_t out, int64_t in, std::string_view name);
+
+// C3A: c3a_kernel [out / b, in / b, b], the exact block-circulant divided by `in` in f32.
+std::vector<float> c3a_delta(const MethodTensor& kernel, double weight, int64_t out, int64_t in,
+                             std::string_view name);
 
 // The product x @ y of row-major f32 matrices x [m, k] and y [k, n], accumulated in k order with
 // fused multiply-adds (torch.matmul's value up to the order of its sum).
