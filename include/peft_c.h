@@ -2659,7 +2659,9 @@ PEFT_API peft_error* peft_export_options_set_peft_version(peft_export_options* o
  * @param out_dir The output folder (UTF-8); created with its parents if needed.
  * @param opts Options, or NULL for the defaults. Not kept after the call.
  * @return NULL on success, else:
- *         #PEFT_ERR_UNSUPPORTED naming the field when the target PEFT version cannot express the adapter;
+ *         #PEFT_ERR_UNSUPPORTED naming the field when the target PEFT version cannot express the adapter,
+ *         or naming the method of an adapter that is not a LoRA (LoHa, IA3, MiSS, ...: the export
+ *         writes LoRA adapters only; peft_adapter_convert_to_lora() turns most methods into one);
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL @p adapter or @p out_dir, an empty path, or a path that
  *         exists and is not a folder;
  *         #PEFT_ERR_IO naming the file when the folder cannot be created or written (disk full, ...);
@@ -2984,11 +2986,16 @@ PEFT_API peft_error* peft_adapter_extract(const char* base, const char* tuned, c
  *        as PEFT's `convert_to_lora` / `save_as_lora` do.
  *
  * dW is the module's change as the merge computes it, in f32: LoRA scaling * B A; LoHa, LoKr,
- * AdaLoRA (and every additive method the merge takes) their dense delta, PEFT's get_delta_weight;
- * IA3 (multiplicative) W' - W against the base (peft_lowrank_options_set_base(), or the base the
- * adapter was opened with), the error reported against that dW. IA3 on a layer whose bias it also
+ * AdaLoRA (and every additive method the merge takes: VeRA, RandLoRA, FourierFT, SHiRA, which
+ * take their layer's features from the base) their dense delta, PEFT's get_delta_weight;
+ * IA3, OFT, BOFT, HRA and MiSS's "bat" form (multiplicative) W' - W against the base
+ * (peft_lowrank_options_set_base(), or the base the adapter was opened with), the error reported
+ * against that dW. MiSS in its standard and "mini" forms converts exactly, without an SVD, at its
+ * own rank r whatever rank or energy is asked (lora_A sums the r-column blocks, lora_B is the
+ * block transposed; error 0), as PEFT's convert_to_lora does; a rank other than the one asked goes
+ * into rank_pattern / alpha_pattern. IA3 on a layer whose bias it also
  * scales (not feed-forward, the base has the bias) does not convert. PEFT's own convert_to_lora
- * takes LoHa and LoKr (same rule and config) but not AdaLoRA or IA3. The config keeps
+ * takes LoHa, LoKr and MiSS (same rule and config) but not AdaLoRA or IA3. The config keeps
  * the source's `target_modules` (a list extended by the module names; "all-linear" or an absent
  * field becomes the list), `base_model_name_or_path`, `layers_to_transform`, `layers_pattern` and
  * `task_type`; the rest is a fresh LoraConfig (scaling 1, no DoRA, no rsLoRA).
@@ -3465,9 +3472,10 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  *         #PEFT_ERR_UNRESOLVED_KEY listing the adapter's layers the host model has no weight for;
  *         #PEFT_ERR_SHAPE_MISMATCH naming a layer whose weight, or whose lora_B.bias (against the
  *         bias's element count), does not fit;
- *         #PEFT_ERR_UNSUPPORTED when the adapter replaces whole tensors (modules_to_save, trainable
- *         tokens, biases saved with bias="all", base-layer weights saved with save_embedding_layers),
- *         which a swap does not do; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
+ *         #PEFT_ERR_UNSUPPORTED when the adapter replaces whole tensors (modules_to_save, LN tuning,
+ *         trainable tokens, biases saved with bias="all", base-layer weights saved with
+ *         save_embedding_layers), which a swap does not do (the message names LN_TUNING or
+ *         TRAINABLE_TOKENS and points to peft_merge_buffer_apply()); #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
  *         that is not finite, a missing bias buffer, or two layers of the adapter on one weight;
  *         #PEFT_ERR_OUT_OF_MEMORY (the first exact merge of a weight allocates its copy).
  */

@@ -27,7 +27,6 @@ var notWrapped = map[string]string{
 	"peft_merge_buffer_remove":         "older alias of peft_merge_record_unmerge; the binding calls the regular one",
 	"peft_registry_names":              "older alias of peft_registry_name_list; the binding calls the regular one",
 	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
-	"peft_lowrank_options_set_base":    "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)",
 
 	// Merge options not wrapped yet.
 	"peft_merge_options_set_arithmetic": "ggml's merge arithmetic: not wrapped yet (C API, peftc merge --arithmetic and Python only)",

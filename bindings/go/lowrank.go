@@ -30,6 +30,7 @@ type lowRankConfig struct {
 	threads uint32
 	dtype   DType
 	modules []string
+	base    string
 }
 
 // WithRank factors every module to this rank (at least 1; a module with fewer rows or columns fails).
@@ -61,6 +62,12 @@ func WithModules(names ...string) LowRankOption {
 	return func(c *lowRankConfig) { c.modules = append([]string(nil), names...) }
 }
 
+// WithBase is the base model (a folder, or a hub id in the offline cache) ConvertToLoRA converts
+// against: multiplicative methods (IA3, OFT, BOFT, HRA, MiSS "bat") need it, their dW being W' - W,
+// and additive ones such as VeRA take their layer shapes from it. Without it (or with ""), the base
+// the adapter was opened with, if any, is used. Extract ignores it.
+func WithBase(base string) LowRankOption { return func(c *lowRankConfig) { c.base = base } }
+
 // LowRankModule is one module of an extraction or conversion: its rank in the written adapter and
 // the relative error ||dW - B A||_F / ||dW||_F of the f32 factors (0 for a zero dW).
 type LowRankModule struct {
@@ -82,6 +89,14 @@ func newLowRankOptions(opts []LowRankOption, cs *cstrings) (*C.peft_lowrank_opti
 			return nil, err
 		}
 		names[i] = p
+	}
+	var cbase *C.char
+	if cfg.base != "" {
+		p, err := cs.add(cfg.base, "base model")
+		if err != nil {
+			return nil, err
+		}
+		cbase = p
 	}
 	var o *C.peft_lowrank_options
 	if err := takeError(C.peft_lowrank_options_new(&o)); err != nil {
@@ -106,6 +121,9 @@ func newLowRankOptions(opts []LowRankOption, cs *cstrings) (*C.peft_lowrank_opti
 	if err == nil && len(names) > 0 {
 		err = takeError(C.peft_lowrank_options_set_modules(o, (**C.char)(unsafe.Pointer(unsafe.SliceData(names))),
 			C.size_t(len(names))))
+	}
+	if err == nil && cbase != nil {
+		err = takeError(C.peft_lowrank_options_set_base(o, cbase))
 	}
 	if err != nil {
 		C.peft_lowrank_options_free(o)
@@ -168,8 +186,9 @@ func Extract(base, tuned, outDir string, opts ...LowRankOption) ([]LowRankModule
 // module's dW, as PEFT's convert_to_lora / save_as_lora do. Returns the report.
 //
 // Errors: ErrUnsupported naming what PEFT does not convert (lora_bias, DoRA, embedding and conv
-// modules, modules_to_save, trainable tokens); ErrInvalidArgument (no rank or energy, a rank above a
-// module's dimensions); ErrNonFinite; ErrIO.
+// modules, modules_to_save, trainable tokens) or a method that needs a base without one (WithBase);
+// ErrInvalidArgument (no rank or energy, a rank above a module's dimensions); ErrNotFound (the base
+// has no weight for a module); ErrNonFinite; ErrIO.
 func (a *Adapter) ConvertToLoRA(outDir string, opts ...LowRankOption) ([]LowRankModule, error) {
 	var cs cstrings
 	defer cs.free()

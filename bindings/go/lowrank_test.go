@@ -3,10 +3,13 @@ package peft_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	peft "github.com/peft-c/peft_c/bindings/go"
@@ -142,6 +145,61 @@ func TestLowRank(t *testing.T) {
 	if !errors.Is(err, peft.ErrClosed) {
 		t.Fatalf("ConvertToLoRA on a closed adapter: %v", err)
 	}
+}
+
+// writeIA3Adapter writes an IA3 adapter on the llama fixture's layer-0 k_proj (8 x 16), ia3_l =
+// 1 + i / 16, as tests/capi/test_lowrank.c does: multiplicative, so it converts against a base only.
+func writeIA3Adapter(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	config := `{"peft_type": "IA3", "target_modules": ["k_proj"], "feedforward_modules": [], "task_type": "CAUSAL_LM"}`
+	if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	header := `{"base_model.model.model.layers.0.self_attn.k_proj.ia3_l": ` +
+		`{"dtype": "F32", "shape": [8, 1], "data_offsets": [0, 32]}}`
+	file := binary.LittleEndian.AppendUint64(nil, uint64(len(header)))
+	file = append(file, header...)
+	for i := 0; i < 8; i++ {
+		file = binary.LittleEndian.AppendUint32(file, math.Float32bits(1+float32(i)/16))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "adapter_model.safetensors"), file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ConvertToLoRA of a multiplicative adapter against a base (WithBase): refused without one, the
+// files of peftc adapter convert --base with one.
+func TestConvertToLoRAAgainstBase(t *testing.T) {
+	dir := t.TempDir()
+	ia3Dir := filepath.Join(dir, "ia3")
+	writeIA3Adapter(t, ia3Dir)
+	ia3 := mustAdapter(t, ia3Dir)
+	_, err := ia3.ConvertToLoRA(filepath.Join(dir, "nobase"), peft.WithRank(2))
+	wantCode(t, err, peft.CodeUnsupported)
+	if err == nil || !strings.Contains(err.Error(), "IA3") || !strings.Contains(err.Error(), "base") {
+		t.Fatalf("without a base: %v", err)
+	}
+	base := fixture("models", "llama")
+	report, err := ia3.ConvertToLoRA(filepath.Join(dir, "r2"), peft.WithRank(2), peft.WithBase(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(report) != 1 || report[0].Name != "model.layers.0.self_attn.k_proj" || report[0].Rank != 2 ||
+		report[0].Error <= 0 || report[0].Error >= 1 {
+		t.Fatalf("report %+v (dW = diag(l - 1) W is full rank: rank 2 loses some)", report)
+	}
+	peftc(t, "adapter", "convert", ia3Dir, filepath.Join(dir, "r2-peftc"), "--to", "lora", "--rank", "2", "--base", base)
+	sameFiles(t, filepath.Join(dir, "r2"), filepath.Join(dir, "r2-peftc"), adapterFiles...)
+	_, err = ia3.ConvertToLoRA(filepath.Join(dir, "gpt2"), peft.WithRank(2), peft.WithBase(fixture("models", "gpt2")))
+	wantCode(t, err, peft.CodeNotFound) // gpt2 has no k_proj
+	_, err = ia3.ConvertToLoRA(filepath.Join(dir, "nul"), peft.WithRank(2), peft.WithBase("a\x00b"))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	// WithBase("") is no base: refused again.
+	_, err = ia3.ConvertToLoRA(filepath.Join(dir, "cleared"), peft.WithRank(2), peft.WithBase(base), peft.WithBase(""))
+	wantCode(t, err, peft.CodeUnsupported)
 }
 
 // A merge into the Q8_0 GGUF fixture with WithQuant and WithStoreReport: the file peftc merge --quant

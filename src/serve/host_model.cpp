@@ -146,9 +146,17 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
 std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lease>& pin, double weight) const {
   const LoadedAdapter& loaded = pin->loaded();
   const std::string adapter = "adapter " + peft::quoted(pin->name());
-  if (loaded.has_replacements())
-    fail(PEFT_ERR_UNSUPPORTED, adapter + " replaces whole tensors (modules_to_save, bias=\"all\", trainable " +
-                                   "tokens or saved base_layer weights); a swap merges LoRA layers only");
+  if (loaded.has_replacements()) {
+    const PeftMethod method = loaded.adapter().config().method;
+    const std::string what =
+        method == PeftMethod::ln_tuning || method == PeftMethod::trainable_tokens
+            ? std::string("is a ") + peft_method_name(method) + " adapter, which replaces whole tensors"
+            : "replaces whole tensors (modules_to_save, bias=\"all\" or saved base_layer weights)";
+    fail(PEFT_ERR_UNSUPPORTED, adapter + " " + what + "; a swap merges the layers of LoRA and the methods merged " +
+                                   "from their parameters (LoHa, LoKr, AdaLoRA, IA3, MiSS, SHiRA, VeRA, RandLoRA, " +
+                                   "FourierFT, OFT, BOFT, HRA), not replacements: merge it with " +
+                                   "peft_merge_buffer_apply() or peft_merge_checkpoint()");
+  }
 
   // Every layer's module: the LoRA layers, then the other methods' (merged from their parameters).
   std::vector<const std::string*> modules;

@@ -9,7 +9,16 @@ PEFT 0.21 (issue 18 item 4):
   equals the reported one;
 * IA3 (multiplicative) with --base: dW = W' - W, W' PEFT's merge_and_unload, B A's relative error
   equals the reported one, and a full-rank conversion reproduces dW; without --base the conversion
-  fails naming IA3 and the base; an IA3 layer that also scales a bias (GPT-2's c_attn) is refused.
+  fails naming IA3 and the base; an IA3 layer that also scales a bias (GPT-2's c_attn) is refused;
+* VeRA, RandLoRA, FourierFT and SHiRA (additive, their layer shapes from --base), llama and GPT-2
+  Conv1D: the reported error is B A's against PEFT's merged delta and equals a numpy SVD's truncation
+  error of that delta, PEFT loads the result and its merge is off by that error, energy 1 reproduces
+  the delta, and where PEFT's convert_to_lora takes the method (VeRA, RandLoRA, FourierFT on Linear)
+  its products are ours; without --base they are refused naming the method and --base;
+* MiSS (standard and mini): exact, without an SVD, at MiSS's rank whatever rank is asked, the very
+  factors of PEFT's convert_to_lora, with the rank in rank_pattern / alpha_pattern as PEFT writes it;
+* `peftc adapter export` of a non-LoRA adapter is UNSUPPORTED naming the method and pointing to
+  `peftc adapter convert ... --to lora` (with --base where the method needs it).
 
 The adapters are made at test time by tests/fixtures/generator/method_adapters.py (real peft).
 """
@@ -177,3 +186,148 @@ def test_ia3_refusals(method_adapter, peftc_binary, tmp_path):
     result = subprocess.run([str(peftc_binary), "adapter", "convert", str(adapter), str(tmp_path / "g"), "--to", "lora",
                              "--rank", "2", "--base", str(base)], capture_output=True, text=True)
     assert result.returncode != 0 and "bias" in result.stderr, result.stderr
+
+
+# The additive methods the merge takes beyond LoHa / LoKr / AdaLoRA: their layer's features come from
+# the base (--base). gpt2's are Conv1D layers (dW stored [in, out]).
+ADDITIVE = ["llama_vera", "gpt2_vera", "llama_randlora", "gpt2_randlora", "llama_fourierft", "gpt2_fourierft",
+            "llama_shira"]
+PEFT_CONVERTS = {"llama_vera", "gpt2_vera", "llama_randlora", "gpt2_randlora", "llama_fourierft"}
+
+
+def numpy_truncation(delta: np.ndarray, rank: int):
+    """The truncated SVD of dW in f64: the rank-`rank` product (None when the singular values at the
+    cut are equal within 1e-3 relative, which leaves the product undetermined: FourierFT's real
+    spectra give pairs) and its relative error."""
+    u, s, vt = np.linalg.svd(delta, full_matrices=False)
+    product = (u[:, :rank] * s[:rank]) @ vt[:rank]
+    unique = rank >= len(s) or s[rank - 1] - s[rank] > 1e-3 * s[0]
+    return product if unique else None, float(np.sqrt(np.sum(s[rank:] ** 2)) / np.sqrt(np.sum(s ** 2)))
+
+
+def out_in(base, deltas):
+    """PEFT's W' - W in [out, in] order (GPT-2's Conv1D weights are stored [in, out])."""
+    return {n: d.T for n, d in deltas.items()} if base.name == "gpt2" else deltas
+
+
+@pytest.mark.parametrize("case", ADDITIVE)
+def test_additive_methods_against_numpy_svd(case, method_adapter, peftc_binary, tmp_path):
+    base, adapter = method_adapter(case)
+    deltas = out_in(base, merged_deltas(base, adapter))
+    out = tmp_path / "lora"
+    report = convert(peftc_binary, adapter, out, "--rank", 3, "--base", base)
+    ours = products(out)
+    assert sorted(ours) == sorted(deltas) == sorted(report)
+    lossy, determined = 0, set()
+    for name, p in ours.items():
+        assert report[name]["rank"] == 3
+        truncated, error = numpy_truncation(deltas[name], 3)
+        # the reported error is B A's against PEFT's dW, and is the numpy SVD's own truncation error
+        assert abs(rel(p, deltas[name]) - report[name]["relative_error"]) < 1e-4, name
+        assert abs(report[name]["relative_error"] - error) < 1e-4, (name, report[name], error)
+        if truncated is not None:
+            assert rel(p, truncated) < 1e-3, name
+            determined.add(name)
+        lossy += error > 0.01
+    assert determined  # some module's product is determined and compared
+    if case == "gpt2_vera":  # r = 3: VeRA's dW = diag(b) B diag(d) A has rank 3, so rank 3 holds it
+        assert all(m["relative_error"] < 1e-5 for m in report.values()), report
+    else:  # rank 3 of these deltas loses something: the comparison means something
+        assert lossy > 0
+    written = json.loads((out / "adapter_config.json").read_text())
+    assert written["peft_type"] == "LORA" and written["r"] == written["lora_alpha"] == 3
+    assert written["fan_in_fan_out"] == (base.name == "gpt2")
+    check_loads_in_peft(base, out)
+    # PEFT's merge of the converted LoRA is W + B A: the merged weights are off by the reported error.
+    converted = out_in(base, merged_deltas(base, out))
+    for name, d in converted.items():
+        assert abs(rel(d, deltas[name]) - report[name]["relative_error"]) < 1e-4, name
+    # PEFT 0.21's own convert_to_lora takes VeRA, RandLoRA and FourierFT on Linear layers (not FourierFT
+    # on Conv1D, whose get_delta_weight is not transposed, nor SHiRA's sparse delta): the same products.
+    if case in PEFT_CONVERTS:
+        config, ref = peft_conversion(base, adapter, 3)
+        assert sorted(ref) == sorted(ours) and config.r == 3
+        for name, p in ours.items():
+            if name in determined:
+                assert rel(p, ref[name]) < 1e-3, name
+            else:  # equal singular values at the cut: another product, the same error
+                assert abs(rel(ref[name], deltas[name]) - report[name]["relative_error"]) < 1e-4, name
+    else:
+        with pytest.raises(TypeError):
+            peft_conversion(base, adapter, 3)
+    # At full rank (energy 1) the LoRA is dW itself.
+    full = tmp_path / "full"
+    report = convert(peftc_binary, adapter, full, "--energy", 1.0, "--base", base)
+    for name, p in products(full).items():
+        assert rel(p, deltas[name]) < 1e-5, name
+
+
+def test_additive_methods_need_a_base(method_adapter, peftc_binary, tmp_path):
+    for case, method in [("llama_vera", "VERA"), ("llama_shira", "SHIRA"), ("llama_miss", "MISS")]:
+        _, adapter = method_adapter(case)
+        result = subprocess.run([str(peftc_binary), "adapter", "convert", str(adapter), str(tmp_path / case), "--to",
+                                 "lora", "--rank", "2"], capture_output=True, text=True)
+        assert result.returncode != 0 and method in result.stderr and "--base" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("case", ["llama_miss", "llama_miss_mini"])
+def test_miss_converts_exactly(case, method_adapter, peftc_binary, tmp_path):
+    """MiSS's standard and mini forms are LoRA products already: PEFT's convert_to_lora writes them at
+    MiSS's own rank without an SVD (lora_A sums the r-column blocks, lora_B is the block transposed),
+    whatever rank is asked, and so do we."""
+    base, adapter = method_adapter(case)
+    r = 3 if case == "llama_miss" else 4
+    deltas = merged_deltas(base, adapter)
+    out = tmp_path / "lora"
+    report = convert(peftc_binary, adapter, out, "--rank", 2, "--base", base)
+    ours = products(out)
+    assert sorted(ours) == sorted(deltas)
+    for name, p in ours.items():
+        assert report[name]["rank"] == r and report[name]["relative_error"] == 0.0
+        assert rel(p, deltas[name]) < 1e-7, name
+    written = json.loads((out / "adapter_config.json").read_text())
+    assert written["r"] == 2 and written["rank_pattern"] == written["alpha_pattern"] == {n: r for n in ours}
+    check_loads_in_peft(base, out)
+    converted = merged_deltas(base, out)
+    for name, d in converted.items():
+        assert rel(d, deltas[name]) < 1e-6, name
+    # PEFT's own conversion: the same factors and config
+    config, state = peft_state(base, adapter, 2)
+    f = load_file(str(out / "adapter_model.safetensors"))
+    for name in ours:
+        for factor in ("lora_A", "lora_B"):
+            key = f"base_model.model.{name}.{factor}.weight"
+            np.testing.assert_array_equal(f[key], state[key].numpy(), err_msg=key)
+    assert config.rank_pattern == written["rank_pattern"] and config.alpha_pattern == written["alpha_pattern"]
+    # an energy fraction does not change it either
+    energy = convert(peftc_binary, adapter, tmp_path / "energy", "--energy", 0.5, "--base", base)
+    assert {m["rank"] for m in energy.values()} == {r}
+
+
+def peft_state(base, adapter, rank):
+    from peft.tuners.lora.conversion import convert_to_lora
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return convert_to_lora(peft_model(base, adapter), rank)
+
+
+@pytest.mark.parametrize("case", ["llama_ia3", "llama_miss", "llama_vera", "llama_oft", "llama_loha",
+                                  "llama_ln_tuning", "llama_trainable_tokens"])
+def test_export_names_the_method(case, method_adapter, peftc_binary, tmp_path):
+    """`peftc adapter export` writes LoRA adapters only: another method is UNSUPPORTED naming it and
+    pointing to the conversion (against the base where the method needs one)."""
+    base, adapter = method_adapter(case)
+    result = subprocess.run([str(peftc_binary), "adapter", "export", str(adapter), str(tmp_path / "out")],
+                            capture_output=True, text=True)
+    method = {"llama_ia3": "IA3", "llama_miss": "MISS", "llama_vera": "VERA", "llama_oft": "OFT", "llama_loha": "LOHA",
+              "llama_ln_tuning": "LN_TUNING", "llama_trainable_tokens": "TRAINABLE_TOKENS"}[case]
+    assert result.returncode != 0 and "UNSUPPORTED" in result.stderr, result.stderr
+    assert f"is a {method} adapter" in result.stderr and "LoRA adapters only" in result.stderr, result.stderr
+    assert "alpha" not in result.stderr and "rank_pattern" not in result.stderr, result.stderr
+    if case in ("llama_ln_tuning", "llama_trainable_tokens"):
+        assert "adapter convert" not in result.stderr
+    else:
+        assert "peftc adapter convert IN OUT --to lora" in result.stderr
+        assert ("--base" in result.stderr) == (case != "llama_loha"), result.stderr
+    assert not (tmp_path / "out" / "adapter_config.json").exists()

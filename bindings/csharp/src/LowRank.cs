@@ -93,6 +93,16 @@ namespace PeftC
             }
             return this;
         }
+
+        /// <summary>The base model (a folder, or a hub id in the offline cache) <see cref="LowRank.ConvertToLora"/>
+        /// converts against; null (the default) for none, which uses the base the adapter was opened with, if any.
+        /// Multiplicative methods (IA3, OFT, BOFT, HRA, MiSS "bat") need one, their dW being W' - W; additive ones
+        /// such as VeRA take their layer shapes from it. Not used by <see cref="LowRank.Extract"/>.</summary>
+        public LowRankOptions SetBase(string baseDir)
+        {
+            PeftException.Check(Native.peft_lowrank_options_set_base(Handle, Utf8.Encode(baseDir, "baseDir")));
+            return this;
+        }
     }
 
     /// <summary>One module of an extraction or conversion.</summary>

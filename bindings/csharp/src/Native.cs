@@ -350,6 +350,7 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_set_dtype(LowrankOptionsHandle o, int dtype);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_lowrank_options_set_modules(LowrankOptionsHandle o, IntPtr* names, UIntPtr count);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_lowrank_options_set_base(LowrankOptionsHandle o, byte[] baseDir);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_lowrank_report_module_count(LowrankReportHandle r);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_lowrank_report_module_name(LowrankReportHandle r, UIntPtr index);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern long peft_lowrank_report_module_rank(LowrankReportHandle r, UIntPtr index);

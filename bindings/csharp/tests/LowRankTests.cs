@@ -106,6 +106,58 @@ namespace PeftC.Tests
             }
         }
 
+        // An IA3 adapter on the llama fixture's layer-0 k_proj (8 x 16), ia3_l = 1 + i / 16, as
+        // tests/capi/test_lowrank.c writes it: multiplicative, so it converts against a base only.
+        private static void WriteIa3Adapter(string dir)
+        {
+            Directory.CreateDirectory(dir);
+            File.WriteAllText(Path.Combine(dir, "adapter_config.json"),
+                "{\"peft_type\": \"IA3\", \"target_modules\": [\"k_proj\"], \"feedforward_modules\": [], \"task_type\": \"CAUSAL_LM\"}");
+            byte[] header = System.Text.Encoding.ASCII.GetBytes(
+                "{\"base_model.model.model.layers.0.self_attn.k_proj.ia3_l\": {\"dtype\": \"F32\", \"shape\": [8, 1], \"data_offsets\": [0, 32]}}");
+            using (var stream = new MemoryStream())
+            using (var writer = new BinaryWriter(stream)) // little-endian
+            {
+                writer.Write((ulong)header.Length);
+                writer.Write(header);
+                for (int i = 0; i < 8; i++) writer.Write(1.0f + i / 16.0f);
+                writer.Flush();
+                File.WriteAllBytes(Path.Combine(dir, "adapter_model.safetensors"), stream.ToArray());
+            }
+        }
+
+        [Test]
+        public void ConversionAgainstABaseWritesWhatPeftcWrites()
+        {
+            using (var tmp = new TempDir())
+            using (var options = new LowRankOptions())
+            {
+                string ia3Dir = tmp["ia3"], baseDir = Fixtures.Model("llama");
+                WriteIa3Adapter(ia3Dir);
+                using (var ia3 = Adapter.Open(ia3Dir))
+                {
+                    options.SetRank(2);
+                    PeftException e = Assert.ThrowsPeft(ErrorCode.Unsupported, () => LowRank.ConvertToLora(ia3, tmp["nobase"], options),
+                                                        "IA3 without a base");
+                    Assert.True(e.Message.Contains("IA3") && e.Message.Contains("base"), e.Message);
+                    LowRankModule[] report = LowRank.ConvertToLora(ia3, tmp["r2"], options.SetBase(baseDir));
+                    Assert.Equal(1, report.Length, "modules converted");
+                    Assert.Equal("model.layers.0.self_attn.k_proj", report[0].Name, "module");
+                    Assert.Equal(2L, report[0].Rank, "rank");
+                    // dW = diag(l - 1) W is full rank: rank 2 loses some.
+                    Assert.True(report[0].Error > 0 && report[0].Error < 1, report[0].ToString());
+                    Peftc("adapter", "convert", ia3Dir, tmp["r2-peftc"], "--to", "lora", "--rank", "2", "--base", baseDir);
+                    SameFiles(tmp["r2"], tmp["r2-peftc"], AdapterFiles);
+
+                    options.SetBase(Fixtures.Model("gpt2")); // no k_proj there
+                    Assert.ThrowsPeft(ErrorCode.NotFound, () => LowRank.ConvertToLora(ia3, tmp["gpt2"], options), "gpt2 base");
+                    options.SetBase(null); // no base again
+                    Assert.ThrowsPeft(ErrorCode.Unsupported, () => LowRank.ConvertToLora(ia3, tmp["cleared"], options), "base cleared");
+                    Assert.Throws<ArgumentException>(() => options.SetBase("a\0b"), "a NUL in the base");
+                }
+            }
+        }
+
         [Test]
         public void QuantizedGgufMergeWithOutputTypeAndStoreReport()
         {

@@ -289,6 +289,7 @@ PROTOTYPES = {
     "peft_lowrank_options_set_threads": (_err, [_handle, c_uint32]),
     "peft_lowrank_options_set_dtype": (_err, [_handle, c_int32]),
     "peft_lowrank_options_set_modules": (_err, [_handle, POINTER(c_char_p), c_size_t]),
+    "peft_lowrank_options_set_base": (_err, [_handle, c_char_p]),
     "peft_lowrank_report_module_count": (c_size_t, [_handle]),
     "peft_lowrank_report_module_name": (c_char_p, [_handle, c_size_t]),
     "peft_lowrank_report_module_rank": (ctypes.c_int64, [_handle, c_size_t]),

@@ -38,7 +38,8 @@ class LowRankModule:
 
 @contextlib.contextmanager
 def _lowrank_options(rank: Optional[int], energy: Optional[float], svd: str, threads: int,
-                     dtype: Optional[DTypeLike], modules: Optional[Sequence[str]]) -> Iterator[c_void_p]:
+                     dtype: Optional[DTypeLike], modules: Optional[Sequence[str]],
+                     base=None) -> Iterator[c_void_p]:
     if (rank is None) == (energy is None):
         raise ValueError("give either rank or energy")
     if svd not in SVD_METHODS:
@@ -64,6 +65,8 @@ def _lowrank_options(rank: Optional[int], energy: Optional[float], svd: str, thr
             check(library.peft_lowrank_options_set_dtype(opts, int(as_dtype(dtype))))
         if names:
             check(library.peft_lowrank_options_set_modules(opts, (c_char_p * len(names))(*names), len(names)))
+        if base is not None:
+            check(library.peft_lowrank_options_set_base(opts, fs_path(base, "base")))
         yield opts
 
 
@@ -103,18 +106,22 @@ def extract_lora(base, tuned, out_dir, *, rank: Optional[int] = None, energy: Op
 
 
 def convert_to_lora(adapter: Adapter, out_dir, *, rank: Optional[int] = None, energy: Optional[float] = None,
-                    svd: str = "exact", threads: int = 0,
-                    dtype: Optional[DTypeLike] = None) -> List[LowRankModule]:
+                    svd: str = "exact", threads: int = 0, dtype: Optional[DTypeLike] = None,
+                    base=None) -> List[LowRankModule]:
     """Writes ``adapter`` as a plain LoRA of another rank, by truncated SVD of each module's dW, as PEFT's
-    ``convert_to_lora`` / ``save_as_lora``. Options as for ``extract_lora``.
+    ``convert_to_lora`` / ``save_as_lora``. Options as for ``extract_lora``. ``base`` is the base model
+    folder (or hub id) to convert against: multiplicative methods (IA3, OFT, BOFT, HRA, MiSS "bat") need
+    it, as dW = W' - W, and additive ones such as VeRA take their layer shapes from it; without it the
+    base the adapter was opened with, if any, is used.
 
     Raises ``UnsupportedError`` naming what PEFT does not convert (lora_bias, DoRA, embedding and conv
-    modules, modules_to_save, trainable tokens), ``InvalidArgumentError`` (a rank above a module's
-    dimensions), ``NonFiniteError``, ``IoError``.
+    modules, modules_to_save, trainable tokens) or a method that needs a base without one,
+    ``InvalidArgumentError`` (a rank above a module's dimensions), ``NotFoundError`` (the base has no
+    weight for a module), ``NonFiniteError``, ``IoError``.
     """
     owner = handle_of(adapter)
     report = c_void_p()
-    with _lowrank_options(rank, energy, svd, threads, dtype, None) as opts:
+    with _lowrank_options(rank, energy, svd, threads, dtype, None, base) as opts:
         check(lib().peft_adapter_convert_to_lora(owner.ptr, fs_path(out_dir), opts, byref(report)))
     return _take_report(report)
 

@@ -23,7 +23,6 @@ NOT_WRAPPED = {
     "peft_registry_names": "older alias of peft_registry_name_list; the binding calls the regular one",
     "peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls "
                                         "the regular one",
-    "peft_lowrank_options_set_base": "Conversion to LoRA against a base: not wrapped yet (C API and peftc only)",
 }
 
 #: A C prototype: the return type and parameter types, ``const`` and spaces removed ("peft_lease**").

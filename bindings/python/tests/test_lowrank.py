@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 
 import pytest
@@ -71,6 +72,38 @@ def test_convert(tmp_path):
     peftc("adapter", "convert", ADAPTERS / "llama_lora", tmp_path / "doubled-ref", "--to", "lora", "--initial",
           ADAPTERS / "llama_lora")
     same_files(tmp_path / "doubled", tmp_path / "doubled-ref")
+
+
+def write_ia3_adapter(folder):
+    """An IA3 adapter on the llama fixture's layer-0 k_proj (8 x 16), ia3_l = 1 + i / 16 (as
+    tests/capi/test_lowrank.c writes it): multiplicative, so it converts against a base only."""
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(
+        '{"peft_type": "IA3", "target_modules": ["k_proj"], "feedforward_modules": [], "task_type": "CAUSAL_LM"}')
+    header = (b'{"base_model.model.model.layers.0.self_attn.k_proj.ia3_l": '
+              b'{"dtype": "F32", "shape": [8, 1], "data_offsets": [0, 32]}}')
+    values = struct.pack("<8f", *(1.0 + i / 16.0 for i in range(8)))
+    (folder / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + values)
+    return folder
+
+
+def test_convert_against_base(tmp_path):
+    ia3 = write_ia3_adapter(tmp_path / "ia3")
+    with peft_c.Adapter.open(ia3) as adapter:
+        with pytest.raises(peft_c.UnsupportedError) as info:
+            peft_c.convert_to_lora(adapter, tmp_path / "nobase", rank=2)
+        assert "IA3" in str(info.value) and "base" in str(info.value)
+        report = peft_c.convert_to_lora(adapter, tmp_path / "r2", rank=2, base=BASE)
+        assert [(m.name, m.rank) for m in report] == [("model.layers.0.self_attn.k_proj", 2)]
+        assert 0 < report[0].error < 1  # dW = diag(l - 1) W is full rank: rank 2 loses some
+        with pytest.raises(peft_c.NotFoundError):  # gpt2 has no k_proj
+            peft_c.convert_to_lora(adapter, tmp_path / "gpt2", rank=2, base=FIXTURES / "models" / "gpt2")
+        with pytest.raises(ValueError):
+            peft_c.convert_to_lora(adapter, tmp_path / "nul", rank=2, base="a\0b")
+    peftc("adapter", "convert", ia3, tmp_path / "r2-ref", "--to", "lora", "--rank", 2, "--base", BASE)
+    same_files(tmp_path / "r2", tmp_path / "r2-ref")
+    with peft_c.Adapter.open(tmp_path / "r2") as converted:
+        assert len(converted.modules) == 1
 
 
 def test_errors(tmp_path, tuned):

@@ -180,4 +180,35 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const B
   return d;
 }
 
+bool has_exact_lora(const AdapterModule& m) { return m.method == PeftMethod::miss && !m.miss_bat; }
+
+ExactLora exact_lora(const Adapter& adapter, const AdapterModule& m, const BaseModel* base) {
+  std::string why;
+  if (!has_exact_lora(m)) fail(PEFT_ERR_INTERNAL, module_text(m) + " has no exact LoRA form");
+  if (!has_module_delta(adapter, m, base != nullptr, why))
+    fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " is " + why);
+  const std::optional<size_t> wi = base->find(m.name, "weight", adapter.table().get());
+  if (!wi) fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base->dir) + " has no weight for " + module_text(m));
+  std::vector<int64_t> shape;
+  for (uint64_t d : base->weight_shape(*wi)) shape.push_back(static_cast<int64_t>(d));
+  const std::shared_ptr<const Adapter> view(std::shared_ptr<const Adapter>(), &adapter);
+  const BufferMergeModule module = buffer_merge_module(view, m, shape);
+  // The full delta checks the block against the layer (miss_delta's SHAPE_MISMATCH) before it is used.
+  (void)method_delta(m, *module.method_params, m.scaling, module.layout);
+  const merge::MethodTensor* block = module.method_params->get("miss_block");
+  if (block == nullptr || block->shape.size() != 2)
+    fail(PEFT_ERR_INVALID_CHECKPOINT, module_text(m) + " lacks a 2-D miss_block");
+  const int64_t r = block->shape[0], cols = block->shape[1];
+  const int64_t out = module.layout.out, in = module.layout.in;
+  ExactLora f;
+  f.rank = r;
+  f.a.assign(static_cast<size_t>(r * in), 0.0f);
+  for (int64_t j = 0; j < in; ++j) f.a[static_cast<size_t>((j % r) * in + j)] = 1.0f;
+  f.b.resize(static_cast<size_t>(out * r));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t k = 0; k < r; ++k)
+      f.b[static_cast<size_t>(o * r + k)] = block->values[static_cast<size_t>(k * cols + o % cols)];
+  return f;
+}
+
 }  // namespace peft

@@ -40,6 +40,23 @@ bool is_multiplicative(const AdapterModule& m);
 // Whether module_delta handles `m` (with a base model when `with_base`); otherwise `why` says what it is.
 bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why);
 
+// A module whose change is a LoRA product exactly, as PEFT's convert_to_lora takes it without an
+// SVD: MiSS in its standard and "mini" forms (dW[o, j] = block[j % r, o % cols]) gives
+// lora_A [r, in] with A[k, j] = 1 where j % r == k and lora_B [out, r] = the block transposed
+// (repeated across the output features for "mini"), at MiSS's own rank r whatever rank or energy
+// the conversion asks for. Needs the base for the layer's features, as module_delta does.
+struct ExactLora {
+  std::vector<float> a;  // [rank, in]
+  std::vector<float> b;  // [out, rank]
+  int64_t rank = 0;
+};
+
+// Whether module `m` converts exactly (exact_lora); false for every other module.
+bool has_exact_lora(const AdapterModule& m);
+
+// The exact factors of a module has_exact_lora accepts; the errors of module_delta.
+ExactLora exact_lora(const Adapter& adapter, const AdapterModule& m, const BaseModel* base);
+
 // dW of module `m` of `adapter`; `base` may be null for LoRA and LoHa/LoKr/AdaLoRA modules.
 // UNSUPPORTED for what has_module_delta refuses; NOT_FOUND when the base has no weight for the
 // module; SHAPE_MISMATCH when the parameters do not fit it; the checkpoints' read errors.

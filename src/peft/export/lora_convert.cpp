@@ -66,13 +66,22 @@ std::vector<LowRankModule> convert_to_lora(const Adapter& adapter, const std::st
       fail(PEFT_ERR_UNSUPPORTED, what + ": module " + peft::quoted(m.name) + " is " + why);
     const Adapter* a = &adapter;
     const AdapterModule* mp = &m;
-    sources.push_back({m.name, m.kind == LayerKind::conv1d,
+    DeltaSource source{m.name, m.kind == LayerKind::conv1d,
                        [a, mp, base](int64_t& rows, int64_t& cols) -> std::optional<std::vector<float>> {
                          ModuleDelta d = module_delta(*a, *mp, base);
                          rows = d.rows;
                          cols = d.cols;
                          return std::move(d.values);
-                       }});
+                       },
+                       nullptr};
+    if (has_exact_lora(m))  // MiSS: B A is dW exactly, at MiSS's rank (PEFT's convert_to_lora does the same)
+      source.exact = [a, mp, base](std::vector<float>& fa, std::vector<float>& fb) {
+        ExactLora f = exact_lora(*a, *mp, base);
+        fa = std::move(f.a);
+        fb = std::move(f.b);
+        return f.rank;
+      };
+    sources.push_back(std::move(source));
   }
   Json config = Json::object();
   const Json& doc = c.document;

@@ -86,7 +86,8 @@ std::vector<LowRankModule> extract_lora(const std::string& base_location, const 
                          r = rows;
                          c = cols;
                          return delta;
-                       }});
+                       },
+                       nullptr});
   }
   if (!missing.empty())
     fail(PEFT_ERR_UNRESOLVED_KEY, "the fine-tuned checkpoint " + peft::quoted(tuned.dir) + " lacks " +

@@ -30,6 +30,14 @@ std::vector<float> transpose(const std::vector<float>& x, int64_t rows, int64_t 
 }
 
 void factor(const DeltaSource& source, const LowRankOptions& options, Result& out) {
+  if (source.exact) {
+    const int64_t rank = source.exact(out.a, out.b);
+    out.present = true;
+    out.report = {source.name, rank, 0.0};
+    out.rows = static_cast<int64_t>(out.b.size()) / rank;
+    out.cols = static_cast<int64_t>(out.a.size()) / rank;
+    return;
+  }
   int64_t rows = 0, cols = 0;
   std::optional<std::vector<float>> delta = source.make(rows, cols);
   if (!delta) return;
@@ -95,7 +103,7 @@ std::vector<LowRankModule> write_lowrank_adapter(const std::vector<DeltaSource>&
   // PEFT's own output without a source config has an empty list there, which PEFT cannot load.
   for (const LowRankModule& m : report) {
     if (!regex) names.insert(m.name);
-    if (!fixed || regex) {
+    if (!fixed || regex || m.rank != r) {
       rank_pattern[m.name] = m.rank;
       alpha_pattern[m.name] = m.rank;
     }

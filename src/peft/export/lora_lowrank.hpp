@@ -7,8 +7,9 @@
 // the stored matrix gives B' = U S, A' = V^T and the factors are A = B'^T, B = A'^T, as PEFT does.
 // Modules run in parallel (one task per module: its dW is made, factored and dropped, so memory
 // holds one dW per thread plus the factors). The config is the one convert_to_lora writes: with a
-// fixed rank r, r = lora_alpha = r and target_modules the modules; with an energy fraction, r =
-// lora_alpha = 1 and every module's rank in rank_pattern and alpha_pattern (scaling 1 either way).
+// fixed rank r, r = lora_alpha = r and target_modules the modules (a module converted exactly at
+// another rank also in rank_pattern and alpha_pattern); with an energy fraction, r = lora_alpha = 1
+// and every module's rank in rank_pattern and alpha_pattern (scaling 1 either way).
 // Factors are F32 unless a dtype is given.
 #pragma once
 
@@ -47,6 +48,10 @@ struct DeltaSource {
   std::string name;
   bool conv1d = false;
   std::function<std::optional<std::vector<float>>(int64_t& rows, int64_t& cols)> make;
+  // Set (instead of make) for a module whose factors are known exactly, as PEFT's convert_to_lora
+  // takes MiSS: fills lora_A [rank, in] and lora_B [out, rank] (Linear order) and returns the rank,
+  // which the rank or energy asked for does not change; the reported error is 0.
+  std::function<int64_t(std::vector<float>& a, std::vector<float>& b)> exact;
 };
 
 // INVALID_ARGUMENT unless exactly one of a rank >= 1 or an energy in (0, 1] is set, or for a dtype

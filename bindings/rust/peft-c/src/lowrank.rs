@@ -107,6 +107,19 @@ impl LowRankOptions {
         unsafe { check(sys::peft_lowrank_options_set_modules(self.ptr(), ptr, pointers.len()))? };
         Ok(self)
     }
+
+    /// The base model (a folder, or a hub id in the offline cache) [`convert_to_lora`] converts
+    /// against; None for none, the default, which uses the base the adapter was opened with, if
+    /// any. Multiplicative methods (IA3, OFT, BOFT, HRA, MiSS "bat") need one, their dW being
+    /// W' - W; additive ones such as VeRA take their layer shapes from it. Not used by
+    /// [`extract_lora`].
+    pub fn set_base(&mut self, base: Option<&Path>) -> Result<&mut Self> {
+        let base = base.map(c_path).transpose()?;
+        let ptr = base.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        // SAFETY: a live handle and a valid string or NULL (copied).
+        unsafe { check(sys::peft_lowrank_options_set_base(self.ptr(), ptr))? };
+        Ok(self)
+    }
 }
 
 impl fmt::Debug for LowRankOptions {

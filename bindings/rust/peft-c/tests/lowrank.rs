@@ -145,6 +145,53 @@ fn extraction_and_conversion_write_what_peftc_writes() {
     expect_code(convert_initial(&lora_dir, dir.path(), dir.join("z"), None), ErrorCode::Io);
 }
 
+/// An IA3 adapter on the llama fixture's layer-0 k_proj (8 x 16), ia3_l = 1 + i / 16, as
+/// tests/capi/test_lowrank.c writes it: multiplicative, so it converts against a base only.
+fn write_ia3_adapter(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("adapter_config.json"),
+        r#"{"peft_type": "IA3", "target_modules": ["k_proj"], "feedforward_modules": [], "task_type": "CAUSAL_LM"}"#,
+    )
+    .unwrap();
+    let header = r#"{"base_model.model.model.layers.0.self_attn.k_proj.ia3_l": {"dtype": "F32", "shape": [8, 1], "data_offsets": [0, 32]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    for i in 0..8 {
+        file.extend_from_slice(&(1.0f32 + i as f32 / 16.0).to_le_bytes());
+    }
+    std::fs::write(dir.join("adapter_model.safetensors"), file).unwrap();
+}
+
+#[test]
+fn conversion_against_a_base_writes_what_peftc_writes() {
+    let dir = TempDir::new("lowrank-base");
+    let ia3_dir = dir.join("ia3");
+    write_ia3_adapter(&ia3_dir);
+    let ia3 = Adapter::open(&ia3_dir).unwrap();
+    let err = expect_code(convert_to_lora(&ia3, dir.join("nobase"), &rank_options(2)), ErrorCode::Unsupported);
+    assert!(err.message().contains("IA3") && err.message().contains("base"), "{err}");
+
+    let base = fixture(&["models", "llama"]);
+    let mut opts = rank_options(2);
+    opts.set_base(Some(base.as_path())).unwrap();
+    let report = convert_to_lora(&ia3, dir.join("r2"), &opts).unwrap();
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert_eq!((report[0].name.as_str(), report[0].rank), ("model.layers.0.self_attn.k_proj", 2));
+    // dW = diag(l - 1) W is full rank: rank 2 loses some.
+    assert!(report[0].error > 0.0 && report[0].error < 1.0, "{report:?}");
+    let reference = dir.join("r2-peftc");
+    let (a, b, r) = (ia3_dir.as_os_str(), base.as_os_str(), reference.as_os_str());
+    if peftc(&[&"adapter", &"convert", &a, &r, &"--to", &"lora", &"--rank", &"2", &"--base", &b]) {
+        assert_same_files(&dir.join("r2"), &reference, &ADAPTER_FILES);
+    }
+
+    opts.set_base(Some(fixture(&["models", "gpt2"]).as_path())).unwrap(); // no k_proj there
+    expect_code(convert_to_lora(&ia3, dir.join("gpt2"), &opts), ErrorCode::NotFound);
+    opts.set_base(None).unwrap(); // no base again
+    expect_code(convert_to_lora(&ia3, dir.join("cleared"), &opts), ErrorCode::Unsupported);
+}
+
 #[test]
 fn quantized_gguf_merge_with_output_type_and_store_report() {
     let dir = TempDir::new("quant");
