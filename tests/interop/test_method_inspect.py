@@ -1,7 +1,8 @@
 """Inspection of every supported method's adapters (`peftc doctor --json`, `peftc adapter inspect --json`),
 and LyCORIS / kohya LoHa and LoKr files told apart from PEFT adapter folders.
 
-* PEFT adapters of LoHa, LoKr, AdaLoRA, IA3, LN tuning and trainable tokens, made by the real peft
+* PEFT adapters of LoHa, LoKr, AdaLoRA, IA3, MiSS, SHiRA, VeRA, RandLoRA, FourierFT, OFT, BOFT, HRA,
+  VB-LoRA, C3A, LN tuning and trainable tokens, made by the real peft
   package (tests/fixtures/generator/method_adapters.py): the doctor finds no problem, reports each
   module's method ("LOHA", ...) and kind, and renames nothing; `adapter inspect` reports the
   peft_type and the module set (norm replacements as `full`, token rows as `trainable_tokens`);
@@ -45,6 +46,13 @@ def make(fixtures_dir, case, out):
 @pytest.mark.parametrize("case,method,kind", [
     ("llama_loha", "LOHA", "linear"), ("llama_lokr_decomposed", "LOKR", "linear"), ("llama_lokr_full", "LOKR", "linear"),
     ("llama_adalora", "ADALORA", "linear"), ("llama_ia3", "IA3", "linear"), ("gpt2_ia3", "IA3", "linear"),
+    ("llama_miss", "MISS", "linear"), ("llama_miss_bat", "MISS", "linear"), ("llama_shira", "SHIRA", "linear"),
+    ("llama_vera", "VERA", "linear"), ("gpt2_vera", "VERA", "linear"), ("llama_randlora", "RANDLORA", "linear"),
+    ("gpt2_randlora", "RANDLORA", "linear"), ("llama_fourierft", "FOURIERFT", "linear"),
+    ("gpt2_fourierft", "FOURIERFT", "linear"), ("llama_oft", "OFT", "linear"), ("llama_oft_share", "OFT", "linear"),
+    ("llama_boft", "BOFT", "linear"), ("llama_hra", "HRA", "linear"),
+    ("llama_vblora", "VBLORA", "linear"), ("llama_vblora_topk", "VBLORA", "linear"),
+    ("llama_c3a", "C3A", "linear"),
     ("llama_ln_tuning", None, "full"), ("llama_trainable_tokens", None, "trainable_tokens"),
 ])
 def test_peft_method_adapters_are_clean(case, method, kind, fixtures_dir, peftc_binary, tmp_path):

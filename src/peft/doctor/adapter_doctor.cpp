@@ -75,10 +75,14 @@ struct Problem {
 };
 
 std::optional<TensorRole> role_of_suffix(const std::string& suffix) {
+  if (suffix == "oft_R") return TensorRole::method_param;  // parsed from <module>.oft_R[.default].weight
   auto parsed = parse_adapter_key("m." + suffix);
   if (!parsed) return std::nullopt;
   return parsed->role;
 }
+
+// The suffix as PEFT saves it: OFT's rotation is the weight of its oft_R submodule.
+std::string saved_suffix(const std::string& suffix) { return suffix == "oft_R" ? "oft_R.weight" : suffix; }
 
 std::string param_of(const Entry& e) {
   if (e.role != TensorRole::full) return e.role == TensorRole::lora_b_bias ? "bias" : "weight";
@@ -480,7 +484,9 @@ class Doctor {
     for (size_t i : g.entries) {
       const Entry& e = entries_[i];
       const TensorInfo& info = weights_->tensor(e.index);
-      if (!is_float(info.dtype) && e.role != TensorRole::full) {
+      // SHiRA's and VB-LoRA's top-k indices are integer tensors by design.
+      const bool integer_param = e.role == TensorRole::method_param && e.suffix.ends_with("_indices");
+      if (!is_float(info.dtype) && e.role != TensorRole::full && !integer_param) {
         problem("unsupported_dtype", {e.key}, {g.name},
                 "tensor " + peft::quoted(e.key) + " is " + std::string(dtype_name(info.dtype)) +
                     "; LoRA factors, magnitudes and alphas are floating-point tensors",
@@ -534,7 +540,7 @@ class Doctor {
           e.final_key = e.key;
           continue;
         }
-        e.final_key = peft_saved_key(g.name, e.suffix);
+        e.final_key = peft_saved_key(g.name, saved_suffix(e.suffix));
       }
     else
       for (size_t i : g.entries) entries_[i].final_key = entries_[i].key;
@@ -567,13 +573,21 @@ class Doctor {
   }
 
   // The PEFT method whose parameter `param` is (hada_* LoHa, lokr_* LoKr, lora_A/B/E AdaLoRA, ia3_l,
-  // vblora_* VB-LoRA, c3a_kernel C3A, ...).
+  // vblora_* VB-LoRA, c3a_kernel C3A, miss_*, shira_*, vera_*, randlora_*, fourierft_*, oft_*, boft_*, hra_*).
   static PeftMethod method_of_param(const std::string& param) {
     if (param.starts_with("hada_")) return PeftMethod::loha;
     if (param.starts_with("lokr_")) return PeftMethod::lokr;
     if (param == "ia3_l") return PeftMethod::ia3;
     if (param.starts_with("vblora_")) return PeftMethod::vblora;
     if (param == "c3a_kernel") return PeftMethod::c3a;
+    if (param.starts_with("miss_")) return PeftMethod::miss;
+    if (param.starts_with("shira_")) return PeftMethod::shira;
+    if (param.starts_with("vera_")) return PeftMethod::vera;
+    if (param.starts_with("randlora_")) return PeftMethod::randlora;
+    if (param.starts_with("fourierft_")) return PeftMethod::fourierft;
+    if (param.starts_with("oft_")) return PeftMethod::oft;
+    if (param.starts_with("boft_")) return PeftMethod::boft;
+    if (param.starts_with("hra_")) return PeftMethod::hra;
     return PeftMethod::adalora;
   }
 
