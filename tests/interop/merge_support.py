@@ -138,3 +138,16 @@ def relative_logit_error(ours, ref, seed: int = 0) -> float:
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.float().numpy()
+
+
+def check_bf16_buffer_merge(peft_c, adapter, module: str, original: torch.Tensor, key: str) -> None:
+    """A host-buffer merge of `module` into the BF16 copy of `original` is our f32 merge rounded once, and
+    removing it gives back the BF16 bits."""
+    half = original.to(torch.bfloat16)
+    half_original = half.clone()
+    wide = half.float()
+    peft_c.merge_into(adapter, module, wide)
+    record = peft_c.merge_into(adapter, module, half, keep_original_rows=True)
+    assert torch.equal(half.view(torch.int16), wide.to(torch.bfloat16).view(torch.int16)), key
+    record.remove(half)
+    assert torch.equal(half.view(torch.int16), half_original.view(torch.int16)), key

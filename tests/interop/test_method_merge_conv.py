@@ -28,7 +28,7 @@ import warnings
 import pytest
 import torch
 
-from merge_support import compare_weights, file_tensors, run_merge, saved_tensors
+from merge_support import check_bf16_buffer_merge, compare_weights, file_tensors, run_merge, saved_tensors
 
 TARGETS = ["convolution"]  # every ResNetConvLayer's nn.Conv2d (stem, 1x1, 3x3, shortcuts)
 
@@ -204,14 +204,7 @@ def test_host_buffer_merge_matches_peft_and_comes_out_exactly(case, resnet, conv
             record.remove(weight)
             assert torch.equal(weight.view(torch.int32), original.view(torch.int32)), key
 
-            half = original.to(torch.bfloat16)
-            half_original = half.clone()
-            wide = half.float()
-            peft_c.merge_into(adapter, module, wide)
-            record = peft_c.merge_into(adapter, module, half, keep_original_rows=True)
-            assert torch.equal(half.view(torch.int16), wide.to(torch.bfloat16).view(torch.int16)), key
-            record.remove(half)
-            assert torch.equal(half.view(torch.int16), half_original.view(torch.int16)), key
+            check_bf16_buffer_merge(peft_c, adapter, module, original, key)
 
 
 def test_host_buffer_of_the_wrong_shape_is_refused(resnet, conv_adapter, peft_c):

@@ -39,8 +39,8 @@ import numpy as np
 import pytest
 import torch
 
-from merge_support import (compare_weights, file_tensors, load_model, relative_logit_error, run_merge,
-                           saved_tensors)
+from merge_support import (check_bf16_buffer_merge, compare_weights, file_tensors, load_model,
+                           relative_logit_error, run_merge, saved_tensors)
 from test_method_merge import _module_names, method_adapter  # noqa: F401  (fixture)
 
 pytest.importorskip("peft")
@@ -163,14 +163,7 @@ def test_host_buffer_merge_matches_peft_and_comes_out_exactly(case, method_adapt
             record.remove(weight)
             assert torch.equal(weight.view(torch.int32), original.view(torch.int32)), key
 
-            half = original.to(torch.bfloat16)
-            half_original = half.clone()
-            wide = half.float()
-            peft_c.merge_into(adapter, module, wide)
-            record = peft_c.merge_into(adapter, module, half, keep_original_rows=True)
-            assert torch.equal(half.view(torch.int16), wide.to(torch.bfloat16).view(torch.int16)), key
-            record.remove(half)
-            assert torch.equal(half.view(torch.int16), half_original.view(torch.int16)), key
+            check_bf16_buffer_merge(peft_c, adapter, module, original, key)
 
 
 # Registry host swap ---------------------------------------------------------------------------
