@@ -80,7 +80,7 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
 // lora_B.bias, or IA3 on a layer that is not feed-forward (ia3_l also scales the bias, as PEFT's merge).
 bool changes_bias(const BufferMergeModule& m, const void* bias) {
   if (m.lora_bias != nullptr) return true;
-  return bias != nullptr && m.method_module && m.method_module->method == PeftMethod::ia3 &&
+  return bias != nullptr && m.method_module && effect_of(m.method_module->method) == MethodEffect::scale &&
          !m.method_module->ia3_feedforward;
 }
 
@@ -149,7 +149,7 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
   if (loaded.has_replacements()) {
     const PeftMethod method = loaded.adapter().config().method;
     const std::string what =
-        method == PeftMethod::ln_tuning || method == PeftMethod::trainable_tokens
+        effect_of(method) == MethodEffect::replacement
             ? std::string("is a ") + peft_method_name(method) + " adapter, which replaces whole tensors"
             : "replaces whole tensors (modules_to_save, bias=\"all\" or saved base_layer weights)";
     fail(PEFT_ERR_UNSUPPORTED, adapter + " " + what + "; a swap merges the layers of LoRA and the methods merged " +

@@ -95,7 +95,7 @@ std::vector<LayerPlan> adapter_plan(const Adapter& adapter, DType storage) {
   require_storage(storage);
   std::vector<LayerPlan> plans;
   for (const AdapterModule& m : adapter.modules()) {
-    if (m.is_lora() && m.method == PeftMethod::lora) plans.push_back(layer_plan(adapter, m, storage));
+    if (m.is_lora() && effect_of(m.method) == MethodEffect::lora) plans.push_back(layer_plan(adapter, m, storage));
   }
   return plans;
 }
@@ -162,7 +162,7 @@ std::shared_ptr<const LoadedAdapter> LoadedAdapter::load(std::shared_ptr<const A
     for (const AdapterTensor& t : m.tensors)
       if (!m.is_lora() || !is_lora_role(t.role)) loaded->has_replacements_ = true;
   for (const AdapterModule& m : adapter->modules())
-    if (m.is_lora() && m.method != PeftMethod::lora) loaded->method_modules_.push_back(&m);
+    if (m.is_lora() && effect_of(m.method) != MethodEffect::lora) loaded->method_modules_.push_back(&m);
   loaded->adapter_ = std::move(adapter);
   return loaded;
 }

@@ -83,37 +83,19 @@ struct AdapterBuilder {
   bool role_fits_method(const ParsedKey& key) const {
     const PeftMethod method = a.config_.method;
     if (key.role == TensorRole::full || key.role == TensorRole::trainable_tokens_delta) return true;
-    if (key.role != TensorRole::method_param) return method == PeftMethod::lora;
-    const std::string& p = key.role_suffix;
-    switch (method) {
-      case PeftMethod::lora: return false;
-      case PeftMethod::loha: return p.starts_with("hada_");
-      case PeftMethod::lokr: return p.starts_with("lokr_");
-      case PeftMethod::adalora: return p == "lora_A" || p == "lora_B" || p == "lora_E";
-      case PeftMethod::ia3: return p == "ia3_l";
-      case PeftMethod::miss: return p == "miss_block";
-      case PeftMethod::shira: return p == "shira_weight" || p == "shira_indices";
-      case PeftMethod::vera: return p.starts_with("vera_");
-      case PeftMethod::randlora: return p.starts_with("randlora_");
-      case PeftMethod::fourierft: return p.starts_with("fourierft_");
-      case PeftMethod::oft: return p == "oft_R";
-      case PeftMethod::boft: return p == "boft_R" || p == "boft_s";
-      case PeftMethod::hra: return p == "hra_u";
-      case PeftMethod::ln_tuning:
-      case PeftMethod::trainable_tokens: return false;
-      case PeftMethod::vblora: return p.starts_with("vblora_");
-      case PeftMethod::c3a: return p == "c3a_kernel";
-    }
-    return false;
+    if (key.role != TensorRole::method_param) return method_row(method).effect == MethodEffect::lora;
+    return row_has_param(method_row(method), key.role_suffix);
   }
 
   // The projections VeRA and RandLoRA share among layers, saved once as "base_model.<name>", and
   // VB-LoRA's vector bank ("base_model.vblora_vector_bank").
   bool shared_projection(const ParsedKey& key) const {
-    const std::string& p = key.role_suffix;
-    return key.role == TensorRole::method_param && !key.had_prefix && !key.had_adapter_name &&
-           key.module == "base_model" &&
-           (p == "vera_A" || p == "vera_B" || p == "randlora_A" || p == "randlora_B" || p == "vblora_vector_bank");
+    if (key.role != TensorRole::method_param || key.had_prefix || key.had_adapter_name || key.module != "base_model")
+      return false;
+    for (const MethodRow& row : method_table())
+      for (std::string_view shared : row.shared)
+        if (shared == key.role_suffix) return true;
+    return false;
   }
 
   void group_keys() {
@@ -764,8 +746,7 @@ struct AdapterBuilder {
     }
     b.report_inert();
     b.report_missing_biases();
-    const bool replacements_only = a.config_.method == PeftMethod::ln_tuning ||
-                                   a.config_.method == PeftMethod::trainable_tokens;
+    const bool replacements_only = method_row(a.config_.method).effect == MethodEffect::replacement;
     if (b.base && options.lenient && !replacements_only) b.report_untouched_targets();
     return adapter;
   }

@@ -148,14 +148,10 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   if (it == doc.end()) f.invalid("peft_type", "is missing (PEFT requires it)");
   if (!it->is_string()) f.wrong_type("peft_type", "a string such as \"LORA\"");
   c.peft_type = it->get<std::string>();
-  for (PeftMethod m : {PeftMethod::lora, PeftMethod::loha, PeftMethod::lokr, PeftMethod::adalora, PeftMethod::ia3,
-                        PeftMethod::miss, PeftMethod::shira, PeftMethod::vera, PeftMethod::randlora,
-                        PeftMethod::fourierft, PeftMethod::oft, PeftMethod::boft, PeftMethod::hra,
-                        PeftMethod::ln_tuning, PeftMethod::trainable_tokens, PeftMethod::vblora, PeftMethod::c3a})
-    if (c.peft_type == peft_method_name(m)) {
-      c.method = m;
-      return;
-    }
+  if (const MethodRow* row = method_row_for_type(c.peft_type)) {
+    c.method = row->method;
+    return;
+  }
   for (const char* other : kOtherPeftTypes) {
     if (c.peft_type != other) continue;
     const char* why = kNotYet;
@@ -504,29 +500,6 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
 }
 
 }  // namespace
-
-const char* peft_method_name(PeftMethod method) {
-  switch (method) {
-    case PeftMethod::lora: return "LORA";
-    case PeftMethod::loha: return "LOHA";
-    case PeftMethod::lokr: return "LOKR";
-    case PeftMethod::adalora: return "ADALORA";
-    case PeftMethod::ia3: return "IA3";
-    case PeftMethod::miss: return "MISS";
-    case PeftMethod::shira: return "SHIRA";
-    case PeftMethod::vera: return "VERA";
-    case PeftMethod::randlora: return "RANDLORA";
-    case PeftMethod::fourierft: return "FOURIERFT";
-    case PeftMethod::oft: return "OFT";
-    case PeftMethod::boft: return "BOFT";
-    case PeftMethod::hra: return "HRA";
-    case PeftMethod::ln_tuning: return "LN_TUNING";
-    case PeftMethod::trainable_tokens: return "TRAINABLE_TOKENS";
-    case PeftMethod::vblora: return "VBLORA";
-    case PeftMethod::c3a: return "C3A";
-  }
-  return "LORA";
-}
 
 LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& source) {
   LoraConfig c;

@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/python_regex.hpp"
-#include "peft/methods/peft_methods.hpp"
+#include "peft/methods/method_table.hpp"
 
 namespace peft {
 
@@ -61,18 +61,7 @@ struct TrainableTokenIndices {
   }
 };
 
-// The PEFT methods whose adapters load and merge (peft_type); methods/peft_methods.hpp has their
-// arithmetic. Every other peft_type is PEFT_ERR_UNSUPPORTED naming the method and why.
-// LN_TUNING and TRAINABLE_TOKENS adapters hold replacements only: whole norm tensors (full
-// modules) and embedding rows (trainable_tokens modules, their token_indices read as
-// trainable_token_indices); they have no LoRA layers.
-enum class PeftMethod {
-  lora, loha, lokr, adalora, ia3, miss, shira, vera, randlora, fourierft, oft, boft, hra, ln_tuning, trainable_tokens,
-  vblora, c3a
-};
-// "LORA", "LOHA", "LOKR", "ADALORA", "IA3", "MISS", "SHIRA", "VERA", "RANDLORA", "FOURIERFT", "OFT",
-// "BOFT", "HRA", "LN_TUNING", "TRAINABLE_TOKENS", "VBLORA", "C3A"
-const char* peft_method_name(PeftMethod method);
+// PeftMethod and its names: methods/method_table.hpp.
 
 struct LoraConfig {
   nlohmann::ordered_json document;  // the file as read, in file order, unknown fields included

@@ -79,4 +79,8 @@ struct ModuleRoles {
 };
 ModuleRoles module_roles(const AdapterModule& m);
 
+// The module's own settings its method's arithmetic reads (the adapter-wide ones stay default:
+// load_method_params sets them from the config).
+MethodSettings method_settings(const AdapterModule& m);
+
 }  // namespace peft

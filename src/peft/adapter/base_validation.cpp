@@ -35,7 +35,7 @@ class ModuleChecker {
     const Shape& w = base_.weight_shape(*weight);
     for (AdapterTensor& t : m_.tensors)
       if (t.role != TensorRole::lora_b_bias && is_lora_role(t.role)) t.base_tensor = base_name_;
-    if (m_.method != PeftMethod::lora) {
+    if (method_row(m_.method).effect != MethodEffect::lora) {
       method_layer(w);
     } else if (m_.kind == LayerKind::embedding) {
       embedding(w);
@@ -81,59 +81,24 @@ class ModuleChecker {
     magnitude({out});
   }
 
-  // The features a non-LoRA method's parameters imply (0: not implied), as PEFT creates them.
+  // The features a non-LoRA method's parameters imply (0: not implied), as PEFT creates them: the
+  // row's derivation, over the module's parameters and the shared ones ("base_model.<name>").
   std::pair<uint64_t, uint64_t> method_features() const {
-    auto dims = [&](const char* p) -> Shape {
+    const MethodRow& row = method_row(m_.method);
+    if (row.features == nullptr) return {0, 0};
+    const ParamShapeOf shape_of = [&](std::string_view p) -> std::vector<int64_t> {
       const AdapterTensor* t = m_.find_param(p);
-      return t ? adapter_.tensor(t->index).shape : Shape{};
+      std::optional<size_t> index;
+      if (t != nullptr) index = t->index;
+      for (std::string_view shared : row.shared)
+        if (t == nullptr && shared == p) index = adapter_.find("base_model." + std::string(p));
+      std::vector<int64_t> shape;
+      if (index)
+        for (uint64_t d : adapter_.tensor(*index).shape) shape.push_back(static_cast<int64_t>(d));
+      return shape;
     };
-    auto at = [](const Shape& s, size_t i) -> uint64_t { return i < s.size() ? s[i] : 0; };
-    switch (m_.method) {
-      case PeftMethod::loha: return {at(dims("hada_w1_a"), 0), at(dims("hada_w1_b"), 1)};
-      case PeftMethod::lokr: {
-        const Shape w1 = dims("lokr_w1"), w2 = dims("lokr_w2");
-        const uint64_t a = w1.empty() ? at(dims("lokr_w1_a"), 0) : at(w1, 0);
-        const uint64_t c = w1.empty() ? at(dims("lokr_w1_b"), 1) : at(w1, 1);
-        const uint64_t b = w2.empty() ? at(dims("lokr_w2_a"), 0) : at(w2, 0);
-        const uint64_t d = w2.empty() ? at(dims("lokr_w2_b"), 1) : at(w2, 1);
-        return {a * b, c * d};
-      }
-      case PeftMethod::adalora: return {at(dims("lora_B"), 0), at(dims("lora_A"), 1)};
-      case PeftMethod::ia3: {
-        const Shape l = dims("ia3_l");  // (out, 1), or (1, in) for a feed-forward module
-        return m_.ia3_feedforward ? std::pair<uint64_t, uint64_t>{0, at(l, 1)} : std::pair<uint64_t, uint64_t>{at(l, 0), 0};
-      }
-      case PeftMethod::oft: {
-        const Shape r = dims("oft_R");  // [blocks, b (b - 1) / 2]; one shared block says nothing of in
-        uint64_t b = 2;
-        while (r.size() == 2 && b * (b - 1) / 2 < r[1]) ++b;
-        if (m_.oft.block_share || r.size() != 2 || b * (b - 1) / 2 != r[1]) return {0, 0};
-        return {0, r[0] * b};
-      }
-      case PeftMethod::boft: {
-        const Shape r = dims("boft_R");  // [N, D, H, H]: in = D * H; boft_s [out, 1]
-        return {at(dims("boft_s"), 0), at(r, 1) * at(r, 2)};
-      }
-      case PeftMethod::hra: return {0, at(dims("hra_u"), 0)};
-      case PeftMethod::miss: {
-        const Shape b = dims("miss_block");  // [r, out], [r, mini_r] or bat's [out / r, r, r]
-        if (m_.miss_bat) return {at(b, 0) * at(b, 1), 0};
-        return {m_.miss_mini_r > 0 ? 0 : at(b, 1), 0};
-      }
-      case PeftMethod::shira: return {0, 0};  // shira_indices only bound the layer
-      case PeftMethod::vera: return {at(dims("vera_lambda_b"), 0), 0};  // vera_A is sliced to any in
-      case PeftMethod::randlora:   // min(out, in) only: checked by randlora_delta
-      case PeftMethod::fourierft:  // any size holding the spectrum: checked by fourierft_delta
-      case PeftMethod::lora: break;
-      case PeftMethod::ln_tuning:
-      case PeftMethod::trainable_tokens: break;  // replacements only: no method_param tensors
-      case PeftMethod::vblora: break;  // multiples of the shared vector_length: checked by vblora_delta
-      case PeftMethod::c3a: {
-        const Shape k = dims("c3a_kernel");  // [out / b, in / b, b]
-        return {at(k, 0) * at(k, 2), at(k, 1) * at(k, 2)};
-      }
-    }
-    return {0, 0};
+    const MethodFeatures f = row.features(shape_of, method_settings(m_));
+    return {static_cast<uint64_t>(f.out), static_cast<uint64_t>(f.in)};
   }
 
   // LoHa / LoKr on an nn.Conv2d weight [out, c, kh, kw]: the output channels and flattened input
@@ -191,7 +156,8 @@ class ModuleChecker {
   }
 
   void method_layer(const Shape& w) {
-    if (w.size() == 4 && (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr)) {
+    const MethodRow& row = method_row(m_.method);
+    if (w.size() == 4 && row.conv2d) {
       conv2d_method(w);
       return;
     }
@@ -210,8 +176,7 @@ class ModuleChecker {
       mismatch(method + " parameters for " + std::to_string(out) + " output and " + std::to_string(in) +
                " input features (0: any) do not fit " + peft::quoted(base_name_) + " " + shape_text(w) +
                " (Linear [out, in] or GPT-2 Conv1D [in, out]" +
-               (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr ? std::string(", or a 4-D Conv2d")
-                                                                                : std::string("; convolutions are not supported")) +
+               (row.conv2d ? std::string(", or a 4-D Conv2d") : std::string("; convolutions are not supported")) +
                ")");
       return;
     }
@@ -220,20 +185,14 @@ class ModuleChecker {
       const ModuleRule* rule = table_->rule_for_module(m_.name);
       conv1d = rule && rule->kind == ModuleKind::conv1d;
     }
-    if (conv1d && (m_.method == PeftMethod::loha || m_.method == PeftMethod::lokr || m_.method == PeftMethod::oft ||
-                   m_.method == PeftMethod::boft || m_.method == PeftMethod::hra)) {
-      mismatch(method + " on the GPT-2 Conv1D layer " + peft::quoted(base_name_) +
-               ": PEFT implements " + method + " for Linear and Conv layers only");
-      return;
-    }
-    if (conv1d && (m_.method == PeftMethod::miss || m_.method == PeftMethod::shira || m_.method == PeftMethod::c3a)) {
+    if (conv1d && row.conv1d_refusal != nullptr) {
       mismatch(method + " on the GPT-2 Conv1D layer " + peft::quoted(base_name_) + ": PEFT implements " + method +
-               " for torch.nn.Linear layers only");
+               " for " + row.conv1d_refusal + " only");
       return;
     }
     m_.kind = conv1d ? LayerKind::conv1d : LayerKind::linear;
     // IA3 on a non-feed-forward layer scales the bias too; the bias is the module's.
-    if (m_.method == PeftMethod::ia3 && !m_.ia3_feedforward)
+    if (row.effect == MethodEffect::scale && !m_.ia3_feedforward)
       if (auto b = base_.find(m_.name, "bias", table_)) m_.ia3_bias = base_.weights->tensor(*b).name;
   }
 

@@ -13,15 +13,7 @@
 
 namespace peft {
 
-struct MethodParams {
-  std::map<std::string, merge::MethodTensor> tensors;  // by parameter name ("hada_w1_a")
-  // VeRA / RandLoRA: whether the adapter was saved with save_projection false (no shared
-  // projections to read); FourierFT: random_loc_seed.
-  bool projections_not_saved = false;
-  int64_t random_loc_seed = 0;
-  int64_t vblora_topk = 2;  // VB-LoRA: topk (the shared vblora_vector_bank is in tensors)
-  const merge::MethodTensor* get(const std::string& name) const;
-};
+// MethodParams (a module's parameters as f32 and its settings): methods/method_table.hpp.
 
 // Every method_param tensor of `module`, converted to f32, with the projections VeRA and RandLoRA
 // share among layers (Adapter::shared_param) where the module has none of its own.
@@ -55,7 +47,7 @@ bool method_reads_weight(const AdapterModule& module);
 std::vector<float> ia3_vector(const MethodParams& params, double weight);
 
 // OFT, BOFT and HRA: the module's method multiplies the weight by a rotation (method_transform)
-// instead of adding a delta.
+// instead of adding a delta (the row's effect).
 bool is_rotation(PeftMethod method);
 
 // PEFT_ERR_UNSUPPORTED unless `weight` is 1: PEFT has no merge weight for rotations (set_scale

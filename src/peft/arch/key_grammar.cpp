@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "peft/methods/method_table.hpp"
+
 namespace peft {
 namespace {
 
@@ -60,22 +62,19 @@ std::optional<TensorRole> lora_role(const std::vector<std::string_view>& segs, s
   return std::nullopt;
 }
 
-constexpr std::string_view kMethodParams[] = {
-    "hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1",   "hada_t2", "lokr_w1", "lokr_w1_a",
-    "lokr_w1_b", "lokr_w2",   "lokr_w2_a", "lokr_w2_b", "lokr_t2",   "lora_A",  "lora_B",  "lora_E",
-    "ia3_l",     "miss_block", "shira_weight", "shira_indices", "vera_lambda_b", "vera_lambda_d", "vera_A", "vera_B", "randlora_lambda", "randlora_gamma",
-    "randlora_A", "randlora_B", "fourierft_spectrum",
-    "vblora_logits_A", "vblora_logits_B", "vblora_vector_bank", "vblora_logits_A_topk_indices",
-    "vblora_logits_A_topk_weights", "vblora_logits_B_topk_indices", "vblora_logits_B_topk_weights", "c3a_kernel",
-    "boft_R",    "boft_s",    "hra_u"};
+// Whether `segment` is a parameter some method saves as "<module>.<name>[.default]" (with
+// `tail` null) or "<module>.<name>[.default].<tail>".
+bool is_method_param_with_tail(std::string_view segment, const char* tail) {
+  for (const MethodRow& row : method_table())
+    if ((row.key_tail == nullptr) == (tail == nullptr) && (tail == nullptr || std::string_view(row.key_tail) == tail) &&
+        row_has_param(row, segment))
+      return true;
+  return false;
+}
 
 }  // namespace
 
-bool is_method_param(std::string_view segment) {
-  for (std::string_view p : kMethodParams)
-    if (segment == p) return true;
-  return false;
-}
+bool is_method_param(std::string_view segment) { return is_method_param_with_tail(segment, nullptr); }
 
 const char* role_suffix(TensorRole role) {
   switch (role) {
@@ -111,15 +110,16 @@ std::optional<ParsedKey> parse_adapter_key(std::string_view key) {
   for (std::string_view s : segs)
     if (s.empty()) return std::nullopt;
 
-  // OFT: <module>.oft_R[.default].weight (its OFTRotationModule's weight), role_suffix "oft_R".
+  // OFT: <module>.oft_R[.default].weight (its OFTRotationModule's weight), role_suffix "oft_R":
+  // the parameters whose method row has a key tail.
   {
     const size_t n = segs.size();
     const bool named = n >= 4 && segs[n - 2] == kDefaultAdapter;
     const size_t at = named ? n - 3 : n - 2;
-    if (n >= 3 && segs[n - 1] == "weight" && segs[at] == "oft_R" && at >= 1) {
+    if (n >= 3 && at >= 1 && is_method_param_with_tail(segs[at], std::string(segs[n - 1]).c_str())) {
       parsed.module = join(segs, 0, at);
       parsed.role = TensorRole::method_param;
-      parsed.role_suffix = "oft_R";
+      parsed.role_suffix = std::string(segs[at]);
       parsed.had_adapter_name = named;
       return parsed;
     }

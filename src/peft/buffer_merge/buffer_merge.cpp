@@ -180,7 +180,7 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
   const AdapterModule& m = *module.method_module;
   const merge::DeltaLayout& layout = module.layout;
   auto change = std::make_shared<MethodChange>();
-  const bool ia3 = m.method == PeftMethod::ia3;
+  const bool ia3 = effect_of(m.method) == MethodEffect::scale;
   const merge::MethodTensor* replacement = nullptr;
   if (!m.is_lora()) {
     // A replacement: PEFT defines no weight for it, and removal always restores the saved rows
@@ -305,7 +305,7 @@ void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightVie
     merge::ExecOptions exec;
     exec.threads = threads_;
     const AdapterModule& m = *module_.method_module;
-    if (m.method == PeftMethod::ia3) {
+    if (effect_of(m.method) == MethodEffect::scale) {
       merge::ia3_scale(weight, layout, method_->scale.data(), m.ia3_feedforward, true, exec);
       if (method_->scales_bias) merge::ia3_scale_bias(*bias, method_->scale.data(), true);
     } else if (is_rotation(m.method)) {

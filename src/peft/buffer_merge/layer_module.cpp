@@ -180,7 +180,7 @@ BufferMergeModule method_module(const std::shared_ptr<const Adapter>& adapter, c
   module.keep_alive = adapter;
   check_conv_kernel(m, *module.method_params, weight_shape);
   // The shapes are checked now, so that a buffer that does not fit fails before any merge.
-  if (m.method == PeftMethod::ia3) {
+  if (effect_of(m.method) == MethodEffect::scale) {
     const merge::MethodTensor* l = module.method_params->get("ia3_l");
     const int64_t want = m.ia3_feedforward ? module.layout.in : module.layout.out;
     if (l == nullptr || static_cast<int64_t>(l->values.size()) != want)
@@ -236,7 +236,7 @@ BufferMergeModule replacement_module(const std::shared_ptr<const Adapter>& adapt
 BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m, LayerKind kind,
                                  std::span<const int64_t> weight_shape) {
   if (!m.is_lora()) return replacement_module(adapter, m, weight_shape);
-  if (m.method != PeftMethod::lora) return method_module(adapter, m, kind, weight_shape);
+  if (effect_of(m.method) != MethodEffect::lora) return method_module(adapter, m, kind, weight_shape);
   const Checkpoint& ckpt = adapter->checkpoint();
   const AdapterTensor* a = factor_a(m);
   const AdapterTensor* b = factor_b(m);

@@ -44,7 +44,7 @@ NamedBufferMerge NamedBufferMerge::apply(const std::shared_ptr<const Adapter>& a
     merge.bias_dtype_ = bias_dtype;
     merge.bias_elements_ = factors.layout.out;
     bias_view = merge::WeightView{bias, bias_dtype, 1, merge.bias_elements_};
-  } else if (module.method == PeftMethod::ia3 && !module.ia3_feedforward && bias != nullptr) {
+  } else if (effect_of(module.method) == MethodEffect::scale && !module.ia3_feedforward && bias != nullptr) {
     // IA3 scales the bias of a layer that is not feed-forward, when the host gives it.
     require_buffer_dtype(bias_dtype, "bias");
     merge.bias_dtype_ = bias_dtype;

@@ -222,7 +222,7 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
     std::vector<std::string> refused;
     for (const PlannedTensor& p : plan.tensors)
       for (const LoraTerm& term : p.lora)
-        if (term.module->method != PeftMethod::lora || term.dora)
+        if (effect_of(term.module->method) != MethodEffect::lora || term.dora)
           refused.push_back("module " + peft::quoted(term.module->name) + " (" +
                             (term.dora ? std::string("DoRA") : peft_method_name(term.module->method)) + ")");
     if (!refused.empty()) {

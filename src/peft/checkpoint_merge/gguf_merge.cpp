@@ -206,7 +206,7 @@ class GgufMerge {
         }
         if (!module.is_lora()) continue;
         const bool dora = module.find(TensorRole::lora_magnitude) != nullptr;
-        if (options_.arithmetic == merge::Arithmetic::ggml && (module.method != PeftMethod::lora || dora)) {
+        if (options_.arithmetic == merge::Arithmetic::ggml && (effect_of(module.method) != MethodEffect::lora || dora)) {
           unsupported.push_back(what + " (" + (dora ? std::string("DoRA") : peft_method_name(module.method)) +
                                 ": the ggml arithmetic is defined for plain LoRA only)");
           continue;
@@ -231,7 +231,7 @@ class GgufMerge {
         GgufTarget& target = targets_[*index];
         target.rows = slot->rule->gguf_rows;
         double weight = input.weight;
-        if (options_.arithmetic == merge::Arithmetic::ggml && module.method == PeftMethod::lora) {
+        if (options_.arithmetic == merge::Arithmetic::ggml && effect_of(module.method) == MethodEffect::lora) {
           // llama-export-lora's scale of the converted adapter: weight * alpha / rank in float.
           term.scaling = merge::ggml_lora_coefficient(weight, module.alpha, module.rank, module.scaling, what);
           weight = 1.0;

@@ -86,7 +86,7 @@ void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType
   const merge::WeightView view{data, dtype, layout.rows(), layout.cols()};
   const MethodParams params = load_method_params(*term.adapter->adapter, m);
   check_conv_kernel(m, params, shape);
-  if (m.method == PeftMethod::ia3) {
+  if (effect_of(m.method) == MethodEffect::scale) {
     const std::vector<float> l = ia3_vector(params, term.coefficient);
     const int64_t want = m.ia3_feedforward ? layout.in : layout.out;
     if (static_cast<int64_t>(l.size()) != want)
@@ -116,7 +116,7 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
   std::vector<LoadedTerm> loaded;
   loaded.reserve(p.lora.size());
   for (const LoraTerm& term : p.lora)
-    if (term.module->method == PeftMethod::lora) loaded.push_back(load_term(term, shape, arithmetic));
+    if (effect_of(term.module->method) == MethodEffect::lora) loaded.push_back(load_term(term, shape, arithmetic));
 
   std::vector<merge::LoraFactors> pending;
   merge::DeltaLayout pending_layout;
@@ -130,7 +130,7 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
   };
   size_t next = 0;
   for (const LoraTerm& term : p.lora) {
-    if (term.module->method != PeftMethod::lora) {
+    if (effect_of(term.module->method) != MethodEffect::lora) {
       flush();  // another method's change applies to the weight as the earlier adapters left it
       apply_method(term, shape, dtype, data, exec);
       continue;
@@ -152,7 +152,7 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
 void apply_lora_bias(const PlannedTensor& p, uint8_t* data, uint64_t elements) {
   const merge::WeightView view{data, p.work_dtype, 1, static_cast<int64_t>(elements)};
   size_t ia3_terms = 0;
-  for (const LoraTerm& term : p.lora_bias) ia3_terms += term.module->method == PeftMethod::ia3 ? 1 : 0;
+  for (const LoraTerm& term : p.lora_bias) ia3_terms += effect_of(term.module->method) == MethodEffect::scale ? 1 : 0;
   if (ia3_terms != 0 && ia3_terms != p.lora_bias.size())
     fail(PEFT_ERR_UNSUPPORTED, "bias " + peft::quoted(p.name) + ": an IA3 scale and a LoRA lora_B.bias on the same "
                                                                 "bias in one merge are not supported");

@@ -154,7 +154,7 @@ class Planner {
                                 peft::quoted(base().tensor(target).name));
           if (is_rotation(m.method)) check_rotation_weight(m, a.weight);  // before anything is written
           changes_[target].lora.push_back(term);
-          if (m.method == PeftMethod::ia3 && !m.ia3_bias.empty())  // ia3_l scales the bias too
+          if (effect_of(m.method) == MethodEffect::scale && !m.ia3_bias.empty())  // ia3_l scales the bias too
             changes_[base_index_of(m.ia3_bias, a)].lora_bias.push_back(term);
           if (const AdapterTensor* bias = m.find(TensorRole::lora_b_bias)) {
             const size_t bias_target = base_index_of(bias->base_tensor, a);
@@ -411,7 +411,7 @@ class Planner {
       for (const AdapterTensor& t : term.module->tensors)
         if (t.role != TensorRole::full && t.role != TensorRole::lora_b_bias) need(*term.adapter, &t, DType::F32);
     for (const LoraTerm& term : p.lora_bias)
-      need(*term.adapter, term.module->find(term.module->method == PeftMethod::ia3 ? TensorRole::method_param
+      need(*term.adapter, term.module->find(effect_of(term.module->method) == MethodEffect::scale ? TensorRole::method_param
                                                                                   : TensorRole::lora_b_bias),
            DType::F32);
     for (const TokenRows& rows : p.tokens)

@@ -74,15 +74,24 @@ struct Problem {
   bool fixable = false;
 };
 
+// A method parameter saved with a key tail (OFT's oft_R: <module>.oft_R[.default].weight), or null.
+const char* key_tail_of(const std::string& suffix) {
+  const MethodRow* row = method_row_for_param(suffix);
+  return row != nullptr ? row->key_tail : nullptr;
+}
+
 std::optional<TensorRole> role_of_suffix(const std::string& suffix) {
-  if (suffix == "oft_R") return TensorRole::method_param;  // parsed from <module>.oft_R[.default].weight
+  if (key_tail_of(suffix) != nullptr) return TensorRole::method_param;
   auto parsed = parse_adapter_key("m." + suffix);
   if (!parsed) return std::nullopt;
   return parsed->role;
 }
 
 // The suffix as PEFT saves it: OFT's rotation is the weight of its oft_R submodule.
-std::string saved_suffix(const std::string& suffix) { return suffix == "oft_R" ? "oft_R.weight" : suffix; }
+std::string saved_suffix(const std::string& suffix) {
+  const char* tail = key_tail_of(suffix);
+  return tail != nullptr ? suffix + "." + tail : suffix;
+}
 
 std::string param_of(const Entry& e) {
   if (e.role != TensorRole::full) return e.role == TensorRole::lora_b_bias ? "bias" : "weight";
@@ -563,7 +572,8 @@ class Doctor {
   // lora_A / lora_B / lora_E and IA3's ia3_l only in an adapter of that method (in a LoRA adapter,
   // "lora_A" is a weight_suffix variant of lora_A.weight).
   bool method_key(const std::string& param) const {
-    return param.starts_with("hada_") || param.starts_with("lokr_") || method_of_param(param) == config_.method;
+    const MethodRow* row = method_row_for_param(param);
+    return row != nullptr && (row->lycoris || row->method == config_.method);
   }
 
   bool has_method_params(const Group& g) const {
@@ -572,23 +582,10 @@ class Doctor {
     return false;
   }
 
-  // The PEFT method whose parameter `param` is (hada_* LoHa, lokr_* LoKr, lora_A/B/E AdaLoRA, ia3_l,
-  // vblora_* VB-LoRA, c3a_kernel C3A, miss_*, shira_*, vera_*, randlora_*, fourierft_*, oft_*, boft_*, hra_*).
+  // The PEFT method whose parameter `param` is (the method table's row that saves it).
   static PeftMethod method_of_param(const std::string& param) {
-    if (param.starts_with("hada_")) return PeftMethod::loha;
-    if (param.starts_with("lokr_")) return PeftMethod::lokr;
-    if (param == "ia3_l") return PeftMethod::ia3;
-    if (param.starts_with("vblora_")) return PeftMethod::vblora;
-    if (param == "c3a_kernel") return PeftMethod::c3a;
-    if (param.starts_with("miss_")) return PeftMethod::miss;
-    if (param.starts_with("shira_")) return PeftMethod::shira;
-    if (param.starts_with("vera_")) return PeftMethod::vera;
-    if (param.starts_with("randlora_")) return PeftMethod::randlora;
-    if (param.starts_with("fourierft_")) return PeftMethod::fourierft;
-    if (param.starts_with("oft_")) return PeftMethod::oft;
-    if (param.starts_with("boft_")) return PeftMethod::boft;
-    if (param.starts_with("hra_")) return PeftMethod::hra;
-    return PeftMethod::adalora;
+    const MethodRow* row = method_row_for_param(param);
+    return row != nullptr ? row->method : PeftMethod::adalora;
   }
 
   // A module of another method's parameters. A PEFT adapter of that method reports its method, rank,
@@ -617,7 +614,7 @@ class Doctor {
     const Shape conv = shape(method == PeftMethod::loha ? "hada_w1_b" : "lokr_w2");
     if (conv.size() == 4 || !shape("hada_t1").empty() || !shape("lokr_t2").empty())
       report.kind = m.kind = LayerKind::conv2d;
-    if (lycoris && (method == PeftMethod::loha || method == PeftMethod::lokr)) {
+    if (lycoris && method_row(method).lycoris) {
       const char* name = method == PeftMethod::loha ? "LoHa" : "LoKr";
       report.method = method == PeftMethod::loha ? "LYCORIS_LOHA" : "LYCORIS_LOKR";
       if (kohya_alpha) report.alpha = *kohya_alpha;
@@ -855,7 +852,7 @@ class Doctor {
 
   void check_unused_targets() {
     // LN_TUNING targets norms and TRAINABLE_TOKENS an embedding's rows: no LoRA-style target set.
-    if (!base_ || config_.method == PeftMethod::ln_tuning || config_.method == PeftMethod::trainable_tokens) return;
+    if (!base_ || method_row(config_.method).effect == MethodEffect::replacement) return;
     std::set<size_t> covered;
     for (const Group& g : groups_)
       if (g.base_index) covered.insert(*g.base_index);

@@ -43,38 +43,17 @@ ModuleDelta lora_delta(const Adapter& adapter, const AdapterModule& m) {
   return d;
 }
 
-int64_t dim(const merge::MethodTensor* t, size_t i) {
-  return t != nullptr && t->shape.size() == 2 ? t->shape[i] : 0;
-}
-
-// out x in of an additive module's layer from its parameters' shapes (no base): LoHa hada_w1_a
-// [out, r] and hada_w1_b [r, in]; LoKr w1 [a, c] (or w1_a [a, r] @ w1_b [r, c]) kron w2 [b, d]
-// (likewise), out = a b, in = c d; AdaLoRA lora_B [out, r] and lora_A [r, in]. 0 x 0 otherwise.
-std::pair<int64_t, int64_t> features_from_params(const AdapterModule& m, const MethodParams& p) {
-  switch (m.method) {
-    case PeftMethod::loha: return {dim(p.get("hada_w1_a"), 0), dim(p.get("hada_w1_b"), 1)};
-    case PeftMethod::lokr: {
-      const merge::MethodTensor* w1 = p.get("lokr_w1");
-      const merge::MethodTensor* w2 = p.get("lokr_w2");
-      const int64_t a = w1 ? dim(w1, 0) : dim(p.get("lokr_w1_a"), 0), c = w1 ? dim(w1, 1) : dim(p.get("lokr_w1_b"), 1);
-      const int64_t b = w2 ? dim(w2, 0) : dim(p.get("lokr_w2_a"), 0), d = w2 ? dim(w2, 1) : dim(p.get("lokr_w2_b"), 1);
-      return {a * b, c * d};
-    }
-    case PeftMethod::adalora: return {dim(p.get("lora_B"), 0), dim(p.get("lora_A"), 1)};
-    case PeftMethod::vblora: {  // logits_A [r, in / L, nv], logits_B [out / L, r, nv], bank [nv, L]
-      const merge::MethodTensor* bank = p.get("vblora_vector_bank");
-      const merge::MethodTensor* a = p.get("vblora_logits_A") ? p.get("vblora_logits_A") : p.get("vblora_logits_A_topk_indices");
-      const merge::MethodTensor* b = p.get("vblora_logits_B") ? p.get("vblora_logits_B") : p.get("vblora_logits_B_topk_indices");
-      if (!bank || !a || !b || bank->shape.size() != 2 || a->shape.size() != 3 || b->shape.size() != 3) return {0, 0};
-      return {b->shape[0] * bank->shape[1], a->shape[1] * bank->shape[1]};
-    }
-    case PeftMethod::c3a: {  // c3a_kernel [out / b, in / b, b]
-      const merge::MethodTensor* k = p.get("c3a_kernel");
-      if (!k || k->shape.size() != 3) return {0, 0};
-      return {k->shape[0] * k->shape[2], k->shape[1] * k->shape[2]};
-    }
-    default: return {0, 0};
-  }
+// out x in of an additive module's layer from its parameters' shapes (no base): the row's
+// derivation (0 where the parameters do not fix it).
+MethodFeatures features_from_params(const AdapterModule& m, const MethodParams& p) {
+  const MethodRow& row = method_row(m.method);
+  if (row.features == nullptr) return {};
+  return row.features(
+      [&](std::string_view name) {
+        const merge::MethodTensor* t = p.get(std::string(name));
+        return t != nullptr ? t->shape : std::vector<int64_t>{};
+      },
+      p.settings);
 }
 
 // Stored [rows, cols] from PyTorch's [out, in] order (transposed for a GPT-2 Conv1D layout).
@@ -97,7 +76,8 @@ ModuleDelta stored(std::vector<float> delta, const merge::DeltaLayout& layout) {
 }  // namespace
 
 bool is_multiplicative(const AdapterModule& m) {
-  return m.method == PeftMethod::ia3 || is_rotation(m.method) || method_reads_weight(m);
+  const MethodEffect effect = method_row(m.method).effect;
+  return effect == MethodEffect::scale || effect == MethodEffect::rotation || method_reads_weight(m);
 }
 
 bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why) {
@@ -117,21 +97,21 @@ bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_
             " is 4-D; only Linear and Conv1D layers convert, as in PEFT)";
       return false;
     }
-  const bool lora = m.method == PeftMethod::lora;
+  const MethodRow& row = method_row(m.method);
+  const bool lora = row.effect == MethodEffect::lora;
   for (const AdapterTensor& t : m.tensors)
     if (lora ? t.role != TensorRole::lora_a && t.role != TensorRole::lora_b : t.role != TensorRole::method_param) {
       why = "a module with tensor " + peft::quoted(t.key) + " (lora_B.bias and other tensors do not convert)";
       return false;
     }
-  if (m.method == PeftMethod::lora || with_base) return true;
+  if (lora || with_base) return true;
   if (is_multiplicative(m)) {
     why = std::string("of method ") + peft_method_name(m.method) +
           ", whose change multiplies the base weight: converting it needs the base model (dW = W' - W; "
           "peftc --base, peft_lowrank_options_set_base())";
     return false;
   }
-  if (m.method != PeftMethod::loha && m.method != PeftMethod::lokr && m.method != PeftMethod::adalora &&
-      m.method != PeftMethod::vblora && m.method != PeftMethod::c3a) {
+  if (!row.converts_without_base) {
     why = std::string("of method ") + peft_method_name(m.method) +
           ", whose layer shape comes from the base model: give one (peftc --base, peft_lowrank_options_set_base())";
     return false;
@@ -143,7 +123,7 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const B
   std::string why;
   if (!has_module_delta(adapter, m, base != nullptr, why))
     fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " is " + why);
-  if (m.method == PeftMethod::lora) return lora_delta(adapter, m);
+  if (method_row(m.method).effect == MethodEffect::lora) return lora_delta(adapter, m);
   if (base == nullptr) {
     const MethodParams params = load_method_params(adapter, m);
     const auto [out, in] = features_from_params(m, params);
@@ -163,7 +143,7 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const B
   if (!is_multiplicative(m))
     return stored(method_delta(m, *module.method_params, m.scaling, module.layout), module.layout);
 
-  if (m.method == PeftMethod::ia3 && !m.ia3_feedforward && base->find(m.name, "bias", adapter.table().get()))
+  if (method_row(m.method).effect == MethodEffect::scale && !m.ia3_feedforward && base->find(m.name, "bias", adapter.table().get()))
     fail(PEFT_ERR_UNSUPPORTED, module_text(m) + " also scales the layer's bias, which a plain LoRA cannot hold");
   const std::vector<float> w = base->weights->read_f32(*wi);
   std::vector<float> changed = w;

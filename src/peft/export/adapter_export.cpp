@@ -69,28 +69,12 @@ namespace {
 // Export re-saves LoRA adapters (for a PEFT release, in another dtype); the config it writes is a
 // LoraConfig's. Other methods are refused by name, pointing to the conversion where one exists.
 void require_lora(const Adapter& adapter, const std::string& what) {
-  const PeftMethod method = adapter.config().method;
-  if (method == PeftMethod::lora) return;
-  const std::string name = peft_method_name(method);
+  const MethodRow& row = method_row(adapter.config().method);
+  if (row.effect == MethodEffect::lora) return;
+  const std::string name = row.peft_type;
   std::string message = what + " is a " + name + " adapter; adapter export writes LoRA adapters only (a PEFT " +
-                        "release's LoraConfig, another dtype, GGUF)";
-  switch (method) {
-    case PeftMethod::loha:
-    case PeftMethod::lokr:
-    case PeftMethod::adalora:
-      message += "; convert it to a LoRA first: peftc adapter convert IN OUT --to lora --rank R "
-                 "(peft_adapter_convert_to_lora())";
-      break;
-    case PeftMethod::ln_tuning:
-    case PeftMethod::trainable_tokens:
-      message += "; " + name + " replaces whole tensors, which no LoRA holds: merge it into the base instead "
-                 "(peftc merge)";
-      break;
-    default:
-      message += "; convert it to a LoRA first against its base: peftc adapter convert IN OUT --to lora "
-                 "--rank R --base BASE (peft_adapter_convert_to_lora())";
-      break;
-  }
+                        "release's LoraConfig, another dtype, GGUF); " +
+                        (row.effect == MethodEffect::replacement ? name + " " : std::string()) + row.export_hint;
   fail(PEFT_ERR_UNSUPPORTED, message);
 }
 
