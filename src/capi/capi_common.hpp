@@ -3,12 +3,14 @@
 // files share.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -84,15 +86,39 @@ inline std::vector<int64_t> buffer_shape(const uint64_t* shape, size_t ndim, con
   return dims;
 }
 
+// "F32, BF16 or F16" (with `also` last when given).
+inline std::string join_dtype_names(std::span<const peft::DType> dtypes, const std::string& also) {
+  std::vector<std::string> names;
+  for (peft::DType d : dtypes) names.emplace_back(peft::dtype_name(d));
+  if (!also.empty()) names.push_back(also);
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+// The floating-point dtypes of outputs and storage: F32, BF16, F16.
+inline constexpr peft::DType kFloatDTypes[] = {peft::DType::F32, peft::DType::BF16, peft::DType::F16};
+
+// The one check of a dtype argument: a PEFT_DTYPE_* value and, when `allowed` is not empty, one of
+// those. Otherwise PEFT_ERR_INVALID_ARGUMENT: "<what> <n> is not a PEFT_DTYPE_* value", or
+// "<what> <name> is not F32, BF16 or F16" (the allowed names, then `also`).
+inline peft::DType dtype_arg(int32_t dtype, const std::string& what, std::span<const peft::DType> allowed = {},
+                             const std::string& also = {}) {
+  if (!peft::is_valid_dtype(dtype))
+    peft::fail(PEFT_ERR_INVALID_ARGUMENT, what + " " + std::to_string(dtype) + " is not a PEFT_DTYPE_* value" +
+                                              (allowed.empty() ? std::string() : " (" + join_dtype_names(allowed, also) + ")"));
+  const auto value = static_cast<peft::DType>(dtype);
+  if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), value) == allowed.end())
+    peft::fail(PEFT_ERR_INVALID_ARGUMENT, what + " " + std::string(peft::dtype_name(value)) + " is not " +
+                                              join_dtype_names(allowed, also));
+  return value;
+}
+
 // An option that chooses an output dtype: PEFT_DTYPE_KEEP gives nothing (each tensor keeps its own),
-// F32, BF16 and F16 themselves; anything else is PEFT_ERR_INVALID_ARGUMENT "<what> must be ...".
+// F32, BF16 and F16 themselves; anything else fails as dtype_arg.
 inline std::optional<peft::DType> output_dtype_option(int32_t dtype, const std::string& what) {
   if (dtype == PEFT_DTYPE_KEEP) return std::nullopt;
-  if (dtype != PEFT_DTYPE_F32 && dtype != PEFT_DTYPE_BF16 && dtype != PEFT_DTYPE_F16)
-    peft::fail(PEFT_ERR_INVALID_ARGUMENT,
-               what + " must be PEFT_DTYPE_KEEP, PEFT_DTYPE_F32, PEFT_DTYPE_BF16 or PEFT_DTYPE_F16, not " +
-                   std::to_string(dtype));
-  return static_cast<peft::DType>(dtype);
+  return dtype_arg(dtype, what, kFloatDTypes, "PEFT_DTYPE_KEEP");
 }
 
 // Fills a struct whose first field, `uint64_t size`, the caller set to the size of the struct it

@@ -202,11 +202,10 @@ peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, size_t inde
   return peft::capi::guarded([&] {
     peft::capi::require_arg(ckpt, "ckpt");
     require_index(ckpt, index);
-    if (!peft::is_valid_dtype(dtype))
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "dtype " + std::to_string(dtype) + " is not a PEFT_DTYPE_* value");
+    const peft::DType as = peft::capi::dtype_arg(dtype, "dtype");
     // A zero-size tensor needs no buffer; the size check below still runs.
     if (dst_nbytes != 0) peft::capi::require_arg(dst, "dst");
-    ckpt->impl->read(index, static_cast<peft::DType>(dtype), dst, dst_nbytes);
+    ckpt->impl->read(index, as, dst, dst_nbytes);
   });
 }
 

@@ -1,6 +1,5 @@
 // The GGUF part of the reading API: file formats, ggml types and typed metadata of GGUF files.
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -14,8 +13,6 @@
 namespace {
 
 using peft::GgufKeyValue;
-using peft::GgufValue;
-using peft::GgufValueType;
 
 const peft::GgufHeader* gguf_or_null(const peft_checkpoint* ckpt, size_t file_index) {
   if (ckpt == nullptr || file_index >= ckpt->impl->file_count()) return nullptr;
@@ -32,57 +29,14 @@ std::optional<peft::GgmlType> ggml_or_null(int32_t ggml_type) {
   return peft::ggml_type(static_cast<uint32_t>(ggml_type));
 }
 
-// What a getter reads: the entry itself (element 0 of a scalar) or element `index` of an array entry.
-struct Element {
-  const GgufKeyValue* entry;
-  const peft::GgufArray* array;  // null for a scalar
-  size_t index;
-};
-
-Element element_at(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element) {
+// The entry `kv` of file `file_index`; PEFT_ERR_INVALID_ARGUMENT when there is none.
+const GgufKeyValue& entry_at(const peft_checkpoint* ckpt, size_t file_index, size_t kv) {
   peft::capi::require_arg(ckpt, "ckpt");
   const GgufKeyValue* entry = kv_or_null(ckpt, file_index, kv);
   if (entry == nullptr)
     peft::fail(PEFT_ERR_INVALID_ARGUMENT, "file " + std::to_string(file_index) + " has no GGUF metadata entry " +
                                               std::to_string(kv));
-  const std::string what = "GGUF metadata " + peft::quoted(entry->key);
-  if (const auto* array = std::get_if<peft::GgufArray>(&entry->value.data)) {
-    if (element >= array->size())
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, what + ": element " + std::to_string(element) +
-                                                " is out of range (the array has " +
-                                                std::to_string(array->size()) + ")");
-    return {entry, array, static_cast<size_t>(element)};
-  }
-  if (element != 0)
-    peft::fail(PEFT_ERR_INVALID_ARGUMENT, what + " is a scalar: element " + std::to_string(element) +
-                                              " does not exist");
-  return {entry, nullptr, 0};
-}
-
-// The scalar a numeric getter reads (an array element decoded from the array's bytes).
-GgufValue value_at(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element) {
-  const Element e = element_at(ckpt, file_index, kv, element);
-  return e.array != nullptr ? e.array->at(e.index) : e.entry->value;
-}
-
-[[noreturn]] void wrong_type(const peft_checkpoint* ckpt, size_t file_index, size_t kv, const char* wanted) {
-  peft::fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF metadata " + peft::quoted(kv_or_null(ckpt, file_index, kv)->key) +
-                                            " does not hold " + wanted);
-}
-
-// Integers and booleans as a signed 128-bit-free pair: magnitude and sign.
-struct IntegerValue {
-  bool negative;
-  uint64_t magnitude;
-};
-
-IntegerValue integer_of(const peft_checkpoint* ckpt, size_t file_index, size_t kv, uint64_t element) {
-  const GgufValue value = value_at(ckpt, file_index, kv, element);
-  if (const auto* u = std::get_if<uint64_t>(&value.data)) return {false, *u};
-  if (const auto* i = std::get_if<int64_t>(&value.data))
-    return *i < 0 ? IntegerValue{true, 0 - static_cast<uint64_t>(*i)} : IntegerValue{false, static_cast<uint64_t>(*i)};
-  if (const auto* b = std::get_if<bool>(&value.data)) return {false, *b ? 1u : 0u};
-  wrong_type(ckpt, file_index, kv, "an integer or boolean");
+  return *entry;
 }
 
 }  // namespace
@@ -178,11 +132,7 @@ peft_error* peft_checkpoint_gguf_kv_int(const peft_checkpoint* ckpt, size_t file
                                         int64_t* out) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(out, "out");
-    const IntegerValue value = integer_of(ckpt, file_index, kv, element);
-    constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-    if (!value.negative && value.magnitude > kMax)
-      wrong_type(ckpt, file_index, kv, "a value that fits int64_t (read it as unsigned)");
-    *out = value.negative ? static_cast<int64_t>(0 - value.magnitude) : static_cast<int64_t>(value.magnitude);
+    *out = peft::gguf_metadata_int(entry_at(ckpt, file_index, kv), element);
   });
 }
 
@@ -190,9 +140,7 @@ peft_error* peft_checkpoint_gguf_kv_uint(const peft_checkpoint* ckpt, size_t fil
                                          uint64_t* out) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(out, "out");
-    const IntegerValue value = integer_of(ckpt, file_index, kv, element);
-    if (value.negative && value.magnitude != 0) wrong_type(ckpt, file_index, kv, "a value that is not negative");
-    *out = value.magnitude;
+    *out = peft::gguf_metadata_uint(entry_at(ckpt, file_index, kv), element);
   });
 }
 
@@ -200,10 +148,7 @@ peft_error* peft_checkpoint_gguf_kv_float(const peft_checkpoint* ckpt, size_t fi
                                           uint64_t element, double* out) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(out, "out");
-    const GgufValue value = value_at(ckpt, file_index, kv, element);
-    const auto* f = std::get_if<double>(&value.data);
-    if (f == nullptr) wrong_type(ckpt, file_index, kv, "a floating-point value");
-    *out = *f;
+    *out = peft::gguf_metadata_float(entry_at(ckpt, file_index, kv), element);
   });
 }
 
@@ -211,18 +156,9 @@ peft_error* peft_checkpoint_gguf_kv_string(const peft_checkpoint* ckpt, size_t f
                                            uint64_t element, const char** out_data, size_t* out_length) {
   return peft::capi::guarded([&] {
     peft::capi::require_arg(out_data, "out_data");
-    const Element e = element_at(ckpt, file_index, kv, element);
-    if (e.array != nullptr) {
-      if (e.array->element_type != peft::GgufValueType::STRING) wrong_type(ckpt, file_index, kv, "a string");
-      const std::string_view text = e.array->string_at(e.index);  // a NUL follows it in the array
-      *out_data = text.data();
-      if (out_length != nullptr) *out_length = text.size();
-      return;
-    }
-    const auto* text = std::get_if<std::string>(&e.entry->value.data);
-    if (text == nullptr) wrong_type(ckpt, file_index, kv, "a string");
-    *out_data = text->c_str();
-    if (out_length != nullptr) *out_length = text->size();
+    const std::string_view text = peft::gguf_metadata_string(entry_at(ckpt, file_index, kv), element);
+    *out_data = text.data();
+    if (out_length != nullptr) *out_length = text.size();
   });
 }
 

@@ -1,7 +1,5 @@
 // The merge section of the C API: checkpoint merges (options, result) and buffer merges (records).
 #include <cmath>
-
-#include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,13 +10,10 @@
 #include "core/quant/ggml_quant.hpp"
 #include "core/quant/ggml_types.hpp"
 #include "core/text.hpp"
-#include "gguf/gguf_file.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/buffer_merge/named_buffer_merge.hpp"
-#include "peft/checkpoint_merge/checkpoint_merge.hpp"
-#include "peft/checkpoint_merge/gguf_merge.hpp"
-#include "peft/checkpoint_merge/merge_inputs.hpp"
+#include "peft/checkpoint_merge/merge_entry.hpp"
 
 namespace {
 
@@ -129,24 +124,9 @@ peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, con
     require_arg(opts, "opts");
     if (opts->adapters.empty()) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge options hold no adapter");
     auto result = out_result ? std::make_unique<peft_merge_result>() : nullptr;
-    peft::CheckpointMergeOptions options = opts->impl;
-    // A GGUF base is a file whose names are GGUF's: adapters are checked against it by the merge
-    // (open_merge_inputs opens folders without it, and GGUF LoRA files for it alone).
-    const bool gguf = peft::is_gguf_path(base_dir);
-    options.adapters = peft::open_merge_inputs(opts->adapters, base_dir);
-    peft::CheckpointMergeResult r =
-        gguf ? peft::merge_into_gguf(base_dir, out_dir, options) : peft::merge_checkpoint(base_dir, out_dir, options);
+    peft::CheckpointMergeResult r = peft::merge_adapters(base_dir, out_dir, opts->adapters, opts->impl);
     if (result) {
-      nlohmann::json report = nlohmann::json::array();
-      auto type_name = [](uint32_t id) {
-        const auto type = peft::ggml_type(id);
-        return type ? std::string(type->name) : std::to_string(id);
-      };
-      for (const peft::GgufStoreReport& t : r.store_report)
-        report.push_back({{"tensor", t.tensor}, {"base_type", type_name(t.base_type)}, {"type", type_name(t.out_type)},
-                          {"values", t.values}, {"rms", t.rms}, {"max", t.max}, {"base_rms", t.base_rms},
-                          {"base_max", t.base_max}});
-      result->report_json = report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      result->report_json = peft::store_report_json(r.store_report);
       result->impl = std::move(r);
       *out_result = result.release();
     }

@@ -32,16 +32,11 @@ peft_error* peft_registry_new(int32_t storage_dtype, uint64_t budget_bytes, cons
                               peft_registry** out) {
   return guarded([&] {
     require_arg(out, "out");
-    if (storage_dtype != PEFT_DTYPE_F32 && storage_dtype != PEFT_DTYPE_BF16 && storage_dtype != PEFT_DTYPE_F16) {
-      const char* name = peft::is_valid_dtype(storage_dtype) ? peft_dtype_name(storage_dtype) : nullptr;
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "storage dtype " +
-                                                (name ? std::string(name) : std::to_string(storage_dtype)) +
-                                                " is not F32, BF16 or F16");
-    }
+    const peft::DType storage = peft::capi::dtype_arg(storage_dtype, "storage dtype", peft::capi::kFloatDTypes);
     std::optional<peft::Translator> names;
     if (translator != nullptr) names = translator->impl;
     auto registry = std::make_unique<peft_registry>();
-    registry->impl = std::make_unique<peft::serve::Registry>(static_cast<peft::DType>(storage_dtype), budget_bytes,
+    registry->impl = std::make_unique<peft::serve::Registry>(storage, budget_bytes,
                                                              std::move(names));
     *out = registry.release();
   });

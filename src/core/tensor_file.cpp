@@ -8,6 +8,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/shape.hpp"
 #include "core/text.hpp"
 
 namespace peft {
@@ -35,11 +36,7 @@ uint64_t checked_mul(uint64_t a, uint64_t b, const std::string& what) {
 
 }  // namespace
 
-uint64_t element_count(const TensorInfo& info) {
-  uint64_t count = 1;
-  for (uint64_t dim : info.shape) count = checked_mul(count, dim, "tensor " + quoted(info.name));
-  return count;
-}
+uint64_t element_count(const TensorInfo& info) { return shape_elements(info.shape, "tensor " + quoted(info.name)); }
 
 TensorFile::~TensorFile() {
   if (cache_)

@@ -1,5 +1,5 @@
-// The ggml tensor types of GGUF files: the type table itself lives in core/quant/ggml_types.hpp (the
-// quantizers need it too); this adds how the plain element types map to safetensors dtypes.
+// The ggml tensor types of GGUF files: the type table itself, with each plain type's dtype, lives in
+// core/quant/ggml_types.hpp (the quantizers need it too); these look the dtypes up both ways.
 #pragma once
 
 #include <cstdint>

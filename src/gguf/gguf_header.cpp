@@ -1,6 +1,11 @@
 #include "gguf/gguf_header.hpp"
 
 #include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace peft {
 
@@ -124,6 +129,86 @@ std::optional<uint64_t> metadata_count(const GgufHeader& header, std::string_vie
   if (const auto* u = std::get_if<uint64_t>(&value->data)) return *u;
   if (const auto* i = std::get_if<int64_t>(&value->data); i && *i >= 0) return static_cast<uint64_t>(*i);
   return std::nullopt;
+}
+
+namespace {
+
+// What a reading reads: the entry itself (element 0 of a scalar) or element `index` of an array entry.
+struct Element {
+  const GgufKeyValue* entry;
+  const GgufArray* array;  // null for a scalar
+  size_t index;
+};
+
+Element element_at(const GgufKeyValue& entry, uint64_t element) {
+  const std::string what = "GGUF metadata " + quoted(entry.key);
+  if (const auto* array = std::get_if<GgufArray>(&entry.value.data)) {
+    if (element >= array->size())
+      fail(PEFT_ERR_INVALID_ARGUMENT, what + ": element " + std::to_string(element) + " is out of range (the array has " +
+                                          std::to_string(array->size()) + ")");
+    return {&entry, array, static_cast<size_t>(element)};
+  }
+  if (element != 0)
+    fail(PEFT_ERR_INVALID_ARGUMENT, what + " is a scalar: element " + std::to_string(element) + " does not exist");
+  return {&entry, nullptr, 0};
+}
+
+// The scalar a numeric reading reads (an array element decoded from the array's bytes).
+GgufValue value_at(const GgufKeyValue& entry, uint64_t element) {
+  const Element e = element_at(entry, element);
+  return e.array != nullptr ? e.array->at(e.index) : entry.value;
+}
+
+[[noreturn]] void wrong_type(const GgufKeyValue& entry, const char* wanted) {
+  fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF metadata " + quoted(entry.key) + " does not hold " + wanted);
+}
+
+// Integers and booleans as a magnitude and a sign.
+struct IntegerValue {
+  bool negative;
+  uint64_t magnitude;
+};
+
+IntegerValue integer_at(const GgufKeyValue& entry, uint64_t element) {
+  const GgufValue value = value_at(entry, element);
+  if (const auto* u = std::get_if<uint64_t>(&value.data)) return {false, *u};
+  if (const auto* i = std::get_if<int64_t>(&value.data))
+    return *i < 0 ? IntegerValue{true, 0 - static_cast<uint64_t>(*i)} : IntegerValue{false, static_cast<uint64_t>(*i)};
+  if (const auto* b = std::get_if<bool>(&value.data)) return {false, *b ? 1u : 0u};
+  wrong_type(entry, "an integer or boolean");
+}
+
+}  // namespace
+
+int64_t gguf_metadata_int(const GgufKeyValue& entry, uint64_t element) {
+  const IntegerValue value = integer_at(entry, element);
+  constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (!value.negative && value.magnitude > kMax) wrong_type(entry, "a value that fits int64_t (read it as unsigned)");
+  return value.negative ? static_cast<int64_t>(0 - value.magnitude) : static_cast<int64_t>(value.magnitude);
+}
+
+uint64_t gguf_metadata_uint(const GgufKeyValue& entry, uint64_t element) {
+  const IntegerValue value = integer_at(entry, element);
+  if (value.negative && value.magnitude != 0) wrong_type(entry, "a value that is not negative");
+  return value.magnitude;
+}
+
+double gguf_metadata_float(const GgufKeyValue& entry, uint64_t element) {
+  const GgufValue value = value_at(entry, element);
+  const auto* f = std::get_if<double>(&value.data);
+  if (f == nullptr) wrong_type(entry, "a floating-point value");
+  return *f;
+}
+
+std::string_view gguf_metadata_string(const GgufKeyValue& entry, uint64_t element) {
+  const Element e = element_at(entry, element);
+  if (e.array != nullptr) {
+    if (e.array->element_type != GgufValueType::STRING) wrong_type(entry, "a string");
+    return e.array->string_at(e.index);  // a NUL follows it in the array
+  }
+  const auto* text = std::get_if<std::string>(&entry.value.data);
+  if (text == nullptr) wrong_type(entry, "a string");
+  return *text;
 }
 
 }  // namespace peft

@@ -83,6 +83,16 @@ const GgufValue* find_metadata(const GgufHeader& header, std::string_view key);
 std::optional<std::string> metadata_string(const GgufHeader& header, std::string_view key);
 std::optional<uint64_t> metadata_count(const GgufHeader& header, std::string_view key);
 
+// One metadata entry read as a value of the asked-for kind: element `element` of an array entry, or
+// the value of a scalar entry (element 0). Integers and booleans read as integers when the value fits
+// the asked-for type; F32 and F64 as double. Each fails with PEFT_ERR_INVALID_ARGUMENT naming the
+// key for an element out of range, an element other than 0 of a scalar, or a value of another kind.
+int64_t gguf_metadata_int(const GgufKeyValue& entry, uint64_t element);
+uint64_t gguf_metadata_uint(const GgufKeyValue& entry, uint64_t element);
+double gguf_metadata_float(const GgufKeyValue& entry, uint64_t element);
+// A string's bytes; a NUL follows them in memory; they live as long as `entry`.
+std::string_view gguf_metadata_string(const GgufKeyValue& entry, uint64_t element);
+
 // Reads exactly `count` bytes at absolute `offset` into `dst`; throws (PEFT_ERR_IO) on failure.
 using GgufByteReader = std::function<void(uint64_t offset, void* dst, uint64_t count)>;
 

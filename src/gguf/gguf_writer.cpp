@@ -13,10 +13,7 @@
 namespace peft {
 namespace {
 
-constexpr size_t kOutputBufferBytes = size_t{1} << 20;
-constexpr uint64_t kConvertElements = uint64_t{1} << 18;
 constexpr char kAlignmentKey[] = "general.alignment";
-constexpr uint8_t kZeros[4096] = {};
 
 constexpr uint32_t kLastValueType = static_cast<uint32_t>(GgufValueType::F64);
 
@@ -124,12 +121,12 @@ uint64_t element_bytes(DType dtype) { return dtype_bits(dtype) / 8; }
 
 }  // namespace
 
-// Where header bytes go: counted only (data_start()), or counted and written to the file.
+// Where header bytes go: counted only (data_start()), or counted and appended to a string.
 class GgufWriter::Sink {
  public:
-  explicit Sink(GgufWriter* out) : out_(out) {}
+  explicit Sink(std::string* out) : out_(out) {}
   void put(const void* data, size_t size) {
-    if (out_ != nullptr) out_->emit(data, size);
+    if (out_ != nullptr) out_->append(static_cast<const char*>(data), size);
     count_ += size;
   }
   template <class T>
@@ -174,13 +171,13 @@ class GgufWriter::Sink {
   }
   void put_padding(uint64_t alignment) {
     const uint64_t pad = (alignment - count_ % alignment) % alignment;
-    if (out_ != nullptr) out_->emit_padding(pad);
+    if (out_ != nullptr) out_->append(static_cast<size_t>(pad), '\0');
     count_ += pad;
   }
   uint64_t count() const { return count_; }
 
  private:
-  GgufWriter* out_;
+  std::string* out_;
   uint64_t count_ = 0;
 };
 
@@ -217,18 +214,11 @@ void gguf_array_append(GgufArray& array, const GgufValue& item) {
   }
 }
 
-GgufWriter::GgufWriter(std::string path) : path_(std::move(path)) {
+GgufWriter::GgufWriter(std::string path) : StreamingWriter("declaration order"), path_(std::move(path)) {
   if (path_.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "the output path must not be empty");
 }
 
-GgufWriter::~GgufWriter() { abort(); }
-
 // ---- declarations ------------------------------------------------------------------------------
-
-void GgufWriter::require_declaring(const char* what) const {
-  if (failed_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the writer failed earlier");
-  if (started_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + " once writing has started");
-}
 
 void GgufWriter::add_metadata(std::string key, GgufValue value) {
   add_metadata(GgufKeyValue{std::move(key), std::move(value)});
@@ -406,47 +396,24 @@ GgufHeader GgufWriter::layout() const {
 
 // ---- streaming ---------------------------------------------------------------------------------
 
-void GgufWriter::require_streaming(const char* what) const {
-  if (failed_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the writer failed earlier");
-  if (finished_) fail(PEFT_ERR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the writer has finished");
+StreamingWriter::StreamPlan GgufWriter::plan_stream() {
+  StreamPlan plan;
+  StreamFile file;
+  file.path = path_;
+  file.size = file_size();
+  Sink sink(&file.header);
+  write_header(sink);
+  file.open_at_start = true;
+  plan.files.push_back(std::move(file));
+  for (const TensorInfo& tensor : tensors_)
+    plan.tensors.push_back({tensor.name, 0, tensor.dtype, (alignment_ - tensor.end % alignment_) % alignment_});
+  return plan;
 }
 
-// I/O failures and anything unexpected leave a half-written temporary behind; the only safe state
-// after that is a discarded output.
-template <class Body>
-void GgufWriter::poison_on_failure(Body&& body) {
-  try {
-    body();
-  } catch (...) {
-    abort();
-    throw;
-  }
-}
-
-void GgufWriter::start() {
-  if (started_) return;
-  require_declaring("start writing");
-  const uint64_t size = file_size();
-  poison_on_failure([&] {
-    file_ = std::make_unique<AtomicFile>(path_);
-    file_->reserve(size);
-    buffer_.reserve(kOutputBufferBytes);
-    Sink sink(this);
-    write_header(sink);
-  });
-  file_size_ = size;
-  started_ = true;
-}
-
-void GgufWriter::require_no_open_tensor() const {
-  if (!in_tensor_) return;
-  fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensors_[next_].name) + " is incomplete: " +
-                                      std::to_string(src_done_) + " of " + std::to_string(src_expected_) +
-                                      " bytes written");
-}
-
-uint64_t GgufWriter::source_bytes(const TensorInfo& tensor, bool convert, DType src_dtype) const {
-  if (!convert) return tensor.nbytes();
+uint64_t GgufWriter::source_bytes(size_t position, std::optional<DType> src) const {
+  const TensorInfo& tensor = tensors_[position];
+  if (!src) return tensor.nbytes();
+  const DType src_dtype = *src;
   const std::string where = "tensor " + quoted(tensor.name);
   const std::string type_name(ggml_type(static_cast<uint32_t>(tensor.ggml_type))->name);
   if (!is_valid_dtype(static_cast<int32_t>(src_dtype))) {
@@ -469,158 +436,32 @@ uint64_t GgufWriter::source_bytes(const TensorInfo& tensor, bool convert, DType 
   return bytes;
 }
 
-void GgufWriter::begin_tensor(std::string_view name) { begin(name, false, DType::U8); }
-
-void GgufWriter::begin_tensor(std::string_view name, DType src_dtype) { begin(name, true, src_dtype); }
-
-void GgufWriter::begin(std::string_view name, bool convert, DType src_dtype) {
-  require_streaming("begin a tensor");
-  start();
-  require_no_open_tensor();
-  if (next_ >= tensors_.size()) {
-    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(std::string(name)) + ": every declared tensor is already written");
-  }
-  const TensorInfo& tensor = tensors_[next_];
-  if (tensor.name != name) {
-    const std::string what = by_name_.count(std::string(name)) ? " is not next" : " was never declared";
-    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(std::string(name)) + what + ": the writer expects " +
-                                        quoted(tensor.name) + " next (tensors are written in declaration order)");
-  }
-  const uint64_t expected = source_bytes(tensor, convert, src_dtype);
-  in_tensor_ = true;
-  converting_ = convert && src_dtype != tensor.dtype;
-  src_dtype_ = src_dtype;
-  src_expected_ = expected;
-  src_done_ = 0;
-  poison_on_failure([&] { complete_tensor_if_full(); });
-}
-
-void GgufWriter::write(const void* data, uint64_t nbytes) {
-  require_streaming("write tensor bytes");
-  if (!in_tensor_) fail(PEFT_ERR_INVALID_ARGUMENT, "cannot write tensor bytes: no tensor has been begun");
-  const TensorInfo& tensor = tensors_[next_];
-  if (nbytes > src_expected_ - src_done_) {
-    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor.name) + ": " + std::to_string(nbytes) +
-                                        " bytes written but only " + std::to_string(src_expected_ - src_done_) +
-                                        " of its " + std::to_string(src_expected_) + " bytes are left");
-  }
-  if (nbytes == 0) return;
-  if (data == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor.name) + ": data must not be NULL");
-  if (converting_ && nbytes % element_bytes(src_dtype_) != 0) {
-    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensor.name) + ": a chunk that is converted must hold whole " +
-                                        std::string(dtype_name(src_dtype_)) + " elements");
-  }
-  poison_on_failure([&] { write_unchecked(data, nbytes); });
-}
-
-void GgufWriter::write_unchecked(const void* data, uint64_t nbytes) {
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  if (!converting_) {
-    emit(bytes, nbytes);
-  } else {
-    const DType dst = tensors_[next_].dtype;
-    const uint64_t in_size = element_bytes(src_dtype_);
-    const uint64_t out_size = element_bytes(dst);
-    if (scratch_.size() < kConvertElements * out_size) scratch_.resize(kConvertElements * out_size);
-    for (uint64_t done = 0; done < nbytes;) {
-      const uint64_t count = std::min(kConvertElements, (nbytes - done) / in_size);
-      convert(src_dtype_, bytes + done, dst, scratch_.data(), count);
-      emit(scratch_.data(), count * out_size);
-      done += count * in_size;
-    }
-  }
-  src_done_ += nbytes;
-  complete_tensor_if_full();
-}
-
-// Ends the current tensor once all its bytes are in, with the zero bytes up to the alignment.
-void GgufWriter::complete_tensor_if_full() {
-  if (!in_tensor_ || src_done_ != src_expected_) return;
-  const uint64_t end = tensors_[next_].end;
-  emit_padding((alignment_ - end % alignment_) % alignment_);
-  in_tensor_ = false;
-  ++next_;
-}
-
 void GgufWriter::write_tensor(std::string_view name, const void* data, uint64_t nbytes) {
   require_streaming("write a tensor");
   start();
-  if (next_ < tensors_.size() && !in_tensor_ && tensors_[next_].name == name && nbytes != tensors_[next_].nbytes()) {
-    fail(PEFT_ERR_TENSOR_INVALID_INFO, "tensor " + quoted(tensors_[next_].name) + ": " + std::to_string(nbytes) +
-                                           " bytes given but its shape and type make " +
-                                           std::to_string(tensors_[next_].nbytes()));
+  if (is_next(name) && nbytes != tensors_[next_position()].nbytes()) {
+    const TensorInfo& tensor = tensors_[next_position()];
+    fail(PEFT_ERR_TENSOR_INVALID_INFO, "tensor " + quoted(tensor.name) + ": " + std::to_string(nbytes) +
+                                           " bytes given but its shape and type make " + std::to_string(tensor.nbytes()));
   }
   begin_tensor(name);  // reports the order errors
-  if (in_tensor_) write(data, nbytes);
+  if (in_tensor()) write(data, nbytes);
 }
 
 void GgufWriter::write_tensor(std::string_view name, DType src_dtype, const void* data, uint64_t nbytes) {
   require_streaming("write a tensor");
   start();
-  if (next_ < tensors_.size() && !in_tensor_ && tensors_[next_].name == name) {
-    const uint64_t expected = source_bytes(tensors_[next_], true, src_dtype);
+  if (is_next(name)) {
+    const uint64_t expected = source_bytes(next_position(), src_dtype);
     if (nbytes != expected) {
-      fail(PEFT_ERR_TENSOR_INVALID_INFO, "tensor " + quoted(tensors_[next_].name) + ": " + std::to_string(nbytes) +
-                                             " bytes given but its shape makes " + std::to_string(expected) +
-                                             " bytes of " + std::string(dtype_name(src_dtype)));
+      fail(PEFT_ERR_TENSOR_INVALID_INFO, "tensor " + quoted(tensors_[next_position()].name) + ": " +
+                                             std::to_string(nbytes) + " bytes given but its shape makes " +
+                                             std::to_string(expected) + " bytes of " +
+                                             std::string(dtype_name(src_dtype)));
     }
   }
   begin_tensor(name, src_dtype);
-  if (in_tensor_) write(data, nbytes);
-}
-
-// ---- output ------------------------------------------------------------------------------------
-
-void GgufWriter::flush_buffer() {
-  if (buffer_.empty()) return;
-  file_->write(buffer_.data(), buffer_.size());
-  buffer_.clear();
-}
-
-void GgufWriter::emit(const void* data, size_t size) {
-  if (buffer_.size() + size > kOutputBufferBytes) flush_buffer();
-  if (size >= kOutputBufferBytes) {
-    file_->write(data, size);
-  } else {
-    buffer_.append(static_cast<const char*>(data), size);
-  }
-}
-
-void GgufWriter::emit_padding(uint64_t count) {
-  while (count > 0) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(count, sizeof kZeros));
-    emit(kZeros, n);
-    count -= n;
-  }
-}
-
-void GgufWriter::finish() {
-  require_streaming("finish");
-  start();
-  require_no_open_tensor();
-  if (next_ < tensors_.size()) {
-    fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(tensors_[next_].name) + " was never written (" +
-                                        std::to_string(tensors_.size() - next_) + " of " +
-                                        std::to_string(tensors_.size()) + " tensors are missing)");
-  }
-  poison_on_failure([&] {
-    flush_buffer();
-    if (file_->bytes_written() != file_size_) {
-      fail(PEFT_ERR_INTERNAL, "output " + quoted(path_) + " has " + std::to_string(file_->bytes_written()) +
-                                  " bytes instead of " + std::to_string(file_size_));
-    }
-    file_->commit();
-  });
-  finished_ = true;
-  std::string().swap(buffer_);
-  std::vector<uint8_t>().swap(scratch_);
-}
-
-void GgufWriter::abort() noexcept {
-  if (finished_) return;
-  failed_ = true;
-  if (file_) file_->abort();
-  in_tensor_ = false;
+  if (in_tensor()) write(data, nbytes);
 }
 
 }  // namespace peft

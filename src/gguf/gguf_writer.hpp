@@ -1,4 +1,5 @@
-// The streaming GGUF v3 writer. Metadata and tensors are declared first, in the order they are to
+// The streaming GGUF v3 writer: the GGUF header encoder on the streaming core
+// (core/stream_writer.hpp). Metadata and tensors are declared first, in the order they are to
 // appear; start() writes the header; then each tensor's bytes are streamed in declaration order (the
 // tensor-info order is the data order, as gguf-py's GGUFWriter and ggml's gguf.cpp write it), raw
 // or converted from another dtype on the way. Memory holds a few fixed-size chunks, never a tensor.
@@ -29,8 +30,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/atomic_file.hpp"
 #include "core/dtype.hpp"
+#include "core/stream_writer.hpp"
 #include "core/tensor_info.hpp"
 #include "gguf/gguf_header.hpp"
 
@@ -46,13 +47,11 @@ inline constexpr size_t kGgufMaxDims = 4;  // GGML_MAX_DIMS
 // for an item that add_metadata would refuse or whose type is not the array's element type.
 void gguf_array_append(GgufArray& array, const GgufValue& item);
 
-class GgufWriter {
+class GgufWriter final : public StreamingWriter {
  public:
-  // Nothing is created until start(). INVALID_ARGUMENT for an empty path.
+  // Nothing is created until start(). INVALID_ARGUMENT for an empty path. Destroyed unfinished, it
+  // leaves the target as it was (StreamingWriter).
   explicit GgufWriter(std::string path);
-  GgufWriter(const GgufWriter&) = delete;
-  GgufWriter& operator=(const GgufWriter&) = delete;
-  ~GgufWriter();  // abort() unless finished
 
   // ---- Declarations (before start) --------------------------------------------------------------
   // Appends one metadata key/value. INVALID_ARGUMENT naming the key for: a duplicate key, a key that
@@ -92,12 +91,11 @@ class GgufWriter {
   GgufHeader layout() const;
 
   // ---- Streaming --------------------------------------------------------------------------------
-  // Closes the declarations, creates the temporary next to the target, reserves the file's size and
-  // writes the header. Called by the first begin_tensor()/write_tensor()/finish() if not before.
-  void start();
-  bool started() const { return started_; }
+  // start() (StreamingWriter) closes the declarations, creates the temporary next to the target,
+  // reserves the file's size and writes the header. Called by the first
+  // begin_tensor()/write_tensor()/finish() if not before. write(): StreamingWriter.
   // Index of the tensor expected next; tensors().size() once all are written.
-  size_t next_tensor() const { return next_; }
+  size_t next_tensor() const { return next_position(); }
 
   // Begins the tensor expected next (`name` must be it: INVALID_ARGUMENT naming both otherwise).
   // Without a dtype, the bytes that follow are the tensor's stored bytes (any ggml type). With
@@ -105,39 +103,21 @@ class GgufWriter {
   // or copied when it is the declared type's own dtype); UNSUPPORTED for a pair convert() does not
   // do and for block-quantized types, which take raw bytes only. A zero-byte tensor is complete at
   // once.
-  void begin_tensor(std::string_view name);
-  void begin_tensor(std::string_view name, DType src_dtype);
-  // Appends bytes of the current tensor. INVALID_ARGUMENT naming the tensor for more bytes than it
-  // has left or, when converting, a chunk of partial elements; such a call changes nothing.
-  void write(const void* data, uint64_t nbytes);
+  void begin_tensor(std::string_view name) { begin(name, std::nullopt); }
+  void begin_tensor(std::string_view name, DType src_dtype) { begin(name, src_dtype); }
   // A whole tensor at once: TENSOR_INVALID_INFO naming it when `nbytes` is not its size (in
   // `src_dtype` when given).
   void write_tensor(std::string_view name, const void* data, uint64_t nbytes);
   void write_tensor(std::string_view name, DType src_dtype, const void* data, uint64_t nbytes);
-  // Checks that every tensor was written completely (INVALID_ARGUMENT naming the first that was not),
-  // flushes and renames the file over the target.
-  void finish();
-  // Discards the output (the temporary removed, the target untouched). Never throws.
-  void abort() noexcept;
-  bool finished() const { return finished_; }
-  bool failed() const { return failed_; }
+  // finish() checks that every tensor was written completely (INVALID_ARGUMENT naming the first that
+  // was not), flushes and renames the file over the target; abort() discards it (StreamingWriter).
 
  private:
   class Sink;
-  void require_declaring(const char* what) const;
-  void require_streaming(const char* what) const;
-  void require_no_open_tensor() const;
-  template <class Body>
-  void poison_on_failure(Body&& body);
+  StreamPlan plan_stream() override;
+  uint64_t source_bytes(size_t position, std::optional<DType> src) const override;
   void place_tensors();
   void write_header(Sink& sink) const;
-  void begin(std::string_view name, bool convert, DType src_dtype);
-  uint64_t source_bytes(const TensorInfo& tensor, bool convert, DType src_dtype) const;
-  void write_unchecked(const void* data, uint64_t nbytes);
-  void complete_tensor_if_full();
-  void emit(const void* data, size_t size);
-  void emit_padding(uint64_t count);
-  void flush_buffer();
 
   std::string path_;
   std::vector<GgufKeyValue> metadata_;
@@ -146,21 +126,6 @@ class GgufWriter {
   std::unordered_map<std::string, size_t> by_name_;
   uint64_t alignment_ = kGgufDefaultAlignment;
   uint64_t data_size_ = 0;
-
-  std::unique_ptr<AtomicFile> file_;
-  std::string buffer_;  // pending small writes
-  uint64_t file_size_ = 0;
-  bool started_ = false;
-  bool finished_ = false;
-  bool failed_ = false;
-  size_t next_ = 0;
-  // The current tensor: whether it is converted, from which dtype, source bytes expected and done.
-  bool in_tensor_ = false;
-  bool converting_ = false;
-  DType src_dtype_ = DType::U8;
-  uint64_t src_expected_ = 0;
-  uint64_t src_done_ = 0;
-  std::vector<uint8_t> scratch_;  // conversion output
 };
 
 }  // namespace peft

@@ -155,18 +155,18 @@ void CheckpointFolderWriter::commit_outputs() {
   const std::string other_entry = join_path(folder_, write_index_ ? kSingleFileName : kIndexFileName);
   try {
     if (write_index_) {
-      for (Output& out : outputs()) out.file->commit();  // free names: no reader sees them yet
+      for (size_t k = 0; k < outputs().size(); ++k) output_file(k).commit();  // free names: no reader sees them yet
       aside = move_aside(other_entry);
       index->commit();  // the commit point
     } else {
       aside = move_aside(other_entry);
-      outputs().front().file->commit();  // the commit point
+      output_file(0).commit();  // the commit point
     }
   } catch (...) {
     if (!aside.empty()) (void)::rename(aside.c_str(), other_entry.c_str());
     if (write_index_ && !index->committed())
-      for (Output& out : outputs())
-        if (out.file->committed()) (void)::unlink(out.file->target().c_str());
+      for (size_t k = 0; k < outputs().size(); ++k)
+        if (output_file(k).committed()) (void)::unlink(output_file(k).target().c_str());
     throw;
   }
   for (auto& file : others) file->commit();

@@ -20,13 +20,13 @@ void TensorWriter::write_from_checkpoint(std::string_view name, const Checkpoint
                                    std::string(type ? type->name : "unknown ggml type") +
                                    "): a safetensors file cannot hold it");
   }
-  if (next_ < slots_.size() && !in_tensor_ && tensor_at(next_).name == name) {
-    const TensorDecl& decl = tensor_at(next_);
+  if (is_next(name)) {
+    const TensorDecl& decl = tensor_at(next_position());
     if (!std::equal(decl.shape.begin(), decl.shape.end(), info.shape.begin(), info.shape.end())) {
       fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + quoted(decl.name) + ": the source tensor " + quoted(info.name) +
                                         " has a different shape");
     }
-    source_bytes(decl, info.dtype);  // UNSUPPORTED before anything is written
+    bytes_from(decl, info.dtype);  // UNSUPPORTED before anything is written
   }
   // Read in chunks with pread, never through a mapping, so a source truncated meanwhile gives
   // PEFT_ERR_IO rather than SIGBUS. A source that changed before this call is reported before the

@@ -32,7 +32,6 @@ constexpr auto kIq3xxs = expand<4>(kIq3xxsGridCodes, kIq3xxsGridLevels, kIq3xxsG
 constexpr auto kIq3s = expand<4>(kIq3sGridCodes, kIq3sGridLevels, kIq3sGridBits);
 constexpr auto kIq1s = expand<8>(kIq1sGridCodes, kIq1sGridLevels, kIq1sGridBits);  // int8 bytes
 
-constexpr int QK_K = 256;
 constexpr float kIq1Delta = 0.125f;  // IQ1S_DELTA, IQ1M_DELTA
 
 // ggml's ksigns_iq2xs: seven stored sign bits, the eighth making the count of minus signs even.

@@ -16,7 +16,6 @@
 namespace peft::quant {
 namespace {
 
-constexpr int QK_K = 256;
 constexpr float kGroupMaxEps = 1e-15f;
 
 float fl(int v) { return static_cast<float>(v); }

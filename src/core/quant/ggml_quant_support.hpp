@@ -1,6 +1,6 @@
 // Internal to core/quant: the small pieces of ggml's C that the block quantizers reproduce exactly
 // (rounding helpers, ggml's own f16 conversion, little-endian field access), and the per-type
-// kernels the dispatcher (ggml_quant.cpp) lists. A kernel handles `blocks` whole blocks.
+// kernels the type table (ggml_types.cpp) lists. A kernel handles `blocks` whole blocks.
 #pragma once
 
 #include <bit>
@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/f16.hpp"
+#include "core/quant/ggml_block.hpp"
 
 namespace peft::quant {
 
@@ -65,9 +66,6 @@ inline int best_index_fp4(float x, float e) {
   }
   return best;
 }
-
-using DequantizeKernel = void (*)(const uint8_t* in, float* out, uint64_t blocks);
-using QuantizeKernel = void (*)(const float* in, uint8_t* out, uint64_t blocks);
 
 // Block-of-32 types and the ternary types (ggml_quant_legacy.cpp).
 void dequantize_f16(const uint8_t* in, float* out, uint64_t blocks);

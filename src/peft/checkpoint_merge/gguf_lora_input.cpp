@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "core/error.hpp"
+#include "core/shape.hpp"
 #include "core/text.hpp"
 #include "gguf/ggml_type.hpp"
 #include "peft/methods/lora_math.hpp"
@@ -49,13 +50,6 @@ std::string type_name(const TensorInfo& info) {
 struct Factors {
   std::vector<float> a, b;
 };
-
-std::vector<float> transposed(const std::vector<float>& m, uint64_t rows, uint64_t cols) {
-  std::vector<float> out(m.size());
-  for (uint64_t r = 0; r < rows; ++r)
-    for (uint64_t c = 0; c < cols; ++c) out[c * rows + r] = m[r * cols + c];
-  return out;
-}
 
 // A checked pair: the base tensor and the factors' shapes (PyTorch order, as TensorInfo holds them).
 struct CheckedPair {

@@ -31,31 +31,12 @@ void from_f32(uint32_t type, const float* in, uint64_t rows, uint64_t cols, void
     quantize_rows(type, in, rows, cols, out);
 }
 
-// Where a block's f16 scales sit (bytes from the block's start) in the types whose stored values are
-// all finite exactly when these are (gguf_requant.hpp); nullptr for the others.
-struct ScaleLayout {
-  uint64_t block_bytes;
-  uint64_t offsets[2];
-  int count;
-};
-const ScaleLayout* scale_layout(uint32_t type) {
-  namespace id = ggml_id;
-  static constexpr ScaleLayout q8_0{34, {0, 0}, 1}, q4_k{144, {0, 2}, 2}, q5_k{176, {0, 2}, 2}, q6_k{210, {208, 0}, 1};
-  switch (type) {
-    case id::Q8_0: return &q8_0;
-    case id::Q4_K: return &q4_k;
-    case id::Q5_K: return &q5_k;
-    case id::Q6_K: return &q6_k;
-    default: return nullptr;
-  }
-}
-
 // The scales of `bytes` of blocks are all finite (an f16 is not finite when its exponent bits are all set).
-bool scales_finite(const ScaleLayout& layout, const uint8_t* blocks, uint64_t bytes) {
+bool scales_finite(const GgmlType& type, const uint8_t* blocks, uint64_t bytes) {
   bool finite = true;
-  for (uint64_t b = 0; b + layout.block_bytes <= bytes; b += layout.block_bytes)
-    for (int k = 0; k < layout.count; ++k) {
-      const uint8_t* h = blocks + b + layout.offsets[k];
+  for (uint64_t b = 0; b + type.type_size <= bytes; b += type.type_size)
+    for (int k = 0; k < type.scale_count; ++k) {
+      const uint8_t* h = blocks + b + type.scale_offsets[k];
       const auto bits = static_cast<uint16_t>(h[0] | (h[1] << 8));
       finite &= (bits & 0x7C00) != 0x7C00;
     }
@@ -78,7 +59,8 @@ void dequantize_blocks(uint32_t type, const void* in, uint64_t rows, uint64_t co
 
 void quantize_blocks(uint32_t type, const float* in, uint64_t rows, uint64_t cols, void* out, unsigned threads,
                      StoreError* error, bool figures) {
-  const ScaleLayout* by_scales = figures ? nullptr : scale_layout(type);
+  const std::optional<GgmlType> row = ggml_type(type);
+  const GgmlType* by_scales = !figures && row && row->scale_count > 0 ? &*row : nullptr;
   const uint64_t row_bytes = ggml_rows_bytes(type, 1, cols);
   const uint64_t step = rows_per_block(cols);
   const auto blocks = static_cast<int64_t>((rows + step - 1) / step);

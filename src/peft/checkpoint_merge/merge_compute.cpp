@@ -7,6 +7,7 @@
 #include "core/bf16.hpp"
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/shape.hpp"
 #include "core/f16.hpp"
 #include "core/quant/fp8_block.hpp"
 #include "core/text.hpp"
@@ -350,8 +351,7 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
     return;
   }
   if (p.fp8) return compute_fp8(plan, p, threads, out);
-  uint64_t elements = 1;
-  for (uint64_t d : p.shape) elements *= d;  // checked when planned
+  const uint64_t elements = shape_elements(p.shape, "tensor " + peft::quoted(p.name));  // checked when planned
   const uint64_t nbytes = converted_byte_size(p.work_dtype, elements);
   out.reserve(nbytes, "merging tensor " + peft::quoted(p.name));
   if (p.replacement) {

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/f8.hpp"
 #include "core/path.hpp"
+#include "core/shape.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/method_params.hpp"
 #include "peft/arch/arch_registry.hpp"
@@ -335,7 +336,7 @@ class Planner {
       p.shape = t.shape;
       p.bnb_requantize = true;
     }
-    p.out_nbytes = converted_byte_size(p.out_dtype, element_count(p.shape));
+    p.out_nbytes = converted_byte_size(p.out_dtype, shape_elements(p.shape, "tensor " + peft::quoted(p.name)));
     plan_.tensors.push_back(std::move(p));
     return true;
   }
@@ -383,17 +384,10 @@ class Planner {
       } else {
         p.action = TensorAction::copy;
       }
-      p.out_nbytes = converted_byte_size(p.out_dtype, element_count(p.shape));
+      p.out_nbytes = converted_byte_size(p.out_dtype, shape_elements(p.shape, "tensor " + peft::quoted(p.name)));
       plan_.tensors.push_back(std::move(p));
     }
     if (!unsupported.empty()) fail_listing(PEFT_ERR_UNSUPPORTED, "the merge cannot be computed", unsupported);
-  }
-
-  static uint64_t element_count(const std::vector<uint64_t>& shape) {
-    uint64_t n = 1;
-    for (uint64_t d : shape)
-      if (__builtin_mul_overflow(n, d, &n)) fail(PEFT_ERR_VALIDATION_OVERFLOW, "tensor shape overflows");
-    return n;
   }
 
   // Every adapter tensor a computed tensor reads must convert to what it is read as.

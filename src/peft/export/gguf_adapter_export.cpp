@@ -8,6 +8,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/shape.hpp"
 #include "core/quant/q8_0.hpp"
 #include "core/text.hpp"
 #include "gguf/ggml_type.hpp"
@@ -88,13 +89,6 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base, c
     fail(PEFT_ERR_UNRESOLVED_KEY, message);
   }
   return pairs;
-}
-
-std::vector<float> transposed(const std::vector<float>& m, uint64_t rows, uint64_t cols) {
-  std::vector<float> out(m.size());
-  for (uint64_t r = 0; r < rows; ++r)
-    for (uint64_t c = 0; c < cols; ++c) out[c * rows + r] = m[r * cols + c];
-  return out;
 }
 
 // A factor stored with shape {rows, cols} (ne = [cols, rows]) in `ggml_type`.

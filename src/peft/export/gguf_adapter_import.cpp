@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "core/shape.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/gguf_lora_file.hpp"
 #include "peft/arch/arch_registry.hpp"
@@ -28,13 +29,6 @@ struct ImportedModule {
   std::vector<float> a_values, b_values;
   std::vector<uint64_t> a_shape, b_shape;
 };
-
-std::vector<float> transposed(const std::vector<float>& m, uint64_t rows, uint64_t cols) {
-  std::vector<float> out(m.size());
-  for (uint64_t r = 0; r < rows; ++r)
-    for (uint64_t c = 0; c < cols; ++c) out[c * rows + r] = m[r * cols + c];
-  return out;
-}
 
 std::string listing(const std::vector<std::string>& lines) {
   std::string out;

@@ -11,8 +11,7 @@
 #include "core/path.hpp"
 #include "core/text.hpp"
 #include "gguf/gguf_file.hpp"
-#include "peft/checkpoint_merge/checkpoint_merge.hpp"
-#include "peft/checkpoint_merge/gguf_merge.hpp"
+#include "peft/checkpoint_merge/merge_entry.hpp"
 #include "safetensors/hub_cache.hpp"
 
 namespace peft {
@@ -76,11 +75,7 @@ void export_gguf_adapter_split(const std::shared_ptr<const Adapter>& adapter, co
     input.modules = adapter_options.skip;
     merge.adapters.push_back(std::move(input));
     merge.threads = threads;
-    if (gguf_base) {
-      result = merge_into_gguf(base_location, base_out, merge);
-    } else {
-      result = merge_checkpoint(base_location, base_out, merge);
-    }
+    result = merge_into_base(base_location, base_out, merge);
   } catch (...) {
     remove_file(staged);
     throw;

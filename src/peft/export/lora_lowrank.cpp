@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/shape.hpp"
 #include "core/text.hpp"
 #include "peft/arch/key_grammar.hpp"
 #include "peft/export/adapter_export.hpp"
@@ -21,13 +22,6 @@ struct Result {
   int64_t rows = 0, cols = 0;  // of the stored dW
   std::vector<float> a, b;     // PEFT's lora_A [rank, in] and lora_B [out, rank]
 };
-
-std::vector<float> transpose(const std::vector<float>& x, int64_t rows, int64_t cols) {
-  std::vector<float> t(x.size());
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) t[static_cast<size_t>(j * rows + i)] = x[static_cast<size_t>(i * cols + j)];
-  return t;
-}
 
 void factor(const DeltaSource& source, const LowRankOptions& options, Result& out) {
   if (source.exact) {
@@ -49,8 +43,8 @@ void factor(const DeltaSource& source, const LowRankOptions& options, Result& ou
   out.rows = rows;
   out.cols = cols;
   if (source.conv1d) {  // stored [in, out]: B' = U S [in, r], A' = V^T [r, out]; A = B'^T, B = A'^T
-    out.a = transpose(f.b, rows, f.rank);
-    out.b = transpose(f.a, f.rank, cols);
+    out.a = transposed(f.b, static_cast<uint64_t>(rows), static_cast<uint64_t>(f.rank));
+    out.b = transposed(f.a, static_cast<uint64_t>(f.rank), static_cast<uint64_t>(cols));
   } else {
     out.a = std::move(f.a);
     out.b = std::move(f.b);
