@@ -1,5 +1,5 @@
 # Entry points. Each installs what it needs (Debian packages, a Python environment under ~/.cache).
-.PHONY: all demo test bench dist clean
+.PHONY: all demo check test bench dist clean
 
 all:
 	scripts/install-deps.sh
@@ -8,6 +8,10 @@ all:
 
 demo:
 	scripts/demo.sh
+
+# The everyday loop: release build, unit, C API and CLI tests (a few minutes warm).
+check:
+	scripts/check.sh
 
 test:
 	scripts/test.sh

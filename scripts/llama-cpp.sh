@@ -3,6 +3,8 @@
 #
 #   prefix=$(scripts/llama-cpp.sh)            # build if needed; the prefix (tools in $prefix/bin) on stdout
 #   eval "$(scripts/llama-cpp.sh --env)"      # build if needed; export PEFT_LLAMA_CPP_* / PEFT_GGUF_PY
+#   scripts/llama-cpp.sh --env --no-build     # the same when everything is there already, else exit 3
+#                                             # at once, installing and building nothing (`make check`)
 #
 # The source is the llama-cpp-python sdist from the Python package index, which vendors the whole llama.cpp
 # tree (vendor/llama.cpp: the tools, convert_hf_to_gguf.py, convert_lora_to_gguf.py, gguf-py). It is
@@ -59,15 +61,22 @@ log() { printf 'llama-cpp: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 mode=prefix
-case "${1:-}" in
-  "") ;;
-  --env) mode=env ;;
-  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) die "unknown argument '$1' (use --env or nothing)" ;;
-esac
+build=yes
+for arg in "$@"; do
+  case "$arg" in
+    --env) mode=env ;;
+    --no-build) build=no ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$arg' (use --env, --no-build or nothing)" ;;
+  esac
+done
 
 # sentencepiece is a compiled wheel: one folder per interpreter version of the venv.
-venv=$("$root/scripts/python-env.sh")
+if [[ $build == no ]]; then
+  venv=$(PEFT_C_NO_INSTALL=1 "$root/scripts/python-env.sh") || exit 3
+else
+  venv=$("$root/scripts/python-env.sh")
+fi
 py_tag=$("$venv/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 pydeps=$base/python-$py_tag-sentencepiece-$SENTENCEPIECE
 
@@ -93,6 +102,7 @@ if [[ -f $stamp && -f $src/.peft_c_unpacked && -f $pydeps/.peft_c_complete ]]; t
   print_result
   exit 0
 fi
+[[ $build == yes ]] || exit 3
 
 for tool in cmake ninja c++ sha256sum tar; do
   command -v "$tool" >/dev/null 2>&1 || die "'$tool' not found (run scripts/install-deps.sh)"

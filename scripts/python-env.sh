@@ -12,6 +12,7 @@
 # Environment:
 #   PYTHON                   interpreter used to create the venv (default: python3 on PATH)
 #   PEFT_C_REQUIREMENTS      alternative requirements file (for testing this script)
+#   PEFT_C_NO_INSTALL=1      install nothing: print the path if the environment is complete, else exit 3
 #   PIP_INDEX_URL etc.       honoured by pip as usual
 set -euo pipefail
 
@@ -40,6 +41,8 @@ if [[ -f $marker && -x $venv/bin/python ]]; then
     printf '%s\n' "$venv"
     exit 0
 fi
+
+[[ ${PEFT_C_NO_INSTALL:-0} != 1 ]] || exit 3
 
 mkdir -p "$cache_root"
 lock=$cache_root/venv-$hash.lock

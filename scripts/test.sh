@@ -12,7 +12,14 @@ export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1   # a fresh clone elsewhere reuse
 # Toolchains the machine brings outside the system PATH (Go, Rust through rustup).
 export PATH=$PATH:/usr/local/go/bin:$HOME/.cargo/bin
 
-step() { printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"; }
+# Each step's wall time, printed again at the end with the total (a step lasts until the next begins).
+timings=()
+step_name="" step_start=0
+step() {
+  [ -n "$step_name" ] && timings+=("$(printf '%6d s  %s' $((SECONDS - step_start)) "$step_name")")
+  step_name=$*; step_start=$SECONDS
+  printf '\n==== %s (at %d s) ====\n' "$*" "$SECONDS"
+}
 failures=()
 run() {  # run NAME CMD...: records a failure and continues, so one report lists everything that failed
   local name=$1; shift
@@ -127,6 +134,8 @@ if [ -f tests/fuzz/run.sh ]; then
 fi
 
 step "summary"
+printf '%s\n' "${timings[@]}"
+printf '%6d s  total\n' "$SECONDS"
 if [ ${#failures[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failures[@]}"
   exit 1

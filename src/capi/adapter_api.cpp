@@ -12,8 +12,8 @@
 #include "core/json_parse.hpp"
 #include "core/text.hpp"
 #include "core/text_file.hpp"
-#include "peft/adapter/base_config.hpp"
-#include "peft/adapter/base_validation.hpp"
+#include "peft/base/base_config.hpp"
+#include "peft/base/base_validation.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include "capi/checkpoint_handle.hpp"
 #include "core/dtype.hpp"
 #include "core/text.hpp"
-#include "safetensors/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 struct peft_open_options {
   peft::OpenOptions impl;

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "safetensors/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 struct peft_checkpoint {
   std::shared_ptr<const peft::Checkpoint> impl;

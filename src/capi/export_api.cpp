@@ -6,10 +6,10 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
-#include "peft/export/adapter_combine.hpp"
+#include "peft/combine/adapter_combine.hpp"
 #include "peft/export/adapter_export.hpp"
 #include "peft/export/gguf_adapter_export.hpp"
-#include "peft/export/gguf_adapter_import.hpp"
+#include "peft/import/gguf_adapter_import.hpp"
 #include "peft/export/gguf_split_export.hpp"
 
 struct peft_export_options {
@@ -113,7 +113,7 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
 }  // extern "C"
 
 // Appended with LoRA extraction (capi/lowrank_api.cpp has the rest): it takes export options.
-#include "peft/export/lora_convert.hpp"
+#include "peft/lowrank/lora_convert.hpp"
 
 extern "C" peft_error* peft_adapter_convert_initial(const char* tuned_dir, const char* initial_dir,
                                                     const char* out_dir, const peft_export_options* opts) {

@@ -1,6 +1,6 @@
 // The C API of the "hub" section: model ids resolved offline in the Hugging Face hub cache.
 #include "capi/capi_common.hpp"
-#include "safetensors/hub_cache.hpp"
+#include "checkpoint/hub_cache.hpp"
 
 using peft::capi::copy_string;
 using peft::capi::guarded;

@@ -7,8 +7,8 @@
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
 #include "core/error.hpp"
-#include "peft/export/lora_convert.hpp"
-#include "peft/export/lora_extract.hpp"
+#include "peft/lowrank/lora_convert.hpp"
+#include "peft/lowrank/lora_extract.hpp"
 
 struct peft_lowrank_options {
   peft::LowRankOptions impl;

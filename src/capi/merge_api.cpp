@@ -13,7 +13,7 @@
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/buffer_merge/named_buffer_merge.hpp"
-#include "peft/checkpoint_merge/merge_entry.hpp"
+#include "peft/merge/merge_entry.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include "capi/string_list.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "peft/adapter/base_config.hpp"
+#include "peft/base/base_config.hpp"
 #include "peft/arch/arch_registry.hpp"
 
 namespace {

@@ -10,8 +10,8 @@
 #include "capi/capi_common.hpp"
 #include "capi/checkpoint_handle.hpp"
 #include "core/dtype.hpp"
-#include "safetensors/checkpoint.hpp"
-#include "safetensors/sharded_writer.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/sharded_writer.hpp"
 #include "safetensors/writer.hpp"
 
 

@@ -9,11 +9,11 @@
 #include "core/error.hpp"
 #include "core/python_regex.hpp"
 #include "core/text.hpp"
-#include "peft/adapter/base_model.hpp"
-#include "peft/adapter/base_validation.hpp"
+#include "peft/base/base_model.hpp"
+#include "peft/base/base_validation.hpp"
 #include "peft/adapter/module_matcher.hpp"
 #include "peft/arch/arch_registry.hpp"
-#include "safetensors/hub_cache.hpp"
+#include "checkpoint/hub_cache.hpp"
 
 namespace peft {
 

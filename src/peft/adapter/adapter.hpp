@@ -44,7 +44,7 @@
 #include "peft/adapter/adapter_module.hpp"
 #include "peft/arch/arch_table.hpp"
 #include "peft/arch/key_grammar.hpp"
-#include "safetensors/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 namespace peft {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "safetensors/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 namespace peft {
 

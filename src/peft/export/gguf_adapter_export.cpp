@@ -15,7 +15,7 @@
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
 #include "peft/arch/gguf_experts.hpp"
-#include "peft/export/gguf_base.hpp"
+#include "peft/base/gguf_base.hpp"
 
 namespace peft {
 namespace {

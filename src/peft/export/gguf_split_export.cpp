@@ -11,8 +11,8 @@
 #include "core/path.hpp"
 #include "core/text.hpp"
 #include "gguf/gguf_file.hpp"
-#include "peft/checkpoint_merge/merge_entry.hpp"
-#include "safetensors/hub_cache.hpp"
+#include "peft/merge/merge_entry.hpp"
+#include "checkpoint/hub_cache.hpp"
 
 namespace peft {
 namespace {

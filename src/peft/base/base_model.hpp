@@ -1,0 +1,65 @@
+// The base model an adapter is checked against and merged into: a transformers model folder with
+// its config.json and safetensors weights, and the module names PEFT's "all-linear" expands to in it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peft/adapter/adapter_config.hpp"
+#include "peft/adapter/module_matcher.hpp"
+#include "peft/arch/arch_table.hpp"
+#include "checkpoint/checkpoint.hpp"
+
+namespace peft {
+
+struct BaseModel {
+  std::string dir;
+  nlohmann::json config;  // config.json; null when the folder has none
+  std::shared_ptr<const Checkpoint> weights;
+  // Quantized weights whose stored shape is not the module's (bitsandbytes' packed 4-bit weights):
+  // base tensor index -> the weight's shape (set by open(), bnb_base.hpp).
+  std::map<size_t, std::vector<uint64_t>> weight_shapes;
+
+  // PEFT_ERR_NOT_FOUND / PEFT_ERR_IO / format errors from the checkpoint; a config.json that is not
+  // valid JSON is PEFT_ERR_INVALID_CONFIG.
+  static BaseModel open(const std::string& dir, const OpenOptions& options);
+
+  std::optional<std::string> model_type() const;
+  // The index of the base tensor "<module>.<param>", trying the name as is, then without and with
+  // the table's base_model_prefix.
+  // Tensor i's shape as the module sees it: weight_shapes[i] if set, else its stored shape.
+  const std::vector<uint64_t>& weight_shape(size_t i) const;
+  std::optional<size_t> find(std::string_view module, std::string_view param, const ArchTable* table) const;
+};
+
+// The base model's Linear / Conv1D module names as PEFT's "all-linear" expands them: modules whose
+// table kind is linear or conv1d and that have a 2-D weight, minus the output embedding (or, for
+// SEQ_CLS models without one, the first of "score" / "classifier").
+std::vector<std::string> all_linear_modules(const BaseModel& base, const ArchTable& table, const LoraConfig& config);
+
+// What PEFT expands target_modules to when it is "all-linear" (all_linear_modules) or absent (the
+// table's default targets for the base's model_type); nullopt when it is absent and the table has
+// no defaults for that model_type (PEFT then refuses the config).
+std::optional<std::vector<std::string>> implicit_targets(const BaseModel& base, const ArchTable& table,
+                                                         const LoraConfig& config);
+
+// A base module that target_modules selects and PEFT would wrap in a LoRA layer.
+struct TargetedBaseModule {
+  std::string module;  // "<module>"
+  size_t weight = 0;   // index of "<module>.weight" in base.weights
+  ModuleKind kind = ModuleKind::linear;
+};
+
+// The base modules `matcher` targets (Verdict::targeted) that PEFT can wrap, in the weights' order:
+// modules with a 2-D or 4-D "<module>.weight" whose kind (from `table`, the name tried as is and
+// with the table's base_model_prefix; else linear for 2-D and conv2d for 4-D) is not norm or other.
+std::vector<TargetedBaseModule> targeted_base_modules(const BaseModel& base, const ModuleMatcher& matcher,
+                                                      const ArchTable* table);
+
+}  // namespace peft

@@ -1,0 +1,52 @@
+#include "peft/base/gguf_base.hpp"
+
+#include <filesystem>
+#include <system_error>
+#include <variant>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "gguf/gguf_file.hpp"
+#include "peft/base/base_config.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_experts.hpp"
+#include "checkpoint/hub_cache.hpp"
+
+namespace peft {
+GgufBase open_gguf_base(const std::string& name, const std::function<bool(const ArchTable&)>& fits) {
+  GgufBase base;
+  base.name = name;
+  if (base.name.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "no base model given");
+  if (is_gguf_path(base.name)) {
+    base.gguf = Checkpoint::open(base.name);
+    const GgufHeader& header = *base.gguf->gguf_header(0);
+    const auto arch = metadata_string(header, "general.architecture");
+    if (!arch) fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
+    base.architecture = *arch;
+    base.table = fits ? builtin_table_for_gguf(base.architecture, fits) : builtin_table_for_gguf(base.architecture);
+    base.heads = gguf_heads_from_metadata(header, base.architecture);
+    base.experts = gguf_experts_from_metadata(header, base.architecture);
+  } else {
+    const std::string dir = resolve_model_location(base.name);
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base.name) +
+                                   " is neither a GGUF file nor a model folder (nor a model id in the hub cache)");
+    const nlohmann::json config = read_base_config(dir);
+    const auto model_type = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
+                                ? std::optional<std::string>(config["model_type"].get<std::string>())
+                                : std::nullopt;
+    if (!model_type) fail(PEFT_ERR_INVALID_CONFIG, dir + ": config.json has no model_type");
+    base.table = builtin_arch_table(detect_base_family(dir, std::nullopt));
+    const auto architecture = base.table->gguf_architecture_of(*model_type);
+    if (!architecture)
+      fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + peft::quoted(*model_type) +
+                                     " (docs/gguf.md lists those that are)");
+    base.architecture = *architecture;
+    base.heads = gguf_heads_from_config(config);
+    base.experts = gguf_experts_from_config(config);
+  }
+  return base;
+}
+
+}  // namespace peft

@@ -1,0 +1,446 @@
+#include "peft/merge/gguf_merge.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <variant>
+
+#include "core/convert.hpp"
+#include "core/error.hpp"
+#include "core/quant/ggml_quant.hpp"
+#include "core/text.hpp"
+#include "gguf/ggml_type.hpp"
+#include "gguf/gguf_file.hpp"
+#include "gguf/gguf_writer.hpp"
+#include "peft/adapter/adapter_config.hpp"
+#include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_experts.hpp"
+#include "peft/arch/gguf_row_order.hpp"
+#include "peft/arch/translator.hpp"
+#include "peft/buffer_merge/buffer_merge.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
+#include "peft/merge/gguf_lora_input.hpp"
+#include "peft/merge/gguf_requant.hpp"
+#include "peft/methods/lora_math.hpp"
+#include "checkpoint/checkpoint.hpp"
+
+namespace peft {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Copies go through a buffer of this size.
+constexpr uint64_t kCopyChunk = uint64_t{4} << 20;
+
+std::string architecture_of(const GgufHeader& header, const std::string& path) {
+  const std::optional<std::string> architecture = metadata_string(header, "general.architecture");
+  if (!architecture) fail(PEFT_ERR_INVALID_CHECKPOINT, path + ": the GGUF file has no string general.architecture");
+  return *architecture;
+}
+
+// One adapter module merged into one GGUF tensor.
+struct GgufTerm {
+  BufferMergeModule module;  // factors in f32, laid out for the tensor (PyTorch orientation)
+  double weight;
+  uint64_t slice = 0;        // of a stacked tensor (gguf_experts.hpp): the module's 2-D slice
+  bool torch_rows = true;    // its rows in PyTorch's order; false for a GGUF LoRA's (GGUF's order)
+};
+
+// A whole adapter tensor replacing a GGUF tensor (modules_to_save, saved base weights), PyTorch order.
+struct GgufReplacement {
+  std::shared_ptr<const Adapter> adapter;
+  size_t index;      // in the adapter's checkpoint
+  std::string what;  // for messages
+};
+
+// lora_B.bias added to a GGUF bias tensor: bias += coefficient x lora_B.bias.
+struct GgufBiasTerm {
+  std::shared_ptr<const Adapter> adapter;
+  size_t index;
+  double coefficient;
+};
+
+// What is done to one GGUF tensor, in this order: the replacement, the LoRA terms, the bias terms.
+struct GgufTarget {
+  std::string what;  // the first module merged into it, for messages
+  GgufRows rows = GgufRows::same;
+  std::optional<GgufReplacement> replacement;
+  std::vector<GgufTerm> terms;
+  std::vector<GgufBiasTerm> biases;
+};
+
+template <class Body>
+auto with_file(const std::string& path, Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    throw Error(e.code(), path + ": " + e.what());
+  }
+}
+
+class GgufMerge {
+ public:
+  GgufMerge(const std::string& base_path, const CheckpointMergeOptions& options)
+      : path_(base_path), options_(options) {
+    base_ = Checkpoint::open(base_path, options.open);
+    header_ = base_->gguf_header(0);
+    if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
+    architecture_ = architecture_of(*header_, path_);
+    heads_ = gguf_heads_from_metadata(*header_, architecture_);
+    table_ = with_file(path_, [&] {
+      return builtin_table_for_gguf(architecture_, [&](const ArchTable& table) {
+        for (const MergeInput& input : options_.adapters) {
+          if (!input.adapter) continue;  // a GGUF LoRA: named as the base's tensors, no table needed
+          for (const AdapterModule& module : input.adapter->modules())
+            if (module.is_lora() && !gguf_slot(table, module.name)) return false;
+        }
+        return true;
+      });
+    });
+    plan();
+  }
+
+  CheckpointMergeResult run(const std::string& out_path) {
+    GgufWriter writer(out_path);
+    for (const GgufKeyValue& kv : header_->metadata) writer.add_metadata(kv);
+    uint64_t total = 0;
+    for (size_t i = 0; i < base_->tensor_count(); ++i) {
+      const TensorInfo& info = base_->tensor(i);
+      const bool target = targets_.contains(i);
+      writer.add_tensor(info.name, target ? out_type(info) : static_cast<uint32_t>(info.ggml_type), info.shape);
+      total += target ? out_bytes(info) : info.nbytes();
+    }
+    writer.start();
+    CheckpointMergeResult result;
+    uint64_t done = 0;
+    std::vector<uint8_t> chunk;
+    for (size_t i = 0; i < base_->tensor_count(); ++i) {
+      const TensorInfo& info = base_->tensor(i);
+      if (auto it = targets_.find(i); it != targets_.end()) {
+        const std::vector<uint8_t> bytes = merged_tensor(i, it->second, result);
+        writer.write_tensor(info.name, bytes.data(), bytes.size());
+        done += bytes.size();
+        ++(it->second.replacement && it->second.terms.empty() && it->second.biases.empty() ? result.replaced : result.merged);
+      } else {
+        base_->check_unchanged(i);
+        writer.begin_tensor(info.name);
+        chunk.resize(static_cast<size_t>(std::min(kCopyChunk, std::max<uint64_t>(info.nbytes(), 1))));
+        for (uint64_t offset = 0; offset < info.nbytes();) {
+          const uint64_t n = std::min<uint64_t>(chunk.size(), info.nbytes() - offset);
+          base_->read_bytes(i, offset, chunk.data(), n);
+          writer.write(chunk.data(), n);
+          offset += n;
+        }
+        ++result.copied;
+        done += info.nbytes();
+      }
+      if (options_.progress && !options_.progress(done, total)) fail(PEFT_ERR_CANCELLED, "the merge was cancelled");
+    }
+    writer.finish();
+    result.bytes = done;
+    result.files.push_back(fs::path(out_path).filename().string());
+    return result;
+  }
+
+ private:
+  // Finds every module's GGUF tensor and refuses what cannot be merged, listing all of it at once.
+  void plan() {
+    std::vector<std::string> unresolved, unsupported, conflicts;
+    // The index of GGUF tensor `tensor` when it can take a merge; nullopt (with the problem listed) otherwise.
+    auto target_index = [&](const std::string& what, const std::string& tensor) -> std::optional<size_t> {
+      const auto index = base_->find(tensor);
+      if (!index) {
+        unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
+        return std::nullopt;
+      }
+      if (targets_[*index].what.empty()) targets_[*index].what = what;
+      return index;
+    };
+    for (const MergeInput& input : options_.adapters) {
+      if (input.gguf_lora) {  // GGUF names and rows: checked and matched by gguf_lora_input
+        for (GgufLoraTerm& term : gguf_lora_terms(*input.gguf_lora, input.weight, *base_, architecture_))
+{
+          GgufTarget& target = targets_[term.tensor];
+          if (target.what.empty()) target.what = input.gguf_lora->path + ": the pair of " + peft::quoted(base_->tensor(term.tensor).name);
+          target.terms.push_back({std::move(term.module), 1.0, term.slice, false});
+        }
+        continue;
+      }
+      const std::string adapter_name = input.adapter->dir().empty() ? "adapter" : input.adapter->dir();
+      for (const AdapterModule& module : input.adapter->modules()) {
+        if (input.modules && !input.modules->contains(module.name)) continue;
+        const std::string what = adapter_name + ": module " + peft::quoted(module.name);
+        if (module.kind == LayerKind::trainable_tokens) {
+          unsupported.push_back(what + " (trainable tokens are merged into safetensors checkpoints only)");
+          continue;
+        }
+        const std::optional<GgufSlot> slot = gguf_slot(*table_, module.name);
+        if (!slot) {
+          unresolved.push_back(what + " (no GGUF name for it in table " + peft::quoted(table_->family()) + ")");
+          continue;
+        }
+        const std::string& tensor = slot->tensor;
+        const std::string stem = tensor.substr(0, tensor.size() - std::string_view(".weight").size());
+        // Whole tensors (modules_to_save copies, saved base weights and biases) replace the GGUF tensor
+        // of the same parameter (not a slice of a stacked one).
+        for (const AdapterTensor& t : module.tensors) {
+          if (t.role != TensorRole::full) continue;
+          if (slot->slice) {
+            unsupported.push_back(what + " (a whole tensor for one slice of the stacked GGUF tensor " +
+                                  peft::quoted(tensor) + ")");
+            continue;
+          }
+          const std::string replaced = stem + "." + t.base_tensor.substr(t.base_tensor.rfind('.') + 1);
+          const auto index = target_index(what, replaced);
+          if (!index) continue;
+          GgufTarget& target = targets_[*index];
+          if (target.replacement) {
+            conflicts.push_back("GGUF tensor " + peft::quoted(replaced) + " is replaced by both " +
+                                target.replacement->what + " and " + what);
+            continue;
+          }
+          target.rows = slot->rule->gguf_rows;
+          target.replacement = GgufReplacement{input.adapter, t.index, what};
+        }
+        if (!module.is_lora()) continue;
+        const bool dora = module.find(TensorRole::lora_magnitude) != nullptr;
+        if (options_.arithmetic == merge::Arithmetic::ggml && (effect_of(module.method) != MethodEffect::lora || dora)) {
+          unsupported.push_back(what + " (" + (dora ? std::string("DoRA") : peft_method_name(module.method)) +
+                                ": the ggml arithmetic is defined for plain LoRA only)");
+          continue;
+        }
+        const auto index = target_index(what, stem + ".weight");
+        if (!index) continue;
+        const TensorInfo& info = base_->tensor(*index);
+        std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
+        if (slot->slice) {  // a stacked module: its slice of the tensor
+          if (shape.size() != 3 || *slot->slice >= info.shape[0]) {
+            unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " has no slice " +
+                                 std::to_string(*slot->slice) + ")");
+            continue;
+          }
+          shape.erase(shape.begin());
+        }
+        // GPT-2's Conv1D weights are [out, in] in GGUF (the converter transposes them): merged as Linear.
+        AdapterModule oriented = module;
+        if (oriented.kind == LayerKind::conv1d) oriented.kind = LayerKind::linear;
+        BufferMergeModule term = buffer_merge_module(input.adapter, oriented, shape);
+        term.lora_bias = nullptr;  // added to the bias tensor below
+        GgufTarget& target = targets_[*index];
+        target.rows = slot->rule->gguf_rows;
+        double weight = input.weight;
+        if (options_.arithmetic == merge::Arithmetic::ggml && effect_of(module.method) == MethodEffect::lora) {
+          // llama-export-lora's scale of the converted adapter: weight * alpha / rank in float.
+          term.scaling = merge::ggml_lora_coefficient(weight, module.alpha, module.rank, module.scaling, what);
+          weight = 1.0;
+        }
+        target.terms.push_back({std::move(term), weight, slot->slice.value_or(0)});
+        if (const AdapterTensor* bias = module.find(TensorRole::lora_b_bias)) {
+          if (slot->slice) {
+            unsupported.push_back(what + " (lora_B.bias of one slice of the stacked GGUF tensor " +
+                                  peft::quoted(tensor) + ")");
+            continue;
+          }
+          const auto bias_index = target_index(what + " lora_B.bias", stem + ".bias");
+          if (!bias_index) continue;
+          GgufTarget& bias_target = targets_[*bias_index];
+          bias_target.rows = slot->rule->gguf_rows;
+          bias_target.biases.push_back({input.adapter, bias->index,
+                                        merge::lora_coefficient(input.weight, module.scaling, what)});
+        }
+      }
+    }
+    // Each target's types: its own read as f32 (unless replaced whole), its output type written.
+    for (const auto& [index, target] : targets_) {
+      const TensorInfo& info = base_->tensor(index);
+      const auto base_type = static_cast<uint32_t>(info.ggml_type);
+      const uint32_t out = out_type(info);
+      const std::string tensor = "GGUF tensor " + peft::quoted(info.name);
+      if (!target.replacement && !ggml_can_dequantize(base_type)) {
+        unsupported.push_back(target.what + " (" + tensor + " is " + type_name(base_type) +
+                              ", which cannot be read as f32 numbers)");
+        continue;
+      }
+      if (!ggml_can_quantize(out)) {
+        unsupported.push_back(target.what + " (" + tensor + " would be written as " + type_name(out) +
+                              ", which peft_c cannot quantize (ggml's quantizer for it needs an importance matrix): "
+                              "choose another type for merged tensors, peftc merge --quant TYPE or --dtype f16|bf16|f32)");
+        continue;
+      }
+      const auto type = ggml_type(out);
+      if (type && !info.shape.empty() && info.shape.back() % type->block_size != 0)
+        unsupported.push_back(target.what + " (" + tensor + " has rows of " + std::to_string(info.shape.back()) +
+                              " values, not a multiple of " + type_name(out) + "'s blocks of " +
+                              std::to_string(type->block_size) + ")");
+    }
+    if (!conflicts.empty()) {
+      std::string message = path_ + ": the adapters of the merge conflict:";
+      for (const std::string& line : conflicts) message += "\n  " + line;
+      fail(PEFT_ERR_INVALID_ARGUMENT, message);
+    }
+    if (!unsupported.empty()) {
+      std::string message = path_ + ": " + std::to_string(unsupported.size()) + " module(s) cannot be merged into a GGUF file:";
+      for (const std::string& line : unsupported) message += "\n  " + line;
+      fail(PEFT_ERR_UNSUPPORTED, message);
+    }
+    if (!unresolved.empty()) {
+      std::string message = path_ + ": " + std::to_string(unresolved.size()) + " module(s) have no tensor in the GGUF base:";
+      for (const std::string& line : unresolved) message += "\n  " + line;
+      fail(PEFT_ERR_UNRESOLVED_KEY, message);
+    }
+    for (const auto& [index, target] : targets_) {
+      const TensorInfo& info = base_->tensor(index);
+      if (const auto problem = gguf_rows_problem(target.rows, heads_, info.shape.empty() ? 0 : info.shape[0]))
+        fail(PEFT_ERR_INVALID_CHECKPOINT, path_ + ": tensor " + peft::quoted(info.name) + ": " + *problem);
+    }
+  }
+
+  // The tensor with every term added, in its own type.
+  std::vector<uint8_t> merged_tensor(size_t index, const GgufTarget& target, CheckpointMergeResult& result) const {
+    const TensorInfo& info = base_->tensor(index);
+    const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
+    const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
+    const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
+    const std::string what = path_ + ": tensor " + peft::quoted(info.name);
+    // The values start in GGUF's row order, a replacement's in PyTorch's.
+    std::vector<float> values;
+    bool torch_rows = false;  // the values' row order now: GGUF's, or PyTorch's
+    if (target.replacement) {
+      const GgufReplacement& r = *target.replacement;
+      const TensorInfo& source = r.adapter->checkpoint().tensor(r.index);
+      if (source.shape != info.shape)
+        fail(PEFT_ERR_SHAPE_MISMATCH, what + ": " + r.what + " replaces it with tensor " + peft::quoted(source.name) +
+                                          " of shape " + shape_text(source.shape) + ", not " + shape_text(info.shape));
+      values = r.adapter->checkpoint().read_f32(r.index);
+      torch_rows = true;
+    } else {
+      values = base_values(index);
+    }
+    std::vector<float> base;  // the base's own values, for the report
+    if (options_.report && !target.replacement) base = values;
+    BufferMergeOptions merge_options;
+    merge_options.threads = options_.threads;
+    merge_options.arithmetic = options_.arithmetic;
+    for (const GgufTerm& term : target.terms) {
+      if (term.torch_rows != torch_rows) {
+        reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);
+        torch_rows = term.torch_rows;
+      }
+      merge_options.weight = term.weight;
+      const uint64_t slice_size = static_cast<uint64_t>(term.module.layout.rows() * term.module.layout.cols());
+      const merge::WeightView view{values.data() + term.slice * slice_size, DType::F32, term.module.layout.rows(),
+                                   term.module.layout.cols()};
+      BufferMerge::apply(view, nullptr, term.module, merge_options);
+    }
+    if (!target.biases.empty() && !torch_rows) {
+      reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
+      torch_rows = true;
+    }
+    for (const GgufBiasTerm& term : target.biases) {
+      const std::vector<float> bias = term.adapter->checkpoint().read_f32(term.index);
+      if (bias.size() != values.size())
+        fail(PEFT_ERR_SHAPE_MISMATCH, what + ": lora_B.bias has " + std::to_string(bias.size()) + " values for " +
+                                          std::to_string(values.size()));
+      const merge::WeightView view{values.data(), DType::F32, 1, static_cast<int64_t>(values.size())};
+      merge::add_lora_bias(view, bias.data(), term.coefficient);
+    }
+    if (torch_rows)
+      reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
+    // Stored in the output type, in blocks of rows of the tensor's innermost dimension.
+    const uint32_t type = out_type(info);
+    const uint64_t cols_ne0 = info.shape.empty() ? 1 : info.shape.back();
+    const uint64_t rows_ne0 = cols_ne0 == 0 ? 0 : values.size() / cols_ne0;
+    std::vector<uint8_t> out(static_cast<size_t>(out_bytes(info)));
+    StoreError error;
+    const bool measure = options_.report || !options_.allow_nonfinite;
+    quantize_blocks(type, values.data(), rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr,
+                    options_.report);
+    if (!options_.allow_nonfinite && !error.finite)
+      fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) +
+                                    " holds an infinity or NaN (allow_nonfinite keeps such values)");
+    if (options_.report) {
+      GgufStoreReport report;
+      report.tensor = info.name;
+      report.base_type = static_cast<uint32_t>(info.ggml_type);
+      report.out_type = type;
+      report.values = values.size();
+      report.rms = error.rms();
+      report.max = error.max;
+      if (!base.empty()) {
+        std::vector<uint8_t> scratch(out.size());
+        StoreError base_error;
+        quantize_blocks(type, base.data(), rows_ne0, cols_ne0, scratch.data(), options_.threads, &base_error);
+        report.base_rms = base_error.rms();
+        report.base_max = base_error.max;
+      }
+      result.store_report.push_back(std::move(report));
+    }
+    return out;
+  }
+
+  // Tensor `index` of the base as f32 values, in GGUF's row order.
+  std::vector<float> base_values(size_t index) const {
+    const TensorInfo& info = base_->tensor(index);
+    if (!info.block_quantized) return base_->read_f32(index);
+    const uint64_t elements = element_count(info);
+    const uint64_t cols = info.shape.empty() ? 1 : info.shape.back();
+    std::vector<uint8_t> bytes(static_cast<size_t>(info.nbytes()));
+    base_->read_bytes(index, 0, bytes.data(), bytes.size());
+    std::vector<float> values(static_cast<size_t>(elements));
+    with_file(path_, [&] {
+      dequantize_blocks(static_cast<uint32_t>(info.ggml_type), bytes.data(), cols == 0 ? 0 : elements / cols, cols,
+                        values.data(), options_.threads);
+    });
+    return values;
+  }
+
+  // The ggml type merged tensor `info` is written in: options.quant, else options.dtype, else its own;
+  // tensors of fewer than two dimensions (biases, norms) keep their own.
+  uint32_t out_type(const TensorInfo& info) const {
+    const auto own = static_cast<uint32_t>(info.ggml_type);
+    if (info.shape.size() < 2) return own;
+    if (options_.quant) return *options_.quant;
+    if (options_.dtype) return ggml_of_dtype(*options_.dtype).value_or(own);
+    return own;
+  }
+
+  uint64_t out_bytes(const TensorInfo& info) const {
+    const uint64_t cols = info.shape.empty() ? 1 : info.shape.back();
+    return ggml_rows_bytes(out_type(info), cols == 0 ? 0 : element_count(info) / cols, cols);
+  }
+
+  static std::string type_name(uint32_t id) {
+    const auto type = ggml_type(id);
+    return type ? std::string(type->name) : "ggml type " + std::to_string(id);
+  }
+
+  std::string path_;
+  const CheckpointMergeOptions& options_;
+  std::shared_ptr<const Checkpoint> base_;
+  const GgufHeader* header_ = nullptr;
+  GgufHeads heads_;
+  std::string architecture_;
+  std::shared_ptr<const ArchTable> table_;
+  std::map<size_t, GgufTarget> targets_;
+};
+
+}  // namespace
+
+CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::string& out_path,
+                                      const CheckpointMergeOptions& options) {
+  if (options.dtype && options.quant)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file takes a dtype or a quantization type, not both");
+  if (options.quant && !ggml_can_quantize(*options.quant))
+    fail(PEFT_ERR_UNSUPPORTED, "merged tensors cannot be quantized to ggml type " + std::to_string(*options.quant));
+  if (options.max_shard_size != 0)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file writes one file: do not set a shard size");
+  std::error_code ec;
+  if (fs::exists(out_path, ec) && fs::equivalent(base_path, out_path, ec))
+    fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + peft::quoted(out_path) + " is the base file itself");
+  GgufMerge merge(base_path, options);
+  return merge.run(out_path);
+}
+
+}  // namespace peft
