@@ -11,7 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
-#include "safetensors/checkpoint_layout.hpp"
+#include "checkpoint/checkpoint_layout.hpp"
 
 namespace {
 

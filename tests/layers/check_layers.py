@@ -1,6 +1,6 @@
 """Structure guard of src/ (docs/architecture.md, "Layers"). Fails when:
-- a file includes a header of a higher layer (the order is core, gguf, safetensors, peft, serve, capi; a
-  layer is the first folder under src/);
+- a file includes a header of a higher layer, or of a sibling (the order is core, then gguf and
+  safetensors side by side, then checkpoint, peft, serve, capi; a layer is the first folder under src/);
 - modules depend on each other in a circle, directly or through others (a module is a header and
   its source file: `x.hpp` and `x.cpp`; `x.cpp` including `y.hpp` makes x depend on y);
 - an include names a header that does not exist under src/ (a stale path after a move).
@@ -12,13 +12,16 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["core", "gguf", "safetensors", "peft", "serve", "capi"]
+# Each layer's level: a file may include its own layer and lower levels. The two file formats are
+# siblings on one level and never include each other; `checkpoint` above them knows both.
+LEVELS = {"core": 0, "gguf": 1, "safetensors": 1, "checkpoint": 2, "peft": 3, "serve": 4, "capi": 5}
+LAYERS = list(LEVELS)
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
-def layer_of(relative: str) -> int | None:
+def layer_of(relative: str) -> str | None:
     first = relative.split("/", 1)[0]
-    return LAYERS.index(first) if first in LAYERS else None
+    return first if first in LEVELS else None
 
 
 def problems_of(src: pathlib.Path) -> list[str]:
@@ -37,8 +40,10 @@ def problems_of(src: pathlib.Path) -> list[str]:
             theirs = layer_of(name)
             if own is None or theirs is None:
                 problems.append(f"{relative} includes {name}: both must lie in one of {LAYERS}")
-            elif theirs > own:
-                problems.append(f"{relative} ({LAYERS[own]}) includes {name} ({LAYERS[theirs]}), a higher layer")
+            elif LEVELS[theirs] > LEVELS[own]:
+                problems.append(f"{relative} ({own}) includes {name} ({theirs}), a higher layer")
+            elif LEVELS[theirs] == LEVELS[own] and theirs != own:
+                problems.append(f"{relative} ({own}) includes {name} ({theirs}), a sibling layer")
 
     # Circles among modules: depth-first search with colours.
     depends = {}
@@ -80,6 +85,8 @@ def self_test() -> int:
             "core/b.hpp": "",
             "peft/c.hpp": '#include "core/a.hpp"\n',
             "serve/d.cpp": '#include "peft/c.hpp"\n#include "peft_c.h"\n',
+            "gguf/f.hpp": '#include "core/a.hpp"\n',
+            "checkpoint/g.hpp": '#include "gguf/f.hpp"\n',
         }
         for name, text in files.items():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
@@ -88,8 +95,10 @@ def self_test() -> int:
         (src / "core/b.cpp").write_text('#include "peft/c.hpp"\n')  # upward
         (src / "peft/c.cpp").write_text('#include "peft/e.hpp"\n#include "peft/gone.hpp"\n')  # stale path
         (src / "peft/e.hpp").write_text('#include "peft/c.hpp"\n')  # c -> e -> c
+        (src / "safetensors").mkdir()
+        (src / "safetensors/h.cpp").write_text('#include "gguf/f.hpp"\n')  # sibling
         found = problems_of(src)
-    wanted = ["a higher layer", "not a file under src/", "modules depend on each other"]
+    wanted = ["a higher layer", "not a file under src/", "modules depend on each other", "a sibling layer"]
     missing = [w for w in wanted if not any(w in p for p in found)]
     print("self-test: clean tree:", clean or "no problems", "; broken tree:", found)
     return 1 if clean or missing else 0

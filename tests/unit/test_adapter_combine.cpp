@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "peft/export/adapter_combine.hpp"
+#include "peft/combine/adapter_combine.hpp"
 #include "test_adapter_export_support.hpp"
 
 using namespace export_test;

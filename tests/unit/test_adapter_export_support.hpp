@@ -14,7 +14,7 @@
 
 #include "core/error.hpp"
 #include "peft/adapter/adapter.hpp"
-#include "safetensors/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "safetensors/writer.hpp"
 #include "test_error_support.hpp"
 #include "test_writer_support.hpp"

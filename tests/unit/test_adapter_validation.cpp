@@ -2,7 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "peft/adapter/adapter.hpp"
-#include "peft/adapter/base_validation.hpp"
+#include "peft/base/base_validation.hpp"
 #include "test_adapter_support.hpp"
 
 using namespace adapter_test;

@@ -1,4 +1,4 @@
-// checkpoint_merge/base_quantization: which quantization_config a merge handles, and the message of
+// peft/merge/base_quantization: which quantization_config a merge handles, and the message of
 // the ones it does not (the method named, the supported list given).
 #include <doctest/doctest.h>
 
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "peft/checkpoint_merge/base_quantization.hpp"
+#include "peft/merge/base_quantization.hpp"
 #include "peft_c.h"
 #include "test_error_support.hpp"
 

@@ -14,7 +14,7 @@
 #include "checkpoint_test_support.hpp"
 #include "core/convert.hpp"
 #include "core/error.hpp"
-#include "safetensors/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 namespace fs = std::filesystem;
 using namespace checkpoint_test;

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "safetensors/checkpoint_layout.hpp"
-#include "safetensors/sharded_writer.hpp"
+#include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/sharded_writer.hpp"
 #include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;

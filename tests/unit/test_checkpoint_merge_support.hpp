@@ -16,8 +16,8 @@
 #include "core/convert.hpp"
 #include "core/dtype.hpp"
 #include "peft/adapter/adapter.hpp"
-#include "peft/checkpoint_merge/checkpoint_merge.hpp"
-#include "safetensors/checkpoint.hpp"
+#include "peft/merge/checkpoint_merge.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 namespace merge_pipeline_test {
 

@@ -1,4 +1,4 @@
-// GGUF LoRA files as inputs of a merge into a GGUF base (checkpoint_merge/gguf_lora_input), on
+// GGUF LoRA files as inputs of a merge into a GGUF base (peft/merge/gguf_lora_input), on
 // files written here: the values against a reference computed in double (llama-export-lora's
 // scale, the token_embd pair, a Q8_0 factor), mixing with a PEFT folder refused for a safetensors
 // base, and every problem with its code, nothing written. Against llama-export-lora itself:
@@ -14,9 +14,9 @@
 #include "core/error.hpp"
 #include "core/quant/q8_0.hpp"
 #include "gguf/gguf_writer.hpp"
-#include "peft/checkpoint_merge/gguf_merge.hpp"
-#include "peft/checkpoint_merge/merge_inputs.hpp"
-#include "safetensors/checkpoint.hpp"
+#include "peft/merge/gguf_merge.hpp"
+#include "peft/merge/merge_inputs.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "test_checkpoint_merge_support.hpp"
 #include "test_writer_support.hpp"
 

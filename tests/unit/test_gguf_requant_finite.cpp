@@ -1,4 +1,4 @@
-// peft/checkpoint_merge/gguf_requant: the finiteness of Q8_0 / Q4_K / Q5_K / Q6_K outputs decided from
+// peft/merge/gguf_requant: the finiteness of Q8_0 / Q4_K / Q5_K / Q6_K outputs decided from
 // the blocks' f16 scales (quantize_blocks with figures false) is the finiteness of the values read
 // back through the dequantizers (figures true), on rows that store finite values and on rows with a
 // value near 1e30, an infinity or a NaN; and the stored bytes are the same. Which of those store a
@@ -15,7 +15,7 @@
 
 #include "core/quant/ggml_types.hpp"
 #include "core/quant/ggml_quant.hpp"
-#include "peft/checkpoint_merge/gguf_requant.hpp"
+#include "peft/merge/gguf_requant.hpp"
 
 TEST_CASE("gguf requant: finiteness from the block scales equals the read-back one") {
   namespace id = peft::ggml_id;

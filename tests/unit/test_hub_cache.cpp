@@ -1,4 +1,4 @@
-// The hub cache module (src/safetensors/hub_cache): model ids as huggingface_hub's validate_repo_id
+// The hub cache module (src/checkpoint/hub_cache): model ids as huggingface_hub's validate_repo_id
 // takes them, the cache folder from the environment as its constants.py computes it, and which
 // texts resolve_model_location leaves to its caller. Resolution in a laid-out cache is tested from
 // the C API, the CLI and against huggingface_hub itself (tests/capi/test_hub.c, tests/cli/hub_cache.sh,
@@ -8,7 +8,7 @@
 #include <string>
 
 #include <doctest/doctest.h>
-#include "safetensors/hub_cache.hpp"
+#include "checkpoint/hub_cache.hpp"
 #include "test_error_support.hpp"
 
 namespace {

@@ -16,11 +16,11 @@
 #include "core/json_parse.hpp"
 #include "core/text_file.hpp"
 #include "peft/adapter/adapter_config.hpp"
-#include "peft/adapter/base_model.hpp"
+#include "peft/base/base_model.hpp"
 #include "peft/arch/arch_table.hpp"
-#include "safetensors/checkpoint.hpp"
-#include "safetensors/checkpoint_layout.hpp"
-#include "safetensors/sharded_writer.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/sharded_writer.hpp"
 
 namespace {
 

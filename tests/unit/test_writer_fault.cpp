@@ -17,9 +17,9 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
-#include "safetensors/checkpoint.hpp"
-#include "safetensors/checkpoint_layout.hpp"
-#include "safetensors/sharded_writer.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/sharded_writer.hpp"
 #include "safetensors/writer.hpp"
 #include "test_writer_support.hpp"
 

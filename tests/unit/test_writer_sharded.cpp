@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "safetensors/checkpoint.hpp"
-#include "safetensors/checkpoint_layout.hpp"
-#include "safetensors/sharded_writer.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/checkpoint_layout.hpp"
+#include "checkpoint/sharded_writer.hpp"
 #include "test_writer_support.hpp"
 
 using namespace peft;

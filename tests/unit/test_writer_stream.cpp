@@ -9,7 +9,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
-#include "safetensors/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "safetensors/writer.hpp"
 #include "test_writer_support.hpp"
 

@@ -5,7 +5,7 @@
 // "<base tensor>.lora_a" / "<base tensor>.lora_b", named and row-ordered as in the base GGUF.
 //
 // Opening checks the metadata only; the pairs are listed as found (complete or not), and what they
-// mean for a base is for the reader to decide (the GGUF merge: checkpoint_merge/gguf_lora_input).
+// mean for a base is for the reader to decide (the GGUF merge: merge/gguf_lora_input).
 #pragma once
 
 #include <cstddef>
