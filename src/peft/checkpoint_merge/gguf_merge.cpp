@@ -439,6 +439,7 @@ CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::s
   std::error_code ec;
   if (fs::exists(out_path, ec) && fs::equivalent(base_path, out_path, ec))
     fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + peft::quoted(out_path) + " is the base file itself");
+  refuse_output_over_merge_inputs(out_path, base_path, options.adapters);
   GgufMerge merge(base_path, options);
   return merge.run(out_path);
 }

@@ -5,6 +5,7 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/python_json.hpp"
 #include "core/text.hpp"
 #include "peft/arch/key_grammar.hpp"
@@ -99,6 +100,7 @@ void require_lora(const Adapter& adapter, const std::string& what) {
 void export_adapter(const Adapter& adapter, const std::string& out_dir, const ExportOptions& options) {
   const std::string what = "adapter " + peft::quoted(adapter.dir());
   require_lora(adapter, what);
+  refuse_output_over_inputs(out_dir, {adapter.dir(), adapter.base_dir()});
   std::vector<ExportedModule> lora_modules;
   std::vector<OutputTensor> tensors;
   const Checkpoint& checkpoint = adapter.checkpoint();

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The second hostile pass over peftc (docs/reliability.md): FIFOs where a file is sniffed, reports of
+# non-finite merges, outputs that are inputs, non-finite results of conversions, JSON output of
+# strings that are not UTF-8, and temporaries of killed single-file writes.
+# Usage: bash reliability.sh path/to/peftc
+set -uo pipefail
+peftc=$1
+data=${PEFT_TEST_DATA:?PEFT_TEST_DATA must point at tests/fixtures}
+models="$data/models"
+adapters="$data/adapters"
+q8="$data/gguf/bindings_q8_0.gguf"
+q8_lora="$data/gguf/bindings_q8_0_lora"
+for f in "$models/llama/model.safetensors" "$adapters/llama_lora/adapter_model.safetensors" "$q8"; do
+  [ -e "$f" ] || { echo "SKIP: fixture $f is absent (run tests/fixtures/generate.py)"; exit 0; }
+done
+source "$(dirname "$0")/lib/checks.sh"
+err_has() { grep -qF -- "$2" "$1"; }
+# exits_within CODE COMMAND...: COMMAND ends within 20 s with CODE (124 means it hung)
+exits_within() {
+  local want=$1
+  shift
+  timeout 20 "$@" >/dev/null 2>&1 </dev/null
+  [ $? -eq "$want" ]
+}
+
+# ---- 1. a FIFO named *.gguf is never sniffed with a blocking open --------------------------------
+mkfifo "$work/fifo.gguf"
+check "a FIFO as --base is refused at once" exits_within 1 "$peftc" merge --base "$work/fifo.gguf" --adapter "$q8_lora" --out "$work/f1.gguf"
+check "a FIFO as a lenient adapter is refused at once" exits_within 1 "$peftc" merge --base "$q8" --adapter "$work/fifo.gguf" --lenient --out "$work/f2.gguf"
+check "a FIFO as the input of a GGUF import is refused at once" exits_within 1 "$peftc" adapter export "$work/fifo.gguf" "$work/f3" --base "$q8"
+check "a FIFO as the adapter of a merge is refused at once" exits_within 1 "$peftc" merge --base "$q8" --adapter "$work/fifo.gguf" --out "$work/f4.gguf"
+
+# ---- 2. merge --allow-nonfinite --report with a NaN figure --------------------------------------
+lora_b=base_model.model.model.layers.0.mlp.down_proj.lora_B.weight
+nan_lora() {  # nan_lora DIR VALUE INDEX...: the Q8_0 fixture's LoRA with lora_B elements set to VALUE
+  local dir=$1 value=$2
+  shift 2
+  mkdir -p "$dir"
+  cp "$q8_lora/adapter_config.json" "$dir/"
+  python3 "$(dirname "$0")/lib/hostile_files.py" set-values "$q8_lora/adapter_model.safetensors" \
+    "$dir/adapter_model.safetensors" "$lora_b" "$value" "$@"
+}
+nan_lora "$work/nan_row" nan 0
+"$peftc" merge --base "$q8" --adapter "$work/nan_row" --out "$work/r.gguf" --allow-nonfinite --report >"$work/r.out" 2>"$work/r.err"
+check "--report with a NaN figure exits 0" test $? -eq 0
+check "and prints the figure as nan" err_has "$work/r.out" "nan"
+check "and writes the output" test -s "$work/r.gguf"
+
+# ---- 6. a declared expert count is not trusted to size anything ---------------------------------
+cp -r "$models/mixtral" "$work/mx"
+python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c['num_local_experts']=2**32-1; json.dump(c,open(p,'w'))" "$work/mx/config.json"
+python3 "$(dirname "$0")/lib/hostile_files.py" lora "$work/expert0" model.layers.0.block_sparse_moe.experts.0.w1 32 16
+timeout 20 "$peftc" adapter export "$work/expert0" "$work/mx.gguf" --format gguf --base "$work/mx" >/dev/null 2>"$work/mx.err"
+check "num_local_experts = 2^32-1 is refused at once" test $? -eq 1
+check "naming a few missing experts and counting the rest" err_has "$work/mx.err" "expert(s) 1, 2, 3, 4, 5, 6, 7, 8 and 4294967286 more"
+
+# ---- 7. an output that is an input is refused, by file identity ----------------------------------
+refused_as_input() {  # refused_as_input FILE COMMAND...: exit 1, INVALID_ARGUMENT, FILE unchanged
+  local file=$1
+  shift
+  local before
+  before=$(cksum <"$file")
+  "$@" >/dev/null 2>"$work/same.err"
+  [ $? -eq 1 ] && grep -qF "INVALID_ARGUMENT" "$work/same.err" && [ "$(cksum <"$file")" = "$before" ]
+}
+cp -r "$adapters/llama_lora" "$work/lora_in"
+cp "$q8" "$work/q8.gguf"
+"$peftc" adapter export "$q8_lora" "$work/q8_lora.gguf" --format gguf --base "$work/q8.gguf" >/dev/null 2>&1
+check "merge --out = the GGUF LoRA merged" refused_as_input "$work/q8_lora.gguf" \
+  "$peftc" merge --base "$work/q8.gguf" --adapter "$work/q8_lora.gguf" --out "$work/q8_lora.gguf"
+ln "$work/q8_lora.gguf" "$work/q8_lora_link.gguf"
+check "merge --out = a second link of the GGUF LoRA" refused_as_input "$work/q8_lora.gguf" \
+  "$peftc" merge --base "$work/q8.gguf" --adapter "$work/q8_lora.gguf" --out "$work/q8_lora_link.gguf"
+cp -r "$q8_lora" "$work/q8_lora_dir"
+check "export --format gguf with OUT = the --base GGUF" refused_as_input "$work/q8.gguf" \
+  "$peftc" adapter export "$work/q8_lora_dir" "$work/q8.gguf" --format gguf --base "$work/q8.gguf"
+check "export --format gguf with OUT = the adapter's own safetensors" refused_as_input "$work/q8_lora_dir/adapter_model.safetensors" \
+  "$peftc" adapter export "$work/q8_lora_dir" "$work/q8_lora_dir/adapter_model.safetensors" --format gguf --base "$work/q8.gguf"
+check "adapter export with OUT = IN" refused_as_input "$work/lora_in/adapter_model.safetensors" \
+  "$peftc" adapter export "$work/lora_in" "$work/lora_in" --dtype bf16
+ln -s "$work/lora_in" "$work/lora_in_link"
+check "adapter export with OUT = a link to IN" refused_as_input "$work/lora_in/adapter_model.safetensors" \
+  "$peftc" adapter export "$work/lora_in" "$work/lora_in_link" --dtype bf16
+check "adapter convert with OUT = IN" refused_as_input "$work/lora_in/adapter_model.safetensors" \
+  "$peftc" adapter convert "$work/lora_in" "$work/lora_in" --to lora --rank 2
+check "adapter combine with OUT = an input" refused_as_input "$work/lora_in/adapter_model.safetensors" \
+  "$peftc" adapter combine --adapter "$work/lora_in:1" --method cat --out "$work/lora_in"
+cp -r "$models/llama" "$work/llama_in"
+"$peftc" merge --base "$models/llama" --adapter "$adapters/llama_lora" --out "$work/tuned" >/dev/null 2>&1
+check "extract --out into the base folder" refused_as_input "$work/llama_in/model.safetensors" \
+  "$peftc" adapter extract --base "$work/llama_in" --tuned "$work/tuned" --out "$work/llama_in" --rank 2
+check "and nothing is added beside the model" test ! -e "$work/llama_in/adapter_config.json"
+check "merge --out = the adapter folder" refused_as_input "$work/lora_in/adapter_model.safetensors" \
+  "$peftc" merge --base "$models/llama" --adapter "$work/lora_in" --out "$work/lora_in"
+check "import of a GGUF LoRA into the folder of its base" refused_as_input "$work/q8.gguf" \
+  "$peftc" adapter export "$work/q8_lora.gguf" "$(dirname "$work/q8.gguf")" --base "$work/q8.gguf"
+
+# ---- 8. a GGUF LoRA whose alpha is not finite is refused ----------------------------------------
+for alpha in nan inf; do
+  python3 "$(dirname "$0")/lib/hostile_files.py" gguf-f32 "$work/q8_lora.gguf" "$work/alpha_$alpha.gguf" adapter.lora.alpha "$alpha"
+  "$peftc" adapter export "$work/alpha_$alpha.gguf" "$work/imported_$alpha" --base "$work/q8.gguf" >/dev/null 2>"$work/alpha.err"
+  check "importing a GGUF LoRA with alpha $alpha fails" test $? -eq 1
+  check "as INVALID_CHECKPOINT naming adapter.lora.alpha" err_has "$work/alpha.err" "adapter.lora.alpha"
+  check "and writes no config" test ! -e "$work/imported_$alpha/adapter_config.json"
+  check "merging it fails too" exit_is 1 "$peftc" merge --base "$work/q8.gguf" --adapter "$work/alpha_$alpha.gguf" --out "$work/alpha_$alpha.out.gguf"
+done
+
+finish reliability
