@@ -105,4 +105,31 @@ for alpha in nan inf; do
   check "merging it fails too" exit_is 1 "$peftc" merge --base "$work/q8.gguf" --adapter "$work/alpha_$alpha.gguf" --out "$work/alpha_$alpha.out.gguf"
 done
 
+# ---- 10. inspect --json prints valid UTF-8 for a GGUF string value that is not -------------------
+# "llama" -> "ll\xffma" (a byte that is never UTF-8) and "\xc0\xae" (an overlong form)
+python3 "$(dirname "$0")/lib/hostile_files.py" replace "$q8" "$work/bad_utf8.gguf" 6c6c616d61 6c6cffc0ae
+"$peftc" inspect "$work/bad_utf8.gguf" --json >"$work/bad_utf8.json" 2>/dev/null
+check "inspect --json of a non-UTF-8 GGUF string succeeds" test $? -eq 0
+check "and prints strict UTF-8 JSON" python3 -c "import json,sys; json.loads(open(sys.argv[1],'rb').read().decode('utf-8','strict'))" "$work/bad_utf8.json"
+check "with U+FFFD for each bad byte" python3 -c "import json,sys; t=open(sys.argv[1],'rb').read().decode(); assert 'll\ufffd\ufffd\ufffd' in t, t" "$work/bad_utf8.json"
+
+# ---- 9. non-finite results of conversions from finite input are refused -------------------------
+hostile="$(dirname "$0")/lib/hostile_files.py"
+q_proj=model.layers.0.self_attn.q_proj.weight
+# every element of a 16 x 16 delta 2e38 (finite): its singular value 3.2e39 is not
+cp -r "$models/llama" "$work/huge_tuned"
+python3 "$hostile" set-values "$models/llama/model.safetensors" "$work/huge_tuned/model.safetensors" "$q_proj" 2e38 $(seq 0 255)
+"$peftc" adapter extract --base "$models/llama" --tuned "$work/huge_tuned" --out "$work/huge_lora" --rank 2 --modules q_proj >/dev/null 2>"$work/huge.err"
+check "extract with a singular value beyond f32 fails" test $? -eq 1
+check "as NON_FINITE" err_has "$work/huge.err" "NON_FINITE"
+check "and writes nothing" test ! -e "$work/huge_lora/adapter_model.safetensors"
+cp -r "$adapters/llama_lora" "$work/big_lora"
+python3 "$hostile" set-values "$adapters/llama_lora/adapter_model.safetensors" "$work/big_lora/adapter_model.safetensors" \
+  base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight 1e5 3
+"$peftc" adapter export "$work/big_lora" "$work/big_f16" --dtype f16 >/dev/null 2>"$work/big.err"
+check "export --dtype f16 of a factor beyond 65504 fails" test $? -eq 1
+check "as NON_FINITE naming the tensor" err_has "$work/big.err" "NON_FINITE: tensor \"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight\" holds 100000.0, which is not finite in F16"
+check "and writes nothing" test ! -e "$work/big_f16/adapter_model.safetensors"
+check "the same export to bf16 succeeds" exit_is 0 "$peftc" adapter export "$work/big_lora" "$work/big_bf16" --dtype bf16
+
 finish reliability

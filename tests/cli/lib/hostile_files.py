@@ -8,6 +8,8 @@
         copies a safetensors file, setting FIELD of TENSOR's header entry (or of __metadata__)
     hostile_files.py gguf-f32 SRC.gguf DST.gguf KEY VALUE
         copies a GGUF file, setting the F32 metadata value KEY to VALUE (same size, patched in place)
+    hostile_files.py replace SRC DST OLD_HEX NEW_HEX
+        copies a file, replacing the first occurrence of bytes OLD_HEX with NEW_HEX (same length)
     hostile_files.py lora DIR MODULE OUT IN [VALUE]
         writes a rank-1 LoRA adapter folder for MODULE (out x in), every factor element VALUE (0.5)
 """
@@ -50,6 +52,12 @@ def main(argv):
         assert struct.unpack_from("<I", raw, at)[0] == 6, "not an F32 value"
         struct.pack_into("<f", raw, at + 4, float(value))
         open(dst, "wb").write(bytes(raw))
+    elif cmd == "replace":
+        src, dst, old, new = argv[2], argv[3], bytes.fromhex(argv[4]), bytes.fromhex(argv[5])
+        assert len(old) == len(new)
+        raw = open(src, "rb").read()
+        assert old in raw
+        open(dst, "wb").write(raw.replace(old, new, 1))
     elif cmd == "lora":
         folder, module, rows, cols = argv[2], argv[3], int(argv[4]), int(argv[5])
         value = float(argv[6]) if len(argv) > 6 else 0.5
