@@ -132,4 +132,21 @@ check "as NON_FINITE naming the tensor" err_has "$work/big.err" "NON_FINITE: ten
 check "and writes nothing" test ! -e "$work/big_f16/adapter_model.safetensors"
 check "the same export to bf16 succeeds" exit_is 0 "$peftc" adapter export "$work/big_lora" "$work/big_bf16" --dtype bf16
 
+# ---- 3. the finiteness rule on the merged values before any quantizer -----------------------------
+# lora_A[0][0] = NaN: column 0 of the merged [16, 32] weight is NaN, the first of each 32-value Q8_0
+# block (the quantizer stored it as 0 and the merge exited 0)
+mkdir -p "$work/nan_col"
+cp "$q8_lora/adapter_config.json" "$work/nan_col/"
+python3 "$(dirname "$0")/lib/hostile_files.py" set-values "$q8_lora/adapter_model.safetensors" \
+  "$work/nan_col/adapter_model.safetensors" base_model.model.model.layers.0.mlp.down_proj.lora_A.weight nan 0
+for quant in keep q8_0 q4_0 iq4_nl; do
+  extra=()
+  [ $quant = keep ] || extra=(--quant "$quant")
+  "$peftc" merge --base "$q8" --adapter "$work/nan_col" --out "$work/nan_$quant.gguf" "${extra[@]}" >/dev/null 2>"$work/nan.err"
+  check "a NaN inside a block ($quant) fails" test $? -eq 1
+  check "as NON_FINITE ($quant)" err_has "$work/nan.err" "NON_FINITE"
+  check "writing nothing ($quant)" test ! -e "$work/nan_$quant.gguf"
+  check "--allow-nonfinite writes it ($quant)" exit_is 0 "$peftc" merge --base "$q8" --adapter "$work/nan_col" --out "$work/nan_$quant.gguf" "${extra[@]}" --allow-nonfinite
+done
+
 finish reliability

@@ -219,6 +219,7 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
   plan_options.open = options.open;
   MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
   plan.arithmetic = options.arithmetic;
+  plan.allow_nonfinite = options.allow_nonfinite;
   if (options.arithmetic == merge::Arithmetic::ggml) {  // plain LoRA only, refused before anything is written
     std::vector<std::string> refused;
     for (const PlannedTensor& p : plan.tensors)

@@ -22,6 +22,7 @@
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/checkpoint_merge/gguf_lora_input.hpp"
+#include "peft/checkpoint_merge/merge_compute.hpp"
 #include "peft/checkpoint_merge/gguf_requant.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "safetensors/checkpoint.hpp"
@@ -353,6 +354,7 @@ class GgufMerge {
     const uint64_t cols_ne0 = info.shape.empty() ? 1 : info.shape.back();
     const uint64_t rows_ne0 = cols_ne0 == 0 ? 0 : values.size() / cols_ne0;
     std::vector<uint8_t> out(static_cast<size_t>(out_bytes(info)));
+    if (!options_.allow_nonfinite) require_finite_values(info.name, values.data(), values.size());
     StoreError error;
     const bool measure = options_.report || !options_.allow_nonfinite;
     quantize_blocks(type, values.data(), rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr,

@@ -191,6 +191,9 @@ struct MergePlan {
   mutable BnbParts bnb_parts;
   // The order of plain LoRA terms' f32 arithmetic (CheckpointMergeOptions::arithmetic), set after planning.
   merge::Arithmetic arithmetic = merge::Arithmetic::peft;
+  // CheckpointMergeOptions::allow_nonfinite, set after planning: checked on merged f32 values before
+  // a quantizer (bitsandbytes) can hide an infinity or NaN in its scales.
+  bool allow_nonfinite = false;
 
   uint64_t total_bytes() const;
   // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy.
