@@ -149,4 +149,12 @@ for quant in keep q8_0 q4_0 iq4_nl; do
   check "--allow-nonfinite writes it ($quant)" exit_is 0 "$peftc" merge --base "$q8" --adapter "$work/nan_col" --out "$work/nan_$quant.gguf" "${extra[@]}" --allow-nonfinite
 done
 
+# ---- 11. a single-file write removes the temporaries killed writes to it left --------------------
+# (what `kill -9` during a GGUF write leaves: ".<name>.peft-tmp-XXXXXX" beside the target)
+head -c 4096 /dev/zero >"$work/.stale.gguf.peft-tmp-Ab12cD"
+head -c 4096 /dev/zero >"$work/.other.gguf.peft-tmp-Ab12cD"
+check "a merge into stale.gguf succeeds" exit_is 0 "$peftc" merge --base "$q8" --adapter "$q8_lora" --out "$work/stale.gguf"
+check "and removes the old temporary of stale.gguf" test ! -e "$work/.stale.gguf.peft-tmp-Ab12cD"
+check "but not that of another file" test -e "$work/.other.gguf.peft-tmp-Ab12cD"
+
 finish reliability
