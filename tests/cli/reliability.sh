@@ -157,4 +157,9 @@ check "a merge into stale.gguf succeeds" exit_is 0 "$peftc" merge --base "$q8" -
 check "and removes the old temporary of stale.gguf" test ! -e "$work/.stale.gguf.peft-tmp-Ab12cD"
 check "but not that of another file" test -e "$work/.other.gguf.peft-tmp-Ab12cD"
 
+# ---- 13. caveats ---------------------------------------------------------------------------------
+"$peftc" adapter extract --base "$models/llama" --tuned "$work/tuned" --out "$work/t" --rank 2 --threads 100000 >/dev/null 2>"$work/threads.err"
+check "--threads 100000 is a usage error (2)" test $? -eq 2
+check "that names the range" err_has "$work/threads.err" "from 0 (all cores) to 4096, not '100000'"
+
 finish reliability
