@@ -2380,7 +2380,9 @@ PEFT_API peft_error* peft_merge_options_set_report(peft_merge_options* opts, int
  * `{"tensor": "blk.0.attn_q.weight", "base_type": "Q4_K", "type": "Q4_K", "values": 4194304,
  * "rms": ..., "max": ..., "base_rms": ..., "base_max": ...}`: `rms` and `max` compare the stored
  * merge with the exact f32 merge, `base_rms` and `base_max` the base stored in `type` with the base
- * itself (0 for a tensor an adapter replaced whole). `[]` when no report was asked for.
+ * itself (0 for a tensor an adapter replaced whole). A figure that is not finite (a merge with
+ * peft_merge_options_set_allow_nonfinite()) is `null`, as JSON has no NaN or infinity. `[]` when
+ * no report was asked for.
  * @param result A result.
  * @return Borrowed UTF-8 string valid while @p result lives; NULL for NULL. Thread-safe.
  */

@@ -1,5 +1,6 @@
 #include "core/atomic_file.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,6 +55,20 @@ std::string random_suffix() { return random_chars(6); }
 std::string temp_name_for(const std::string& target) {
   const std::string prefix = (target.find('/') == std::string::npos ? std::string() : parent_folder(target) + "/");
   return prefix + "." + file_name(target).substr(0, kMaxBaseInTempName) + kTempMarker + random_suffix();
+}
+
+// Removes the temporaries of earlier writes to `target` that a killed process left behind
+// (".<name>.peft-tmp-XXXXXX" beside it), as a folder write removes those of its folder. Best effort.
+void remove_stale_temporaries(const std::string& target) noexcept {
+  const std::string folder = target.find('/') == std::string::npos ? "." : parent_folder(target);
+  const std::string prefix = "." + file_name(target).substr(0, kMaxBaseInTempName) + kTempMarker;
+  DIR* dir = ::opendir(folder.c_str());
+  if (dir == nullptr) return;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.size() == prefix.size() + 6 && name.starts_with(prefix)) ::unlinkat(::dirfd(dir), name.c_str(), 0);
+  }
+  ::closedir(dir);
 }
 
 }  // namespace
@@ -167,6 +182,7 @@ void AtomicFile::commit() {
   if (error != 0) fail_io("replace", target_, error);
   committed_ = true;
   temp_path_.clear();
+  remove_stale_temporaries(target_);
   sync_directory(parent_folder(target_));
 }
 

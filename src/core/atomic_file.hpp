@@ -3,7 +3,8 @@
 // new file); commit() flushes it to disk, renames it over the target and flushes the folder. If the
 // object is destroyed (or abort()ed) without a commit, the temporary is removed and the target
 // keeps whatever it held before. A process killed mid-write leaves the target untouched; only a
-// stray temporary, recognisable by its name, may remain.
+// stray temporary, recognisable by its name, may remain, and the next commit() to the same target
+// removes it (with any other ".<name>.peft-tmp-XXXXXX" of that name).
 #pragma once
 
 #include <cstddef>

@@ -161,3 +161,77 @@ def test_other_quantization_methods_are_unsupported(models, tmp_path):
     proc = subprocess.run([str(PEFTC), "merge", "--base", str(base), "--out", str(tmp_path / "out"),
                            "--adapter", str(models["adapter"])], capture_output=True, text=True)
     assert proc.returncode != 0 and "awq" in proc.stderr
+
+
+def hostile_copy(models, variant: str, folder: pathlib.Path, change) -> pathlib.Path:
+    """A copy of a quantized base whose tensors `change(tensors)` edits in place."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(models["bases"][variant], folder)
+    tensors = models["load"](str(folder / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def edit_quant_state(tensors: dict, edit) -> None:
+    """Applies `edit(dict)` to every 4-bit quant_state JSON of `tensors`."""
+    for name in [k for k in tensors if ".quant_state.bitsandbytes__" in k]:
+        state = json.loads(bytes(tensors[name].numpy().tobytes()))
+        text = edit(state).encode() if callable(edit) else None
+        tensors[name] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+def merge_status(models, base: pathlib.Path, out: pathlib.Path, *extra: str):
+    import subprocess
+
+    proc = subprocess.run([str(PEFTC), "merge", "--base", str(base), "--out", str(out),
+                           "--adapter", str(models["adapter"]), *extra], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize("field,variant", [("blocksize", "nf4"), ("nested_blocksize", "nf4-double")])
+def test_a_blocksize_near_2_pow_64_is_refused(models, tmp_path, field, variant):
+    """A blocksize of 2^64 - 1 used to wrap the block count to 0: an empty absmax passed and was read."""
+    def edit(state):
+        state[field] = 2**64 - 1
+        return json.dumps(state)
+
+    def change(tensors):
+        edit_quant_state(tensors, edit)
+        emptied = ".absmax" if field == "blocksize" else ".nested_absmax"
+        for name in [k for k in tensors if k.endswith(emptied)]:
+            tensors[name] = tensors[name][:0].clone()
+
+    base = hostile_copy(models, variant, tmp_path / "base", change)
+    code, err = merge_status(models, base, tmp_path / "out")
+    assert code == 1 and "INVALID_CHECKPOINT" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_quant_state_nested_100000_deep_is_refused(models, tmp_path):
+    """Written back by the merge, such a JSON overflowed the stack; it is refused when read."""
+    def edit(state):
+        return json.dumps(state)[:-1] + ', "deep": ' + "[" * 100000 + "]" * 100000 + "}"
+
+    base = hostile_copy(models, "nf4", tmp_path / "base", lambda t: edit_quant_state(t, edit))
+    code, err = merge_status(models, base, tmp_path / "out")
+    assert code == 1 and "INVALID_CHECKPOINT" in err and "deep" in err, err
+
+
+@pytest.mark.parametrize("variant", ["nf4", "int8"])
+def test_a_nan_scale_is_refused_non_finite(models, tmp_path, variant):
+    """A NaN absmax (NF4) or SCB (int8) makes the merged values NaN: refused as for every output format."""
+    def change(tensors):
+        name = next(k for k in tensors if k.endswith(".absmax" if variant == "nf4" else ".SCB")
+                    and "q_proj" in k)
+        tensors[name][0] = float("nan")
+
+    base = hostile_copy(models, variant, tmp_path / "base", change)
+    code, err = merge_status(models, base, tmp_path / "out")
+    assert code == 1 and "NON_FINITE" in err, err
+    assert not (tmp_path / "out").exists()
+    code, err = merge_status(models, base, tmp_path / "kept", "--allow-nonfinite")
+    assert code == 0, err

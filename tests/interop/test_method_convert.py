@@ -265,7 +265,7 @@ def test_additive_methods_against_numpy_svd(case, method_adapter, peftc_binary, 
 def test_additive_methods_need_a_base(method_adapter, peftc_binary, tmp_path):
     for case, method in [("llama_vera", "VERA"), ("llama_shira", "SHIRA"), ("llama_miss", "MISS")]:
         _, adapter = method_adapter(case)
-        result = subprocess.run([str(peftc_binary), "adapter", "convert", str(adapter), str(tmp_path / case), "--to",
+        result = subprocess.run([str(peftc_binary), "adapter", "convert", str(adapter), str(tmp_path / (case + "_lora")), "--to",
                                  "lora", "--rank", "2"], capture_output=True, text=True)
         assert result.returncode != 0 and method in result.stderr and "--base" in result.stderr, result.stderr
 

@@ -1,6 +1,10 @@
 // Opening adapters for the commands, with --lenient and its warnings (adapter_open.hpp).
 #include "adapter_open.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 
 namespace peftc {
@@ -17,11 +21,15 @@ peft_error* open_adapter(const std::string& dir, const std::string& base, bool l
 }
 
 bool is_gguf_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;
+  // Non-blocking and regular files only: a FIFO or device named *.gguf is not sniffed (which would
+  // block or consume it) but left to the library, which refuses it with PEFT_ERR_IO at once.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
   char magic[4] = {};
-  const bool gguf = std::fread(magic, 1, 4, f) == 4 && magic[0] == 'G' && magic[1] == 'G' && magic[2] == 'U' && magic[3] == 'F';
-  std::fclose(f);
+  const bool gguf = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::pread(fd, magic, 4, 0) == 4 &&
+                    magic[0] == 'G' && magic[1] == 'G' && magic[2] == 'U' && magic[3] == 'F';
+  ::close(fd);
   return gguf;
 }
 

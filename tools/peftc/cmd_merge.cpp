@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,12 @@ struct Options {
   int32_t arithmetic = PEFT_MERGE_ARITHMETIC_PEFT;  // --arithmetic peft|ggml
 };
 
+// A figure of the report: a number, or null for one that is not finite (printed "nan").
+double figure(const nlohmann::json& t, const char* key) {
+  const nlohmann::json& v = t[key];
+  return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+}
+
 // The --report table: one line per merged tensor.
 void print_report(const char* json) {
   const nlohmann::json report = nlohmann::json::parse(json);
@@ -71,8 +78,8 @@ void print_report(const char* json) {
   for (const auto& t : report)
     std::printf("  %-*s %-6s %-6s %12.4e %12.4e %12.4e %12.4e\n", static_cast<int>(width),
                 t["tensor"].get<std::string>().c_str(), t["base_type"].get<std::string>().c_str(),
-                t["type"].get<std::string>().c_str(), t["rms"].get<double>(), t["max"].get<double>(),
-                t["base_rms"].get<double>(), t["base_max"].get<double>());
+                t["type"].get<std::string>().c_str(), figure(t, "rms"), figure(t, "max"), figure(t, "base_rms"),
+                figure(t, "base_max"));
 }
 
 // DIR or DIR:WEIGHT. A suffix after the last ':' that is not a number belongs to the folder name.

@@ -35,7 +35,9 @@ int apply_lowrank_option(Arguments& a, peft_lowrank_options* opts, bool& rank_gi
     const auto v = a.value();
     const double n = v ? parse_number(*v).value_or(-1.0) : -1.0;
     if (n < 0 || n > 4096 || n != std::floor(n))
-      return usage_error("--threads needs a whole number (0 = all cores)", usage), -1;
+      return usage_error("--threads must be a whole number from 0 (all cores) to 4096, not '" + v.value_or("") + "'",
+                         usage),
+             -1;
     err = peft_lowrank_options_set_threads(opts, static_cast<uint32_t>(n));
   } else if (arg == "--dtype") {
     const auto v = a.value();

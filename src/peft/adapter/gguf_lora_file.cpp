@@ -1,5 +1,6 @@
 #include "peft/adapter/gguf_lora_file.hpp"
 
+#include <cmath>
 #include <map>
 #include <string_view>
 #include <variant>
@@ -44,6 +45,8 @@ std::shared_ptr<const GgufLoraFile> open_gguf_lora(const std::string& path) {
     const auto* number = std::get_if<double>(&value->data);
     if (number == nullptr) fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(path) + ": adapter.lora.alpha is not a float");
     lora->alpha = static_cast<float>(*number);
+    if (!std::isfinite(lora->alpha))  // else an import writes "lora_alpha": NaN, which no reader takes
+      fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(path) + ": adapter.lora.alpha is not finite");
   }
   std::map<std::string, GgufLoraPair> pairs;
   for (size_t i = 0; i < lora->file->tensor_count(); ++i) {

@@ -54,9 +54,26 @@ std::optional<uint64_t> gguf_experts_from_config(const nlohmann::json& config) {
 }
 
 std::string missing_slices(const std::vector<uint64_t>& present, uint64_t count) {
+  // Bounded by the slices present, never by `count`, which a file declares (2^32 - 1 experts listed
+  // one by one took gigabytes): the first few missing ones are named, the rest counted.
+  constexpr size_t kNamed = 8;
+  std::vector<uint64_t> have;
+  for (uint64_t i : present)
+    if (i < count) have.push_back(i);
+  std::sort(have.begin(), have.end());
+  have.erase(std::unique(have.begin(), have.end()), have.end());
+  const uint64_t missing = count - have.size();
   std::string out;
-  for (uint64_t i = 0; i < count; ++i)
-    if (std::find(present.begin(), present.end(), i) == present.end()) out += (out.empty() ? "" : ", ") + std::to_string(i);
+  size_t named = 0;
+  for (uint64_t i = 0, k = 0; i < count && named < std::min<uint64_t>(kNamed, missing); ++i) {
+    if (k < have.size() && have[k] == i) {
+      ++k;
+      continue;
+    }
+    out += (out.empty() ? "" : ", ") + std::to_string(i);
+    ++named;
+  }
+  if (missing > named) out += " and " + std::to_string(missing - named) + " more";
   return out;
 }
 

@@ -38,7 +38,8 @@ std::string gguf_stacked_module(const ModuleRule& rule, NameTemplate::Captures c
 std::optional<uint64_t> gguf_experts_from_metadata(const GgufHeader& header, const std::string& architecture);
 std::optional<uint64_t> gguf_experts_from_config(const nlohmann::json& config);
 
-// "0, 2" for the slices of 0..count-1 that `present` (sorted or not) lacks; empty when none.
+// "0, 2" for the slices of 0..count-1 that `present` (sorted or not) lacks; empty when none. At most
+// 8 are named ("0, 1, ..., 7 and 12 more"); time and memory depend on `present` only.
 std::string missing_slices(const std::vector<uint64_t>& present, uint64_t count);
 
 // LoRA factors in PyTorch's layout, row-major f32: A (rank, in) and B (out, rank), or stacked,

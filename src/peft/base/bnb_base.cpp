@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include "core/error.hpp"
+#include "core/json_parse.hpp"
 #include "core/python_json.hpp"
 #include "core/quant/bnb_int8.hpp"
 #include "core/text.hpp"
@@ -54,6 +56,10 @@ void dump(std::string& out, const nlohmann::ordered_json& v) {
   }
 }
 
+// How many blocks of `blocksize` hold `n` values, without the wrap of (n + blocksize - 1) / blocksize
+// for a blocksize near 2^64 (which made 0 blocks, an empty absmax that passed the size check).
+uint64_t block_count(uint64_t n, uint64_t blocksize) { return n == 0 ? 0 : (n - 1) / blocksize + 1; }
+
 uint64_t product(const std::vector<uint64_t>& shape) {
   uint64_t n = 1;
   for (uint64_t d : shape)
@@ -94,11 +100,9 @@ class Recogniser {
     w.weight = need(weight, "weight " + peft::quoted(weight));
     w.quant_state = state_index;
     const std::vector<uint8_t> text = raw(c_, state_index);
-    try {
-      w.state = nlohmann::ordered_json::parse(text.begin(), text.end());
-    } catch (const nlohmann::json::exception&) {
-      fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(c_.tensor(state_index).name) + " is not JSON");
-    }
+    // Nesting bounded as every JSON the library reads, so that writing it back (dump) stays shallow.
+    w.state = parse_json_ordered(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+                                 PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(c_.tensor(state_index).name));
     const std::string who = "bitsandbytes weight " + peft::quoted(weight);
     auto field = [&](const char* key) -> const nlohmann::ordered_json& {
       if (!w.state.is_object() || !w.state.contains(key))
@@ -128,7 +132,7 @@ class Recogniser {
     w.absmax = need(weight + ".absmax", who + "'s absmax");
     w.quant_map = need(weight + ".quant_map", who + "'s quant_map");
     w.nested = w.state.contains("nested_offset");
-    const uint64_t blocks = (n + w.blocksize - 1) / w.blocksize;
+    const uint64_t blocks = block_count(n, w.blocksize);
     if (w.nested) {
       w.nested_absmax = need(weight + ".nested_absmax", who + "'s nested_absmax");
       w.nested_quant_map = need(weight + ".nested_quant_map", who + "'s nested_quant_map");
@@ -168,7 +172,7 @@ std::vector<float> absmax_of(const Checkpoint& c, const BnbWeight& w, uint64_t b
   if (!w.nested) return f32_of(c, *w.absmax, blocks);
   const uint64_t nested_blocksize = w.state["nested_blocksize"].get<uint64_t>();
   const std::vector<uint8_t> q = raw(c, *w.absmax);
-  const std::vector<float> nested = f32_of(c, *w.nested_absmax, (blocks + nested_blocksize - 1) / nested_blocksize);
+  const std::vector<float> nested = f32_of(c, *w.nested_absmax, block_count(blocks, nested_blocksize));
   const std::vector<float> code = f32_of(c, *w.nested_quant_map, 256);
   std::vector<float> absmax(blocks);
   bnb::dequantize_blockwise(q.data(), nested.data(), code.data(), nested_blocksize, blocks, absmax.data());
@@ -211,7 +215,7 @@ std::vector<float> bnb_dequantize(const Checkpoint& c, const BnbWeight& w) {
     bnb::dequantize_int8(reinterpret_cast<const int8_t*>(q.data()), scb.data(), w.shape[0], n / std::max<uint64_t>(1, w.shape[0]), out.data());
     return out;
   }
-  const uint64_t blocks = (n + w.blocksize - 1) / w.blocksize;
+  const uint64_t blocks = block_count(n, w.blocksize);
   const std::vector<float> absmax = absmax_of(c, w, blocks);
   std::vector<float> code = f32_of(c, *w.quant_map, 16);
   bnb::cpu_dequantize_code(w.type, w.shape.empty() ? n : w.shape.back(), w.blocksize, code.data());
@@ -245,7 +249,7 @@ std::map<size_t, std::vector<uint8_t>> bnb_quantize(const Checkpoint& c, const B
     fail(PEFT_ERR_UNSUPPORTED, "bitsandbytes weight " + peft::quoted(c.tensor(w.weight).name) +
                                    " has a quant_map that is not bitsandbytes' own table; it cannot be re-quantized "
                                    "(write it dequantized with an output dtype)");
-  const uint64_t blocks = (n + w.blocksize - 1) / w.blocksize;
+  const uint64_t blocks = block_count(n, w.blocksize);
   std::vector<uint8_t> packed((n + 1) / 2);
   std::vector<float> absmax(blocks);
   bnb::quantize_4bit(values.data(), n, w.blocksize, w.type, packed.data(), absmax.data());
@@ -258,7 +262,7 @@ std::map<size_t, std::vector<uint8_t>> bnb_quantize(const Checkpoint& c, const B
     for (float& a : absmax) a -= offset;
     const std::vector<float> nested_code = f32_of(c, *w.nested_quant_map, 256);
     std::vector<uint8_t> q(blocks);
-    std::vector<float> nested((blocks + nested_blocksize - 1) / nested_blocksize);
+    std::vector<float> nested(block_count(blocks, nested_blocksize));
     bnb::quantize_blockwise(absmax.data(), blocks, nested_blocksize, nested_code.data(), q.data(), nested.data());
     out[*w.absmax] = std::move(q);
     out[*w.nested_absmax] = as_bytes(nested);

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/python_json.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/adapter.hpp"
@@ -149,6 +150,7 @@ class Doctor {
         fail(PEFT_ERR_INVALID_ARGUMENT, "the fixed copy's folder " + peft::quoted(out_dir) +
                                             " is inside a hub cache snapshot of " + peft::quoted(*repository) +
                                             " (its files are links into the cache); give another folder");
+    refuse_output_over_inputs(out_dir, {dir_, base_ ? base_->dir : std::string()});  // links, bind mounts
   }
 
   void write_fix(const std::string& out_dir) const {

@@ -1,10 +1,14 @@
 #include "peft/export/adapter_export.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <system_error>
 
 #include "core/atomic_file.hpp"
+#include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/f16.hpp"
+#include "core/file_identity.hpp"
 #include "core/python_json.hpp"
 #include "core/text.hpp"
 #include "peft/arch/key_grammar.hpp"
@@ -64,6 +68,16 @@ void write_adapter_folder(const std::string& out_dir, const nlohmann::ordered_js
   config_file->commit();
 }
 
+void require_finite_output(const std::string& key, const std::vector<float>& values, DType dtype, bool computed) {
+  for (const float v : values) {
+    const float stored = dtype == DType::F16 ? f16_to_f32(f32_to_f16(v)) : dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+    if (std::isfinite(stored) || (!computed && !std::isfinite(v))) continue;
+    fail(PEFT_ERR_NON_FINITE, "tensor " + peft::quoted(key) + " holds " + python_float_repr(v) +
+                                  (std::isfinite(v) ? ", which is not finite in " + std::string(dtype_name(dtype)) : std::string()) +
+                                  "; nothing was written");
+  }
+}
+
 namespace {
 
 // Export re-saves LoRA adapters (for a PEFT release, in another dtype); the config it writes is a
@@ -83,6 +97,7 @@ void require_lora(const Adapter& adapter, const std::string& what) {
 void export_adapter(const Adapter& adapter, const std::string& out_dir, const ExportOptions& options) {
   const std::string what = "adapter " + peft::quoted(adapter.dir());
   require_lora(adapter, what);
+  refuse_output_over_inputs(out_dir, {adapter.dir(), adapter.base_dir()});
   std::vector<ExportedModule> lora_modules;
   std::vector<OutputTensor> tensors;
   const Checkpoint& checkpoint = adapter.checkpoint();
@@ -95,6 +110,8 @@ void export_adapter(const Adapter& adapter, const std::string& out_dir, const Ex
       out.dtype = info.dtype;
       out.shape = info.shape;
       const size_t index = t.index;
+      if (options.dtype && *options.dtype != info.dtype && is_float(info.dtype))
+        require_finite_output(out.key, checkpoint.read_f32(index), *options.dtype, false);
       out.write = [&checkpoint, index](TensorWriter& writer, const std::string& key) {
         writer.write_from_checkpoint(key, checkpoint, index);
       };

@@ -54,6 +54,11 @@ inline constexpr const char* kAdapterConfigName = "adapter_config.json";
 void write_adapter_folder(const std::string& out_dir, const nlohmann::ordered_json& config,
                           const std::vector<OutputTensor>& tensors, const std::optional<DType>& dtype);
 
+// PEFT_ERR_NON_FINITE naming tensor `key` when one of `values` that is finite is not once stored in
+// `dtype` (F32, BF16, F16: 1e5 in F16, say), or, with `computed`, when any value is not finite: the
+// rule of the merge for the results of conversions (an extraction, an export to a narrower dtype).
+void require_finite_output(const std::string& key, const std::vector<float>& values, DType dtype, bool computed);
+
 // Exports `adapter` into `out_dir`. UNSUPPORTED (naming the field) when the target release cannot
 // express the adapter; the errors of write_adapter_folder.
 void export_adapter(const Adapter& adapter, const std::string& out_dir, const ExportOptions& options);

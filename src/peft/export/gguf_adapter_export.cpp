@@ -8,6 +8,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/shape.hpp"
 #include "core/quant/q8_0.hpp"
 #include "core/text.hpp"
@@ -70,13 +71,23 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base, c
     else if (++singles[pair.tensor] == 2)
       unsupported.push_back("GGUF tensor " + peft::quoted(pair.tensor) + ": the adapter has two modules for it");
   }
-  for (const auto& [tensor, slices] : stacks)
+  for (const auto& [tensor, slices] : stacks) {
+    // The declared count against the stacked tensor itself, before anything is sized by it.
+    if (const std::optional<size_t> index = base.gguf ? base.gguf->find(tensor) : std::nullopt) {
+      const std::vector<uint64_t>& shape = base.gguf->tensor(*index).shape;
+      const uint64_t stacked = shape.empty() ? 0 : shape.front();
+      if (stacked != *base.experts)
+        fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": its metadata declares " + std::to_string(*base.experts) +
+                                              " experts, its tensor " + peft::quoted(tensor) + " stacks " +
+                                              std::to_string(stacked));
+    }
     if (const std::string missing = missing_slices(slices, *base.experts); !missing.empty())
       unsupported.push_back("GGUF tensor " + peft::quoted(tensor) + " stacks " + std::to_string(*base.experts) +
                             " experts, and llama.cpp applies a LoRA to all of them or none: the adapter lacks the "
                             "module of expert(s) " + missing);
     else if (slices.size() != *base.experts)
       unsupported.push_back("GGUF tensor " + peft::quoted(tensor) + ": the adapter has two modules for one expert");
+  }
   if (!unsupported.empty()) {
     std::string message = std::to_string(unsupported.size()) +
                           " module(s) cannot be exported as a GGUF LoRA (--split-into merges them into a copy of the base):";
@@ -148,6 +159,7 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
       if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, module.name)) return false;
     return true;
   });
+  refuse_output_over_inputs(out_path, {adapter.dir(), adapter.base_dir(), base.name});
   const std::vector<GgufPair> pairs = plan_pairs(adapter, base, options.skip);
   const double alpha = adapter.config().lora_alpha;
   // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.

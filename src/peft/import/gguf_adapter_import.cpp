@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/shape.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/gguf_lora_file.hpp"
@@ -45,6 +46,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
   // The metadata checks (general.type, adapter.type, architecture, alpha) and factor reading are
   // gguf_lora_file's.
   const std::shared_ptr<const GgufLoraFile> lora = open_gguf_lora(gguf_path);
+  refuse_output_over_inputs(out_dir, {gguf_path, base_name});
   const std::shared_ptr<const Checkpoint> file = lora->file;
   const std::optional<std::string> architecture = lora->architecture;
   const double alpha = lora->alpha;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/file_identity.hpp"
 #include "core/text.hpp"
 #include "peft/base/base_model.hpp"
 #include "peft/arch/arch_registry.hpp"
@@ -51,6 +52,7 @@ std::vector<LowRankModule> extract_lora(const std::string& base_location, const 
   check_lowrank_options(options);
   const BaseModel base = BaseModel::open(base_location, {});
   const BaseModel tuned = BaseModel::open(tuned_location, {});
+  refuse_output_over_inputs(out_dir, {base.dir, tuned.dir});
   const nlohmann::json* base_config = base.config.is_object() ? &base.config : nullptr;
   std::shared_ptr<const ArchTable> table;
   if (auto guess = detect_family(base_config, std::nullopt)) table = builtin_arch_table(guess->family);

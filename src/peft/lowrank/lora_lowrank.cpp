@@ -124,6 +124,7 @@ std::vector<LowRankModule> write_lowrank_adapter(const std::vector<DeltaSource>&
       const auto rank = static_cast<uint64_t>(res.report.rank);
       const uint64_t in = res.a.size() / rank, out = res.b.size() / rank;
       t.shape = is_a ? std::vector<uint64_t>{rank, in} : std::vector<uint64_t>{out, rank};
+      require_finite_output(t.key, is_a ? p->a : p->b, options.dtype.value_or(DType::F32), true);
       t.write = [p, is_a](TensorWriter& writer, const std::string& key) {
         const std::vector<float>& v = is_a ? p->a : p->b;
         writer.write_tensor(key, DType::F32, v.data(), v.size() * sizeof(float));

@@ -212,12 +212,14 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
                                        const CheckpointMergeOptions& options) {
   const std::string base_dir = resolve_model_location(base_dir_or_id);
   check_folders(base_dir, out_dir);
+  refuse_output_over_merge_inputs(out_dir, base_dir, options.adapters);
   MergePlanOptions plan_options;
   plan_options.dtype = options.dtype;
   plan_options.max_shard_size = options.max_shard_size;
   plan_options.open = options.open;
   MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
   plan.arithmetic = options.arithmetic;
+  plan.allow_nonfinite = options.allow_nonfinite;
   if (options.arithmetic == merge::Arithmetic::ggml) {  // plain LoRA only, refused before anything is written
     std::vector<std::string> refused;
     for (const PlannedTensor& p : plan.tensors)

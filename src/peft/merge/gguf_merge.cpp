@@ -23,6 +23,7 @@
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/merge/gguf_lora_input.hpp"
 #include "peft/merge/gguf_requant.hpp"
+#include "peft/merge/merge_compute.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "checkpoint/checkpoint.hpp"
 
@@ -353,6 +354,7 @@ class GgufMerge {
     const uint64_t cols_ne0 = info.shape.empty() ? 1 : info.shape.back();
     const uint64_t rows_ne0 = cols_ne0 == 0 ? 0 : values.size() / cols_ne0;
     std::vector<uint8_t> out(static_cast<size_t>(out_bytes(info)));
+    if (!options_.allow_nonfinite) require_finite_values(info.name, values.data(), values.size());
     StoreError error;
     const bool measure = options_.report || !options_.allow_nonfinite;
     quantize_blocks(type, values.data(), rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr,
@@ -439,6 +441,7 @@ CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::s
   std::error_code ec;
   if (fs::exists(out_path, ec) && fs::equivalent(base_path, out_path, ec))
     fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + peft::quoted(out_path) + " is the base file itself");
+  refuse_output_over_merge_inputs(out_path, base_path, options.adapters);
   GgufMerge merge(base_path, options);
   return merge.run(out_path);
 }

@@ -298,6 +298,14 @@ uint64_t first_nonfinite(DType work, DType stored, const uint8_t* data, uint64_t
 
 }  // namespace
 
+void require_finite_values(const std::string& name, const float* values, size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    if (!std::isfinite(values[i]))
+      fail(PEFT_ERR_NON_FINITE, "merged tensor " + peft::quoted(name) + " holds an infinity or a NaN (element " +
+                                    std::to_string(i) + ") before it is quantized; nothing was written "
+                                    "(allow_nonfinite / --allow-nonfinite writes it anyway)");
+}
+
 void check_finite(const PlannedTensor& p, const TensorBuffer& buffer) {
   const uint64_t elements = buffer.size() / std::max<uint64_t>(1, dtype_bits(p.work_dtype) / 8);
   const uint64_t at = first_nonfinite(p.work_dtype, p.out_dtype, buffer.data(), elements);
@@ -320,6 +328,7 @@ void compute_bnb(const MergePlan& plan, const PlannedTensor& p, unsigned threads
     cache = {};
     std::vector<float> values = bnb_dequantize(base, w);
     if (!p.lora.empty()) apply_lora(p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads, plan.arithmetic);
+    if (!plan.allow_nonfinite) require_finite_values(p.name, values.data(), values.size());
     if (!p.bnb_requantize) {
       out.reserve(values.size() * 4, "merging tensor " + peft::quoted(p.name));
       std::memcpy(out.data(), values.data(), values.size() * 4);

@@ -35,6 +35,11 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
 // computes those tensors (once more than the executor will) and sets their shape and size.
 void settle_bnb_sizes(MergePlan& plan, unsigned threads);
 
+// PEFT_ERR_NON_FINITE naming tensor `name` when one of the merged f32 `values` is an infinity or NaN:
+// the merge's rule applied before any quantizer (GGUF block types, bitsandbytes), whose scales would
+// otherwise store such a value as 0.
+void require_finite_values(const std::string& name, const float* values, size_t count);
+
 // PEFT_ERR_NON_FINITE naming tensor `p` when `buffer` (its values in p.work_dtype, computed by
 // compute_tensor) holds an infinity or a NaN once rounded to p.out_dtype.
 void check_finite(const PlannedTensor& p, const TensorBuffer& buffer);

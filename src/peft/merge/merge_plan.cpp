@@ -11,9 +11,11 @@
 #include "core/convert.hpp"
 #include "core/error.hpp"
 #include "core/f8.hpp"
+#include "core/file_identity.hpp"
 #include "core/path.hpp"
 #include "core/shape.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/gguf_lora_file.hpp"
 #include "peft/adapter/method_params.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/methods/lora_math.hpp"
@@ -537,6 +539,14 @@ MergePlan plan_merge(const std::string& base_dir, const std::vector<MergeInput>&
     fail(PEFT_ERR_INVALID_ARGUMENT, "the output dtype must be F32, BF16 or F16, not " +
                                         std::string(dtype_name(*options.dtype)));
   return Planner(base_dir, options).run(inputs);
+}
+
+void refuse_output_over_merge_inputs(const std::string& out, const std::string& base,
+                                     const std::vector<MergeInput>& adapters) {
+  std::vector<std::string> inputs{base};
+  for (const MergeInput& input : adapters)
+    inputs.push_back(input.gguf_lora ? input.gguf_lora->path : input.adapter ? input.adapter->dir() : "");
+  refuse_output_over_inputs(out, inputs);
 }
 
 }  // namespace peft

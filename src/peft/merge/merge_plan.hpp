@@ -79,6 +79,11 @@ struct MergeInput {
   std::optional<std::set<std::string>> modules = std::nullopt;
 };
 
+// Fails with PEFT_ERR_INVALID_ARGUMENT when `out` is the base or an input adapter (folder or GGUF
+// LoRA file), by file identity (core/file_identity.hpp).
+void refuse_output_over_merge_inputs(const std::string& out, const std::string& base,
+                                     const std::vector<MergeInput>& adapters);
+
 struct MergePlanOptions {
   std::optional<DType> dtype;   // F32, BF16 or F16; nullopt keeps the base's dtypes
   uint64_t max_shard_size = 0;  // 0: the base's files; otherwise reshard at this many bytes
@@ -186,6 +191,9 @@ struct MergePlan {
   mutable BnbParts bnb_parts;
   // The order of plain LoRA terms' f32 arithmetic (CheckpointMergeOptions::arithmetic), set after planning.
   merge::Arithmetic arithmetic = merge::Arithmetic::peft;
+  // CheckpointMergeOptions::allow_nonfinite, set after planning: checked on merged f32 values before
+  // a quantizer (bitsandbytes) can hide an infinity or NaN in its scales.
+  bool allow_nonfinite = false;
 
   uint64_t total_bytes() const;
   // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy.
