@@ -143,7 +143,7 @@ void run_combine(const json& c) {
 
 }  // namespace
 
-// FourierFT's positions (torch.randperm) and delta, for test_method_merge_vera.py.
+// FourierFT's positions (torch.randperm) and delta, for test_method_merge_vera_randlora_fourierft.py.
 void run_fourierft(const json& c) {
   if (c.at("op") == "randperm") {
     const auto r = pm::torch_randperm(c.at("n").get<int64_t>(), c.at("seed").get<int64_t>(), c.at("count").get<int64_t>());

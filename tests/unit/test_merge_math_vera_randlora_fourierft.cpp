@@ -103,7 +103,7 @@ TEST_CASE("methods: RandLoRA delta pairs the flattened bases as PEFT does, in bo
 
 TEST_CASE("methods: torch_randperm is torch.randperm's CPU shuffle") {
   // torch.randperm(10, generator=torch.Generator().manual_seed(5)) and manual_seed(-1) (torch 2.15);
-  // seeds keep their low 32 bits. tests/interop/test_method_merge_vera.py checks many more sizes.
+  // seeds keep their low 32 bits. tests/interop/test_method_merge_vera_randlora_fourierft.py checks many more sizes.
   const std::vector<int64_t> seed5 = {1, 4, 9, 6, 3, 5, 0, 2, 8, 7};
   const std::vector<int64_t> minus1 = {1, 4, 6, 2, 0, 5, 8, 7, 9, 3};
   CHECK(peft::merge::torch_randperm(10, 5, 10) == seed5);
