@@ -140,3 +140,17 @@ TEST_CASE("method table: VB-LoRA's layer size comes from its parameters in valid
   CHECK(f.code == PEFT_ERR_SHAPE_MISMATCH);
   CHECK(contains(f.message, "VBLORA parameters for 12 output and 8 input features"));
 }
+
+TEST_CASE("method table: a peft_type not merged is refused naming every row's peft_type") {
+  std::string message;
+  try {
+    peft::LoraConfig::parse(R"({"peft_type": "ADAMSS"})", "adapter_config.json");
+  } catch (const peft::Error& e) {
+    message = e.what();
+  }
+  CHECK(contains(message, "merging this method is not implemented (LORA, LOHA, LOKR, "));
+  for (const peft::MethodRow& row : peft::method_table()) {
+    CAPTURE(row.peft_type);
+    CHECK(contains(message, row.peft_type));
+  }
+}

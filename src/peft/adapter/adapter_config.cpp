@@ -24,9 +24,14 @@ struct OtherType {
   const char* name;
   const char* why;
 };
-constexpr const char* kNotYet =
-    "merging this method is not implemented (LORA, LOHA, LOKR, ADALORA, IA3, MISS, SHIRA, VERA, RANDLORA, "
-    "FOURIERFT, OFT, BOFT, HRA, LN_TUNING, TRAINABLE_TOKENS, VBLORA and C3A are)";
+// The generic reason, naming every peft_type the method table holds ("LORA, LOHA, ... and C3A").
+std::string not_yet_reason() {
+  const std::span<const MethodRow> rows = method_table();
+  std::string list;
+  for (size_t i = 0; i < rows.size(); ++i)
+    list += std::string(i == 0 ? "" : i + 1 == rows.size() ? " and " : ", ") + rows[i].peft_type;
+  return "merging this method is not implemented (" + list + " are)";
+}
 constexpr OtherType kWhyNot[] = {
     {"PROMPT_TUNING", "prompt tuning learns virtual tokens prepended to the input; there is no weight to merge"},
     {"MULTITASK_PROMPT_TUNING", "multitask prompt tuning learns virtual tokens; there is no weight to merge"},
@@ -154,7 +159,7 @@ void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   }
   for (const char* other : kOtherPeftTypes) {
     if (c.peft_type != other) continue;
-    const char* why = kNotYet;
+    std::string why = not_yet_reason();
     for (const OtherType& t : kWhyNot)
       if (c.peft_type == t.name) why = t.why;
     f.unsupported("peft_type", "is " + peft::quoted(c.peft_type) + ": " + why);
