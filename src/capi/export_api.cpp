@@ -52,15 +52,23 @@ peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir
   });
 }
 
+namespace {
+// The options of a GGUF LoRA export: the base (NULL: none) and the tensors' ggml type, checked.
+peft::GgufAdapterExportOptions gguf_export_options(const char* base, int32_t ggml_type) {
+  if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
+  peft::GgufAdapterExportOptions options;
+  options.base = base != nullptr ? base : "";
+  options.ggml_type = static_cast<uint32_t>(ggml_type);
+  return options;
+}
+}  // namespace
+
 peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* out_path, const char* base,
                                      int32_t ggml_type) {
   return guarded([&] {
     require_arg(adapter, "adapter");
     require_arg(out_path, "out_path");
-    if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
-    peft::GgufAdapterExportOptions options;
-    options.base = base != nullptr ? base : "";
-    options.ggml_type = static_cast<uint32_t>(ggml_type);
+    const peft::GgufAdapterExportOptions options = gguf_export_options(base, ggml_type);
     peft::export_gguf_adapter(*adapter->impl, out_path, options);
   });
 }
@@ -71,10 +79,7 @@ peft_error* peft_adapter_export_gguf_split(const peft_adapter* adapter, const ch
     require_arg(adapter, "adapter");
     require_arg(out_path, "out_path");
     require_arg(base_out, "base_out");
-    if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
-    peft::GgufAdapterExportOptions options;
-    options.base = base != nullptr ? base : "";
-    options.ggml_type = static_cast<uint32_t>(ggml_type);
+    const peft::GgufAdapterExportOptions options = gguf_export_options(base, ggml_type);
     peft::export_gguf_adapter_split(adapter->impl, out_path, options, base_out);
   });
 }

@@ -26,30 +26,23 @@ NamedBufferMerge NamedBufferMerge::apply(const std::shared_ptr<const Adapter>& a
   merge.weight_dtype_ = weight_dtype;
   merge.rows_ = factors.layout.rows();
   merge.cols_ = factors.layout.cols();
+  // The layer's bias buffer, when the module changes the bias: `needed` says why a missing one is refused.
   std::optional<merge::WeightView> bias_view;
+  auto take_bias = [&](const char* needed) {
+    if (bias == nullptr)
+      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(module.name) + " " + needed +
+                                          ": pass the layer's bias buffer");
+    require_buffer_dtype(bias_dtype, "bias");
+    merge.bias_dtype_ = bias_dtype;
+    merge.bias_elements_ = factors.layout.out;
+    bias_view = merge::WeightView{bias, bias_dtype, 1, merge.bias_elements_};
+  };
   if (factors.lora_bias != nullptr) {
-    if (bias == nullptr)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(module.name) +
-                                          " has a lora_B.bias: pass the layer's bias buffer");
-    require_buffer_dtype(bias_dtype, "bias");
-    merge.bias_dtype_ = bias_dtype;
-    merge.bias_elements_ = factors.layout.out;
-    bias_view = merge::WeightView{bias, bias_dtype, 1, merge.bias_elements_};
+    take_bias("has a lora_B.bias");
   } else if (!module.is_lora() && factors.method_params->get("bias") != nullptr) {
-    // A replacement of the bias too (a LayerNorm's LN_TUNING copy, a modules_to_save Linear).
-    if (bias == nullptr)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(module.name) +
-                                          " replaces the bias too: pass the layer's bias buffer");
-    require_buffer_dtype(bias_dtype, "bias");
-    merge.bias_dtype_ = bias_dtype;
-    merge.bias_elements_ = factors.layout.out;
-    bias_view = merge::WeightView{bias, bias_dtype, 1, merge.bias_elements_};
+    take_bias("replaces the bias too");  // a LayerNorm's LN_TUNING copy, a modules_to_save Linear
   } else if (effect_of(module.method) == MethodEffect::scale && !module.ia3_feedforward && bias != nullptr) {
-    // IA3 scales the bias of a layer that is not feed-forward, when the host gives it.
-    require_buffer_dtype(bias_dtype, "bias");
-    merge.bias_dtype_ = bias_dtype;
-    merge.bias_elements_ = factors.layout.out;
-    bias_view = merge::WeightView{bias, bias_dtype, 1, merge.bias_elements_};
+    take_bias("scales the bias");  // IA3 scales the bias of a layer that is not feed-forward, when given
   }
   const merge::WeightView weight_view{weight, weight_dtype, merge.rows_, merge.cols_};
   BufferMergeOptions merge_options;

@@ -73,6 +73,20 @@ ModuleDelta stored(std::vector<float> delta, const merge::DeltaLayout& layout) {
   return d;
 }
 
+// The module laid out against its base weight (found by name; NOT_FOUND if the base lacks it), whose
+// index goes to `weight_index`.
+BufferMergeModule module_against_base(const Adapter& adapter, const AdapterModule& m, const BaseModel& base,
+                                      size_t& weight_index) {
+  const std::optional<size_t> wi = base.find(m.name, "weight", adapter.table().get());
+  if (!wi) fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base.dir) + " has no weight for " + module_text(m));
+  weight_index = *wi;
+  std::vector<int64_t> shape;
+  for (uint64_t d : base.weight_shape(*wi)) shape.push_back(static_cast<int64_t>(d));
+  // A non-owning pointer: the module (and its parameters) live only during this call.
+  const std::shared_ptr<const Adapter> view(std::shared_ptr<const Adapter>(), &adapter);
+  return buffer_merge_module(view, m, shape);
+}
+
 }  // namespace
 
 bool is_multiplicative(const AdapterModule& m) {
@@ -133,19 +147,14 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const B
         m.kind == LayerKind::conv1d ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear, out, in);
     return stored(method_delta(m, params, m.scaling, layout), layout);
   }
-  const std::optional<size_t> wi = base->find(m.name, "weight", adapter.table().get());
-  if (!wi) fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base->dir) + " has no weight for " + module_text(m));
-  std::vector<int64_t> shape;
-  for (uint64_t d : base->weight_shape(*wi)) shape.push_back(static_cast<int64_t>(d));
-  // A non-owning pointer: the module (and its parameters) live only during this call.
-  const std::shared_ptr<const Adapter> view(std::shared_ptr<const Adapter>(), &adapter);
-  const BufferMergeModule module = buffer_merge_module(view, m, shape);
+  size_t wi = 0;
+  const BufferMergeModule module = module_against_base(adapter, m, *base, wi);
   if (!is_multiplicative(m))
     return stored(method_delta(m, *module.method_params, m.scaling, module.layout), module.layout);
 
   if (method_row(m.method).effect == MethodEffect::scale && !m.ia3_feedforward && base->find(m.name, "bias", adapter.table().get()))
     fail(PEFT_ERR_UNSUPPORTED, module_text(m) + " also scales the layer's bias, which a plain LoRA cannot hold");
-  const std::vector<float> w = base->weights->read_f32(*wi);
+  const std::vector<float> w = base->weights->read_f32(wi);
   std::vector<float> changed = w;
   const merge::WeightView view_f32{changed.data(), DType::F32, module.layout.rows(), module.layout.cols()};
   BufferMergeOptions options;
@@ -167,12 +176,8 @@ ExactLora exact_lora(const Adapter& adapter, const AdapterModule& m, const BaseM
   if (!has_exact_lora(m)) fail(PEFT_ERR_INTERNAL, module_text(m) + " has no exact LoRA form");
   if (!has_module_delta(adapter, m, base != nullptr, why))
     fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " is " + why);
-  const std::optional<size_t> wi = base->find(m.name, "weight", adapter.table().get());
-  if (!wi) fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base->dir) + " has no weight for " + module_text(m));
-  std::vector<int64_t> shape;
-  for (uint64_t d : base->weight_shape(*wi)) shape.push_back(static_cast<int64_t>(d));
-  const std::shared_ptr<const Adapter> view(std::shared_ptr<const Adapter>(), &adapter);
-  const BufferMergeModule module = buffer_merge_module(view, m, shape);
+  size_t wi = 0;
+  const BufferMergeModule module = module_against_base(adapter, m, *base, wi);
   // The full delta checks the block against the layer (miss_delta's SHAPE_MISMATCH) before it is used.
   (void)method_delta(m, *module.method_params, m.scaling, module.layout);
   const merge::MethodTensor* block = module.method_params->get("miss_block");
