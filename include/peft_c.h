@@ -2512,8 +2512,10 @@ PEFT_API peft_error* peft_merge_buffer_options_set_translator(peft_merge_buffer_
  *         translator does not resolve @p name; #PEFT_ERR_UNSUPPORTED for a dtype other than
  *         F32/BF16/F16 or a replacement with a weight other than 1; #PEFT_ERR_SHAPE_MISMATCH when the shape does
  *         not fit the layer; #PEFT_ERR_INVALID_ARGUMENT for NULL arguments or a missing bias;
- *         #PEFT_ERR_OUT_OF_MEMORY when the original rows cannot be kept.
- *         Thread-safe for different buffers.
+ *         #PEFT_ERR_OUT_OF_MEMORY when the original rows cannot be kept (they are kept while the
+ *         merge runs in any case, to undo it); #PEFT_ERR_NON_FINITE naming the layer when a merged
+ *         value (weight or bias) would be an infinity or a NaN in the buffer's dtype: the buffers are
+ *         then put back byte for byte. Thread-safe for different buffers.
  */
 PEFT_API peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const char* name, void* data, int32_t dtype,
                                              const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype,
@@ -3479,7 +3481,9 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  *         save_embedding_layers), which a swap does not do (the message names LN_TUNING or
  *         TRAINABLE_TOKENS and points to peft_merge_buffer_apply()); #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
  *         that is not finite, a missing bias buffer, or two layers of the adapter on one weight;
- *         #PEFT_ERR_OUT_OF_MEMORY (the first exact merge of a weight allocates its copy).
+ *         #PEFT_ERR_OUT_OF_MEMORY (the first exact merge of a weight allocates its copy);
+ *         #PEFT_ERR_NON_FINITE naming the weight whose merged values would hold an infinity or a
+ *         NaN in its dtype (see peft_merge_buffer_apply()).
  */
 PEFT_API peft_error* peft_host_model_swap(peft_host_model* host, const peft_lease* lease, double weight,
                                           peft_swap_stats* stats);

@@ -129,7 +129,8 @@ if [ -f tests/fuzz/run.sh ]; then
     -DPEFT_FUZZ=ON -DPEFT_BUILD_TESTS=OFF -DCMAKE_C_COMPILER_LAUNCHER=ccache \
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
   # Only the fuzz programs: they compile the parser sources themselves with the fuzzer's instrumentation.
-  ninja -C build-fuzz -j"$jobs" header_fuzzer index_fuzzer adapter_config_fuzzer arch_table_fuzzer header_check
+  ninja -C build-fuzz -j"$jobs" header_fuzzer index_fuzzer adapter_config_fuzzer arch_table_fuzzer gguf_header_fuzzer \
+    header_check
   run "fuzzing for ${fuzz_seconds}s" bash tests/fuzz/run.sh build-fuzz "$fuzz_seconds"
 fi
 

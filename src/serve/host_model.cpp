@@ -211,6 +211,8 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     m.rank = loaded_layer.rank;
     m.scaling = loaded_layer.scaling;
     layer.options.weight = weight;
+    layer.options.refuse_non_finite = true;
+    layer.options.layer = w.name;
     layer.exact = exact_;
     layers.push_back(std::move(layer));
   }
@@ -258,6 +260,8 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                         "given with weight " + peft::quoted(w.name) + " has " +
                                         std::to_string(w.bias_elements) + " elements");
     layer.options.weight = weight;
+    layer.options.refuse_non_finite = true;
+    layer.options.layer = w.name;
     layer.exact = exact_;
     layers.push_back(std::move(layer));
   }

@@ -387,6 +387,48 @@ static void test_buffer_merge(void) {
   free(qbias_original);
 }
 
+/* A merge whose result overflows the buffer's dtype (a large weight into a buffer holding the
+ * largest finite value) is refused NON_FINITE naming the layer, and the buffer keeps its bytes: with
+ * and without kept rows, F32 and BF16. The same buffer merged with weight 1 stays finite. */
+static void test_buffer_merge_non_finite(void) {
+  const char* layer = "model.layers.0.self_attn.q_proj";
+  const uint64_t shape[2] = {16, 16};
+  float weight[256], before[256];
+  uint16_t bf16[256], bf16_before[256];
+  peft_adapter* adapter = NULL;
+  peft_merge_buffer_options* opts = NULL;
+  peft_merge_record* record = NULL;
+  for (int i = 0; i < 256; ++i) {
+    weight[i] = (i % 2) ? 3.4028234e38f : -3.4028234e38f;
+    bf16[i] = (i % 2) ? 0x7F7F : 0xFF7F;
+  }
+  memcpy(before, weight, sizeof weight);
+  memcpy(bf16_before, bf16, sizeof bf16);
+  CHECK_OK(peft_adapter_open(data_path("adapters/llama_lora"), NULL, &adapter));
+  CHECK_OK(peft_merge_buffer_options_new(&opts));
+  for (int keep = 0; keep <= 1; ++keep) {
+    CHECK_OK(peft_merge_buffer_options_set_keep_original_rows(opts, keep));
+    CHECK_OK(peft_merge_buffer_options_set_weight(opts, 1e37));
+    CHECK_CODE_NAMING(peft_merge_buffer_apply(adapter, layer, weight, PEFT_DTYPE_F32, shape, 2, NULL, 0, opts, &record),
+                      PEFT_ERR_NON_FINITE, layer);
+    CHECK(record == NULL);
+    CHECK(memcmp(weight, before, sizeof weight) == 0);
+    CHECK_CODE_NAMING(peft_merge_buffer_apply(adapter, layer, bf16, PEFT_DTYPE_BF16, shape, 2, NULL, 0, opts, &record),
+                      PEFT_ERR_NON_FINITE, layer);
+    CHECK(record == NULL);
+    CHECK(memcmp(bf16, bf16_before, sizeof bf16) == 0);
+  }
+  CHECK_OK(peft_merge_buffer_options_set_weight(opts, 1.0));
+  CHECK_OK(peft_merge_buffer_apply(adapter, layer, weight, PEFT_DTYPE_F32, shape, 2, NULL, 0, opts, &record));
+  CHECK(record != NULL);
+  int finite = 1;
+  for (int i = 0; i < 256; ++i) finite &= isfinite(weight[i]) != 0;
+  CHECK(finite);
+  peft_merge_record_free(record);
+  peft_merge_buffer_options_free(opts);
+  peft_adapter_free(adapter);
+}
+
 int main(void) {
   char model_file[512];
   snprintf(model_file, sizeof model_file, "%s/models/llama/model.safetensors", PEFT_TEST_DATA);
@@ -404,6 +446,7 @@ int main(void) {
   test_checkpoint_merge();
   test_checkpoint_arithmetic();
   test_buffer_merge();
+  test_buffer_merge_non_finite();
   remove_tree(scratch);
   return check_summary();
 }

@@ -204,3 +204,57 @@ TEST_CASE("buffer merge: records on different buffers work concurrently") {
   for (auto& t : threads) t.join();
   for (int i = 0; i < kThreads; ++i) CHECK(ok[static_cast<size_t>(i)] == 1);
 }
+
+TEST_CASE("buffer merge: a result that is not finite is refused and the buffers keep their bytes") {
+  // A buffer holding its dtype's largest values and a large merge weight: plain LoRA, DoRA and
+  // lora_bias, kept rows or not, every dtype. Without refuse_non_finite (the GGUF merge, which
+  // checks by itself) the same merge writes infinities. (DoRA rescales each row to its magnitude,
+  // so in F16 it stays finite: its check is in F32 and BF16, where the sum overflows before.)
+  const float largest[] = {3.4028234e38f, 0x1.FEp127f, 65504.0f};
+  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
+  const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 6000);
+  for (int t = 0; t < 3; ++t) {
+    CAPTURE(dtype_name(dtypes[t]));
+    Buffer w(dtypes[t], 16 * 24);
+    for (size_t i = 0; i < w.size(); ++i) w.set(i, (i % 3 == 0) ? -largest[t] : largest[t]);
+    Buffer b(dtypes[t], 16);
+    for (size_t i = 0; i < b.size(); ++i) b.set(i, 0.5f);
+    const Buffer w0 = w, b0 = b;
+    auto wv = w.view(16, 24);
+    auto bv = b.view(1, 16);
+    for (bool dora : {false, true})
+      for (bool bias : {false, true})
+        for (bool keep : {false, true}) {
+          if (dora && dtypes[t] == DType::F16) continue;
+          CAPTURE(dora);
+          CAPTURE(bias);
+          CAPTURE(keep);
+          BufferMergeOptions options;
+          options.weight = dtypes[t] == DType::F16 ? 1e7 : 1e37;
+          options.keep_original_rows = keep;
+          options.refuse_non_finite = true;
+          options.layer = "layers.0.q";
+          try {
+            BufferMerge::apply(wv, bias ? &bv : nullptr, fx.module(dora, bias), options);
+            FAIL("merged");
+          } catch (const peft::Error& e) {
+            CHECK(e.code() == PEFT_ERR_NON_FINITE);
+            CHECK(std::string(e.what()).find("\"layers.0.q\"") != std::string::npos);
+          }
+          CHECK(same_bytes(w, w0));
+          CHECK(same_bytes(b, b0));
+        }
+    BufferMergeOptions finite;
+    finite.refuse_non_finite = true;
+    BufferMerge r = BufferMerge::apply(wv, nullptr, fx.module(false, false), finite);
+    CHECK(r.saved_bytes() == 0);  // the originals were kept only while the merge ran
+    r.remove(wv, nullptr);
+    w = w0;
+    BufferMergeOptions unchecked;
+    unchecked.weight = dtypes[t] == DType::F16 ? 1e7 : 1e37;
+    BufferMerge::apply(wv, nullptr, fx.module(false, false), unchecked);
+    bool any_inf = false;
+    for (size_t i = 0; i < w.size(); ++i) any_inf |= std::isinf(w.get(i));
+    CHECK(any_inf);
+  }
+}

@@ -161,3 +161,33 @@ TEST_CASE("merge math: every kernel table gives the same bits") {
       CHECK(c[static_cast<size_t>(i * cols + j)] == 0.37f * acc);
     }
 }
+
+TEST_CASE("merge math: every kernel table reports a non-finite write in the add that makes it") {
+  namespace k = pm::kernels;
+  std::vector<const k::Table*> tables{&k::portable()};
+  if (k::x86_avx2()) tables.push_back(k::x86_avx2());
+  if (k::x86_avx512()) tables.push_back(k::x86_avx512());
+  // Sums just below and at the point where each dtype rounds to an infinity, and NaN.
+  const float sums[] = {1.0f, 65519.0f, 65520.0f, 0x1.FEFFFEp127f, 0x1.FFp127f, 3.4028234e38f, INFINITY, std::nanf("")};
+  for (const k::Table* t : tables)
+    for (DType dt : {DType::F32, DType::BF16, DType::F16})
+      for (float sum : sums)
+        for (float sign : {1.0f, -1.0f})
+          for (int64_t at : {0, 7, 300}) {
+            CAPTURE(t->name);
+            CAPTURE(dtype_name(dt));
+            CAPTURE(sum);
+            const k::Storage s = dt == DType::F32 ? k::Storage::f32 : dt == DType::BF16 ? k::Storage::bf16 : k::Storage::f16;
+            for (bool dora : {false, true}) {
+              Buffer w(dt, 301);  // zeros
+              std::vector<float> d(301, 0.25f);
+              d[static_cast<size_t>(at)] = sign * sum;
+              const float one = 1.0f;
+              const bool reported = dora ? t->dora_apply(s, w.bytes.data(), d.data(), &one, 0, 301)
+                                         : t->add_rounded(s, w.bytes.data(), d.data(), 301);
+              bool written = false;
+              for (size_t i = 0; i < w.size(); ++i) written |= !std::isfinite(w.get(i));
+              CHECK(reported == written);
+            }
+          }
+}

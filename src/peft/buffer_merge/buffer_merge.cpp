@@ -1,6 +1,7 @@
 // BufferMerge: lora_math applied to a host's buffers, with an exact or arithmetic way back.
 #include "peft/buffer_merge/buffer_merge.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <string>
@@ -116,14 +117,17 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   record.bias_dtype_ = with_bias ? bias->dtype : DType::F32;
 
   const size_t row_bytes = static_cast<size_t>(layout.cols()) * element_bytes(weight.dtype);
+  const bool save = record.keep_rows_ || options.refuse_non_finite;
+  std::atomic<bool> non_finite{false};
   merge::RowSink sink;
   merge::ExecOptions exec;
   exec.threads = options.threads;
   exec.arithmetic = options.arithmetic;
-  if (record.keep_rows_) {
+  if (save) {
     sink = record.original_rows_sink(layout, row_bytes, with_bias);
     exec.row_sink = &sink;
   }
+  if (options.refuse_non_finite) exec.non_finite = &non_finite;
 
   const merge::LoraFactors term = factors_of(module, record.coefficient_);
   if (module.magnitude != nullptr)
@@ -136,29 +140,46 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
       const auto* p = static_cast<const unsigned char*>(bytes);
       record.saved_bias_.assign(p, p + count);
     };
-    merge::add_lora_bias(*bias, module.lora_bias, record.coefficient_, false,
-                         record.keep_rows_ ? &bias_sink : nullptr);
-    if (record.keep_rows_ && !record.saved_bias_.empty())
-      record.merged_bias_hash_ = hash_bytes(static_cast<const unsigned char*>(bias->data), record.saved_bias_.size());
+    merge::add_lora_bias(*bias, module.lora_bias, record.coefficient_, false, save ? &bias_sink : nullptr);
   }
+  record.finish(non_finite, weight, with_bias ? bias : nullptr, row_bytes, options);
+  return record;
+}
 
-  if (record.keep_rows_) {
-    const auto* base = static_cast<const unsigned char*>(weight.data);
-    for (int64_t row : record.saved_row_index_)
-      record.merged_row_hash_.push_back(hash_bytes(base + static_cast<size_t>(row) * row_bytes, row_bytes));
-    // Give back the reservation when few rows changed.
-    if (record.saved_bytes_.size() < record.saved_bytes_.capacity() / 2) {
-      try {
-        record.saved_bytes_.shrink_to_fit();
-        record.saved_row_index_.shrink_to_fit();
-        record.merged_row_hash_.shrink_to_fit();
-      } catch (const std::bad_alloc&) {
-        // keeping the larger buffers is fine
-      }
+void BufferMerge::finish(bool non_finite, const merge::WeightView& weight, const merge::WeightView* bias,
+                         size_t row_bytes, const BufferMergeOptions& options) {
+  auto* base = static_cast<unsigned char*>(weight.data);
+  if (options.refuse_non_finite && (non_finite || (bias != nullptr && merge::holds_non_finite(*bias)))) {
+    for (size_t i = 0; i < saved_row_index_.size(); ++i)
+      std::memcpy(base + static_cast<size_t>(saved_row_index_[i]) * row_bytes, saved_bytes_.data() + i * row_bytes,
+                  row_bytes);
+    if (!saved_bias_.empty()) std::memcpy(bias->data, saved_bias_.data(), saved_bias_.size());
+    fail(PEFT_ERR_NON_FINITE, "buffer merge: layer " + peft::quoted(options.layer) +
+                                  " would hold an infinity or a NaN after the merge; its buffers are unchanged");
+  }
+  if (!keep_rows_) {
+    saved_row_index_ = {};
+    saved_bytes_ = {};
+    merged_row_hash_ = {};
+    saved_bias_ = {};
+    active_ = true;
+    return;
+  }
+  if (!saved_bias_.empty())
+    merged_bias_hash_ = hash_bytes(static_cast<const unsigned char*>(bias->data), saved_bias_.size());
+  for (int64_t row : saved_row_index_)
+    merged_row_hash_.push_back(hash_bytes(base + static_cast<size_t>(row) * row_bytes, row_bytes));
+  // Give back the reservation when few rows changed.
+  if (saved_bytes_.size() < saved_bytes_.capacity() / 2) {
+    try {
+      saved_bytes_.shrink_to_fit();
+      saved_row_index_.shrink_to_fit();
+      merged_row_hash_.shrink_to_fit();
+    } catch (const std::bad_alloc&) {
+      // keeping the larger buffers is fine
     }
   }
-  record.active_ = true;
-  return record;
+  active_ = true;
 }
 
 // The record's changes for another method, computed from its parameters and the merge weight.
@@ -225,13 +246,16 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
   record.dtype_ = weight.dtype;
   record.bias_dtype_ = change->scales_bias ? bias->dtype : DType::F32;
   const size_t row_bytes = static_cast<size_t>(layout.cols()) * element_bytes(weight.dtype);
+  const bool save = record.keep_rows_ || options.refuse_non_finite;
+  std::atomic<bool> non_finite{false};
   merge::RowSink sink;
   merge::ExecOptions exec;
   exec.threads = options.threads;
-  if (record.keep_rows_) {
+  if (save) {
     sink = record.original_rows_sink(layout, row_bytes, change->scales_bias);
     exec.row_sink = &sink;
   }
+  if (options.refuse_non_finite) exec.non_finite = &non_finite;
   if (change->replaces)
     merge::replace_rows(weight, replacement->values.data(), change->rows, exec);
   else if (ia3)
@@ -250,17 +274,10 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
       bias_exec.row_sink = &bias_sink;
       merge::replace_rows(*bias, change->bias.data(), {}, bias_exec);
     } else {
-      merge::ia3_scale_bias(*bias, change->scale.data(), false, record.keep_rows_ ? &bias_sink : nullptr);
+      merge::ia3_scale_bias(*bias, change->scale.data(), false, save ? &bias_sink : nullptr);
     }
-    if (record.keep_rows_ && !record.saved_bias_.empty())
-      record.merged_bias_hash_ = hash_bytes(static_cast<const unsigned char*>(bias->data), record.saved_bias_.size());
   }
-  if (record.keep_rows_) {
-    const auto* base = static_cast<const unsigned char*>(weight.data);
-    for (int64_t row : record.saved_row_index_)
-      record.merged_row_hash_.push_back(hash_bytes(base + static_cast<size_t>(row) * row_bytes, row_bytes));
-  }
-  record.active_ = true;
+  record.finish(non_finite, weight, change->scales_bias ? bias : nullptr, row_bytes, options);
   return record;
 }
 

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "peft/adapter/method_params.hpp"
@@ -60,6 +61,13 @@ struct BufferMergeOptions {
   // The order of a plain LoRA module's f32 arithmetic (merge::Arithmetic); ggml refuses DoRA and
   // the other methods (UNSUPPORTED).
   merge::Arithmetic arithmetic = merge::Arithmetic::peft;
+  // A host's buffers (the C API, host models): a merge that writes an infinity or a NaN (checked
+  // in the pass that writes each value) puts the buffers back to their original bytes and throws
+  // PEFT_ERR_NON_FINITE naming `layer`. The original rows are kept while the merge runs, as with
+  // keep_original_rows. Off for callers that check the merged values themselves (the GGUF merge
+  // with its --allow-nonfinite, adapter export).
+  bool refuse_non_finite = false;
+  std::string layer{};  // the name in that error
 };
 
 class BufferMerge {
@@ -73,7 +81,8 @@ class BufferMerge {
   // Merges `module` into `weight` (layout.rows() x layout.cols(), F32/BF16/F16) and, when the
   // module has a lora_bias, into `bias` (1 x layout.out; required then, ignored otherwise).
   // Throws SHAPE_MISMATCH, UNSUPPORTED (dtype), INVALID_ARGUMENT (null pointers, missing bias),
-  // OUT_OF_MEMORY; the buffers are untouched when it throws.
+  // OUT_OF_MEMORY, NON_FINITE (options.refuse_non_finite); the buffers are untouched (or, after
+  // NON_FINITE, put back byte for byte) when it throws.
   static BufferMerge apply(const merge::WeightView& weight, const merge::WeightView* bias,
                            const BufferMergeModule& module, const BufferMergeOptions& options = {});
 
@@ -95,6 +104,11 @@ class BufferMerge {
   // Reserves the kept-rows storage (so a merge cannot fail halfway) and returns the sink that fills it;
   // used only while this record's merge runs.
   merge::RowSink original_rows_sink(const merge::DeltaLayout& layout, size_t row_bytes, bool with_bias);
+  // After a merge that kept the original rows: with refuse_non_finite, when the merge wrote an
+  // infinity or a NaN, writes the originals back and throws NON_FINITE; then drops the originals
+  // unless keep_original_rows asked for them, or hashes the merged rows for remove().
+  void finish(bool non_finite, const merge::WeightView& weight, const merge::WeightView* bias, size_t row_bytes,
+              const BufferMergeOptions& options);
   struct MethodChange;
   static BufferMerge apply_method(const merge::WeightView& weight, const merge::WeightView* bias,
                                   const BufferMergeModule& module, const BufferMergeOptions& options);

@@ -49,6 +49,8 @@ NamedBufferMerge NamedBufferMerge::apply(const std::shared_ptr<const Adapter>& a
   merge_options.weight = options.weight;
   merge_options.keep_original_rows = options.keep_original_rows;
   merge_options.threads = options.threads;
+  merge_options.refuse_non_finite = true;
+  merge_options.layer = std::string(name);
   merge.record_ = BufferMerge::apply(weight_view, bias_view ? &*bias_view : nullptr, factors, merge_options);
   return merge;
 }

@@ -72,6 +72,26 @@ PEFT_INLINE void store_chunk(void* w, int64_t j0, int n, const float* x) {
 
 inline int chunk_size(int64_t j0, int64_t n) { return static_cast<int>(n - j0 < kChunk ? n - j0 : kChunk); }
 
+// The smallest magnitude that is stored as an infinity (round to nearest even: the halfway point
+// above the largest finite value rounds up, its last mantissa bit being odd). An f32 x is stored
+// as an infinity or NaN exactly when !(|x| < limit), NaN included: one compare per element in the
+// loop that stores it.
+template <Storage S>
+constexpr float non_finite_limit() {
+  if constexpr (S == Storage::f32) return __builtin_huge_valf();
+  else if constexpr (S == Storage::bf16) return 0x1.FFp127f;  // bf16 max 0x1.FEp127 + half an ulp
+  else return 65520.0f;                                        // f16 max 65504 + half an ulp
+}
+
+// 1 when any of x[0..m) is stored as an infinity or NaN in S.
+template <Storage S>
+PEFT_INLINE unsigned any_non_finite(const float* x, int m) {
+  constexpr float limit = non_finite_limit<S>();
+  unsigned bad = 0;
+  for (int i = 0; i < m; ++i) bad |= static_cast<unsigned>(!(std::fabs(x[i]) < limit));
+  return bad;
+}
+
 // ---- low-rank product -------------------------------------------------------------------------
 
 // One RB x W tile of C: the accumulators stay in registers while k runs over the rank.
@@ -124,14 +144,17 @@ PEFT_INLINE void lowrank_body(const float* L, const float* R, int64_t rows, int6
 // ---- element-wise passes ----------------------------------------------------------------------
 
 template <Storage S, class Half>
-PEFT_INLINE void add_rounded_body(void* w, const float* d, int64_t n) {
+PEFT_INLINE bool add_rounded_body(void* w, const float* d, int64_t n) {
   float x[kChunk];
+  unsigned bad = 0;
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int m = chunk_size(j0, n);
     load_chunk<S, Half>(w, j0, m, x);
     for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
+    bad |= any_non_finite<S>(x, m);
     store_chunk<S, Half>(w, j0, m, x);
   }
+  return bad != 0;
 }
 
 template <Storage S, class Half>
@@ -167,8 +190,9 @@ PEFT_INLINE void accumulate_squares_body(const void* w, const float* d, double* 
 
 // stride 0: one factor for the row; 1: one per column.
 template <Storage S, class Half>
-PEFT_INLINE void dora_apply_body(void* w, const float* d, const float* factor, int64_t stride, int64_t n) {
+PEFT_INLINE bool dora_apply_body(void* w, const float* d, const float* factor, int64_t stride, int64_t n) {
   float x[kChunk];
+  unsigned bad = 0;
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int m = chunk_size(j0, n);
     load_chunk<S, Half>(w, j0, m, x);
@@ -178,8 +202,10 @@ PEFT_INLINE void dora_apply_body(void* w, const float* d, const float* factor, i
     } else {
       for (int i = 0; i < m; ++i) x[i] = factor[j0 + i] * (x[i] + d[j0 + i]);
     }
+    bad |= any_non_finite<S>(x, m);
     store_chunk<S, Half>(w, j0, m, x);
   }
+  return bad != 0;
 }
 
 template <Storage S, class Half>
@@ -215,8 +241,9 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
                     bool accumulate, float* C) {                                                           \
     lowrank_body<RB, W>(L, R, rows, cols, rank, coef, accumulate, C);                                      \
   }                                                                                                        \
-  ATTR void add_rounded(Storage s, void* w, const float* d, int64_t n) {                                   \
+  ATTR bool add_rounded(Storage s, void* w, const float* d, int64_t n) {                                   \
     PEFT_STORAGE_SWITCH(s, add_rounded_body, w, d, n);                                                     \
+    return false;                                                                                          \
   }                                                                                                        \
   ATTR double sum_squares(Storage s, const void* w, const float* d, int64_t n) {                           \
     PEFT_STORAGE_SWITCH(s, sum_squares_body, w, d, n);                                                     \
@@ -225,8 +252,9 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
   ATTR void accumulate_squares(Storage s, const void* w, const float* d, double* acc, int64_t n) {         \
     PEFT_STORAGE_SWITCH(s, accumulate_squares_body, w, d, acc, n);                                         \
   }                                                                                                        \
-  ATTR void dora_apply(Storage s, void* w, const float* d, const float* f, int64_t stride, int64_t n) {    \
+  ATTR bool dora_apply(Storage s, void* w, const float* d, const float* f, int64_t stride, int64_t n) {    \
     PEFT_STORAGE_SWITCH(s, dora_apply_body, w, d, f, stride, n);                                           \
+    return false;                                                                                          \
   }                                                                                                        \
   ATTR void dora_remove(Storage s, void* w, const float* d, const float* f, int64_t stride, int64_t n) {   \
     PEFT_STORAGE_SWITCH(s, dora_remove_body, w, d, f, stride, n);                                          \

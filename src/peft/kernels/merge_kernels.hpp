@@ -21,8 +21,9 @@ struct Table {
   void (*lowrank)(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank, float coef,
                   bool accumulate, float* C);
 
-  // w[j] = round(float(w[j]) + d[j]) for j < n.
-  void (*add_rounded)(Storage s, void* w, const float* d, int64_t n);
+  // w[j] = round(float(w[j]) + d[j]) for j < n. Returns whether any w[j] written is infinite or NaN
+  // (checked in the same pass).
+  bool (*add_rounded)(Storage s, void* w, const float* d, int64_t n);
 
   // sum over j of double(float(w[j]) + d[j])^2, accumulated in 8 interleaved f64 lanes (element j
   // goes to lane j % 8) that are added pairwise at the end: the same order on every table.
@@ -32,8 +33,8 @@ struct Table {
   void (*accumulate_squares)(Storage s, const void* w, const float* d, double* acc, int64_t n);
 
   // w[j] = round(f * (float(w[j]) + d[j])) with f = factor[j * factor_stride] (stride 0: one
-  // factor for the whole row, 1: one per column).
-  void (*dora_apply)(Storage s, void* w, const float* d, const float* factor, int64_t factor_stride, int64_t n);
+  // factor for the whole row, 1: one per column). Returns whether any w[j] written is infinite or NaN.
+  bool (*dora_apply)(Storage s, void* w, const float* d, const float* factor, int64_t factor_stride, int64_t n);
 
   // w[j] = round(float(w[j]) / f - d[j]), f as above.
   void (*dora_remove)(Storage s, void* w, const float* d, const float* factor, int64_t factor_stride, int64_t n);

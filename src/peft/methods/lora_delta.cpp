@@ -76,14 +76,16 @@ void apply_plain(const WeightView& weight, const DeltaLayout& layout, std::span<
       each.back().ggml = true;
     }
     for (const PreparedTerms& p : each)
-      detail::for_each_row(weight, s, p, exec,
-                           [&](int64_t, void* row, const float* d) { k.add_rounded(s, row, d, p.cols); });
+      detail::for_each_row(weight, s, p, exec, [&](int64_t, void* row, const float* d) {
+        if (k.add_rounded(s, row, d, p.cols) && exec.non_finite != nullptr) *exec.non_finite = true;
+      });
     return;
   }
   const PreparedTerms p = detail::prepare(layout, terms, negate);
   const int64_t cols = p.cols;
-  detail::for_each_row(weight, s, p, exec,
-                       [&](int64_t, void* row, const float* d) { k.add_rounded(s, row, d, cols); });
+  detail::for_each_row(weight, s, p, exec, [&](int64_t, void* row, const float* d) {
+    if (k.add_rounded(s, row, d, cols) && exec.non_finite != nullptr) *exec.non_finite = true;
+  });
 }
 
 float load_value(DType dtype, const unsigned char* p) {

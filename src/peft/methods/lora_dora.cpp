@@ -87,8 +87,8 @@ void apply_factors(const WeightView& weight, kernels::Storage s, const PreparedT
     const int64_t stride = transposed ? 1 : 0;
     if (remove)
       k.dora_remove(s, w, d, factor, stride, cols);
-    else
-      k.dora_apply(s, w, d, factor, stride, cols);
+    else if (k.dora_apply(s, w, d, factor, stride, cols) && exec.non_finite != nullptr)
+      *exec.non_finite = true;
   });
 }
 
@@ -124,7 +124,7 @@ std::vector<float> dora_merge(const WeightView& weight, const DeltaLayout& layou
     const float n = static_cast<float>(std::sqrt(k.sum_squares(s, w, d, cols)));
     norms[static_cast<size_t>(row)] = n;
     const float f = magnitude[row] / n;
-    k.dora_apply(s, w, d, &f, 0, cols);
+    if (k.dora_apply(s, w, d, &f, 0, cols) && exec.non_finite != nullptr) *exec.non_finite = true;
   });
   return norms;
 }

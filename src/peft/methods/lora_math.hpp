@@ -40,6 +40,7 @@
 // buffers may run concurrently. A call writes only into the buffer it is given.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -134,6 +135,10 @@ struct ExecOptions {
   unsigned threads = 0;        // worker threads; 0 = one per hardware thread. Small jobs use one.
   const RowSink* row_sink = nullptr;  // optional; see RowSink
   Arithmetic arithmetic = Arithmetic::peft;  // add_delta only
+  // Optional: set to true by an operation that writes a weight when any value it writes is infinite
+  // or NaN in the weight's dtype (checked in the pass that writes it; add_delta, dora_merge and the
+  // methods' rewrites of peft_methods.hpp). Never reset.
+  std::atomic<bool>* non_finite = nullptr;
 };
 
 // llama-export-lora's scale of an adapter merged with weight `weight`, in its f32 arithmetic:
@@ -141,6 +146,9 @@ struct ExecOptions {
 // module whose scaling is lora_alpha / r (what convert_lora_to_gguf.py writes as adapter.lora.alpha);
 // other scalings (rslora, alpha 0 in PEFT, which scales by 0) keep float(weight * scaling).
 double ggml_lora_coefficient(double weight, double alpha, int64_t rank, double scaling, const std::string& who);
+
+// Whether any value of the buffer (F32, BF16 or F16) is an infinity or a NaN.
+bool holds_non_finite(const ConstWeightView& view);
 
 // ---- deltas ---------------------------------------------------------------------------------
 

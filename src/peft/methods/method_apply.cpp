@@ -47,6 +47,19 @@ void store(DType dtype, unsigned char* p, float v) {
   std::memcpy(p, &h, 2);
 }
 
+// Whether the value stored at p is finite (its exponent bits are not all ones).
+bool finite_stored(DType dtype, const unsigned char* p) {
+  if (dtype == DType::F32) {
+    uint32_t u;
+    std::memcpy(&u, p, 4);
+    return (u & 0x7F800000u) != 0x7F800000u;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint16_t exponent = dtype == DType::BF16 ? 0x7F80 : 0x7C00;
+  return (h & exponent) != exponent;
+}
+
 void check_weight(const WeightView& weight, const DeltaLayout& layout, const char* what) {
   element_bytes(weight.dtype);
   if (weight.data == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, std::string(what) + ": weight buffer is null");
@@ -69,7 +82,13 @@ void rewrite_rows(const WeightView& weight, const ExecOptions& exec, Op&& op) {
     unsigned char* row = base + static_cast<size_t>(r) * row_bytes;
     for (int64_t j = 0; j < weight.cols; ++j) values[static_cast<size_t>(j)] = load(weight.dtype, row + j * esize);
     op(r, values.data());
-    for (int64_t j = 0; j < weight.cols; ++j) store(weight.dtype, work.data() + j * esize, values[static_cast<size_t>(j)]);
+    bool bad = false;
+    for (int64_t j = 0; j < weight.cols; ++j) {
+      unsigned char* p = work.data() + j * esize;
+      store(weight.dtype, p, values[static_cast<size_t>(j)]);
+      bad |= !finite_stored(weight.dtype, p);
+    }
+    if (bad && exec.non_finite != nullptr) *exec.non_finite = true;
     if (std::memcmp(work.data(), row, row_bytes) == 0) continue;
     if (exec.row_sink != nullptr) (*exec.row_sink)(r, row, row_bytes);
     std::memcpy(row, work.data(), row_bytes);
@@ -77,6 +96,15 @@ void rewrite_rows(const WeightView& weight, const ExecOptions& exec, Op&& op) {
 }
 
 }  // namespace
+
+bool holds_non_finite(const ConstWeightView& view) {
+  const size_t esize = element_bytes(view.dtype);
+  const auto* p = static_cast<const unsigned char*>(view.data);
+  const size_t count = static_cast<size_t>(view.rows * view.cols);
+  for (size_t i = 0; i < count; ++i)
+    if (!finite_stored(view.dtype, p + i * esize)) return true;
+  return false;
+}
 
 std::vector<float> matmul_f32(const float* x, const float* y, int64_t m, int64_t k, int64_t n) {
   std::vector<float> out(static_cast<size_t>(m * n), 0.0f);
