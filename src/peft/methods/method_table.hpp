@@ -7,8 +7,9 @@
 // rotation from its parameters, and what conversion and export make of it. The arithmetic itself
 // stays in the method's own file (peft_methods.hpp).
 //
-// A new method is one row here, its arithmetic file, its config fields (adapter/adapter_config)
-// and its tests; tests/unit/test_method_table.cpp walks the table and fails for a row that some
+// A new method is one row here, its arithmetic file, its config fields (`lora_view` in
+// adapter/adapter_config), its rank and scaling (`resolve_method` in adapter/adapter.cpp) and its
+// tests; tests/unit/test_method_table.cpp walks the table and fails for a row that some
 // part of the library does not support.
 //
 // Thread safety: the table is constant.
