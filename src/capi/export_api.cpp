@@ -20,6 +20,17 @@ using peft::capi::guarded;
 using peft::capi::options_of;
 using peft::capi::require_arg;
 
+namespace {
+// The options of a GGUF LoRA export: the base (NULL: none) and the tensors' ggml type, checked.
+peft::GgufAdapterExportOptions gguf_export_options(const char* base, int32_t ggml_type) {
+  if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
+  peft::GgufAdapterExportOptions options;
+  options.base = base != nullptr ? base : "";
+  options.ggml_type = static_cast<uint32_t>(ggml_type);
+  return options;
+}
+}  // namespace
+
 extern "C" {
 
 peft_error* peft_export_options_new(peft_export_options** out) { return peft::capi::new_handle(out); }
@@ -51,17 +62,6 @@ peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir
     peft::export_adapter(*adapter->impl, out_dir, options_of(opts));
   });
 }
-
-namespace {
-// The options of a GGUF LoRA export: the base (NULL: none) and the tensors' ggml type, checked.
-peft::GgufAdapterExportOptions gguf_export_options(const char* base, int32_t ggml_type) {
-  if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
-  peft::GgufAdapterExportOptions options;
-  options.base = base != nullptr ? base : "";
-  options.ggml_type = static_cast<uint32_t>(ggml_type);
-  return options;
-}
-}  // namespace
 
 peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const char* out_path, const char* base,
                                      int32_t ggml_type) {
