@@ -47,17 +47,21 @@ std::vector<std::pair<Identity, std::string>> identities(const std::string& path
 
 }  // namespace
 
-void refuse_output_over_inputs(const std::string& out, const std::vector<std::string>& inputs) {
+void refuse_output_over_inputs(const std::string& out, const std::vector<JobInput>& inputs) {
   const auto written = identities(out);
   if (written.empty()) return;
-  for (const std::string& input : inputs)
-    for (const auto& [id, read_path] : identities(input))
-      for (const auto& [out_id, out_path] : written)
-        if (id == out_id)
-          fail(PEFT_ERR_INVALID_ARGUMENT,
-               "the output " + quoted(out) + " would replace the input " + quoted(read_path) +
-                   (read_path == input ? std::string() : " (in " + quoted(input) + ")") +
-                   (out_path == out ? std::string() : " (as " + quoted(out_path) + ")") + "; write to another path");
+  for (const JobInput& input : inputs)
+    for (const auto& [id, read_path] : identities(input.path))
+      for (const auto& [out_id, out_path] : written) {
+        if (id != out_id) continue;
+        if (read_path == input.path && out_path == out)
+          fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + quoted(out) + " is " + input.role + " itself (" +
+                                              quoted(input.path) + "); write to another path");
+        fail(PEFT_ERR_INVALID_ARGUMENT,
+             "the output " + quoted(out) + " would replace " + quoted(read_path) +
+                 (read_path == input.path ? std::string() : ", in " + input.role + " " + quoted(input.path)) +
+                 (out_path == out ? std::string() : " (as " + quoted(out_path) + ")") + "; write to another path");
+      }
 }
 
 }  // namespace peft

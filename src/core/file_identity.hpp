@@ -11,9 +11,15 @@
 
 namespace peft {
 
-// Fails with PEFT_ERR_INVALID_ARGUMENT, naming both paths, when `out` (a file or folder, existing or
-// not) is, holds or lies directly in one of `inputs` as described above. Inputs that do not exist
-// (a hub id, an empty string) are skipped. Reads only the entries of the folders given.
-void refuse_output_over_inputs(const std::string& out, const std::vector<std::string>& inputs);
+// An input of a job: what it is, for the message ("the base model folder"), and its path.
+struct JobInput {
+  std::string role;
+  std::string path;
+};
+
+// Fails with PEFT_ERR_INVALID_ARGUMENT, naming the input's role and both paths, when `out` (a file or
+// folder, existing or not) is, holds or lies directly in one of `inputs` as described above. Inputs
+// that do not exist (a hub id, an empty string) are skipped. Reads only the entries of the folders given.
+void refuse_output_over_inputs(const std::string& out, const std::vector<JobInput>& inputs);
 
 }  // namespace peft

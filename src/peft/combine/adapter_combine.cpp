@@ -294,8 +294,9 @@ void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, 
                                         std::to_string(weights.size()) + " weights");
   for (size_t i = 0; i < adapters.size(); ++i)
     if (!adapters[i]) fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters: adapter #" + std::to_string(i) + " is NULL");
-  std::vector<std::string> inputs;
-  for (const auto& adapter : adapters) inputs.insert(inputs.end(), {adapter->dir(), adapter->base_dir()});
+  std::vector<JobInput> inputs;
+  for (const auto& adapter : adapters)
+    inputs.insert(inputs.end(), {{"an input adapter's folder", adapter->dir()}, {"the base model folder", adapter->base_dir()}});
   refuse_output_over_inputs(out_dir, inputs);
   Combiner(adapters, weights, method).run(out_dir, options);
 }

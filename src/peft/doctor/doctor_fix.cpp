@@ -21,29 +21,19 @@ namespace peft::doctor {
 
 namespace fs = std::filesystem;
 
-// --fix never writes over what it reads: the adapter folder, the base folder, or any folder of a
-// hub cache snapshot (its files are links into blobs/). Compared as weakly canonical paths (links
-// resolved, the folder may not exist yet).
+// --fix never writes over what it reads: the adapter folder, the base folder (by file identity,
+// core/file_identity), or any folder of a hub cache snapshot (its files are links into blobs/; the
+// path compared weakly canonical, links resolved, the folder may not exist yet).
 void check_out_dir(const DoctorState& d, const std::string& out_dir) {
+  refuse_output_over_inputs(out_dir, {{"the adapter folder", d.dir},
+                                      {"the base model folder", d.base ? d.base->dir : std::string()}});
   std::error_code ec;
   const fs::path out = fs::weakly_canonical(fs::absolute(out_dir, ec), ec);
-  auto same = [&](const std::string& dir) {
-    std::error_code ec2;
-    const fs::path p = fs::weakly_canonical(fs::absolute(dir, ec2), ec2);
-    return !ec2 && p == out;
-  };
-  if (same(d.dir))
-    fail(PEFT_ERR_INVALID_ARGUMENT, "the fixed copy's folder " + peft::quoted(out_dir) +
-                                        " is the adapter folder itself; --fix writes a copy, give another folder");
-  if (d.base && same(d.base->dir))
-    fail(PEFT_ERR_INVALID_ARGUMENT, "the fixed copy's folder " + peft::quoted(out_dir) +
-                                        " is the base model folder; give another folder");
   for (fs::path p = out; !p.empty() && p != p.root_path(); p = p.parent_path())
     if (auto repository = hub_repository_of_snapshot(p.string()))
       fail(PEFT_ERR_INVALID_ARGUMENT, "the fixed copy's folder " + peft::quoted(out_dir) +
                                           " is inside a hub cache snapshot of " + peft::quoted(*repository) +
                                           " (its files are links into the cache); give another folder");
-  refuse_output_over_inputs(out_dir, {d.dir, d.base ? d.base->dir : std::string()});  // links, bind mounts
 }
 
 void write_fix(const DoctorState& d, const std::string& out_dir) {

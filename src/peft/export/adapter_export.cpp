@@ -97,7 +97,7 @@ void require_lora(const Adapter& adapter, const std::string& what) {
 void export_adapter(const Adapter& adapter, const std::string& out_dir, const ExportOptions& options) {
   const std::string what = "adapter " + peft::quoted(adapter.dir());
   require_lora(adapter, what);
-  refuse_output_over_inputs(out_dir, {adapter.dir(), adapter.base_dir()});
+  refuse_output_over_inputs(out_dir, {{"the adapter folder", adapter.dir()}, {"the base model folder", adapter.base_dir()}});
   std::vector<ExportedModule> lora_modules;
   std::vector<OutputTensor> tensors;
   const Checkpoint& checkpoint = adapter.checkpoint();

@@ -159,7 +159,9 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
       if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, module.name)) return false;
     return true;
   });
-  refuse_output_over_inputs(out_path, {adapter.dir(), adapter.base_dir(), base.name});
+  refuse_output_over_inputs(out_path, {{"the adapter folder", adapter.dir()},
+                                       {"the base model folder", adapter.base_dir()},
+                                       {"the base model", base.name}});
   const std::vector<GgufPair> pairs = plan_pairs(adapter, base, options.skip);
   const double alpha = adapter.config().lora_alpha;
   // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.

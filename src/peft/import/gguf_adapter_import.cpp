@@ -46,7 +46,7 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
   // The metadata checks (general.type, adapter.type, architecture, alpha) and factor reading are
   // gguf_lora_file's.
   const std::shared_ptr<const GgufLoraFile> lora = open_gguf_lora(gguf_path);
-  refuse_output_over_inputs(out_dir, {gguf_path, base_name});
+  refuse_output_over_inputs(out_dir, {{"the GGUF LoRA file", gguf_path}, {"the base model", base_name}});
   const std::shared_ptr<const Checkpoint> file = lora->file;
   const std::optional<std::string> architecture = lora->architecture;
   const double alpha = lora->alpha;

@@ -48,7 +48,7 @@ std::shared_ptr<const Adapter> open_as_initialised(const std::string& location) 
 std::vector<LowRankModule> convert_to_lora(const Adapter& adapter, const std::string& out_dir,
                                            const LowRankOptions& options) {
   check_lowrank_options(options);
-  refuse_output_over_inputs(out_dir, {adapter.dir(), adapter.base_dir()});
+  refuse_output_over_inputs(out_dir, {{"the adapter folder", adapter.dir()}, {"the base model folder", adapter.base_dir()}});
   const LoraConfig& c = adapter.config();
   const std::string what = "adapter " + peft::quoted(adapter.dir());
   if (c.lora_bias) fail(PEFT_ERR_UNSUPPORTED, what + " sets lora_bias, which PEFT's convert_to_lora does not support");
@@ -109,7 +109,7 @@ void convert_initial_to_lora(const std::string& tuned_dir, const std::string& in
                              const std::optional<DType>& dtype) {
   const std::shared_ptr<const Adapter> tuned_ptr = open_as_initialised(tuned_dir);
   const std::shared_ptr<const Adapter> initial_ptr = open_as_initialised(initial_dir);
-  refuse_output_over_inputs(out_dir, {tuned_ptr->dir(), initial_ptr->dir()});
+  refuse_output_over_inputs(out_dir, {{"the fine-tuned adapter folder", tuned_ptr->dir()}, {"the initial adapter folder", initial_ptr->dir()}});
   const Adapter& tuned = *tuned_ptr;
   const Adapter& initial = *initial_ptr;
   const std::string what = "adapter " + peft::quoted(tuned_dir);

@@ -52,7 +52,7 @@ std::vector<LowRankModule> extract_lora(const std::string& base_location, const 
   check_lowrank_options(options);
   const BaseModel base = BaseModel::open(base_location, {});
   const BaseModel tuned = BaseModel::open(tuned_location, {});
-  refuse_output_over_inputs(out_dir, {base.dir, tuned.dir});
+  refuse_output_over_inputs(out_dir, {{"the base model folder", base.dir}, {"the fine-tuned model folder", tuned.dir}});
   const nlohmann::json* base_config = base.config.is_object() ? &base.config : nullptr;
   std::shared_ptr<const ArchTable> table;
   if (auto guess = detect_family(base_config, std::nullopt)) table = builtin_arch_table(guess->family);

@@ -201,9 +201,6 @@ void check_folders(const std::string& base_dir, const std::string& out_dir) {
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
     fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + peft::quoted(out_dir) + " exists and is not a folder");
-  if (fs::equivalent(base_dir, out_dir, ec))
-    fail(PEFT_ERR_INVALID_ARGUMENT, "the output folder " + peft::quoted(out_dir) +
-                                        " is the base model folder; merge into another folder");
 }
 
 }  // namespace

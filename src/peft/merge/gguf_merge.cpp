@@ -438,9 +438,6 @@ CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::s
     fail(PEFT_ERR_UNSUPPORTED, "merged tensors cannot be quantized to ggml type " + std::to_string(*options.quant));
   if (options.max_shard_size != 0)
     fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file writes one file: do not set a shard size");
-  std::error_code ec;
-  if (fs::exists(out_path, ec) && fs::equivalent(base_path, out_path, ec))
-    fail(PEFT_ERR_INVALID_ARGUMENT, "the output " + peft::quoted(out_path) + " is the base file itself");
   refuse_output_over_merge_inputs(out_path, base_path, options.adapters);
   GgufMerge merge(base_path, options);
   return merge.run(out_path);

@@ -543,9 +543,10 @@ MergePlan plan_merge(const std::string& base_dir, const std::vector<MergeInput>&
 
 void refuse_output_over_merge_inputs(const std::string& out, const std::string& base,
                                      const std::vector<MergeInput>& adapters) {
-  std::vector<std::string> inputs{base};
+  std::vector<JobInput> inputs{{"the base model", base}};
   for (const MergeInput& input : adapters)
-    inputs.push_back(input.gguf_lora ? input.gguf_lora->path : input.adapter ? input.adapter->dir() : "");
+    inputs.push_back({"an adapter being merged",
+                      input.gguf_lora ? input.gguf_lora->path : input.adapter ? input.adapter->dir() : ""});
   refuse_output_over_inputs(out, inputs);
 }
 
