@@ -47,24 +47,17 @@ peft_error* peft_adapter_options_new(peft_adapter_options** out) { return peft::
 void peft_adapter_options_free(peft_adapter_options* opts) { delete opts; }
 
 peft_error* peft_adapter_options_set_base_dir(peft_adapter_options* opts, const char* base_dir) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.base_dir = base_dir == nullptr ? "" : base_dir;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.base_dir = base_dir == nullptr ? "" : base_dir; });
 }
 
 peft_error* peft_adapter_options_set_translator(peft_adapter_options* opts, const peft_translator* translator) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.table = translator == nullptr ? nullptr : translator->impl.table_ptr();
+  return peft::capi::set_option(opts, [&](auto& o) {
+    o.table = translator == nullptr ? nullptr : translator->impl.table_ptr();
   });
 }
 
 peft_error* peft_adapter_options_set_lenient(peft_adapter_options* opts, int32_t lenient) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.lenient = lenient != 0;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.lenient = lenient != 0; });
 }
 
 peft_error* peft_adapter_open(const char* dir, const peft_adapter_options* opts, peft_adapter** out) {

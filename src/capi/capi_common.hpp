@@ -60,6 +60,16 @@ peft_error* new_handle(Handle** out) noexcept {
   });
 }
 
+// The body of an options setter: checks the handle, then set(opts->impl) under guarded():
+// `return set_option(opts, [&](auto& o) { o.threads = threads; });`.
+template <class Handle, class Set>
+peft_error* set_option(Handle* opts, Set&& set) noexcept {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    set(opts->impl);
+  });
+}
+
 // The C++ options an options handle holds (its `impl`), or the defaults for a NULL handle.
 template <class Handle>
 auto options_of(const Handle* handle) {

@@ -46,17 +46,11 @@ peft_error* peft_open_options_new(peft_open_options** out) { return peft::capi::
 void peft_open_options_free(peft_open_options* opts) { delete opts; }
 
 peft_error* peft_open_options_set_max_header_size(peft_open_options* opts, uint64_t max_bytes) {
-  return peft::capi::guarded([&] {
-    peft::capi::require_arg(opts, "opts");
-    opts->impl.max_header_size = max_bytes;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.max_header_size = max_bytes; });
 }
 
 peft_error* peft_open_options_set_use_pread(peft_open_options* opts, int32_t use_pread) {
-  return peft::capi::guarded([&] {
-    peft::capi::require_arg(opts, "opts");
-    opts->impl.use_pread = use_pread != 0;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.use_pread = use_pread != 0; });
 }
 
 peft_error* peft_checkpoint_open(const char* path, const peft_open_options* opts, peft_checkpoint** out) {

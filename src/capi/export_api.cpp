@@ -38,20 +38,18 @@ peft_error* peft_export_options_new(peft_export_options** out) { return peft::ca
 void peft_export_options_free(peft_export_options* opts) { delete opts; }
 
 peft_error* peft_export_options_set_dtype(peft_export_options* opts, int32_t dtype) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.dtype = peft::capi::output_dtype_option(dtype, "the export dtype");
+  return peft::capi::set_option(opts, [&](auto& o) {
+    o.dtype = peft::capi::output_dtype_option(dtype, "the export dtype");
   });
 }
 
 peft_error* peft_export_options_set_peft_version(peft_export_options* opts, const char* version) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (version == nullptr || version[0] == '\0') {
-      opts->impl.peft_version.reset();
+      o.peft_version.reset();
       return;
     }
-    opts->impl.peft_version = peft::parse_peft_version(version);
+    o.peft_version = peft::parse_peft_version(version);
   });
 }
 

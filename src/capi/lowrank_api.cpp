@@ -43,49 +43,41 @@ peft_error* peft_lowrank_options_new(peft_lowrank_options** out) { return peft::
 void peft_lowrank_options_free(peft_lowrank_options* opts) { delete opts; }
 
 peft_error* peft_lowrank_options_set_rank(peft_lowrank_options* opts, int64_t rank) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (rank < 1) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the rank must be at least 1, not " + std::to_string(rank));
-    opts->impl.choice = {rank, 0.0};
+    o.choice = {rank, 0.0};
   });
 }
 
 peft_error* peft_lowrank_options_set_energy(peft_lowrank_options* opts, double fraction) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (!(fraction > 0.0 && fraction <= 1.0))
       peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the energy fraction must be in (0, 1]");
-    opts->impl.choice = {0, fraction};
+    o.choice = {0, fraction};
   });
 }
 
 peft_error* peft_lowrank_options_set_svd(peft_lowrank_options* opts, int32_t method) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (method != PEFT_SVD_EXACT && method != PEFT_SVD_RANDOMIZED)
       peft::fail(PEFT_ERR_INVALID_ARGUMENT,
                  "SVD method " + std::to_string(method) + " is not PEFT_SVD_EXACT or PEFT_SVD_RANDOMIZED");
-    opts->impl.method = method == PEFT_SVD_EXACT ? peft::merge::SvdMethod::exact : peft::merge::SvdMethod::randomized;
+    o.method = method == PEFT_SVD_EXACT ? peft::merge::SvdMethod::exact : peft::merge::SvdMethod::randomized;
   });
 }
 
 peft_error* peft_lowrank_options_set_threads(peft_lowrank_options* opts, uint32_t threads) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.threads = threads;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.threads = threads; });
 }
 
 peft_error* peft_lowrank_options_set_dtype(peft_lowrank_options* opts, int32_t dtype) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.dtype = peft::capi::output_dtype_option(dtype, "the factors' dtype");
+  return peft::capi::set_option(opts, [&](auto& o) {
+    o.dtype = peft::capi::output_dtype_option(dtype, "the factors' dtype");
   });
 }
 
 peft_error* peft_lowrank_options_set_modules(peft_lowrank_options* opts, const char* const* names, size_t count) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (count > 0) require_arg(names, "names");
     std::vector<std::string> list;
     for (size_t i = 0; i < count; ++i) {
@@ -93,15 +85,12 @@ peft_error* peft_lowrank_options_set_modules(peft_lowrank_options* opts, const c
         peft::fail(PEFT_ERR_INVALID_ARGUMENT, "names[" + std::to_string(i) + "] is NULL or empty");
       list.emplace_back(names[i]);
     }
-    opts->impl.modules = std::move(list);
+    o.modules = std::move(list);
   });
 }
 
 peft_error* peft_lowrank_options_set_base(peft_lowrank_options* opts, const char* base_dir) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.base_dir = base_dir != nullptr ? base_dir : "";
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.base_dir = base_dir != nullptr ? base_dir : ""; });
 }
 
 size_t peft_lowrank_report_module_count(const peft_lowrank_report* report) {

@@ -72,47 +72,33 @@ peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts, const c
 }
 
 peft_error* peft_merge_options_set_dtype(peft_merge_options* opts, int32_t dtype) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.dtype = peft::capi::output_dtype_option(dtype, "the merge output dtype");
+  return peft::capi::set_option(opts, [&](auto& o) {
+    o.dtype = peft::capi::output_dtype_option(dtype, "the merge output dtype");
   });
 }
 
 peft_error* peft_merge_options_set_max_shard_size(peft_merge_options* opts, uint64_t max_shard_size) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.max_shard_size = max_shard_size;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.max_shard_size = max_shard_size; });
 }
 
 peft_error* peft_merge_options_set_threads(peft_merge_options* opts, uint32_t threads) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.threads = threads;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.threads = threads; });
 }
 
 peft_error* peft_merge_options_set_require_config(peft_merge_options* opts, int32_t require) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.require_config = require != 0;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.require_config = require != 0; });
 }
 
 peft_error* peft_merge_options_set_allow_nonfinite(peft_merge_options* opts, int32_t allow) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.allow_nonfinite = allow != 0;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.allow_nonfinite = allow != 0; });
 }
 
 peft_error* peft_merge_options_set_progress(peft_merge_options* opts, peft_progress_fn fn, void* user_data) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (fn == nullptr)
-      opts->impl.progress = nullptr;
+      o.progress = nullptr;
     else
-      opts->impl.progress = [fn, user_data](uint64_t done, uint64_t total) { return fn(user_data, done, total) == 0; };
+      o.progress = [fn, user_data](uint64_t done, uint64_t total) { return fn(user_data, done, total) == 0; };
   });
 }
 
@@ -167,10 +153,9 @@ const char* peft_merge_result_note(const peft_merge_result* result, size_t index
 }
 
 peft_error* peft_merge_options_set_quant(peft_merge_options* opts, int32_t ggml_type) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (ggml_type == PEFT_DTYPE_KEEP) {
-      opts->impl.quant.reset();
+      o.quant.reset();
       return;
     }
     const auto type = ggml_type < 0 ? std::nullopt : peft::ggml_type(static_cast<uint32_t>(ggml_type));
@@ -179,15 +164,12 @@ peft_error* peft_merge_options_set_quant(peft_merge_options* opts, int32_t ggml_
     if (!peft::ggml_can_quantize(type->id))
       peft::fail(PEFT_ERR_UNSUPPORTED, "merged tensors cannot be quantized to " + std::string(type->name) +
                                            " (ggml's quantizer for it needs an importance matrix)");
-    opts->impl.quant = type->id;
+    o.quant = type->id;
   });
 }
 
 peft_error* peft_merge_options_set_report(peft_merge_options* opts, int32_t report) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.report = report != 0;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.report = report != 0; });
 }
 
 const char* peft_merge_result_report_json(const peft_merge_result* result) {
@@ -195,12 +177,11 @@ const char* peft_merge_result_report_json(const peft_merge_result* result) {
 }
 
 peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts, int32_t arithmetic) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (arithmetic == PEFT_MERGE_ARITHMETIC_PEFT)
-      opts->impl.arithmetic = peft::merge::Arithmetic::peft;
+      o.arithmetic = peft::merge::Arithmetic::peft;
     else if (arithmetic == PEFT_MERGE_ARITHMETIC_GGML)
-      opts->impl.arithmetic = peft::merge::Arithmetic::ggml;
+      o.arithmetic = peft::merge::Arithmetic::ggml;
     else
       peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge arithmetic " + std::to_string(arithmetic) +
                                                 " is not PEFT_MERGE_ARITHMETIC_PEFT (0) or PEFT_MERGE_ARITHMETIC_GGML (1)");
@@ -214,35 +195,27 @@ peft_error* peft_merge_buffer_options_new(peft_merge_buffer_options** out) { ret
 void peft_merge_buffer_options_free(peft_merge_buffer_options* opts) { delete opts; }
 
 peft_error* peft_merge_buffer_options_set_weight(peft_merge_buffer_options* opts, double weight) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     require_finite(weight);
-    opts->impl.weight = weight;
+    o.weight = weight;
   });
 }
 
 peft_error* peft_merge_buffer_options_set_keep_original_rows(peft_merge_buffer_options* opts, int32_t keep) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.keep_original_rows = keep != 0;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.keep_original_rows = keep != 0; });
 }
 
 peft_error* peft_merge_buffer_options_set_threads(peft_merge_buffer_options* opts, uint32_t threads) {
-  return guarded([&] {
-    require_arg(opts, "opts");
-    opts->impl.threads = threads;
-  });
+  return peft::capi::set_option(opts, [&](auto& o) { o.threads = threads; });
 }
 
 peft_error* peft_merge_buffer_options_set_translator(peft_merge_buffer_options* opts,
                                                      const peft_translator* translator) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (translator == nullptr)
-      opts->impl.translator.reset();
+      o.translator.reset();
     else
-      opts->impl.translator.emplace(translator->impl);
+      o.translator.emplace(translator->impl);
   });
 }
 

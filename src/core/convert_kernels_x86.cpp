@@ -4,8 +4,9 @@
 // once the destination is 32-byte aligned. Heads and tails go through the scalar functions, which
 // give the same bits.
 #include "core/convert_kernels.hpp"
+#include "core/kernel_target.hpp"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#ifdef PEFT_KERNELS_X86
 
 #include <immintrin.h>
 

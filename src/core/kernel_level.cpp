@@ -6,9 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "core/kernel_target.hpp"
+
+#ifdef PEFT_KERNELS_X86
 #include <cpuid.h>
-#define PEFT_KERNELS_X86 1
 #endif
 
 namespace peft::kernels {

@@ -81,7 +81,7 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
 bool changes_bias(const BufferMergeModule& m, const void* bias) {
   if (m.lora_bias != nullptr) return true;
   return bias != nullptr && m.method_module && effect_of(m.method_module->method) == MethodEffect::scale &&
-         !m.method_module->ia3_feedforward;
+         !m.method_module->settings.ia3_feedforward;
 }
 
 [[noreturn]] void fail_to_keep(size_t bytes, const std::string& what) {

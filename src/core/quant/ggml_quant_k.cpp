@@ -270,18 +270,38 @@ void scalar_qx_16(const float* x, uint64_t groups, int8_t* L, float* scales) {
   for (uint64_t g = 0; g < groups; ++g) scales[g] = make_qx_quants(16, 32, x + 16 * g, L + 16 * g, 1);
 }
 
+// The scale and min of sub-blocks `is` and `is + 1` of a Q4_K or Q5_K block: d·scale, dmin·min.
+struct SubBlockPair {
+  float d1, m1, d2, m2;
+};
+SubBlockPair sub_block_pair(const uint8_t* scales, int is, float d, float dmin) {
+  uint8_t sc1, mn1, sc2, mn2;
+  scale_min_k4(is, scales, &sc1, &mn1);
+  scale_min_k4(is + 1, scales, &sc2, &mn2);
+  return {d * fl(sc1), dmin * fl(mn1), d * fl(sc2), dmin * fl(mn2)};
+}
+
 // Super-blocks are searched in chunks of this many: the lanes run over all their sub-blocks at once.
 constexpr uint64_t kChunkBlocks = 16;
 
-// Q4_K and Q5_K: the levels of `blocks` super-blocks (at most kChunkBlocks) into L, the scales and
-// mins into the blocks' headers (d, dmin, scales[12] at out, block_bytes apart).
-void quantize_k_chunk(const KLanes& lanes, const float* x, uint64_t blocks, int nmax, float rmin, int nstep,
-                      uint8_t* L, uint8_t* out, uint64_t block_bytes) {
+// Q4_K and Q5_K: searches the super-blocks a chunk at a time (the lanes run over all its sub-blocks at
+// once), writes each block's header (d, dmin, scales[12]), then hands its levels to pack(L, block).
+template <class Pack>
+void quantize_k_blocks(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks, int nmax, float rmin,
+                       int nstep, uint64_t block_bytes, Pack&& pack) {
+  uint8_t Ls[kChunkBlocks * QK_K];
   float scales[kChunkBlocks * 8], mins[kChunkBlocks * 8];
-  lanes.qkx2_32(x, blocks * 8, nmax, rmin, nstep, L, scales, mins);
-  for (uint64_t b = 0; b < blocks; ++b)
-    finish_k_scales(x + b * QK_K, nmax, scales + 8 * b, mins + 8 * b, L + b * QK_K, out + b * block_bytes,
-                    out + b * block_bytes + 4);
+  for (uint64_t first = 0; first < blocks; first += kChunkBlocks) {
+    const uint64_t count = std::min(kChunkBlocks, blocks - first);
+    const float* chunk = x + first * QK_K;
+    lanes.qkx2_32(chunk, count * 8, nmax, rmin, nstep, Ls, scales, mins);
+    for (uint64_t b = 0; b < count; ++b) {
+      uint8_t* L = Ls + b * QK_K;
+      uint8_t* block = out + (first + b) * block_bytes;
+      finish_k_scales(chunk + b * QK_K, nmax, scales + 8 * b, mins + 8 * b, L, block, block + 4);
+      pack(L, block);
+    }
+  }
 }
 
 }  // namespace
@@ -465,19 +485,11 @@ void dequantize_q3_k(const uint8_t* in, float* y, uint64_t blocks) {
 
 // Q4_K: f16 d, f16 dmin, scales[12] (6-bit scales and mins), qs[128] (nibbles).
 void quantize_q4_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks) {
-  uint8_t Ls[kChunkBlocks * QK_K];
-  for (uint64_t first = 0; first < blocks; first += kChunkBlocks) {
-    const uint64_t count = std::min(kChunkBlocks, blocks - first);
-    quantize_k_chunk(lanes, x + first * QK_K, count, 15, -1.0f, 20, Ls, out + first * 144, 144);
-    for (uint64_t b = 0; b < count; ++b) {
-      const uint8_t* L = Ls + b * QK_K;
-      uint8_t* q = out + (first + b) * 144 + 16;
-      for (int j = 0; j < QK_K; j += 64) {
-        for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
-        q += 32;
-      }
-    }
-  }
+  quantize_k_blocks(lanes, x, out, blocks, 15, -1.0f, 20, 144, [](const uint8_t* L, uint8_t* block) {
+    uint8_t* q = block + 16;
+    for (int j = 0; j < QK_K; j += 64, q += 32)
+      for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+  });
 }
 
 void quantize_q4_k(const float* x, uint8_t* out, uint64_t blocks) { quantize_q4_k_with(k_lanes_active(), x, out, blocks); }
@@ -489,12 +501,8 @@ void dequantize_q4_k(const uint8_t* in, float* y, uint64_t blocks) {
     const uint8_t* scales = in + 4;
     const uint8_t* q = in + 16;
     int is = 0;
-    uint8_t sc, m;
     for (int j = 0; j < QK_K; j += 64) {
-      scale_min_k4(is + 0, scales, &sc, &m);
-      const float d1 = d * fl(sc), m1 = min * fl(m);
-      scale_min_k4(is + 1, scales, &sc, &m);
-      const float d2 = d * fl(sc), m2 = min * fl(m);
+      const auto [d1, m1, d2, m2] = sub_block_pair(scales, is, d, min);
       for (int l = 0; l < 32; ++l) *y++ = d1 * fl(q[l] & 0xF) - m1;
       for (int l = 0; l < 32; ++l) *y++ = d2 * fl(q[l] >> 4) - m2;
       q += 32;
@@ -505,36 +513,29 @@ void dequantize_q4_k(const uint8_t* in, float* y, uint64_t blocks) {
 
 // Q5_K: f16 d, f16 dmin, scales[12], qh[32] (fifth bits), qs[128] (nibbles).
 void quantize_q5_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks) {
-  uint8_t Ls[kChunkBlocks * QK_K];
-  for (uint64_t first = 0; first < blocks; first += kChunkBlocks) {
-    const uint64_t count = std::min(kChunkBlocks, blocks - first);
-    quantize_k_chunk(lanes, x + first * QK_K, count, 31, -0.5f, 15, Ls, out + first * 176, 176);
-    for (uint64_t b = 0; b < count; ++b) {
-      const uint8_t* L = Ls + b * QK_K;
-      uint8_t* qh = out + (first + b) * 176 + 16;
-      uint8_t* ql = qh + 32;
-      std::memset(qh, 0, QK_K / 8);
-      uint8_t m1 = 1, m2 = 2;
-      for (int n = 0; n < QK_K; n += 64) {
-        for (int j = 0; j < 32; ++j) {
-          int l1 = L[n + j];
-          if (l1 > 15) {
-            l1 -= 16;
-            qh[j] |= m1;
-          }
-          int l2 = L[n + j + 32];
-          if (l2 > 15) {
-            l2 -= 16;
-            qh[j] |= m2;
-          }
-          ql[j] = static_cast<uint8_t>(l1 | (l2 << 4));
+  quantize_k_blocks(lanes, x, out, blocks, 31, -0.5f, 15, 176, [](const uint8_t* L, uint8_t* block) {
+    uint8_t* qh = block + 16;
+    uint8_t* ql = qh + 32;
+    std::memset(qh, 0, QK_K / 8);
+    uint8_t m1 = 1, m2 = 2;
+    for (int n = 0; n < QK_K; n += 64, ql += 32) {
+      for (int j = 0; j < 32; ++j) {
+        int l1 = L[n + j];
+        if (l1 > 15) {
+          l1 -= 16;
+          qh[j] |= m1;
         }
-        m1 = static_cast<uint8_t>(m1 << 2);
-        m2 = static_cast<uint8_t>(m2 << 2);
-        ql += 32;
+        int l2 = L[n + j + 32];
+        if (l2 > 15) {
+          l2 -= 16;
+          qh[j] |= m2;
+        }
+        ql[j] = static_cast<uint8_t>(l1 | (l2 << 4));
       }
+      m1 = static_cast<uint8_t>(m1 << 2);
+      m2 = static_cast<uint8_t>(m2 << 2);
     }
-  }
+  });
 }
 
 void quantize_q5_k(const float* x, uint8_t* out, uint64_t blocks) { quantize_q5_k_with(k_lanes_active(), x, out, blocks); }
@@ -547,13 +548,9 @@ void dequantize_q5_k(const uint8_t* in, float* y, uint64_t blocks) {
     const uint8_t* qh = in + 16;
     const uint8_t* ql = in + 48;
     int is = 0;
-    uint8_t sc, m;
     uint8_t u1 = 1, u2 = 2;
     for (int j = 0; j < QK_K; j += 64) {
-      scale_min_k4(is + 0, scales, &sc, &m);
-      const float d1 = d * fl(sc), m1 = min * fl(m);
-      scale_min_k4(is + 1, scales, &sc, &m);
-      const float d2 = d * fl(sc), m2 = min * fl(m);
+      const auto [d1, m1, d2, m2] = sub_block_pair(scales, is, d, min);
       for (int l = 0; l < 32; ++l) *y++ = d1 * fl((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
       for (int l = 0; l < 32; ++l) *y++ = d2 * fl((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
       ql += 32;

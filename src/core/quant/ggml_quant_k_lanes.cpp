@@ -14,22 +14,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/kernel_target.hpp"
 #include "core/quant/ggml_quant_support.hpp"
 
 // Vector arguments of the always-inlined helpers below: GCC warns that their ABI would depend on
 // the target; they are never called across a target boundary.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PEFT_K_LANES_X86 1
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define PEFT_INLINE [[gnu::always_inline]] inline
-#else
-#define PEFT_INLINE inline
 #endif
 
 namespace peft::quant {
@@ -53,7 +44,7 @@ constexpr int W = 4;
 PEFT_K_LANES_TABLE("portable")
 }  // namespace portable_impl
 
-#ifdef PEFT_K_LANES_X86
+#ifdef PEFT_KERNELS_X86
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
 #else
@@ -90,7 +81,7 @@ PEFT_K_LANES_TABLE("avx512")
 const KLanes* k_lanes(kernels::Level level) {
   using kernels::Level;
   if (level == Level::portable) return &portable_impl::table;
-#ifdef PEFT_K_LANES_X86
+#ifdef PEFT_KERNELS_X86
   if (level > kernels::supported_level()) return nullptr;
   if (level == Level::avx2) return &avx2_impl::table;
   if (level == Level::avx512) return &avx512_impl::table;

@@ -385,7 +385,7 @@ struct AdapterBuilder {
         // SVDLinear.update_layer: scaling = lora_alpha if > 0 else float(r); ranknum = float(init_r),
         // kept when rank_pattern resizes the layer (resize_modules_by_rank_pattern).
         m.scaling = c.lora_alpha > 0 ? c.lora_alpha : static_cast<double>(m.rank);
-        m.ranknum = static_cast<double>(c.r);
+        m.settings.ranknum = static_cast<double>(c.r);
         int64_t expected = c.r;
         for (const auto& [key, mask] : c.adalora_rank_masks) {
           std::string module = key;
@@ -410,6 +410,7 @@ struct AdapterBuilder {
         m.rank = dim(lambda, 0);
         m.alpha = vera ? 1.0 : c.lora_alpha;
         m.scaling = vera ? 1.0 : c.lora_alpha / static_cast<double>(c.r);  // RandLoraLayer: randlora_alpha / r
+        m.settings.projections_not_saved = !c.save_projection;
         check_rank(m.rank);
         return;
       }
@@ -418,6 +419,7 @@ struct AdapterBuilder {
         m.rank_key = matcher.rank_key(m.name);  // n_frequency_pattern
         m.rank = matcher.rank_for(m.name);
         m.scaling = c.fourierft_scaling;
+        m.settings.random_loc_seed = c.random_loc_seed;
         const auto& shape = info(*m.find_param("fourierft_spectrum")).shape;
         if (shape.size() != 1 || static_cast<int64_t>(shape[0]) != m.rank)
           config_problem(m.rank_key ? "n_frequency_pattern" : "n_frequency",
@@ -432,9 +434,9 @@ struct AdapterBuilder {
         if (!need({"ia3_l"})) return;
         const ModuleSelector& ff = c.feedforward_modules;
         if (ff.kind == ModuleSelector::Kind::list) {
-          for (const std::string& name : ff.names) m.ia3_feedforward = m.ia3_feedforward || m.name.ends_with(name);
+          for (const std::string& name : ff.names) m.settings.ia3_feedforward = m.settings.ia3_feedforward || m.name.ends_with(name);
         } else if (ff.kind == ModuleSelector::Kind::regex || ff.kind == ModuleSelector::Kind::all_linear) {
-          m.ia3_feedforward = PythonRegex(ff.pattern, PEFT_ERR_INVALID_CONFIG, "field \"feedforward_modules\"")
+          m.settings.ia3_feedforward = PythonRegex(ff.pattern, PEFT_ERR_INVALID_CONFIG, "field \"feedforward_modules\"")
                                   .fullmatch(m.name);
         }
         return;
@@ -442,8 +444,8 @@ struct AdapterBuilder {
       case PeftMethod::miss: {
         m.scaling = 1.0;  // MiSS has no scale (its set_scale keeps 1)
         m.rank = c.r;
-        m.miss_bat = c.miss_bat;
-        m.miss_mini_r = c.miss_mini_r;
+        m.settings.miss_bat = c.miss_bat;
+        m.settings.miss_mini_r = c.miss_mini_r;
         if (!need({"miss_block"})) return;
         check_rank(dim("miss_block", c.miss_bat ? 1 : 0));
         return;
@@ -457,8 +459,8 @@ struct AdapterBuilder {
       case PeftMethod::boft:
       case PeftMethod::hra:
         m.scaling = 1.0;  // PEFT has no scale for rotations (set_scale warns and keeps 1)
-        m.oft = c.oft;
-        m.hra_apply_gs = c.hra_apply_gs;
+        m.settings.oft = c.oft;
+        m.settings.hra_apply_gs = c.hra_apply_gs;
         if (c.method == PeftMethod::oft) need({"oft_R"});
         if (c.method == PeftMethod::boft) need({"boft_R", "boft_s"});
         if (c.method == PeftMethod::hra && need({"hra_u"})) {
@@ -474,6 +476,7 @@ struct AdapterBuilder {
         // whole, or (save_only_topk_weights) as _topk_indices [.., topk] + _topk_weights [.., topk - 1].
         m.scaling = 1.0;
         m.rank = c.r;
+        m.settings.vblora_topk = c.vblora_topk;
         const bool whole = m.find_param("vblora_logits_A") || m.find_param("vblora_logits_B");
         if (whole) {
           if (!need({"vblora_logits_A", "vblora_logits_B"})) return;

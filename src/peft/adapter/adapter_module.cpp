@@ -52,15 +52,4 @@ ModuleRoles module_roles(const AdapterModule& m) {
   return roles;
 }
 
-MethodSettings method_settings(const AdapterModule& m) {
-  MethodSettings s;
-  s.ranknum = m.ranknum;
-  s.ia3_feedforward = m.ia3_feedforward;
-  s.miss_bat = m.miss_bat;
-  s.miss_mini_r = m.miss_mini_r;
-  s.oft = m.oft;
-  s.hra_apply_gs = m.hra_apply_gs;
-  return s;
-}
-
 }  // namespace peft

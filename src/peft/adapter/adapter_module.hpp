@@ -49,16 +49,11 @@ struct AdapterModule {
   // The PEFT method of the module's adapter layer (LoRA, or the adapter's peft_type for
   // method_param tensors). For LoHa/LoKr rank/alpha/scaling are PEFT's r, alpha, alpha / r; for
   // AdaLoRA rank is the saved rank, scaling lora_alpha (or the rank when lora_alpha <= 0) and
-  // ranknum init_r; IA3 has none of them, and ia3_feedforward says whether feedforward_modules
+  // settings.ranknum init_r; IA3 has none of them, and settings.ia3_feedforward says whether feedforward_modules
   // selects the module (ia3_l then scales the input features, otherwise the output features).
   PeftMethod method = PeftMethod::lora;
-  double ranknum = 0;
-  bool ia3_feedforward = false;
-  std::string ia3_bias;  // IA3, not feed-forward: the base bias ia3_l also scales ("" when none)
-  bool miss_bat = false;     // MiSS: the "bat" form (its delta reads the weight)
-  int64_t miss_mini_r = 0;   // MiSS: mini_r of the "mini" form, 0 otherwise
-  merge::OftSettings oft;     // OFT: the adapter's coft / eps / block_share / Cayley-Neumann fields
-  bool hra_apply_gs = false;  // HRA: apply_GS
+  MethodSettings settings;  // what the method's row reads besides the parameters (AdaLoRA's ranknum, ...)
+  std::string ia3_bias;     // IA3, not feed-forward: the base bias ia3_l also scales ("" when none)
 
   bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
   const AdapterTensor* find(TensorRole role) const;
@@ -78,9 +73,5 @@ struct ModuleRoles {
   bool method = false;     // parameters of another method (method_param)
 };
 ModuleRoles module_roles(const AdapterModule& m);
-
-// The module's own settings its method's arithmetic reads (the adapter-wide ones stay default:
-// load_method_params sets them from the config).
-MethodSettings method_settings(const AdapterModule& m);
 
 }  // namespace peft

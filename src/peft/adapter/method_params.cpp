@@ -28,11 +28,7 @@ MethodParams load_method_params(const Adapter& adapter, const AdapterModule& mod
     if (const size_t* index = adapter.shared_param(name); index != nullptr && p.tensors.count(name) == 0)
       read(name, *index);
   }
-  const LoraConfig& c = adapter.config();
-  p.settings = method_settings(module);
-  p.settings.projections_not_saved = !c.save_projection;
-  p.settings.random_loc_seed = c.random_loc_seed;
-  p.settings.vblora_topk = c.vblora_topk;
+  p.settings = module.settings;
   return p;
 }
 
@@ -70,7 +66,7 @@ void check_conv_kernel(const AdapterModule& m, const MethodParams& p, std::span<
 
 bool method_reads_weight(const AdapterModule& m) {
   const MethodRow& row = method_row(m.method);
-  return row.reads_weight != nullptr && row.reads_weight(method_settings(m));
+  return row.reads_weight != nullptr && row.reads_weight(m.settings);
 }
 
 std::vector<float> method_delta(const AdapterModule& m, const MethodParams& p, double coefficient,

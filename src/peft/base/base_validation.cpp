@@ -97,7 +97,7 @@ class ModuleChecker {
         for (uint64_t d : adapter_.tensor(*index).shape) shape.push_back(static_cast<int64_t>(d));
       return shape;
     };
-    const MethodFeatures f = row.features(shape_of, method_settings(m_));
+    const MethodFeatures f = row.features(shape_of, m_.settings);
     return {static_cast<uint64_t>(f.out), static_cast<uint64_t>(f.in)};
   }
 
@@ -192,7 +192,7 @@ class ModuleChecker {
     }
     m_.kind = conv1d ? LayerKind::conv1d : LayerKind::linear;
     // IA3 on a non-feed-forward layer scales the bias too; the bias is the module's.
-    if (row.effect == MethodEffect::scale && !m_.ia3_feedforward)
+    if (row.effect == MethodEffect::scale && !m_.settings.ia3_feedforward)
       if (auto b = base_.find(m_.name, "bias", table_)) m_.ia3_bias = base_.weights->tensor(*b).name;
   }
 

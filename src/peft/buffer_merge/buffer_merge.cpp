@@ -74,18 +74,31 @@ merge::LoraFactors factors_of(const BufferMergeModule& m, double coefficient) {
 
 }  // namespace
 
-merge::RowSink BufferMerge::original_rows_sink(const merge::DeltaLayout& layout, size_t row_bytes, bool with_bias) {
-  // Everything the sink may need is allocated now, so the merge itself cannot fail halfway.
-  const size_t rows = static_cast<size_t>(layout.rows());
-  reserve_or_fail(saved_row_index_, rows, "row indices");
-  reserve_or_fail(saved_bytes_, rows * row_bytes, "the original rows");
-  reserve_or_fail(merged_row_hash_, rows, "row hashes");
-  if (with_bias) reserve_or_fail(saved_bias_, static_cast<size_t>(layout.out) * 4, "the original bias");
-  return [this](int64_t row, const void* bytes, size_t count) {
-    saved_row_index_.push_back(row);
+size_t BufferMerge::row_bytes() const {
+  return static_cast<size_t>(module_.layout.cols()) * element_bytes(dtype_);
+}
+
+BufferMerge::Saving::Saving(BufferMerge& record, const BufferMergeOptions& options, bool changes_bias) {
+  exec.threads = options.threads;
+  if (options.refuse_non_finite) exec.non_finite = &non_finite;
+  if (!record.keep_rows_ && !options.refuse_non_finite) return;
+  // Everything the sinks may need is allocated now, so the merge itself cannot fail halfway.
+  const size_t rows = static_cast<size_t>(record.module_.layout.rows());
+  reserve_or_fail(record.saved_row_index_, rows, "row indices");
+  reserve_or_fail(record.saved_bytes_, rows * record.row_bytes(), "the original rows");
+  reserve_or_fail(record.merged_row_hash_, rows, "row hashes");
+  if (changes_bias)
+    reserve_or_fail(record.saved_bias_, static_cast<size_t>(record.module_.layout.out) * 4, "the original bias");
+  rows_sink = [&record](int64_t row, const void* bytes, size_t count) {
+    record.saved_row_index_.push_back(row);
     const auto* p = static_cast<const unsigned char*>(bytes);
-    saved_bytes_.insert(saved_bytes_.end(), p, p + count);
+    record.saved_bytes_.insert(record.saved_bytes_.end(), p, p + count);
   };
+  bias_sink = [&record](int64_t, const void* bytes, size_t count) {
+    const auto* p = static_cast<const unsigned char*>(bytes);
+    record.saved_bias_.assign(p, p + count);
+  };
+  exec.row_sink = &rows_sink;
 }
 
 BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::WeightView* bias,
@@ -116,38 +129,22 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   record.dtype_ = weight.dtype;
   record.bias_dtype_ = with_bias ? bias->dtype : DType::F32;
 
-  const size_t row_bytes = static_cast<size_t>(layout.cols()) * element_bytes(weight.dtype);
-  const bool save = record.keep_rows_ || options.refuse_non_finite;
-  std::atomic<bool> non_finite{false};
-  merge::RowSink sink;
-  merge::ExecOptions exec;
-  exec.threads = options.threads;
-  exec.arithmetic = options.arithmetic;
-  if (save) {
-    sink = record.original_rows_sink(layout, row_bytes, with_bias);
-    exec.row_sink = &sink;
-  }
-  if (options.refuse_non_finite) exec.non_finite = &non_finite;
-
+  Saving saving(record, options, with_bias);
+  saving.exec.arithmetic = options.arithmetic;
   const merge::LoraFactors term = factors_of(module, record.coefficient_);
   if (module.magnitude != nullptr)
-    record.dora_norm_ = merge::dora_merge(weight, layout, {&term, 1}, module.magnitude, nullptr, exec);
+    record.dora_norm_ = merge::dora_merge(weight, layout, {&term, 1}, module.magnitude, nullptr, saving.exec);
   else
-    merge::add_delta(weight, layout, {&term, 1}, exec);
-
-  if (with_bias) {
-    merge::RowSink bias_sink = [&record](int64_t, const void* bytes, size_t count) {
-      const auto* p = static_cast<const unsigned char*>(bytes);
-      record.saved_bias_.assign(p, p + count);
-    };
-    merge::add_lora_bias(*bias, module.lora_bias, record.coefficient_, false, save ? &bias_sink : nullptr);
-  }
-  record.finish(non_finite, weight, with_bias ? bias : nullptr, row_bytes, options);
+    merge::add_delta(weight, layout, {&term, 1}, saving.exec);
+  if (with_bias)
+    merge::add_lora_bias(*bias, module.lora_bias, record.coefficient_, false, saving.bias_sink_or_null());
+  record.finish(saving.non_finite, weight, with_bias ? bias : nullptr, options);
   return record;
 }
 
 void BufferMerge::finish(bool non_finite, const merge::WeightView& weight, const merge::WeightView* bias,
-                         size_t row_bytes, const BufferMergeOptions& options) {
+                         const BufferMergeOptions& options) {
+  const size_t row_bytes = this->row_bytes();
   auto* base = static_cast<unsigned char*>(weight.data);
   if (options.refuse_non_finite && (non_finite || (bias != nullptr && merge::holds_non_finite(*bias)))) {
     for (size_t i = 0; i < saved_row_index_.size(); ++i)
@@ -224,12 +221,12 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
     }
   } else if (ia3) {
     change->scale = ia3_vector(*module.method_params, options.weight);
-    const int64_t want = m.ia3_feedforward ? layout.in : layout.out;
+    const int64_t want = m.settings.ia3_feedforward ? layout.in : layout.out;
     if (static_cast<int64_t>(change->scale.size()) != want)
       fail(PEFT_ERR_SHAPE_MISMATCH, "buffer merge: module " + peft::quoted(m.name) + ": ia3_l has " +
                                         std::to_string(change->scale.size()) + " values, the layer " +
                                         std::to_string(want) + " features");
-    change->scales_bias = !m.ia3_feedforward && bias != nullptr;
+    change->scales_bias = !m.settings.ia3_feedforward && bias != nullptr;
     if (change->scales_bias) check_view(*bias, 1, layout.out, "buffer merge: bias");
   } else if (is_rotation(m.method)) {
     change->transform = method_transform(m, *module.method_params, options.weight, layout, false);
@@ -245,39 +242,26 @@ BufferMerge BufferMerge::apply_method(const merge::WeightView& weight, const mer
   record.keep_rows_ = options.keep_original_rows || change->replaces;
   record.dtype_ = weight.dtype;
   record.bias_dtype_ = change->scales_bias ? bias->dtype : DType::F32;
-  const size_t row_bytes = static_cast<size_t>(layout.cols()) * element_bytes(weight.dtype);
-  const bool save = record.keep_rows_ || options.refuse_non_finite;
-  std::atomic<bool> non_finite{false};
-  merge::RowSink sink;
-  merge::ExecOptions exec;
-  exec.threads = options.threads;
-  if (save) {
-    sink = record.original_rows_sink(layout, row_bytes, change->scales_bias);
-    exec.row_sink = &sink;
-  }
-  if (options.refuse_non_finite) exec.non_finite = &non_finite;
+  Saving saving(record, options, change->scales_bias);
+  const merge::ExecOptions& exec = saving.exec;
   if (change->replaces)
     merge::replace_rows(weight, replacement->values.data(), change->rows, exec);
   else if (ia3)
-    merge::ia3_scale(weight, layout, change->scale.data(), m.ia3_feedforward, false, exec);
+    merge::ia3_scale(weight, layout, change->scale.data(), m.settings.ia3_feedforward, false, exec);
   else if (is_rotation(m.method))
     merge::transform_input(weight, layout, change->transform, exec);
   else
     merge::add_dense_delta(weight, layout, change->delta.data(), false, exec);
   if (change->scales_bias) {
-    merge::RowSink bias_sink = [&record](int64_t, const void* bytes, size_t count) {
-      const auto* p = static_cast<const unsigned char*>(bytes);
-      record.saved_bias_.assign(p, p + count);
-    };
     if (change->replaces) {
       merge::ExecOptions bias_exec;
-      bias_exec.row_sink = &bias_sink;
+      bias_exec.row_sink = &saving.bias_sink;
       merge::replace_rows(*bias, change->bias.data(), {}, bias_exec);
     } else {
-      merge::ia3_scale_bias(*bias, change->scale.data(), false, save ? &bias_sink : nullptr);
+      merge::ia3_scale_bias(*bias, change->scale.data(), false, saving.bias_sink_or_null());
     }
   }
-  record.finish(non_finite, weight, change->scales_bias ? bias : nullptr, row_bytes, options);
+  record.finish(saving.non_finite, weight, change->scales_bias ? bias : nullptr, options);
   return record;
 }
 
@@ -300,7 +284,7 @@ void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightVie
   check_same_buffers(weight, bias);
   const merge::DeltaLayout& layout = module_.layout;
   if (keep_rows_) {
-    const size_t row_bytes = static_cast<size_t>(layout.cols()) * element_bytes(dtype_);
+    const size_t row_bytes = this->row_bytes();
     auto* base = static_cast<unsigned char*>(weight.data);
     for (size_t i = 0; i < saved_row_index_.size(); ++i) {
       const unsigned char* row = base + static_cast<size_t>(saved_row_index_[i]) * row_bytes;
@@ -323,7 +307,7 @@ void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightVie
     exec.threads = threads_;
     const AdapterModule& m = *module_.method_module;
     if (effect_of(m.method) == MethodEffect::scale) {
-      merge::ia3_scale(weight, layout, method_->scale.data(), m.ia3_feedforward, true, exec);
+      merge::ia3_scale(weight, layout, method_->scale.data(), m.settings.ia3_feedforward, true, exec);
       if (method_->scales_bias) merge::ia3_scale_bias(*bias, method_->scale.data(), true);
     } else if (is_rotation(m.method)) {
       merge::transform_input(weight, layout, method_transform(m, *module_.method_params, 1.0, layout, true), exec);

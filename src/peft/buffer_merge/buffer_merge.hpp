@@ -24,6 +24,7 @@
 // byte is written.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -101,13 +102,24 @@ class BufferMerge {
 
  private:
   void check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const;
-  // Reserves the kept-rows storage (so a merge cannot fail halfway) and returns the sink that fills it;
-  // used only while this record's merge runs.
-  merge::RowSink original_rows_sink(const merge::DeltaLayout& layout, size_t row_bytes, bool with_bias);
-  // After a merge that kept the original rows: with refuse_non_finite, when the merge wrote an
-  // infinity or a NaN, writes the originals back and throws NON_FINITE; then drops the originals
-  // unless keep_original_rows asked for them, or hashes the merged rows for remove().
-  void finish(bool non_finite, const merge::WeightView& weight, const merge::WeightView* bias, size_t row_bytes,
+  // The bytes of one row of the weight (layout.cols() elements of dtype_).
+  size_t row_bytes() const;
+  // What a merge into this record's buffers runs with: the execution options and, when the record
+  // keeps the original rows or the merge must be able to refuse non-finite values, the sinks that
+  // save the original rows and bias into the record (reserved up front, so the merge itself cannot
+  // fail halfway) and the flag a non-finite value raises. Lives only while the merge runs.
+  struct Saving {
+    Saving(BufferMerge& record, const BufferMergeOptions& options, bool changes_bias);
+    merge::ExecOptions exec;
+    merge::RowSink rows_sink;
+    merge::RowSink bias_sink;
+    std::atomic<bool> non_finite{false};
+    merge::RowSink* bias_sink_or_null() { return bias_sink ? &bias_sink : nullptr; }
+  };
+  // After a merge: with refuse_non_finite, when the merge wrote an infinity or a NaN, writes the
+  // originals back and throws NON_FINITE; then drops the originals unless keep_original_rows asked
+  // for them, or hashes the merged rows for remove().
+  void finish(bool non_finite, const merge::WeightView& weight, const merge::WeightView* bias,
               const BufferMergeOptions& options);
   struct MethodChange;
   static BufferMerge apply_method(const merge::WeightView& weight, const merge::WeightView* bias,

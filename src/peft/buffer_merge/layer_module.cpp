@@ -182,7 +182,7 @@ BufferMergeModule method_module(const std::shared_ptr<const Adapter>& adapter, c
   // The shapes are checked now, so that a buffer that does not fit fails before any merge.
   if (effect_of(m.method) == MethodEffect::scale) {
     const merge::MethodTensor* l = module.method_params->get("ia3_l");
-    const int64_t want = m.ia3_feedforward ? module.layout.in : module.layout.out;
+    const int64_t want = m.settings.ia3_feedforward ? module.layout.in : module.layout.out;
     if (l == nullptr || static_cast<int64_t>(l->values.size()) != want)
       fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": ia3_l does not fit a weight of " +
                                         shape_text(weight_shape));

@@ -41,7 +41,7 @@ NamedBufferMerge NamedBufferMerge::apply(const std::shared_ptr<const Adapter>& a
     take_bias("has a lora_B.bias");
   } else if (!module.is_lora() && factors.method_params->get("bias") != nullptr) {
     take_bias("replaces the bias too");  // a LayerNorm's LN_TUNING copy, a modules_to_save Linear
-  } else if (effect_of(module.method) == MethodEffect::scale && !module.ia3_feedforward && bias != nullptr) {
+  } else if (effect_of(module.method) == MethodEffect::scale && !module.settings.ia3_feedforward && bias != nullptr) {
     take_bias("scales the bias");  // IA3 scales the bias of a layer that is not feed-forward, when given
   }
   const merge::WeightView weight_view{weight, weight_dtype, merge.rows_, merge.cols_};

@@ -13,15 +13,10 @@
 #include "core/f16.hpp"
 #include "core/kernel_level.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define PEFT_MERGE_X86 1
-#include <immintrin.h>
-#endif
+#include "core/kernel_target.hpp"
 
-#if defined(__GNUC__) || defined(__clang__)
-#define PEFT_INLINE [[gnu::always_inline]] inline
-#else
-#define PEFT_INLINE inline
+#ifdef PEFT_KERNELS_X86
+#include <immintrin.h>
 #endif
 
 namespace peft::merge::kernels {
@@ -264,7 +259,7 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
 
 PEFT_DEFINE_TABLE(portable_impl, "portable", , 4, 16, SoftHalf)
 
-#ifdef PEFT_MERGE_X86
+#ifdef PEFT_KERNELS_X86
 // f16 <-> f32 with the F16C instructions: IEEE conversions, round to nearest even, NaN made quiet
 // with its top payload bits kept, i.e. the same bits as core/f16.hpp. Plain calls (once per chunk):
 // GCC will not inline a function with more target features into the generic chunk helpers.
@@ -296,14 +291,14 @@ const Table& portable() { return portable_impl::table; }
 using peft::kernels::Level;
 
 const Table* x86_avx2() {
-#ifdef PEFT_MERGE_X86
+#ifdef PEFT_KERNELS_X86
   if (peft::kernels::supported_level() >= Level::avx2) return &avx2_impl::table;
 #endif
   return nullptr;
 }
 
 const Table* x86_avx512() {
-#ifdef PEFT_MERGE_X86
+#ifdef PEFT_KERNELS_X86
   if (peft::kernels::supported_level() >= Level::avx512) return &avx512_impl::table;
 #endif
   return nullptr;

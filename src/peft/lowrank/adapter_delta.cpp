@@ -152,7 +152,7 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const B
   if (!is_multiplicative(m))
     return stored(method_delta(m, *module.method_params, m.scaling, module.layout), module.layout);
 
-  if (method_row(m.method).effect == MethodEffect::scale && !m.ia3_feedforward && base->find(m.name, "bias", adapter.table().get()))
+  if (method_row(m.method).effect == MethodEffect::scale && !m.settings.ia3_feedforward && base->find(m.name, "bias", adapter.table().get()))
     fail(PEFT_ERR_UNSUPPORTED, module_text(m) + " also scales the layer's bias, which a plain LoRA cannot hold");
   const std::vector<float> w = base->weights->read_f32(wi);
   std::vector<float> changed = w;
@@ -169,7 +169,7 @@ ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const B
   return d;
 }
 
-bool has_exact_lora(const AdapterModule& m) { return m.method == PeftMethod::miss && !m.miss_bat; }
+bool has_exact_lora(const AdapterModule& m) { return m.method == PeftMethod::miss && !m.settings.miss_bat; }
 
 ExactLora exact_lora(const Adapter& adapter, const AdapterModule& m, const BaseModel* base) {
   std::string why;

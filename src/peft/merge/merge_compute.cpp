@@ -89,11 +89,11 @@ void apply_method(const LoraTerm& term, const std::vector<int64_t>& shape, DType
   check_conv_kernel(m, params, shape);
   if (effect_of(m.method) == MethodEffect::scale) {
     const std::vector<float> l = ia3_vector(params, term.coefficient);
-    const int64_t want = m.ia3_feedforward ? layout.in : layout.out;
+    const int64_t want = m.settings.ia3_feedforward ? layout.in : layout.out;
     if (static_cast<int64_t>(l.size()) != want)
       fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": ia3_l has " + std::to_string(l.size()) +
                                         " values, the layer " + std::to_string(want) + " features");
-    merge::ia3_scale(view, layout, l.data(), m.ia3_feedforward, false, exec);
+    merge::ia3_scale(view, layout, l.data(), m.settings.ia3_feedforward, false, exec);
     return;
   }
   if (is_rotation(m.method)) {  // OFT, BOFT, HRA: W' = (W @ M) * s
