@@ -16,6 +16,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "peft/buffer_merge/named_buffer_merge.hpp"
 #include "peft_c.h"
 
 struct peft_error {
@@ -94,6 +95,21 @@ inline std::vector<int64_t> buffer_shape(const uint64_t* shape, size_t ndim, con
     dims.push_back(static_cast<int64_t>(shape[i]));
   }
   return dims;
+}
+
+// A caller's weight buffer: `data` (and `shape` when ndim > 0) must not be NULL, the dtype must be one
+// a buffer merge takes (require_buffer_dtype), the dimensions as buffer_shape checks them.
+struct WeightBufferArg {
+  peft::DType dtype;
+  std::vector<int64_t> dims;
+};
+inline WeightBufferArg weight_buffer_arg(const void* data, int32_t dtype, const uint64_t* shape, size_t ndim,
+                                         const std::string& what) {
+  require_arg(data, "data");
+  if (ndim > 0) require_arg(shape, "shape");
+  const auto weight_dtype = static_cast<peft::DType>(dtype);
+  peft::require_buffer_dtype(weight_dtype, "weight");
+  return {weight_dtype, buffer_shape(shape, ndim, what)};
 }
 
 // "F32, BF16 or F16" (with `also` last when given).

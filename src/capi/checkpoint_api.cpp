@@ -30,11 +30,14 @@ const peft::Metadata* metadata_or_null(const peft_checkpoint* ckpt, size_t file_
   return metadata ? &*metadata : nullptr;
 }
 
-void require_index(const peft_checkpoint* ckpt, size_t index) {
+// The checkpoint behind `ckpt` (not NULL) once `index` is one of its tensors.
+const peft::Checkpoint& require_tensor(const peft_checkpoint* ckpt, size_t index) {
+  peft::capi::require_arg(ckpt, "ckpt");
   if (index >= ckpt->impl->tensor_count())
     peft::fail(PEFT_ERR_INVALID_ARGUMENT, "tensor index " + std::to_string(index) +
                                               " is out of range (the checkpoint has " +
                                               std::to_string(ckpt->impl->tensor_count()) + " tensors)");
+  return *ckpt->impl;
 }
 
 }  // namespace
@@ -163,11 +166,9 @@ const uint64_t* peft_checkpoint_tensor_shape(const peft_checkpoint* ckpt, size_t
 peft_error* peft_checkpoint_tensor_offsets(const peft_checkpoint* ckpt, size_t index, uint64_t* out_begin,
                                            uint64_t* out_end) {
   return peft::capi::guarded([&] {
-    peft::capi::require_arg(ckpt, "ckpt");
+    const peft::TensorInfo& info = require_tensor(ckpt, index).tensor(index);
     peft::capi::require_arg(out_begin, "out_begin");
     peft::capi::require_arg(out_end, "out_end");
-    require_index(ckpt, index);
-    const peft::TensorInfo& info = ckpt->impl->tensor(index);
     *out_begin = info.begin;
     *out_end = info.end;
   });
@@ -181,11 +182,10 @@ size_t peft_checkpoint_tensor_file(const peft_checkpoint* ckpt, size_t index) {
 peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, size_t index, const void** out_data,
                                         uint64_t* out_nbytes) {
   return peft::capi::guarded([&] {
-    peft::capi::require_arg(ckpt, "ckpt");
+    const peft::Checkpoint& file = require_tensor(ckpt, index);
     peft::capi::require_arg(out_data, "out_data");
     peft::capi::require_arg(out_nbytes, "out_nbytes");
-    require_index(ckpt, index);
-    const auto bytes = ckpt->impl->view(index);
+    const auto bytes = file.view(index);
     *out_data = bytes.data();
     *out_nbytes = bytes.size();
   });
@@ -194,12 +194,11 @@ peft_error* peft_checkpoint_tensor_view(const peft_checkpoint* ckpt, size_t inde
 peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, size_t index, int32_t dtype, void* dst,
                                         uint64_t dst_nbytes) {
   return peft::capi::guarded([&] {
-    peft::capi::require_arg(ckpt, "ckpt");
-    require_index(ckpt, index);
+    const peft::Checkpoint& file = require_tensor(ckpt, index);
     const peft::DType as = peft::capi::dtype_arg(dtype, "dtype");
     // A zero-size tensor needs no buffer; the size check below still runs.
     if (dst_nbytes != 0) peft::capi::require_arg(dst, "dst");
-    ckpt->impl->read(index, as, dst, dst_nbytes);
+    file.read(index, as, dst, dst_nbytes);
   });
 }
 

@@ -225,14 +225,10 @@ peft_error* peft_merge_buffer_apply(const peft_adapter* adapter, const char* nam
   return guarded([&] {
     require_arg(adapter, "adapter");
     require_arg(name, "name");
-    require_arg(data, "data");
     require_arg(out, "out");
-    if (ndim > 0) require_arg(shape, "shape");
-    const auto weight_dtype = static_cast<peft::DType>(dtype);
-    peft::require_buffer_dtype(weight_dtype, "weight");
-    const std::vector<int64_t> dims = peft::capi::buffer_shape(shape, ndim, "weight ");
+    const auto weight = peft::capi::weight_buffer_arg(data, dtype, shape, ndim, "weight ");
     auto record = std::make_unique<peft_merge_record>();
-    record->impl = peft::NamedBufferMerge::apply(adapter->impl, name, data, weight_dtype, dims, bias,
+    record->impl = peft::NamedBufferMerge::apply(adapter->impl, name, data, weight.dtype, weight.dims, bias,
                                                  static_cast<peft::DType>(bias_dtype), peft::capi::options_of(opts));
     *out = record.release();
   });

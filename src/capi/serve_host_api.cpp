@@ -48,17 +48,13 @@ peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, 
   return guarded([&] {
     require_arg(host, "host");
     require_arg(name, "name");
-    require_arg(data, "data");
-    if (ndim > 0) require_arg(shape, "shape");
-    const auto weight_dtype = static_cast<peft::DType>(dtype);
-    peft::require_buffer_dtype(weight_dtype, "weight");
+    const auto weight = peft::capi::weight_buffer_arg(data, dtype, shape, ndim, "weight " + peft::quoted(name) + ": ");
     const peft::DType bias_type = bias != nullptr ? static_cast<peft::DType>(bias_dtype) : peft::DType::F32;
     if (bias != nullptr) peft::require_buffer_dtype(bias_type, "bias");
-    const std::vector<int64_t> dims = peft::capi::buffer_shape(shape, ndim, "weight " + peft::quoted(name) + ": ");
     if (bias != nullptr && (bias_elements == 0 || bias_elements > static_cast<uint64_t>(INT64_MAX)))
       peft::fail(PEFT_ERR_SHAPE_MISMATCH, "weight " + peft::quoted(name) + ": the bias has " +
                                               std::to_string(bias_elements) + " elements");
-    host->impl.add_weight(name, data, weight_dtype, dims, bias, bias_type, static_cast<int64_t>(bias_elements));
+    host->impl.add_weight(name, data, weight.dtype, weight.dims, bias, bias_type, static_cast<int64_t>(bias_elements));
   });
 }
 

@@ -93,7 +93,7 @@ class Translator {
     }
     if (c != '(') at_start_ = false;
     switch (c) {
-      case '\\': escape_outside_class(); break;
+      case '\\': escape(false); break;
       case '[': char_class(); break;
       case '(': group(); break;
       case ')':
@@ -109,26 +109,46 @@ class Translator {
     }
   }
 
-  void escape_outside_class() {
+  // A backslash escape at i_, inside a character class or outside one: the escapes both read alike
+  // here, the rest in escape_outside_class / escape_inside_class.
+  void escape(bool in_class) {
     if (!has(1)) error("bad escape (end of pattern)");
-    char c = p_[i_ + 1];
-    size_t start = i_;
+    const char c = p_[i_ + 1];
+    const size_t start = i_;
     i_ += 2;
+    if (shared_escape(c, start)) return;
+    if (in_class)
+      escape_inside_class(c);
+    else
+      escape_outside_class(c);
+  }
+
+  // The escapes that mean the same inside and outside a character class: the classes \d \s \w and
+  // their negations, control characters, code points by number or name. False for any other.
+  bool shared_escape(char c, size_t start) {
     switch (c) {
-      case 'A': case 'b': case 'B': case 'd': case 'D': case 's': case 'S': case 'w': case 'W':
-      case 'f': case 'n': case 'r': case 't':
+      case 'd': case 'D': case 's': case 'S': case 'w': case 'W': case 'f': case 'n': case 'r': case 't':
+        out_ += '\\';
+        out_ += c;
+        return true;
+      case 'a': out_ += "\\x{7}"; return true;
+      case 'v': out_ += "\\x{B}"; return true;
+      case 'x': case 'u': case 'U': case 'N':
+        i_ = start;
+        out_ += code_point(hex_escape());
+        return true;
+      default: return false;
+    }
+  }
+
+  void escape_outside_class(char c) {
+    switch (c) {
+      case 'A': case 'b': case 'B':
         out_ += '\\';
         out_ += c;
         return;
       case 'Z': out_ += "\\z"; return;
-      case 'a': out_ += "\\x{7}"; return;
-      case 'v': out_ += "\\x{B}"; return;
       default: break;
-    }
-    if (c == 'x' || c == 'u' || c == 'U' || c == 'N') {
-      i_ = start;
-      out_ += code_point(hex_escape());
-      return;
     }
     if (c == '0') {
       uint32_t value = 0;
@@ -211,7 +231,7 @@ class Translator {
         out_ += "\\[";  // Python has no POSIX classes: "[:alpha:]" is literal text
         ++i_;
       } else if (c == '\\') {
-        escape_inside_class();
+        escape(true);
       } else {
         out_ += c;
         ++i_;
@@ -219,24 +239,9 @@ class Translator {
     }
   }
 
-  void escape_inside_class() {
-    if (!has(1)) error("bad escape (end of pattern)");
-    char c = p_[i_ + 1];
-    size_t start = i_;
-    i_ += 2;
-    switch (c) {
-      case 'd': case 'D': case 's': case 'S': case 'w': case 'W': case 'f': case 'n': case 'r': case 't':
-        out_ += '\\';
-        out_ += c;
-        return;
-      case 'a': out_ += "\\x{7}"; return;
-      case 'b': out_ += "\\x{8}"; return;
-      case 'v': out_ += "\\x{B}"; return;
-      default: break;
-    }
-    if (c == 'x' || c == 'u' || c == 'U' || c == 'N') {
-      i_ = start;
-      out_ += code_point(hex_escape());
+  void escape_inside_class(char c) {
+    if (c == 'b') {  // backspace inside a class
+      out_ += "\\x{8}";
       return;
     }
     if (is_octal(c)) {

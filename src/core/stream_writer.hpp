@@ -20,6 +20,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/atomic_file.hpp"
@@ -33,6 +35,19 @@ using ChunkSource = std::function<bool(uint64_t offset, void* dst, uint64_t nbyt
 
 // Bytes per chunk when streaming: large enough for full-speed I/O, small enough not to matter.
 inline constexpr uint64_t kStreamChunkBytes = uint64_t{4} << 20;
+
+// Appends a declaration (anything with a `name`) to `items` and indexes it by name; when indexing
+// fails (out of memory) neither holds it.
+template <class Item>
+void append_indexed(std::vector<Item>& items, std::unordered_map<std::string, size_t>& by_name, Item item) {
+  items.push_back(std::move(item));
+  try {
+    by_name.emplace(items.back().name, items.size() - 1);
+  } catch (...) {
+    items.pop_back();
+    throw;
+  }
+}
 
 class StreamingWriter {
  public:

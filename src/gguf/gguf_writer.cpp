@@ -119,6 +119,28 @@ bool element_count(const std::vector<uint64_t>& shape, uint64_t* out) {
 
 uint64_t element_bytes(DType dtype) { return dtype_bits(dtype) / 8; }
 
+// A number or bool as GGUF stores it: put(x) receives it in its stored width (bool as a byte 0 or 1).
+// False for a string or an array.
+template <class Put>
+bool put_scalar(const GgufValue& value, Put&& put) {
+  switch (value.type) {
+    case GgufValueType::U8: put(static_cast<uint8_t>(std::get<uint64_t>(value.data))); return true;
+    case GgufValueType::U16: put(static_cast<uint16_t>(std::get<uint64_t>(value.data))); return true;
+    case GgufValueType::U32: put(static_cast<uint32_t>(std::get<uint64_t>(value.data))); return true;
+    case GgufValueType::U64: put(std::get<uint64_t>(value.data)); return true;
+    case GgufValueType::I8: put(static_cast<int8_t>(std::get<int64_t>(value.data))); return true;
+    case GgufValueType::I16: put(static_cast<int16_t>(std::get<int64_t>(value.data))); return true;
+    case GgufValueType::I32: put(static_cast<int32_t>(std::get<int64_t>(value.data))); return true;
+    case GgufValueType::I64: put(std::get<int64_t>(value.data)); return true;
+    case GgufValueType::F32: put(static_cast<float>(std::get<double>(value.data))); return true;
+    case GgufValueType::F64: put(std::get<double>(value.data)); return true;
+    case GgufValueType::BOOL: put(static_cast<uint8_t>(std::get<bool>(value.data) ? 1 : 0)); return true;
+    case GgufValueType::STRING:
+    case GgufValueType::ARRAY: return false;
+  }
+  return false;
+}
+
 }  // namespace
 
 // Where header bytes go: counted only (data_start()), or counted and appended to a string.
@@ -138,21 +160,11 @@ class GgufWriter::Sink {
     put(text.data(), text.size());
   }
   void put_value(const GgufValue& value) {
-    switch (value.type) {
-      case GgufValueType::U8: put_le(static_cast<uint8_t>(std::get<uint64_t>(value.data))); break;
-      case GgufValueType::U16: put_le(static_cast<uint16_t>(std::get<uint64_t>(value.data))); break;
-      case GgufValueType::U32: put_le(static_cast<uint32_t>(std::get<uint64_t>(value.data))); break;
-      case GgufValueType::U64: put_le(std::get<uint64_t>(value.data)); break;
-      case GgufValueType::I8: put_le(static_cast<int8_t>(std::get<int64_t>(value.data))); break;
-      case GgufValueType::I16: put_le(static_cast<int16_t>(std::get<int64_t>(value.data))); break;
-      case GgufValueType::I32: put_le(static_cast<int32_t>(std::get<int64_t>(value.data))); break;
-      case GgufValueType::I64: put_le(std::get<int64_t>(value.data)); break;
-      case GgufValueType::F32: put_le(static_cast<float>(std::get<double>(value.data))); break;
-      case GgufValueType::F64: put_le(std::get<double>(value.data)); break;
-      case GgufValueType::BOOL: put_le<uint8_t>(std::get<bool>(value.data) ? 1 : 0); break;
-      case GgufValueType::STRING: put_string(std::get<std::string>(value.data)); break;
-      case GgufValueType::ARRAY: put_array(std::get<GgufArray>(value.data)); break;
-    }
+    if (put_scalar(value, [this](auto x) { put_le(x); })) return;
+    if (value.type == GgufValueType::STRING)
+      put_string(std::get<std::string>(value.data));
+    else
+      put_array(std::get<GgufArray>(value.data));
   }
   void put_array(const GgufArray& array) {  // elements carry no type of their own
     put_le(static_cast<uint32_t>(array.element_type));
@@ -187,30 +199,18 @@ void gguf_array_append(GgufArray& array, const GgufValue& item) {
     fail(PEFT_ERR_INVALID_ARGUMENT, std::string("an item of type ") + value_type_name(item.type) +
                                         " cannot go into an array of " + value_type_name(array.element_type));
   }
-  auto bytes_of = [&](const auto& v) {
+  const bool scalar = put_scalar(item, [&](auto v) {
     const auto* p = reinterpret_cast<const uint8_t*>(&v);  // little-endian host (core/convert.hpp)
     array.raw.insert(array.raw.end(), p, p + sizeof v);
-  };
-  switch (item.type) {
-    case GgufValueType::U8: bytes_of(static_cast<uint8_t>(std::get<uint64_t>(item.data))); break;
-    case GgufValueType::U16: bytes_of(static_cast<uint16_t>(std::get<uint64_t>(item.data))); break;
-    case GgufValueType::U32: bytes_of(static_cast<uint32_t>(std::get<uint64_t>(item.data))); break;
-    case GgufValueType::U64: bytes_of(std::get<uint64_t>(item.data)); break;
-    case GgufValueType::I8: bytes_of(static_cast<int8_t>(std::get<int64_t>(item.data))); break;
-    case GgufValueType::I16: bytes_of(static_cast<int16_t>(std::get<int64_t>(item.data))); break;
-    case GgufValueType::I32: bytes_of(static_cast<int32_t>(std::get<int64_t>(item.data))); break;
-    case GgufValueType::I64: bytes_of(std::get<int64_t>(item.data)); break;
-    case GgufValueType::F32: bytes_of(static_cast<float>(std::get<double>(item.data))); break;
-    case GgufValueType::F64: bytes_of(std::get<double>(item.data)); break;
-    case GgufValueType::BOOL: bytes_of(static_cast<uint8_t>(std::get<bool>(item.data) ? 1 : 0)); break;
-    case GgufValueType::STRING: {
-      const std::string& text = std::get<std::string>(item.data);
-      array.string_starts.push_back(array.raw.size());
-      array.raw.insert(array.raw.end(), text.begin(), text.end());
-      array.raw.push_back(0);
-      break;
-    }
-    case GgufValueType::ARRAY: array.arrays.push_back(std::get<GgufArray>(item.data)); break;
+  });
+  if (scalar) return;
+  if (item.type == GgufValueType::STRING) {
+    const std::string& text = std::get<std::string>(item.data);
+    array.string_starts.push_back(array.raw.size());
+    array.raw.insert(array.raw.end(), text.begin(), text.end());
+    array.raw.push_back(0);
+  } else {
+    array.arrays.push_back(std::get<GgufArray>(item.data));
   }
 }
 
@@ -309,13 +309,7 @@ void GgufWriter::add_tensor(std::string name, uint32_t type_id, std::vector<uint
   tensor.begin = data_size_;
   tensor.end = end;
   tensor.name = std::move(name);
-  tensors_.push_back(std::move(tensor));
-  try {
-    by_name_.emplace(tensors_.back().name, tensors_.size() - 1);
-  } catch (...) {
-    tensors_.pop_back();
-    throw;
-  }
+  append_indexed(tensors_, by_name_, std::move(tensor));
   data_size_ = next;
 }
 

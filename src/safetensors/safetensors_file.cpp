@@ -5,22 +5,9 @@
 #include <string_view>
 
 #include "core/error.hpp"
+#include "core/error_context.hpp"
 
 namespace peft {
-
-namespace {
-
-// The parser's messages do not know the file; name it in front, keeping the code.
-template <class Body>
-auto with_path(const std::string& path, Body&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    throw Error(e.code(), path + ": " + e.what());
-  }
-}
-
-}  // namespace
 
 std::unique_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path, const OpenOptions& options,
                                                              const std::string& display_path) {

@@ -54,8 +54,8 @@ class StrictJsonReader {
   bool value(size_t depth) {
     if (p_ == end_) return syntax("unexpected end of the header, expected a value");
     switch (*p_) {
-      case '{': return object(depth + 1);
-      case '[': return array(depth + 1);
+      case '{': return container<true>(depth + 1);
+      case '[': return container<false>(depth + 1);
       case '"':
         ++p_;
         return read_string(scratch_) && handler_.string(scratch_);
@@ -68,63 +68,48 @@ class StrictJsonReader {
     }
   }
 
-  bool object(size_t depth) {
+  // An object or an array, from its opening bracket at p_: members "key": value (objects) or values
+  // (arrays), separated by commas.
+  template <bool kObject>
+  bool container(size_t depth) {
+    constexpr char kClose = kObject ? '}' : ']';
     if (depth > kMaxDepth) return syntax("nested too deeply");
-    ++p_;  // '{'
-    if (!handler_.start_object(static_cast<size_t>(-1))) return false;
+    ++p_;  // '{' or '['
+    if (!(kObject ? handler_.start_object(static_cast<size_t>(-1)) : handler_.start_array(static_cast<size_t>(-1))))
+      return false;
+    const auto close = [this] {
+      ++p_;
+      return kObject ? handler_.end_object() : handler_.end_array();
+    };
     skip_whitespace();
-    if (p_ != end_ && *p_ == '}') {
-      ++p_;
-      return handler_.end_object();
-    }
+    if (p_ != end_ && *p_ == kClose) return close();
     while (true) {
-      if (p_ == end_ || *p_ != '"') return syntax("expected a string key");
-      ++p_;
-      if (!read_string(scratch_) || !handler_.key(scratch_)) return false;
-      skip_whitespace();
-      if (p_ == end_ || *p_ != ':') return syntax("expected ':' after an object key");
-      ++p_;
-      skip_whitespace();
+      if (kObject && !member_key()) return false;
       if (!value(depth)) return false;
       skip_whitespace();
-      if (p_ == end_) return syntax("unexpected end of the header inside an object");
+      if (p_ == end_)
+        return syntax(kObject ? "unexpected end of the header inside an object"
+                              : "unexpected end of the header inside an array");
       if (*p_ == ',') {
         ++p_;
         skip_whitespace();
         continue;
       }
-      if (*p_ == '}') {
-        ++p_;
-        return handler_.end_object();
-      }
-      return syntax("expected ',' or '}' in an object");
+      if (*p_ == kClose) return close();
+      return syntax(kObject ? "expected ',' or '}' in an object" : "expected ',' or ']' in an array");
     }
   }
 
-  bool array(size_t depth) {
-    if (depth > kMaxDepth) return syntax("nested too deeply");
-    ++p_;  // '['
-    if (!handler_.start_array(static_cast<size_t>(-1))) return false;
+  // An object member's key and its colon, up to the value.
+  bool member_key() {
+    if (p_ == end_ || *p_ != '"') return syntax("expected a string key");
+    ++p_;
+    if (!read_string(scratch_) || !handler_.key(scratch_)) return false;
     skip_whitespace();
-    if (p_ != end_ && *p_ == ']') {
-      ++p_;
-      return handler_.end_array();
-    }
-    while (true) {
-      if (!value(depth)) return false;
-      skip_whitespace();
-      if (p_ == end_) return syntax("unexpected end of the header inside an array");
-      if (*p_ == ',') {
-        ++p_;
-        skip_whitespace();
-        continue;
-      }
-      if (*p_ == ']') {
-        ++p_;
-        return handler_.end_array();
-      }
-      return syntax("expected ',' or ']' in an array");
-    }
+    if (p_ == end_ || *p_ != ':') return syntax("expected ':' after an object key");
+    ++p_;
+    skip_whitespace();
+    return true;
   }
 
   bool literal(std::string_view word) {

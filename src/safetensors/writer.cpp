@@ -11,14 +11,7 @@ namespace peft {
 void TensorWriter::add_tensor(std::string name, DType dtype, std::vector<uint64_t> shape) {
   require_declaring("declare a tensor");
   if (by_name_.count(name) != 0) fail(PEFT_ERR_INVALID_ARGUMENT, "tensor " + quoted(name) + " is declared twice");
-  TensorDecl decl = make_tensor_decl(std::move(name), dtype, std::move(shape));
-  decls_.push_back(std::move(decl));
-  try {
-    by_name_.emplace(decls_.back().name, decls_.size() - 1);
-  } catch (...) {
-    decls_.pop_back();
-    throw;
-  }
+  append_indexed(decls_, by_name_, make_tensor_decl(std::move(name), dtype, std::move(shape)));
 }
 
 void TensorWriter::set_metadata_present(bool present) {

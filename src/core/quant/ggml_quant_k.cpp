@@ -23,16 +23,9 @@ float fl(int v) { return static_cast<float>(v); }
 // ggml's make_qx_quants with qw = NULL (symmetric levels -nmax..nmax-1 stored as L + nmax; rmse_type
 // 1 weighs by x^2, the only form the reference quantizers use).
 float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_type) {
-  float max = 0.0f, amax = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
-  if (amax < kGroupMaxEps) {
-    for (int i = 0; i < n; ++i) L[i] = 0;
+  const float max = signed_absmax(x, n);
+  if (std::fabs(max) < kGroupMaxEps) {
+    std::fill(L, L + n, int8_t{0});
     return 0.0f;
   }
   auto weight = [&](int i) {
@@ -82,16 +75,9 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_type) 
 
 // ggml's make_q3_quants with do_rmse = true.
 float make_q3_quants(int n, int nmax, const float* x, int8_t* L) {
-  float max = 0.0f, amax = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) {
-      amax = ax;
-      max = x[i];
-    }
-  }
-  if (amax < kGroupMaxEps) {
-    for (int i = 0; i < n; ++i) L[i] = 0;
+  const float max = signed_absmax(x, n);
+  if (std::fabs(max) < kGroupMaxEps) {
+    std::fill(L, L + n, int8_t{0});
     return 0.0f;
   }
   const float iscale = fl(-nmax) / max;
@@ -279,6 +265,28 @@ SubBlockPair sub_block_pair(const uint8_t* scales, int is, float d, float dmin) 
   scale_min_k4(is, scales, &sc1, &mn1);
   scale_min_k4(is + 1, scales, &sc2, &mn2);
   return {d * fl(sc1), dmin * fl(mn1), d * fl(sc2), dmin * fl(mn2)};
+}
+
+// Q4_K and Q5_K values: d·scale·q − dmin·min for each 32-value sub-block, q the nibble (plus 16 where
+// Q5_K's qh holds the fifth bit). Q4_K: header, qs[128]; Q5_K: header, qh[32], qs[128].
+template <bool kFifthBit>
+void dequantize_k_nibbles(const uint8_t* in, float* y, uint64_t blocks) {
+  constexpr uint64_t kBlockBytes = kFifthBit ? 176 : 144;
+  for (uint64_t b = 0; b < blocks; ++b, in += kBlockBytes) {
+    const float d = load_f16(in);
+    const float min = load_f16(in + 2);
+    const uint8_t* scales = in + 4;
+    const uint8_t* qh = in + 16;  // Q5_K only
+    const uint8_t* ql = in + (kFifthBit ? 48 : 16);
+    uint8_t u1 = 1, u2 = 2;
+    for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, ql += 32) {
+      const auto [d1, m1, d2, m2] = sub_block_pair(scales, is, d, min);
+      for (int l = 0; l < 32; ++l) *y++ = d1 * fl((ql[l] & 0xF) + (kFifthBit && (qh[l] & u1) ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * fl((ql[l] >> 4) + (kFifthBit && (qh[l] & u2) ? 16 : 0)) - m2;
+      u1 = static_cast<uint8_t>(u1 << 2);
+      u2 = static_cast<uint8_t>(u2 << 2);
+    }
+  }
 }
 
 // Super-blocks are searched in chunks of this many: the lanes run over all their sub-blocks at once.
@@ -494,22 +502,7 @@ void quantize_q4_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint6
 
 void quantize_q4_k(const float* x, uint8_t* out, uint64_t blocks) { quantize_q4_k_with(k_lanes_active(), x, out, blocks); }
 
-void dequantize_q4_k(const uint8_t* in, float* y, uint64_t blocks) {
-  for (uint64_t b = 0; b < blocks; ++b, in += 144) {
-    const float d = load_f16(in);
-    const float min = load_f16(in + 2);
-    const uint8_t* scales = in + 4;
-    const uint8_t* q = in + 16;
-    int is = 0;
-    for (int j = 0; j < QK_K; j += 64) {
-      const auto [d1, m1, d2, m2] = sub_block_pair(scales, is, d, min);
-      for (int l = 0; l < 32; ++l) *y++ = d1 * fl(q[l] & 0xF) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * fl(q[l] >> 4) - m2;
-      q += 32;
-      is += 2;
-    }
-  }
-}
+void dequantize_q4_k(const uint8_t* in, float* y, uint64_t blocks) { dequantize_k_nibbles<false>(in, y, blocks); }
 
 // Q5_K: f16 d, f16 dmin, scales[12], qh[32] (fifth bits), qs[128] (nibbles).
 void quantize_q5_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks) {
@@ -540,26 +533,7 @@ void quantize_q5_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint6
 
 void quantize_q5_k(const float* x, uint8_t* out, uint64_t blocks) { quantize_q5_k_with(k_lanes_active(), x, out, blocks); }
 
-void dequantize_q5_k(const uint8_t* in, float* y, uint64_t blocks) {
-  for (uint64_t b = 0; b < blocks; ++b, in += 176) {
-    const float d = load_f16(in);
-    const float min = load_f16(in + 2);
-    const uint8_t* scales = in + 4;
-    const uint8_t* qh = in + 16;
-    const uint8_t* ql = in + 48;
-    int is = 0;
-    uint8_t u1 = 1, u2 = 2;
-    for (int j = 0; j < QK_K; j += 64) {
-      const auto [d1, m1, d2, m2] = sub_block_pair(scales, is, d, min);
-      for (int l = 0; l < 32; ++l) *y++ = d1 * fl((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * fl((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-      ql += 32;
-      is += 2;
-      u1 = static_cast<uint8_t>(u1 << 2);
-      u2 = static_cast<uint8_t>(u2 << 2);
-    }
-  }
-}
+void dequantize_q5_k(const uint8_t* in, float* y, uint64_t blocks) { dequantize_k_nibbles<true>(in, y, blocks); }
 
 // Q6_K: ql[128] (low nibbles), qh[64] (high 2 bits), int8 scales[16], f16 d.
 void quantize_q6_k_with(const KLanes& lanes, const float* x, uint8_t* out, uint64_t blocks) {

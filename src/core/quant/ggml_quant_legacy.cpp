@@ -30,18 +30,6 @@ int best_index_int8(int n, const int8_t* values, float x) {
   return x - values[hi - 1] < values[hi] - x ? hi - 1 : hi;
 }
 
-// The element of largest magnitude (the first of equal ones), as ggml's `if (amax < fabsf(v))`.
-float signed_absmax(const float* x, int n) {
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < n; ++j) {
-    if (amax < std::fabs(x[j])) {
-      amax = std::fabs(x[j]);
-      max = x[j];
-    }
-  }
-  return max;
-}
-
 }  // namespace
 
 void dequantize_f32(const uint8_t* in, float* out, uint64_t blocks) { std::memcpy(out, in, blocks * 4); }
@@ -247,14 +235,8 @@ void quantize_iq4_nl(const float* in, uint8_t* out, uint64_t blocks) {
     uint8_t* q4 = out + 2;
     std::memset(q4, 0, kQK / 2);
     for (int j = 0; j < kQK; ++j) weight[j] = xb[j] * xb[j];
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < kQK; ++j) {
-      const float ax = std::fabs(xb[j]);
-      if (ax > amax) {
-        amax = ax;
-        max = xb[j];
-      }
-    }
+    const float max = signed_absmax(xb, kQK);
+    const float amax = std::fabs(max);
     float scale;
     if (amax < 1e-15f) {  // GROUP_MAX_EPS
       scale = 0.0f;

@@ -16,6 +16,19 @@ namespace peft::quant {
 // ggml's nearest_int: round to nearest, ties to even, by adding 1.5 x 2^23 and reading the mantissa
 // bits. For |x| > 2^22 (which ggml asserts against only in debug builds) it gives what ggml's
 // release build gives: the same bit pattern arithmetic, never undefined behaviour.
+// The element of largest magnitude (the first of equal ones; 0 when all are 0 or NaN), as ggml's
+// `if (amax < fabsf(v))` loops.
+inline float signed_absmax(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
 inline int nearest_int(float x) {
   const float biased = x + 12582912.0f;
   const int32_t bits = std::bit_cast<int32_t>(biased);

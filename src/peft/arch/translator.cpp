@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/error_context.hpp"
 #include "core/text.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/arch/key_grammar.hpp"
@@ -53,11 +54,7 @@ Translator Translator::for_gguf(const std::string& architecture, GgufHeads heads
 Translator Translator::for_gguf_file(const GgufHeader& header, const std::string& file) {
   const std::optional<std::string> architecture = metadata_string(header, "general.architecture");
   if (!architecture) fail(PEFT_ERR_INVALID_CHECKPOINT, file + ": the GGUF file has no string general.architecture");
-  try {
-    return for_gguf(*architecture, gguf_heads_from_metadata(header, *architecture));
-  } catch (const Error& e) {
-    throw Error(e.code(), file + ": " + e.what());
-  }
+  return with_path(file, [&] { return for_gguf(*architecture, gguf_heads_from_metadata(header, *architecture)); });
 }
 
 std::optional<Translator::GgufModule> Translator::gguf_module(std::string_view name) const {

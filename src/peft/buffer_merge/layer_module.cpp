@@ -250,20 +250,18 @@ BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, 
   module.layout = lora_layout(kind, weight_shape, a_shape, b_shape, m.name);
   owned->a = ckpt.read_f32(a->index);
   owned->b = ckpt.read_f32(b->index);
-  if (const AdapterTensor* mag = m.find(TensorRole::lora_magnitude)) {
-    owned->magnitude = ckpt.read_f32(mag->index);
-    if (static_cast<int64_t>(owned->magnitude.size()) != module.layout.out)
-      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": lora_magnitude_vector has " +
-                                        std::to_string(owned->magnitude.size()) + " values for " +
+  // DoRA's magnitude and lora_B's bias: one value per output channel, when the module has them.
+  auto read_per_output = [&](TensorRole role, const char* what, std::vector<float>& into) {
+    const AdapterTensor* t = m.find(role);
+    if (t == nullptr) return;
+    into = ckpt.read_f32(t->index);
+    if (static_cast<int64_t>(into.size()) != module.layout.out)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": " + what + " has " +
+                                        std::to_string(into.size()) + " values for " +
                                         std::to_string(module.layout.out) + " output channels");
-  }
-  if (const AdapterTensor* bias = m.find(TensorRole::lora_b_bias)) {
-    owned->bias = ckpt.read_f32(bias->index);
-    if (static_cast<int64_t>(owned->bias.size()) != module.layout.out)
-      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": lora_B.bias has " +
-                                        std::to_string(owned->bias.size()) + " values for " +
-                                        std::to_string(module.layout.out) + " output channels");
-  }
+  };
+  read_per_output(TensorRole::lora_magnitude, "lora_magnitude_vector", owned->magnitude);
+  read_per_output(TensorRole::lora_b_bias, "lora_B.bias", owned->bias);
   module.lora_a = owned->a.data();
   module.lora_b = owned->b.data();
   module.rank = a_shape.at(0);

@@ -9,6 +9,7 @@
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/error_context.hpp"
 #include "core/quant/ggml_quant.hpp"
 #include "core/text.hpp"
 #include "gguf/ggml_type.hpp"
@@ -72,14 +73,6 @@ struct GgufTarget {
   std::vector<GgufBiasTerm> biases;
 };
 
-template <class Body>
-auto with_file(const std::string& path, Body&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    throw Error(e.code(), path + ": " + e.what());
-  }
-}
 
 class GgufMerge {
  public:
@@ -90,7 +83,7 @@ class GgufMerge {
     if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
     architecture_ = architecture_of(*header_, path_);
     heads_ = gguf_heads_from_metadata(*header_, architecture_);
-    table_ = with_file(path_, [&] {
+    table_ = with_path(path_, [&] {
       return builtin_table_for_gguf(architecture_, [&](const ArchTable& table) {
         for (const MergeInput& input : options_.adapters) {
           if (!input.adapter) continue;  // a GGUF LoRA: named as the base's tensors, no table needed
@@ -391,7 +384,7 @@ class GgufMerge {
     std::vector<uint8_t> bytes(static_cast<size_t>(info.nbytes()));
     base_->read_bytes(index, 0, bytes.data(), bytes.size());
     std::vector<float> values(static_cast<size_t>(elements));
-    with_file(path_, [&] {
+    with_path(path_, [&] {
       dequantize_blocks(static_cast<uint32_t>(info.ggml_type), bytes.data(), cols == 0 ? 0 : elements / cols, cols,
                         values.data(), options_.threads);
     });
