@@ -63,14 +63,7 @@ peft_error* peft_host_model_swap(peft_host_model* host, const peft_lease* lease,
   return guarded([&] {
     require_arg(host, "host");
     const peft::serve::SwapStats done = host->impl.swap(lease != nullptr ? lease->impl.get() : nullptr, weight);
-    if (stats == nullptr) return;
-    peft_swap_stats filled = {};
-    filled.remove_seconds = done.remove_seconds;
-    filled.merge_seconds = done.merge_seconds;
-    filled.layers_removed = done.layers_removed;
-    filled.layers_merged = done.layers_merged;
-    filled.saved_bytes = done.saved_bytes;
-    peft::capi::copy_to_sized(filled, stats);
+    if (stats != nullptr) peft::capi::copy_to_sized(done, stats);
   });
 }
 

@@ -134,18 +134,7 @@ peft_error* peft_registry_get_stats(const peft_registry* registry, peft_registry
     if (stats->size < kFirstField + sizeof(uint64_t))
       peft::fail(PEFT_ERR_INVALID_ARGUMENT,
                  "stats->size is " + std::to_string(stats->size) + "; set it to sizeof(peft_registry_stats)");
-    const peft::serve::RegistryStats s = registry->impl->stats();
-    peft_registry_stats filled = {};
-    filled.budget_bytes = s.budget_bytes;
-    filled.loaded_bytes = s.loaded_bytes;
-    filled.peak_loaded_bytes = s.peak_loaded_bytes;
-    filled.registered = s.registered;
-    filled.loaded = s.loaded;
-    filled.pinned = s.pinned;
-    filled.loads = s.loads;
-    filled.hits = s.hits;
-    filled.evictions = s.evictions;
-    peft::capi::copy_to_sized(filled, stats);
+    peft::capi::copy_to_sized(registry->impl->stats(), stats);
   });
 }
 

@@ -380,7 +380,8 @@ void HostModel::restore(std::vector<Layer> previous, size_t keep, std::exception
 
 SwapStats HostModel::swap(const Lease* lease, double weight) {
   if (!std::isfinite(weight)) fail(PEFT_ERR_INVALID_ARGUMENT, "the adapter weight must be a finite number");
-  SwapStats stats;
+  SwapStats stats{};
+  stats.size = sizeof stats;
 
   // Everything about the new adapter is checked, and its factors converted, before a buffer changes.
   const Clock::time_point prepare_start = Clock::now();

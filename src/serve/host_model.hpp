@@ -65,14 +65,9 @@
 
 namespace peft::serve {
 
-// What a swap did.
-struct SwapStats {
-  double remove_seconds = 0;   // taking the previous adapter out
-  double merge_seconds = 0;    // checking and converting the new adapter, and merging it in
-  uint64_t layers_removed = 0;
-  uint64_t layers_merged = 0;
-  uint64_t saved_bytes = 0;    // bytes of original weights kept for exact restoration
-};
+// What a swap did: the public struct itself (its fields documented in peft_c.h; `size` is sizeof the
+// struct). merge_seconds counts checking and converting the new adapter as well as merging it in.
+using SwapStats = peft_swap_stats;
 
 class HostModel {
  public:

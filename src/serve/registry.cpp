@@ -65,7 +65,7 @@ struct RegistryCore {
   uint64_t loaded_bytes = 0;    // bytes of loaded versions
   uint64_t reserved_bytes = 0;  // bytes of loads under way (counted against the budget too)
   uint64_t next_version = 1;
-  RegistryStats counters;       // peak, loaded, pinned, loads, hits, evictions
+  RegistryStats counters{};     // peak, loaded, pinned, loads, hits, evictions (size set by stats())
   BaseWeights base_weights;     // DoRA: the host's base weights and the scales (its own lock)
 
   // Lease::find_layer's cache: layer name -> the module paths it may stand for (module_candidates).
@@ -262,6 +262,7 @@ struct RegistryCore {
   RegistryStats stats() const {
     std::lock_guard lock(mutex);
     RegistryStats s = counters;
+    s.size = sizeof s;
     s.budget_bytes = budget;
     s.loaded_bytes = loaded_bytes;
     s.registered = current.size();

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "peft_c.h"
 #include "peft/adapter/adapter.hpp"
 #include "peft/arch/translator.hpp"
 #include "serve/base_weights.hpp"
@@ -34,17 +35,9 @@
 
 namespace peft::serve {
 
-struct RegistryStats {
-  uint64_t budget_bytes = 0;
-  uint64_t loaded_bytes = 0;
-  uint64_t peak_loaded_bytes = 0;
-  uint64_t registered = 0;
-  uint64_t loaded = 0;
-  uint64_t pinned = 0;
-  uint64_t loads = 0;
-  uint64_t hits = 0;
-  uint64_t evictions = 0;
-};
+// The registry's counters are the public struct itself (its fields documented in peft_c.h; `size`
+// is sizeof the struct), so the C API hands them out as they are.
+using RegistryStats = peft_registry_stats;
 
 struct RegistryCore;  // registry.cpp
 struct RegistryEntry;  // registry.cpp: one registered version
