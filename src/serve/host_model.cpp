@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "peft/methods/method_table.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
 
@@ -152,10 +153,13 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
         effect_of(method) == MethodEffect::replacement
             ? std::string("is a ") + peft_method_name(method) + " adapter, which replaces whole tensors"
             : "replaces whole tensors (modules_to_save, bias=\"all\" or saved base_layer weights)";
+    std::vector<std::string> swappable;  // the methods merged from their parameters
+    for (const MethodRow& row : method_table())
+      if (row.effect != MethodEffect::lora && row.effect != MethodEffect::replacement)
+        swappable.emplace_back(peft_method_name(row.method));
     fail(PEFT_ERR_UNSUPPORTED, adapter + " " + what + "; a swap merges the layers of LoRA and the methods merged " +
-                                   "from their parameters (LoHa, LoKr, AdaLoRA, IA3, MiSS, SHiRA, VeRA, RandLoRA, " +
-                                   "FourierFT, OFT, BOFT, HRA), not replacements: merge it with " +
-                                   "peft_merge_buffer_apply() or peft_merge_checkpoint()");
+                                   "from their parameters (" + join_text(swappable, ", ") + "), not replacements: " +
+                                   "merge it with peft_merge_buffer_apply() or peft_merge_checkpoint()");
   }
 
   // Every layer's module: the LoRA layers, then the other methods' (merged from their parameters).
