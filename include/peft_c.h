@@ -3469,7 +3469,8 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  * lease at once.
  * @param host A host model.
  * @param lease The adapter to merge, or NULL for none.
- * @param weight Multiplies the adapter's scaling (1.0 for the adapter as trained); finite.
+ * @param weight Multiplies the adapter's scaling (1.0 for the adapter as trained); finite and of the
+ *        f32 range (see peft_merge_options_add_adapter()).
  * @param[in,out] stats NULL, or counters whose `size` the caller set.
  * @return NULL on success; on failure the previous adapter stays merged (a failure midway
  *         merges it back: bit for bit in exact mode, up to last bits in arithmetic mode; should

@@ -13,6 +13,7 @@
 #include "core/text.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
+#include "peft/methods/lora_math.hpp"
 
 namespace peft::serve {
 
@@ -379,7 +380,7 @@ void HostModel::restore(std::vector<Layer> previous, size_t keep, std::exception
 }
 
 SwapStats HostModel::swap(const Lease* lease, double weight) {
-  if (!std::isfinite(weight)) fail(PEFT_ERR_INVALID_ARGUMENT, "the adapter weight must be a finite number");
+  merge::require_merge_weight(weight);
   SwapStats stats;
 
   // Everything about the new adapter is checked, and its factors converted, before a buffer changes.
