@@ -2101,9 +2101,11 @@ PEFT_API void peft_merge_options_free(peft_merge_options* opts);
  * base model: it is checked against the merge's base either way.
  * @param opts Options.
  * @param adapter An adapter (see peft_adapter_open()).
- * @param weight Any finite number; 1.0 merges the adapter as PEFT's merge_and_unload() does.
+ * @param weight A finite number of the f32 range (magnitude at most FLT_MAX, 3.4028234663852886e38);
+ *        1.0 merges the adapter as PEFT's merge_and_unload() does.
  *        Replacement tensors and trainable-token rows are not scaled.
- * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a weight that is not finite.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a weight that is not finite or
+ *         beyond the f32 range (the message names it).
  *         Not thread-safe for the same @p opts.
  */
 PEFT_API peft_error* peft_merge_options_add_adapter(peft_merge_options* opts, const peft_adapter* adapter,
@@ -2120,10 +2122,10 @@ PEFT_API peft_error* peft_merge_options_add_adapter(peft_merge_options* opts, co
  * adapter.type "lora", pairs `<base tensor>.lora_a` / `.lora_b`), mixable with PEFT folders. Its
  * pairs name the base's tensors directly and are merged as `llama-export-lora` merges them:
  * W += s·B·A with s = @p weight · adapter.lora.alpha / rank in f32 (s = @p weight when the alpha is 0
- * or absent), the pair on `token_embd*` transposed as llama.cpp stores it, factors F32, F16, BF16 or
- * Q8_0. peft_merge_checkpoint() checks it before writing and lists every problem:
- * #PEFT_ERR_INVALID_ARGUMENT for a GGUF file that is not an adapter (a model file) or an
- * architecture other than the base's, #PEFT_ERR_INVALID_CHECKPOINT for a pair missing its lora_a or
+ * or absent; an s that overflows f32 is #PEFT_ERR_NON_FINITE naming the weight and the alpha), the pair
+ * on `token_embd*` transposed as llama.cpp stores it, factors F32, F16, BF16 or Q8_0. peft_merge_checkpoint() checks it before writing and lists every problem:
+ * #PEFT_ERR_INVALID_ARGUMENT for a GGUF file that is not an adapter (a model file), a base that is
+ * one (general.type "adapter" or an adapter.type key), or an architecture other than the base's, #PEFT_ERR_INVALID_CHECKPOINT for a pair missing its lora_a or
  * lora_b, #PEFT_ERR_UNRESOLVED_KEY for a tensor the base lacks, #PEFT_ERR_SHAPE_MISMATCH for factors
  * that do not fit their tensor, #PEFT_ERR_UNSUPPORTED for another adapter.type, tensors that are not
  * factors, or other factor or base types. With a safetensors base it is #PEFT_ERR_UNSUPPORTED:
@@ -2131,9 +2133,9 @@ PEFT_API peft_error* peft_merge_options_add_adapter(peft_merge_options* opts, co
  * @param opts Options.
  * @param dir The adapter folder, or a hub model id (@ref hub), or a GGUF LoRA file (see above)
  *        (UTF-8). Copied.
- * @param weight Any finite number (see peft_merge_options_add_adapter()).
+ * @param weight A finite number of the f32 range (see peft_merge_options_add_adapter()).
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, an empty @p dir or a weight that is
- *         not finite. Not thread-safe for the same @p opts.
+ *         not finite or beyond the f32 range. Not thread-safe for the same @p opts.
  */
 PEFT_API peft_error* peft_merge_options_add_adapter_dir(peft_merge_options* opts, const char* dir, double weight);
 
@@ -2443,9 +2445,9 @@ PEFT_API void peft_merge_buffer_options_free(peft_merge_buffer_options* opts);
 /**
  * @brief Sets the weight that multiplies the layer's LoRA scaling (default 1.0).
  * @param opts Options.
- * @param weight Any finite number.
- * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a weight that is not finite.
- *         Not thread-safe for the same @p opts.
+ * @param weight A finite number of the f32 range (see peft_merge_options_add_adapter()).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or a weight that is not finite or
+ *         beyond the f32 range. Not thread-safe for the same @p opts.
  */
 PEFT_API peft_error* peft_merge_buffer_options_set_weight(peft_merge_buffer_options* opts, double weight);
 
@@ -3467,7 +3469,8 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  * lease at once.
  * @param host A host model.
  * @param lease The adapter to merge, or NULL for none.
- * @param weight Multiplies the adapter's scaling (1.0 for the adapter as trained); finite.
+ * @param weight Multiplies the adapter's scaling (1.0 for the adapter as trained); finite and of the
+ *        f32 range (see peft_merge_options_add_adapter()).
  * @param[in,out] stats NULL, or counters whose `size` the caller set.
  * @return NULL on success; on failure the previous adapter stays merged (a failure midway
  *         merges it back: bit for bit in exact mode, up to last bits in arithmetic mode; should

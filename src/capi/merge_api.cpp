@@ -14,15 +14,14 @@
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/buffer_merge/named_buffer_merge.hpp"
 #include "peft/merge/merge_entry.hpp"
+#include "peft/methods/lora_math.hpp"
 
 namespace {
 
 using peft::capi::guarded;
 using peft::capi::require_arg;
 
-void require_finite(double weight) {
-  if (!std::isfinite(weight)) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the adapter weight must be a finite number");
-}
+void require_finite(double weight) { peft::merge::require_merge_weight(weight); }
 
 }  // namespace
 

@@ -50,14 +50,46 @@ GgufValue gguf_scalar_from_bits(GgufValueType type, uint64_t bits) {
   return value;
 }
 
+GgufArray::GgufArray(const GgufArray& other)
+    : element_type(other.element_type), raw(other.raw),
+      parts_(other.parts_ ? std::make_unique<Parts>(*other.parts_) : nullptr) {}
+
+GgufArray& GgufArray::operator=(const GgufArray& other) {
+  if (this != &other) *this = GgufArray(other);
+  return *this;
+}
+
+GgufArray::~GgufArray() = default;
+
+const std::vector<uint64_t>& GgufArray::string_starts() const {
+  static const std::vector<uint64_t> kNone;
+  return parts_ ? parts_->string_starts : kNone;
+}
+
+std::vector<uint64_t>& GgufArray::string_starts() {
+  if (!parts_) parts_ = std::make_unique<Parts>();
+  return parts_->string_starts;
+}
+
+const std::vector<GgufArray>& GgufArray::arrays() const {
+  static const std::vector<GgufArray> kNone;
+  return parts_ ? parts_->arrays : kNone;
+}
+
+std::vector<GgufArray>& GgufArray::arrays() {
+  if (!parts_) parts_ = std::make_unique<Parts>();
+  return parts_->arrays;
+}
+
 size_t GgufArray::size() const {
-  if (element_type == GgufValueType::STRING) return string_starts.size();
-  if (element_type == GgufValueType::ARRAY) return arrays.size();
+  if (element_type == GgufValueType::STRING) return string_starts().size();
+  if (element_type == GgufValueType::ARRAY) return arrays().size();
   const uint64_t width = gguf_value_size(element_type);
   return width == 0 ? 0 : raw.size() / width;
 }
 
 std::string_view GgufArray::string_at(size_t index) const {
+  const std::vector<uint64_t>& string_starts = this->string_starts();
   const uint64_t start = string_starts[index];
   const uint64_t end = index + 1 < string_starts.size() ? string_starts[index + 1] : raw.size();
   return {reinterpret_cast<const char*>(raw.data()) + start, static_cast<size_t>(end - 1 - start)};
@@ -73,7 +105,7 @@ GgufValue GgufArray::at(size_t index) const {
   if (element_type == GgufValueType::ARRAY) {
     GgufValue value;
     value.type = GgufValueType::ARRAY;
-    value.data = arrays[index];
+    value.data = arrays()[index];
     return value;
   }
   const uint64_t width = gguf_value_size(element_type);
@@ -84,6 +116,8 @@ GgufValue GgufArray::at(size_t index) const {
 }
 
 bool GgufArray::well_formed() const {
+  const std::vector<uint64_t>& string_starts = this->string_starts();
+  const std::vector<GgufArray>& arrays = this->arrays();
   if (element_type == GgufValueType::ARRAY) {
     if (!raw.empty() || !string_starts.empty()) return false;
     for (const GgufArray& array : arrays) {

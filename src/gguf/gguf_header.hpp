@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <optional>
 #include <string_view>
@@ -28,16 +29,33 @@ struct GgufValue;
 // An array value, stored compactly so that a header costs about its own bytes in memory (see
 // docs/gguf.md, "Memory"): elements of a fixed-size type are `raw`, their little-endian bytes as in
 // the file, back to back (size() * gguf_value_size(element_type) bytes; BOOL as 0 or 1); STRING elements are `raw`,
-// each string's bytes followed by one NUL, with `string_starts[k]` the offset of element k (its
+// each string's bytes followed by one NUL, with `string_starts()[k]` the offset of element k (its
 // bytes end one before the next start, or before the last byte of `raw`). An array of N empty
 // strings (8 bytes each in the file) thus costs N * 9 bytes. ARRAY elements (arrays of arrays,
 // which gguf-py writes and the writer supports; the parser refuses them, as llama.cpp does) are
-// `arrays`, one GgufArray each. gguf_array_append (gguf_writer.hpp) builds an array from values.
+// `arrays()`, one GgufArray each. The string offsets and the nested arrays live behind one pointer,
+// allocated only for the arrays that use them, so that a GgufArray, and with it every GgufValue,
+// stays small (40 bytes). gguf_array_append (gguf_writer.hpp) builds an array from values.
 struct GgufArray {
+  struct Parts;
+
   GgufValueType element_type = GgufValueType::U8;
   std::vector<uint8_t> raw;
-  std::vector<uint64_t> string_starts;  // STRING arrays only
-  std::vector<GgufArray> arrays;        // ARRAY arrays only
+
+  GgufArray() = default;
+  explicit GgufArray(GgufValueType type) : element_type(type) {}
+  GgufArray(const GgufArray& other);
+  GgufArray(GgufArray&& other) noexcept = default;
+  GgufArray& operator=(const GgufArray& other);
+  GgufArray& operator=(GgufArray&& other) noexcept = default;
+  ~GgufArray();
+
+  // STRING arrays only: the offset in `raw` of each element (the mutable form allocates the parts).
+  const std::vector<uint64_t>& string_starts() const;
+  std::vector<uint64_t>& string_starts();
+  // ARRAY arrays only: the elements.
+  const std::vector<GgufArray>& arrays() const;
+  std::vector<GgufArray>& arrays();
 
   size_t size() const;
   bool empty() const { return size() == 0; }
@@ -48,6 +66,14 @@ struct GgufArray {
   // Whether the members are consistent as described above (what the parser builds); the writer
   // refuses an array that is not.
   bool well_formed() const;
+
+ private:
+  std::unique_ptr<Parts> parts_;  // null until string_starts() or arrays() is written
+};
+
+struct GgufArray::Parts {
+  std::vector<uint64_t> string_starts;
+  std::vector<GgufArray> arrays;
 };
 
 // One metadata value. `type` says how it is stored; `data` holds unsigned integers as uint64_t,
@@ -58,7 +84,7 @@ struct GgufValue {
 };
 
 // The scalar of fixed-size `type` whose little-endian bytes, zero-extended, are `bits` (BOOL: any
-// nonzero byte is true, as gguf.cpp reads it).
+// nonzero byte is true; the parser refuses a stored bool other than 0 and 1).
 GgufValue gguf_scalar_from_bits(GgufValueType type, uint64_t bits);
 
 struct GgufKeyValue {

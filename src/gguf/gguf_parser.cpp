@@ -12,7 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -47,6 +47,56 @@ const char* type_name(GgufValueType type) {
 
 uint32_t byte_swapped(uint32_t v) { return __builtin_bswap32(v); }
 
+std::string_view name_of(const GgufKeyValue& kv) { return kv.key; }
+std::string_view name_of(const TensorInfo& t) { return t.name; }
+
+// The keys (or tensor names) read so far, for the duplicate check: an open-addressing table of
+// positions in `items` (8 bytes a slot, at most half full), where a hash map of name copies cost
+// about 70 bytes an item (docs/gguf.md, "Memory").
+template <class Item>
+class NameIndex {
+ public:
+  explicit NameIndex(const std::vector<Item>& items) : items_(items), slots_(16, kEmpty) {}
+
+  // The position of `key`, if it has been added.
+  std::optional<size_t> find(std::string_view key) const {
+    for (size_t s = slot_of(key);; s = (s + 1) & (slots_.size() - 1)) {
+      if (slots_[s] == kEmpty) return std::nullopt;
+      if (name_of(items_[slots_[s]]) == key) return slots_[s];
+    }
+  }
+
+  // Adds the key at `position` (not present).
+  void add(size_t position) {
+    if (2 * (count_ + 1) > slots_.size()) grow();
+    place(position);
+    ++count_;
+  }
+
+ private:
+  static constexpr size_t kEmpty = SIZE_MAX;
+
+  size_t slot_of(std::string_view key) const { return std::hash<std::string_view>{}(key) & (slots_.size() - 1); }
+
+  void place(size_t position) {
+    size_t s = slot_of(name_of(items_[position]));
+    while (slots_[s] != kEmpty) s = (s + 1) & (slots_.size() - 1);
+    slots_[s] = position;
+  }
+
+  void grow() {
+    std::vector<size_t> old = std::move(slots_);
+    slots_.assign(old.size() * 2, kEmpty);
+    for (const size_t position : old) {
+      if (position != kEmpty) place(position);
+    }
+  }
+
+  const std::vector<Item>& items_;
+  std::vector<size_t> slots_;  // a power of two in size
+  size_t count_ = 0;
+};
+
 class Parser {
  public:
   Parser(const GgufByteReader& read, uint64_t file_size, uint64_t max_header_size, const std::string& name)
@@ -58,7 +108,15 @@ class Parser {
     metadata(header, n_kv);
     alignment(header);
     std::vector<uint64_t> nbytes;
-    for (uint64_t i = 0; i < n_tensors; ++i) header.tensors.push_back(tensor_info(i, nbytes));
+    // Reserved, as the metadata: the count fits in the file and under the cap.
+    header.tensors.reserve(static_cast<size_t>(n_tensors));
+    nbytes.reserve(static_cast<size_t>(n_tensors));
+    tensor_at_.reserve(static_cast<size_t>(n_tensors));
+    NameIndex<TensorInfo> names(header.tensors);
+    for (uint64_t i = 0; i < n_tensors; ++i) {
+      header.tensors.push_back(tensor_info(i, nbytes, names));
+      names.add(header.tensors.size() - 1);
+    }
     data_section(header, nbytes);
     return header;
   }
@@ -165,17 +223,22 @@ class Parser {
       need(n, field);
       array.raw.resize(static_cast<size_t>(n));
       take(array.raw.data(), n);
-      if (items == GgufValueType::BOOL) {  // as gguf.cpp: any nonzero byte is true; stored as 1
-        for (uint8_t& b : array.raw) b = b != 0 ? 1 : 0;
+      if (items == GgufValueType::BOOL) {
+        const auto bad_bool = std::find_if(array.raw.begin(), array.raw.end(), [](uint8_t b) { return b > 1; });
+        if (bad_bool != array.raw.end()) {
+          const auto index = static_cast<uint64_t>(bad_bool - array.raw.begin());
+          not_a_bool(*bad_bool, pos_ - n + index, "element " + num(index) + " of the bool array");
+        }
       }
       return array;
     }
     // values are bytes: not checked for UTF-8 (see docs/gguf.md)
-    array.string_starts.reserve(static_cast<size_t>(count));
+    std::vector<uint64_t>& starts = array.string_starts();
+    starts.reserve(static_cast<size_t>(count));
     for (uint64_t k = 0; k < count; ++k) {
       const uint64_t length = string_length(field);
       const size_t start = array.raw.size();
-      array.string_starts.push_back(start);
+      starts.push_back(start);
       array.raw.resize(start + static_cast<size_t>(length) + 1);  // the bytes and a NUL
       take(array.raw.data() + start, length);
     }
@@ -233,7 +296,17 @@ class Parser {
   }
 
   GgufValue scalar(GgufValueType type, const std::string& field) {
-    return gguf_scalar_from_bits(type, little_endian(gguf_value_size(type), field));
+    const uint64_t at = pos_;
+    const uint64_t bits = little_endian(gguf_value_size(type), field);
+    if (type == GgufValueType::BOOL && bits > 1) not_a_bool(bits, at, "the bool value");
+    return gguf_scalar_from_bits(type, bits);
+  }
+
+  // A stored bool is the byte 0 or 1 (gguf-py and gguf.cpp write nothing else): any other byte would
+  // read as true and be written back as 1, so the file would not round-trip.
+  [[noreturn]] void not_a_bool(uint64_t byte, uint64_t at, const std::string& field) const {
+    bad(PEFT_ERR_INVALID_HEADER, where_ + ": " + field + " at byte " + num(at) + " is " + num(byte) +
+                                     ", not a bool (0 or 1)");
   }
 
   GgufValue element(GgufValueType type, const std::string& field) {
@@ -253,7 +326,12 @@ class Parser {
   }
 
   void metadata(GgufHeader& header, uint64_t n_kv) {
-    std::unordered_map<std::string, uint64_t> seen;  // key -> byte offset of its pair
+    // n_kv pairs fit in the file and under the cap (read_prefix): reserving them avoids a vector
+    // growth's slack and the two copies it holds while it moves (docs/gguf.md, "Memory").
+    header.metadata.reserve(static_cast<size_t>(n_kv));
+    std::vector<uint64_t> at_of;  // byte offset of each pair, for the duplicate message
+    at_of.reserve(static_cast<size_t>(n_kv));
+    NameIndex<GgufKeyValue> seen(header.metadata);
     for (uint64_t i = 0; i < n_kv; ++i) {
       const uint64_t at = pos_;
       where_ = "key-value pair #" + num(i) + " (at byte " + num(at) + ")";
@@ -262,10 +340,9 @@ class Parser {
       if (!is_valid_utf8(key)) {
         bad(PEFT_ERR_INVALID_HEADER_UTF8, where_ + ": the key " + quoted_name(key) + " is not valid UTF-8");
       }
-      const auto [first, inserted] = seen.emplace(key, at);
-      if (!inserted) {
+      if (const std::optional<size_t> first = seen.find(key)) {
         bad(PEFT_ERR_INVALID_HEADER, where_ + ": duplicate key " + quoted_name(key) + " (first at byte " +
-                                         num(first->second) + ")");
+                                         num(at_of[*first]) + ")");
       }
       where_ = "key " + quoted_name(key) + " (at byte " + num(at) + ")";
       uint64_t type_at = pos_;
@@ -292,6 +369,8 @@ class Parser {
         value = element(type, std::string("the ") + type_name(type) + " value");
       }
       header.metadata.push_back(GgufKeyValue{std::move(key), std::move(value)});
+      at_of.push_back(at);
+      seen.add(header.metadata.size() - 1);
     }
   }
 
@@ -313,7 +392,7 @@ class Parser {
     }
   }
 
-  TensorInfo tensor_info(uint64_t i, std::vector<uint64_t>& nbytes) {
+  TensorInfo tensor_info(uint64_t i, std::vector<uint64_t>& nbytes, const NameIndex<TensorInfo>& names) {
     const uint64_t at = pos_;
     where_ = "tensor info #" + num(i) + " (at byte " + num(at) + ")";
     TensorInfo t;
@@ -326,11 +405,11 @@ class Parser {
     if (!is_valid_utf8(t.name)) {
       bad(PEFT_ERR_INVALID_HEADER_UTF8, where_ + ": the tensor name " + quoted_name(t.name) + " is not valid UTF-8");
     }
-    const auto [first, inserted] = tensor_names_.emplace(t.name, at);
-    if (!inserted) {
+    if (const std::optional<size_t> first = names.find(t.name)) {
       bad(PEFT_ERR_INVALID_HEADER, where_ + ": duplicate tensor name " + quoted_name(t.name) +
-                                       " (first at byte " + num(first->second) + ")");
+                                       " (first at byte " + num(tensor_at_[*first]) + ")");
     }
+    tensor_at_.push_back(at);
     where_ = "tensor " + quoted_name(t.name) + " (at byte " + num(at) + ")";
     const uint64_t dims_at = pos_;
     const uint32_t n_dims = u32("the dimension count");
@@ -441,7 +520,7 @@ class Parser {
   std::vector<uint8_t> buf_;  // the file's bytes [buf_at_, buf_at_ + buf_.size())
   uint64_t buf_at_ = 0;
   std::string where_;  // what is being read, for messages
-  std::unordered_map<std::string, uint64_t> tensor_names_;  // name -> byte offset of its info
+  std::vector<uint64_t> tensor_at_;  // byte offset of each tensor info, for the duplicate message
 };
 
 }  // namespace

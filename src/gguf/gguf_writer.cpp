@@ -170,7 +170,7 @@ class GgufWriter::Sink {
     put_le(static_cast<uint32_t>(array.element_type));
     put_le<uint64_t>(array.size());
     if (array.element_type == GgufValueType::ARRAY) {
-      for (const GgufArray& item : array.arrays) put_array(item);
+      for (const GgufArray& item : array.arrays()) put_array(item);
     } else if (array.element_type == GgufValueType::STRING) {
       for (size_t k = 0; k < array.size(); ++k) {
         const std::string_view text = array.string_at(k);
@@ -206,11 +206,11 @@ void gguf_array_append(GgufArray& array, const GgufValue& item) {
   if (scalar) return;
   if (item.type == GgufValueType::STRING) {
     const std::string& text = std::get<std::string>(item.data);
-    array.string_starts.push_back(array.raw.size());
+    array.string_starts().push_back(array.raw.size());
     array.raw.insert(array.raw.end(), text.begin(), text.end());
     array.raw.push_back(0);
   } else {
-    array.arrays.push_back(std::get<GgufArray>(item.data));
+    array.arrays().push_back(std::get<GgufArray>(item.data));
   }
 }
 

@@ -11,9 +11,10 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
-#include "peft/methods/method_table.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
+#include "peft/methods/lora_math.hpp"
+#include "peft/methods/method_table.hpp"
 
 namespace peft::serve {
 
@@ -383,7 +384,7 @@ void HostModel::restore(std::vector<Layer> previous, size_t keep, std::exception
 }
 
 SwapStats HostModel::swap(const Lease* lease, double weight) {
-  if (!std::isfinite(weight)) fail(PEFT_ERR_INVALID_ARGUMENT, "the adapter weight must be a finite number");
+  merge::require_merge_weight(weight);
   SwapStats stats{};
   stats.size = sizeof stats;
 

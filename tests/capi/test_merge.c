@@ -82,6 +82,15 @@ static void test_checkpoint_options(void) {
   CHECK_CODE(peft_merge_options_add_adapter_dir(opts, NULL, 1.0), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_merge_options_add_adapter_dir(opts, "", 1.0), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_merge_options_add_adapter_dir(opts, "x", NAN), PEFT_ERR_INVALID_ARGUMENT);
+  /* a weight beyond the f32 range is refused when given, naming it (not reported later as "weight
+   * 1.0 times scale inf") */
+  CHECK_CODE(peft_merge_options_add_adapter(opts, adapter, 1e39), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_options_add_adapter_dir(opts, "x", -1e39), PEFT_ERR_INVALID_ARGUMENT);
+  {
+    peft_error* err = peft_merge_options_add_adapter_dir(opts, "x", 1e39);
+    CHECK(err != NULL && strstr(peft_error_message(err), "the merge weight 1e+39 is not a finite 32-bit float") != NULL);
+    peft_error_free(err);
+  }
   CHECK_CODE(peft_merge_options_set_dtype(NULL, PEFT_DTYPE_F32), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_merge_options_set_dtype(opts, PEFT_DTYPE_I32), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_merge_options_set_dtype(opts, PEFT_DTYPE_F64), PEFT_ERR_INVALID_ARGUMENT);
@@ -270,6 +279,8 @@ static void test_buffer_merge(void) {
   CHECK_OK(peft_merge_buffer_options_new(&opts));
   CHECK_CODE(peft_merge_buffer_options_set_weight(NULL, 1.0), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_merge_buffer_options_set_weight(opts, NAN), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_merge_buffer_options_set_weight(opts, 1e39), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_buffer_options_set_weight(opts, 3.4e38));
   CHECK_OK(peft_merge_buffer_options_set_weight(opts, 1.0));
   CHECK_CODE(peft_merge_buffer_options_set_keep_original_rows(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_OK(peft_merge_buffer_options_set_keep_original_rows(opts, 1));

@@ -327,6 +327,7 @@ static void test_errors(void) {
   CHECK_CODE_NAMING(peft_host_model_swap(host, all, 1.0, NULL), PEFT_ERR_UNRESOLVED_KEY, "model.layers.1.mlp.gate_proj");
   CHECK_CODE_NAMING(peft_host_model_swap(host, classifier, 1.0, NULL), PEFT_ERR_UNSUPPORTED, "modules_to_save");
   CHECK_CODE(peft_host_model_swap(host, all, NAN, NULL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE_NAMING(peft_host_model_swap(host, attention, 1e39, NULL), PEFT_ERR_INVALID_ARGUMENT, "merge weight 1e+39");
   CHECK_CODE(peft_host_model_add_weight(host, "extra", buffers.data[0], PEFT_DTYPE_BF16, shape, 2, NULL, 0, 0),
              PEFT_ERR_INVALID_ARGUMENT);
   CHECK(same_weights(&buffers, &merged));

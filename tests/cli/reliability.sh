@@ -162,4 +162,47 @@ check "but not that of another file" test -e "$work/.other.gguf.peft-tmp-Ab12cD"
 check "--threads 100000 is a usage error (2)" test $? -eq 2
 check "that names the range" err_has "$work/threads.err" "from 0 (all cores) to 4096, not '100000'"
 
+# a GGUF bool stored as a byte other than 0 and 1 is refused, naming the key (it read as true and
+# was written back as 1)
+for shape in scalar array; do
+  python3 "$hostile" gguf-bool "$work/bool_$shape.gguf" 2 $([ $shape = array ] && echo array)
+  "$peftc" inspect "$work/bool_$shape.gguf" >/dev/null 2>"$work/bool.err"
+  check "a GGUF bool $shape holding 2 is refused" test $? -eq 1
+  check "as INVALID_HEADER ($shape)" err_has "$work/bool.err" "INVALID_HEADER"
+  check "naming the key ($shape)" err_has "$work/bool.err" "key \"flag\""
+done
+python3 "$hostile" gguf-bool "$work/bool_ok.gguf" 1 array
+check "a GGUF bool array of 0 and 1 is read" exit_is 0 "$peftc" inspect "$work/bool_ok.gguf"
+
+# a GGUF LoRA is not a base: import, export and merge refuse it as --base
+"$peftc" adapter export "$work/q8_lora.gguf" "$work/lora_base" --base "$work/q8_lora.gguf" >/dev/null 2>"$work/lb.err"
+check "importing a GGUF LoRA against a GGUF LoRA as --base fails" test $? -eq 1
+check "as INVALID_ARGUMENT saying the base is an adapter" err_has "$work/lb.err" "INVALID_ARGUMENT: \"$work/q8_lora.gguf\" is a GGUF adapter (general.type is \"adapter\"), not a model"
+check "and writes nothing" test ! -e "$work/lora_base/adapter_config.json"
+check "export --format gguf with a GGUF LoRA as --base fails" exit_is 1 "$peftc" adapter export "$q8_lora" "$work/lb.gguf" --format gguf --base "$work/q8_lora.gguf"
+"$peftc" merge --base "$work/q8_lora.gguf" --adapter "$q8_lora" --out "$work/lb_merged.gguf" >/dev/null 2>"$work/lb.err"
+check "merge with a GGUF LoRA as --base fails as INVALID_ARGUMENT" err_has "$work/lb.err" "is a GGUF adapter"
+
+# a merge weight beyond the f32 range is refused as INVALID_ARGUMENT naming it (it was reported as
+# "weight 1.0 times scale inf"); a weight in range whose llama.cpp scale overflows is NON_FINITE, named
+for base_adapter in "$q8:$work/q8_lora.gguf" "$q8:$q8_lora" "$models/llama:$adapters/llama_lora"; do
+  "$peftc" merge --base "${base_adapter%%:*}" --adapter "${base_adapter#*:}:1e39" --out "$work/w.out" >/dev/null 2>"$work/w.err"
+  check "a merge weight of 1e39 fails (${base_adapter#*:})" test $? -eq 1
+  check "as INVALID_ARGUMENT naming it (${base_adapter#*:})" err_has "$work/w.err" "INVALID_ARGUMENT: the merge weight 1e+39 is not a finite 32-bit float"
+done
+"$peftc" merge --base "$q8" --adapter "$work/q8_lora.gguf:3e38" --out "$work/w.out" >/dev/null 2>"$work/w.err"
+check "a weight of 3e38 whose GGUF scale overflows names the weight and alpha" err_has "$work/w.err" "merge weight 3e+38 times adapter.lora.alpha"
+
+# peak memory of a 99 MB GGUF header of the smallest key-value pairs (docs/gguf.md, "Memory": under
+# 1 GB); not measured under the sanitizers, whose allocator has its own overheads
+if command -v /usr/bin/time >/dev/null && ! ldd "$peftc" 2>/dev/null | grep -q "libasan\|libtsan"; then
+  python3 "$hostile" gguf-many-kv "$work/many_kv.gguf" 99000000
+  for mode in text json; do
+    /usr/bin/time -f "%M" -o "$work/rss" "$peftc" inspect "$work/many_kv.gguf" $([ $mode = json ] && echo --json) >/dev/null 2>&1
+    check "inspect ($mode) of a 99 MB header of minimal key-value pairs succeeds" test $? -eq 0
+    check "in under 1 GB (peak RSS $(cat "$work/rss") KB)" test "$(cat "$work/rss")" -lt 1000000
+  done
+  rm -f "$work/many_kv.gguf"
+fi
+
 finish reliability

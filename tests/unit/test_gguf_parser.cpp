@@ -295,8 +295,22 @@ TEST_CASE("gguf parser: value types, arrays and strings") {
   Builder cut;
   cut.kv("k", tU64, "abc");
   CHECK(outcome(cut.header()) == "INVALID_HEADER_LENGTH");
-  // A bool byte other than 0 and 1 is true, as in gguf.cpp.
-  CHECK(std::get<bool>(parse(Builder().kv("k", tBOOL, "\x07").build()).metadata[0].value.data));
+  // A stored bool other than 0 and 1 is refused, naming the key (it would be written back as 1).
+  CHECK(outcome(Builder().kv("k", tBOOL, "\x07").build()) == "INVALID_HEADER");
+  CHECK(outcome(Builder().kv("k", tBOOL, "\x02").build()) == "INVALID_HEADER");
+  CHECK(message_of(Builder().kv("flag", tBOOL, "\x02").build()).find("key \"flag\"") != std::string::npos);
+  CHECK(message_of(Builder().kv("flag", tBOOL, "\x02").build()).find("is 2, not a bool (0 or 1)") !=
+        std::string::npos);
+  CHECK(outcome(Builder().kv("k", tBOOL, "\x01").build()) == "OK");
+}
+
+TEST_CASE("gguf parser: a bool array element other than 0 and 1 is refused") {
+  const std::string file = Builder().kv("flags", tARRAY, u32(tBOOL) + u64(3) + std::string("\x00\x01\xff", 3)).build();
+  CHECK(outcome(file) == "INVALID_HEADER");
+  const std::string message = message_of(file);
+  CHECK(message.find("key \"flags\"") != std::string::npos);
+  CHECK(message.find("element 2 of the bool array") != std::string::npos);
+  CHECK(message.find("is 255, not a bool") != std::string::npos);
 }
 
 // Arrays cost about their file bytes in memory (gguf_header.hpp, GgufArray): a fixed-size array
@@ -312,7 +326,7 @@ TEST_CASE("gguf parser: arrays cost about their file bytes in memory") {
   const auto& u8s = std::get<peft::GgufArray>(h8.metadata[0].value.data);
   REQUIRE(u8s.size() == kBytes);
   CHECK(u8s.raw.capacity() <= 2 * kBytes);
-  CHECK(u8s.string_starts.capacity() == 0);
+  CHECK(u8s.string_starts().capacity() == 0);
   CHECK(std::get<uint64_t>(u8s.at(kBytes - 1).data) == static_cast<uint8_t>((kBytes - 1) * 7));
 
   constexpr uint64_t kStrings = 1 << 19;  // 4 MiB of empty strings (their u64 lengths)
@@ -321,16 +335,43 @@ TEST_CASE("gguf parser: arrays cost about their file bytes in memory") {
   const peft::GgufHeader hs = parse(Builder().kv("k", tARRAY, u32(tSTRING) + u64(kStrings) + empties).build());
   const auto& strings = std::get<peft::GgufArray>(hs.metadata[0].value.data);
   REQUIRE(strings.size() == kStrings);
-  const uint64_t held = strings.raw.capacity() + strings.string_starts.capacity() * sizeof(uint64_t);
+  const uint64_t held = strings.raw.capacity() + strings.string_starts().capacity() * sizeof(uint64_t);
   CHECK(held == kStrings * 9);  // one NUL and one offset each
   CHECK(held <= 2 * empties.size());
   CHECK(strings.string_at(kStrings - 1).empty());
 
-  // BOOL elements are stored as 0 or 1 (any nonzero byte is true, as gguf.cpp reads it).
-  const peft::GgufHeader hb = parse(Builder().kv("k", tARRAY, u32(tBOOL) + u64(3) + std::string("\x00\x07\x01", 3)).build());
+  // BOOL elements are stored as the file's bytes, 0 or 1.
+  const peft::GgufHeader hb = parse(Builder().kv("k", tARRAY, u32(tBOOL) + u64(3) + std::string("\x00\x01\x01", 3)).build());
   const auto& bools = std::get<peft::GgufArray>(hb.metadata[0].value.data);
   CHECK(bools.raw == std::vector<uint8_t>{0, 1, 1});
   CHECK(std::get<bool>(bools.at(1).data));
+}
+
+// The smallest key-value pairs (docs/gguf.md, "Memory"): one GgufKeyValue each, of a bounded size,
+// and a reserved vector (no growth slack).
+TEST_CASE("gguf parser: a key-value pair costs a bounded, reserved slot") {
+  static_assert(sizeof(peft::GgufArray) <= 40);
+  static_assert(sizeof(peft::GgufKeyValue) <= 88);
+  Builder many;
+  constexpr int kPairs = 5000;
+  for (int i = 0; i < kPairs; ++i) many.kv("k" + std::to_string(i), tU8, std::string(1, '\0'));
+  const peft::GgufHeader h = parse(many.build());
+  REQUIRE(h.metadata.size() == kPairs);
+  CHECK(h.metadata.capacity() == kPairs);
+  // The duplicate check's table, grown many times, still finds a repeated key and where it was first.
+  // Pair i of "k<i>" takes 8 + key + 4 + 1 bytes after the 24-byte fixed part.
+  many.kv("k1234", tU8, std::string(1, '\0'));
+  uint64_t first = 24;
+  for (int i = 0; i < 1234; ++i) first += 13 + ("k" + std::to_string(i)).size();
+  const std::string dup = many.build();
+  CHECK(outcome(dup) == "INVALID_HEADER");
+  CHECK(message_of(dup).find("duplicate key \"k1234\" (first at byte " + std::to_string(first) + ")") !=
+        std::string::npos);
+  Builder tensors;
+  for (int i = 0; i < 300; ++i) tensors.tensor("t" + std::to_string(i), {1}, kF32);
+  CHECK(outcome(tensors.build()) == "OK");
+  tensors.tensor("t77", {1}, kF32);
+  CHECK(message_of(tensors.build()).find("duplicate tensor name \"t77\"") != std::string::npos);
 }
 
 TEST_CASE("gguf parser: general.alignment") {

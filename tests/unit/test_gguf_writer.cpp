@@ -361,9 +361,10 @@ TEST_CASE("gguf writer: metadata refusals") {
   GgufArray unterminated;  // a string without its NUL
   unterminated.element_type = GgufValueType::STRING;
   unterminated.raw = {'x'};
-  unterminated.string_starts = {0};
-  CHECK(add("a", GgufValue{GgufValueType::ARRAY, GgufArray{GgufValueType::ARRAY, {}, {}, {unterminated}}}) ==
-        PEFT_ERR_INVALID_ARGUMENT);
+  unterminated.string_starts() = {0};
+  GgufArray nested(GgufValueType::ARRAY);
+  nested.arrays() = {unterminated};
+  CHECK(add("a", GgufValue{GgufValueType::ARRAY, nested}) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("a", aval(static_cast<GgufValueType>(20), {})) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("general.alignment", ival(GgufValueType::I32, 32)) == PEFT_ERR_INVALID_ARGUMENT);
   CHECK(add("general.alignment", uval(GgufValueType::U64, 32)) == PEFT_ERR_INVALID_ARGUMENT);

@@ -25,8 +25,8 @@ std::string type_text(const peft_checkpoint* ckpt, size_t i) {
   return dtype >= 0 ? peft_dtype_name(dtype) : ggml_type_text(peft_checkpoint_tensor_ggml_type(ckpt, i));
 }
 
+// A safetensors file's metadata (a GGUF file's is printed by print_gguf_metadata_json).
 std::string file_metadata_json(const peft_checkpoint* ckpt, size_t file) {
-  if (peft_checkpoint_file_format(ckpt, file) == PEFT_FORMAT_GGUF) return gguf_metadata_json(ckpt, file);
   if (!peft_checkpoint_has_metadata(ckpt, file)) return "null";
   std::string out = "{";
   size_t count = peft_checkpoint_metadata_count(ckpt, file);
@@ -68,6 +68,10 @@ void print_json(const peft_checkpoint* ckpt, bool is_folder) {
     const char* index_metadata = peft_checkpoint_index_metadata_json(ckpt);
     // A folder holding a single model.safetensors has no index: show that file's metadata.
     out += index_metadata ? std::string(index_metadata) : file_metadata_json(ckpt, 0);
+  } else if (peft_checkpoint_file_format(ckpt, 0) == PEFT_FORMAT_GGUF) {
+    std::fputs(out.c_str(), stdout);
+    out.clear();
+    print_gguf_metadata_json(ckpt, 0, stdout);
   } else {
     out += file_metadata_json(ckpt, 0);
   }
@@ -99,7 +103,7 @@ void print_text(const peft_checkpoint* ckpt) {
     if (peft_checkpoint_file_format(ckpt, k) == PEFT_FORMAT_GGUF) {
       std::printf("  GGUF version %u, %zu metadata entries\n", peft_checkpoint_gguf_version(ckpt, k),
                   peft_checkpoint_gguf_kv_count(ckpt, k));
-      std::fputs(gguf_metadata_text(ckpt, k, 8).c_str(), stdout);
+      print_gguf_metadata_text(ckpt, k, 8, stdout);
       continue;
     }
     size_t entries = peft_checkpoint_metadata_count(ckpt, k);

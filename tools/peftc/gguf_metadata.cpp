@@ -71,26 +71,26 @@ std::string array_json(const peft_checkpoint* ckpt, size_t file, size_t kv, uint
 
 }  // namespace
 
-std::string gguf_metadata_json(const peft_checkpoint* ckpt, size_t file) {
-  std::string out = "{";
+void print_gguf_metadata_json(const peft_checkpoint* ckpt, size_t file, std::FILE* out) {
+  std::fputs("{", out);
   const size_t count = peft_checkpoint_gguf_kv_count(ckpt, file);
   for (size_t kv = 0; kv < count; ++kv) {
     const int32_t type = peft_checkpoint_gguf_kv_type(ckpt, file, kv);
-    if (kv) out += ",";
-    out += json_string(peft_checkpoint_gguf_kv_key(ckpt, file, kv)) + ":{\"type\":" + json_string(type_name(type));
+    std::string entry = kv ? "," : "";
+    entry += json_string(peft_checkpoint_gguf_kv_key(ckpt, file, kv)) + ":{\"type\":" + json_string(type_name(type));
     if (type == PEFT_GGUF_ARRAY) {
-      out += ",\"element_type\":" + json_string(type_name(peft_checkpoint_gguf_kv_array_type(ckpt, file, kv))) +
-             ",\"value\":" + array_json(ckpt, file, kv, UINT64_MAX);
+      entry += ",\"element_type\":" + json_string(type_name(peft_checkpoint_gguf_kv_array_type(ckpt, file, kv))) +
+               ",\"value\":" + array_json(ckpt, file, kv, UINT64_MAX);
     } else {
-      out += ",\"value\":" + value_json(ckpt, file, kv, 0, type);
+      entry += ",\"value\":" + value_json(ckpt, file, kv, 0, type);
     }
-    out += "}";
+    entry += "}";
+    std::fputs(entry.c_str(), out);
   }
-  return out + "}";
+  std::fputs("}", out);
 }
 
-std::string gguf_metadata_text(const peft_checkpoint* ckpt, size_t file, size_t max_elements) {
-  std::string out;
+void print_gguf_metadata_text(const peft_checkpoint* ckpt, size_t file, size_t max_elements, std::FILE* out) {
   const size_t count = peft_checkpoint_gguf_kv_count(ckpt, file);
   for (size_t kv = 0; kv < count; ++kv) {
     const int32_t type = peft_checkpoint_gguf_kv_type(ckpt, file, kv);
@@ -102,9 +102,10 @@ std::string gguf_metadata_text(const peft_checkpoint* ckpt, size_t file, size_t 
     } else {
       value = value_json(ckpt, file, kv, 0, type);
     }
-    out += "  " + std::string(peft_checkpoint_gguf_kv_key(ckpt, file, kv)) + " (" + type_text + ") = " + value + "\n";
+    const std::string line =
+        "  " + std::string(peft_checkpoint_gguf_kv_key(ckpt, file, kv)) + " (" + type_text + ") = " + value + "\n";
+    std::fputs(line.c_str(), out);
   }
-  return out;
 }
 
 std::string ggml_type_text(int32_t ggml_type) {

@@ -1,6 +1,7 @@
 #include "peft/base/gguf_base.hpp"
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <variant>
 
@@ -13,6 +14,16 @@
 #include "checkpoint/hub_cache.hpp"
 
 namespace peft {
+
+void require_gguf_model(const GgufHeader& header, const std::string& name) {
+  const std::optional<std::string> type = metadata_string(header, "general.type");
+  const bool has_adapter_type = find_metadata(header, "adapter.type") != nullptr;
+  if (type != "adapter" && !has_adapter_type) return;
+  const std::string why = type == "adapter" ? "general.type is \"adapter\"" : "it has an adapter.type key";
+  fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(name) + " is a GGUF adapter (" + why +
+                                      "), not a model: the base must be the model the adapter was made for");
+}
+
 GgufBase open_gguf_base(const std::string& name, const std::function<bool(const ArchTable&)>& fits) {
   GgufBase base;
   base.name = name;
@@ -20,6 +31,7 @@ GgufBase open_gguf_base(const std::string& name, const std::function<bool(const 
   if (is_gguf_path(base.name)) {
     base.gguf = Checkpoint::open(base.name);
     const GgufHeader& header = *base.gguf->gguf_header(0);
+    require_gguf_model(header, base.name);
     const auto arch = metadata_string(header, "general.architecture");
     if (!arch) fail(PEFT_ERR_INVALID_CHECKPOINT, base.name + ": the GGUF file has no string general.architecture");
     base.architecture = *arch;

@@ -31,4 +31,9 @@ struct GgufBase {
 // model file, `fits` picks among the tables of its architecture (builtin_table_for_gguf).
 GgufBase open_gguf_base(const std::string& name, const std::function<bool(const ArchTable&)>& fits = {});
 
+// Fails with INVALID_ARGUMENT when the GGUF file `name`, given as a base, is an adapter
+// (general.type "adapter", or an adapter.type key, as llama.cpp's converters write them): the base
+// of a merge, an export or an import is a model. open_gguf_base and the GGUF merge check it.
+void require_gguf_model(const GgufHeader& header, const std::string& name);
+
 }  // namespace peft

@@ -1,10 +1,13 @@
 #include "peft/merge/gguf_lora_input.hpp"
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/error.hpp"
+#include "core/python_json.hpp"
 #include "core/shape.hpp"
 #include "core/text.hpp"
 #include "gguf/ggml_type.hpp"
@@ -147,6 +150,10 @@ std::vector<GgufLoraTerm> gguf_lora_terms(const GgufLoraFile& lora, double weigh
     // llama-export-lora's scale, in its f32 arithmetic: weight * alpha / rank, or weight for alpha 0.
     const float user = static_cast<float>(weight);
     const float scale = lora.alpha != 0.0f ? user * lora.alpha / static_cast<float>(c.rank) : user;
+    if (!std::isfinite(scale))
+      fail(PEFT_ERR_NON_FINITE, lora.path + ": merge weight " + python_float_repr(weight) + " times adapter.lora.alpha " +
+                                    python_float_repr(lora.alpha) + " / rank " + std::to_string(c.rank) +
+                                    " overflows a 32-bit float");
     for (uint64_t slice = 0; slice < c.slices; ++slice) {
       GgufLoraTerm term;
       term.tensor = c.tensor;

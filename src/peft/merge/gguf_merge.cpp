@@ -20,6 +20,7 @@
 #include "peft/arch/gguf_experts.hpp"
 #include "peft/arch/gguf_row_order.hpp"
 #include "peft/arch/translator.hpp"
+#include "peft/base/gguf_base.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/merge/gguf_lora_input.hpp"
@@ -81,6 +82,7 @@ class GgufMerge {
     base_ = Checkpoint::open(base_path, options.open);
     header_ = base_->gguf_header(0);
     if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
+    require_gguf_model(*header_, base_path);
     architecture_ = architecture_of(*header_, path_);
     heads_ = gguf_heads_from_metadata(*header_, architecture_);
     table_ = with_path(path_, [&] {

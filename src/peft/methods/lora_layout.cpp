@@ -44,6 +44,12 @@ double lora_coefficient(double weight, double scaling, const std::string& who) {
   return product;
 }
 
+void require_merge_weight(double weight) {
+  if (!(std::fabs(weight) <= static_cast<double>(std::numeric_limits<float>::max())))
+    fail(PEFT_ERR_INVALID_ARGUMENT, "the merge weight " + python_float_repr(weight) +
+                                        " is not a finite 32-bit float (at most 3.4028234663852886e+38 in magnitude)");
+}
+
 double ggml_lora_coefficient(double weight, double alpha, int64_t rank, double scaling, const std::string& who) {
   lora_coefficient(weight, scaling, who);  // the same range check as PEFT's order
   if (alpha == 0.0 || rank < 1 || scaling != alpha / static_cast<double>(rank)) return weight * scaling;

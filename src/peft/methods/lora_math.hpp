@@ -141,6 +141,11 @@ struct ExecOptions {
   std::atomic<bool>* non_finite = nullptr;
 };
 
+// Fails with INVALID_ARGUMENT, naming the value, unless the merge weight `weight` is a finite f32
+// (|weight| <= FLT_MAX): the weight scales f32 factors, and llama.cpp's merge takes it as a float. The
+// C API's setters of a merge weight check it when they are called.
+void require_merge_weight(double weight);
+
 // llama-export-lora's scale of an adapter merged with weight `weight`, in its f32 arithmetic:
 // float(weight) * float(alpha) / float(rank), or float(weight) when alpha is 0. For a PEFT LoRA
 // module whose scaling is lora_alpha / r (what convert_lora_to_gguf.py writes as adapter.lora.alpha);

@@ -10,6 +10,12 @@
         copies a GGUF file, setting the F32 metadata value KEY to VALUE (same size, patched in place)
     hostile_files.py replace SRC DST OLD_HEX NEW_HEX
         copies a file, replacing the first occurrence of bytes OLD_HEX with NEW_HEX (same length)
+    hostile_files.py gguf-many-kv DST SIZE
+        writes a GGUF file of about SIZE bytes holding only the smallest distinct u8 key-value pairs
+        (ASCII keys of 1, 2, 3, then 4 bytes: 14 to 17 file bytes a pair) and no tensors
+    hostile_files.py gguf-bool DST BYTE [array]
+        writes a GGUF file without tensors whose key "flag" is a bool stored as the byte BYTE, or
+        with "array", a bool array [0, 1, BYTE]
     hostile_files.py lora DIR MODULE OUT IN [VALUE]
         writes a rank-1 LoRA adapter folder for MODULE (out x in), every factor element VALUE (0.5)
 """
@@ -58,6 +64,30 @@ def main(argv):
         raw = open(src, "rb").read()
         assert old in raw
         open(dst, "wb").write(raw.replace(old, new, 1))
+    elif cmd == "gguf-many-kv":
+        dst, size = argv[2], int(argv[3])
+        import itertools
+        pairs = []
+        used = 24
+        for length in itertools.count(1):
+            for key in itertools.product(range(1, 128), repeat=length):
+                if used + 13 + length > size:
+                    break
+                pairs.append(struct.pack("<Q", length) + bytes(key) + b"\x00\x00\x00\x00\x00")
+                used += 13 + length
+            else:
+                continue
+            break
+        with open(dst, "wb") as f:
+            f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, len(pairs)))
+            f.write(b"".join(pairs))
+    elif cmd == "gguf-bool":
+        dst, byte = argv[2], int(argv[3])
+        value = struct.pack("<I", 7) + bytes([byte])
+        if argv[4:] == ["array"]:
+            value = struct.pack("<IIQ", 9, 7, 3) + bytes([0, 1, byte])
+        with open(dst, "wb") as f:
+            f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"flag" + value)
     elif cmd == "lora":
         folder, module, rows, cols = argv[2], argv[3], int(argv[4]), int(argv[5])
         value = float(argv[6]) if len(argv) > 6 else 0.5
