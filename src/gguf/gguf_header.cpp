@@ -61,25 +61,20 @@ GgufArray& GgufArray::operator=(const GgufArray& other) {
 
 GgufArray::~GgufArray() = default;
 
-const std::vector<uint64_t>& GgufArray::string_starts() const {
-  static const std::vector<uint64_t> kNone;
-  return parts_ ? parts_->string_starts : kNone;
+const GgufArray::Parts& GgufArray::parts() const {
+  static const Parts kNone;
+  return parts_ ? *parts_ : kNone;
 }
 
-std::vector<uint64_t>& GgufArray::string_starts() {
+GgufArray::Parts& GgufArray::parts() {
   if (!parts_) parts_ = std::make_unique<Parts>();
-  return parts_->string_starts;
+  return *parts_;
 }
 
-const std::vector<GgufArray>& GgufArray::arrays() const {
-  static const std::vector<GgufArray> kNone;
-  return parts_ ? parts_->arrays : kNone;
-}
-
-std::vector<GgufArray>& GgufArray::arrays() {
-  if (!parts_) parts_ = std::make_unique<Parts>();
-  return parts_->arrays;
-}
+const std::vector<uint64_t>& GgufArray::string_starts() const { return parts().string_starts; }
+std::vector<uint64_t>& GgufArray::string_starts() { return parts().string_starts; }
+const std::vector<GgufArray>& GgufArray::arrays() const { return parts().arrays; }
+std::vector<GgufArray>& GgufArray::arrays() { return parts().arrays; }
 
 size_t GgufArray::size() const {
   if (element_type == GgufValueType::STRING) return string_starts().size();

@@ -68,6 +68,8 @@ struct GgufArray {
   bool well_formed() const;
 
  private:
+  const Parts& parts() const;  // an empty Parts while parts_ is null
+  Parts& parts();              // made on first write
   std::unique_ptr<Parts> parts_;  // null until string_starts() or arrays() is written
 };
 
