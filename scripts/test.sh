@@ -130,7 +130,7 @@ if [ -f tests/fuzz/run.sh ]; then
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
   # Only the fuzz programs: they compile the parser sources themselves with the fuzzer's instrumentation.
   ninja -C build-fuzz -j"$jobs" header_fuzzer index_fuzzer adapter_config_fuzzer arch_table_fuzzer gguf_header_fuzzer \
-    header_check
+    gguf_lora_fuzzer bnb_state_fuzzer header_check
   run "fuzzing for ${fuzz_seconds}s" bash tests/fuzz/run.sh build-fuzz "$fuzz_seconds"
 fi
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every parser's fuzzer (safetensors header, shard index, adapter config, translation table, GGUF
-# header) for a bounded time, SECONDS split between them, each over a copy of its committed seed corpus.
+# header, GGUF LoRA adapter, bitsandbytes/FP8 quantization state) for a bounded time, SECONDS split
+# between them, each over a copy of its committed seed corpus.
 #   tests/fuzz/run.sh BUILD_DIR SECONDS
 # BUILD_DIR is a build configured with clang and -DPEFT_FUZZ=ON (missing fuzzers are built).
 # Exits nonzero when the fuzzer finds a crash, a sanitizer report, a timeout or a memory blow-up;
@@ -16,7 +17,7 @@ build_dir=$1
 seconds=$2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # Each target gets an equal share of the time (at least a second); the header fuzzer the remainder.
-targets=(header index adapter_config arch_table gguf_header)
+targets=(header index adapter_config arch_table gguf_header gguf_lora bnb_state)
 share=$((seconds / ${#targets[@]}))
 [[ $share -ge 1 ]] || share=1
 
@@ -39,9 +40,13 @@ for target in "${targets[@]}"; do
   time_for=$share
   [[ $target == header ]] && time_for=$((seconds - share * (${#targets[@]} - 1)))
   [[ $time_for -ge 1 ]] || time_for=1
-  dict=$here/json.dict
-  [[ $target == header ]] && dict=$here/header.dict
-  [[ $target == gguf_header ]] && dict=$here/gguf.dict
+  case $target in
+    header) dict=$here/header.dict ;;
+    gguf_header) dict=$here/gguf.dict ;;
+    gguf_lora) dict=$work/gguf_lora.dict && cat "$here/gguf.dict" "$here/gguf_lora.dict" > "$dict" ;;
+    bnb_state) dict=$here/bnb_state.dict ;;
+    *) dict=$here/json.dict ;;
+  esac
   mkdir -p "$work/$target"
   cp "$here"/corpus/"$target"/* "$work/$target/"
   # -timeout: one input taking a second is a hang (inputs here are at most 8 KB);

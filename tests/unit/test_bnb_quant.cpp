@@ -101,3 +101,29 @@ TEST_CASE("bnb int8: rows scaled by 127 / max |row|, zero rows stay zero") {
   CHECK(back[0] == (127.0f * 1.0f) * static_cast<float>(7.874015718698502e-3));
   CHECK(back[4] == 0.0f);
 }
+
+TEST_CASE("bnb 4-bit: a block size near 2^64 makes one block, not zero (the count does not wrap)") {
+  CHECK(bnb::block_count(0, UINT64_MAX) == 0);
+  CHECK(bnb::block_count(4, UINT64_MAX) == 1);
+  CHECK(bnb::block_count(129, 64) == 3);
+  const float values[4] = {0.5f, -2.0f, 1.0f, 0.0f};
+  uint8_t packed[2];
+  float absmax[1] = {-1.0f};
+  bnb::quantize_4bit(values, 4, UINT64_MAX, bnb::FourBit::nf4, packed, absmax);
+  CHECK(absmax[0] == 2.0f);
+  CHECK((packed[0] & 0x0F) == 0);  // -2 / 2 = -1: code 0
+}
+
+TEST_CASE("bnb 8-bit blockwise: a zero in a block whose absmax is subnormal takes index 0 (bnb_state_fuzzer)") {
+  // 1 / 1e-40 overflows to infinity, so the zero scales to 0 x inf = NaN, which took an undefined
+  // float-to-int conversion before.
+  std::vector<float> code(256);
+  for (int i = 0; i < 256; ++i) code[static_cast<size_t>(i)] = -1.0f + static_cast<float>(i) / 127.5f;
+  const float values[2] = {1e-40f, 0.0f};
+  uint8_t q[2];
+  float absmax[1];
+  bnb::quantize_blockwise(values, 2, 2, code.data(), q, absmax);
+  CHECK(absmax[0] == 1e-40f);
+  CHECK(q[0] == 255);
+  CHECK(q[1] == 0);
+}

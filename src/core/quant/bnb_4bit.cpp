@@ -107,7 +107,7 @@ void dequantize_4bit(const uint8_t* packed, const float* absmax, const float* co
 void quantize_4bit(const float* values, uint64_t count, uint64_t blocksize, FourBit type, uint8_t* packed,
                    float* absmax) {
   const Bounds& b = bounds(type);
-  const uint64_t blocks = (count + blocksize - 1) / blocksize;
+  const uint64_t blocks = block_count(count, blocksize);
   std::fill(packed, packed + (count + 1) / 2, uint8_t{0});
   for (uint64_t k = 0; k < blocks; ++k) {
     const uint64_t begin = k * blocksize, end = std::min(count, begin + blocksize);
@@ -145,7 +145,7 @@ void quantize_blockwise(const float* values, uint64_t count, uint64_t blocksize,
     while (k < mid.size() && mid[k] < point) ++k;
     table[static_cast<size_t>(i)] = static_cast<uint8_t>(k);
   }
-  const uint64_t blocks = (count + blocksize - 1) / blocksize;
+  const uint64_t blocks = block_count(count, blocksize);
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t begin = b * blocksize, end = std::min(count, begin + blocksize);
     float m = 0.0f;
@@ -159,7 +159,10 @@ void quantize_blockwise(const float* values, uint64_t count, uint64_t blocksize,
     for (uint64_t i = begin; i < end; ++i) {
       const float x = std::clamp(values[i] * inverse, -1.0f, 1.0f);
       const float point = std::fma((x + 1.0f) * 0.5f, static_cast<float>(kPoints - 1), 0.5f);
-      q[i] = table[static_cast<uint16_t>(static_cast<int32_t>(point))];
+      // A NaN here is 0 x inf: a zero in a block whose absmax is so small (subnormal) that 1 / absmax
+      // overflows. It takes table[0], the entry of what x86's truncating conversion makes of a NaN
+      // (0x80000000, low 16 bits 0); converting a NaN to an integer is undefined in C++.
+      q[i] = std::isnan(point) ? table[0] : table[static_cast<uint16_t>(static_cast<int32_t>(point))];
     }
   }
 }

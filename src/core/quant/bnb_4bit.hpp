@@ -26,6 +26,10 @@ namespace peft::bnb {
 
 enum class FourBit { nf4, fp4 };
 
+// ceil(count / blocksize), blocksize > 0, without the wrap of (count + blocksize - 1) / blocksize for a
+// block size near 2^64 (which gave 0 blocks).
+inline uint64_t block_count(uint64_t count, uint64_t blocksize) { return count == 0 ? 0 : (count - 1) / blocksize + 1; }
+
 // bitsandbytes' get_4bit_type(): the 16 codes, exactly as bitsandbytes saves them in quant_map.
 std::span<const float, 16> four_bit_code(FourBit type);
 

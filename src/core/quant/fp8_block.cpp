@@ -30,6 +30,29 @@ uint8_t f32_to_e4m3_saturating(float value) {
   return sign | static_cast<uint8_t>(std::min<uint32_t>(code, 0x7E));
 }
 
+Fp8BlockLayout fp8_block_layout(const std::vector<uint64_t>& shape, uint64_t block_rows, uint64_t block_cols) {
+  Fp8BlockLayout layout;
+  layout.block_rows = block_rows;
+  layout.block_cols = block_cols;
+  const size_t n = shape.size();
+  if (n >= 2) {
+    layout.rows = shape[n - 2];
+    layout.cols = shape[n - 1];
+    for (size_t d = 0; d + 2 < n; ++d) layout.batch *= shape[d];
+  }
+  return layout;
+}
+
+std::vector<uint64_t> fp8_scale_shape(const std::vector<uint64_t>& shape, const Fp8BlockLayout& layout) {
+  std::vector<uint64_t> scales = shape;
+  const size_t n = scales.size();
+  if (n >= 2) {
+    scales[n - 2] = layout.scale_rows();
+    scales[n - 1] = layout.scale_cols();
+  }
+  return scales;
+}
+
 void fp8_block_dequantize(const Fp8BlockLayout& layout, const uint8_t* q, const float* scale_inv, float* out) {
   const auto& table = f8_table(DType::F8_E4M3);
   const uint64_t sr = layout.scale_rows(), sc = layout.scale_cols();

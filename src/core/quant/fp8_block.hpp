@@ -14,11 +14,13 @@
 //   q         = e4m3(clamp(w * s, -448, 448)): the f32 product rounded to the nearest e4m3fn value,
 //               ties to even, saturating at +-448 (e4m3fn has no infinity)
 // A block holding an infinity or a NaN cannot be quantized: PEFT_ERR_NON_FINITE.
-// Pure functions: no I/O, no allocation beyond their arguments, same result on every machine.
+// Pure functions: no I/O, no allocation beyond their arguments (and fp8_scale_shape's result), same result
+// on every machine.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace peft {
 
@@ -42,6 +44,14 @@ struct Fp8BlockLayout {
   uint64_t elements() const { return batch * rows * cols; }
   uint64_t scales() const { return batch * scale_rows() * scale_cols(); }
 };
+
+// The layout of a weight of `shape` (at least 2-D: the leading dimensions are the batch; a shorter
+// shape gives an empty layout) in blocks of block_rows x block_cols (both at least 1).
+Fp8BlockLayout fp8_block_layout(const std::vector<uint64_t>& shape, uint64_t block_rows, uint64_t block_cols);
+
+// The shape of the weight_scale_inv of a weight of `shape` laid out as `layout`: the weight's leading
+// dimensions, then scale_rows() x scale_cols().
+std::vector<uint64_t> fp8_scale_shape(const std::vector<uint64_t>& shape, const Fp8BlockLayout& layout);
 
 // out[i] = e4m3 value of q[i] times its block's scale_inv (f32). `q` and `out` hold
 // layout.elements() values, `scale_inv` layout.scales().

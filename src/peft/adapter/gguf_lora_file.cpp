@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <string_view>
+#include <utility>
 #include <variant>
 
 #include "core/error.hpp"
@@ -24,9 +25,13 @@ std::string found(const std::optional<std::string>& value) {
 }  // namespace
 
 std::shared_ptr<const GgufLoraFile> open_gguf_lora(const std::string& path) {
+  return open_gguf_lora(Checkpoint::open(path), path);
+}
+
+std::shared_ptr<const GgufLoraFile> open_gguf_lora(std::shared_ptr<const Checkpoint> file, const std::string& path) {
   auto lora = std::make_shared<GgufLoraFile>();
   lora->path = path;
-  lora->file = Checkpoint::open(path);
+  lora->file = std::move(file);
   const GgufHeader* header = lora->file->gguf_header(0);
   if (header == nullptr || lora->file->file_count() != 1)
     fail(PEFT_ERR_INVALID_ARGUMENT, peft::quoted(path) + " is not a GGUF file");

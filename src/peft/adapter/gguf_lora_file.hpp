@@ -38,6 +38,9 @@ struct GgufLoraFile {
 // INVALID_CHECKPOINT when general.architecture is not a string or adapter.lora.alpha not a float;
 // the errors of opening a GGUF file.
 std::shared_ptr<const GgufLoraFile> open_gguf_lora(const std::string& path);
+// The same checks on a file already open (Checkpoint::open_memory, for the fuzzer); `path` names it
+// in messages.
+std::shared_ptr<const GgufLoraFile> open_gguf_lora(std::shared_ptr<const Checkpoint> file, const std::string& path);
 
 // Whether a factor of this ggml type can be read as f32 by read_gguf_lora_factor: F32, F16, BF16, Q8_0.
 bool gguf_lora_factor_readable(const TensorInfo& info);

@@ -1,6 +1,7 @@
 #include "peft/base/bnb_base.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string_view>
 
@@ -55,10 +56,6 @@ void dump(std::string& out, const nlohmann::ordered_json& v) {
     out += v.dump();  // integers, booleans, null
   }
 }
-
-// How many blocks of `blocksize` hold `n` values, without the wrap of (n + blocksize - 1) / blocksize
-// for a blocksize near 2^64 (which made 0 blocks, an empty absmax that passed the size check).
-uint64_t block_count(uint64_t n, uint64_t blocksize) { return n == 0 ? 0 : (n - 1) / blocksize + 1; }
 
 uint64_t product(const std::vector<uint64_t>& shape) {
   uint64_t n = 1;
@@ -132,7 +129,7 @@ class Recogniser {
     w.absmax = need(weight + ".absmax", who + "'s absmax");
     w.quant_map = need(weight + ".quant_map", who + "'s quant_map");
     w.nested = w.state.contains("nested_offset");
-    const uint64_t blocks = block_count(n, w.blocksize);
+    const uint64_t blocks = bnb::block_count(n, w.blocksize);
     if (w.nested) {
       w.nested_absmax = need(weight + ".nested_absmax", who + "'s nested_absmax");
       w.nested_quant_map = need(weight + ".nested_quant_map", who + "'s nested_quant_map");
@@ -172,7 +169,7 @@ std::vector<float> absmax_of(const Checkpoint& c, const BnbWeight& w, uint64_t b
   if (!w.nested) return f32_of(c, *w.absmax, blocks);
   const uint64_t nested_blocksize = w.state["nested_blocksize"].get<uint64_t>();
   const std::vector<uint8_t> q = raw(c, *w.absmax);
-  const std::vector<float> nested = f32_of(c, *w.nested_absmax, block_count(blocks, nested_blocksize));
+  const std::vector<float> nested = f32_of(c, *w.nested_absmax, bnb::block_count(blocks, nested_blocksize));
   const std::vector<float> code = f32_of(c, *w.nested_quant_map, 256);
   std::vector<float> absmax(blocks);
   bnb::dequantize_blockwise(q.data(), nested.data(), code.data(), nested_blocksize, blocks, absmax.data());
@@ -215,7 +212,7 @@ std::vector<float> bnb_dequantize(const Checkpoint& c, const BnbWeight& w) {
     bnb::dequantize_int8(reinterpret_cast<const int8_t*>(q.data()), scb.data(), w.shape[0], n / std::max<uint64_t>(1, w.shape[0]), out.data());
     return out;
   }
-  const uint64_t blocks = block_count(n, w.blocksize);
+  const uint64_t blocks = bnb::block_count(n, w.blocksize);
   const std::vector<float> absmax = absmax_of(c, w, blocks);
   std::vector<float> code = f32_of(c, *w.quant_map, 16);
   bnb::cpu_dequantize_code(w.type, w.shape.empty() ? n : w.shape.back(), w.blocksize, code.data());
@@ -229,10 +226,11 @@ std::map<size_t, std::vector<uint8_t>> bnb_quantize(const Checkpoint& c, const B
   std::map<size_t, std::vector<uint8_t>> out;
   auto as_bytes = [](const std::vector<float>& v) {
     std::vector<uint8_t> b(v.size() * 4);
-    std::memcpy(b.data(), v.data(), b.size());
+    if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());  // an empty weight: no null memcpy
     return b;
   };
   const uint64_t n = values.size();
+  const std::string who = "bitsandbytes weight " + peft::quoted(c.tensor(w.weight).name);
   if (!w.four_bit) {
     const uint64_t rows = w.shape[0], cols = n / std::max<uint64_t>(1, rows);
     std::vector<uint8_t> q(n);
@@ -246,10 +244,9 @@ std::map<size_t, std::vector<uint8_t>> bnb_quantize(const Checkpoint& c, const B
   const std::vector<float> stored_code = f32_of(c, *w.quant_map, 16);
   const auto code = bnb::four_bit_code(w.type);
   if (std::memcmp(stored_code.data(), code.data(), 64) != 0)
-    fail(PEFT_ERR_UNSUPPORTED, "bitsandbytes weight " + peft::quoted(c.tensor(w.weight).name) +
-                                   " has a quant_map that is not bitsandbytes' own table; it cannot be re-quantized "
+    fail(PEFT_ERR_UNSUPPORTED, who + " has a quant_map that is not bitsandbytes' own table; it cannot be re-quantized "
                                    "(write it dequantized with an output dtype)");
-  const uint64_t blocks = block_count(n, w.blocksize);
+  const uint64_t blocks = bnb::block_count(n, w.blocksize);
   std::vector<uint8_t> packed((n + 1) / 2);
   std::vector<float> absmax(blocks);
   bnb::quantize_4bit(values.data(), n, w.blocksize, w.type, packed.data(), absmax.data());
@@ -259,10 +256,14 @@ std::map<size_t, std::vector<uint8_t>> bnb_quantize(const Checkpoint& c, const B
   if (w.nested) {
     const uint64_t nested_blocksize = w.state["nested_blocksize"].get<uint64_t>();
     const float offset = bnb::torch_mean_f32(absmax.data(), blocks);
+    // Finite values whose absmax sum overflows f32 (values near 3e38) would be stored as nothing but
+    // infinities; values already infinite or NaN (allow_nonfinite) are written as bitsandbytes would.
+    if (!std::isfinite(offset) && std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); }))
+      fail(PEFT_ERR_NON_FINITE, who + ": the mean of its absmax values (double quantization's offset) overflows f32");
     for (float& a : absmax) a -= offset;
     const std::vector<float> nested_code = f32_of(c, *w.nested_quant_map, 256);
     std::vector<uint8_t> q(blocks);
-    std::vector<float> nested(block_count(blocks, nested_blocksize));
+    std::vector<float> nested(bnb::block_count(blocks, nested_blocksize));
     bnb::quantize_blockwise(absmax.data(), blocks, nested_blocksize, nested_code.data(), q.data(), nested.data());
     out[*w.absmax] = std::move(q);
     out[*w.nested_absmax] = as_bytes(nested);

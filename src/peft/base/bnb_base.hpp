@@ -58,7 +58,9 @@ std::vector<float> bnb_dequantize(const Checkpoint& base, const BnbWeight& w);
 // `values` (the weight's shape) quantized again with the weight's format, type, block size and double
 // quantization, as bitsandbytes quantizes an f32 tensor: the bytes of the weight and of every
 // companion, by base index (the quant_state JSON rewritten with the new nested_offset; quant maps and
-// weight_format as they were).
+// weight_format as they were). Infinite and NaN values are quantized as bitsandbytes does (the merge
+// refuses them first unless allow_nonfinite); PEFT_ERR_NON_FINITE when the values are finite but the mean
+// of the absmax values that double quantization subtracts overflows f32.
 std::map<size_t, std::vector<uint8_t>> bnb_quantize(const Checkpoint& base, const BnbWeight& w,
                                                     const std::vector<float>& values);
 

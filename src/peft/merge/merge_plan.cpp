@@ -219,20 +219,10 @@ class Planner {
         continue;
       }
       const TensorInfo& t = base().tensor(*w);
-      Fp8BlockLayout layout;
-      layout.block_rows = plan_.quantization.block_rows;
-      layout.block_cols = plan_.quantization.block_cols;
+      const Fp8BlockLayout layout =
+          fp8_block_layout(t.shape, plan_.quantization.block_rows, plan_.quantization.block_cols);
+      const std::vector<uint64_t> expected = fp8_scale_shape(t.shape, layout);
       const size_t n = t.shape.size();
-      if (n >= 2) {
-        layout.rows = t.shape[n - 2];
-        layout.cols = t.shape[n - 1];
-        for (size_t d = 0; d + 2 < n; ++d) layout.batch *= t.shape[d];
-      }
-      std::vector<uint64_t> expected(t.shape.begin(), t.shape.end());
-      if (n >= 2) {
-        expected[n - 2] = layout.scale_rows();
-        expected[n - 1] = layout.scale_cols();
-      }
       if (t.dtype != DType::F8_E4M3 || n < 2)
         problems.push_back("weight " + peft::quoted(t.name) + " is " + std::string(dtype_name(t.dtype)) + " " +
                            shape_text(t.shape) + "; an FP8 block weight is F8_E4M3 with at least 2 dimensions");
