@@ -2428,6 +2428,46 @@ PEFT_API const char* peft_merge_result_report_json(const peft_merge_result* resu
  */
 PEFT_API peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts, int32_t arithmetic);
 
+/** @name What a merge does with tied embeddings (peft_merge_options_set_tied_embeddings())
+ *  @{ */
+#define PEFT_MERGE_TIED_UNTIE 0  /**< The merge equals the adapter's forward; untied where the sides differ (the default). */
+#define PEFT_MERGE_TIED_SHARED 1 /**< PEFT's merge_and_unload: changes land in the one shared tensor. */
+/** @} */
+
+/**
+ * @brief Chooses how a checkpoint merge treats a base whose output embedding is tied to its input
+ *        embedding (`tie_word_embeddings: true`; transformers then saves the input embedding only).
+ *
+ * PEFT wraps each side in its own layer, so the adapter's forward sees an adapter on `lm_head` only
+ * in the output and one on `embed_tokens` only in the input, while PEFT's `merge_and_unload()`
+ * writes both into the one shared tensor, so the merged model's logits differ from the adapter's.
+ * Which modules are the input and output embeddings and which config.json key ties them is
+ * architecture data (the translation table's `input_embeddings`, `output_embedding` and
+ * `tie_embeddings_config`); families without them (T5, which rescales its tied output) are merged
+ * as before.
+ *
+ * #PEFT_MERGE_TIED_UNTIE (the default): the merged model gives the adapter's forward. Where the two
+ * sides change differently (LoRA, DoRA or a modules_to_save copy on one side only, or different
+ * changes on each), the pair is untied: the output embedding is written (`lm_head.weight`: the
+ * original embedding plus the output's own changes, or the original embedding alone), the key is
+ * set to false in config.json, and a note says so (peft_merge_result_note()). Changes PEFT applies
+ * to both sides alike land once in the shared tensor, which stays tied: trainable tokens (PEFT ties
+ * the output's token rows to the input's) and the LoRA of an adapter saved with
+ * `ensure_weight_tying: true` on both embeddings (PEFT's output LoRA is the input's, transposed).
+ *
+ * #PEFT_MERGE_TIED_SHARED: what PEFT's `merge_and_unload()` does: LoRA, DoRA, token and saved
+ * `base_layer` changes of either side land in the shared tensor (byte for byte PEFT's for a single
+ * module; an `ensure_weight_tying` adapter's change is then added twice, as PEFT does); only a
+ * modules_to_save copy unties, as in PEFT.
+ *
+ * Merges into GGUF bases do not read this option yet.
+ * @param opts Options.
+ * @param policy #PEFT_MERGE_TIED_UNTIE or #PEFT_MERGE_TIED_SHARED.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another value.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_tied_embeddings(peft_merge_options* opts, int32_t policy);
+
 /**
  * @brief Creates buffer merge options with the defaults: weight 1.0, original rows not kept, no
  *        translator (names are HuggingFace names), one thread per core.
@@ -3792,6 +3832,7 @@ typedef struct peft_api {
   const char* (*merge_result_report_json)(const peft_merge_result* result); /**< peft_merge_result_report_json() */
   peft_error* (*lowrank_options_set_base)(peft_lowrank_options* opts, const char* base_dir); /**< peft_lowrank_options_set_base() */
   peft_error* (*merge_options_set_arithmetic)(peft_merge_options* opts, int32_t arithmetic); /**< peft_merge_options_set_arithmetic() */
+  peft_error* (*merge_options_set_tied_embeddings)(peft_merge_options* opts, int32_t policy); /**< peft_merge_options_set_tied_embeddings() */
 } peft_api;
 
 /**

@@ -237,6 +237,7 @@ const peft_api kApiV1 = {
     &peft_merge_result_report_json,
     &peft_lowrank_options_set_base,
     &peft_merge_options_set_arithmetic,
+    &peft_merge_options_set_tied_embeddings,
 };
 
 }  // namespace

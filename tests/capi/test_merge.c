@@ -247,6 +247,75 @@ static void test_checkpoint_arithmetic(void) {
   peft_merge_options_free(opts);
 }
 
+/* A LoRA on lm_head of the tied gemma fixture (16 x 64), written here: factors of small integers. */
+static void write_lm_head_adapter(const char* dir) {
+  static const char config[] =
+      "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"r\": 2, \"lora_alpha\": 2, "
+      "\"target_modules\": [\"lm_head\"], \"bias\": \"none\"}";
+  char path[600];
+  float a[2 * 16], b[64 * 2];
+  const uint64_t a_shape[2] = {2, 16}, b_shape[2] = {64, 2};
+  peft_writer* writer = NULL;
+  size_t k;
+  for (k = 0; k < 2 * 16; ++k) a[k] = (float)((int)(k % 5) - 2) * 0.125f;
+  for (k = 0; k < 64 * 2; ++k) b[k] = (float)((int)(k % 7) - 3) * 0.25f;
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  CHECK(write_bytes(path, config, sizeof config - 1));
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+  CHECK_OK(peft_writer_new(path, &writer));
+  CHECK_OK(peft_writer_add_tensor(writer, "base_model.model.lm_head.lora_A.weight", PEFT_DTYPE_F32, a_shape, 2));
+  CHECK_OK(peft_writer_add_tensor(writer, "base_model.model.lm_head.lora_B.weight", PEFT_DTYPE_F32, b_shape, 2));
+  CHECK_OK(peft_writer_start(writer));
+  CHECK_OK(peft_writer_write_tensor(writer, "base_model.model.lm_head.lora_A.weight", PEFT_DTYPE_F32, a, sizeof a));
+  CHECK_OK(peft_writer_write_tensor(writer, "base_model.model.lm_head.lora_B.weight", PEFT_DTYPE_F32, b, sizeof b));
+  CHECK_OK(peft_writer_finish(writer));
+  peft_writer_free(writer);
+}
+
+/* peft_merge_options_set_tied_embeddings(): its errors; a LoRA on the tied lm_head unties the pair by
+   default (lm_head.weight added, tie_word_embeddings false, a note) and lands in the shared tensor with
+   PEFT_MERGE_TIED_SHARED. (Logits against PEFT: tests/interop/test_tied_embeddings.py.) */
+static void test_checkpoint_tied_embeddings(void) {
+  peft_merge_options* opts = NULL;
+  peft_merge_result* result = NULL;
+  char* config = NULL;
+  size_t size = 0, k;
+  int noted = 0;
+  const char* adapter = scratch_path("tied_adapter");
+  char adapter_dir[512];
+  snprintf(adapter_dir, sizeof adapter_dir, "%s", adapter);
+  write_lm_head_adapter(adapter_dir);
+  CHECK_OK(peft_merge_options_new(&opts));
+  CHECK_CODE(peft_merge_options_set_tied_embeddings(NULL, PEFT_MERGE_TIED_SHARED), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE_NAMING(peft_merge_options_set_tied_embeddings(opts, 2), PEFT_ERR_INVALID_ARGUMENT, "PEFT_MERGE_TIED_SHARED");
+  CHECK_CODE(peft_merge_options_set_tied_embeddings(opts, -1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, adapter_dir, 1.0));
+  CHECK_OK(peft_merge_checkpoint(data_path("models/gemma"), scratch_path("tied_untie"), opts, &result));
+  CHECK(peft_merge_result_untied_embeddings(result) == 1);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_ADDED) == 1);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_MERGED) == 0);
+  for (k = 0; k < peft_merge_result_note_count(result); ++k)
+    if (strstr(peft_merge_result_note(result, k), "\"lm_head.weight\" was added")) noted = 1;
+  CHECK(noted);
+  config = slurp(scratch_path("tied_untie/config.json"), &size);
+  CHECK(config && strstr(config, "\"tie_word_embeddings\": false"));
+  free(config);
+  peft_merge_result_free(result);
+  result = NULL;
+
+  CHECK_OK(peft_merge_options_set_tied_embeddings(opts, PEFT_MERGE_TIED_SHARED));
+  CHECK_OK(peft_merge_checkpoint(data_path("models/gemma"), scratch_path("tied_shared"), opts, &result));
+  CHECK(peft_merge_result_untied_embeddings(result) == 0);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_ADDED) == 0);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_MERGED) == 1);
+  config = slurp(scratch_path("tied_shared/config.json"), &size);
+  CHECK(config && strstr(config, "\"tie_word_embeddings\": true"));
+  free(config);
+  peft_merge_result_free(result);
+  peft_merge_options_free(opts);
+}
+
 static void test_buffer_merge(void) {
   peft_adapter* adapter = NULL;
   peft_adapter* biased = NULL;
@@ -456,6 +525,7 @@ int main(void) {
   test_checkpoint_inputs();
   test_checkpoint_merge();
   test_checkpoint_arithmetic();
+  test_checkpoint_tied_embeddings();
   test_buffer_merge();
   test_buffer_merge_non_finite();
   remove_tree(scratch);

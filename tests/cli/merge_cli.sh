@@ -28,6 +28,8 @@ check "--dtype without a value" exit_is 2 "$peftc" merge --base "$base" --adapte
 check "--max-shard-size 5GiB is a usage error" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/x" --max-shard-size 5GiB
 check "--threads -1 is a usage error" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/x" --threads -1
 check "--threads 1.5 is a usage error" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/x" --threads 1.5
+check "--tied-embeddings both is a usage error" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/x" --tied-embeddings both
+check "--tied-embeddings without a value" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/x" --tied-embeddings
 check "an unknown option is a usage error" exit_is 2 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/x" --fast
 check "a positional argument is a usage error" exit_is 2 "$peftc" merge "$base" --adapter "$lora" --out "$work/x"
 check "usage errors create nothing" test ! -e "$work/x"
@@ -43,6 +45,10 @@ check "no progress bar when stderr is not a terminal" test ! -s "$work/one.err"
 check "the output is a checkpoint" exit_is 0 "$peftc" inspect "$work/one"
 check "config.json is copied as it is" cmp -s "$base/config.json" "$work/one/config.json"
 check "the merge changes the model" bash -c "! cmp -s '$base/model.safetensors' '$work/one/model.safetensors'"
+
+# A base without tied embeddings: both tied embeddings policies write the same bytes.
+check "--tied-embeddings shared merges" exit_is 0 "$peftc" merge --base "$base" --adapter "$lora" --out "$work/one_shared" --tied-embeddings shared
+check "... as the default untie on an untied base" cmp -s "$work/one/model.safetensors" "$work/one_shared/model.safetensors"
 
 # DIR:WEIGHT, several adapters, and threads that do not change the result.
 check "weighted adapters merge" exit_is 0 "$peftc" merge --base "$base" --adapter "$lora:0.5" --adapter "$second:-1.25" --out "$work/two" --threads 1

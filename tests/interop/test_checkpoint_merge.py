@@ -161,8 +161,9 @@ def make_gemma_adapter(folder: pathlib.Path, base: pathlib.Path, **config) -> No
 @pytest.mark.parametrize("variant", ["replace_embedding", "lora_embedding"])
 def test_tied_embeddings_follow_peft(variant, peftc_binary, fixtures_dir, tmp_path):
     """modules_to_save on a tied input embedding unties it (PEFT swaps the module; lm_head keeps the
-    original values and tie_word_embeddings becomes false); LoRA on it keeps the tie (PEFT merges in
-    place into the one shared parameter)."""
+    original values and tie_word_embeddings becomes false); LoRA on it keeps the tie with
+    --tied-embeddings shared (PEFT merges in place into the one shared parameter; the default unties
+    instead, to equal PEFT's unmerged forward: test_tied_embeddings.py)."""
     base = fixtures_dir / "models" / "gemma"
     if not (base / "model.safetensors").exists():
         pytest.skip("fixture models/gemma is absent")
@@ -171,7 +172,8 @@ def test_tied_embeddings_follow_peft(variant, peftc_binary, fixtures_dir, tmp_pa
         make_gemma_adapter(adapter, base, target_modules=["q_proj"], modules_to_save=["embed_tokens"])
     else:
         make_gemma_adapter(adapter, base, target_modules=["q_proj", "embed_tokens"])
-    _, ours_dir, ref_dir = check_against_peft(peftc_binary, base, [(adapter, 1.0)], tmp_path)
+    args = [] if variant == "replace_embedding" else ["--tied-embeddings", "shared"]
+    _, ours_dir, ref_dir = check_against_peft(peftc_binary, base, [(adapter, 1.0)], tmp_path, args)
     ours = json.loads((ours_dir / "config.json").read_text())
     ref = json.loads((ref_dir / "config.json").read_text())
     assert ours["tie_word_embeddings"] is ref["tie_word_embeddings"] is (variant != "replace_embedding")

@@ -1,6 +1,6 @@
 // peftc merge [--base DIR|FILE.gguf] --adapter A[:WEIGHT] ... --out DIR|FILE.gguf [--dtype keep|f32|bf16|f16]
 //              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] [--lenient]
-//              [--quant TYPE] [--report] [--arithmetic peft|ggml]
+//              [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
 // is. An adapter A is a PEFT folder or, with a GGUF base, a GGUF LoRA file too. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
@@ -14,7 +14,9 @@
 // --report prints, per merged tensor, the RMS and largest error of the stored merge against the exact
 // f32 merge next to the same figures for the unmerged base stored in that type. --arithmetic ggml adds
 // plain LoRA deltas in llama-export-lora's order on ggml's scalar build (peft_merge_options_set_arithmetic();
-// docs/quantized-bases.md) instead of PEFT's.
+// docs/quantized-bases.md) instead of PEFT's. --tied-embeddings shared merges an adapter on one of a
+// tied base's embeddings into the shared tensor as PEFT's merge_and_unload does, instead of untying
+// them so that the merge equals the adapter's forward (peft_merge_options_set_tied_embeddings()).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -39,7 +41,7 @@ namespace {
 constexpr const char* kUsage =
     "merge [--base DIR|FILE.gguf] --adapter DIR|LORA.gguf[:WEIGHT] [--adapter ...] --out DIR|FILE.gguf "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
-    "[--lenient] [--quant TYPE] [--report] [--arithmetic peft|ggml]";
+    "[--lenient] [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared]";
 
 struct AdapterArg {
   std::string dir;
@@ -58,6 +60,7 @@ struct Options {
   int32_t quant = PEFT_DTYPE_KEEP;  // --quant TYPE: GGUF bases' merged tensors in this ggml type
   bool report = false;           // --report: what storing each merged GGUF tensor costs
   int32_t arithmetic = PEFT_MERGE_ARITHMETIC_PEFT;  // --arithmetic peft|ggml
+  int32_t tied_embeddings = PEFT_MERGE_TIED_UNTIE;   // --tied-embeddings untie|shared
 };
 
 // A figure of the report: a number, or null for one that is not finite (printed "nan").
@@ -207,6 +210,7 @@ int run_merge(const Options& o) {
   if (peft_error* err = peft_merge_options_set_quant(opts.p, o.quant)) return report(err);
   if (peft_error* err = peft_merge_options_set_report(opts.p, o.report ? 1 : 0)) return report(err);
   if (peft_error* err = peft_merge_options_set_arithmetic(opts.p, o.arithmetic)) return report(err);
+  if (peft_error* err = peft_merge_options_set_tied_embeddings(opts.p, o.tied_embeddings)) return report(err);
   ProgressBar bar;
   if (::isatty(STDERR_FILENO)) {
     if (peft_error* err = peft_merge_options_set_progress(opts.p, &ProgressBar::callback, &bar)) return report(err);
@@ -263,7 +267,8 @@ int merge_command(const std::vector<std::string>& args) {
       continue;
     }
     const bool known = arg == "--base" || arg == "--adapter" || arg == "--out" || arg == "--dtype" ||
-                       arg == "--max-shard-size" || arg == "--threads" || arg == "--quant" || arg == "--arithmetic";
+                       arg == "--max-shard-size" || arg == "--threads" || arg == "--quant" || arg == "--arithmetic" ||
+                       arg == "--tied-embeddings";
     if (!known) {
       if (arg.rfind("-", 0) == 0) return usage_error("unknown option '" + arg + "'", kUsage);
       return usage_error("unexpected argument '" + arg + "' (options come as --name VALUE)", kUsage);
@@ -293,6 +298,14 @@ int merge_command(const std::vector<std::string>& args) {
       else
         return usage_error("--arithmetic must be peft (PEFT's order, the default) or ggml (llama-export-lora's "
                            "order on ggml's scalar build), not '" + *v + "'", kUsage);
+    } else if (arg == "--tied-embeddings") {
+      if (*v == "untie")
+        o.tied_embeddings = PEFT_MERGE_TIED_UNTIE;
+      else if (*v == "shared")
+        o.tied_embeddings = PEFT_MERGE_TIED_SHARED;
+      else
+        return usage_error("--tied-embeddings must be untie (the merge equals the adapter's forward, the default) "
+                           "or shared (PEFT's merge_and_unload), not '" + *v + "'", kUsage);
     } else if (arg == "--max-shard-size") {
       const auto size = parse_size(*v);
       if (!size)

@@ -53,13 +53,16 @@ class MergeResult:
 #: merge_checkpoint's ``arithmetic`` names: PEFT_MERGE_ARITHMETIC_PEFT and PEFT_MERGE_ARITHMETIC_GGML.
 ARITHMETICS = {"peft": 0, "ggml": 1}
 
+#: merge_checkpoint's ``tied_embeddings`` names: PEFT_MERGE_TIED_UNTIE and PEFT_MERGE_TIED_SHARED.
+TIED_EMBEDDINGS = {"untie": 0, "shared": 1}
+
 
 def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                      dtype: Optional[DTypeLike] = None, max_shard_size: int = 0, threads: int = 0,
                      progress: Optional[Callable[[int, int], Optional[bool]]] = None,
                      require_config: bool = True, allow_nonfinite: bool = False,
                      quant: Optional[Union[str, int]] = None, report: bool = False,
-                     arithmetic: str = "peft") -> MergeResult:
+                     arithmetic: str = "peft", tied_embeddings: str = "untie") -> MergeResult:
     """Merges adapters into a base model folder and writes the merged model folder.
 
     ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
@@ -81,6 +84,12 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
     llama-export-lora's on ggml's scalar build (float products summed in double over the rank), so that
     a GGUF merge equals ggml's quantization of llama-export-lora's F32 merge byte for byte; DoRA and
     the other methods are then refused (``UnsupportedError``).
+
+    ``tied_embeddings`` says what happens to a base with tied embeddings (``tie_word_embeddings``) when
+    the adapters change one side: "untie" (the default) makes the merged model equal the adapter's
+    forward, untying the pair where the sides differ (``lm_head.weight`` written, the config key set to
+    false, a note in ``MergeResult.notes``); "shared" writes the changes into the one shared tensor as
+    PEFT's ``merge_and_unload`` does.
     """
     library = lib()
     raised: List[BaseException] = []
@@ -115,6 +124,9 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
         if arithmetic not in ARITHMETICS:
             raise ValueError(f"arithmetic must be 'peft' or 'ggml', not {arithmetic!r}")
         check(library.peft_merge_options_set_arithmetic(opts, ARITHMETICS[arithmetic]))
+        if tied_embeddings not in TIED_EMBEDDINGS:
+            raise ValueError(f"tied_embeddings must be 'untie' or 'shared', not {tied_embeddings!r}")
+        check(library.peft_merge_options_set_tied_embeddings(opts, TIED_EMBEDDINGS[tied_embeddings]))
         if progress is not None:
             def trampoline(_user, done, total):
                 try:

@@ -281,6 +281,43 @@ def test_allow_nonfinite(tmp_path):
         assert any(np.isinf(merged.get_tensor(key).astype(np.float32)).any() for key in merged.keys())
 
 
+def test_tied_embeddings(tmp_path):
+    """``tied_embeddings``: a LoRA on the tied lm_head of the gemma fixture unties the pair by default
+    (lm_head.weight added holding the original embedding plus the LoRA, a note) and lands in the
+    shared tensor with "shared"; a bad name is refused."""
+    from safetensors.numpy import save_file
+
+    base = FIXTURES / "models" / "gemma"
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 2, "lora_alpha": 2, "target_modules": ["lm_head"]}))
+    rng = np.random.default_rng(0)
+    la = rng.standard_normal((2, 16)).astype(np.float32)
+    lb = rng.standard_normal((64, 2)).astype(np.float32)
+    save_file({"base_model.model.lm_head.lora_A.weight": la, "base_model.model.lm_head.lora_B.weight": lb},
+              str(adapter / "adapter_model.safetensors"))
+    with safe_open(str(base / "model.safetensors"), "np") as b:
+        embedding = b.get_tensor("model.embed_tokens.weight")
+
+    result = peft_c.merge_checkpoint(base, tmp_path / "untie", [adapter])
+    assert result.untied_embeddings and result.added == 1
+    assert any('"lm_head.weight" was added' in note for note in result.notes)
+    assert json.loads((tmp_path / "untie" / "config.json").read_text())["tie_word_embeddings"] is False
+    with safe_open(str(tmp_path / "untie" / "model.safetensors"), "np") as merged:
+        assert merged.get_tensor("model.embed_tokens.weight").tobytes() == embedding.tobytes()
+        np.testing.assert_allclose(merged.get_tensor("lm_head.weight"), embedding + lb @ la, rtol=0, atol=1e-5)
+
+    result = peft_c.merge_checkpoint(base, tmp_path / "shared", [adapter], tied_embeddings="shared")
+    assert not result.untied_embeddings and result.added == 0 and result.merged == 1
+    with safe_open(str(tmp_path / "shared" / "model.safetensors"), "np") as merged:
+        assert "lm_head.weight" not in merged.keys()
+        np.testing.assert_allclose(merged.get_tensor("model.embed_tokens.weight"), embedding + lb @ la, rtol=0,
+                                   atol=1e-5)
+    with pytest.raises(ValueError, match="tied_embeddings"):
+        peft_c.merge_checkpoint(base, tmp_path / "bad", [adapter], tied_embeddings="both")
+
+
 def test_arithmetic(tmp_path):
     """``arithmetic="ggml"``: each delta value is float products summed in double over the rank, times the
     float scale, added in float (llama-export-lora on ggml's scalar build); DoRA is refused; a bad name too."""

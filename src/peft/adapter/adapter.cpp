@@ -282,9 +282,19 @@ struct AdapterBuilder {
     return static_cast<int64_t>(A[0]);
   }
 
+  // ensure_weight_tying with an embedding among the targets: PEFT gives the tied output embedding
+  // (lm_head) a LoRA layer of its own, tied to the input embedding's (LoraModel._add_targets_to_tie),
+  // without target_modules naming it, and saves its factors.
+  bool is_tied_lora_target(const AdapterModule& m) const {
+    return a.config_.ensure_weight_tying && a.table_ && a.table_->output_embedding() &&
+           m.name == *a.table_->output_embedding();
+  }
+
   void resolve_lora(AdapterModule& m, const ModuleMatcher& matcher, std::vector<std::string>& untargeted) {
     auto verdict = matcher.check(m.name);
-    if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
+    if (verdict == ModuleMatcher::Verdict::not_targeted && is_tied_lora_target(m)) {
+      // targeted through the tie
+    } else if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
       untargeted.push_back(peft::quoted(m.name) + " (" + verdict_name(verdict) + ")");
     m.rank_key = matcher.rank_key(m.name);
     m.alpha_key = matcher.alpha_key(m.name);

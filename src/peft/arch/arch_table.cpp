@@ -184,6 +184,7 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
   if (!doc.is_object()) bad_table(source, "must be a JSON object");
   static const std::set<std::string> known = {
       "format", "version", "family", "description", "detect", "base_model_prefix", "output_embedding",
+      "input_embeddings", "tie_embeddings_config",
       "peft_default_target_modules", "modules", "roles", "extra_roles", "checkpoint_aliases",
       "gguf_architectures"};
   for (const auto& [key, value] : doc.items())
@@ -209,6 +210,12 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
   if (auto it = doc.find("output_embedding"); it != doc.end() && !it->is_null()) {
     if (!it->is_string()) bad_table(source, "\"output_embedding\" must be a string or null");
     table->output_embedding_ = it->get<std::string>();
+  }
+  if (auto it = doc.find("input_embeddings"); it != doc.end())
+    table->input_embeddings_ = string_list(*it, source, "input_embeddings");
+  if (auto it = doc.find("tie_embeddings_config"); it != doc.end() && !it->is_null()) {
+    if (!it->is_string()) bad_table(source, "\"tie_embeddings_config\" must be a string or null");
+    table->tie_embeddings_config_ = it->get<std::string>();
   }
   if (auto it = doc.find("detect"); it != doc.end()) {
     if (!it->is_object()) bad_table(source, "\"detect\" must be an object");

@@ -100,6 +100,11 @@ class ArchTable {
   const std::string& source() const { return source_; }
   const std::string& base_model_prefix() const { return base_model_prefix_; }  // "" if none
   const std::optional<std::string>& output_embedding() const { return output_embedding_; }
+  // The input embedding modules the output embedding can be tied to, tried in order (a base stores
+  // one of them), and the config.json key that ties them (tie_word_embeddings); both empty when the
+  // family's output embedding is never tied, or tied in a way a copy cannot undo (T5's rescaling).
+  const std::vector<std::string>& input_embeddings() const { return input_embeddings_; }
+  const std::optional<std::string>& tie_embeddings_config() const { return tie_embeddings_config_; }
   const std::vector<std::string>& model_types() const { return model_types_; }
   const std::vector<std::string>& architectures() const { return architectures_; }
   const std::vector<std::string>& name_patterns() const { return name_patterns_; }
@@ -146,6 +151,8 @@ class ArchTable {
   std::string base_model_prefix_;
   std::map<std::string, std::vector<std::string>> gguf_architectures_;  // GGUF architecture -> model_types
   std::optional<std::string> output_embedding_;
+  std::vector<std::string> input_embeddings_;
+  std::optional<std::string> tie_embeddings_config_;
   std::vector<std::string> model_types_;
   std::vector<std::string> architectures_;
   std::vector<std::string> name_patterns_;

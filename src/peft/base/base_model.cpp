@@ -47,25 +47,57 @@ const std::vector<uint64_t>& BaseModel::weight_shape(size_t i) const {
   return it != weight_shapes.end() ? it->second : weights->tensor(i).shape;
 }
 
-std::optional<size_t> BaseModel::find(std::string_view module, std::string_view param, const ArchTable* table) const {
-  auto lookup = [&](std::string_view candidate) -> std::optional<size_t> {
-    std::string name = std::string(candidate) + "." + std::string(param);
-    if (auto i = weights->find(name)) return i;
-    if (table && !table->base_model_prefix().empty()) {
-      // transformers loads a headless checkpoint into a model with a head, and the reverse.
-      std::string prefix = table->base_model_prefix() + ".";
-      if (name.starts_with(prefix)) {
-        if (auto i = weights->find(std::string_view(name).substr(prefix.size()))) return i;
-      } else if (auto i = weights->find(prefix + name)) {
-        return i;
-      }
+namespace {
+
+// "<module>.<param>" as stored: the name as is, then without and with the table's base_model_prefix.
+std::optional<size_t> find_stored(const Checkpoint& weights, std::string_view module, std::string_view param,
+                                  const ArchTable* table) {
+  std::string name = std::string(module) + "." + std::string(param);
+  if (auto i = weights.find(name)) return i;
+  if (table && !table->base_model_prefix().empty()) {
+    // transformers loads a headless checkpoint into a model with a head, and the reverse.
+    std::string prefix = table->base_model_prefix() + ".";
+    if (name.starts_with(prefix)) {
+      if (auto i = weights.find(std::string_view(name).substr(prefix.size()))) return i;
+    } else if (auto i = weights.find(prefix + name)) {
+      return i;
     }
-    return std::nullopt;
-  };
-  if (auto i = lookup(module)) return i;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<size_t> BaseModel::find(std::string_view module, std::string_view param, const ArchTable* table) const {
+  if (auto i = find_stored(*weights, module, param, table)) return i;
   if (table)
     for (const std::string& alias : table->aliases_of(module))
-      if (auto i = lookup(alias)) return i;
+      if (auto i = find_stored(*weights, alias, param, table)) return i;
+  if (param == "weight" && is_tied_output(module, table)) return tied_embeddings(table)->input;
+  return std::nullopt;
+}
+
+bool BaseModel::is_tied_output(std::string_view module, const ArchTable* table) const {
+  if (!table || !table->output_embedding() || module != *table->output_embedding()) return false;
+  auto tied = tied_embeddings(table);
+  return tied && !tied->output;
+}
+
+std::optional<TiedEmbeddings> BaseModel::tied_embeddings(const ArchTable* table) const {
+  if (!table || !table->output_embedding() || !table->tie_embeddings_config() || !config.is_object()) return std::nullopt;
+  auto tie = config.find(*table->tie_embeddings_config());
+  if (tie == config.end() || !tie->is_boolean() || !tie->get<bool>()) return std::nullopt;
+  for (const std::string& input : table->input_embeddings()) {
+    auto index = find_stored(*weights, input, "weight", table);
+    if (!index) continue;
+    TiedEmbeddings t;
+    t.input = *index;
+    t.output_module = *table->output_embedding();
+    t.output_weight = t.output_module + ".weight";
+    t.output = find_stored(*weights, t.output_module, "weight", table);
+    t.config_key = *table->tie_embeddings_config();
+    return t;
+  }
   return std::nullopt;
 }
 

@@ -18,6 +18,17 @@
 
 namespace peft {
 
+// A base whose output embedding is tied to its input embedding (the table's tie_embeddings_config
+// key true in config.json): the input embedding's tensor, the output embedding's module and weight
+// name, and its tensor when the checkpoint stores one anyway (transformers saves only the input).
+struct TiedEmbeddings {
+  size_t input = 0;
+  std::string output_module;  // "lm_head"
+  std::string output_weight;  // "lm_head.weight"
+  std::optional<size_t> output;
+  std::string config_key;     // "tie_word_embeddings"
+};
+
 struct BaseModel {
   std::string dir;
   nlohmann::json config;  // config.json; null when the folder has none
@@ -35,7 +46,15 @@ struct BaseModel {
   // the table's base_model_prefix.
   // Tensor i's shape as the module sees it: weight_shapes[i] if set, else its stored shape.
   const std::vector<uint64_t>& weight_shape(size_t i) const;
+  // A tied output embedding's weight that the checkpoint does not store is found as the input
+  // embedding's tensor it shares (is_tied_output() tells that case apart).
   std::optional<size_t> find(std::string_view module, std::string_view param, const ArchTable* table) const;
+  // Whether `module` is a tied output embedding that the checkpoint does not store: its weight keeps
+  // its own name ("lm_head.weight") as an adapter's base tensor, so that merges keep its changes
+  // apart from the input embedding's.
+  bool is_tied_output(std::string_view module, const ArchTable* table) const;
+  // nullopt unless the table names the tied pair, config.json ties them and the input is stored.
+  std::optional<TiedEmbeddings> tied_embeddings(const ArchTable* table) const;
 };
 
 // The base model's Linear / Conv1D module names as PEFT's "all-linear" expands them: modules whose

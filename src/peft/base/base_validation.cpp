@@ -31,7 +31,7 @@ class ModuleChecker {
       return;
     }
     const TensorInfo& base_weight = base_.weights->tensor(*weight);
-    base_name_ = base_weight.name;
+    base_name_ = base_.is_tied_output(m_.name, table_) ? m_.name + ".weight" : base_weight.name;
     const Shape& w = base_.weight_shape(*weight);
     for (AdapterTensor& t : m_.tensors)
       if (t.role != TensorRole::lora_b_bias && is_lora_role(t.role)) t.base_tensor = base_name_;
@@ -256,7 +256,7 @@ void check_full_tensors(AdapterModule& m, const Checkpoint& adapter, const BaseM
       continue;
     }
     const TensorInfo& info = base.weights->tensor(*index);
-    t.base_tensor = info.name;
+    t.base_tensor = param == "weight" && base.is_tied_output(m.name, table) ? m.name + ".weight" : info.name;
     const Shape& got = adapter.tensor(t.index).shape;
     if (got != info.shape)
       result.mismatched.push_back("tensor " + peft::quoted(t.key) + " is " + shape_text(got) + ", but the base's " +
@@ -274,8 +274,9 @@ void check_trainable_tokens(AdapterModule& m, const Checkpoint& adapter, const B
     return;
   }
   const TensorInfo& info = base.weights->tensor(*index);
+  const std::string name = base.is_tied_output(m.name, table) ? m.name + ".weight" : info.name;
   for (AdapterTensor& tensor : m.tensors)
-    if (tensor.role == TensorRole::trainable_tokens_delta) tensor.base_tensor = info.name;
+    if (tensor.role == TensorRole::trainable_tokens_delta) tensor.base_tensor = name;
   const Shape& got = adapter.tensor(t->index).shape;
   if (info.shape.size() != 2 || got.size() != 2 || got[1] != info.shape[1]) {
     result.mismatched.push_back("tensor " + peft::quoted(t->key) + " is " + shape_text(got) +

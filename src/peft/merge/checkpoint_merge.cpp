@@ -214,6 +214,7 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
   plan_options.dtype = options.dtype;
   plan_options.max_shard_size = options.max_shard_size;
   plan_options.open = options.open;
+  plan_options.tied_embeddings = options.tied_embeddings;
   MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
   plan.arithmetic = options.arithmetic;
   plan.allow_nonfinite = options.allow_nonfinite;
@@ -232,7 +233,7 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
     }
   }
   settle_bnb_sizes(plan, options.threads);
-  std::vector<FolderFile> folder_files = plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings, plan.dtype,
+  std::vector<FolderFile> folder_files = plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings ? plan.tie_config_key : std::string(), plan.dtype,
                                                            options.require_config, plan.dequantized);
 
   std::vector<OutputFilePlan> files;

@@ -51,6 +51,10 @@ struct CheckpointMergeOptions {
   // on ggml's scalar build (then DoRA and the other methods are refused, UNSUPPORTED, before anything
   // is written).
   merge::Arithmetic arithmetic = merge::Arithmetic::peft;
+  // A base with tied embeddings changed on one side (TiedEmbeddingsPolicy): untied to equal the
+  // adapter's forward (the default), or changed in the shared tensor as PEFT's merge_and_unload does.
+  // Checkpoint bases only.
+  TiedEmbeddingsPolicy tied_embeddings = TiedEmbeddingsPolicy::untie;
 };
 
 // What storing one merged GGUF tensor in its output type costs (CheckpointMergeOptions::report): the

@@ -48,15 +48,16 @@ const char* torch_dtype_name(DType dtype) {
   }
 }
 
-std::optional<std::string> updated_config_text(const nlohmann::json& config, bool untie, std::optional<DType> dtype,
+std::optional<std::string> updated_config_text(const nlohmann::json& config, const std::string& untie_key,
+                                               std::optional<DType> dtype,
                                                bool dequantized) {
   if (!config.is_object()) return std::nullopt;
   nlohmann::json updated = config;
   bool changed = dequantized && updated.erase("quantization_config") > 0;
-  if (untie) {
-    auto it = updated.find("tie_word_embeddings");
+  if (!untie_key.empty()) {
+    auto it = updated.find(untie_key);
     if (it == updated.end() || !it->is_boolean() || it->get<bool>()) {
-      updated["tie_word_embeddings"] = false;
+      updated[untie_key] = false;
       changed = true;
     }
   }
@@ -79,7 +80,8 @@ bool is_model_weight_file(const std::string& name) {
                               ".h5.index.json", ".msgpack.index.json"});
 }
 
-std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config, bool untie,
+std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config,
+                                          const std::string& untie_key,
                                           std::optional<DType> dtype, bool require_config, bool dequantized) {
   std::vector<FolderFile> files;
   std::error_code ec;
@@ -104,7 +106,7 @@ std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlo
     f.name = name;
     f.source_path = source;
     if (name == "config.json") {
-      f.content = updated_config_text(config, untie, dtype, dequantized);
+      f.content = updated_config_text(config, untie_key, dtype, dequantized);
       have_config = true;
     }
     files.push_back(std::move(f));

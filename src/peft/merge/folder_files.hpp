@@ -14,13 +14,14 @@
 
 namespace peft {
 
-// config.json with `tie_word_embeddings` set to false (when `untie`) and, when `dtype` is set, every
+// config.json with the key `untie_key` (tie_word_embeddings; "" for none) set to false and, when `dtype` is set, every
 // "dtype" / "torch_dtype" entry (top level and nested sub-configs) set to its torch name
 // ("bfloat16"); a config with neither at the top level gets "dtype", as transformers 5 writes it.
 // nullopt when nothing changes, so the file can be copied byte for byte; otherwise the text
 // transformers writes: json.dumps(config, indent=2, sort_keys=True) + "\n". With
 // `dequantized` (a quantized base written dequantized) the top-level quantization_config is removed.
-std::optional<std::string> updated_config_text(const nlohmann::json& config, bool untie, std::optional<DType> dtype,
+std::optional<std::string> updated_config_text(const nlohmann::json& config, const std::string& untie_key,
+                                               std::optional<DType> dtype,
                                                bool dequantized = false);
 
 // The torch name of a floating-point dtype ("float32", "bfloat16", "float16", "float64").
@@ -37,7 +38,8 @@ bool is_model_weight_file(const std::string& name);
 // PEFT_ERR_INVALID_CHECKPOINT naming it otherwise, or when it dangles. With `require_config`,
 // PEFT_ERR_NOT_FOUND when there is no config.json and PEFT_ERR_INVALID_CHECKPOINT when it is not a
 // regular file (a folder, a FIFO). PEFT_ERR_IO if the folder cannot be listed.
-std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config, bool untie,
+std::vector<FolderFile> plan_folder_files(const std::string& base_dir, const nlohmann::json& config,
+                                          const std::string& untie_key,
                                           std::optional<DType> dtype, bool require_config, bool dequantized = false);
 
 }  // namespace peft

@@ -369,9 +369,10 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
     const Checkpoint& base = *plan.base.weights;
     base.read(p.base_index, p.work_dtype, out.data(), nbytes);
   }
+  if (p.tokens_before_lora && !p.tokens.empty()) apply_token_rows(p, out.data(), nbytes);
   if (!p.lora.empty()) apply_lora(p, p.shape, p.work_dtype, out.data(), threads, plan.arithmetic);
   if (!p.lora_bias.empty()) apply_lora_bias(p, out.data(), elements);
-  if (!p.tokens.empty()) apply_token_rows(p, out.data(), nbytes);
+  if (!p.tokens_before_lora && !p.tokens.empty()) apply_token_rows(p, out.data(), nbytes);
 }
 
 }  // namespace peft

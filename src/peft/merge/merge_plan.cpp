@@ -80,13 +80,14 @@ class Planner {
 
   MergePlan run(const std::vector<MergeInput>& inputs) {
     check_adapters(inputs);
+    find_tied_embeddings();
     gather_changes();
+    settle_tied_embeddings();
     find_fp8_weights();
     build_tensors();
-    handle_tied_embeddings();
     std::erase_if(plan_.tensors, [&](const PlannedTensor& p) {
       if (p.bnb) return p.action == TensorAction::copy;
-      return p.action != TensorAction::duplicate && dropped_.contains(p.base_index);
+      return !p.added && dropped_.contains(p.base_index);
     });
     lay_out_files();
     return std::move(plan_);
@@ -133,12 +134,119 @@ class Planner {
     return *index;
   }
 
+  // ---- Tied embeddings (docs/architecture.md, "Tied embeddings") -----------------------------------
+  // transformers ties the output embedding to the input embedding when the table's config key
+  // (tie_word_embeddings) is true, and saves only the input. PEFT wraps each side in its own layer, so
+  // its forward sees each side's own changes, while its merge_and_unload writes them all into the one
+  // shared tensor. The output embedding's changes are gathered apart (output_slot_: the stored output
+  // tensor, or one past the base's tensors) and settled per policy once all are known.
+
+  void find_tied_embeddings() {
+    auto table = table_for(plan_.adapters.front()->adapter.get(), plan_.base);
+    tied_ = plan_.base.tied_embeddings(table.get());
+    if (tied_) output_slot_ = tied_->output ? *tied_->output : base().tensor_count();
+  }
+
+  bool added_output() const { return tied_ && !tied_->output; }
+
+  std::string tensor_name(size_t index) const {
+    return index == base().tensor_count() && tied_ ? tied_->output_weight : base().tensor(index).name;
+  }
+
+  // The base tensor a module's tensor changes, or output_slot_ for the weight of a tied output
+  // embedding the base does not store (its adapters keep its own name: BaseModel::is_tied_output).
+  size_t target_of(const PlannedAdapter& a, const std::string& base_tensor) {
+    if (added_output() && base_tensor == tied_->output_weight) return output_slot_;
+    return base_index_of(base_tensor, a);
+  }
+
+  // PEFT's ensure_weight_tying gives the output embedding the input embedding's LoRA factors
+  // (transposed): the same change on both sides. Untied merges keep it once, in the shared tensor.
+  bool is_tied_lora_copy(const PlannedAdapter& a) const {
+    if (!tied_ || options_.tied_embeddings != TiedEmbeddingsPolicy::untie || !a.adapter->config().ensure_weight_tying)
+      return false;
+    const std::string& input = base().tensor(tied_->input).name;
+    bool on_input = false, on_output = false;
+    for (const AdapterModule& m : a.modules) {
+      if (!m.is_lora()) continue;
+      if (m.name == tied_->output_module) on_output = true;
+      else if (m.weight_factor()->base_tensor == input) on_input = true;
+    }
+    return on_input && on_output;
+  }
+
+  void settle_tied_embeddings() {
+    if (!tied_) return;
+    Changes& in = changes_[tied_->input];
+    Changes& out = changes_[output_slot_];
+    const std::string input = peft::quoted(base().tensor(tied_->input).name);
+    const std::string output = peft::quoted(tied_->output_module);
+    const bool output_changes = out.any();  // its own, before any shared change is copied to it
+    bool untie = false;
+    if (options_.tied_embeddings == TiedEmbeddingsPolicy::shared) {
+      if (added_output() && (!out.lora.empty() || !out.tokens.empty() || (out.replacement && !out.replacement->swaps_module))) {
+        plan_.notes.push_back("tied embeddings policy \"shared\": the changes of " + output + " land in the shared " +
+                              input + ", as PEFT's merge_and_unload does, so the input embedding changes too");
+        in.lora.insert(in.lora.end(), out.lora.begin(), out.lora.end());
+        in.tokens.insert(in.tokens.end(), out.tokens.begin(), out.tokens.end());
+        out.lora.clear();
+        out.tokens.clear();
+        if (out.replacement && !out.replacement->swaps_module) {  // a saved base_layer: the same parameter
+          if (!in.replacement) in.replacement = out.replacement;
+          out.replacement.reset();
+        }
+      } else if (!in.lora.empty() || (in.replacement && !in.replacement->swaps_module)) {
+        plan_.notes.push_back("tied embeddings policy \"shared\": the changes of " + input +
+                              " land in the shared tensor, so the output embedding " + output + " changes too");
+      }
+      untie = (in.replacement && in.replacement->swaps_module) || out.any();
+    } else {
+      // Changes PEFT makes to both sides: token rows, saved base_layer weights (loaded into the shared
+      // parameter) and the LoRA of an ensure_weight_tying adapter whose output copy was left out.
+      auto shared_term = [&](const LoraTerm& t) { return tied_copies_.contains(t.adapter); };
+      const bool own_lora = !std::all_of(in.lora.begin(), in.lora.end(), shared_term);
+      untie = (in.replacement && in.replacement->swaps_module) || own_lora || !in.lora_bias.empty() || output_changes;
+      if (untie) {  // the output gets the shared changes too
+        for (const LoraTerm& t : in.lora)
+          if (shared_term(t)) out.lora.push_back(t);
+        out.tokens.insert(out.tokens.end(), in.tokens.begin(), in.tokens.end());
+      }
+    }
+    if (!untie) return;
+    plan_.untie_embeddings = true;
+    plan_.tie_config_key = tied_->config_key;
+    std::string note = tied_->config_key + " set to false: the input embedding " + input + " and the output embedding " +
+                       output + " no longer hold the same values";
+    if (added_output())
+      note += "; " + peft::quoted(tied_->output_weight) + " was added holding the original embedding" +
+              (output_changes ? " plus the output embedding's own changes" : "");
+    plan_.notes.push_back(note);
+  }
+
+  // The output embedding the base does not store, after the input embedding it copies (untied only).
+  void plan_added_output(std::vector<std::string>& unsupported) {
+    if (!added_output() || !plan_.untie_embeddings) return;
+    const size_t input = tied_->input;
+    if (fp8_weights_.contains(input) || (plan_.bnb && (plan_.bnb->weights.contains(input) || plan_.bnb->owner.contains(input)))) {
+      unsupported.push_back("the tied input embedding " + peft::quoted(base().tensor(input).name) +
+                            " is quantized, so an untied output embedding cannot be added (tied embeddings policy \"shared\" keeps the tie)");
+      return;
+    }
+    PlannedTensor p = plan_plain_tensor(input, tied_->output_weight, changes_[output_slot_], unsupported);
+    if (p.action == TensorAction::copy) p.action = TensorAction::duplicate;
+    p.added = true;
+    p.tokens_before_lora = true;
+    auto at = std::find_if(plan_.tensors.begin(), plan_.tensors.end(),
+                           [&](const PlannedTensor& t) { return t.base_index == input; });
+    plan_.tensors.insert(at == plan_.tensors.end() ? at : at + 1, std::move(p));
+  }
+
   const TensorInfo& info(const PlannedAdapter& a, const AdapterTensor& t) const {
     return a.adapter->checkpoint().tensor(t.index);
   }
 
   void gather_changes() {
-    changes_.resize(base().tensor_count());
+    changes_.resize(base().tensor_count() + 1);  // the last: an output embedding the base does not store
     std::vector<std::string> conflicts;
     // (base tensor, adapter) pairs already holding LoRA terms, and token rows per base tensor.
     std::set<std::pair<size_t, const PlannedAdapter*>> lora_seen, bias_seen;
@@ -146,15 +254,23 @@ class Planner {
     for (const auto& owned : plan_.adapters) {
       const PlannedAdapter& a = *owned;
       check_replacement_weight(*a.adapter, a.weight);
+      const bool skip_tied_copy = is_tied_lora_copy(a);
       for (const AdapterModule& m : a.modules) {
+        if (skip_tied_copy && m.name == tied_->output_module) {
+          tied_copies_.insert(&a);
+          plan_.notes.push_back(adapter_label(a) + ": module " + peft::quoted(m.name) + " is PEFT's tied copy of the " +
+                                "input embedding's LoRA (ensure_weight_tying), so the change lands once in " +
+                                peft::quoted(base().tensor(tied_->input).name) + ", which stays tied");
+          continue;
+        }
         if (m.is_lora()) {
           const AdapterTensor* factor = m.weight_factor();
-          const size_t target = base_index_of(factor->base_tensor, a);
+          const size_t target = target_of(a, factor->base_tensor);
           LoraTerm term{&a, &m,
                         merge::lora_coefficient(a.weight, m.scaling, adapter_label(a) + ", module " + peft::quoted(m.name)), m.find(TensorRole::lora_magnitude) != nullptr};
           if (!lora_seen.insert({target, &a}).second)
             conflicts.push_back(adapter_label(a) + " has two LoRA modules on base tensor " +
-                                peft::quoted(base().tensor(target).name));
+                                peft::quoted(tensor_name(target)));
           if (is_rotation(m.method)) check_rotation_weight(m, a.weight);  // before anything is written
           changes_[target].lora.push_back(term);
           if (effect_of(m.method) == MethodEffect::scale && !m.ia3_bias.empty())  // ia3_l scales the bias too
@@ -169,23 +285,23 @@ class Planner {
         }
         if (m.kind == LayerKind::trainable_tokens) {
           const AdapterTensor* delta = m.find(TensorRole::trainable_tokens_delta);
-          const size_t target = base_index_of(delta->base_tensor, a);
+          const size_t target = target_of(a, delta->base_tensor);
           auto& rows = token_rows[target];
           for (int64_t row : m.token_indices) {
             auto [it, fresh] = rows.emplace(row, &a);
             if (!fresh && it->second != &a)
               conflicts.push_back("trainable token row " + std::to_string(row) + " of " +
-                                  peft::quoted(base().tensor(target).name) + " is set by both " +
+                                  peft::quoted(tensor_name(target)) + " is set by both " +
                                   adapter_label(*it->second) + " and " + adapter_label(a));
           }
           changes_[target].tokens.push_back({&a, &m});
         }
         for (const AdapterTensor& t : m.tensors) {
           if (t.role != TensorRole::full) continue;
-          const size_t target = base_index_of(t.base_tensor, a);
+          const size_t target = target_of(a, t.base_tensor);
           auto& slot = changes_[target].replacement;
           if (slot) {
-            conflicts.push_back("base tensor " + peft::quoted(base().tensor(target).name) + " is replaced by both " +
+            conflicts.push_back("base tensor " + peft::quoted(tensor_name(target)) + " is replaced by both " +
                                 peft::quoted(slot->adapter->adapter->dir() + ": " + slot->tensor->key) + " and " +
                                 peft::quoted(a.adapter->dir() + ": " + t.key));
             continue;
@@ -333,52 +449,57 @@ class Planner {
     return true;
   }
 
+  // A base tensor (`index`) written as `name` with changes `c` (moved out): copied, replaced or computed.
+  PlannedTensor plan_plain_tensor(size_t index, const std::string& name, Changes& c, std::vector<std::string>& unsupported) {
+    const TensorInfo& t = base().tensor(index);
+    PlannedTensor p;
+    p.name = name;
+    p.base_index = index;
+    p.base_dtype = t.dtype;
+    p.out_dtype = out_dtype_of(t.dtype);
+    p.work_dtype = p.out_dtype;
+    p.shape = t.shape;
+    p.replacement = c.replacement;
+    p.lora = c.lora;  // copied: an FP8 weight's scales read them too (plan_fp8)
+    p.lora_bias = std::move(c.lora_bias);
+    p.tokens = std::move(c.tokens);
+    const std::string who = "base tensor " + peft::quoted(name) + " (" + std::string(dtype_name(t.dtype)) + ")";
+    if (dropped_.contains(index) || plan_fp8(p, index, unsupported)) {
+      // an FP8 weight or its scales (planned by plan_fp8), or a tensor left out
+    } else if (!p.lora.empty() || !p.lora_bias.empty() || !p.tokens.empty()) {
+      p.action = TensorAction::compute;
+      if (p.out_dtype == p.base_dtype && is_merge_storage(p.out_dtype)) {
+        p.work_dtype = p.out_dtype;
+      } else if (is_merge_storage(p.out_dtype) && is_convertible_float(p.base_dtype)) {
+        p.work_dtype = DType::F32;
+      } else {
+        unsupported.push_back(who + ": merging into " + std::string(dtype_name(p.out_dtype)) +
+                              " is not supported (F32, BF16 and F16 are; choose an output dtype)");
+      }
+      check_sources(p, unsupported);
+    } else if (p.replacement) {
+      p.action = TensorAction::replace;
+      const DType src = info(*p.replacement->adapter, *p.replacement->tensor).dtype;
+      if (!can_convert(src, p.out_dtype))
+        unsupported.push_back(who + ": its replacement " + peft::quoted(p.replacement->tensor->key) + " is " +
+                              std::string(dtype_name(src)) + ", which does not convert to " +
+                              std::string(dtype_name(p.out_dtype)));
+    } else {
+      p.action = TensorAction::copy;
+    }
+    p.out_nbytes = converted_byte_size(p.out_dtype, shape_elements(p.shape, "tensor " + peft::quoted(p.name)));
+    return p;
+  }
+
   void build_tensors() {
     std::vector<std::string> unsupported;
     if (plan_.bnb)
       for (const auto& [index, weight] : plan_.bnb->weights) bnb_terms_[index] = changes_[index].lora;
     for (size_t i = 0; i < base().tensor_count(); ++i) {
       if (plan_bnb(i, unsupported)) continue;
-      const TensorInfo& t = base().tensor(i);
-      Changes& c = changes_[i];
-      PlannedTensor p;
-      p.name = t.name;
-      p.base_index = i;
-      p.base_dtype = t.dtype;
-      p.out_dtype = out_dtype_of(t.dtype);
-      p.work_dtype = p.out_dtype;
-      p.shape = t.shape;
-      p.replacement = c.replacement;
-      p.lora = c.lora;  // copied: an FP8 weight's scales read them too (plan_fp8)
-      p.lora_bias = std::move(c.lora_bias);
-      p.tokens = std::move(c.tokens);
-      const std::string who = "base tensor " + peft::quoted(t.name) + " (" + std::string(dtype_name(t.dtype)) + ")";
-      if (dropped_.contains(i) || plan_fp8(p, i, unsupported)) {
-        // an FP8 weight or its scales (planned by plan_fp8), or a tensor left out
-      } else if (!p.lora.empty() || !p.lora_bias.empty() || !p.tokens.empty()) {
-        p.action = TensorAction::compute;
-        if (p.out_dtype == p.base_dtype && is_merge_storage(p.out_dtype)) {
-          p.work_dtype = p.out_dtype;
-        } else if (is_merge_storage(p.out_dtype) && is_convertible_float(p.base_dtype)) {
-          p.work_dtype = DType::F32;
-        } else {
-          unsupported.push_back(who + ": merging into " + std::string(dtype_name(p.out_dtype)) +
-                                " is not supported (F32, BF16 and F16 are; choose an output dtype)");
-        }
-        check_sources(p, unsupported);
-      } else if (p.replacement) {
-        p.action = TensorAction::replace;
-        const DType src = info(*p.replacement->adapter, *p.replacement->tensor).dtype;
-        if (!can_convert(src, p.out_dtype))
-          unsupported.push_back(who + ": its replacement " + peft::quoted(p.replacement->tensor->key) + " is " +
-                                std::string(dtype_name(src)) + ", which does not convert to " +
-                                std::string(dtype_name(p.out_dtype)));
-      } else {
-        p.action = TensorAction::copy;
-      }
-      p.out_nbytes = converted_byte_size(p.out_dtype, shape_elements(p.shape, "tensor " + peft::quoted(p.name)));
-      plan_.tensors.push_back(std::move(p));
+      plan_.tensors.push_back(plan_plain_tensor(i, base().tensor(i).name, changes_[i], unsupported));
     }
+    plan_added_output(unsupported);
     if (!unsupported.empty()) fail_listing(PEFT_ERR_UNSUPPORTED, "the merge cannot be computed", unsupported);
   }
 
@@ -402,63 +523,6 @@ class Planner {
            DType::F32);
     for (const TokenRows& rows : p.tokens)
       need(*rows.adapter, rows.module->find(TensorRole::trainable_tokens_delta), work);
-  }
-
-  // transformers ties the output embedding to the input embedding when tie_word_embeddings is true.
-  // PEFT changes LoRA, DoRA and trainable-token layers, and loads saved base_layer weights, in place,
-  // into the one parameter both modules share, so they stay tied; a modules_to_save copy swaps one
-  // module for another, and PEFT then sets tie_word_embeddings = false. Here: the pair is untied when
-  // the input embedding is swapped or the output embedding is changed at all (a checkpoint that
-  // stores it although tied would otherwise lose the change on loading); an output embedding the
-  // base file does not store is then added, holding the original input embedding, as PEFT's untied
-  // model does.
-  void handle_tied_embeddings() {
-    const nlohmann::json& config = plan_.base.config;
-    if (!config.is_object()) return;
-    auto tie = config.find("tie_word_embeddings");
-    if (tie == config.end() || !tie->is_boolean() || !tie->get<bool>()) return;
-    auto table = table_for(plan_.adapters.empty() ? nullptr : plan_.adapters.front()->adapter.get(), plan_.base);
-    if (!table || !table->output_embedding()) return;
-    std::optional<uint64_t> vocab;
-    for (const nlohmann::json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr}) {
-      if (c && c->is_object() && c->contains("vocab_size") && (*c)["vocab_size"].is_number_unsigned()) {
-        vocab = (*c)["vocab_size"].get<uint64_t>();
-        break;
-      }
-    }
-    std::optional<size_t> input;
-    for (size_t i = 0; i < plan_.tensors.size() && vocab && !input; ++i) {
-      const PlannedTensor& p = plan_.tensors[i];
-      if (!p.name.ends_with(".weight") || p.shape.size() != 2 || p.shape[0] != *vocab) continue;
-      const std::string module = p.name.substr(0, p.name.size() - 7);
-      const ModuleRule* rule = table->rule_for_hf(module);
-      if (rule && rule->kind == ModuleKind::embedding) input = i;
-    }
-    if (!input) return;
-    const std::string output_name = *table->output_embedding() + ".weight";
-    auto output = plan_.base.find(*table->output_embedding(), "weight", table.get());
-    const PlannedTensor& in = plan_.tensors[*input];
-    const bool untie = (in.replacement && in.replacement->swaps_module) ||
-                       (output && plan_.tensors[*output].action != TensorAction::copy);
-    if (!untie) return;
-    plan_.untie_embeddings = true;
-    if (output) {
-      plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " and " +
-                            peft::quoted(plan_.tensors[*output].name) + " no longer hold the same values");
-      return;
-    }
-    PlannedTensor copy;
-    copy.name = output_name;
-    copy.base_index = in.base_index;
-    copy.base_dtype = in.base_dtype;
-    copy.out_dtype = in.out_dtype;
-    copy.work_dtype = in.out_dtype;
-    copy.shape = in.shape;
-    copy.out_nbytes = in.out_nbytes;
-    copy.action = TensorAction::duplicate;
-    plan_.notes.push_back("tie_word_embeddings set to false: " + peft::quoted(in.name) + " is replaced by a modules_to_save copy, so " +
-                          peft::quoted(output_name) + " was added holding the base's original embedding");
-    plan_.tensors.insert(plan_.tensors.begin() + static_cast<ptrdiff_t>(*input) + 1, std::move(copy));
   }
 
   void lay_out_files() {
@@ -495,7 +559,10 @@ class Planner {
   const MergePlanOptions& options_;
   std::string base_dir_;
   MergePlan plan_;
-  std::vector<Changes> changes_;
+  std::vector<Changes> changes_;                   // per base tensor, then the added output embedding's
+  std::optional<TiedEmbeddings> tied_;
+  std::set<const PlannedAdapter*> tied_copies_;    // adapters whose tied output LoRA copy was left out
+  size_t output_slot_ = 0;                         // where the output embedding's changes gather (tied_ set)
   std::map<size_t, Fp8BlockSource> fp8_weights_;  // FP8 block weights by base index
   std::map<size_t, size_t> fp8_scales_;            // their scales' base index -> the weight's
   std::set<size_t> dropped_;                       // base tensors not written (scales of dequantized weights)
@@ -519,6 +586,7 @@ uint64_t MergePlan::total_bytes() const {
 size_t MergePlan::count(TensorAction action) const {
   return static_cast<size_t>(std::count_if(tensors.begin(), tensors.end(), [&](const PlannedTensor& p) {
     const bool dequantized_only = p.action == TensorAction::compute && !p.changed();
+    if (p.added) return action == TensorAction::duplicate;
     return (dequantized_only ? TensorAction::copy : p.action) == action;
   }));
 }

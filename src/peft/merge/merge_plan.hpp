@@ -84,10 +84,24 @@ struct MergeInput {
 void refuse_output_over_merge_inputs(const std::string& out, const std::string& base,
                                      const std::vector<MergeInput>& adapters);
 
+// What a merge does with a base whose output embedding is tied to its input embedding
+// (tie_word_embeddings) when the adapters change one side (docs/architecture.md, "Tied embeddings").
+enum class TiedEmbeddingsPolicy {
+  // The merged model computes what the adapter's forward computes: where the two sides change
+  // differently they are untied (the output embedding written as the original embedding plus its
+  // own changes, the config key set to false); changes PEFT applies to both sides (trainable tokens,
+  // ensure_weight_tying's tied LoRA) land once in the shared tensor, which stays tied.
+  untie,
+  // PEFT's merge_and_unload: LoRA, DoRA, token and saved base_layer changes of either side land in
+  // the one shared tensor; only a modules_to_save copy unties, as in PEFT.
+  shared,
+};
+
 struct MergePlanOptions {
   std::optional<DType> dtype;   // F32, BF16 or F16; nullopt keeps the base's dtypes
   uint64_t max_shard_size = 0;  // 0: the base's files; otherwise reshard at this many bytes
   OpenOptions open;
+  TiedEmbeddingsPolicy tied_embeddings = TiedEmbeddingsPolicy::untie;
 };
 
 // One adapter after being checked against the base: its modules with base tensor names resolved.
@@ -158,6 +172,11 @@ struct PlannedTensor {
   const BnbWeight* bnb = nullptr;
   size_t bnb_part = 0;
   bool bnb_requantize = false;
+  // An output embedding the base file does not store (its tied input embedding is base_index).
+  bool added = false;
+  // Token rows set before the LoRA terms are added: an untied output embedding, whose LoRA layer PEFT
+  // wraps around the tied token layer (merges otherwise set the rows last, as merge_and_unload does).
+  bool tokens_before_lora = false;
 
   bool changed() const { return replacement || !lora.empty() || !lora_bias.empty() || !tokens.empty(); }
 };
@@ -176,7 +195,8 @@ struct MergePlan {
   bool write_index = false;
   std::string index_metadata_json = "{}";  // the base index's "metadata" (total_size recomputed)
   std::optional<DType> dtype;              // as asked
-  bool untie_embeddings = false;           // config.json gets tie_word_embeddings = false
+  bool untie_embeddings = false;           // config.json gets tie_config_key = false
+  std::string tie_config_key;              // the base's key that ties the embeddings (tie_word_embeddings)
   std::vector<std::string> notes;          // for the caller: what was decided and why
   BaseQuantization quantization;           // config.json's quantization_config
   bool dequantized = false;                // quantized weights written dequantized: config loses quantization_config
@@ -196,7 +216,8 @@ struct MergePlan {
   bool allow_nonfinite = false;
 
   uint64_t total_bytes() const;
-  // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy.
+  // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy,
+  // an added tensor (PlannedTensor::added) as a duplicate whatever its action.
   size_t count(TensorAction action) const;
 };
 

@@ -283,6 +283,8 @@ constants! {
     pub const PEFT_MERGE_TENSORS_ADDED: i32 = 3;
     pub const PEFT_MERGE_ARITHMETIC_PEFT: i32 = 0;
     pub const PEFT_MERGE_ARITHMETIC_GGML: i32 = 1;
+    pub const PEFT_MERGE_TIED_UNTIE: i32 = 0;
+    pub const PEFT_MERGE_TIED_SHARED: i32 = 1;
 
     pub const PEFT_COMBINE_CAT: i32 = 0;
     pub const PEFT_COMBINE_LINEAR: i32 = 1;
@@ -841,6 +843,7 @@ functions! {
     pub fn peft_merge_result_report_json(result: *const peft_merge_result) -> *const c_char;
     pub fn peft_lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error;
     pub fn peft_merge_options_set_arithmetic(opts: *mut peft_merge_options, arithmetic: i32) -> *mut peft_error;
+    pub fn peft_merge_options_set_tied_embeddings(opts: *mut peft_merge_options, policy: i32) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1133,5 +1136,6 @@ api_table! {
         pub fn merge_result_report_json(result: *const peft_merge_result) -> *const c_char = peft_merge_result_report_json;
         pub fn lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error = peft_lowrank_options_set_base;
         pub fn merge_options_set_arithmetic(opts: *mut peft_merge_options, arithmetic: i32) -> *mut peft_error = peft_merge_options_set_arithmetic;
+        pub fn merge_options_set_tied_embeddings(opts: *mut peft_merge_options, policy: i32) -> *mut peft_error = peft_merge_options_set_tied_embeddings;
     }
 }
