@@ -188,12 +188,11 @@ peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts, int32_t 
 }
 
 peft_error* peft_merge_options_set_tied_embeddings(peft_merge_options* opts, int32_t policy) {
-  return guarded([&] {
-    require_arg(opts, "opts");
+  return peft::capi::set_option(opts, [&](auto& o) {
     if (policy == PEFT_MERGE_TIED_UNTIE)
-      opts->impl.tied_embeddings = peft::TiedEmbeddingsPolicy::untie;
+      o.tied_embeddings = peft::TiedEmbeddingsPolicy::untie;
     else if (policy == PEFT_MERGE_TIED_SHARED)
-      opts->impl.tied_embeddings = peft::TiedEmbeddingsPolicy::shared;
+      o.tied_embeddings = peft::TiedEmbeddingsPolicy::shared;
     else
       peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the tied embeddings policy " + std::to_string(policy) +
                                                 " is not PEFT_MERGE_TIED_UNTIE (0) or PEFT_MERGE_TIED_SHARED (1)");
