@@ -6,7 +6,8 @@ model in memory. peft_c finds the saved tensor with the renames of transformers'
 
 * the committed data is what scripts/gen_conversions.py writes from the pinned transformers (the test
   regenerates it into a temporary file and compares): a new transformers needs a regenerated file;
-* a tiny random Llava (Llama text model, CLIP vision tower) saved with save_pretrained, a LoRA on
+* a tiny random Llava (Llama text model, CLIP vision tower) and Gemma 3 (SigLIP vision tower), each
+  saved with save_pretrained, a LoRA on
   q_proj/v_proj (PEFT matches both the language model's and the vision tower's): `peftc merge` writes
   the base's saved names, transformers loads the result, and its logits on a text-and-image input
   are PEFT's unmerged forward's (max |difference| <= 1e-5 x max |logits|, f32);
@@ -30,7 +31,6 @@ import torch
 from merge_support import file_tensors, load_model, run_merge
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-IMAGE_TOKEN = 63
 
 
 def test_data_matches_the_pinned_transformers(tmp_path):
@@ -45,30 +45,48 @@ def test_data_matches_the_pinned_transformers(tmp_path):
         "transformers: regenerate it")
 
 
-def make_base(folder: pathlib.Path) -> pathlib.Path:
+# kind: (image token id, image tokens per image)
+KINDS = {"llava": (63, 4), "gemma3": (299, 4)}
+
+
+def make_base(kind: str, folder: pathlib.Path) -> pathlib.Path:
+    """A tiny random VLM: Llava (Llama text model, CLIP vision tower; 8x8 images in 4x4 patches, the CLS
+    feature dropped: 4 image tokens) or Gemma 3 (SigLIP; 16x16 images, 16 patches pooled to 4 tokens)."""
     import transformers
 
     torch.manual_seed(3)
-    text = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                           num_attention_heads=2, image_size=8, patch_size=4)
-    config = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=IMAGE_TOKEN)
-    transformers.LlavaForConditionalGeneration(config).save_pretrained(str(folder))
+    image_token, _ = KINDS[kind]
+    if kind == "llava":
+        text = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                               num_attention_heads=2, image_size=8, patch_size=4)
+        model = transformers.LlavaForConditionalGeneration(
+            transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=image_token))
+    else:
+        text = transformers.Gemma3TextConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                             max_position_embeddings=64, sliding_window=16)
+        vision = transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=2, image_size=16, patch_size=4)
+        model = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+            text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=image_token,
+            boi_token_index=297, eoi_token_index=298))
+    model.save_pretrained(str(folder))
     return folder
 
 
-@pytest.fixture(scope="module")
-def base(tmp_path_factory) -> pathlib.Path:
+@pytest.fixture(scope="module", params=list(KINDS))
+def base(request, tmp_path_factory) -> pathlib.Path:
     pytest.importorskip("transformers")
-    return make_base(tmp_path_factory.mktemp("llava"))
+    return make_base(request.param, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture(scope="module")
 def adapter(base, tmp_path_factory) -> pathlib.Path:
     from peft import LoraConfig, get_peft_model
 
-    folder = tmp_path_factory.mktemp("llava_lora")
+    folder = tmp_path_factory.mktemp("lora")
     torch.manual_seed(11)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -78,17 +96,20 @@ def adapter(base, tmp_path_factory) -> pathlib.Path:
     return folder
 
 
-def inputs() -> dict:
+def inputs(model) -> dict:
+    config = model.config
+    image_token = config.image_token_id
+    size = config.vision_config.image_size
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, IMAGE_TOKEN - 1, (2, 9), generator=g)
-    ids[:, 1:5] = IMAGE_TOKEN  # 8x8 image, 4x4 patches: 4 image features (the CLS one is dropped)
+    ids = torch.randint(0, 60, (2, 9), generator=g)
+    ids[:, 1:5] = image_token  # 4 image tokens per image (KINDS)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-            "pixel_values": torch.randn(2, 3, 8, 8, generator=g)}
+            "pixel_values": torch.randn(2, 3, size, size, generator=g)}
 
 
 @torch.no_grad()
 def logits(model) -> torch.Tensor:
-    return model(**inputs()).logits.float()
+    return model(**inputs(model)).logits.float()
 
 
 def test_adapter_uses_in_memory_names(adapter, base):

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -75,4 +76,21 @@ TEST_CASE("conversions: unsupported and malformed steps") {
       CHECK(e.code() == PEFT_ERR_INVALID_CONFIG);
     }
   }
+}
+
+TEST_CASE("conversions: every chain of the built-in data compiles") {
+  std::ifstream in(std::string(PEFT_TEST_DATA) + "/../../data/conversions/transformers.json");
+  REQUIRE(in.good());
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  size_t chains = 0, unsupported = 0;
+  auto check = [&](const nlohmann::json& entry, const std::string& what) {
+    ++chains;
+    // Every regex compiles with the library's engine and every step applies.
+    if (!peft::apply_save_chain(entry, "model.language_model.layers.0.mlp.experts.3.w1.weight", true, what)) ++unsupported;
+  };
+  for (const auto& [name, entry] : doc.at("models").items()) check(entry, "models/" + name);
+  for (const auto& [type, classes] : doc.at("composed").items())
+    for (const auto& [name, entry] : classes.items()) check(entry, "composed/" + type + "/" + name);
+  CHECK(chains > 300);
+  CHECK(unsupported < 20);
 }
