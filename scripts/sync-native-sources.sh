@@ -2,8 +2,8 @@
 # Keeps the native packages' view of the C++ sources in step with src/:
 #  - Rust: bindings/rust/peft-c-sys/csrc, the copy the crate's `bundled` feature compiles and
 #    `cargo package` carries (a crate can hold only files under its own folder). Generated, never
-#    committed (.gitignore): include/peft_c.h, every file under src/ and data/arch (the translation
-#    tables, read at run time), plus SOURCES.sha256, the checksum of each.
+#    committed (.gitignore): include/peft_c.h, every file under src/, data/arch (the translation
+#    tables, read at run time) and data/conversions (transformers' renames), plus SOURCES.sha256, the checksum of each.
 #  - Go: bindings/go/bundled-*.cpp, one committed wrapper per src/**/*.cpp that #includes it under the
 #    build tag peftc_bundled (cgo compiles only files in the package folder; the Go module is the
 #    repository root, so ../../src is inside it).
@@ -18,7 +18,7 @@ dest=$root/bindings/rust/peft-c-sys/csrc
 godir=$root/bindings/go
 
 # The files the copy holds, relative to the repository root, sorted.
-list() { (cd "$root" && { echo include/peft_c.h; find src data/arch -type f; } | LC_ALL=C sort); }
+list() { (cd "$root" && { echo include/peft_c.h; find src data/arch data/conversions -type f; } | LC_ALL=C sort); }
 manifest() { (cd "$root" && list | xargs sha256sum); }
 
 # go_wrappers DIR: writes the Go wrappers into DIR.

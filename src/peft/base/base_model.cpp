@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "peft/arch/conversions.hpp"
 #include "peft/base/base_config.hpp"
 #include "peft/base/bnb_base.hpp"
 #include "checkpoint/hub_cache.hpp"
@@ -73,6 +74,9 @@ std::optional<size_t> BaseModel::find(std::string_view module, std::string_view 
   if (table)
     for (const std::string& alias : table->aliases_of(module))
       if (auto i = find_stored(*weights, alias, param, table)) return i;
+  // An adapter written against transformers' in-memory names of a model it renames on load.
+  for (const std::string& saved : saved_names(config, std::string(module) + "." + std::string(param)))
+    if (auto i = weights->find(saved)) return i;
   if (param == "weight" && is_tied_output(module, table)) return tied_embeddings(table)->input;
   return std::nullopt;
 }

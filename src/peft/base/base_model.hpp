@@ -43,7 +43,8 @@ struct BaseModel {
 
   std::optional<std::string> model_type() const;
   // The index of the base tensor "<module>.<param>", trying the name as is, then without and with
-  // the table's base_model_prefix.
+  // the table's base_model_prefix, then the table's checkpoint_aliases, then the names transformers
+  // saves the in-memory name under (saved_names(), peft/arch/conversions.hpp).
   // Tensor i's shape as the module sees it: weight_shapes[i] if set, else its stored shape.
   const std::vector<uint64_t>& weight_shape(size_t i) const;
   // A tied output embedding's weight that the checkpoint does not store is found as the input
