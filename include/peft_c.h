@@ -2647,6 +2647,16 @@ typedef struct peft_export_options peft_export_options;
  *  @{ */
 #define PEFT_COMBINE_CAT 0    /**< "cat": factors stacked; rank = sum of ranks; the weighted sum of deltas, exactly. */
 #define PEFT_COMBINE_LINEAR 1 /**< "linear": sqrt-weighted sums of factors; equal ranks; exact for one adapter only. */
+#define PEFT_COMBINE_TIES 2   /**< "ties": "linear" after magnitude pruning, sign election and disjoint mean of each factor. */
+#define PEFT_COMBINE_DARE_LINEAR 3     /**< "dare_linear": "linear" after random pruning with rescale of each factor. */
+#define PEFT_COMBINE_DARE_TIES 4       /**< "dare_ties": "ties" with random pruning (with rescale) instead of magnitude. */
+#define PEFT_COMBINE_MAGNITUDE_PRUNE 5 /**< "magnitude_prune": "linear" after magnitude pruning of each factor. */
+/** @} */
+
+/** @name Majority sign of the TIES combinations (PEFT's `majority_sign_method`)
+ *  @{ */
+#define PEFT_MAJORITY_SIGN_TOTAL 0     /**< "total": the sign of the sum of the pruned values (the default). */
+#define PEFT_MAJORITY_SIGN_FREQUENCY 1 /**< "frequency": the sign of the sum of their signs. */
 /** @} */
 
 /**
@@ -2693,6 +2703,49 @@ PEFT_API peft_error* peft_export_options_set_dtype(peft_export_options* opts, in
  *         #PEFT_ERR_UNSUPPORTED for a release before 0.13. Not thread-safe for the same @p opts.
  */
 PEFT_API peft_error* peft_export_options_set_peft_version(peft_export_options* opts, const char* version);
+
+/**
+ * @brief Sets PEFT's `density` for the pruning combinations of peft_adapter_combine(): the fraction
+ *        of each factor's values kept.
+ *
+ * #PEFT_COMBINE_TIES and #PEFT_COMBINE_MAGNITUDE_PRUNE keep each factor's int(density * size)
+ * largest magnitudes (equal magnitudes: the lower index first; torch's topk leaves that order
+ * open); #PEFT_COMBINE_DARE_LINEAR and #PEFT_COMBINE_DARE_TIES keep each value with probability
+ * @p density (see peft_export_options_set_combine_seed()) and divide the kept ones by it. 1 prunes
+ * nothing. Those four methods need it; `cat` and `linear` ignore it.
+ * @param opts Options.
+ * @param density From 0 to 1.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or a density outside [0, 1]
+ *         (PEFT warns and prunes nothing above 1). Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_export_options_set_combine_density(peft_export_options* opts, double density);
+
+/**
+ * @brief Sets PEFT's `majority_sign_method` for #PEFT_COMBINE_TIES and #PEFT_COMBINE_DARE_TIES.
+ * @param opts Options.
+ * @param method #PEFT_MAJORITY_SIGN_TOTAL (the default) or #PEFT_MAJORITY_SIGN_FREQUENCY.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or another value.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_export_options_set_combine_majority_sign(peft_export_options* opts, int32_t method);
+
+/**
+ * @brief Sets the seed of the random masks of #PEFT_COMBINE_DARE_LINEAR and #PEFT_COMBINE_DARE_TIES.
+ *
+ * The masks are a function of the seed alone, the same on every machine and thread count (PEFT draws
+ * them with torch.bernoulli from torch's global generator, which no other program reproduces). Value
+ * e (the row-major index) of factor f (0 = lora_A, 1 = lora_B) of the module named M in the i-th
+ * of the adapters that have that module (counting from 0, in the order given) is kept iff
+ * u < density, where, with mix(x) = splitmix64's output function of
+ * x + 0x9E3779B97F4A7C15 (64-bit wrapping arithmetic) and fnv1a64 the 64-bit FNV-1a hash of M's UTF-8
+ * bytes: s = mix(mix(seed ^ fnv1a64(M)) ^ (2 i + f)), u = (mix(s ^ e) >> 11) * 2^-53. M is the
+ * module's name without the `base_model.model.` prefix (e.g. `model.layers.0.self_attn.q_proj`).
+ * @param opts Options.
+ * @param seed Any value; 0 by default.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts. Not thread-safe for the
+ *         same @p opts.
+ */
+PEFT_API peft_error* peft_export_options_set_combine_seed(peft_export_options* opts, uint64_t seed);
 
 /**
  * @brief Writes an opened adapter as a PEFT adapter folder (see @ref export).
@@ -2822,7 +2875,14 @@ PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char*
  * adapters that have the module (s_i its scaling), zero-padded to the new rank r = the sum over
  * adapters of max(r, rank_pattern values). With `linear`, every adapter and module must have the
  * same rank r; with c_i = w_i * s_i, A = sum sign(c_i) sqrt|c_i| A_i and B = sum sqrt|c_i| B_i. One
- * adapter always combines as `linear`, as in PEFT. A module missing from some adapters gets
+ * adapter always combines as `linear`, as in PEFT. #PEFT_COMBINE_TIES, #PEFT_COMBINE_DARE_LINEAR,
+ * #PEFT_COMBINE_DARE_TIES and #PEFT_COMBINE_MAGNITUDE_PRUNE are `linear` with the A factors and the
+ * B factors each pruned and merged by PEFT's function of that name (peft/utils/merge_utils.py):
+ * with T_i the factors and w_i their weights above, magnitude or random pruning
+ * (peft_export_options_set_combine_density()), then the weighted sum, or for the TIES types per
+ * value the mean of the weighted values whose sign is the majority sign of the pruned values
+ * (peft_export_options_set_combine_majority_sign()). Like `linear`, they combine the factors, not
+ * the deltas: the result has cross terms B_i A_j that none of the adapters had. A module missing from some adapters gets
  * contributions from the others only. Factors are computed in f32 as PEFT does on CPU and written
  * as F32 unless @p opts sets a dtype.
  *
@@ -2836,7 +2896,7 @@ PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char*
  * @param adapters @p count adapters (only read).
  * @param weights @p count finite weights, one per adapter (negative values subtract).
  * @param count Number of adapters, at least 1.
- * @param method #PEFT_COMBINE_CAT or #PEFT_COMBINE_LINEAR.
+ * @param method One of the PEFT_COMBINE_* values.
  * @param out_dir The output folder (UTF-8); created with its parents if needed.
  * @param opts Options (dtype, target PEFT version), or NULL for the defaults. Not kept after the call.
  * @return NULL on success, else:
@@ -2846,7 +2906,8 @@ PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char*
  *         `exclude_modules`, ... are inherited), regex and list `target_modules` mixed; also what
  *         peft_adapter_export() refuses for the target version;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, @p count 0, an unknown @p method, a weight
- *         that is not finite, or `linear` with unequal ranks;
+ *         that is not finite, a method other than `cat` with unequal ranks, or a pruning method
+ *         without a density;
  *         #PEFT_ERR_SHAPE_MISMATCH naming the module when the adapters' factors do not fit together;
  *         #PEFT_ERR_IO as for peft_adapter_export().
  *         Thread-safe (see @ref export).
@@ -3833,6 +3894,9 @@ typedef struct peft_api {
   peft_error* (*lowrank_options_set_base)(peft_lowrank_options* opts, const char* base_dir); /**< peft_lowrank_options_set_base() */
   peft_error* (*merge_options_set_arithmetic)(peft_merge_options* opts, int32_t arithmetic); /**< peft_merge_options_set_arithmetic() */
   peft_error* (*merge_options_set_tied_embeddings)(peft_merge_options* opts, int32_t policy); /**< peft_merge_options_set_tied_embeddings() */
+  peft_error* (*export_options_set_combine_density)(peft_export_options* opts, double density); /**< peft_export_options_set_combine_density() */
+  peft_error* (*export_options_set_combine_majority_sign)(peft_export_options* opts, int32_t method); /**< peft_export_options_set_combine_majority_sign() */
+  peft_error* (*export_options_set_combine_seed)(peft_export_options* opts, uint64_t seed); /**< peft_export_options_set_combine_seed() */
 } peft_api;
 
 /**

@@ -238,6 +238,9 @@ const peft_api kApiV1 = {
     &peft_lowrank_options_set_base,
     &peft_merge_options_set_arithmetic,
     &peft_merge_options_set_tied_embeddings,
+    &peft_export_options_set_combine_density,
+    &peft_export_options_set_combine_majority_sign,
+    &peft_export_options_set_combine_seed,
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
 // The export section of the C API: export options, adapter export, adapter combination.
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 
 struct peft_export_options {
   peft::ExportOptions impl;
+  peft::CombineSettings combine;  // read by peft_adapter_combine() only
 };
 
 using peft::capi::guarded;
@@ -50,6 +52,34 @@ peft_error* peft_export_options_set_peft_version(peft_export_options* opts, cons
       return;
     }
     o.peft_version = peft::parse_peft_version(version);
+  });
+}
+
+peft_error* peft_export_options_set_combine_density(peft_export_options* opts, double density) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (!(density >= 0.0 && density <= 1.0))
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the combination density " + std::to_string(density) +
+                                                " is not a number from 0 to 1");
+    opts->combine.density = density;
+  });
+}
+
+peft_error* peft_export_options_set_combine_majority_sign(peft_export_options* opts, int32_t method) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (method != PEFT_MAJORITY_SIGN_TOTAL && method != PEFT_MAJORITY_SIGN_FREQUENCY)
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "majority sign method " + std::to_string(method) +
+                                                " is not PEFT_MAJORITY_SIGN_TOTAL or PEFT_MAJORITY_SIGN_FREQUENCY");
+    opts->combine.majority_sign =
+        method == PEFT_MAJORITY_SIGN_TOTAL ? peft::merge::MajoritySign::total : peft::merge::MajoritySign::frequency;
+  });
+}
+
+peft_error* peft_export_options_set_combine_seed(peft_export_options* opts, uint64_t seed) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    opts->combine.seed = seed;
   });
 }
 
@@ -98,9 +128,14 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
     require_arg(weights, "weights");
     require_arg(out_dir, "out_dir");
     if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
-    if (method != PEFT_COMBINE_CAT && method != PEFT_COMBINE_LINEAR)
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT,
-                 "combination method " + std::to_string(method) + " is not PEFT_COMBINE_CAT or PEFT_COMBINE_LINEAR");
+    static constexpr peft::CombineMethod kMethods[] = {
+        peft::CombineMethod::cat,       peft::CombineMethod::linear,    peft::CombineMethod::ties,
+        peft::CombineMethod::dare_linear, peft::CombineMethod::dare_ties, peft::CombineMethod::magnitude_prune};
+    static_assert(PEFT_COMBINE_CAT == 0 && PEFT_COMBINE_LINEAR == 1 && PEFT_COMBINE_TIES == 2 &&
+                  PEFT_COMBINE_DARE_LINEAR == 3 && PEFT_COMBINE_DARE_TIES == 4 && PEFT_COMBINE_MAGNITUDE_PRUNE == 5);
+    if (method < 0 || method >= static_cast<int32_t>(std::size(kMethods)))
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "combination method " + std::to_string(method) +
+                                                " is not one of the PEFT_COMBINE_* values");
     std::vector<std::shared_ptr<const peft::Adapter>> list;
     list.reserve(count);
     for (size_t i = 0; i < count; ++i) {
@@ -108,8 +143,8 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
         peft::fail(PEFT_ERR_INVALID_ARGUMENT, "adapters[" + std::to_string(i) + "] is NULL");
       list.push_back(adapters[i]->impl);
     }
-    const peft::CombineMethod how = method == PEFT_COMBINE_CAT ? peft::CombineMethod::cat : peft::CombineMethod::linear;
-    peft::combine_adapters(list, std::span<const double>(weights, count), how, out_dir, options_of(opts));
+    peft::combine_adapters(list, std::span<const double>(weights, count), kMethods[method], out_dir, options_of(opts),
+                           opts != nullptr ? opts->combine : peft::CombineSettings{});
   });
 }
 

@@ -180,6 +180,34 @@ static void test_combine(void) {
     peft_adapter_free(back);
   }
 
+  /* The pruning types: density required, in [0, 1]; the settings' own errors. */
+  CHECK_OK(peft_export_options_set_dtype(opts, PEFT_DTYPE_KEEP));
+  CHECK_CODE_NAMING(peft_adapter_combine(pair, weights, 2, PEFT_COMBINE_TIES, in_scratch("ties", out, sizeof out), opts),
+                    PEFT_ERR_INVALID_ARGUMENT, "density");
+  CHECK(!exists(out));
+  CHECK_CODE(peft_export_options_set_combine_density(opts, 1.5), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_density(opts, -0.1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_density(opts, NAN), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_density(NULL, 0.5), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_majority_sign(opts, 2), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_majority_sign(NULL, PEFT_MAJORITY_SIGN_TOTAL), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_seed(NULL, 1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_export_options_set_combine_density(opts, 0.5));
+  CHECK_OK(peft_export_options_set_combine_majority_sign(opts, PEFT_MAJORITY_SIGN_FREQUENCY));
+  CHECK_OK(peft_export_options_set_combine_seed(opts, UINT64_MAX));
+  CHECK_OK(peft_adapter_combine(pair, weights, 2, PEFT_COMBINE_TIES, in_scratch("ties", out, sizeof out), opts));
+  CHECK_OK(peft_adapter_combine(pair, weights, 2, PEFT_COMBINE_DARE_TIES, in_scratch("dare", out, sizeof out), opts));
+  CHECK_OK(peft_adapter_open(out, NULL, &back));
+  if (back != NULL) {
+    CHECK(peft_adapter_r(back) == 4);
+    peft_adapter_free(back);
+    back = NULL;
+  }
+  CHECK_CODE_NAMING(peft_adapter_combine(unequal, weights, 2, PEFT_COMBINE_MAGNITUDE_PRUNE,
+                                         in_scratch("pruned", out, sizeof out), opts),
+                    PEFT_ERR_INVALID_ARGUMENT, "rank");
+  CHECK(!exists(out));
+
   /* Errors: nothing is written. */
   in_scratch("failed", out, sizeof out);
   CHECK_CODE(peft_adapter_combine(NULL, weights, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);

@@ -384,3 +384,149 @@ def test_layers_to_transform_inheritance_is_what_peft_does(tmp_path):
     assert adapted and all(".layers.1." in n for n in adapted)
     from_lora = {n for n, m in model.named_modules() if isinstance(m, LoraLayer) and "a1" in m.lora_A}
     assert any(".layers.0." in n for n in from_lora)
+
+
+# ---- the pruning combination types (ties, dare_*, magnitude_prune) ------------------------------------
+
+def _mix(x: int) -> int:
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def _dare_mask(seed: int, module: str, adapter: int, factor: int, shape, density: float) -> torch.Tensor:
+    """peft_c's DARE mask, as include/peft_c.h (peft_export_options_set_combine_seed) specifies it."""
+    h = 0xcbf29ce484222325
+    for byte in module.encode():
+        h = ((h ^ byte) * 0x100000001b3) & ((1 << 64) - 1)
+    stream = _mix(_mix(seed ^ h) ^ (2 * adapter + factor))
+    n = math.prod(shape)
+    keep = [((_mix(stream ^ e) >> 11) * 2.0 ** -53) < density for e in range(n)]
+    return torch.tensor(keep, dtype=torch.float32).reshape(shape)
+
+
+def _peft_masks(model, adapters, seed, density):
+    """The masks torch.bernoulli must return, in the order add_weighted_adapter asks for them: per module
+    (named_modules order), the lora_A factors of the adapters that have it, then their lora_B factors."""
+    masks = []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, LoraLayer):
+            continue
+        present = [a for a in adapters if a in layer.lora_A]
+        if not present:
+            continue
+        module = name[len("base_model.model."):]
+        for factor in (0, 1):
+            for i, a in enumerate(present):
+                weight = (layer.lora_A if factor == 0 else layer.lora_B)[a].weight
+                masks.append(_dare_mask(seed, module, i, factor, tuple(weight.shape), density))
+    return masks
+
+
+PRUNING = [
+    # (combination_type, density, majority_sign_method, weights)
+    ("ties", 0.5, "total", [0.7, -1.3]),
+    ("ties", 0.3, "frequency", [1.0, 0.4]),
+    ("magnitude_prune", 0.6, "total", [0.7, -1.3]),
+    ("dare_linear", 0.5, "total", [0.7, -1.3]),
+    ("dare_ties", 0.4, "total", [1.0, 0.5]),
+    ("dare_ties", 0.7, "frequency", [-0.8, 1.2]),
+    ("ties", 1.0, "total", [0.7, -1.3]),  # density 1: nothing pruned, the election remains
+]
+
+
+@pytest.mark.parametrize("how,density,sign,weights", PRUNING, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in PRUNING])
+def test_pruning_combinations_equal_add_weighted_adapter(how, density, sign, weights, peftc_binary, tmp_path,
+                                                         monkeypatch):
+    """ties / dare_* / magnitude_prune equal PEFT's, bit for bit; for DARE PEFT is given peft_c's masks (its own
+    come from torch's global generator)."""
+    seed = 1234567
+    dirs = [ADAPTERS / "llama_lora", ADAPTERS / "llama_lora_second"]
+    base = base_dir("llama_lora")
+    out = tmp_path / "combined"
+    args = ["adapter", "combine", "--method", how, "--out", out, "--density", repr(density),
+            "--majority-sign", sign, "--seed", str(seed)]
+    for d, weight in zip(dirs, weights):
+        args += ["--adapter", f"{d}:{weight!r}"]
+    run(peftc_binary, *args)
+    ours = load_clean(base, out)
+
+    model = PeftModel.from_pretrained(load_base(base), dirs[0], adapter_name="a0").eval()
+    model.load_adapter(dirs[1], adapter_name="a1")
+    if how.startswith("dare") and density < 1:
+        masks = _peft_masks(model, ["a0", "a1"], seed, density)
+        def bernoulli(p, *a, **k):
+            mask = masks.pop(0)
+            assert mask.shape == p.shape and torch.all(p == density)
+            return mask
+        monkeypatch.setattr(torch, "bernoulli", bernoulli)
+    model.add_weighted_adapter(["a0", "a1"], weights, "combined", combination_type=how, density=density,
+                               majority_sign_method=sign)
+    monkeypatch.undo()
+    if how.startswith("dare") and density < 1:
+        assert not masks
+    model.set_adapter("combined")
+
+    ours_layers = {n: m for n, m in ours.named_modules() if isinstance(m, LoraLayer)}
+    ref_layers = {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer) and "combined" in m.lora_A}
+    assert set(ours_layers) == set(ref_layers) and ours_layers
+    pruned = 0
+    for name, layer in ours_layers.items():
+        a, b = _factors(layer, "default")
+        ra, rb = _factors(ref_layers[name], "combined")
+        assert torch.equal(a, ra), name
+        assert torch.equal(b, rb), name
+        pruned += int((a == 0).sum()) + int((b == 0).sum())
+    if density < 1:
+        assert pruned > 0  # the pruning did something
+    assert torch.equal(logits(ours, base), logits(model, base))
+
+
+def test_dare_masks_keep_the_density_and_change_with_the_seed(peftc_binary, tmp_path):
+    """The statistics of the masks: the kept fraction is the density within 4 standard deviations, and
+    another seed gives other masks."""
+    dirs = [ADAPTERS / "llama_lora", ADAPTERS / "llama_lora_second"]
+    factors = {}
+    for seed in (1, 2):
+        out = tmp_path / f"s{seed}"
+        args = ["adapter", "combine", "--method", "dare_linear", "--out", out, "--density", "0.25", "--seed", str(seed)]
+        for d in dirs:
+            args += ["--adapter", f"{d}:1.0"]
+        run(peftc_binary, *args)
+        factors[seed] = load_file(str(out / "adapter_model.safetensors"))
+    assert factors[1].keys() == factors[2].keys()
+    assert any(not torch.equal(factors[1][k], factors[2][k]) for k in factors[1])
+    # One adapter alone: the kept fraction of its factors is the mask's.
+    out = tmp_path / "one"
+    run(peftc_binary, "adapter", "combine", "--method", "dare_linear", "--out", out, "--density", "0.25",
+        "--adapter", f"{dirs[0]}:1.0", "--adapter", f"{dirs[0]}:0.0")
+    combined = load_file(str(out / "adapter_model.safetensors"))
+    source = load_file(str(dirs[0] / "adapter_model.safetensors"))
+    kept = total = 0
+    for key, value in combined.items():
+        kept += int((value != 0).sum())
+        total += value.numel()
+        assert source[key].shape == value.shape
+    p = 0.25
+    assert abs(kept / total - p) < 4 * math.sqrt(p * (1 - p) / total), (kept, total)
+
+
+def test_pruning_combinations_refuse_bad_settings(peftc_binary, tmp_path):
+    dirs = [ADAPTERS / "llama_lora", ADAPTERS / "llama_lora_second"]
+    base_args = ["adapter", "combine", "--out", tmp_path / "x"]
+    for d in dirs:
+        base_args += ["--adapter", f"{d}:1.0"]
+    result = run(peftc_binary, *base_args, "--method", "ties", ok=False)
+    assert result.returncode == 1 and "INVALID_ARGUMENT" in result.stderr and "density" in result.stderr
+    result = run(peftc_binary, *base_args, "--method", "ties", "--density", "1.5", ok=False)
+    assert result.returncode == 2 and "density" in result.stderr
+    result = run(peftc_binary, *base_args, "--method", "ties", "--density", "0.5", "--majority-sign", "max", ok=False)
+    assert result.returncode == 2
+    # unequal ranks, as PEFT
+    result = run(peftc_binary, "adapter", "combine", "--out", tmp_path / "y", "--method", "dare_ties", "--density",
+                 "0.5", "--adapter", f"{ADAPTERS / 'llama_rank_alpha_pattern'}:1", "--adapter",
+                 f"{ADAPTERS / 'llama_lora'}:1", ok=False)
+    assert result.returncode == 1 and "INVALID_ARGUMENT" in result.stderr and "rank" in result.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

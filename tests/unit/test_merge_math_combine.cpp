@@ -96,6 +96,58 @@ TEST_CASE("merge math: combine linear sums sqrt-weighted factors, sign on A") {
   }
 }
 
+TEST_CASE("merge math: ties, magnitude_prune and dare on factors, by hand") {
+  // Two rank-1 adapters on a 1x4 layer; scaling 1, weights 4 and 1: A weights sqrt 2 and 1, B 2 and 1.
+  const float a0[4] = {1.0f, -3.0f, 0.5f, 2.0f}, a1[4] = {-2.0f, 1.0f, 0.25f, -4.0f};
+  const float b0[1] = {1.0f}, b1[1] = {-1.0f};
+  const std::vector<pm::WeightedFactors> f{{a0, b0, 1, 1.0, 4.0}, {a1, b1, 1, 1.0, 1.0}};
+  pm::TaskSettings s;
+  s.how = pm::TaskArithmetic::magnitude_prune;
+  s.density = 0.5;  // keeps 2 of 4 values of each A; of each 1-value B keeps int(0.5) = 0
+  pm::CombinedFactors c = pm::combine_task_arithmetic(f, 1, 4, s);
+  const float w0 = static_cast<float>(std::sqrt(4.0));
+  // pruned A0 = {0, -3, 0, 2}, A1 = {-2, 0, 0, -4}
+  CHECK(c.a == std::vector<float>{-2.0f, -3.0f * w0, 0.0f, 2.0f * w0 + -4.0f});
+  CHECK(c.b == std::vector<float>{0.0f});
+  // ties, total: pruned A0 = {0,-3,0,2}, A1 = {-2,0,0,-4}; sums {-2,-3,0,-2} elect {-,-,+,-}.
+  s.how = pm::TaskArithmetic::ties;
+  c = pm::combine_task_arithmetic(f, 1, 4, s);
+  CHECK(c.a == std::vector<float>{-2.0f, -3.0f * w0, 0.0f, -4.0f});
+  // frequency: signs {-1,-1,0,0} elect {-,-,+,+}; the last has only A0's +2 (weighted) agreeing.
+  s.sign = pm::MajoritySign::frequency;
+  c = pm::combine_task_arithmetic(f, 1, 4, s);
+  CHECK(c.a == std::vector<float>{-2.0f, -3.0f * w0, 0.0f, 2.0f * w0});
+  // density 1 prunes nothing: ties elects over the whole factors; the mean of the agreeing values.
+  s.density = 1.0;
+  s.sign = pm::MajoritySign::total;
+  c = pm::combine_task_arithmetic(f, 1, 4, s);
+  CHECK(c.a[2] == (0.5f * w0 + 0.25f) / 2.0f);
+  CHECK(c.b == std::vector<float>{2.0f});  // B: 1 + -1 = 0 elects +, so B0's weighted 1*2 alone
+  // dare_linear: a value is kept iff dare_keep says so, and divided by float(density).
+  s.how = pm::TaskArithmetic::dare_linear;
+  s.density = 0.5;
+  s.seed = 42;
+  s.stream = "m";
+  c = pm::combine_task_arithmetic(f, 1, 4, s);
+  for (size_t e = 0; e < 4; ++e) {
+    const float p0 = pm::dare_keep(42, "m", 0, 0, e, 0.5) ? a0[e] / 0.5f : 0.0f;
+    const float p1 = pm::dare_keep(42, "m", 1, 0, e, 0.5) ? a1[e] / 0.5f : 0.0f;
+    CHECK(c.a[e] == (0.0f + p0 * w0) + p1 * 1.0f);
+  }
+  // The draw: the first 32 decisions of the formula the header documents, computed by a separate Python
+  // implementation of it (fixed here: a change of the generator changes every published combination).
+  const char* expected = "10011011001100110010011100000000";
+  for (uint64_t e = 0; e < 32; ++e)
+    CHECK(pm::dare_keep(7, "model.layers.0.q_proj", 1, 1, e, 0.5) == (expected[e] == '1'));
+  int kept = 0;
+  for (uint64_t e = 0; e < 100000; ++e) kept += pm::dare_keep(7, "model.layers.0.q_proj", 1, 1, e, 0.3) ? 1 : 0;
+  CHECK(std::abs(kept - 30000) < 4 * 145);  // sd = sqrt(1e5 * 0.3 * 0.7) = 145
+  for (const double bad : {-0.5, std::nan("")}) {
+    s.density = bad;
+    CHECK_THROWS_AS(pm::combine_task_arithmetic(f, 1, 4, s), peft::Error);
+  }
+}
+
 TEST_CASE("merge math: every kernel table gives the same bits") {
   namespace k = pm::kernels;
   std::vector<const k::Table*> tables{&k::portable()};

@@ -1,8 +1,11 @@
-// peftc adapter combine --adapter DIR:WEIGHT ... --method cat|linear --out DIR
-//   [--dtype f32|bf16|f16] [--peft-version X.Y]
-// Combines adapters as PEFT's add_weighted_adapter does ("cat" exact, "linear" approximate) into a
-// new adapter folder.
+// peftc adapter combine --adapter DIR:WEIGHT ... --method METHOD --out DIR [--density D]
+//   [--majority-sign total|frequency] [--seed N] [--dtype f32|bf16|f16] [--peft-version X.Y]
+// Combines adapters as PEFT's add_weighted_adapter does ("cat" exact; "linear", "ties",
+// "dare_linear", "dare_ties", "magnitude_prune" on the factors) into a new adapter folder.
 #include <cstdio>
+#include <cerrno>
+#include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,8 +18,13 @@ namespace peftc {
 namespace {
 
 constexpr const char* kUsage =
-    "adapter combine --adapter DIR:WEIGHT [--adapter DIR:WEIGHT ...] --method cat|linear --out DIR "
-    "[--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient]";
+    "adapter combine --adapter DIR:WEIGHT [--adapter DIR:WEIGHT ...] "
+    "--method cat|linear|ties|dare_linear|dare_ties|magnitude_prune --out DIR [--density D] "
+    "[--majority-sign total|frequency] [--seed N] [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] "
+    "[--lenient]";
+
+// The --method names, in PEFT_COMBINE_* order.
+constexpr const char* kMethods[] = {"cat", "linear", "ties", "dare_linear", "dare_ties", "magnitude_prune"};
 
 // "DIR:WEIGHT", split at the last colon (folder names may hold colons); the weight is a finite number.
 bool parse_weighted(const std::string& text, std::string& dir, double& weight) {
@@ -47,6 +55,9 @@ int combine_command(const std::vector<std::string>& args) {
   int32_t dtype = PEFT_DTYPE_KEEP;
   std::string base;
   bool lenient = false;
+  std::optional<double> density;
+  std::optional<int32_t> majority_sign;
+  std::optional<uint64_t> seed;
   for (Arguments a(args); a.next();) {
     const std::string& arg = a.name();
     if (arg == kLenientOption && !a.has_inline_value()) {
@@ -65,9 +76,26 @@ int combine_command(const std::vector<std::string>& args) {
       weights.push_back(weight);
     } else if (arg == "--method") {
       const auto v = a.value();
-      if (v && *v == "cat") method = PEFT_COMBINE_CAT;
-      else if (v && *v == "linear") method = PEFT_COMBINE_LINEAR;
-      else return usage_error("--method must be cat or linear", kUsage);
+      for (int32_t m = 0; v && m < static_cast<int32_t>(std::size(kMethods)); ++m)
+        if (*v == kMethods[m]) method = m;
+      if (!method) return usage_error("--method must be cat, linear, ties, dare_linear, dare_ties or magnitude_prune", kUsage);
+    } else if (arg == "--density") {
+      const auto v = a.value();
+      density = v ? parse_number(*v) : std::nullopt;
+      if (!density || *density < 0 || *density > 1) return usage_error("--density needs a number from 0 to 1", kUsage);
+    } else if (arg == "--majority-sign") {
+      const auto v = a.value();
+      if (v && *v == "total") majority_sign = PEFT_MAJORITY_SIGN_TOTAL;
+      else if (v && *v == "frequency") majority_sign = PEFT_MAJORITY_SIGN_FREQUENCY;
+      else return usage_error("--majority-sign must be total or frequency", kUsage);
+    } else if (arg == "--seed") {
+      const auto v = a.value();
+      char* end = nullptr;
+      if (!v || v->empty() || (*v)[0] == '-') return usage_error("--seed needs a whole number", kUsage);
+      errno = 0;
+      const unsigned long long parsed = std::strtoull(v->c_str(), &end, 10);
+      if (errno != 0 || end != v->c_str() + v->size()) return usage_error("--seed needs a whole number below 2^64", kUsage);
+      seed = parsed;
     } else if (arg == "--out") {
       out = a.value();
       if (!out || out->empty()) return usage_error("--out needs a folder", kUsage);
@@ -88,7 +116,7 @@ int combine_command(const std::vector<std::string>& args) {
     }
   }
   if (dirs.empty()) return usage_error("adapter combine needs at least one --adapter DIR:WEIGHT", kUsage);
-  if (!method) return usage_error("adapter combine needs --method cat or --method linear", kUsage);
+  if (!method) return usage_error("adapter combine needs --method (cat, linear, ties, dare_linear, dare_ties or magnitude_prune)", kUsage);
   if (!out) return usage_error("adapter combine needs --out DIR", kUsage);
 
   Handles h;
@@ -96,6 +124,15 @@ int combine_command(const std::vector<std::string>& args) {
   if (peft_error* err = peft_export_options_set_dtype(h.options, dtype)) return report(err);
   if (version) {
     if (peft_error* err = peft_export_options_set_peft_version(h.options, version->c_str())) return report(err);
+  }
+  if (density) {
+    if (peft_error* err = peft_export_options_set_combine_density(h.options, *density)) return report(err);
+  }
+  if (majority_sign) {
+    if (peft_error* err = peft_export_options_set_combine_majority_sign(h.options, *majority_sign)) return report(err);
+  }
+  if (seed) {
+    if (peft_error* err = peft_export_options_set_combine_seed(h.options, *seed)) return report(err);
   }
   for (const std::string& dir : dirs) {
     peft_adapter* adapter = nullptr;
@@ -105,8 +142,7 @@ int combine_command(const std::vector<std::string>& args) {
   std::vector<const peft_adapter*> list(h.adapters.begin(), h.adapters.end());
   if (peft_error* err = peft_adapter_combine(list.data(), weights.data(), list.size(), *method, out->c_str(), h.options))
     return report(err);
-  std::printf("combined %zu adapter(s) (%s) into %s\n", list.size(), *method == PEFT_COMBINE_CAT ? "cat" : "linear",
-              out->c_str());
+  std::printf("combined %zu adapter(s) (%s) into %s\n", list.size(), kMethods[*method], out->c_str());
   return kExitOk;
 }
 

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from ctypes import POINTER, byref, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, byref, c_char_p, c_double, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import List, Optional
 
 from ._errors import PeftError, error_from_code
@@ -212,6 +212,9 @@ PROTOTYPES = {
     "peft_export_options_free": (None, [_handle]),
     "peft_export_options_set_dtype": (_err, [_handle, c_int32]),
     "peft_export_options_set_peft_version": (_err, [_handle, c_char_p]),
+    "peft_export_options_set_combine_density": (_err, [_handle, c_double]),
+    "peft_export_options_set_combine_majority_sign": (_err, [_handle, c_int32]),
+    "peft_export_options_set_combine_seed": (_err, [_handle, c_uint64]),
     "peft_adapter_export": (_err, [_handle, c_char_p, _handle]),
     "peft_adapter_combine": (_err, [POINTER(c_void_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
                                     _handle]),

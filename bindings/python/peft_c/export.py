@@ -21,7 +21,9 @@ from .adapter import Adapter
 from .gguf import ggml_type_from_name
 
 # Mirrors PEFT_COMBINE_* of include/peft_c.h (checked by a test).
-COMBINE_METHODS = {"cat": 0, "linear": 1}
+COMBINE_METHODS = {"cat": 0, "linear": 1, "ties": 2, "dare_linear": 3, "dare_ties": 4, "magnitude_prune": 5}
+# Mirrors PEFT_MAJORITY_SIGN_* (checked by a test).
+MAJORITY_SIGN_METHODS = {"total": 0, "frequency": 1}
 
 
 @contextlib.contextmanager
@@ -47,9 +49,19 @@ def export_adapter(adapter: Adapter, out_dir, *, dtype: Optional[DTypeLike] = No
 
 def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_dir, *,
                      method: str = "cat", dtype: Optional[DTypeLike] = None,
-                     peft_version: Optional[str] = None) -> None:
-    """Combines adapters into a new adapter folder as PEFT's ``add_weighted_adapter`` does
-    (``method`` "cat" or "linear")."""
+                     peft_version: Optional[str] = None, density: Optional[float] = None,
+                     majority_sign_method: str = "total", seed: int = 0) -> None:
+    """Combines adapters into a new adapter folder as PEFT's ``add_weighted_adapter`` does.
+
+    ``method`` is one of ``COMBINE_METHODS`` ("cat", "linear", "ties", "dare_linear", "dare_ties",
+    "magnitude_prune"); the last four need ``density`` (the fraction of each factor kept, 0 to 1);
+    the TIES ones read ``majority_sign_method`` ("total" or "frequency"), the DARE ones ``seed``
+    (their masks are a documented function of it, see include/peft_c.h).
+    """
+    if majority_sign_method not in MAJORITY_SIGN_METHODS:
+        raise ValueError(f"majority_sign_method must be one of {sorted(MAJORITY_SIGN_METHODS)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise ValueError("seed must be an integer from 0 to 2**64 - 1")
     adapters, weights = list(adapters), [float(w) for w in weights]
     if not adapters or len(adapters) != len(weights):
         raise ValueError("give one weight per adapter, and at least one adapter")
@@ -61,6 +73,10 @@ def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_
     pointers = (c_void_p * len(owners))(*[o.ptr for o in owners])
     values = (c_double * len(weights))(*weights)
     with _export_options(dtype, peft_version) as opts:
+        if density is not None:
+            check(lib().peft_export_options_set_combine_density(opts, float(density)))
+        check(lib().peft_export_options_set_combine_majority_sign(opts, MAJORITY_SIGN_METHODS[majority_sign_method]))
+        check(lib().peft_export_options_set_combine_seed(opts, seed))
         check(lib().peft_adapter_combine(pointers, values, len(owners), COMBINE_METHODS[method],
                                          fs_path(out_dir), opts))
 
@@ -138,5 +154,5 @@ def import_adapter_gguf(gguf_path, out_dir, *, base) -> None:
     check(lib().peft_adapter_import_gguf(fs_path(gguf_path), fs_path(out_dir), fs_path(base, "base")))
 
 
-__all__ = ["COMBINE_METHODS", "combine_adapters", "export_adapter", "export_adapter_gguf", "export_adapter_gguf_split",
+__all__ = ["COMBINE_METHODS", "MAJORITY_SIGN_METHODS", "combine_adapters", "export_adapter", "export_adapter_gguf", "export_adapter_gguf_split",
            "import_adapter_gguf"]

@@ -48,8 +48,10 @@ def peft_model(names, base=None):
 
 
 def test_combine_constants_mirror_the_header():
-    found = dict(re.findall(r"^#define\s+PEFT_COMBINE_([A-Z]+)\s+(\d+)", HEADER.read_text(), re.M))
+    found = dict(re.findall(r"^#define\s+PEFT_COMBINE_([A-Z_]+)\s+(\d+)", HEADER.read_text(), re.M))
     assert {k.lower(): int(v) for k, v in found.items()} == peft_c.export.COMBINE_METHODS
+    found = dict(re.findall(r"^#define\s+PEFT_MAJORITY_SIGN_([A-Z_]+)\s+(\d+)", HEADER.read_text(), re.M))
+    assert {k.lower(): int(v) for k, v in found.items()} == peft_c.export.MAJORITY_SIGN_METHODS
 
 
 @pytest.mark.parametrize("name", openable())
@@ -120,6 +122,48 @@ def test_combine_like_add_weighted_adapter(method, tmp_path):
     assert sorted(config["target_modules"]) == sorted(reference_config.target_modules)
     with peft_c.Adapter.open(out) as combined:  # and it opens again
         assert combined.r == reference_config.r
+
+
+@pytest.mark.parametrize("method,density,sign", [("ties", 0.5, "total"), ("magnitude_prune", 0.3, "total"),
+                                                  ("ties", 0.7, "frequency")])
+def test_pruning_combinations_like_add_weighted_adapter(method, density, sign, tmp_path):
+    names = ["llama_lora", "llama_lora_second"]
+    weights = [0.75, -0.5]
+    adapters = [peft_c.Adapter.open(ADAPTERS / n) for n in names]
+    out = tmp_path / "combined"
+    peft_c.combine_adapters(adapters, weights, out, method=method, density=density, majority_sign_method=sign)
+    model = peft_model(names)
+    model.add_weighted_adapter(["a0", "a1"], weights, "combined", combination_type=method, density=density,
+                               majority_sign_method=sign)
+    from peft.utils import get_peft_model_state_dict
+
+    expected = get_peft_model_state_dict(model, adapter_name="combined")
+    ours = tensors_of(out)
+    assert ours.keys() == expected.keys()
+    for key, value in ours.items():
+        assert torch.equal(value, expected[key].detach()), key
+
+
+def test_pruning_combination_settings(tmp_path):
+    adapters = [peft_c.Adapter.open(ADAPTERS / n) for n in ("llama_lora", "llama_lora_second")]
+    with pytest.raises(peft_c.InvalidArgumentError, match="density"):
+        peft_c.combine_adapters(adapters, [1, 1], tmp_path / "a", method="dare_ties")
+    with pytest.raises(peft_c.InvalidArgumentError):
+        peft_c.combine_adapters(adapters, [1, 1], tmp_path / "a", method="ties", density=2.0)
+    with pytest.raises(ValueError):
+        peft_c.combine_adapters(adapters, [1, 1], tmp_path / "a", method="ties", density=0.5,
+                                majority_sign_method="max")
+    with pytest.raises(ValueError):
+        peft_c.combine_adapters(adapters, [1, 1], tmp_path / "a", method="dare_linear", density=0.5, seed=-1)
+    assert not (tmp_path / "a").exists()
+    for seed in (1, 2**64 - 1):  # the same seed gives the same bytes
+        for run in ("x", "y"):
+            peft_c.combine_adapters(adapters, [1, 1], tmp_path / f"{run}{seed}", method="dare_linear", density=0.5,
+                                    seed=seed)
+        assert (tmp_path / f"x{seed}" / "adapter_model.safetensors").read_bytes() == \
+            (tmp_path / f"y{seed}" / "adapter_model.safetensors").read_bytes()
+    assert (tmp_path / "x1" / "adapter_model.safetensors").read_bytes() != \
+        (tmp_path / f"x{2**64 - 1}" / "adapter_model.safetensors").read_bytes()
 
 
 def test_combine_errors(tmp_path):

@@ -18,6 +18,18 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+const char* method_name(CombineMethod method) {
+  switch (method) {
+    case CombineMethod::cat: return "cat";
+    case CombineMethod::linear: return "linear";
+    case CombineMethod::ties: return "ties";
+    case CombineMethod::dare_linear: return "dare_linear";
+    case CombineMethod::dare_ties: return "dare_ties";
+    case CombineMethod::magnitude_prune: return "magnitude_prune";
+  }
+  return "?";
+}
+
 std::string adapter_name(const Adapter& a, size_t i) {
   return "adapter #" + std::to_string(i) + " (" + peft::quoted(a.dir()) + ")";
 }
@@ -56,8 +68,20 @@ uint64_t product(const std::vector<uint64_t>& shape, size_t from) {
 class Combiner {
  public:
   Combiner(std::span<const std::shared_ptr<const Adapter>> adapters, std::span<const double> weights,
-           CombineMethod method)
-      : adapters_(adapters), weights_(weights), method_(adapters.size() == 1 ? CombineMethod::linear : method) {}
+           CombineMethod method, const CombineSettings& settings)
+      : adapters_(adapters),
+        weights_(weights),
+        method_(adapters.size() == 1 ? CombineMethod::linear : method),
+        settings_(settings) {
+    if (method_ != CombineMethod::cat && method_ != CombineMethod::linear) {
+      if (!settings_.density)
+        fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) +
+                                            "\" needs a density (the fraction of values kept, from 0 to 1)");
+      if (!(*settings_.density >= 0.0 && *settings_.density <= 1.0))
+        fail(PEFT_ERR_INVALID_ARGUMENT, "the combination density " + std::to_string(*settings_.density) +
+                                            " is not a number from 0 to 1");
+    }
+  }
 
   void run(const std::string& out_dir, const ExportOptions& options) {
     check_adapters();
@@ -115,7 +139,8 @@ class Combiner {
       } else if (i == 0) {
         new_rank_ = r;
       } else if (r != new_rank_) {
-        fail(PEFT_ERR_INVALID_ARGUMENT, "combining with \"linear\" needs adapters of equal rank, but " +
+        fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) +
+                                            "\" needs adapters of equal rank, but " +
                                             adapter_name(adapter(0), 0) + " has " + std::to_string(new_rank_) +
                                             " and " + adapter_name(adapter(i), i) + " has " + std::to_string(r) +
                                             " (use \"cat\")");
@@ -133,8 +158,9 @@ class Combiner {
         if (added) modules_.push_back({m.name, m.kind, {}, a_shape, b_shape});
         CombinedModule& c = modules_[it->second];
         check_compatible(c, m, a_shape, b_shape, i);
-        if (method_ == CombineMethod::linear && m.rank != new_rank_)
-          fail(PEFT_ERR_INVALID_ARGUMENT, "combining with \"linear\": module " + peft::quoted(m.name) + " of " +
+        if (method_ != CombineMethod::cat && m.rank != new_rank_)
+          fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) + "\": module " +
+                                              peft::quoted(m.name) + " of " +
                                               adapter_name(adapter(i), i) + " has rank " + std::to_string(m.rank) +
                                               " but the combined rank is " + std::to_string(new_rank_) +
                                               " (rank_pattern); use \"cat\"");
@@ -228,8 +254,9 @@ class Combiner {
                          p.module->scaling, weights_[p.adapter]});
     }
     const auto in_i = static_cast<int64_t>(in), out_i = static_cast<int64_t>(out);
-    merge::CombinedFactors c = method_ == CombineMethod::cat ? merge::combine_cat(factors, out_i, in_i)
-                                                             : merge::combine_linear(factors, out_i, in_i);
+    merge::CombinedFactors c = method_ == CombineMethod::cat
+                                   ? merge::combine_cat(factors, out_i, in_i)
+                                   : merge::combine_task_arithmetic(factors, out_i, in_i, task_settings(m.name));
     if (c.rank > new_rank_) fail(PEFT_ERR_INTERNAL, "combined rank of " + peft::quoted(m.name) + " exceeds r");
     if (c.rank == new_rank_) return {std::move(c.a), std::move(c.b)};
     // PEFT writes the factors into the top-left corner of zeroed [new_rank, ...] tensors.
@@ -276,9 +303,24 @@ class Combiner {
     int remaining = 0;
   };
 
+  merge::TaskSettings task_settings(std::string_view module) const {
+    merge::TaskSettings s;
+    s.how = method_ == CombineMethod::ties              ? merge::TaskArithmetic::ties
+            : method_ == CombineMethod::dare_linear     ? merge::TaskArithmetic::dare_linear
+            : method_ == CombineMethod::dare_ties       ? merge::TaskArithmetic::dare_ties
+            : method_ == CombineMethod::magnitude_prune ? merge::TaskArithmetic::magnitude_prune
+                                                        : merge::TaskArithmetic::linear;
+    s.density = settings_.density.value_or(1.0);
+    s.sign = settings_.majority_sign;
+    s.seed = settings_.seed;
+    s.stream = module;
+    return s;
+  }
+
   std::span<const std::shared_ptr<const Adapter>> adapters_;
   std::span<const double> weights_;
   CombineMethod method_;
+  CombineSettings settings_;
   int64_t new_rank_ = 0;
   std::vector<CombinedModule> modules_;
   std::map<size_t, Pending> pending_;
@@ -287,7 +329,8 @@ class Combiner {
 }  // namespace
 
 void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, std::span<const double> weights,
-                      CombineMethod method, const std::string& out_dir, const ExportOptions& options) {
+                      CombineMethod method, const std::string& out_dir, const ExportOptions& options,
+                      const CombineSettings& settings) {
   if (adapters.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters: no adapters given");
   if (weights.size() != adapters.size())
     fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters: " + std::to_string(adapters.size()) + " adapters but " +
@@ -298,7 +341,7 @@ void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, 
   for (const auto& adapter : adapters)
     inputs.insert(inputs.end(), {{"an input adapter's folder", adapter->dir()}, {"the base model folder", adapter->base_dir()}});
   refuse_output_over_inputs(out_dir, inputs);
-  Combiner(adapters, weights, method).run(out_dir, options);
+  Combiner(adapters, weights, method, settings).run(out_dir, options);
 }
 
 }  // namespace peft

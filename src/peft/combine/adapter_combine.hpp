@@ -9,6 +9,9 @@
 //   rank; c_i = w_i * s_i, A = sum_i sign(c_i) sqrt|c_i| A_i, B = sum_i sqrt|c_i| B_i (cross terms
 //   B_i A_j included: exact only for one adapter). One adapter always combines as "linear", as in
 //   PEFT.
+// * "ties", "dare_linear", "dare_ties", "magnitude_prune": as "linear" (equal ranks, the same
+//   weights on A and B), with the A factors and the B factors each pruned and merged by PEFT's
+//   merge_utils function of that name (merge::combine_task_arithmetic); the cross terms remain.
 // s_i is the module's scaling in adapter i (its rank/alpha patterns and use_rslora applied).
 //
 // The new config is the FIRST adapter's with r = lora_alpha = new rank, rank_pattern =
@@ -37,20 +40,34 @@
 // f32), or converted to ExportOptions::dtype. One module at a time is held in memory.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
 #include "peft/adapter/adapter.hpp"
 #include "peft/export/adapter_export.hpp"
+#include "peft/methods/lora_math.hpp"
 
 namespace peft {
 
-enum class CombineMethod { cat, linear };
+enum class CombineMethod { cat, linear, ties, dare_linear, dare_ties, magnitude_prune };
+
+// The settings of the pruning types (ties, dare_*, magnitude_prune; lora_math.hpp has their
+// arithmetic): PEFT's `density` (required by them, in [0, 1]) and `majority_sign_method`, and
+// the seed of DARE's masks (merge::dare_keep, one stream per module name).
+struct CombineSettings {
+  std::optional<double> density;
+  merge::MajoritySign majority_sign = merge::MajoritySign::total;
+  uint64_t seed = 0;
+};
 
 // Combines `adapters` with `weights` (one finite weight per adapter) into `out_dir`.
-// INVALID_ARGUMENT for no adapters, a count mismatch, a null adapter or a non-finite weight.
+// INVALID_ARGUMENT for no adapters, a count mismatch, a null adapter, a non-finite weight, or a
+// pruning type without a density in [0, 1].
 void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, std::span<const double> weights,
-                      CombineMethod method, const std::string& out_dir, const ExportOptions& options = {});
+                      CombineMethod method, const std::string& out_dir, const ExportOptions& options = {},
+                      const CombineSettings& settings = {});
 
 }  // namespace peft

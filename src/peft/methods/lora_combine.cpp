@@ -3,6 +3,7 @@
 // product before adding it, as torch's `(task_tensors * weights).sum(dim=0)` does.
 #include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -59,33 +60,145 @@ CombinedFactors combine_cat(std::span<const WeightedFactors> adapters, int64_t o
 }
 
 CombinedFactors combine_linear(std::span<const WeightedFactors> adapters, int64_t out, int64_t in) {
-  check_adapters(adapters, out, in, "linear");
+  return combine_task_arithmetic(adapters, out, in, TaskSettings{});
+}
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a64(std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+const char* task_name(TaskArithmetic how) {
+  switch (how) {
+    case TaskArithmetic::linear: return "linear";
+    case TaskArithmetic::ties: return "ties";
+    case TaskArithmetic::dare_linear: return "dare_linear";
+    case TaskArithmetic::dare_ties: return "dare_ties";
+    case TaskArithmetic::magnitude_prune: return "magnitude_prune";
+  }
+  return "?";
+}
+
+// magnitude_based_pruning: keeps the int(density * n) largest |t| (torch.topk), zeroes the rest.
+std::vector<float> prune_by_magnitude(const float* t, size_t n, double density) {
+  std::vector<float> out(t, t + n);
+  if (density >= 1.0) return out;
+  const auto keep = static_cast<size_t>(density * static_cast<double>(n));
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+  auto larger = [t](uint32_t x, uint32_t y) {
+    const float ax = std::fabs(t[x]), ay = std::fabs(t[y]);
+    return ax != ay ? ax > ay : x < y;
+  };
+  if (keep < n) std::nth_element(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end(), larger);
+  for (size_t i = keep; i < n; ++i) out[order[i]] = 0.0f;
+  return out;
+}
+
+// random_pruning with rescale: (t * mask) / density, the mask drawn by dare_keep.
+std::vector<float> prune_at_random(const float* t, size_t n, const TaskSettings& s, size_t adapter, int factor) {
+  std::vector<float> out(t, t + n);
+  if (s.density >= 1.0) return out;
+  const auto density = static_cast<float>(s.density);
+  for (size_t i = 0; i < n; ++i) {
+    const float masked = dare_keep(s.seed, s.stream, adapter, factor, i, s.density) ? t[i] * 1.0f : t[i] * 0.0f;
+    out[i] = masked / density;
+  }
+  return out;
+}
+
+float sign_of(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
+
+// One factor (A or B) of every adapter, combined: the tensors t_i of n elements with weights w_i.
+std::vector<float> combine_factor(const std::vector<const float*>& t, const std::vector<float>& w, size_t n,
+                                  const TaskSettings& s, int factor) {
+  const bool ties = s.how == TaskArithmetic::ties || s.how == TaskArithmetic::dare_ties;
+  std::vector<std::vector<float>> pruned;
+  std::vector<const float*> use = t;
+  if (s.how != TaskArithmetic::linear) {
+    pruned.reserve(t.size());
+    for (size_t i = 0; i < t.size(); ++i) {
+      const bool random = s.how == TaskArithmetic::dare_linear || s.how == TaskArithmetic::dare_ties;
+      pruned.push_back(random ? prune_at_random(t[i], n, s, i, factor) : prune_by_magnitude(t[i], n, s.density));
+      use[i] = pruned.back().data();
+    }
+  }
+  std::vector<float> sum(n, 0.0f);
+  if (!ties) {
+    for (size_t i = 0; i < use.size(); ++i)
+      for (size_t j = 0; j < n; ++j) {
+        const float term = use[i][j] * w[i];
+        sum[j] = sum[j] + term;
+      }
+    return sum;
+  }
+  // calculate_majority_sign_mask and disjoint_merge, element by element.
+  for (size_t j = 0; j < n; ++j) {
+    float magnitude = 0.0f;
+    for (size_t i = 0; i < use.size(); ++i)
+      magnitude = magnitude + (s.sign == MajoritySign::total ? use[i][j] : sign_of(use[i][j]));
+    const float majority = magnitude >= 0.0f ? 1.0f : -1.0f;
+    float mixed = 0.0f;
+    int64_t count = 0;
+    for (size_t i = 0; i < use.size(); ++i) {
+      const bool agrees = sign_of(use[i][j]) == majority;
+      const float weighted = use[i][j] * w[i];
+      const float term = weighted * (agrees ? 1.0f : 0.0f);
+      mixed = mixed + term;
+      count += agrees ? 1 : 0;
+    }
+    sum[j] = mixed / static_cast<float>(std::max<int64_t>(count, 1));
+  }
+  return sum;
+}
+
+}  // namespace
+
+bool dare_keep(uint64_t seed, std::string_view stream, size_t adapter, int factor, uint64_t element, double density) {
+  const uint64_t s = mix(mix(seed ^ fnv1a64(stream)) ^ (2 * static_cast<uint64_t>(adapter) + static_cast<uint64_t>(factor)));
+  const double u = static_cast<double>(mix(s ^ element) >> 11) * 0x1.0p-53;
+  return u < density;
+}
+
+CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapters, int64_t out, int64_t in,
+                                        const TaskSettings& settings) {
+  const char* how = task_name(settings.how);
+  check_adapters(adapters, out, in, how);
+  if (!(settings.density >= 0.0))
+    fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining adapters (") + how + "): the density " +
+                                        std::to_string(settings.density) + " is not a number from 0 to 1");
   const int64_t rank = adapters[0].rank;
   for (const auto& f : adapters)
     if (f.rank != rank)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters (linear): all ranks must be equal, got " +
+      fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining adapters (") + how + "): all ranks must be equal, got " +
                                           std::to_string(rank) + " and " + std::to_string(f.rank));
+  // Python floats, then torch.tensor(list) makes them f32; the sign goes on A only.
+  std::vector<float> wa, wb;
+  std::vector<const float*> as, bs;
+  for (const auto& f : adapters) {
+    const double weighted = f.weight * f.scaling;
+    const double root = std::sqrt(std::fabs(weighted));
+    wa.push_back(static_cast<float>(weighted >= 0 ? root : -root));
+    wb.push_back(static_cast<float>(root));
+    as.push_back(f.a);
+    bs.push_back(f.b);
+  }
   CombinedFactors c;
   c.in = in;
   c.out = out;
   c.rank = rank;
-  c.a.assign(static_cast<size_t>(rank * in), 0.0f);
-  c.b.assign(static_cast<size_t>(out * rank), 0.0f);
-  for (const auto& f : adapters) {
-    // Python floats, then torch.tensor(list) makes them f32; the sign goes on A only.
-    const double weighted = f.weight * f.scaling;
-    const double root = std::sqrt(std::fabs(weighted));
-    const float wa = static_cast<float>(weighted >= 0 ? root : -root);
-    const float wb = static_cast<float>(root);
-    for (size_t i = 0; i < c.a.size(); ++i) {
-      const float term = f.a[i] * wa;
-      c.a[i] = c.a[i] + term;
-    }
-    for (size_t i = 0; i < c.b.size(); ++i) {
-      const float term = f.b[i] * wb;
-      c.b[i] = c.b[i] + term;
-    }
-  }
+  c.a = combine_factor(as, wa, static_cast<size_t>(rank * in), settings, 0);
+  c.b = combine_factor(bs, wb, static_cast<size_t>(out * rank), settings, 1);
   return c;
 }
 

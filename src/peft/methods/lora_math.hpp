@@ -230,6 +230,41 @@ CombinedFactors combine_cat(std::span<const WeightedFactors> adapters, int64_t o
 // (INVALID_ARGUMENT otherwise). Exact only for a single adapter (cross terms B_i A_j otherwise).
 CombinedFactors combine_linear(std::span<const WeightedFactors> adapters, int64_t out, int64_t in);
 
+// The task-arithmetic combination types of add_weighted_adapter (peft/utils/merge_utils.py), each
+// applied to the A factors (weights sign(c_i) sqrt|c_i|) and to the B factors (weights sqrt|c_i|)
+// separately, as PEFT does:
+// * linear: sum_i w_i T_i;
+// * magnitude_prune: each T_i keeps its int(density * numel) largest magnitudes (ties broken by the
+//   lower index), then linear;
+// * ties: magnitude pruning, then per element the majority sign of the pruned tensors (sign of
+//   their sum, or of the sum of their signs for `frequency`; 0 counts as +), and the mean of the
+//   weighted values that have it: sum_i w_i P_i [sign P_i = s] / max(1, count);
+// * dare_linear / dare_ties: each element is kept with probability `density` (dare_keep) and the
+//   kept ones divided by float(density), then linear / the ties election.
+// A density >= 1 prunes nothing (PEFT warns); below 0 or NaN is INVALID_ARGUMENT.
+enum class TaskArithmetic { linear, ties, dare_linear, dare_ties, magnitude_prune };
+enum class MajoritySign { total, frequency };
+
+struct TaskSettings {
+  TaskArithmetic how = TaskArithmetic::linear;
+  double density = 1.0;
+  MajoritySign sign = MajoritySign::total;
+  uint64_t seed = 0;        // DARE's masks
+  std::string_view stream;  // DARE's masks: one stream per module (its name)
+};
+
+// Whether DARE keeps element `element` of factor `factor` (0 = A, 1 = B) of the `adapter`-th
+// input that has module `stream`: a counter-based draw, the same on every machine and in any order,
+//   mix(x) = splitmix64's output function of x + 0x9E3779B97F4A7C15,
+//   s = mix(mix(seed ^ fnv1a64(stream)) ^ (2 * adapter + factor)),
+//   u = (mix(s ^ element) >> 11) * 2^-53, kept iff u < density.
+bool dare_keep(uint64_t seed, std::string_view stream, size_t adapter, int factor, uint64_t element, double density);
+
+// Combines equal-rank factors with one of the task-arithmetic types (see above); rank = the
+// adapters' rank (INVALID_ARGUMENT when they differ).
+CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapters, int64_t out, int64_t in,
+                                        const TaskSettings& settings);
+
 // Name of the kernel set in use ("avx512", "avx2", "portable"), for benchmarks and reports.
 const char* kernel_name();
 
