@@ -1900,7 +1900,11 @@ PEFT_API const char* peft_adapter_warning(const peft_adapter* adapter, size_t in
  *  it matched with shape and dtype, the host name when an architecture table is known, rank, alpha,
  *  effective scaling, DoRA convention), `problems` (each with a stable `kind` string, the keys and
  *  modules involved, a message and the fix when one is known) and the `renames` and
- *  `config_changes` a fix applies. Known renames: transformers' checkpoint-conversion renames
+ *  `config_changes` a fix applies. On a base whose output embedding is tied to its input
+ *  embedding (`tie_word_embeddings`), an adapter changing either side gets `tied_embeddings`: which
+ *  tied case it is in (`output_only`, `input_only`, `both`, `ensure_weight_tying`,
+ *  `trainable_tokens`, `modules_to_save`) and what a merge does under each policy of
+ *  peft_merge_options_set_tied_embeddings(); that is not a problem. Known renames: transformers' checkpoint-conversion renames
  *  between releases (VLM `language_model.model.*` <-> `model.language_model.*` and the others of
  *  the llava and qwen2_vl families), PEFT's `base_model.model.` prefix missing or doubled,
  *  `.weight` suffix variants, `lora_A/B` <-> `lora_embedding_A/B`, kohya / LyCORIS names
