@@ -1900,7 +1900,11 @@ PEFT_API const char* peft_adapter_warning(const peft_adapter* adapter, size_t in
  *  it matched with shape and dtype, the host name when an architecture table is known, rank, alpha,
  *  effective scaling, DoRA convention), `problems` (each with a stable `kind` string, the keys and
  *  modules involved, a message and the fix when one is known) and the `renames` and
- *  `config_changes` a fix applies. Known renames: transformers' checkpoint-conversion renames
+ *  `config_changes` a fix applies. On a base whose output embedding is tied to its input
+ *  embedding (`tie_word_embeddings`), an adapter changing either side gets `tied_embeddings`: which
+ *  tied case it is in (`output_only`, `input_only`, `both`, `ensure_weight_tying`,
+ *  `trainable_tokens`, `modules_to_save`) and what a merge does under each policy of
+ *  peft_merge_options_set_tied_embeddings(); that is not a problem. Known renames: transformers' checkpoint-conversion renames
  *  between releases (VLM `language_model.model.*` <-> `model.language_model.*` and the others of
  *  the llava and qwen2_vl families), PEFT's `base_model.model.` prefix missing or doubled,
  *  `.weight` suffix variants, `lora_A/B` <-> `lora_embedding_A/B`, kohya / LyCORIS names
@@ -3551,8 +3555,19 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
  * @param bias_elements Number of elements of @p bias (the layer's output features: shape[0] of a
  *        Linear or Conv2d weight, shape[1] of a GPT-2 Conv1D weight, shape[1] of an embedding);
  *        ignored without a bias. A swap refuses a layer whose output features differ.
+ *
+ * A buffer given again under another name (the same @p data: tied embeddings, where the input
+ * embedding and `lm_head` share memory) is one tensor with two names. A swap merges an adapter's
+ * change into it once: it accepts an adapter whose layers on such a buffer are the same change on
+ * every name (ensure_weight_tying: PEFT ties the output embedding's LoRA to the input embedding's,
+ * merged once through the name given first), and refuses, before any byte changes, one that changes
+ * one name alone or the names by layers of their own (#PEFT_ERR_UNSUPPORTED naming the layers and
+ * both names: the adapter's forward changes only one side, a merge would change both; the way out
+ * is a buffer of its own for each name, or peft_merge_checkpoint(), whose tied embeddings policy
+ * unties them, see peft_merge_options_set_tied_embeddings()).
  * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve @p name;
- *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a layer given twice or while an adapter is merged;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a layer given twice or while an adapter is merged,
+ *         or the buffer of a weight given before with another dtype or shape;
  *         #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for a zero dimension, or
  *         (GGUF names) rows that the weight's row order cannot split into the translator's heads.
  */
@@ -3580,7 +3595,8 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  *         #PEFT_ERR_UNRESOLVED_KEY listing the adapter's layers the host model has no weight for;
  *         #PEFT_ERR_SHAPE_MISMATCH naming a layer whose weight, or whose lora_B.bias (against the
  *         bias's element count), does not fit;
- *         #PEFT_ERR_UNSUPPORTED when the adapter replaces whole tensors (modules_to_save, LN tuning,
+ *         #PEFT_ERR_UNSUPPORTED when the adapter changes a buffer given under several names
+ *         otherwise than alike on every name (see peft_host_model_add_weight()), or when it replaces whole tensors (modules_to_save, LN tuning,
  *         trainable tokens, biases saved with bias="all", base-layer weights saved with
  *         save_embedding_layers), which a swap does not do (the message names LN_TUNING or
  *         TRAINABLE_TOKENS and points to peft_merge_buffer_apply()); #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight

@@ -29,8 +29,7 @@ var notWrapped = map[string]string{
 	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
 
 	// Merge options not wrapped yet.
-	"peft_merge_options_set_arithmetic":      "ggml's merge arithmetic: not wrapped yet (C API, peftc merge --arithmetic and Python only)",
-	"peft_merge_options_set_tied_embeddings": "tied embeddings policy: not wrapped yet (C API, peftc merge --tied-embeddings and Python only)",
+	"peft_merge_options_set_arithmetic": "ggml's merge arithmetic: not wrapped yet (C API, peftc merge --arithmetic and Python only)",
 }
 
 var (

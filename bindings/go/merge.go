@@ -37,6 +37,7 @@ type mergeConfig struct {
 	allowNonFinite bool
 	quant          GGMLType
 	storeReport    bool
+	tiedEmbeddings TiedEmbeddings
 }
 
 // WithAdapter adds an opened adapter to merge, with a weight that multiplies its LoRA scaling (1.0
@@ -109,6 +110,28 @@ func WithQuant(t GGMLType) MergeOption { return func(c *mergeConfig) { c.quant =
 // WithStoreReport asks a merge into a GGUF base to measure what storing each merged tensor costs
 // (MergeResult.StoreReport); one more quantization per merged tensor. Ignored for a safetensors base.
 func WithStoreReport(report bool) MergeOption { return func(c *mergeConfig) { c.storeReport = report } }
+
+// TiedEmbeddings is what a merge does with a base whose output embedding (lm_head) is tied to its
+// input embedding (tie_word_embeddings) when the adapters change one side.
+type TiedEmbeddings int32
+
+const (
+	// TiedUntie (the default): the merged model computes what the adapter's forward computes; where
+	// the two sides change differently they are untied (lm_head.weight written as the original
+	// embedding plus its own changes, tie_word_embeddings set to false, a note); changes PEFT makes
+	// to both sides alike (trainable tokens, ensure_weight_tying's tied LoRA) land once in the shared
+	// tensor, which stays tied.
+	TiedUntie TiedEmbeddings = C.PEFT_MERGE_TIED_UNTIE
+	// TiedShared is PEFT's merge_and_unload: the changes of either side land in the one shared tensor,
+	// which stays tied (a modules_to_save copy still unties).
+	TiedShared TiedEmbeddings = C.PEFT_MERGE_TIED_SHARED
+)
+
+// WithTiedEmbeddings chooses what a merge does with tied embeddings: TiedUntie (the default) or
+// TiedShared. Another value fails the merge with ErrInvalidArgument.
+func WithTiedEmbeddings(policy TiedEmbeddings) MergeOption {
+	return func(c *mergeConfig) { c.tiedEmbeddings = policy }
+}
 
 // StoreReportEntry is what storing one merged GGUF tensor costs: RMS and Max compare the stored merge
 // with the exact f32 merge, BaseRMS and BaseMax the base stored in Type with the base itself (0 for
@@ -205,6 +228,9 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 		return nil, err
 	}
 	if err := takeError(C.peft_merge_options_set_report(o, boolInt(cfg.storeReport))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_tied_embeddings(o, C.int32_t(cfg.tiedEmbeddings))); err != nil {
 		return nil, err
 	}
 	state := &progressState{ctx: ctx, report: cfg.progress}

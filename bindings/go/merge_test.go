@@ -3,6 +3,7 @@ package peft_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math"
@@ -416,5 +417,79 @@ func TestMergeEmbeddingUntie(t *testing.T) {
 	raw, _ := json.Marshal(res)
 	if res.Merged+res.Replaced+res.Copied+res.Added == 0 {
 		t.Fatalf("empty result %s", raw)
+	}
+}
+
+// writeLMHeadAdapter writes a LoRA on the tied lm_head of the gemma fixture (vocabulary 64, hidden 16).
+func writeLMHeadAdapter(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	config := `{"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 2, "lora_alpha": 2, "target_modules": ["lm_head"]}`
+	if err := os.WriteFile(filepath.Join(dir, "adapter_config.json"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := peft.NewWriter(filepath.Join(dir, "adapter_model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	factors := map[string][]uint64{"base_model.model.lm_head.lora_A.weight": {2, 16}, "base_model.model.lm_head.lora_B.weight": {64, 2}}
+	names := []string{"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"}
+	for _, name := range names {
+		if err := w.AddTensor(name, peft.F32, factors[name]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		shape := factors[name]
+		data := make([]byte, 4*shape[0]*shape[1])
+		for i := 0; i < len(data)/4; i++ {
+			binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(float32(i%5-2)*0.125))
+		}
+		if err := w.WriteTensor(name, peft.F32, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Finish(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMergeTiedEmbeddings(t *testing.T) {
+	adapter := filepath.Join(t.TempDir(), "lm_head")
+	writeLMHeadAdapter(t, adapter)
+	tied := func(out string) bool {
+		var config map[string]any
+		readJSON(t, filepath.Join(out, "config.json"), &config)
+		return config["tie_word_embeddings"] == true
+	}
+	// The default unties: lm_head.weight added, tie_word_embeddings false.
+	out := filepath.Join(t.TempDir(), "untie")
+	res, err := peft.MergeCheckpoint(context.Background(), fixture("models", "gemma"), out, peft.WithAdapterDir(adapter, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.UntiedEmbeddings || res.Added != 1 || tied(out) {
+		t.Fatalf("default policy: untied=%v added=%d tied=%v", res.UntiedEmbeddings, res.Added, tied(out))
+	}
+	// TiedShared: the change lands in the shared embedding, which stays tied.
+	out = filepath.Join(t.TempDir(), "shared")
+	res, err = peft.MergeCheckpoint(context.Background(), fixture("models", "gemma"), out, peft.WithAdapterDir(adapter, 1),
+		peft.WithTiedEmbeddings(peft.TiedShared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.UntiedEmbeddings || res.Added != 0 || res.Merged != 1 || !tied(out) {
+		t.Fatalf("shared policy: untied=%v added=%d merged=%d tied=%v", res.UntiedEmbeddings, res.Added, res.Merged, tied(out))
+	}
+	_, err = peft.MergeCheckpoint(context.Background(), fixture("models", "gemma"), filepath.Join(t.TempDir(), "bad"),
+		peft.WithAdapterDir(adapter, 1), peft.WithTiedEmbeddings(2))
+	if !errors.Is(err, peft.ErrInvalidArgument) {
+		t.Fatalf("policy 2: %v", err)
 	}
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <new>
 #include <string>
 #include <utility>
@@ -133,9 +134,19 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
     if (auto it = weight_of_module_.find(module); it != weight_of_module_.end())
       fail(PEFT_ERR_INVALID_ARGUMENT, what + " stands for layer " + peft::quoted(module) + ", which weight " +
                                           peft::quoted(weights_[it->second].name) + " was given for already");
+  // One buffer under several names (tied embeddings: the input embedding and lm_head sharing memory).
+  size_t buffer = weights_.size();
+  for (const Weight& other : weights_) {
+    if (other.data != data) continue;
+    if (other.dtype != dtype || !std::equal(other.shape.begin(), other.shape.end(), shape.begin(), shape.end()))
+      fail(PEFT_ERR_INVALID_ARGUMENT, what + " is the buffer of weight " + peft::quoted(other.name) +
+                                          " with another dtype or shape; a shared buffer is given with the same ones");
+    buffer = other.buffer;
+    break;
+  }
 
   weights_.push_back({std::string(name), data, dtype, {shape.begin(), shape.end()}, bias, bias_dtype,
-                      bias != nullptr ? bias_elements : 0, rows});
+                      bias != nullptr ? bias_elements : 0, rows, buffer});
   try {
     for (const std::string& module : modules) weight_of_module_.emplace(module, weights_.size() - 1);
   } catch (...) {
@@ -188,6 +199,8 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                           peft::quoted(*module) + " are both merged into weight " +
                                           peft::quoted(weights_[weight].name) + "; a swap merges one layer per weight");
   }
+
+  const std::vector<bool> merged_once = shared_buffer_layers(loaded, modules, adapter);
 
   std::vector<Layer> layers;
   layers.reserve(modules.size());
@@ -270,7 +283,52 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     layer.exact = exact_;
     layers.push_back(std::move(layer));
   }
-  return layers;
+  // A change the shared buffer's names make alike is merged once, into the buffer's first name.
+  std::vector<Layer> kept;
+  kept.reserve(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (!merged_once[i]) kept.push_back(std::move(layers[i]));
+  for (Layer& layer : kept) layer.weight = weights_[layer.weight].buffer;
+  return kept;
+}
+
+// A buffer the host gave under several names is one tensor whatever name a layer addresses it by:
+// an adapter whose layers change the names differently (one name alone: a LoRA on lm_head and none
+// on the embedding tied to it) is refused, since the merge would change every name alike while
+// PEFT's forward changes only the one. ensure_weight_tying gives the tied pair the same LoRA (PEFT
+// ties the output embedding's to the input embedding's): merged once. Returns, per entry of
+// `modules`, whether it is such a second layer and left out.
+std::vector<bool> HostModel::shared_buffer_layers(const LoadedAdapter& loaded,
+                                                  const std::vector<const std::string*>& modules,
+                                                  const std::string& adapter) const {
+  std::vector<bool> left_out(modules.size(), false);
+  std::map<size_t, std::vector<size_t>> layers_on;  // shared buffer -> entries of modules
+  for (size_t i = 0; i < modules.size(); ++i) layers_on[weights_[weight_of_module_.at(*modules[i])].buffer].push_back(i);
+  for (const auto& [buffer, entries] : layers_on) {
+    std::vector<std::string> names;  // every name of the buffer
+    for (const Weight& w : weights_)
+      if (w.buffer == buffer) names.push_back(peft::quoted(w.name));
+    if (names.size() < 2) continue;
+    const bool tied_lora = loaded.adapter().config().ensure_weight_tying && entries.size() == names.size() &&
+                           std::all_of(entries.begin(), entries.end(), [&](size_t i) { return i < loaded.layers().size(); });
+    if (tied_lora) {  // the layer addressing the buffer's first name is kept
+      size_t kept = entries.front();
+      for (size_t i : entries)
+        if (weight_of_module_.at(*modules[i]) == buffer) kept = i;
+      for (size_t i : entries) left_out[i] = i != kept;
+      continue;
+    }
+    std::vector<std::string> changed;
+    for (size_t i : entries) changed.push_back(peft::quoted(*modules[i]));
+    fail(PEFT_ERR_UNSUPPORTED,
+         adapter + " changes " + join_text(changed, " and ") + " in the buffer the host model was given for " +
+             join_text(names, " and ") + " (one buffer, as tied embeddings share it); merging would change every " +
+             "name alike, while the adapter's forward changes " +
+             (entries.size() == 1 ? "only that one" : "each by its own layer") +
+             ": give the host model a buffer of its own for each name (untied copies), or merge with " +
+             "peft_merge_checkpoint(), whose tied embeddings policy unties them");
+  }
+  return left_out;
 }
 
 merge::WeightView HostModel::weight_view(const Layer& layer) const {

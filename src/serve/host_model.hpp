@@ -94,7 +94,9 @@ class HostModel {
   // translator does not resolve the name; INVALID_ARGUMENT for a null pointer, a layer given twice
   // or while an adapter is merged; UNSUPPORTED for a dtype other than F32/BF16/F16;
   // SHAPE_MISMATCH for another number of dimensions or a zero dimension, or (GGUF names) for rows
-  // that the weight's row order cannot split into its heads.
+  // that the weight's row order cannot split into its heads. A buffer given again under another
+  // name (tied embeddings) is one tensor with two names: INVALID_ARGUMENT unless dtype and shape are
+  // the same; a swap then merges into it once (shared_buffer_layers).
   void add_weight(std::string_view name, void* data, DType dtype, std::span<const int64_t> shape, void* bias,
                   DType bias_dtype, int64_t bias_elements);
   size_t weight_count() const { return weights_.size(); }
@@ -102,7 +104,8 @@ class HostModel {
   // Takes the current adapter out and merges `lease`'s in (null: none), scaled by `weight`. The
   // host model pins the new adapter itself (Lease::clone). Errors (buffers as before, see above):
   // INVALID_ARGUMENT for a weight that is not finite, a missing bias buffer or two layers of the
-  // adapter on one weight; UNSUPPORTED for an adapter with replaced tensors
+  // adapter on one weight; UNSUPPORTED for an adapter changing a shared buffer's names otherwise than
+  // alike (naming the layers, the names and the way out), or with replaced tensors
   // (modules_to_save, bias="all", trainable tokens); UNRESOLVED_KEY listing every layer without a
   // weight; SHAPE_MISMATCH naming a layer whose weight does not fit; OUT_OF_MEMORY.
   SwapStats swap(const Lease* lease, double weight);
@@ -122,6 +125,7 @@ class HostModel {
     DType bias_dtype = DType::F32;
     int64_t bias_elements = 0;  // 0 without a bias
     GgufRows rows = GgufRows::same;  // with GGUF names: the converter's row order (host_row_order)
+    size_t buffer = 0;  // the first weight given with the same buffer (its own index when none was)
     // Exact mode: the bytes the buffers held before the first exact merge changed them (the bias's
     // once a lora_bias layer changed it); null and empty until then, kept from then on.
     std::unique_ptr<unsigned char[]> original{};
@@ -140,6 +144,8 @@ class HostModel {
   };
 
   std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;
+  std::vector<bool> shared_buffer_layers(const LoadedAdapter& loaded, const std::vector<const std::string*>& modules,
+                                         const std::string& adapter) const;
   merge::WeightView weight_view(const Layer& layer) const;
   std::optional<merge::WeightView> bias_view(const Layer& layer) const;
   void start_from_original(const Layer& layer);

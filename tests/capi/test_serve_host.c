@@ -13,6 +13,7 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "files.h"
 
 /* A fixture path; each call returns a different one of 8 buffers, so a few may be held at once. */
 static const char* data_path(const char* rel) {
@@ -343,6 +344,118 @@ static void test_errors(void) {
   free_weights(&merged);
 }
 
+/* Tied embeddings in a host model: one buffer (a vocabulary of 64, hidden 16) given under both
+ * names. An adapter writing LoRA factors (F32, small integers) on the embedding, on lm_head, or on
+ * both with ensure_weight_tying (lm_head's factors the embedding's, transposed: the same change). */
+enum { VOCAB = 64, HIDDEN = 16, RANK = 2 };
+
+static void write_tied_adapter(const char* dir, int embed, int head, int tied) {
+  char config[400], path[600];
+  float ea[RANK * VOCAB], eb[HIDDEN * RANK], ha[RANK * HIDDEN], hb[VOCAB * RANK];
+  const uint64_t ea_shape[2] = {RANK, VOCAB}, eb_shape[2] = {HIDDEN, RANK};
+  const uint64_t ha_shape[2] = {RANK, HIDDEN}, hb_shape[2] = {VOCAB, RANK};
+  peft_writer* writer = NULL;
+  size_t i, j;
+  for (i = 0; i < RANK * VOCAB; ++i) ea[i] = (float)((int)(i % 5) - 2) * 0.125f;
+  for (i = 0; i < HIDDEN * RANK; ++i) eb[i] = (float)((int)(i % 7) - 3) * 0.25f;
+  for (i = 0; i < RANK; ++i) /* lm_head's lora_A = the embedding's lora_B transposed, lora_B = its lora_A transposed */
+    for (j = 0; j < HIDDEN; ++j) ha[i * HIDDEN + j] = tied ? eb[j * RANK + i] : (float)((int)((i + j) % 3) - 1) * 0.5f;
+  for (i = 0; i < VOCAB; ++i)
+    for (j = 0; j < RANK; ++j) hb[i * RANK + j] = tied ? ea[j * VOCAB + i] : (float)((int)((i * j) % 4) - 2) * 0.25f;
+  snprintf(config, sizeof config,
+           "{\"peft_type\": \"LORA\", \"r\": %d, \"lora_alpha\": %d, \"target_modules\": [%s%s%s], "
+           "\"ensure_weight_tying\": %s}",
+           RANK, RANK, embed ? "\"embed_tokens\"" : "", embed && head ? ", " : "", head ? "\"lm_head\"" : "",
+           tied ? "true" : "false");
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  CHECK(write_bytes(path, config, strlen(config)));
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+  CHECK_OK(peft_writer_new(path, &writer));
+  if (embed) {
+    CHECK_OK(peft_writer_add_tensor(writer, "base_model.model.model.embed_tokens.lora_embedding_A", PEFT_DTYPE_F32, ea_shape, 2));
+    CHECK_OK(peft_writer_add_tensor(writer, "base_model.model.model.embed_tokens.lora_embedding_B", PEFT_DTYPE_F32, eb_shape, 2));
+  }
+  if (head) {
+    CHECK_OK(peft_writer_add_tensor(writer, "base_model.model.lm_head.lora_A.weight", PEFT_DTYPE_F32, ha_shape, 2));
+    CHECK_OK(peft_writer_add_tensor(writer, "base_model.model.lm_head.lora_B.weight", PEFT_DTYPE_F32, hb_shape, 2));
+  }
+  CHECK_OK(peft_writer_start(writer)); /* written in the header's (sorted) order */
+  if (head) {
+    CHECK_OK(peft_writer_write_tensor(writer, "base_model.model.lm_head.lora_A.weight", PEFT_DTYPE_F32, ha, sizeof ha));
+    CHECK_OK(peft_writer_write_tensor(writer, "base_model.model.lm_head.lora_B.weight", PEFT_DTYPE_F32, hb, sizeof hb));
+  }
+  if (embed) {
+    CHECK_OK(peft_writer_write_tensor(writer, "base_model.model.model.embed_tokens.lora_embedding_A", PEFT_DTYPE_F32, ea, sizeof ea));
+    CHECK_OK(peft_writer_write_tensor(writer, "base_model.model.model.embed_tokens.lora_embedding_B", PEFT_DTYPE_F32, eb, sizeof eb));
+  }
+  CHECK_OK(peft_writer_finish(writer));
+  peft_writer_free(writer);
+}
+
+/* One buffer under "model.embed_tokens.weight" and "lm_head.weight": an adapter changing one name
+ * alone, or both by layers of their own, is refused before a byte changes (UNSUPPORTED naming both
+ * names and the way out); ensure_weight_tying's one change is merged once (as
+ * peft_merge_buffer_apply of the embedding alone), and taken out again. */
+static void test_tied_embeddings(void) {
+  static float shared[VOCAB * HIDDEN], before[VOCAB * HIDDEN], expected[VOCAB * HIDDEN];
+  const uint64_t shape[2] = {VOCAB, HIDDEN}, other[2] = {HIDDEN, VOCAB};
+  char scratch[] = "/tmp/peft_host_tied_XXXXXX", dir[4][300];
+  const char* names[4] = {"embed", "head", "both", "tied"};
+  peft_registry* registry = NULL;
+  peft_host_model* host = NULL;
+  peft_adapter* adapter = NULL;
+  peft_merge_record* record = NULL;
+  peft_lease* lease = NULL;
+  size_t i;
+  for (i = 0; i < VOCAB * HIDDEN; ++i) shared[i] = (float)((int)(i % 11) - 5) * 0.0625f;
+  memcpy(before, shared, sizeof shared);
+  memcpy(expected, shared, sizeof shared);
+  CHECK(mkdtemp(scratch) != NULL);
+  for (i = 0; i < 4; ++i) snprintf(dir[i], sizeof dir[i], "%s/%s", scratch, names[i]);
+  write_tied_adapter(dir[0], 1, 0, 0);
+  write_tied_adapter(dir[1], 0, 1, 0);
+  write_tied_adapter(dir[2], 1, 1, 0);
+  write_tied_adapter(dir[3], 1, 1, 1);
+
+  CHECK_OK(peft_host_model_new(&host));
+  CHECK_OK(peft_host_model_add_weight(host, "model.embed_tokens.weight", shared, PEFT_DTYPE_F32, shape, 2, NULL, 0, 0));
+  CHECK_CODE_NAMING(peft_host_model_add_weight(host, "lm_head.weight", shared, PEFT_DTYPE_F32, other, 2, NULL, 0, 0),
+                    PEFT_ERR_INVALID_ARGUMENT, "model.embed_tokens.weight");
+  CHECK_CODE_NAMING(peft_host_model_add_weight(host, "lm_head.weight", shared, PEFT_DTYPE_BF16, shape, 2, NULL, 0, 0),
+                    PEFT_ERR_INVALID_ARGUMENT, "another dtype or shape");
+  CHECK_OK(peft_host_model_add_weight(host, "lm_head.weight", shared, PEFT_DTYPE_F32, shape, 2, NULL, 0, 0));
+  CHECK_OK(peft_registry_new(PEFT_DTYPE_F32, 1u << 24, NULL, &registry));
+  for (i = 0; i < 4; ++i) CHECK_OK(peft_registry_register(registry, names[i], dir[i], NULL));
+
+  for (i = 0; i < 3; ++i) {
+    lease = acquire(registry, names[i]);
+    CHECK_CODE_NAMING(peft_host_model_swap(host, lease, 1.0, NULL), PEFT_ERR_UNSUPPORTED, "\"lm_head.weight\"");
+    CHECK_CODE_NAMING(peft_host_model_swap(host, lease, 1.0, NULL), PEFT_ERR_UNSUPPORTED, "\"model.embed_tokens.weight\"");
+    CHECK_CODE_NAMING(peft_host_model_swap(host, lease, 1.0, NULL), PEFT_ERR_UNSUPPORTED, "a buffer of its own for each name");
+    peft_lease_free(lease);
+    CHECK(memcmp(shared, before, sizeof shared) == 0);
+    CHECK(peft_host_model_current(host) == NULL);
+  }
+
+  CHECK_OK(peft_adapter_open(dir[3], NULL, &adapter));
+  CHECK_OK(peft_merge_buffer_apply(adapter, "model.embed_tokens.weight", expected, PEFT_DTYPE_F32, shape, 2, NULL, 0,
+                                   NULL, &record));
+  lease = acquire(registry, "tied");
+  CHECK_OK(peft_host_model_swap(host, lease, 1.0, NULL));
+  peft_lease_free(lease);
+  CHECK(memcmp(shared, expected, sizeof shared) == 0); /* the change once, not twice */
+  CHECK(memcmp(shared, before, sizeof shared) != 0);
+  CHECK_OK(peft_host_model_swap(host, NULL, 1.0, NULL));
+  CHECK(memcmp(shared, before, sizeof shared) == 0);
+
+  peft_merge_record_free(record);
+  peft_adapter_free(adapter);
+  peft_registry_free(registry);
+  peft_host_model_free(host);
+  remove_tree(scratch);
+}
+
 int main(void) {
   struct stat st;
   const char* model_file = data_path("models/llama/model.safetensors");
@@ -354,5 +467,6 @@ int main(void) {
   test_swaps(PEFT_DTYPE_BF16);
   test_translator();
   test_errors();
+  test_tied_embeddings();
   return check_summary();
 }

@@ -11,6 +11,7 @@ from the adapter's. For tiny random Llama and Qwen2 models with tied embeddings 
 * where one side changes alone, lm_head.weight is written and tie_word_embeddings is false, with a
   note; where PEFT applies the same change to both sides (trainable tokens, ensure_weight_tying's tied
   LoRA) the output stays tied and lm_head.weight is not written;
+* `peftc doctor` names each adapter's tied case and says whether the default merge unties;
 * `--tied-embeddings shared` writes what PEFT's merge_and_unload saves (the same tensors, f32 values
   within 1e-6 of the largest; byte for byte where one module changes the shared tensor).
 
@@ -44,6 +45,12 @@ CASES = {
     "trainable_tokens": (dict(target_modules=["q_proj"], trainable_token_indices=[3, 17, 40]), True),
     "tokens_and_lm_head": (dict(target_modules=["lm_head"], trainable_token_indices=[5, 9]), False),
 }
+
+# The case `peftc doctor` names for each (its report's tied_embeddings.case).
+DOCTOR_CASES = {"lm_head": "output_only", "lm_head_dora": "output_only", "embed_tokens": "input_only", "both": "both",
+                "ensure_weight_tying": "ensure_weight_tying", "save_lm_head": "modules_to_save",
+                "save_embed_tied": "modules_to_save", "trainable_tokens": "trainable_tokens",
+                "tokens_and_lm_head": "output_only"}
 
 # Cases whose changes land in the shared tensor alike with --tied-embeddings shared and PEFT's
 # merge_and_unload, one module changing it (so PEFT's in-place merge and ours round the same way).
@@ -127,6 +134,14 @@ def test_merge_equals_peft_forward(case, base, peftc_binary, tmp_path):
 
     written = json.loads((out / "config.json").read_text())
     assert written["tie_word_embeddings"] is stays_tied
+
+    # The doctor names the case and says what this merge did (the report is not a problem).
+    doctor = subprocess.run([str(peftc_binary), "doctor", "--adapter", str(adapter), "--base", str(base), "--json"],
+                            capture_output=True, text=True)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    tied = json.loads(doctor.stdout)["tied_embeddings"]
+    assert tied["case"] == DOCTOR_CASES[case]
+    assert ("tie_word_embeddings is set to false" in tied["untie"]) is not stays_tied
     assert ("lm_head.weight" in file_tensors(out)) is not stays_tied
     if not stays_tied:
         assert "tie_word_embeddings set to false" in stdout

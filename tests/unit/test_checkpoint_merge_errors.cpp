@@ -146,3 +146,28 @@ TEST_CASE("merge pipeline: replacing a tied input embedding unties it and adds t
   CHECK_FALSE(plain.untied_embeddings);
   CHECK(read_file(dir.path("plain/config.json")) == read_file(model("gemma") + "/config.json"));
 }
+
+TEST_CASE("merge pipeline: a composite config's text_config ties the embeddings when its top level does not say") {
+  if (!fixtures_present()) return;
+  Scratch dir;
+  // The gemma fixture as Gemma3ForConditionalGeneration's config.json holds it: the key in text_config.
+  fs::create_directories(dir.path("base"));
+  fs::copy_file(model("gemma") + "/model.safetensors", dir.path("base/model.safetensors"));
+  auto config = nlohmann::json::parse(read_file(model("gemma") + "/config.json"));
+  config.erase("tie_word_embeddings");
+  config["text_config"] = {{"model_type", "gemma3_text"}, {"tie_word_embeddings", true}};
+  std::ofstream(dir.path("base/config.json")) << config.dump(2);
+  make_embedding_adapter(dir.path("adapter"));
+  const auto result = merge(dir.path("base"), dir.path("out"), {{dir.path("adapter"), 1.0}});
+  CHECK(result.untied_embeddings);
+  CHECK(result.added == 1);
+  const auto written = nlohmann::json::parse(read_file(dir.path("out/config.json")));
+  CHECK(written["tie_word_embeddings"] == false);
+  CHECK(written["text_config"]["tie_word_embeddings"] == false);
+  // text_config false: not tied, nothing added.
+  config["text_config"]["tie_word_embeddings"] = false;
+  std::ofstream(dir.path("base/config.json")) << config.dump(2);
+  const auto untied = merge(dir.path("base"), dir.path("out2"), {{dir.path("adapter"), 1.0}});
+  CHECK_FALSE(untied.untied_embeddings);
+  CHECK(untied.added == 0);
+}

@@ -363,3 +363,61 @@ TEST_CASE("doctor: an incomplete hub download of the config is NOT_FOUND; adapte
   write_text(tmp.path / "bin" / "adapter_model.bin", "pickle");
   CHECK(error_test::code_of([&] { peft::diagnose_adapter((tmp.path / "bin").string(), ""); }) == PEFT_ERR_UNSUPPORTED);
 }
+
+TEST_CASE("doctor: an adapter on a tied base's embeddings gets its tied case and what each merge policy does") {
+  TempDir tmp;
+  // A llama whose lm_head is tied to model.embed_tokens (vocabulary 16, hidden 8): the input only stored.
+  write_text(tmp.path / "base" / "config.json",
+             R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": true})");
+  write_safetensors(tmp.path / "base" / "model.safetensors",
+                    {{"model.embed_tokens.weight", {16, 8}}, {"model.layers.0.self_attn.q_proj.weight", {8, 8}}});
+  const std::vector<TensorSpec> embed = {{"base_model.model.model.embed_tokens.lora_embedding_A", {2, 16}},
+                                         {"base_model.model.model.embed_tokens.lora_embedding_B", {8, 2}}};
+  const std::vector<TensorSpec> head = lora_pair("lm_head", 2, 8, 16);
+  const std::vector<TensorSpec> tokens = {{"base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta", {2, 8}}};
+  struct Case {
+    const char* name;
+    nlohmann::json config;
+    std::vector<TensorSpec> tensors;
+    const char* kind;
+    bool tied_after_untie;
+  };
+  const std::vector<Case> cases = {
+      {"head", {{"target_modules", {"lm_head"}}}, head, "output_only", false},
+      {"embed", {{"target_modules", {"embed_tokens"}}}, embed, "input_only", false},
+      {"both", {{"target_modules", {"embed_tokens", "lm_head"}}}, concat({embed, head}), "both", false},
+      {"ewt", {{"target_modules", {"embed_tokens"}}, {"ensure_weight_tying", true}}, concat({embed, head}),
+       "ensure_weight_tying", true},
+      {"tokens", {{"target_modules", {"q_proj"}}, {"trainable_token_indices", {3, 5}}},
+       concat({tokens, lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8)}), "trainable_tokens", true},
+      {"copy", {{"target_modules", {"q_proj"}}, {"modules_to_save", {"lm_head"}}},
+       concat({{{"base_model.model.lm_head.weight", {16, 8}}}, lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8)}),
+       "modules_to_save", false},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    write_adapter(tmp.path / c.name, config_text(c.config), c.tensors);
+    nlohmann::json report = diagnose(tmp.path / c.name, tmp.path / "base");
+    CHECK(report["summary"]["ok"] == true);  // ensure_weight_tying's lm_head is targeted through the tie
+    const nlohmann::json& tied = report["tied_embeddings"];
+    REQUIRE(tied.is_object());
+    CHECK(tied["case"] == c.kind);
+    CHECK(tied["input"] == "model.embed_tokens.weight");
+    CHECK(tied["output"] == "lm_head");
+    CHECK(tied["output_stored"] == false);
+    CHECK(tied["config_key"] == "tie_word_embeddings");
+    const std::string untie = tied["untie"].get<std::string>();
+    CHECK(contains(untie, "tie_word_embeddings is set to false") != c.tied_after_untie);
+    CHECK(contains(untie, "\"lm_head.weight\" is added") != c.tied_after_untie);
+    if (std::string(c.kind) != "modules_to_save" && std::string(c.kind) != "trainable_tokens")
+      CHECK(contains(tied["shared"].get<std::string>(), "differs from the adapter's forward"));
+  }
+  // Without the tie, or with an adapter that leaves both embeddings alone: no tied_embeddings entry.
+  write_adapter(tmp.path / "plain", config_text({{"target_modules", {"q_proj"}}}),
+                lora_pair("model.layers.0.self_attn.q_proj", 2, 8, 8));
+  CHECK(diagnose(tmp.path / "plain", tmp.path / "base")["tied_embeddings"].is_null());
+  write_text(tmp.path / "base" / "config.json",
+             R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": false})");
+  nlohmann::json untied = diagnose(tmp.path / "embed", tmp.path / "base");
+  CHECK(untied["tied_embeddings"].is_null());
+}

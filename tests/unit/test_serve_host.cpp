@@ -401,7 +401,13 @@ TEST_CASE("serve host: adding weights checks names, dtypes and shapes") {
   CHECK(error_code([&] { host.add_weight("k", data, DType::F32, three, nullptr, DType::F32, 0); }) == PEFT_ERR_SHAPE_MISMATCH);
   CHECK(error_code([&] { host.add_weight("k", nullptr, DType::F32, square, nullptr, DType::F32, 0); }) ==
         PEFT_ERR_INVALID_ARGUMENT);
-  host.add_weight("conv", data, DType::F32, conv, nullptr, DType::F32, 0);
+  // The buffer of a weight again under another name: one tensor, so the same dtype and shape.
+  CHECK(error_code([&] { host.add_weight("conv", data, DType::F32, conv, nullptr, DType::F32, 0); }) ==
+        PEFT_ERR_INVALID_ARGUMENT);
+  CHECK(error_code([&] { host.add_weight("k", data, DType::BF16, square, nullptr, DType::F32, 0); }) ==
+        PEFT_ERR_INVALID_ARGUMENT);
+  Bytes conv_buffer(16 * 16 * 4);
+  host.add_weight("conv", conv_buffer.data(), DType::F32, conv, nullptr, DType::F32, 0);
   CHECK(host.weight_count() == 2);
 
   // No weights while an adapter is merged.

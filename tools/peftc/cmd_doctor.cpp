@@ -58,6 +58,12 @@ void print_report(const nlohmann::json& r) {
     if (!m["host_name"].is_null()) line += "  host=" + text_of(m["host_name"]);
     std::printf("%s\n", line.c_str());
   }
+  if (const auto& t = r["tied_embeddings"]; t.is_object()) {
+    std::printf("tied embeddings: %s and %s (%s), case %s\n", text_of(t["input"]).c_str(), text_of(t["output"]).c_str(),
+                text_of(t["config_key"]).c_str(), text_of(t["case"]).c_str());
+    std::printf("  merge --tied-embeddings untie (default): %s\n", text_of(t["untie"]).c_str());
+    std::printf("  merge --tied-embeddings shared: %s\n", text_of(t["shared"]).c_str());
+  }
   std::printf("problems: %s (%s with a known fix)\n", text_of(s["problems"]).c_str(),
               text_of(s["fixable_problems"]).c_str());
   for (const auto& p : r["problems"]) {

@@ -97,6 +97,29 @@ namespace PeftC
             PeftException.Check(Native.peft_merge_options_set_report(Handle, report ? 1 : 0));
             return this;
         }
+
+        /// <summary>What the merge does with a base whose output embedding (lm_head) is tied to its input embedding
+        /// (tie_word_embeddings) when the adapters change one side: <see cref="TiedEmbeddings.Untie"/> (the default) or
+        /// <see cref="TiedEmbeddings.Shared"/>.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a value that is neither.</exception>
+        public MergeOptions SetTiedEmbeddings(TiedEmbeddings policy)
+        {
+            PeftException.Check(Native.peft_merge_options_set_tied_embeddings(Handle, (int)policy));
+            return this;
+        }
+    }
+
+    /// <summary>A merge's policy for tied embeddings (<see cref="MergeOptions.SetTiedEmbeddings"/>).</summary>
+    public enum TiedEmbeddings
+    {
+        /// <summary>The merged model computes what the adapter's forward computes: where the two sides change differently
+        /// they are untied (lm_head.weight written as the original embedding plus its own changes, tie_word_embeddings
+        /// set to false, a note); changes PEFT makes to both sides alike (trainable tokens, ensure_weight_tying's tied
+        /// LoRA) land once in the shared tensor, which stays tied.</summary>
+        Untie = 0,
+        /// <summary>PEFT's merge_and_unload: the changes of either side land in the one shared tensor, which stays tied
+        /// (a modules_to_save copy still unties).</summary>
+        Shared = 1,
     }
 
     /// <summary>What storing one merged GGUF tensor costs (<see cref="MergeOptions.SetReport"/>): <see cref="Rms"/> and

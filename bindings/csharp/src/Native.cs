@@ -247,6 +247,8 @@ namespace PeftC
         internal static extern ErrorHandle peft_merge_options_set_quant(MergeOptionsHandle o, int ggmlType);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_options_set_report(MergeOptionsHandle o, int report);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_tied_embeddings(MergeOptionsHandle o, int policy);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_result_report_json(MergeResultHandle r);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_checkpoint(byte[] baseDir, byte[] outDir, MergeOptionsHandle o, out MergeResultHandle r);

@@ -23,6 +23,53 @@ namespace PeftC.Tests
             return result;
         }
 
+        // A LoRA on the tied lm_head of the gemma fixture (vocabulary 64, hidden 16).
+        private static void WriteLmHeadAdapter(string dir)
+        {
+            Directory.CreateDirectory(dir);
+            File.WriteAllText(Path.Combine(dir, "adapter_config.json"),
+                "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"r\": 2, \"lora_alpha\": 2, \"target_modules\": [\"lm_head\"]}");
+            var factors = new Dictionary<string, long[]>
+            {
+                { "base_model.model.lm_head.lora_A.weight", new long[] { 2, 16 } },
+                { "base_model.model.lm_head.lora_B.weight", new long[] { 64, 2 } },
+            };
+            using (var w = Writer.Create(Path.Combine(dir, "adapter_model.safetensors")))
+            {
+                foreach (var f in factors) w.AddTensor(f.Key, DType.F32, f.Value);
+                foreach (string name in w.WriteOrder())
+                {
+                    var values = new float[factors[name][0] * factors[name][1]];
+                    for (int i = 0; i < values.Length; i++) values[i] = (i % 5 - 2) * 0.125f;
+                    w.WriteTensor(name, values);
+                }
+                w.Finish();
+            }
+        }
+
+        [Test]
+        public void TiedEmbeddingsPolicy()
+        {
+            using (var tmp = new TempDir())
+            using (var options = new MergeOptions())
+            {
+                WriteLmHeadAdapter(tmp["adapter"]);
+                options.AddAdapterDir(tmp["adapter"]);
+                // The default unties: lm_head.weight added, tie_word_embeddings false.
+                MergeResult result = Merge.Checkpoint(Fixtures.Model("gemma"), tmp["untie"], options);
+                Assert.True(result.UntiedEmbeddings, "untied by default");
+                Assert.Equal(1L, result.Added, "lm_head.weight added");
+                Assert.True(File.ReadAllText(Path.Combine(tmp["untie"], "config.json")).Contains("\"tie_word_embeddings\": false"), "config untied");
+                // Shared: the change lands in the shared embedding, which stays tied.
+                result = Merge.Checkpoint(Fixtures.Model("gemma"), tmp["shared"], options.SetTiedEmbeddings(TiedEmbeddings.Shared));
+                Assert.False(result.UntiedEmbeddings, "shared stays tied");
+                Assert.Equal(0L, result.Added, "nothing added");
+                Assert.Equal(1L, result.Merged, "the shared embedding merged");
+                Assert.True(File.ReadAllText(Path.Combine(tmp["shared"], "config.json")).Contains("\"tie_word_embeddings\": true"), "config tied");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetTiedEmbeddings((TiedEmbeddings)2), "policy 2");
+            }
+        }
+
         [Test]
         public void CheckpointMergeComputesTheLoraDelta()
         {

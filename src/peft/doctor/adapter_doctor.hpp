@@ -19,7 +19,13 @@
 //    "problems": [{"kind": str, "keys": [str], "modules": [str], "message": str,
 //                  "fix": null|{"renames": [{"from": str, "to": str}]}}],
 //    "renames": [{"from": str, "to": str}],            every key --fix renames
-//    "config_changes": [{"field": str, "key": str, "value": number}]}   every entry --fix adds
+//    "config_changes": [{"field": str, "key": str, "value": number}],   every entry --fix adds
+//    "tied_embeddings": null|{"input": str, "output": str, "output_stored": bool, "config_key": str,
+//                             "case": "output_only"|"input_only"|"both"|"ensure_weight_tying"|
+//                                     "trainable_tokens"|"modules_to_save",
+//                             "trainable_tokens": bool, "modules": [str], "untie": str, "shared": str}}
+//      set when the base ties its embeddings and the adapter changes either side: the case, and
+//      what a checkpoint merge does under each tied embeddings policy (not a problem).
 // Problem kinds (stable strings): missing_config, missing_peft_prefix, weight_suffix, kohya_name, renamed_module,
 // embedding_role, ambiguous_rename, unmatched_key, duplicate_key, incomplete_module,
 // untargeted_module, rank_mismatch, dora_mismatch, dora_convention, lora_bias_mismatch,

@@ -195,7 +195,12 @@ void lora_checks(DoctorState& d, AdapterModule& m, Group& g, ModuleReport& repor
     }
   }
   auto verdict = d.matcher->check(m.name);
-  if (g.resolved && (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded))
+  // ensure_weight_tying: PEFT gives the tied output embedding a LoRA layer of its own without
+  // target_modules naming it (as Adapter::open reads it).
+  const bool tied_target = d.config.ensure_weight_tying && d.table && d.table->output_embedding() &&
+                           m.name == *d.table->output_embedding();
+  if (g.resolved && !(verdict == ModuleMatcher::Verdict::not_targeted && tied_target) &&
+      (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded))
     d.problem("untargeted_module", keys, {m.name},
             "module " + peft::quoted(m.name) + " has LoRA tensors but target_modules does not select it (" +
                 verdict_name(verdict) + "); PEFT ignores them",
@@ -463,12 +468,85 @@ void check_unused_targets(DoctorState& d) {
             false);
 }
 
+// A modules_to_save copy: a full module saved under its own parameter names ("weight"), which
+// PEFT swaps in for the base module (saved base_layer weights are loaded into the base's own).
+bool is_module_copy(const DoctorState& d, const ModuleReport& r) {
+  if (r.kind != LayerKind::full) return false;
+  for (size_t i : r.group->entries)
+    if (d.entries[i].suffix == "weight") return true;
+  return false;
+}
+
+// The adapter's changes to a base whose output embedding is tied to its input embedding, and what
+// a checkpoint merge makes of them under each tied embeddings policy (docs/peft-semantics.md,
+// "Tied embeddings"; merge_plan.cpp decides the same from the loaded adapter).
+void check_tied_embeddings(DoctorState& d) {
+  if (!d.base || !d.table) return;
+  const std::optional<TiedEmbeddings> tied = d.base->tied_embeddings(d.table.get());
+  if (!tied) return;
+  TiedReport t;
+  t.input = d.base->weights->tensor(tied->input).name;
+  t.output = tied->output_module;
+  t.output_stored = tied->output.has_value();
+  t.config_key = tied->config_key;
+  bool in_lora = false, out_lora = false, in_copy = false, out_copy = false, out_full = false;
+  for (const ModuleReport& r : d.reports) {
+    const Group& g = *r.group;
+    if (!g.resolved || !g.base_index) continue;
+    const bool output = g.name == tied->output_module;
+    if (!output && *g.base_index != tied->input) continue;
+    t.modules.push_back(g.name);
+    if (r.kind == LayerKind::trainable_tokens) t.tokens = true;
+    else if (is_module_copy(d, r)) (output ? out_copy : in_copy) = true;
+    else if (r.kind == LayerKind::full) out_full = out_full || output;  // a saved base_layer: the input's is shared
+    else (output ? out_lora : in_lora) = true;
+  }
+  if (t.modules.empty()) return;
+  const bool tied_lora = d.config.ensure_weight_tying && in_lora && out_lora;
+  const std::string in = peft::quoted(t.input), out = peft::quoted(t.output);
+  const std::string weight = peft::quoted(tied->output_weight) + (t.output_stored ? " is written" : " is added");
+  const std::string untied = t.config_key + " is set to false and " + weight;
+  const std::string tokens = t.tokens ? " (both sides with the token rows)" : "";
+  const std::string differs = "; the pair stays tied and the merged model differs from the adapter's forward (as "
+                              "PEFT's merge_and_unload)";
+  if (in_copy || out_copy) {
+    t.kind = "modules_to_save";
+    t.untie = t.shared = "a modules_to_save copy replaces " + std::string(out_copy ? out : in) + " alone: " + untied +
+                         ", each side holding its own values" + tokens;
+  } else if (tied_lora) {
+    t.kind = "ensure_weight_tying";
+    t.untie = "PEFT gives " + out + " the input embedding's LoRA (ensure_weight_tying): the one change lands once in " +
+              in + ", which stays tied" + (t.tokens ? " (with the token rows)" : "");
+    t.shared = "the tied LoRA's change is added twice to " + in + differs;
+  } else if ((out_lora || out_full) && in_lora) {
+    t.kind = "both";
+    t.untie = untied + " holding the original embedding plus the output's own changes; " + in +
+              " gets the input's own" + tokens;
+    t.shared = "the changes of both sides land in " + in + differs;
+  } else if (out_lora || out_full) {
+    t.kind = "output_only";
+    t.untie = untied + " holding the original embedding plus the changes of " + out + "; " + in +
+              " keeps the original" + (t.tokens ? " plus the token rows (so does the output)" : "");
+    t.shared = "the changes of " + out + " land in " + in + ", so the input embedding changes too" + differs;
+  } else if (in_lora) {
+    t.kind = "input_only";
+    t.untie = untied + " holding the original embedding" + (t.tokens ? " plus the token rows" : "") +
+              "; the changes of " + in + " stay on the input side";
+    t.shared = "the changes of " + in + " land in the shared tensor, so " + out + " changes too" + differs;
+  } else {
+    t.kind = "trainable_tokens";
+    t.untie = t.shared = "PEFT sets the token rows on both sides alike: they land once in " + in + ", which stays tied";
+  }
+  d.tied = std::move(t);
+}
+
 }  // namespace
 
 void check_modules(DoctorState& d) {
   for (Group& g : d.groups) check_group(d, g);
   check_duplicates(d);
   check_unused_targets(d);
+  check_tied_embeddings(d);
 }
 
 }  // namespace peft::doctor

@@ -111,6 +111,13 @@ Json report(const DoctorState& d) {
   out["problems"] = std::move(problems);
   out["renames"] = std::move(renames);
   out["config_changes"] = std::move(changes);
+  out["tied_embeddings"] = nullptr;
+  if (d.tied)
+    out["tied_embeddings"] = {{"input", d.tied->input},           {"output", d.tied->output},
+                              {"output_stored", d.tied->output_stored}, {"config_key", d.tied->config_key},
+                              {"case", d.tied->kind},             {"trainable_tokens", d.tied->tokens},
+                              {"modules", d.tied->modules},       {"untie", d.tied->untie},
+                              {"shared", d.tied->shared}};
   return out;
 }
 

@@ -78,6 +78,20 @@ struct ModuleReport {
   std::optional<std::string> method;  // "LORA", "LOHA", ..., or "LYCORIS_LOHA" / "LYCORIS_LOKR"
 };
 
+// An adapter that changes either side of a base's tied embeddings: which case it is in and what a
+// checkpoint merge does under each tied embeddings policy (doctor_checks).
+struct TiedReport {
+  std::string input;   // the stored input embedding tensor ("model.embed_tokens.weight")
+  std::string output;  // the output embedding module ("lm_head")
+  bool output_stored = false;
+  std::string config_key;  // "tie_word_embeddings"
+  // "output_only", "input_only", "both", "ensure_weight_tying", "trainable_tokens", "modules_to_save"
+  std::string kind;
+  bool tokens = false;               // trainable tokens among the changes
+  std::vector<std::string> modules;  // the adapter's modules on either side
+  std::string untie, shared;         // what the merge does under each policy
+};
+
 struct DoctorState {
   std::string dir, base_dir;  // dir: the snapshot folder once a hub model id is resolved
   bool missing_config = false;
@@ -95,6 +109,7 @@ struct DoctorState {
   std::map<std::string, std::string> module_renamed;                          // written -> name
   std::map<std::string, std::string> renamed_origin;
   std::vector<std::pair<std::string, std::string>> underscored;  // base module, underscore-joined
+  std::optional<TiedReport> tied;  // the base ties its embeddings and the adapter changes them
 
   void problem(std::string kind, std::vector<std::string> keys, std::vector<std::string> modules,
                std::string message, bool fixable) {

@@ -60,6 +60,12 @@ std::optional<std::string> updated_config_text(const nlohmann::json& config, con
       updated[untie_key] = false;
       changed = true;
     }
+    // A composite config's text_config holding the key true (the one transformers 4 reads) too.
+    if (auto text = updated.find("text_config"); text != updated.end() && text->is_object())
+      if (auto nested = text->find(untie_key); nested != text->end() && (!nested->is_boolean() || nested->get<bool>())) {
+        *nested = false;
+        changed = true;
+      }
   }
   if (dtype) {
     const std::string name = torch_dtype_name(*dtype);

@@ -14,7 +14,8 @@
 
 namespace peft {
 
-// config.json with the key `untie_key` (tie_word_embeddings; "" for none) set to false and, when `dtype` is set, every
+// config.json with the key `untie_key` (tie_word_embeddings; "" for none) set to false (at the top level, and in a
+// text_config that holds it) and, when `dtype` is set, every
 // "dtype" / "torch_dtype" entry (top level and nested sub-configs) set to its torch name
 // ("bfloat16"); a config with neither at the top level gets "dtype", as transformers 5 writes it.
 // nullopt when nothing changes, so the file can be copied byte for byte; otherwise the text

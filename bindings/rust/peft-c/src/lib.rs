@@ -127,7 +127,7 @@ pub use export::{combine_adapters, import_adapter_gguf, CombineMethod, ExportOpt
 pub use gguf::{FileFormat, GgmlType, GgufType, GgufValue};
 pub use hub::{hub_cache_dir, hub_resolve};
 pub use lowrank::{convert_initial, convert_to_lora, extract_lora, LowRankModule, LowRankOptions, SvdMethod};
-pub use merge::{merge_checkpoint, merge_checkpoint_with_progress, MergeOptions, MergeResult};
+pub use merge::{merge_checkpoint, merge_checkpoint_with_progress, MergeOptions, MergeResult, TiedEmbeddings};
 pub use merge_buffer::{merge_into, Buffer, MergeBufferOptions, MergeRecord};
 pub use serve::{lora_apply, BufferRef, HostModel, Lease, Registry, RegistryStats, SwapStats};
 pub use translator::Translator;

@@ -113,6 +113,33 @@ impl MergeOptions {
         unsafe { check(sys::peft_merge_options_set_report(self.ptr(), i32::from(report)))? };
         Ok(self)
     }
+
+    /// What the merge does with a base whose output embedding (`lm_head`) is tied to its input
+    /// embedding (`tie_word_embeddings`) when the adapters change one side; see [`TiedEmbeddings`].
+    pub fn set_tied_embeddings(&mut self, policy: TiedEmbeddings) -> Result<&mut Self> {
+        let raw = match policy {
+            TiedEmbeddings::Untie => sys::PEFT_MERGE_TIED_UNTIE,
+            TiedEmbeddings::Shared => sys::PEFT_MERGE_TIED_SHARED,
+        };
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_tied_embeddings(self.ptr(), raw))? };
+        Ok(self)
+    }
+}
+
+/// A merge's policy for tied embeddings ([`MergeOptions::set_tied_embeddings`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TiedEmbeddings {
+    /// The merged model computes what the adapter's forward computes: where the two sides change
+    /// differently they are untied (`lm_head.weight` written as the original embedding plus its own
+    /// changes, `tie_word_embeddings` set to false, a note); changes PEFT makes to both sides alike
+    /// (trainable tokens, `ensure_weight_tying`'s tied LoRA) land once in the shared tensor, which
+    /// stays tied.
+    #[default]
+    Untie,
+    /// PEFT's `merge_and_unload`: the changes of either side land in the one shared tensor, which
+    /// stays tied (a `modules_to_save` copy still unties).
+    Shared,
 }
 
 impl fmt::Debug for MergeOptions {

@@ -11,7 +11,7 @@ use std::ops::ControlFlow;
 use common::{expect_code, fixture, list_files, read_json, TempDir};
 use peft_c::{
     merge_checkpoint, merge_checkpoint_with_progress, merge_into, Adapter, Buffer, Checkpoint, DType, ErrorCode,
-    LayerKind, MergeBufferOptions, MergeOptions, Module,
+    LayerKind, MergeBufferOptions, MergeOptions, Module, TiedEmbeddings, Writer,
 };
 
 /// weight * scaling * B @ A of a Linear module in f64, with each element's magnitude
@@ -526,4 +526,50 @@ fn buffer_merges_run_concurrently() {
             });
         }
     });
+}
+
+/// A LoRA on the tied lm_head of the gemma fixture (vocabulary 64, hidden 16).
+fn write_lm_head_adapter(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let config =
+        r#"{"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 2, "lora_alpha": 2, "target_modules": ["lm_head"]}"#;
+    std::fs::write(dir.join("adapter_config.json"), config).unwrap();
+    let mut writer = Writer::new(dir.join("adapter_model.safetensors")).unwrap();
+    let factors =
+        [("base_model.model.lm_head.lora_A.weight", [2u64, 16]), ("base_model.model.lm_head.lora_B.weight", [64, 2])];
+    for (name, shape) in &factors {
+        writer.add_tensor(name, DType::F32, shape).unwrap();
+    }
+    writer.start().unwrap();
+    for (name, shape) in &factors {
+        let values: Vec<f32> = (0..shape[0] * shape[1]).map(|i| ((i % 5) as f32 - 2.0) * 0.125).collect();
+        writer.write_tensor_as(name, &values).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+#[test]
+fn tied_embeddings_policy() {
+    let tmp = TempDir::new("tied");
+    let adapter = tmp.join("lm_head");
+    write_lm_head_adapter(&adapter);
+    let base = fixture(&["models", "gemma"]);
+    let tied = |out: &std::path::Path| read_json(&out.join("config.json"))["tie_word_embeddings"] == true;
+    // The default unties: lm_head.weight added, tie_word_embeddings false.
+    let mut options = MergeOptions::new().unwrap();
+    options.add_adapter_dir(&adapter, 1.0).unwrap();
+    assert_eq!(TiedEmbeddings::default(), TiedEmbeddings::Untie);
+    let result = merge_checkpoint(&base, tmp.join("untie"), &options).unwrap();
+    assert!(result.untied_embeddings());
+    assert_eq!(result.added(), 1);
+    assert!(!tied(&tmp.join("untie")));
+    // Shared: the change lands in the shared embedding, which stays tied.
+    options.set_tied_embeddings(TiedEmbeddings::Shared).unwrap();
+    let result = merge_checkpoint(&base, tmp.join("shared"), &options).unwrap();
+    assert!(!result.untied_embeddings());
+    assert_eq!((result.added(), result.merged()), (0, 1));
+    assert!(tied(&tmp.join("shared")));
+    // And back.
+    options.set_tied_embeddings(TiedEmbeddings::Untie).unwrap();
+    assert!(merge_checkpoint(&base, tmp.join("again"), &options).unwrap().untied_embeddings());
 }
