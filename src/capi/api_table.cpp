@@ -238,6 +238,7 @@ const peft_api kApiV1 = {
     &peft_lowrank_options_set_base,
     &peft_merge_options_set_arithmetic,
     &peft_merge_options_set_tied_embeddings,
+    &peft_merge_options_set_join_split,
 };
 
 }  // namespace
