@@ -688,6 +688,21 @@ PEFT_API peft_error* peft_checkpoint_tensor_read(const peft_checkpoint* ckpt, si
  *  is peft_checkpoint_tensor_ggml_type(), and their bytes are read with peft_checkpoint_tensor_view();
  *  peft_checkpoint_tensor_read() refuses them with #PEFT_ERR_UNSUPPORTED.
  *
+ *  A split model, cut by llama.cpp's `llama-gguf-split` into `NAME-00001-of-00003.gguf`,
+ *  `NAME-00002-of-00003.gguf`, ... (how large GGUF models are published), opens as one model from
+ *  any of its parts: the other parts are found next to it by name, and the checkpoint holds one file
+ *  per part, in part order (peft_checkpoint_file_count(), peft_checkpoint_file_path()), its tensors
+ *  numbered part by part; file 0 is the first part, which holds the model's metadata. Each part is
+ *  validated as a file of its own, then the parts together against their keys as llama.cpp reads
+ *  them: `split.no` (U16, 0-based), `split.count` (U16) and `split.tensors.count` (I32). A file
+ *  whose `split.count` is absent, 0 or 1 is a model of its own. Each refusal is
+ *  #PEFT_ERR_INVALID_CHECKPOINT naming the part and the reason: a name that does not end in
+ *  `-0000K-of-0000N.gguf` for the file's own split.no and split.count, a missing part, a split key
+ *  missing or of another type, a part whose split.no, split.count or split.tensors.count disagrees
+ *  (a duplicated part among them), a tensor in two parts, or parts holding another number of tensors
+ *  than split.tensors.count. Merges into a split base write the same parts or one joined file
+ *  (peft_merge_options_set_join_split()).
+ *
  *  The metadata key/values are read by file and position, in file order, with their types. An array's
  *  elements are read with the same getters, by element index; a scalar is element 0. The getters
  *  below return NULL/0/-1 for a NULL checkpoint, an index out of range or a safetensors file. All
@@ -2473,6 +2488,28 @@ PEFT_API peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts,
 PEFT_API peft_error* peft_merge_options_set_tied_embeddings(peft_merge_options* opts, int32_t policy);
 
 /**
+ * @brief Chooses what a merge into a split GGUF base writes: the same parts (the default) or one
+ *        joined file.
+ *
+ * A GGUF model that `llama-gguf-split` cut into parts (`NAME-00001-of-00003.gguf`, ...; see @ref gguf)
+ * is merged, by default, into the same layout: one output part per base part, named
+ * `OUT-0000K-of-0000N.gguf` after @p out_dir of peft_merge_checkpoint() (its prefix when it is itself
+ * such a name, else the path without `.gguf`), each with the same tensors in the same order and the
+ * same metadata as its base part (split.no, split.count and split.tensors.count included). The parts
+ * appear together or not at all: every part is written to a temporary file first and renamed only
+ * when all are complete; a failure removes every temporary (and parts already renamed when a rename
+ * fails). peft_merge_result_file_name() lists the parts.
+ *
+ * With @p join nonzero the merge writes the one file @p out_dir instead, as `llama-gguf-split --merge`
+ * joins parts: the first part's metadata with `split.count` set to 0 (and moved last), then every
+ * tensor in part order. It has no effect on a base of one file.
+ * @param opts Options.
+ * @param join Nonzero for one joined file; 0 (the default) for the base's parts.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL. Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_merge_options_set_join_split(peft_merge_options* opts, int32_t join);
+
+/**
  * @brief Creates buffer merge options with the defaults: weight 1.0, original rows not kept, no
  *        translator (names are HuggingFace names), one thread per core.
  * @param[out] out Receives the options; free them with peft_merge_buffer_options_free().
@@ -3913,6 +3950,7 @@ typedef struct peft_api {
   peft_error* (*export_options_set_combine_density)(peft_export_options* opts, double density); /**< peft_export_options_set_combine_density() */
   peft_error* (*export_options_set_combine_majority_sign)(peft_export_options* opts, int32_t method); /**< peft_export_options_set_combine_majority_sign() */
   peft_error* (*export_options_set_combine_seed)(peft_export_options* opts, uint64_t seed); /**< peft_export_options_set_combine_seed() */
+  peft_error* (*merge_options_set_join_split)(peft_merge_options* opts, int32_t join); /**< peft_merge_options_set_join_split() */
 } peft_api;
 
 /**

@@ -31,7 +31,8 @@
 #
 # Environment read: PEFT_LLAMA_CPP_CACHE (another cache folder), PEFT_LLAMA_CPP_JOBS (default 2).
 # Environment printed by --env:
-#   PEFT_LLAMA_CPP_BIN     folder of llama-export-lora, llama-quantize, llama-gguf, llama-simple (a runner)
+#   PEFT_LLAMA_CPP_BIN     folder of llama-export-lora, llama-quantize, llama-gguf, llama-simple (a runner),
+#                          llama-gguf-split
 #   PEFT_LLAMA_CPP_SRC     the llama.cpp source tree (convert_hf_to_gguf.py, convert_lora_to_gguf.py)
 #   PEFT_GGUF_PY           gguf-py, the Python package `gguf` of that tree (for PYTHONPATH)
 #   PEFT_LLAMA_CPP_PYDEPS  extra Python packages of the converters (sentencepiece), for PYTHONPATH
@@ -40,7 +41,7 @@ set -euo pipefail
 VERSION=0.3.36
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 SENTENCEPIECE=0.2.1
-TARGETS=(llama-export-lora llama-quantize llama-gguf llama-simple)
+TARGETS=(llama-export-lora llama-quantize llama-gguf llama-simple llama-gguf-split)
 CMAKE_OPTIONS=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF

@@ -30,6 +30,7 @@ var notWrapped = map[string]string{
 
 	// Merge options not wrapped yet.
 	"peft_merge_options_set_arithmetic": "ggml's merge arithmetic: not wrapped yet (C API, peftc merge --arithmetic and Python only)",
+	"peft_merge_options_set_join_split": "split GGUF merges into one file: not wrapped yet (C API, peftc merge --join-split and Python only)",
 }
 
 var (

@@ -241,6 +241,7 @@ const peft_api kApiV1 = {
     &peft_export_options_set_combine_density,
     &peft_export_options_set_combine_majority_sign,
     &peft_export_options_set_combine_seed,
+    &peft_merge_options_set_join_split,
 };
 
 }  // namespace

@@ -187,6 +187,10 @@ peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts, int32_t 
   });
 }
 
+peft_error* peft_merge_options_set_join_split(peft_merge_options* opts, int32_t join) {
+  return peft::capi::set_option(opts, [&](auto& o) { o.join_split = join != 0; });
+}
+
 peft_error* peft_merge_options_set_tied_embeddings(peft_merge_options* opts, int32_t policy) {
   return peft::capi::set_option(opts, [&](auto& o) {
     if (policy == PEFT_MERGE_TIED_UNTIE)

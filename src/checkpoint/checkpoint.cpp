@@ -11,6 +11,7 @@
 #include "core/text.hpp"
 #include "checkpoint/checkpoint_layout.hpp"
 #include "gguf/gguf_file.hpp"
+#include "gguf/gguf_split.hpp"
 #include "checkpoint/hub_cache.hpp"
 #include "safetensors/safetensors_file.hpp"
 
@@ -57,7 +58,11 @@ std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path_or_id
     case Kind::other:
       fail(PEFT_ERR_IO, path + ": not a regular file or folder");
     case Kind::file:
-      checkpoint->add_file(open_tensor_file(path, options));
+      if (is_gguf_path(path)) {  // a GGUF model of one file, or every part of a split one
+        for (std::unique_ptr<const GgufFile>& part : open_gguf_model(path, options)) checkpoint->add_file(std::move(part));
+      } else {
+        checkpoint->add_file(open_tensor_file(path, options));
+      }
       break;
   }
   return checkpoint;

@@ -1,5 +1,7 @@
 // A checkpoint: one safetensors or GGUF file, a folder holding `model.safetensors`, or a folder
-// holding `model.safetensors.index.json` and the shards it names. Callers see tensors the same way
+// holding `model.safetensors.index.json` and the shards it names. A GGUF file that is a part of a
+// split model (`NAME-00002-of-00003.gguf`, gguf/gguf_split.hpp) opens as the whole model: every part,
+// one file each, in part order, whichever part was named. Callers see tensors the same way
 // whichever format holds them (core/tensor_file.hpp); GGUF shapes are outermost first. Every header is validated when the
 // checkpoint opens; afterwards it is immutable and every const method may be called from many
 // threads at once.

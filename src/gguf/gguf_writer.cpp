@@ -458,4 +458,26 @@ void GgufWriter::write_tensor(std::string_view name, DType src_dtype, const void
   if (in_tensor()) write(data, nbytes);
 }
 
+void GgufWriter::finish_staged() {
+  staged_ = true;
+  finish();
+}
+
+void GgufWriter::commit_files() {
+  if (!staged_) StreamingWriter::commit_files();  // staged: closed and flushed, renamed by commit_together
+}
+
+void GgufWriter::commit_together(const std::vector<std::unique_ptr<GgufWriter>>& writers) {
+  for (const auto& writer : writers)
+    if (!writer->staged_ || !writer->finished())
+      fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF file " + quoted(writer->path_) + " was not finished staged");
+  size_t done = 0;
+  try {
+    for (; done < writers.size(); ++done) writers[done]->output_file(0).commit();
+  } catch (...) {
+    for (size_t k = 0; k < done; ++k) remove_file(writers[k]->path_);
+    throw;
+  }
+}
+
 }  // namespace peft

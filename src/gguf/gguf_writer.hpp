@@ -112,7 +112,19 @@ class GgufWriter final : public StreamingWriter {
   // finish() checks that every tensor was written completely (INVALID_ARGUMENT naming the first that
   // was not), flushes and renames the file over the target; abort() discards it (StreamingWriter).
 
+  // Files that appear together or not at all (the parts of a split model): finish_staged() is
+  // finish() without the rename, the complete file left in its temporary (removed if the writer is
+  // destroyed before commit_together). commit_together() then renames every writer's file over its
+  // target in order; if one rename fails, the targets already renamed are removed, every other
+  // temporary is removed with its writer, and the error is thrown (PEFT_ERR_IO). Each writer must have
+  // finished staged (INVALID_ARGUMENT otherwise).
+  void finish_staged();
+  static void commit_together(const std::vector<std::unique_ptr<GgufWriter>>& writers);
+  const std::string& path() const { return path_; }
+
  private:
+  void commit_files() override;
+  bool staged_ = false;  // finish() leaves the file in its temporary
   class Sink;
   StreamPlan plan_stream() override;
   uint64_t source_bytes(size_t position, std::optional<DType> src) const override;

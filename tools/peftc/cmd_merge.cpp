@@ -1,6 +1,6 @@
 // peftc merge [--base DIR|FILE.gguf] --adapter A[:WEIGHT] ... --out DIR|FILE.gguf [--dtype keep|f32|bf16|f16]
 //              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] [--lenient]
-//              [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared]
+//              [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared] [--join-split]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
 // is. An adapter A is a PEFT folder or, with a GGUF base, a GGUF LoRA file too. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
@@ -17,6 +17,9 @@
 // docs/quantized-bases.md) instead of PEFT's. --tied-embeddings shared merges an adapter on one of a
 // tied base's embeddings into the shared tensor as PEFT's merge_and_unload does, instead of untying
 // them so that the merge equals the adapter's forward (peft_merge_options_set_tied_embeddings()).
+// A GGUF base split into parts (NAME-00001-of-00003.gguf; any part names it) is merged into the same
+// parts, named from --out (OUT-00001-of-00003.gguf; docs/gguf.md), or with --join-split into the one
+// file --out (peft_merge_options_set_join_split()).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -41,7 +44,7 @@ namespace {
 constexpr const char* kUsage =
     "merge [--base DIR|FILE.gguf] --adapter DIR|LORA.gguf[:WEIGHT] [--adapter ...] --out DIR|FILE.gguf "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
-    "[--lenient] [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared]";
+    "[--lenient] [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared] [--join-split]";
 
 struct AdapterArg {
   std::string dir;
@@ -61,6 +64,7 @@ struct Options {
   bool report = false;           // --report: what storing each merged GGUF tensor costs
   int32_t arithmetic = PEFT_MERGE_ARITHMETIC_PEFT;  // --arithmetic peft|ggml
   int32_t tied_embeddings = PEFT_MERGE_TIED_UNTIE;   // --tied-embeddings untie|shared
+  bool join_split = false;       // --join-split: a split GGUF base merged into one file
 };
 
 // A figure of the report: a number, or null for one that is not finite (printed "nan").
@@ -211,6 +215,7 @@ int run_merge(const Options& o) {
   if (peft_error* err = peft_merge_options_set_report(opts.p, o.report ? 1 : 0)) return report(err);
   if (peft_error* err = peft_merge_options_set_arithmetic(opts.p, o.arithmetic)) return report(err);
   if (peft_error* err = peft_merge_options_set_tied_embeddings(opts.p, o.tied_embeddings)) return report(err);
+  if (peft_error* err = peft_merge_options_set_join_split(opts.p, o.join_split ? 1 : 0)) return report(err);
   ProgressBar bar;
   if (::isatty(STDERR_FILENO)) {
     if (peft_error* err = peft_merge_options_set_progress(opts.p, &ProgressBar::callback, &bar)) return report(err);
@@ -260,6 +265,10 @@ int merge_command(const std::vector<std::string>& args) {
     }
     if (arg == "--report" && !a.has_inline_value()) {
       o.report = true;
+      continue;
+    }
+    if (arg == "--join-split" && !a.has_inline_value()) {
+      o.join_split = true;
       continue;
     }
     if (arg == "--allow-nonfinite" && !a.has_inline_value()) {

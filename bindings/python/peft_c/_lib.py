@@ -285,6 +285,7 @@ PROTOTYPES = {
     "peft_merge_result_report_json": (c_char_p, [_handle]),
     "peft_merge_options_set_arithmetic": (_err, [_handle, c_int32]),
     "peft_merge_options_set_tied_embeddings": (_err, [_handle, c_int32]),
+    "peft_merge_options_set_join_split": (_err, [_handle, c_int32]),
     "peft_lowrank_options_new": (_err, [POINTER(c_void_p)]),
     "peft_lowrank_options_free": (None, [_handle]),
     "peft_lowrank_options_set_rank": (_err, [_handle, ctypes.c_int64]),

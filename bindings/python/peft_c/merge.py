@@ -62,7 +62,8 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                      progress: Optional[Callable[[int, int], Optional[bool]]] = None,
                      require_config: bool = True, allow_nonfinite: bool = False,
                      quant: Optional[Union[str, int]] = None, report: bool = False,
-                     arithmetic: str = "peft", tied_embeddings: str = "untie") -> MergeResult:
+                     arithmetic: str = "peft", tied_embeddings: str = "untie",
+                     join_split: bool = False) -> MergeResult:
     """Merges adapters into a base model folder and writes the merged model folder.
 
     ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
@@ -90,6 +91,9 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
     forward, untying the pair where the sides differ (``lm_head.weight`` written, the config key set to
     false, a note in ``MergeResult.notes``); "shared" writes the changes into the one shared tensor as
     PEFT's ``merge_and_unload`` does.
+
+    ``join_split`` makes a merge into a GGUF base split into parts (``NAME-00001-of-00003.gguf``)
+    write one joined file instead of the same parts (``peft_merge_options_set_join_split``).
     """
     library = lib()
     raised: List[BaseException] = []
@@ -127,6 +131,7 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
         if tied_embeddings not in TIED_EMBEDDINGS:
             raise ValueError(f"tied_embeddings must be 'untie' or 'shared', not {tied_embeddings!r}")
         check(library.peft_merge_options_set_tied_embeddings(opts, TIED_EMBEDDINGS[tied_embeddings]))
+        check(library.peft_merge_options_set_join_split(opts, 1 if join_split else 0))
         if progress is not None:
             def trampoline(_user, done, total):
                 try:

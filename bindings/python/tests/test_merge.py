@@ -486,3 +486,38 @@ def test_merge_into_from_many_threads():
         for t in threads:
             t.join()
         assert all(b.tobytes() == expected.tobytes() for b in buffers)
+
+
+def _gguf(path, kvs, names, first):
+    """A GGUF file of F32 2 x 2 tensors; kvs: (key, gguf type, value) with types 2 (u16), 5 (i32), 6, 8."""
+    import struct
+
+    def text(s):
+        return struct.pack("<Q", len(s)) + s.encode()
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(names), len(kvs))
+    for key, kind, value in kvs:
+        out += text(key) + struct.pack("<I", kind)
+        out += {2: lambda v: struct.pack("<H", v), 5: lambda v: struct.pack("<i", v),
+                6: lambda v: struct.pack("<f", v), 8: text}[kind](value)
+    for i, name in enumerate(names):
+        out += text(name) + struct.pack("<IQQIQ", 2, 2, 2, 0, 32 * i)
+    out += b"\0" * (-len(out) % 32)
+    for i in range(len(names)):
+        out += struct.pack("<4f", *(first + (4 * i + k) * 0.25 for k in range(4))) + b"\0" * 16
+    path.write_bytes(out)
+
+
+def test_join_split_merges_a_split_gguf_base_into_one_file(tmp_path):
+    for no, name in enumerate(["blk.0.attn_v.weight", "blk.0.ffn_down.weight"]):
+        kvs = [("general.architecture", 8, "llama")] if no == 0 else []
+        kvs += [("split.no", 2, no), ("split.tensors.count", 5, 2), ("split.count", 2, 2)]
+        _gguf(tmp_path / f"model-{no + 1:05d}-of-00002.gguf", kvs, [name], 1.0 - 2 * no)
+    lora = tmp_path / "lora.gguf"
+    _gguf(lora, [("general.architecture", 8, "llama"), ("general.type", 8, "adapter"), ("adapter.type", 8, "lora"),
+                 ("adapter.lora.alpha", 6, 2.0)], ["blk.0.ffn_down.weight.lora_a", "blk.0.ffn_down.weight.lora_b"], 0.5)
+    base = tmp_path / "model-00002-of-00002.gguf"
+    parts = peft_c.merge_checkpoint(base, tmp_path / "out.gguf", [str(lora)])
+    assert parts.files == ("out-00001-of-00002.gguf", "out-00002-of-00002.gguf")
+    joined = peft_c.merge_checkpoint(base, tmp_path / "joined.gguf", [str(lora)], join_split=True)
+    assert joined.files == ("joined.gguf",)

@@ -47,6 +47,9 @@ struct CheckpointMergeOptions {
   // (nullopt: dtype, else each tensor's own type), and whether to measure what storing it costs.
   std::optional<uint32_t> quant;
   bool report = false;
+  // GGUF bases split into parts (gguf/gguf_split.hpp) only: write one joined file instead of the same
+  // parts (gguf_merge.hpp).
+  bool join_split = false;
   // The order of plain LoRA modules' f32 arithmetic (merge::Arithmetic): PEFT's, or llama-export-lora's
   // on ggml's scalar build (then DoRA and the other methods are refused, UNSUPPORTED, before anything
   // is written).

@@ -14,6 +14,7 @@
 #include "core/text.hpp"
 #include "gguf/ggml_type.hpp"
 #include "gguf/gguf_file.hpp"
+#include "gguf/gguf_split.hpp"
 #include "gguf/gguf_writer.hpp"
 #include "peft/adapter/adapter_config.hpp"
 #include "peft/arch/arch_registry.hpp"
@@ -98,22 +99,43 @@ class GgufMerge {
     plan();
   }
 
-  CheckpointMergeResult run(const std::string& out_path) {
-    GgufWriter writer(out_path);
-    for (const GgufKeyValue& kv : header_->metadata) writer.add_metadata(kv);
+  // The files the merge writes: `out_path`, or for a split base (unless joined) its parts' names.
+  std::vector<std::string> output_paths(const std::string& out_path) const {
+    const size_t parts = options_.join_split ? 1 : base_->file_count();
+    if (parts == 1) return {out_path};
+    const std::string prefix = gguf_split_output_prefix(out_path);
+    std::vector<std::string> paths;
+    for (size_t k = 0; k < parts; ++k)
+      paths.push_back(gguf_split_path(prefix, static_cast<uint32_t>(k), static_cast<uint32_t>(parts)));
+    return paths;
+  }
+
+  const Checkpoint& base() const { return *base_; }
+
+  CheckpointMergeResult run(const std::vector<std::string>& out_paths) {
+    // One writer per output file: a split base's parts keep their own metadata and tensors, in order.
+    std::vector<std::unique_ptr<GgufWriter>> writers;
+    for (size_t k = 0; k < out_paths.size(); ++k) {
+      writers.push_back(std::make_unique<GgufWriter>(out_paths[k]));
+      const bool joined = out_paths.size() == 1 && base_->file_count() > 1;
+      for (const GgufKeyValue& kv : joined ? gguf_joined_metadata(*header_) : base_->gguf_header(k)->metadata)
+        writers[k]->add_metadata(kv);
+    }
+    const auto writer_of = [&](size_t i) -> GgufWriter& { return *writers[writers.size() == 1 ? 0 : base_->tensor_file(i)]; };
     uint64_t total = 0;
     for (size_t i = 0; i < base_->tensor_count(); ++i) {
       const TensorInfo& info = base_->tensor(i);
       const bool target = targets_.contains(i);
-      writer.add_tensor(info.name, target ? out_type(info) : static_cast<uint32_t>(info.ggml_type), info.shape);
+      writer_of(i).add_tensor(info.name, target ? out_type(info) : static_cast<uint32_t>(info.ggml_type), info.shape);
       total += target ? out_bytes(info) : info.nbytes();
     }
-    writer.start();
+    for (const auto& writer : writers) writer->start();
     CheckpointMergeResult result;
     uint64_t done = 0;
     std::vector<uint8_t> chunk;
     for (size_t i = 0; i < base_->tensor_count(); ++i) {
       const TensorInfo& info = base_->tensor(i);
+      GgufWriter& writer = writer_of(i);
       if (auto it = targets_.find(i); it != targets_.end()) {
         const std::vector<uint8_t> bytes = merged_tensor(i, it->second, result);
         writer.write_tensor(info.name, bytes.data(), bytes.size());
@@ -134,9 +156,14 @@ class GgufMerge {
       }
       if (options_.progress && !options_.progress(done, total)) fail(PEFT_ERR_CANCELLED, "the merge was cancelled");
     }
-    writer.finish();
+    if (writers.size() == 1) {
+      writers[0]->finish();
+    } else {  // all parts or none
+      for (const auto& writer : writers) writer->finish_staged();
+      GgufWriter::commit_together(writers);
+    }
     result.bytes = done;
-    result.files.push_back(fs::path(out_path).filename().string());
+    for (const std::string& path : out_paths) result.files.push_back(fs::path(path).filename().string());
     return result;
   }
 
@@ -433,9 +460,12 @@ CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::s
     fail(PEFT_ERR_UNSUPPORTED, "merged tensors cannot be quantized to ggml type " + std::to_string(*options.quant));
   if (options.max_shard_size != 0)
     fail(PEFT_ERR_INVALID_ARGUMENT, "a merge into a GGUF file writes one file: do not set a shard size");
-  refuse_output_over_merge_inputs(out_path, base_path, options.adapters);
   GgufMerge merge(base_path, options);
-  return merge.run(out_path);
+  const std::vector<std::string> out_paths = merge.output_paths(out_path);
+  for (const std::string& out : out_paths)
+    for (size_t k = 0; k < merge.base().file_count(); ++k)
+      refuse_output_over_merge_inputs(out, merge.base().file_path(k), options.adapters);
+  return merge.run(out_paths);
 }
 
 }  // namespace peft

@@ -28,6 +28,11 @@
 // (PEFT_ERR_UNSUPPORTED), and two adapters replacing the same tensor (PEFT_ERR_INVALID_ARGUMENT). A
 // replacement of another shape is PEFT_ERR_SHAPE_MISMATCH. The output is written atomically and
 // must not be the base file.
+//
+// A split base (gguf/gguf_split.hpp; any part names it) is written as the same parts, named after
+// `out_path` (gguf_split_output_prefix), each with its base part's metadata and tensors, all parts or
+// none (GgufWriter::commit_together); with options.join_split, as one file `out_path` joined as
+// `llama-gguf-split --merge` joins parts (gguf_joined_metadata).
 #pragma once
 
 #include <string>
@@ -37,7 +42,7 @@
 namespace peft {
 
 // options.max_shard_size must be unset, and options.dtype and options.quant not both set
-// (INVALID_ARGUMENT). result.files holds the output file's name.
+// (INVALID_ARGUMENT). result.files holds the output files' names.
 CheckpointMergeResult merge_into_gguf(const std::string& base_path, const std::string& out_path,
                                       const CheckpointMergeOptions& options);
 

@@ -844,6 +844,7 @@ functions! {
     pub fn peft_lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error;
     pub fn peft_merge_options_set_arithmetic(opts: *mut peft_merge_options, arithmetic: i32) -> *mut peft_error;
     pub fn peft_merge_options_set_tied_embeddings(opts: *mut peft_merge_options, policy: i32) -> *mut peft_error;
+    pub fn peft_merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1137,5 +1138,6 @@ api_table! {
         pub fn lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error = peft_lowrank_options_set_base;
         pub fn merge_options_set_arithmetic(opts: *mut peft_merge_options, arithmetic: i32) -> *mut peft_error = peft_merge_options_set_arithmetic;
         pub fn merge_options_set_tied_embeddings(opts: *mut peft_merge_options, policy: i32) -> *mut peft_error = peft_merge_options_set_tied_embeddings;
+        pub fn merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error = peft_merge_options_set_join_split;
     }
 }
