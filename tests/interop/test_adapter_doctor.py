@@ -10,8 +10,8 @@ adapters written by the committed generator tests/fixtures/generator/renamed_ada
 * the llava names (`language_model.model.*` on a base holding `model.language_model.*`) are fixed too, and
   the fixed adapter merges with peft_c into the renamed base exactly as the source into the source base;
 * a PEFT adapter on a real tiny llava (in-memory names `model.language_model.*`, checkpoint names
-  `language_model.model.*` as transformers 5 saves them) gets the checkpoint's names; PEFT loads the fixed
-  adapter cleanly and merges it as the original, and peft_c merges it as PEFT does;
+  `language_model.model.*` as transformers 5 saves them) needs no fix: its modules resolve through
+  transformers' save renames, and peft_c merges it as PEFT does;
 * problems without a fix (target modules without tensors, a resized vocabulary, transposed factors, a key
   nothing explains) are found with their kinds; errors give exit 2.
 
@@ -160,9 +160,9 @@ def test_llava_names_on_renamed_base(peftc_binary, tmp_path):
 
 def test_llava_adapter_on_llava_checkpoint(peftc_binary, tmp_path):
     """A real tiny llava: transformers 5 saves its checkpoint under the old names (language_model.model.*)
-    while PEFT names the adapter after the modules in memory (model.language_model.*). The doctor proposes
-    the checkpoint's names; PEFT loads the fixed adapter with nothing missing or unexpected and merges it
-    as the original; peft_c merges the fixed adapter into the checkpoint as PEFT does."""
+    while PEFT names the adapter after the modules in memory (model.language_model.*). The doctor finds
+    every module through transformers' save renames (data/conversions), and peft_c merges the adapter as it
+    is into the checkpoint as PEFT does."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
@@ -181,17 +181,13 @@ def test_llava_adapter_on_llava_checkpoint(peftc_binary, tmp_path):
     model.save_pretrained(adapter)
 
     result, report = doctor(peftc_binary, adapter, base)
-    assert result.returncode == 1
-    assert {p["kind"] for p in report["problems"]} == {"renamed_module"}
-    assert {r["to"].split(".layers.")[0] for r in report["renames"]} == {"base_model.model.language_model.model"}
-    fixed = tmp_path / "fixed"
-    assert doctor(peftc_binary, adapter, base, "--fix", fixed)[0].returncode == 0
+    # The in-memory names resolve through transformers' own save renames (data/conversions): nothing to fix.
+    assert result.returncode == 0, report
+    assert report["summary"]["ok"] and report["problems"] == [] and report["renames"] == []
+    assert report["summary"]["matched_modules"] == report["summary"]["modules"] > 0
 
     original = merged(load_clean(base, adapter))
-    repaired = merged(load_clean(base, fixed))
-    for key, value in original.items():
-        assert torch.equal(value, repaired[key]), key
-    run = subprocess.run([str(peftc_binary), "merge", "--base", str(base), "--adapter", str(fixed), "--out",
+    run = subprocess.run([str(peftc_binary), "merge", "--base", str(base), "--adapter", str(adapter), "--out",
                           str(tmp_path / "merged")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     ours = load_file(str(tmp_path / "merged" / "model.safetensors"))
