@@ -1293,7 +1293,11 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
  *  (peft_adapter_options_set_lenient()) instead ignores what PEFT ignores and lists it. Configs whose initialisation rewrites the
  *  base weights when PEFT loads them (`init_lora_weights` pissa, olora, corda, loftq, lora_ga) and
  *  LoRA variants with another merge (QALoRA, aLoRA, BD-LoRA, Arrow, MonteCLoRA, VeLoRA, KaSA,
- *  `layer_replication`, `target_parameters`, Megatron) are #PEFT_ERR_UNSUPPORTED naming the field.
+ *  `layer_replication`, Megatron) are #PEFT_ERR_UNSUPPORTED naming the field. LoRA on stacked MoE
+ *  expert parameters (`target_parameters`, PEFT's ParamWrapper) is read for the architectures whose
+ *  table lists their experts (Qwen3-MoE, Mixtral, gpt-oss) and merges into safetensors checkpoints
+ *  only (peft_merge_checkpoint()); with DoRA, `lora_bias` or dropout, and in GGUF merges and exports,
+ *  host-buffer merges, serving, combination and conversion it is #PEFT_ERR_UNSUPPORTED naming why.
  *
  *  A translator maps tensor keys between HuggingFace names
  *  (`base_model.model.model.layers.4.self_attn.q_proj.lora_A.weight`) and a host's slash-separated

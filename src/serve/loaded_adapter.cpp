@@ -1,4 +1,5 @@
 #include "serve/loaded_adapter.hpp"
+#include "peft/adapter/expert_modules.hpp"
 
 #include <cstdint>
 #include <new>
@@ -124,6 +125,7 @@ uint64_t LoadedAdapter::bytes_needed(const Adapter& adapter, DType storage) {
 
 std::shared_ptr<const LoadedAdapter> LoadedAdapter::load(std::shared_ptr<const Adapter> adapter, DType storage) {
   if (!adapter) fail(PEFT_ERR_INVALID_ARGUMENT, "LoadedAdapter::load needs an adapter");
+  refuse_expert_modules(adapter->modules(), "serving");
   std::vector<LayerPlan> plans = adapter_plan(*adapter, storage);
   const uint64_t elements = total_elements(plans, *adapter);
   const uint64_t bytes = converted_byte_size(storage, elements);

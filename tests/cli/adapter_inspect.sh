@@ -34,7 +34,6 @@ PY
 inspect_all() {  # folder, then a glob of adapter_config.json files under it
   while IFS= read -r -d '' config; do
     dir=$(dirname "$config")
-    [ "$(basename "$dir")" = mixtral_target_parameters ] && continue  # refused on purpose, checked above
     checked=$((checked + 1))
     if ! "$peftc" adapter inspect "$dir" >"$work/text" 2>"$work/err"; then
       fail "adapter inspect $dir: $(cat "$work/err")"; continue
@@ -62,12 +61,6 @@ if [ -d "$adapters" ]; then
     base=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]['base'])" \
            "$adapters/MANIFEST.json" "$name")
     checked=$((checked + 1))
-    if [ "$name" = mixtral_target_parameters ]; then
-      "$peftc" adapter inspect "$dir" >/dev/null 2>"$work/err"; rc=$?
-      [ $rc -eq 1 ] || fail "$name: exit $rc, expected 1"
-      grep -q '^peftc: error: UNSUPPORTED: .*"target_parameters"' "$work/err" || fail "$name: $(cat "$work/err")"
-      continue
-    fi
     if ! "$peftc" adapter inspect "$dir" --base "$data/$base" --json >"$work/json" 2>"$work/err"; then
       fail "$name --base: $(cat "$work/err")"; continue
     fi

@@ -43,7 +43,7 @@ NO_CORPUS = f"real corpus not found at {CORPUS} (set PEFT_CORPUS to its folder)"
 
 ADAPTERS = FIXTURES / "adapters"
 MANIFEST = json.loads((ADAPTERS / "MANIFEST.json").read_text()) if (ADAPTERS / "MANIFEST.json").exists() else {}
-REFUSED_AT_OPEN = {"mixtral_target_parameters"}  # LoRA on nn.Parameter: peft_c refuses to open it
+REFUSED_AT_OPEN: set[str] = set()  # fixture adapters peft_c refuses to open
 # The reference stack cannot load these (transformers 4 module names on a transformers 5 model).
 NOT_LOADABLE = {"vit_lora_v4_names"}
 

@@ -151,10 +151,16 @@ TEST_CASE("adapter config: LoRA variants with another merge are UNSUPPORTED nami
       {"velora_config", json::object()},
       {"kasa_config", json::object()},
       {"layer_replication", {{0, 2}}},
-      {"target_parameters", {"mlp.experts.gate_up_proj"}},
       {"megatron_config", json::object()},
   };
   for (const auto& [field, value] : variants) check_fails({{field, value}}, PEFT_ERR_UNSUPPORTED, field);
+  // LoRA on stacked expert parameters is read, but not with what PEFT's ParamWrapper refuses.
+  const json experts = {"mlp.experts.gate_up_proj"};
+  CHECK(parse_failure(config_text({{"target_parameters", experts}})).code == PEFT_OK);
+  check_fails({{"target_parameters", experts}, {"use_dora", true}}, PEFT_ERR_UNSUPPORTED, "use_dora");
+  check_fails({{"target_parameters", experts}, {"lora_bias", true}}, PEFT_ERR_UNSUPPORTED, "lora_bias");
+  check_fails({{"target_parameters", experts}, {"lora_dropout", 0.1}}, PEFT_ERR_UNSUPPORTED, "lora_dropout");
+  check_fails({{"target_parameters", {"x."}}}, PEFT_ERR_INVALID_CONFIG, "target_parameters");
   // Their "off" values are fine.
   CHECK(parse_failure(config_text({{"use_qalora", false}, {"layer_replication", nullptr},
                                    {"target_parameters", json::array()}, {"use_bdlora", nullptr}}))

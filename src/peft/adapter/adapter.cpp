@@ -11,6 +11,7 @@
 #include "core/text.hpp"
 #include "peft/base/base_model.hpp"
 #include "peft/base/base_validation.hpp"
+#include "peft/adapter/expert_modules.hpp"
 #include "peft/adapter/module_matcher.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "checkpoint/hub_cache.hpp"
@@ -291,17 +292,25 @@ struct AdapterBuilder {
   }
 
   void resolve_lora(AdapterModule& m, const ModuleMatcher& matcher, std::vector<std::string>& untargeted) {
-    auto verdict = matcher.check(m.name);
+    // A stacked expert parameter is targeted by target_parameters, its patterns keyed "<module>.<param>".
+    const std::string key = m.expert ? m.expert->module + "." + m.expert->param : m.name;
+    auto verdict = m.expert ? ModuleMatcher::Verdict::targeted : matcher.check(m.name);
     if (verdict == ModuleMatcher::Verdict::not_targeted && is_tied_lora_target(m)) {
       // targeted through the tie
     } else if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
       untargeted.push_back(peft::quoted(m.name) + " (" + verdict_name(verdict) + ")");
-    m.rank_key = matcher.rank_key(m.name);
-    m.alpha_key = matcher.alpha_key(m.name);
-    m.rank = matcher.rank_for(m.name);
-    m.alpha = matcher.alpha_for(m.name);
+    m.rank_key = matcher.rank_key(key);
+    m.alpha_key = matcher.alpha_key(key);
+    m.rank = matcher.rank_for(key);
+    m.alpha = matcher.alpha_for(key);
     m.scaling = a.config_.scaling(m.rank, m.alpha);
     int64_t actual = tensor_rank(m);
+    if (m.expert && actual != 0 && m.rank > 0) {  // lora_A holds r rows per expert
+      if (actual % m.rank == 0) {
+        m.expert->num_experts = actual / m.rank;
+        actual = m.rank;
+      }
+    }
     if (actual != 0 && actual != m.rank) {
       std::string who = "module " + peft::quoted(m.name) + " has rank " + std::to_string(actual) + " but ";
       if (m.rank_key)
@@ -615,6 +624,7 @@ struct AdapterBuilder {
     for (AdapterModule& m : a.modules_) classify(m);
     drop_empty_modules();  // modules inert() left out
     drop_tied_token_copies();
+    resolve_expert_modules(a.modules_, a.config_, a.table_.get(), a.dir_);
     if (!broken_structure.empty())
       fail(PEFT_ERR_INVALID_CHECKPOINT, a.dir_ + ": " + join_text(broken_structure, "; "));
     size_t token_modules = 0;
@@ -662,7 +672,7 @@ struct AdapterBuilder {
   void drop_absent_from_base() {
     const ArchTable* table = a.table_.get();
     for (AdapterModule& m : a.modules_) {
-      const bool has_weight = !m.is_lora() || base->find(m.name, "weight", table).has_value();
+      const bool has_weight = !m.is_lora() || m.expert || base->find(m.name, "weight", table).has_value();
       std::erase_if(m.tensors, [&](const AdapterTensor& t) {
         if (is_lora_role(t.role) && !has_weight) {
           unexpected(t.key, "the base model has no weight " + peft::quoted(m.name + ".weight") + ", so PEFT creates no "

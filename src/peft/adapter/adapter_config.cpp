@@ -331,9 +331,20 @@ void check_supported(const FieldReader& f, LoraConfig& c) {
     if (!v->empty()) f.unsupported("layer_replication", "is set: replicated layers are not supported");
   }
   if (const Json* v = f.get("target_parameters")) {
-    if (!v->is_array()) f.wrong_type("target_parameters", "a list of strings or null");
-    if (!v->empty())
-      f.unsupported("target_parameters", "is set: LoRA on parameters (MoE experts) is not supported");
+    c.target_parameters = f.string_list("target_parameters", *v);
+    for (const std::string& entry : c.target_parameters)
+      if (entry.empty() || entry.front() == '.' || entry.back() == '.')
+        f.invalid("target_parameters", "has the entry " + peft::quoted(entry) + ", which names no parameter");
+    // PEFT's ParamWrapper refuses these (lora/layer.py); only plain LoRA wraps parameters.
+    if (!c.target_parameters.empty()) {
+      if (c.method != PeftMethod::lora)
+        f.unsupported("target_parameters", std::string("is set on a ") + peft_method_name(c.method) +
+                                               " adapter: only LoRA adapts parameters (stacked MoE experts)");
+      if (c.use_dora) f.unsupported("use_dora", "is true with target_parameters: DoRA on parameters is not supported");
+      if (c.lora_bias) f.unsupported("lora_bias", "is true with target_parameters: lora_B.bias on parameters is not supported");
+      if (c.lora_dropout != 0)
+        f.unsupported("lora_dropout", "is not 0 with target_parameters: PEFT's ParamWrapper refuses dropout");
+    }
   }
 }
 

@@ -12,8 +12,10 @@
 // * peft_type other than "LORA", initialisations that rewrite the base weights when the adapter is
 //   loaded (pissa*, corda, olora, loftq, lora_ga) and LoRA variants whose merge is not plain LoRA
 //   (use_qalora, alora_invocation_tokens, use_bdlora, arrow_config, monteclora_config, velora_config,
-//   kasa_config, layer_replication, target_parameters, megatron_config) are PEFT_ERR_UNSUPPORTED
-//   naming the field.
+//   kasa_config, layer_replication, megatron_config) are PEFT_ERR_UNSUPPORTED naming the field.
+// * target_parameters (LoRA on stacked MoE expert parameters, adapter/expert_modules.hpp) is read;
+//   with another method than LoRA, with use_dora, lora_bias or a lora_dropout it is
+//   PEFT_ERR_UNSUPPORTED naming the field (PEFT's ParamWrapper refuses them).
 #pragma once
 
 #include <cstdint>
@@ -109,6 +111,7 @@ struct LoraConfig {
   bool ensure_weight_tying = false;
   ModuleSelector target_modules;
   ModuleSelector exclude_modules;
+  std::vector<std::string> target_parameters;  // "mlp.experts.gate_up_proj": matched as name or suffix
   std::optional<std::vector<std::string>> modules_to_save;
   InitLoraWeights init_lora_weights;
   std::optional<std::vector<int64_t>> layers_to_transform;  // an int is stored as a one-element list

@@ -35,6 +35,19 @@ struct AdapterTensor {
   std::string base_tensor;
 };
 
+// A LoRA module on a parameter of stacked experts (LoraConfig.target_parameters, PEFT's
+// ParamWrapper; adapter/expert_modules.hpp): lora_A is [r * E, in], lora_B [out, r * E], and expert
+// e's delta is scaling * B[:, k * E + e] @ A[e * r + k, :] (k < r) in the parameter's [out, in]
+// (transposed: its transpose, [in, out]).
+struct ExpertTarget {
+  std::string module;             // the experts module in memory, "model.layers.0.mlp.experts"
+  std::string param;              // "gate_up_proj"
+  std::string checkpoint_module;  // the module's name in checkpoint files (Mixtral: block_sparse_moe.experts)
+  bool transposed = false;        // the parameter is [E, in, out]
+  std::vector<std::string> per_expert;  // saved names per expert (arch/expert_params.hpp), maybe none
+  int64_t num_experts = 0;        // E: lora_A's rows / rank
+};
+
 struct AdapterModule {
   std::string name;  // module path without "base_model.model.", e.g. "model.layers.0.self_attn.q_proj"
   LayerKind kind = LayerKind::full;
@@ -54,6 +67,7 @@ struct AdapterModule {
   PeftMethod method = PeftMethod::lora;
   MethodSettings settings;  // what the method's row reads besides the parameters (AdaLoRA's ranknum, ...)
   std::string ia3_bias;     // IA3, not feed-forward: the base bias ia3_l also scales ("" when none)
+  std::optional<ExpertTarget> expert;  // LoRA on a stacked expert parameter (target_parameters)
 
   bool is_lora() const { return kind != LayerKind::full && kind != LayerKind::trainable_tokens; }
   const AdapterTensor* find(TensorRole role) const;

@@ -186,7 +186,7 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
       "format", "version", "family", "description", "detect", "base_model_prefix", "output_embedding",
       "input_embeddings", "tie_embeddings_config",
       "peft_default_target_modules", "modules", "roles", "extra_roles", "checkpoint_aliases",
-      "gguf_architectures"};
+      "gguf_architectures", "experts"};
   for (const auto& [key, value] : doc.items())
     if (!known.contains(key) && !key.starts_with("_"))
       bad_table(source, "unknown field " + peft::quoted(key) + " (fields starting with '_' are free for comments)");
@@ -330,6 +330,7 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
       table->aliases_.emplace_back(std::move(module), std::move(checkpoint));
     }
   }
+  if (auto it = doc.find("experts"); it != doc.end()) table->experts_ = nlohmann::json::parse(it->dump());  // arch/expert_params
   table->check_round_trips();
   return table;
 }

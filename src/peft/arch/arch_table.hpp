@@ -143,6 +143,10 @@ class ArchTable {
   // names; "checkpoint_aliases" lists the pairs, used in both directions to find base tensors.
   std::vector<std::string> aliases_of(std::string_view module) const;
 
+  // The "experts" section as written (null when absent): stacked expert parameters, read by
+  // peft/arch/expert_params.hpp.
+  const nlohmann::json& experts_data() const { return experts_; }
+
  private:
   void check_round_trips() const;
 
@@ -160,6 +164,7 @@ class ArchTable {
   std::vector<ModuleRule> modules_;
   std::vector<std::pair<NameTemplate, NameTemplate>> aliases_;  // (in-memory name, checkpoint name)
   std::vector<RoleRule> roles_;           // file order
+  nlohmann::json experts_;                // the "experts" section, or null
   std::vector<size_t> roles_by_hf_length_;  // indices, longest hf suffix first
 };
 

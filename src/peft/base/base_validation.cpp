@@ -1,6 +1,8 @@
 // Checking each adapter module against the base model's weights (base_validation.hpp).
 #include "peft/base/base_validation.hpp"
 
+#include "peft/base/expert_base.hpp"
+
 #include <filesystem>
 #include <set>
 
@@ -298,6 +300,10 @@ ValidationResult check_against_base(std::vector<AdapterModule>& modules, const C
   ValidationResult result;
   size_t conv1d_count = 0;
   for (AdapterModule& m : modules) {
+    if (m.expert) {  // a stacked expert parameter (target_parameters)
+      expert_slots(m, adapter_weights, base, table, result.unresolved, result.mismatched);
+      continue;
+    }
     if (m.is_lora()) {
       ModuleChecker(m, adapter_weights, base, table, result).run();
       if (m.kind == LayerKind::conv1d) ++conv1d_count;

@@ -10,7 +10,8 @@
 // and needs a base bias. Linear vs Conv1D is decided by the shapes; a square weight, which fits both,
 // by the architecture table's kind for the module (Conv1D for GPT-2's c_attn, c_proj, c_fc). Full
 // replacement tensors must exist in the base with the same shape; trainable-token rows must fit
-// the embedding. Every problem is collected, and the error lists them all.
+// the embedding. A module on a stacked expert parameter (AdapterModule::expert) is checked by
+// base/expert_base.hpp instead. Every problem is collected, and the error lists them all.
 #pragma once
 
 #include <string>

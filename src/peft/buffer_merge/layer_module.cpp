@@ -1,4 +1,5 @@
 #include "peft/buffer_merge/layer_module.hpp"
+#include "peft/adapter/expert_modules.hpp"
 
 #include <optional>
 #include <string>
@@ -67,6 +68,7 @@ std::vector<int64_t> signed_shape(const std::vector<uint64_t>& shape) {
 }  // namespace
 
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator) {
+  refuse_expert_modules(adapter.modules(), "merging into host buffers");
   const std::vector<std::string> names = module_candidates(name, translator);
   const AdapterModule* found = nullptr;
   for (const std::string& c : names) {

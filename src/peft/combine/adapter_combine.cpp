@@ -1,4 +1,5 @@
 #include "peft/combine/adapter_combine.hpp"
+#include "peft/adapter/expert_modules.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -332,6 +333,8 @@ void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, 
                       CombineMethod method, const std::string& out_dir, const ExportOptions& options,
                       const CombineSettings& settings) {
   if (adapters.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters: no adapters given");
+  for (const auto& adapter : adapters)
+    if (adapter) refuse_expert_modules(adapter->modules(), "combining adapters");
   if (weights.size() != adapters.size())
     fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters: " + std::to_string(adapters.size()) + " adapters but " +
                                         std::to_string(weights.size()) + " weights");

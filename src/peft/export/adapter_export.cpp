@@ -102,7 +102,9 @@ void export_adapter(const Adapter& adapter, const std::string& out_dir, const Ex
   std::vector<OutputTensor> tensors;
   const Checkpoint& checkpoint = adapter.checkpoint();
   for (const AdapterModule& m : adapter.modules()) {
-    if (m.is_lora()) lora_modules.push_back({m.name, m.rank, m.alpha});
+    if (m.is_lora())
+      lora_modules.push_back({m.expert ? m.expert->module + "." + m.expert->param : m.name, m.rank, m.alpha,
+                              m.expert.has_value()});
     for (const AdapterTensor& t : m.tensors) {
       const TensorInfo& info = checkpoint.tensor(t.index);
       OutputTensor out;

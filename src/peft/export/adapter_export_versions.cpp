@@ -179,7 +179,8 @@ void check_modules(const Json& doc, std::span<const ExportedModule> modules, int
                             !config.layers_to_transform->empty();
   for (const ExportedModule& m : modules) {
     const ModuleMatcher::Verdict verdict = matcher.check(m.name);
-    bool targeted = verdict == ModuleMatcher::Verdict::targeted || verdict == ModuleMatcher::Verdict::unknown;
+    bool targeted = m.target_parameter || verdict == ModuleMatcher::Verdict::targeted ||
+                    verdict == ModuleMatcher::Verdict::unknown;
     if (targeted && layer_filter && minor < kNewestKnownMinor && !exact_target(config, m.name)) {
       auto index = layer_index(minor, config, m.name);
       targeted = false;

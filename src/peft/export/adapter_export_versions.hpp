@@ -47,6 +47,9 @@ struct ExportedModule {
   std::string name;  // module path, e.g. "model.layers.0.self_attn.q_proj"
   int64_t rank = 0;
   double alpha = 0;
+  // LoRA on a stacked expert parameter (target_parameters): `name` is "<module>.<param>", the key
+  // its rank_pattern / alpha_pattern match, and target_modules does not select it.
+  bool target_parameter = false;
 };
 
 // The config to write for an adapter whose source config is `source` (the document as read):

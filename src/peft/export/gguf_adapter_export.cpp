@@ -1,4 +1,5 @@
 #include "peft/export/gguf_adapter_export.hpp"
+#include "peft/adapter/expert_modules.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -129,6 +130,7 @@ GgufFactor encode(std::string name, const std::vector<float>& values, std::vecto
 }  // namespace
 
 std::optional<std::string> gguf_lora_problem(const AdapterModule& module) {
+  if (module.expert) return "LoRA on a stacked expert parameter (target_parameters) is not exported to GGUF";
   if (!module.is_lora())
     return layer_kind_name(module.kind) + std::string(" tensors replace base tensors, which a GGUF LoRA cannot hold");
   if (module.find(TensorRole::lora_magnitude) != nullptr) return "DoRA's magnitude vector has no place in a GGUF LoRA";
@@ -154,6 +156,7 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
   if (options.ggml_type != 0 && options.ggml_type != 1 && options.ggml_type != 30 && options.ggml_type != 8)
     fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF adapter factors are written as F32, F16, BF16 or Q8_0 (ggml type " +
                                         std::to_string(options.ggml_type) + " is none of them)");
+  refuse_expert_modules(adapter.modules(), "the GGUF LoRA export");
   const GgufBase base = open_gguf_base(gguf_export_base_name(adapter, options), [&](const ArchTable& table) {
     for (const AdapterModule& module : adapter.modules())
       if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, module.name)) return false;

@@ -95,6 +95,10 @@ bool is_multiplicative(const AdapterModule& m) {
 }
 
 bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why) {
+  if (m.expert) {
+    why = "LoRA on a stacked expert parameter (target_parameters), whose delta is not one matrix";
+    return false;
+  }
   if (adapter.config().use_dora) {
     why = "a DoRA module (its change depends on the base weight's norm)";
     return false;

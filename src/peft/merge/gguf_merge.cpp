@@ -1,4 +1,5 @@
 #include "peft/merge/gguf_merge.hpp"
+#include "peft/adapter/expert_modules.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -84,6 +85,8 @@ class GgufMerge {
     header_ = base_->gguf_header(0);
     if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
     require_gguf_model(*header_, base_path);
+    for (const MergeInput& input : options_.adapters)
+      if (input.adapter) refuse_expert_modules(input.adapter->modules(), "merging into a GGUF base");
     architecture_ = architecture_of(*header_, path_);
     heads_ = gguf_heads_from_metadata(*header_, architecture_);
     table_ = with_path(path_, [&] {

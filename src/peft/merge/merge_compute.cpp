@@ -75,6 +75,36 @@ LoadedTerm load_term(const LoraTerm& term, const std::vector<int64_t>& weight_sh
   return t;
 }
 
+// A LoRA term on a stacked expert parameter (PEFT's ParamWrapper): expert e's factors are lora_A's
+// rows e*r .. e*r+r-1 and lora_B's columns k*E + e (k < r), its delta s * B_e @ A_e the parameter's
+// [out, in] slice e (transposed: [in, out]). Added expert by expert to the fused tensor, or to the
+// rows of one expert's saved tensor that the slot names.
+void apply_expert_term(const LoraTerm& term, DType dtype, uint8_t* data, const merge::ExecOptions& exec) {
+  const AdapterModule& m = *term.module;
+  const Checkpoint& ckpt = term.adapter->adapter->checkpoint();
+  const ExpertFactorShape f = expert_factor_shape(m, ckpt);
+  const std::vector<float> A = ckpt.read_f32(m.find(TensorRole::lora_a)->index);
+  const std::vector<float> B = ckpt.read_f32(m.find(TensorRole::lora_b)->index);
+  const int64_t r = f.rank, E = f.experts;
+  std::vector<float> b;
+  auto add = [&](int64_t e, int64_t row_begin, int64_t rows, const merge::DeltaLayout& layout, uint8_t* at) {
+    b.resize(static_cast<size_t>(rows * r));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t k = 0; k < r; ++k)
+        b[static_cast<size_t>(i * r + k)] = B[static_cast<size_t>((row_begin + i) * r * E + k * E + e)];
+    const merge::LoraFactors factors{A.data() + e * r * f.in, b.data(), r, term.coefficient};
+    merge::add_delta(merge::WeightView{at, dtype, layout.rows(), layout.cols()}, layout, {&factors, 1}, exec);
+  };
+  const ExpertSlot& slot = *term.expert;
+  if (slot.expert >= 0) {
+    add(slot.expert, slot.row_begin, slot.rows, merge::DeltaLayout{slot.rows, f.in, false}, data);
+    return;
+  }
+  const merge::DeltaLayout layout{f.out, f.in, m.expert->transposed};
+  const uint64_t stride = converted_byte_size(dtype, static_cast<uint64_t>(f.out * f.in));
+  for (int64_t e = 0; e < E; ++e) add(e, 0, f.out, layout, data + static_cast<uint64_t>(e) * stride);
+}
+
 bool same_layout(const merge::DeltaLayout& x, const merge::DeltaLayout& y) {
   return x.out == y.out && x.in == y.in && x.transposed == y.transposed;
 }
@@ -117,7 +147,8 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
   std::vector<LoadedTerm> loaded;
   loaded.reserve(p.lora.size());
   for (const LoraTerm& term : p.lora)
-    if (effect_of(term.module->method) == MethodEffect::lora) loaded.push_back(load_term(term, shape, arithmetic));
+    if (effect_of(term.module->method) == MethodEffect::lora && !term.expert)
+      loaded.push_back(load_term(term, shape, arithmetic));
 
   std::vector<merge::LoraFactors> pending;
   merge::DeltaLayout pending_layout;
@@ -131,6 +162,11 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
   };
   size_t next = 0;
   for (const LoraTerm& term : p.lora) {
+    if (term.expert) {
+      flush();
+      apply_expert_term(term, dtype, data, exec);
+      continue;
+    }
     if (effect_of(term.module->method) != MethodEffect::lora) {
       flush();  // another method's change applies to the weight as the earlier adapters left it
       apply_method(term, shape, dtype, data, exec);

@@ -263,6 +263,18 @@ class Planner {
                                 peft::quoted(base().tensor(tied_->input).name) + ", which stays tied");
           continue;
         }
+        if (m.expert) {  // a stacked expert parameter: the fused tensor, or each expert's tensors
+          std::vector<std::string> unresolved, mismatched;  // reported by check_adapters already
+          const auto table = table_for(a.adapter.get(), plan_.base);
+          const double c = merge::lora_coefficient(a.weight, m.scaling, adapter_label(a) + ", module " + peft::quoted(m.name));
+          for (const ExpertSlot& slot : expert_slots(m, a.adapter->checkpoint(), plan_.base, table.get(), unresolved, mismatched)) {
+            if (!lora_seen.insert({slot.base_index, &a}).second)
+              conflicts.push_back(adapter_label(a) + " has two LoRA modules on base tensor " +
+                                  peft::quoted(tensor_name(slot.base_index)));
+            changes_[slot.base_index].lora.push_back(LoraTerm{&a, &m, c, false, slot});
+          }
+          continue;
+        }
         if (m.is_lora()) {
           const AdapterTensor* factor = m.weight_factor();
           const size_t target = target_of(a, factor->base_tensor);

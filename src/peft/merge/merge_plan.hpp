@@ -57,6 +57,7 @@
 #include "peft/base/base_validation.hpp"
 #include "peft/merge/base_quantization.hpp"
 #include "peft/base/bnb_base.hpp"
+#include "peft/base/expert_base.hpp"
 #include "safetensors/header_writer.hpp"
 
 namespace peft {
@@ -116,6 +117,8 @@ struct LoraTerm {
   const AdapterModule* module = nullptr;
   double coefficient = 0.0;  // adapter weight x module scaling
   bool dora = false;
+  // A stacked expert parameter (module->expert): the part of the experts' deltas this tensor holds.
+  std::optional<ExpertSlot> expert = std::nullopt;
 };
 
 struct TensorSource {  // one tensor of an adapter's checkpoint
