@@ -33,6 +33,9 @@ namespace PeftC.Tests
             { "peft_translator_builtin_families", "older alias of peft_translator_builtin_family_list; the binding calls the regular one" },
             { "peft_merge_options_set_arithmetic", "ggml's merge arithmetic: not wrapped yet (C API, peftc merge --arithmetic and Python only)" },
             { "peft_merge_options_set_join_split", "split GGUF merges into one file: not wrapped yet (C API, peftc merge --join-split and Python only)" },
+            { "peft_export_options_set_combine_density", "combination setting: not wrapped yet (C API, peftc adapter combine and Python only)" },
+            { "peft_export_options_set_combine_majority_sign", "combination setting: not wrapped yet (C API, peftc adapter combine and Python only)" },
+            { "peft_export_options_set_combine_seed", "combination setting: not wrapped yet (C API, peftc adapter combine and Python only)" },
         };
 
         private static readonly Dictionary<string, Type> Scalars = new Dictionary<string, Type>

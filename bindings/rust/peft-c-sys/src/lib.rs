@@ -288,6 +288,12 @@ constants! {
 
     pub const PEFT_COMBINE_CAT: i32 = 0;
     pub const PEFT_COMBINE_LINEAR: i32 = 1;
+    pub const PEFT_COMBINE_TIES: i32 = 2;
+    pub const PEFT_COMBINE_DARE_LINEAR: i32 = 3;
+    pub const PEFT_COMBINE_DARE_TIES: i32 = 4;
+    pub const PEFT_COMBINE_MAGNITUDE_PRUNE: i32 = 5;
+    pub const PEFT_MAJORITY_SIGN_TOTAL: i32 = 0;
+    pub const PEFT_MAJORITY_SIGN_FREQUENCY: i32 = 1;
 
     pub const PEFT_FORMAT_SAFETENSORS: i32 = 0;
     pub const PEFT_FORMAT_GGUF: i32 = 1;
@@ -844,6 +850,9 @@ functions! {
     pub fn peft_lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error;
     pub fn peft_merge_options_set_arithmetic(opts: *mut peft_merge_options, arithmetic: i32) -> *mut peft_error;
     pub fn peft_merge_options_set_tied_embeddings(opts: *mut peft_merge_options, policy: i32) -> *mut peft_error;
+    pub fn peft_export_options_set_combine_density(opts: *mut peft_export_options, density: f64) -> *mut peft_error;
+    pub fn peft_export_options_set_combine_majority_sign(opts: *mut peft_export_options, method: i32) -> *mut peft_error;
+    pub fn peft_export_options_set_combine_seed(opts: *mut peft_export_options, seed: u64) -> *mut peft_error;
     pub fn peft_merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error;
 
     // ---- api table
@@ -1138,6 +1147,9 @@ api_table! {
         pub fn lowrank_options_set_base(opts: *mut peft_lowrank_options, base_dir: *const c_char) -> *mut peft_error = peft_lowrank_options_set_base;
         pub fn merge_options_set_arithmetic(opts: *mut peft_merge_options, arithmetic: i32) -> *mut peft_error = peft_merge_options_set_arithmetic;
         pub fn merge_options_set_tied_embeddings(opts: *mut peft_merge_options, policy: i32) -> *mut peft_error = peft_merge_options_set_tied_embeddings;
+        pub fn export_options_set_combine_density(opts: *mut peft_export_options, density: f64) -> *mut peft_error = peft_export_options_set_combine_density;
+        pub fn export_options_set_combine_majority_sign(opts: *mut peft_export_options, method: i32) -> *mut peft_error = peft_export_options_set_combine_majority_sign;
+        pub fn export_options_set_combine_seed(opts: *mut peft_export_options, seed: u64) -> *mut peft_error = peft_export_options_set_combine_seed;
         pub fn merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error = peft_merge_options_set_join_split;
     }
 }
