@@ -1575,7 +1575,9 @@ PEFT_API const char* peft_adapter_module_name(const peft_adapter* adapter, size_
 PEFT_API int32_t peft_adapter_module_kind(const peft_adapter* adapter, size_t module);
 
 /**
- * @brief Rank of LoRA module @p module (from `rank_pattern` or `r`, equal to the tensors' rank).
+ * @brief Rank of LoRA module @p module (from `rank_pattern` or `r`, equal to the tensors' rank; for a
+ *        stacked expert parameter (`target_parameters`) the factors hold it once per expert, lora_A
+ *        rank x experts rows, as PEFT's ParamWrapper saves them).
  * @param adapter An adapter, or NULL.
  * @param module Module index (0 .. peft_adapter_module_count() - 1).
  * @return The rank; 0 for a full / trainable-tokens module or out of range. Thread-safe.

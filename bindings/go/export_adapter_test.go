@@ -18,9 +18,6 @@ import (
 func TestExportReproducesPEFT(t *testing.T) {
 	outRoot := t.TempDir()
 	for name, m := range adapterFixtures(t) {
-		if name == "mixtral_target_parameters" {
-			continue // not opened (ErrUnsupported, see TestAdaptersMatchPEFT)
-		}
 		t.Run(name, func(t *testing.T) {
 			dir := fixture(m.Path)
 			a := mustAdapter(t, dir)

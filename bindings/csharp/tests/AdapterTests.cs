@@ -76,7 +76,13 @@ namespace PeftC.Tests
         public void OpenErrors()
         {
             Assert.ThrowsPeft(ErrorCode.NotFound, () => Adapter.Open("/nonexistent/adapter"));
-            Assert.ThrowsPeft(ErrorCode.Unsupported, () => Adapter.Open(Fixtures.AdapterDir("mixtral_target_parameters")), "target_parameters");
+            using (var tmp = new TempDir())
+            {
+                // A valid PEFT adapter of a variant peft_c does not read (QALoRA) is UNSUPPORTED naming the field.
+                File.WriteAllText(tmp["adapter_config.json"], "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"], \"use_qalora\": true}");
+                File.Copy(Path.Combine(Fixtures.AdapterDir("llama_lora"), "adapter_model.safetensors"), tmp["adapter_model.safetensors"]);
+                Assert.ThrowsPeft(ErrorCode.Unsupported, () => Adapter.Open(tmp.Path), "use_qalora");
+            }
             using (var tmp = new TempDir())
             {
                 File.WriteAllText(tmp["adapter_config.json"], "{not json");

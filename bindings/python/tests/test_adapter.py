@@ -91,7 +91,9 @@ def peft_reference(name: str):
             continue
         short = path.removeprefix("base_model.model.")
         base_layer = module.get_base_layer()
-        kind = {"Linear": "LINEAR", "Embedding": "EMBEDDING", "Conv2d": "CONV2D"}.get(type(module).__name__)
+        # ParamWrapper: LoRA on a stacked expert parameter (target_parameters), factors as a Linear's per expert.
+        kind = {"Linear": "LINEAR", "Embedding": "EMBEDDING", "Conv2d": "CONV2D",
+                "ParamWrapper": "LINEAR"}.get(type(module).__name__)
         if type(base_layer).__name__ == "Conv1D":
             kind = "CONV1D"
         layers[short] = (kind, module.r["default"], module.scaling["default"])
@@ -110,10 +112,6 @@ def test_fixture_adapter_matches_peft(name):
     entry = manifest()[name]
     folder, base_dir = ADAPTERS / name, FIXTURES / entry["base"]
     config = json.loads((folder / "adapter_config.json").read_text())
-    if config.get("target_parameters"):
-        with pytest.raises(peft_c.UnsupportedError, match="target_parameters"):
-            peft_c.Adapter.open(folder, base_dir=base_dir)
-        return
     with peft_c.Adapter.open(folder, base_dir=base_dir) as adapter:
         assert adapter.config == config
         assert adapter.r == config.get("r", 8) == entry["r"]
@@ -158,8 +156,6 @@ def test_fixture_adapter_matches_peft(name):
 def test_fixture_adapter_opens_without_base(name):
     folder = ADAPTERS / name
     config = json.loads((folder / "adapter_config.json").read_text())
-    if config.get("target_parameters"):
-        pytest.skip("unsupported by design")
     with peft_c.Adapter.open(folder) as adapter:
         assert sorted(t.key for m in adapter for t in m.tensors) == sorted(file_tensors(folder))
 
@@ -271,6 +267,10 @@ def test_builtin_file_and_json_translators_agree(family):
 
 
 def _keys_of(name):
+    # Translators map the keys of a host's layers; LoRA on stacked expert parameters (target_parameters)
+    # adapts no layer a host names, and serving refuses it, so those adapters have no keys to translate.
+    if json.loads((ADAPTERS / name / "adapter_config.json").read_text()).get("target_parameters"):
+        return []
     try:
         with peft_c.Adapter.open(ADAPTERS / name) as adapter:
             return [t for m in adapter for t in m.tensors]

@@ -12,9 +12,6 @@ fn export_reproduces_what_peft_wrote() {
     let tmp = TempDir::new("export");
     let mut count = 0;
     for (name, m) in manifest.as_object().unwrap() {
-        if name == "mixtral_target_parameters" {
-            continue; // not opened (unsupported)
-        }
         let dir = fixture(&[m["path"].as_str().unwrap()]);
         let adapter = Adapter::open(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         let out = tmp.join(name);
