@@ -1292,8 +1292,13 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
  *  give are errors that list every offending key or module; lenient loading
  *  (peft_adapter_options_set_lenient()) instead ignores what PEFT ignores and lists it. Configs whose initialisation rewrites the
  *  base weights when PEFT loads them (`init_lora_weights` pissa, olora, corda, loftq, lora_ga) and
- *  LoRA variants with another merge (QALoRA, aLoRA, BD-LoRA, Arrow, MonteCLoRA, VeLoRA, KaSA,
- *  `layer_replication`, Megatron) are #PEFT_ERR_UNSUPPORTED naming the field. LoRA on stacked MoE
+ *  LoRA variants with another merge (QALoRA, BD-LoRA, Arrow, MonteCLoRA, VeLoRA, KaSA,
+ *  `layer_replication`, Megatron) are #PEFT_ERR_UNSUPPORTED naming the field. Activated LoRA
+ *  (`alora_invocation_tokens`) is read, for LoRA's Linear layers as in PEFT: it is served unmerged
+ *  (peft_lora_apply() says how the host applies it), exported as a PEFT adapter or a GGUF LoRA with
+ *  llama.cpp's `adapter.alora.invocation_tokens`, and imported back; every merge, swap, combination
+ *  and conversion refuses it with #PEFT_ERR_UNSUPPORTED, since its delta applies only from its
+ *  invocation tokens on. LoRA on stacked MoE
  *  expert parameters (`target_parameters`, PEFT's ParamWrapper) is read for the architectures whose
  *  table lists their experts (Qwen3-MoE, Mixtral, gpt-oss) and merges into safetensors checkpoints
  *  only (peft_merge_checkpoint()); with DoRA, `lora_bias` or dropout, and in GGUF merges and exports,
@@ -2822,7 +2827,8 @@ PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char
  *        `llama-export-lora`), with PEFT's exact scale for every module.
  *
  * The file holds `general.architecture` (the base's GGUF architecture), `general.type = "adapter"`,
- * `adapter.type = "lora"`, `adapter.lora.alpha` (the config's lora_alpha, f32), and for each module
+ * `adapter.type = "lora"`, `adapter.lora.alpha` (the config's lora_alpha, f32), for an activated LoRA
+ * `adapter.alora.invocation_tokens` (its `alora_invocation_tokens`, a UINT32 array), and for each module
  * `<GGUF tensor>.lora_a` and `.lora_b`, named and ordered by the base's architecture table (the
  * LLaMA family's RoPE row order applied to B). llama.cpp scales each pair by alpha / rank; where
  * PEFT's scale differs (rsLoRA, rank_pattern, alpha_pattern), B is multiplied by PEFT's scale over
@@ -2896,7 +2902,9 @@ PEFT_API peft_error* peft_adapter_export_gguf_split(const peft_adapter* adapter,
  * q/k gets PyTorch's row order back). Factors of F32, F16, BF16 or Q8_0 are written F32. The
  * config keeps llama.cpp's scale alpha / rank exactly: lora_alpha = adapter.lora.alpha, r = the most
  * common rank, rank_pattern for the others (alpha 0, which llama.cpp reads as scale 1: lora_alpha
- * = r and alpha_pattern giving each other module its rank). docs/gguf.md has the details.
+ * = r and alpha_pattern giving each other module its rank). `adapter.alora.invocation_tokens`
+ * becomes `alora_invocation_tokens` (any other element type than UINT32, or a token id of 2^31 or
+ * more, is #PEFT_ERR_INVALID_CHECKPOINT, as llama.cpp refuses it). docs/gguf.md has the details.
  * @param gguf_path The GGUF adapter file (UTF-8).
  * @param out_dir The folder to write adapter_model.safetensors and adapter_config.json into
  *        (created if needed; both files replaced atomically, a failure leaves the folder as it was).
@@ -3515,6 +3523,16 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * with peft_registry_set_base_weight() (computed on the layer's first apply, kept until
  * peft_registry_base_weights_changed()); @p y must then be the base output with its bias. DoRA,
  * plain LoRA and adapter-less rows may share one call (PEFT refuses `adapter_names` with DoRA).
+ *
+ * Activated LoRA (`alora_invocation_tokens` in the adapter's config, read with
+ * peft_adapter_config_field()): PEFT applies such an adapter only to the tokens from the start of the
+ * last occurrence of that token sequence in the sequence's input ids on, the sequence itself included,
+ * and to every token generated after it; before it, and in a sequence without it, the output is the
+ * base model's. This function applies to the rows it is given, so the host gives those rows the
+ * adapter's lease and the others -1 (as PEFT's `calculate_alora_offsets` and its aLoRA forward do);
+ * the tokens before the invocation then keep the base model's keys and values, which is what lets a
+ * host reuse their cache. Such an adapter is never merged (PEFT refuses too): merges, swaps and
+ * combinations refuse it with #PEFT_ERR_UNSUPPORTED.
  * @param module The layer (see @ref serving).
  * @param leases The adapters of this batch.
  * @param lease_count Their number (at least 1).

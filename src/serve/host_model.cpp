@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "core/text.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
@@ -159,6 +160,7 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
 std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lease>& pin, double weight) const {
   const LoadedAdapter& loaded = pin->loaded();
   const std::string adapter = "adapter " + peft::quoted(pin->name());
+  refuse_activated_lora(loaded.adapter(), "a swap into the host's weights");
   if (loaded.has_replacements()) {
     const PeftMethod method = loaded.adapter().config().method;
     const std::string what =

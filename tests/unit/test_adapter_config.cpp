@@ -144,7 +144,6 @@ TEST_CASE("adapter config: initialisations that rewrite the base weights are UNS
 TEST_CASE("adapter config: LoRA variants with another merge are UNSUPPORTED naming the field") {
   const std::vector<std::pair<std::string, json>> variants = {
       {"use_qalora", true},
-      {"alora_invocation_tokens", {1, 2}},
       {"use_bdlora", json::object()},
       {"arrow_config", json::object()},
       {"monteclora_config", json::object()},
@@ -161,9 +160,28 @@ TEST_CASE("adapter config: LoRA variants with another merge are UNSUPPORTED nami
   check_fails({{"target_parameters", experts}, {"lora_bias", true}}, PEFT_ERR_UNSUPPORTED, "lora_bias");
   check_fails({{"target_parameters", experts}, {"lora_dropout", 0.1}}, PEFT_ERR_UNSUPPORTED, "lora_dropout");
   check_fails({{"target_parameters", {"x."}}}, PEFT_ERR_INVALID_CONFIG, "target_parameters");
+  // Activated LoRA is read (its merges are refused, refuse_activated_lora), as a LoRA variant only.
+  const auto alora = peft::LoraConfig::parse(config_text({{"alora_invocation_tokens", {7, 0, 2147483647}}}), "x");
+  CHECK(alora.alora_invocation_tokens == std::vector<uint32_t>{7, 0, 2147483647u});
+  for (const json& bad : {json::array(), json{1, -1}, json{2147483648LL}, json{1.5}, json("12"), json{{"a", 1}}})
+    check_fails({{"alora_invocation_tokens", bad}}, PEFT_ERR_INVALID_CONFIG, "alora_invocation_tokens");
+  check_fails({{"alora_invocation_tokens", {1}}, {"use_dora", true}}, PEFT_ERR_UNSUPPORTED, "alora_invocation_tokens");
+  check_fails({{"alora_invocation_tokens", {1}}, {"target_parameters", experts}}, PEFT_ERR_UNSUPPORTED,
+              "alora_invocation_tokens");
+  check_fails({{"alora_invocation_tokens", {1}}, {"peft_type", "LOHA"}}, PEFT_ERR_UNSUPPORTED, "alora_invocation_tokens");
+  try {
+    peft::refuse_activated_lora("\"a\"", alora.alora_invocation_tokens, "a merged weight");
+    FAIL("an activated LoRA was not refused");
+  } catch (const peft::Error& e) {
+    CHECK(e.code() == PEFT_ERR_UNSUPPORTED);
+    CHECK(contains(e.what(), "[7, 0, 2147483647]"));
+    CHECK(contains(e.what(), "a merged weight"));
+  }
+  peft::refuse_activated_lora("\"a\"", {}, "a merged weight");  // not an aLoRA: nothing
   // Their "off" values are fine.
   CHECK(parse_failure(config_text({{"use_qalora", false}, {"layer_replication", nullptr},
-                                   {"target_parameters", json::array()}, {"use_bdlora", nullptr}}))
+                                   {"target_parameters", json::array()}, {"use_bdlora", nullptr},
+                                   {"alora_invocation_tokens", nullptr}}))
             .code == PEFT_OK);
 }
 

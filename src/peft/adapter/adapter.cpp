@@ -18,6 +18,10 @@
 
 namespace peft {
 
+void refuse_activated_lora(const Adapter& adapter, const std::string& job) {
+  refuse_activated_lora(peft::quoted(adapter.dir()), adapter.config().alora_invocation_tokens, job);
+}
+
 const AdapterModule* Adapter::find_module(std::string_view name) const {
   for (const AdapterModule& m : modules_)
     if (m.name == name) return &m;
@@ -322,6 +326,9 @@ struct AdapterBuilder {
     }
     const LoraConfig& c = a.config_;
     std::string who = "module " + peft::quoted(m.name);
+    if (!c.alora_invocation_tokens.empty() && (m.kind == LayerKind::embedding || m.kind == LayerKind::conv2d))
+      config_problem("alora_invocation_tokens", who + " is a" + (m.kind == LayerKind::embedding ? "n embedding" : " convolution") +
+                                                    " layer: activated LoRA adapts Linear layers only, as in PEFT");
     if (m.find(TensorRole::lora_magnitude) && !c.use_dora)
       config_problem("use_dora", who + " has a DoRA lora_magnitude_vector but use_dora is false");
     if (!m.find(TensorRole::lora_magnitude) && c.use_dora)

@@ -127,4 +127,7 @@ class Adapter {
   std::map<std::string, size_t> shared_params_;
 };
 
+// refuse_activated_lora (adapter_config.hpp) for an adapter.
+void refuse_activated_lora(const Adapter& adapter, const std::string& job);
+
 }  // namespace peft

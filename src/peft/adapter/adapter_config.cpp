@@ -1,6 +1,7 @@
 #include "peft/adapter/adapter_config.hpp"
 
 #include <cmath>
+#include <cstdint>
 
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
@@ -55,7 +56,7 @@ constexpr const char* kOtherPeftTypes[] = {
 
 // Fields whose non-null value selects a LoRA variant that this library does not merge.
 constexpr const char* kUnsupportedVariantFields[] = {
-    "alora_invocation_tokens", "use_bdlora", "arrow_config", "monteclora_config", "velora_config",
+    "use_bdlora", "arrow_config", "monteclora_config", "velora_config",
     "kasa_config", "megatron_config"};
 
 std::string lower(std::string s) {
@@ -330,6 +331,20 @@ void check_supported(const FieldReader& f, LoraConfig& c) {
     if (!v->is_array()) f.wrong_type("layer_replication", "a list of [start, end] pairs or null");
     if (!v->empty()) f.unsupported("layer_replication", "is set: replicated layers are not supported");
   }
+  if (const Json* v = f.get("alora_invocation_tokens")) {
+    if (!v->is_array() || v->empty()) f.wrong_type("alora_invocation_tokens", "a non-empty list of token ids or null");
+    for (const Json& token : *v) {
+      if (!token.is_number_integer() || token.get<int64_t>() < 0 || token.get<int64_t>() > INT32_MAX)
+        f.wrong_type("alora_invocation_tokens", "a list of token ids (integers from 0 to 2^31-1)");
+      c.alora_invocation_tokens.push_back(static_cast<uint32_t>(token.get<int64_t>()));
+    }
+    // PEFT resolves aLoRA as a variant of LoRA's Linear layer alone (lora/layer.py, lora_variants).
+    if (c.method != PeftMethod::lora)
+      f.unsupported("alora_invocation_tokens", std::string("is set on a ") + peft_method_name(c.method) +
+                                                   " adapter: activated LoRA is a LoRA variant");
+    if (c.use_dora)
+      f.unsupported("alora_invocation_tokens", "is set with use_dora: PEFT has no variant that is both");
+  }
   if (const Json* v = f.get("target_parameters")) {
     c.target_parameters = f.string_list("target_parameters", *v);
     for (const std::string& entry : c.target_parameters)
@@ -341,6 +356,8 @@ void check_supported(const FieldReader& f, LoraConfig& c) {
         f.unsupported("target_parameters", std::string("is set on a ") + peft_method_name(c.method) +
                                                " adapter: only LoRA adapts parameters (stacked MoE experts)");
       if (c.use_dora) f.unsupported("use_dora", "is true with target_parameters: DoRA on parameters is not supported");
+      if (!c.alora_invocation_tokens.empty())
+        f.unsupported("alora_invocation_tokens", "is set with target_parameters: activated LoRA on parameters is not supported");
       if (c.lora_bias) f.unsupported("lora_bias", "is true with target_parameters: lora_B.bias on parameters is not supported");
       if (c.lora_dropout != 0)
         f.unsupported("lora_dropout", "is not 0 with target_parameters: PEFT's ParamWrapper refuses dropout");
@@ -516,6 +533,16 @@ Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
 }
 
 }  // namespace
+
+void refuse_activated_lora(const std::string& what, const std::vector<uint32_t>& tokens, const std::string& job) {
+  if (tokens.empty()) return;
+  std::vector<std::string> ids;
+  for (uint32_t token : tokens) ids.push_back(std::to_string(token));
+  fail(PEFT_ERR_UNSUPPORTED, what + " is an activated LoRA (invocation tokens [" + join_text(ids, ", ") +
+                                 "]): its delta applies only from the invocation tokens on, so " + job +
+                                 " cannot hold it (PEFT refuses to merge it too); serve it unmerged "
+                                 "(peft_lora_apply on the rows from the invocation on) or export it as a GGUF LoRA");
+}
 
 LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& source) {
   LoraConfig c;

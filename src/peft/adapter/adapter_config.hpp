@@ -11,8 +11,13 @@
 //   PEFT_ERR_INVALID_CONFIG naming the field.
 // * peft_type other than "LORA", initialisations that rewrite the base weights when the adapter is
 //   loaded (pissa*, corda, olora, loftq, lora_ga) and LoRA variants whose merge is not plain LoRA
-//   (use_qalora, alora_invocation_tokens, use_bdlora, arrow_config, monteclora_config, velora_config,
-//   kasa_config, layer_replication, megatron_config) are PEFT_ERR_UNSUPPORTED naming the field.
+//   (use_qalora, use_bdlora, arrow_config, monteclora_config, velora_config, kasa_config,
+//   layer_replication, megatron_config) are PEFT_ERR_UNSUPPORTED naming the field.
+// * alora_invocation_tokens (activated LoRA) is read: a non-empty list of token ids (0 ... 2^31-1, as
+//   llama.cpp's GGUF key holds them); with another method than LoRA, DoRA or target_parameters it is
+//   PEFT_ERR_UNSUPPORTED naming the field (PEFT has no such variant). Such an adapter applies its delta
+//   only from the invocation tokens on, so no job that adds it into a weight takes it
+//   (refuse_activated_lora in adapter.hpp); it is served unmerged and exported.
 // * target_parameters (LoRA on stacked MoE expert parameters, adapter/expert_modules.hpp) is read;
 //   with another method than LoRA, with use_dora, lora_bias or a lora_dropout it is
 //   PEFT_ERR_UNSUPPORTED naming the field (PEFT's ParamWrapper refuses them).
@@ -65,6 +70,13 @@ struct TrainableTokenIndices {
 
 // PeftMethod and its names: methods/method_table.hpp.
 
+// An activated LoRA (alora_invocation_tokens) adds its delta only to the tokens from the last
+// invocation sequence on, so no single weight holds it and PEFT refuses to merge it (ALoraLinearVariant).
+// Every job that adds an adapter into a weight (checkpoint and GGUF merges, host buffers, hot swap,
+// combination) calls this (or its Adapter form, adapter.hpp) first: UNSUPPORTED naming `what` (the
+// adapter, quoted) and `job` when `tokens` is not empty, else nothing.
+void refuse_activated_lora(const std::string& what, const std::vector<uint32_t>& tokens, const std::string& job);
+
 struct LoraConfig {
   nlohmann::ordered_json document;  // the file as read, in file order, unknown fields included
 
@@ -112,6 +124,7 @@ struct LoraConfig {
   ModuleSelector target_modules;
   ModuleSelector exclude_modules;
   std::vector<std::string> target_parameters;  // "mlp.experts.gate_up_proj": matched as name or suffix
+  std::vector<uint32_t> alora_invocation_tokens;  // activated LoRA's invocation sequence; empty: not aLoRA
   std::optional<std::vector<std::string>> modules_to_save;
   InitLoraWeights init_lora_weights;
   std::optional<std::vector<int64_t>> layers_to_transform;  // an int is stored as a one-element list

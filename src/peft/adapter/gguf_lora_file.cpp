@@ -1,6 +1,7 @@
 #include "peft/adapter/gguf_lora_file.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <string_view>
 #include <utility>
@@ -52,6 +53,19 @@ std::shared_ptr<const GgufLoraFile> open_gguf_lora(std::shared_ptr<const Checkpo
     lora->alpha = static_cast<float>(*number);
     if (!std::isfinite(lora->alpha))  // else an import writes "lora_alpha": NaN, which no reader takes
       fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(path) + ": adapter.lora.alpha is not finite");
+  }
+  if (const GgufValue* value = find_metadata(*header, "adapter.alora.invocation_tokens")) {
+    const auto* tokens = std::get_if<GgufArray>(&value->data);
+    if (tokens == nullptr || tokens->element_type != GgufValueType::U32)
+      fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(path) + ": adapter.alora.invocation_tokens is not an array of "
+                                        "UINT32 token ids, as llama.cpp requires");
+    for (size_t i = 0; i < tokens->size(); ++i) {
+      const uint64_t token = std::get<uint64_t>(tokens->at(i).data);
+      if (token > static_cast<uint64_t>(INT32_MAX))
+        fail(PEFT_ERR_INVALID_CHECKPOINT, peft::quoted(path) + ": adapter.alora.invocation_tokens holds " +
+                                              std::to_string(token) + ", not a token id (llama.cpp's are below 2^31)");
+      lora->alora_invocation_tokens.push_back(static_cast<uint32_t>(token));
+    }
   }
   std::map<std::string, GgufLoraPair> pairs;
   for (size_t i = 0; i < lora->file->tensor_count(); ++i) {

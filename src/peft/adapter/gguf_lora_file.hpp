@@ -1,7 +1,8 @@
 // A GGUF LoRA adapter file, as llama.cpp's convert_lora_to_gguf.py and peft_c's GGUF export write it
 // and llama.cpp reads it (src/llama-adapter.cpp, tools/export-lora): metadata general.type
 // "adapter", adapter.type "lora", adapter.lora.alpha (f32; absent reads as 0, for which llama.cpp
-// scales by 1) and general.architecture; for each base weight it changes, the pair of tensors
+// scales by 1), general.architecture and, for an activated LoRA, adapter.alora.invocation_tokens (a
+// UINT32 array of token ids); for each base weight it changes, the pair of tensors
 // "<base tensor>.lora_a" / "<base tensor>.lora_b", named and row-ordered as in the base GGUF.
 //
 // Opening checks the metadata only; the pairs are listed as found (complete or not), and what they
@@ -9,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,13 +31,15 @@ struct GgufLoraFile {
   std::shared_ptr<const Checkpoint> file;
   std::string architecture;         // general.architecture
   float alpha = 0.0f;               // adapter.lora.alpha as llama.cpp reads it (f32)
+  std::vector<uint32_t> alora_invocation_tokens;  // adapter.alora.invocation_tokens; empty: not aLoRA
   std::vector<GgufLoraPair> pairs;  // sorted by target
   std::vector<std::string> others;  // tensors named neither "*.lora_a" nor "*.lora_b"
 };
 
 // Opens `path` and checks its metadata: INVALID_ARGUMENT when it is not a GGUF file or its
 // general.type is not "adapter" (a model file, say); UNSUPPORTED when adapter.type is not "lora";
-// INVALID_CHECKPOINT when general.architecture is not a string or adapter.lora.alpha not a float;
+// INVALID_CHECKPOINT when general.architecture is not a string, adapter.lora.alpha not a finite float
+// or adapter.alora.invocation_tokens not an array of UINT32 token ids below 2^31 (llama.cpp's llama_token);
 // the errors of opening a GGUF file.
 std::shared_ptr<const GgufLoraFile> open_gguf_lora(const std::string& path);
 // The same checks on a file already open (Checkpoint::open_memory, for the fuzzer); `path` names it

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "core/text.hpp"
 #include "peft/arch/key_grammar.hpp"
 
@@ -69,6 +70,7 @@ std::vector<int64_t> signed_shape(const std::vector<uint64_t>& shape) {
 
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator) {
   refuse_expert_modules(adapter.modules(), "merging into host buffers");
+  refuse_activated_lora(adapter, "a merge into host buffers");
   const std::vector<std::string> names = module_candidates(name, translator);
   const AdapterModule* found = nullptr;
   for (const std::string& c : names) {

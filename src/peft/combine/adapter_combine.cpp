@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "core/file_identity.hpp"
 #include "core/python_json.hpp"
 #include "core/text.hpp"
@@ -334,7 +335,10 @@ void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, 
                       const CombineSettings& settings) {
   if (adapters.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters: no adapters given");
   for (const auto& adapter : adapters)
-    if (adapter) refuse_expert_modules(adapter->modules(), "combining adapters");
+    if (adapter) {
+      refuse_expert_modules(adapter->modules(), "combining adapters");
+      refuse_activated_lora(*adapter, "a combination of adapters");
+    }
   if (weights.size() != adapters.size())
     fail(PEFT_ERR_INVALID_ARGUMENT, "combining adapters: " + std::to_string(adapters.size()) + " adapters but " +
                                         std::to_string(weights.size()) + " weights");

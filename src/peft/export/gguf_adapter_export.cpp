@@ -231,6 +231,13 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
   writer.add_metadata("general.type", GgufValue{GgufValueType::STRING, std::string("adapter")});
   writer.add_metadata("adapter.type", GgufValue{GgufValueType::STRING, std::string("lora")});
   writer.add_metadata("adapter.lora.alpha", GgufValue{GgufValueType::F32, static_cast<double>(file_alpha)});
+  // An activated LoRA's invocation sequence, where convert_lora_to_gguf.py puts it; llama.cpp's server
+  // turns the adapter on from it (llama-adapter.cpp).
+  if (const std::vector<uint32_t>& tokens = adapter.config().alora_invocation_tokens; !tokens.empty()) {
+    GgufArray ids(GgufValueType::U32);
+    for (uint32_t token : tokens) gguf_array_append(ids, GgufValue{GgufValueType::U32, uint64_t{token}});
+    writer.add_metadata("adapter.alora.invocation_tokens", GgufValue{GgufValueType::ARRAY, std::move(ids)});
+  }
   for (const GgufFactor& f : factors) writer.add_tensor(f.name, f.type, f.shape);
   writer.start();
   for (const GgufFactor& f : factors) writer.write_tensor(f.name, f.bytes.data(), f.bytes.size());

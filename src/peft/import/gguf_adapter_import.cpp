@@ -191,6 +191,8 @@ void import_gguf_adapter(const std::string& gguf_path, const std::string& out_di
   }
   std::sort(targets.begin(), targets.end());
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
+  // An activated LoRA keeps its invocation sequence (PEFT 0.18's field, sorted first as PEFT writes keys).
+  if (!lora->alora_invocation_tokens.empty()) config["alora_invocation_tokens"] = lora->alora_invocation_tokens;
   config["alpha_pattern"] = alpha_pattern;
   config["base_model_name_or_path"] = base_name;
   config["bias"] = "none";

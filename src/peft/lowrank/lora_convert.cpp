@@ -51,6 +51,7 @@ std::vector<LowRankModule> convert_to_lora(const Adapter& adapter, const std::st
   refuse_output_over_inputs(out_dir, {{"the adapter folder", adapter.dir()}, {"the base model folder", adapter.base_dir()}});
   const LoraConfig& c = adapter.config();
   const std::string what = "adapter " + peft::quoted(adapter.dir());
+  refuse_activated_lora(adapter, "a conversion to plain LoRA");
   if (c.lora_bias) fail(PEFT_ERR_UNSUPPORTED, what + " sets lora_bias, which PEFT's convert_to_lora does not support");
   if (c.document.contains("bias") && c.document["bias"] != "none")
     fail(PEFT_ERR_UNSUPPORTED, what + " sets bias " + c.document["bias"].dump() +

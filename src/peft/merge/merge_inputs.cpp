@@ -2,6 +2,7 @@
 #include "peft/merge/merge_inputs.hpp"
 
 #include "core/error.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "core/text.hpp"
 #include "gguf/gguf_file.hpp"
 #include "peft/adapter/gguf_lora_file.hpp"
@@ -38,7 +39,15 @@ std::vector<MergeInput> open_merge_inputs(const std::vector<MergeAdapter>& adapt
       problems.push_back(error.what());
     }
   }
-  if (problems.empty()) return inputs;
+  if (problems.empty()) {
+    for (const MergeInput& input : inputs)
+      if (input.adapter)
+        refuse_activated_lora(*input.adapter, "a merged weight");
+      else if (input.gguf_lora)
+        refuse_activated_lora(peft::quoted(input.gguf_lora->path), input.gguf_lora->alora_invocation_tokens,
+                              "a merged weight");
+    return inputs;
+  }
   const int32_t code = unresolved ? PEFT_ERR_UNRESOLVED_KEY : PEFT_ERR_SHAPE_MISMATCH;
   if (problems.size() == 1) fail(code, problems[0]);
   std::string message = std::to_string(problems.size()) + " adapters do not fit the base: ";
