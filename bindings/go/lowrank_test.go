@@ -262,3 +262,54 @@ func TestMergeQuantizedGGUF(t *testing.T) {
 		t.Fatal("a refused merge wrote its output")
 	}
 }
+
+// WithArithmetic(ArithmeticGGML) into the Q8_0 GGUF fixture writes the file peftc merge --arithmetic
+// ggml writes; WithJoinSplit has no effect on a base of one file; bad values are refused.
+func TestMergeArithmeticAndJoinSplit(t *testing.T) {
+	dir := t.TempDir()
+	base, adapter := fixture("gguf", "bindings_q8_0.gguf"), fixture("gguf", "bindings_q8_0_lora")
+	ggml := filepath.Join(dir, "ggml.gguf")
+	if _, err := peft.MergeCheckpoint(context.Background(), base, ggml, peft.WithAdapterDir(adapter, 0.5),
+		peft.WithArithmetic(peft.ArithmeticGGML)); err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, "merge", "--base", base, "--adapter", adapter+":0.5", "--out", filepath.Join(dir, "peftc-ggml.gguf"),
+		"--arithmetic", "ggml")
+	want, _ := os.ReadFile(filepath.Join(dir, "peftc-ggml.gguf"))
+	got, _ := os.ReadFile(ggml)
+	if len(got) == 0 || !bytes.Equal(got, want) {
+		t.Fatal("the ggml-order merge differs from peftc merge --arithmetic ggml's")
+	}
+	// The default order, and WithArithmetic(ArithmeticPEFT), give peftc merge's file.
+	peftc(t, "merge", "--base", base, "--adapter", adapter+":0.5", "--out", filepath.Join(dir, "peftc-peft.gguf"))
+	want, _ = os.ReadFile(filepath.Join(dir, "peftc-peft.gguf"))
+	for _, opts := range [][]peft.MergeOption{nil, {peft.WithArithmetic(peft.ArithmeticPEFT)}, {peft.WithJoinSplit(true)}} {
+		out := filepath.Join(dir, "peft.gguf")
+		os.Remove(out)
+		res, err := peft.MergeCheckpoint(context.Background(), base, out, append(opts, peft.WithAdapterDir(adapter, 0.5))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Files) != 1 {
+			t.Fatalf("files %v", res.Files)
+		}
+		got, _ = os.ReadFile(out)
+		if len(got) == 0 || !bytes.Equal(got, want) {
+			t.Fatalf("options %d: the merge differs from peftc merge's", len(opts))
+		}
+	}
+	if peft.ArithmeticPEFT.String() != "peft" || peft.ArithmeticGGML.String() != "ggml" {
+		t.Fatal("arithmetic names")
+	}
+	_, err := peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "x.gguf"), peft.WithAdapterDir(adapter, 1),
+		peft.WithArithmetic(peft.Arithmetic(2)))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.MergeCheckpoint(context.Background(), fixture("models", "llama"), filepath.Join(dir, "dora"),
+		peft.WithAdapterDir(fixture("adapters", "llama_dora"), 1), peft.WithArithmetic(peft.ArithmeticGGML))
+	wantCode(t, err, peft.CodeUnsupported)
+	for _, name := range []string{"x.gguf", "dora"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			t.Fatalf("a refused merge wrote %s", name)
+		}
+	}
+}
