@@ -1,7 +1,8 @@
 // The recent C API through the binding, compared with peftc (PEFTC, else the repository's build/peftc) byte for
 // byte: LoRA extraction and conversion (LowRank), a merge into a block-quantized GGUF base with an output type and
-// the store report (MergeOptions.SetQuant/SetReport), and DoRA in unmerged apply with the host's base weight
-// (Registry.SetBaseWeight/BaseWeightsChanged).
+// the store report (MergeOptions.SetQuant/SetReport), DoRA in unmerged apply with the host's base weight
+// (Registry.SetBaseWeight/BaseWeightsChanged), the pruning combinations (Export.Combine with ties and dare_linear)
+// and the ggml merge arithmetic (MergeOptions.SetArithmetic).
 using System;
 using System.Diagnostics;
 using System.IO;
@@ -195,6 +196,78 @@ namespace PeftC.Tests
                     options.SetQuant(Ggml.ParseType("Q8_0")).SetDType(DType.F16);
                     Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => Merge.Checkpoint(baseFile, tmp["x.gguf"], options), "quant and dtype");
                     Assert.False(File.Exists(tmp["x.gguf"]), "nothing written");
+                }
+            }
+        }
+
+        [Test]
+        public void PruningCombinationsWriteWhatPeftcWrites()
+        {
+            string first = Fixtures.Path_("adapters", "llama_lora"), second = Fixtures.Path_("adapters", "llama_lora_second");
+            using (var tmp = new TempDir())
+            using (var a = Adapter.Open(first))
+            using (var b = Adapter.Open(second))
+            using (var ties = new ExportOptions())
+            using (var dare = new ExportOptions())
+            using (var bad = new ExportOptions())
+            {
+                Assert.Equal(a.R, b.R, "equal ranks");
+                var adapters = new[] { a, b };
+                var weights = new[] { 1.0, 0.5 };
+                Export.Combine(adapters, weights, CombineMethod.Ties, tmp["ties"],
+                               ties.SetCombineDensity(0.5).SetCombineMajoritySign(MajoritySign.Frequency));
+                Peftc("adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5", "--method", "ties",
+                      "--density", "0.5", "--majority-sign", "frequency", "--out", tmp["ties-peftc"]);
+                SameFiles(tmp["ties"], tmp["ties-peftc"], AdapterFiles);
+
+                Export.Combine(adapters, weights, CombineMethod.DareLinear, tmp["dare"], dare.SetCombineDensity(0.5).SetCombineSeed(7));
+                Peftc("adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5", "--method", "dare_linear",
+                      "--density", "0.5", "--seed", "7", "--out", tmp["dare-peftc"]);
+                SameFiles(tmp["dare"], tmp["dare-peftc"], AdapterFiles);
+                Export.Combine(adapters, weights, CombineMethod.DareLinear, tmp["dare8"], dare.SetCombineSeed(8));
+                Assert.False(File.ReadAllBytes(Path.Combine(tmp["dare"], "adapter_model.safetensors"))
+                                 .SequenceEqual(File.ReadAllBytes(Path.Combine(tmp["dare8"], "adapter_model.safetensors"))),
+                             "seeds 7 and 8 give other masks");
+                Assert.Equal("2 3 4 5", string.Join(" ", new[] { CombineMethod.Ties, CombineMethod.DareLinear, CombineMethod.DareTies,
+                                                                 CombineMethod.MagnitudePrune }.Select(m => (int)m)), "PEFT_COMBINE_* values");
+
+                foreach (double density in new[] { -0.1, 1.5, double.NaN })
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => bad.SetCombineDensity(density), "density " + density);
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => bad.SetCombineMajoritySign((MajoritySign)2), "majority sign 2");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument,
+                                  () => Export.Combine(adapters, weights, CombineMethod.DareTies, tmp["nodensity"]), "no density");
+                Assert.False(File.Exists(Path.Combine(tmp["nodensity"], "adapter_config.json")), "nothing written");
+            }
+        }
+
+        [Test]
+        public void GgmlArithmeticGgufMergeWritesWhatPeftcWrites()
+        {
+            string baseFile = Fixtures.Path_("gguf", "bindings_q8_0.gguf"), adapter = Fixtures.Path_("gguf", "bindings_q8_0_lora");
+            using (var tmp = new TempDir())
+            {
+                using (var options = new MergeOptions())
+                    Assert.Equal(1L, Merge.Checkpoint(baseFile, tmp["ggml.gguf"],
+                                                      options.AddAdapterDir(adapter, 0.5).SetArithmetic(Arithmetic.Ggml)).Merged, "merged");
+                Peftc("merge", "--base", baseFile, "--adapter", adapter + ":0.5", "--out", tmp["peftc-ggml.gguf"], "--arithmetic", "ggml");
+                Assert.True(File.ReadAllBytes(tmp["ggml.gguf"]).SequenceEqual(File.ReadAllBytes(tmp["peftc-ggml.gguf"])),
+                            "the same file as peftc merge --arithmetic ggml");
+                // PEFT's order (the default) and SetJoinSplit on a base of one file: peftc merge's file.
+                MergeResult peft;
+                using (var options = new MergeOptions())
+                    peft = Merge.Checkpoint(baseFile, tmp["peft.gguf"],
+                                            options.AddAdapterDir(adapter, 0.5).SetArithmetic(Arithmetic.Peft).SetJoinSplit(true));
+                Assert.Equal(1, peft.Files.Length, "one file");
+                Peftc("merge", "--base", baseFile, "--adapter", adapter + ":0.5", "--out", tmp["peftc-peft.gguf"]);
+                Assert.True(File.ReadAllBytes(tmp["peft.gguf"]).SequenceEqual(File.ReadAllBytes(tmp["peftc-peft.gguf"])),
+                            "the same file as peftc merge");
+                using (var options = new MergeOptions())
+                {
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetArithmetic((Arithmetic)2), "arithmetic 2");
+                    options.AddAdapterDir(Fixtures.Path_("adapters", "llama_dora")).SetArithmetic(Arithmetic.Ggml);
+                    Assert.ThrowsPeft(ErrorCode.Unsupported, () => Merge.Checkpoint(Fixtures.Path_("models", "llama"), tmp["dora"], options),
+                                      "DoRA in the ggml order");
+                    Assert.False(Directory.Exists(tmp["dora"]), "nothing written");
                 }
             }
         }
