@@ -433,13 +433,32 @@ fn ggml_arithmetic_gguf_merge_matches_peftc() {
     let base = fixture(&["gguf", "bindings_q8_0.gguf"]);
     let adapter = fixture(&["gguf", "bindings_q8_0_lora"]);
     let spec = format!("{}:0.5", adapter.display());
+    // Written F32 (Q8_0 rounds the two orders' last bits away on this fixture).
     let mut opts = MergeOptions::new().unwrap();
     opts.add_adapter_dir(&adapter, 0.5).unwrap().set_arithmetic(Arithmetic::Ggml).unwrap();
+    opts.set_quant(Some(GgmlType::F32)).unwrap();
     assert_eq!(merge_checkpoint(&base, dir.join("ggml.gguf"), &opts).unwrap().merged(), 1);
+    let mut peft_f32 = MergeOptions::new().unwrap();
+    peft_f32.add_adapter_dir(&adapter, 0.5).unwrap().set_quant(Some(GgmlType::F32)).unwrap();
+    merge_checkpoint(&base, dir.join("peft-f32.gguf"), &peft_f32).unwrap();
+    let ggml = std::fs::read(dir.join("ggml.gguf")).unwrap();
+    assert_ne!(ggml, std::fs::read(dir.join("peft-f32.gguf")).unwrap(), "the orders wrote the same F32 merge");
     let reference = dir.join("peftc-ggml.gguf");
     let (b, r) = (base.as_os_str(), reference.as_os_str());
-    if peftc(&[&"merge", &"--base", &b, &"--adapter", &spec, &"--out", &r, &"--arithmetic", &"ggml"]) {
-        assert_eq!(std::fs::read(dir.join("ggml.gguf")).unwrap(), std::fs::read(&reference).unwrap());
+    if peftc(&[
+        &"merge",
+        &"--base",
+        &b,
+        &"--adapter",
+        &spec,
+        &"--out",
+        &r,
+        &"--arithmetic",
+        &"ggml",
+        &"--quant",
+        &"F32",
+    ]) {
+        assert_eq!(ggml, std::fs::read(&reference).unwrap());
     }
     // PEFT's order (the default) and join_split on a one-file base: peftc merge's file.
     let mut peft = MergeOptions::new().unwrap();
@@ -471,5 +490,98 @@ fn ggml_arithmetic_gguf_merge_matches_peftc() {
     unsafe {
         assert_eq!(peft_c::sys::peft_error_code(err), peft_c::sys::PEFT_ERR_INVALID_ARGUMENT);
         peft_c::sys::peft_error_free(err);
+    }
+}
+
+/// A metadata value of [`write_tiny_gguf`].
+enum Kv {
+    U16(u16),
+    I32(i32),
+    F32(f32),
+    Str(&'static str),
+}
+
+/// Writes a GGUF file of F32 2 x 2 tensors (values `first`, `first + 0.25`, ...).
+fn write_tiny_gguf(path: &Path, kvs: &[(&str, Kv)], names: &[&str], first: f32) {
+    fn text(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(names.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    for (key, value) in kvs {
+        text(&mut out, key);
+        match value {
+            Kv::U16(v) => out.extend(2u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+            Kv::I32(v) => out.extend(5u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+            Kv::F32(v) => out.extend(6u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+            Kv::Str(v) => {
+                out.extend_from_slice(&8u32.to_le_bytes());
+                text(&mut out, v);
+            }
+        }
+    }
+    for (i, name) in names.iter().enumerate() {
+        text(&mut out, name);
+        out.extend_from_slice(&2u32.to_le_bytes());
+        out.extend_from_slice(&2u64.to_le_bytes());
+        out.extend_from_slice(&2u64.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(32 * i as u64).to_le_bytes());
+    }
+    out.resize((out.len() + 31) / 32 * 32, 0);
+    for i in 0..names.len() {
+        for k in 0..4 {
+            out.extend_from_slice(&(first + (4 * i + k) as f32 * 0.25).to_le_bytes());
+        }
+        out.extend_from_slice(&[0; 16]);
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// A base split into two parts merges into two parts by default and, with `set_join_split(true)`,
+/// into the one file `peftc merge --join-split` writes.
+#[test]
+fn join_split_merges_a_split_gguf_base_into_one_file() {
+    let dir = TempDir::new("join");
+    for (no, name) in ["blk.0.attn_v.weight", "blk.0.ffn_down.weight"].into_iter().enumerate() {
+        let mut kvs = Vec::new();
+        if no == 0 {
+            kvs.push(("general.architecture", Kv::Str("llama")));
+        }
+        kvs.extend([
+            ("split.no", Kv::U16(no as u16)),
+            ("split.tensors.count", Kv::I32(2)),
+            ("split.count", Kv::U16(2)),
+        ]);
+        write_tiny_gguf(
+            &dir.join(&format!("model-0000{}-of-00002.gguf", no + 1)),
+            &kvs,
+            &[name],
+            1.0 - 2.0 * no as f32,
+        );
+    }
+    let lora = dir.join("lora.gguf");
+    let kvs = [
+        ("general.architecture", Kv::Str("llama")),
+        ("general.type", Kv::Str("adapter")),
+        ("adapter.type", Kv::Str("lora")),
+        ("adapter.lora.alpha", Kv::F32(2.0)),
+    ];
+    write_tiny_gguf(&lora, &kvs, &["blk.0.ffn_down.weight.lora_a", "blk.0.ffn_down.weight.lora_b"], 0.5);
+    let base = dir.join("model-00002-of-00002.gguf");
+    let mut opts = MergeOptions::new().unwrap();
+    opts.add_adapter_dir(&lora, 1.0).unwrap();
+    let parts = merge_checkpoint(&base, dir.join("out.gguf"), &opts).unwrap();
+    assert_eq!(parts.files(), ["out-00001-of-00002.gguf", "out-00002-of-00002.gguf"]);
+    opts.set_join_split(true).unwrap();
+    let joined = merge_checkpoint(&base, dir.join("joined.gguf"), &opts).unwrap();
+    assert_eq!(joined.files(), ["joined.gguf"]);
+    let reference = dir.join("peftc.gguf");
+    let (b, l, r) = (base.as_os_str(), lora.as_os_str(), reference.as_os_str());
+    if peftc(&[&"merge", &"--base", &b, &"--adapter", &l, &"--out", &r, &"--join-split"]) {
+        assert_eq!(std::fs::read(dir.join("joined.gguf")).unwrap(), std::fs::read(&reference).unwrap());
     }
 }
