@@ -16,8 +16,12 @@ import (
 type ExportOption func(*exportConfig)
 
 type exportConfig struct {
-	dtype       DType
-	peftVersion string
+	dtype        DType
+	peftVersion  string
+	density      float64
+	hasDensity   bool
+	majoritySign MajoritySign
+	seed         uint64
 }
 
 // WithExportDType converts the F64, F32, F16 and BF16 tensors of the output to F32, BF16 or F16
@@ -30,6 +34,51 @@ func WithExportDType(dtype DType) ExportOption { return func(c *exportConfig) { 
 func WithPEFTVersion(version string) ExportOption {
 	return func(c *exportConfig) { c.peftVersion = version }
 }
+
+// WithDensity sets PEFT's density for the pruning combinations of Combine: the fraction of each
+// factor's values kept, from 0 to 1. CombineTies and CombineMagnitudePrune keep each factor's
+// int(density * size) largest magnitudes (equal magnitudes: the lower index first; torch's topk
+// leaves that order open); CombineDareLinear and CombineDareTies keep each value with probability
+// density (see WithSeed) and divide the kept ones by it. 1 prunes nothing. Those four methods need it
+// (without it Combine fails with ErrInvalidArgument); cat and linear, and Export, ignore it. A density
+// outside [0, 1] (PEFT warns and prunes nothing above 1) or NaN fails with ErrInvalidArgument.
+func WithDensity(density float64) ExportOption {
+	return func(c *exportConfig) { c.density, c.hasDensity = density, true }
+}
+
+// MajoritySign is how the TIES combinations elect each value's sign (PEFT's majority_sign_method).
+type MajoritySign int32
+
+const (
+	// MajoritySignTotal (the default): the sign of the sum of the pruned values ("total").
+	MajoritySignTotal MajoritySign = C.PEFT_MAJORITY_SIGN_TOTAL
+	// MajoritySignFrequency: the sign of the sum of their signs ("frequency").
+	MajoritySignFrequency MajoritySign = C.PEFT_MAJORITY_SIGN_FREQUENCY
+)
+
+func (m MajoritySign) String() string {
+	switch m {
+	case MajoritySignTotal:
+		return "total"
+	case MajoritySignFrequency:
+		return "frequency"
+	}
+	return "MajoritySign(" + strconv.Itoa(int(m)) + ")"
+}
+
+// WithMajoritySign sets PEFT's majority_sign_method for CombineTies and CombineDareTies:
+// MajoritySignTotal (the default) or MajoritySignFrequency. Another value fails with
+// ErrInvalidArgument. The other methods, and Export, ignore it.
+func WithMajoritySign(method MajoritySign) ExportOption {
+	return func(c *exportConfig) { c.majoritySign = method }
+}
+
+// WithSeed sets the seed of the random masks of CombineDareLinear and CombineDareTies (0 by
+// default; any value). The masks are a function of the seed alone, the same on every machine and
+// thread count (PEFT draws them with torch.bernoulli from torch's global generator, which no other
+// program reproduces); include/peft_c.h (peft_export_options_set_combine_seed) gives the function.
+// The other methods, and Export, ignore it.
+func WithSeed(seed uint64) ExportOption { return func(c *exportConfig) { c.seed = seed } }
 
 func newExportOptions(opts []ExportOption, cs *cstrings) (*C.peft_export_options, error) {
 	cfg := exportConfig{dtype: KeepDType}
@@ -47,6 +96,15 @@ func newExportOptions(opts []ExportOption, cs *cstrings) (*C.peft_export_options
 	err = takeError(C.peft_export_options_set_dtype(o, C.int32_t(cfg.dtype)))
 	if err == nil {
 		err = takeError(C.peft_export_options_set_peft_version(o, cver))
+	}
+	if err == nil && cfg.hasDensity {
+		err = takeError(C.peft_export_options_set_combine_density(o, C.double(cfg.density)))
+	}
+	if err == nil {
+		err = takeError(C.peft_export_options_set_combine_majority_sign(o, C.int32_t(cfg.majoritySign)))
+	}
+	if err == nil {
+		err = takeError(C.peft_export_options_set_combine_seed(o, C.uint64_t(cfg.seed)))
 	}
 	if err != nil {
 		C.peft_export_options_free(o)
@@ -89,6 +147,18 @@ const (
 	CombineCat CombineMethod = C.PEFT_COMBINE_CAT
 	// CombineLinear sums sqrt-weighted factors (equal ranks); exact for one adapter only.
 	CombineLinear CombineMethod = C.PEFT_COMBINE_LINEAR
+	// CombineTies is linear after magnitude pruning, sign election and disjoint mean of each factor
+	// ("ties"; needs WithDensity, reads WithMajoritySign).
+	CombineTies CombineMethod = C.PEFT_COMBINE_TIES
+	// CombineDareLinear is linear after random pruning with rescale of each factor ("dare_linear";
+	// needs WithDensity, reads WithSeed).
+	CombineDareLinear CombineMethod = C.PEFT_COMBINE_DARE_LINEAR
+	// CombineDareTies is ties with random pruning (with rescale) instead of magnitude ("dare_ties";
+	// needs WithDensity, reads WithMajoritySign and WithSeed).
+	CombineDareTies CombineMethod = C.PEFT_COMBINE_DARE_TIES
+	// CombineMagnitudePrune is linear after magnitude pruning of each factor ("magnitude_prune";
+	// needs WithDensity).
+	CombineMagnitudePrune CombineMethod = C.PEFT_COMBINE_MAGNITUDE_PRUNE
 )
 
 func (m CombineMethod) String() string {
@@ -97,6 +167,14 @@ func (m CombineMethod) String() string {
 		return "cat"
 	case CombineLinear:
 		return "linear"
+	case CombineTies:
+		return "ties"
+	case CombineDareLinear:
+		return "dare_linear"
+	case CombineDareTies:
+		return "dare_ties"
+	case CombineMagnitudePrune:
+		return "magnitude_prune"
 	}
 	return "CombineMethod(" + strconv.Itoa(int(m)) + ")"
 }
@@ -104,10 +182,16 @@ func (m CombineMethod) String() string {
 // Combine combines adapters into a new adapter folder as PEFT's add_weighted_adapter does, one
 // finite weight per adapter (negative weights subtract). The config is the first adapter's with the
 // new rank; factors are computed in f32 and written as F32 unless WithExportDType says otherwise.
+// CombineTies, CombineDareLinear, CombineDareTies and CombineMagnitudePrune are linear with the A
+// factors and the B factors each pruned and merged by PEFT's function of that name
+// (peft/utils/merge_utils.py): magnitude or random pruning (WithDensity), then the weighted sum, or
+// for the TIES types per value the mean of the weighted values whose sign is the majority sign of the
+// pruned values (WithMajoritySign). Like linear, they combine the factors, not the deltas.
 //
 // Errors: ErrUnsupported for what PEFT cannot combine (DoRA, lora_bias, full tensors, trainable
-// tokens, ...); ErrInvalidArgument for no adapters, a count mismatch, a weight that is not finite or
-// linear with unequal ranks; ErrShapeMismatch naming the module; ErrIO.
+// tokens, ...); ErrInvalidArgument for no adapters, a count mismatch, a weight that is not finite,
+// a method other than cat with unequal ranks, a pruning method without WithDensity, a density outside
+// [0, 1] or an unknown majority sign; ErrShapeMismatch naming the module; ErrIO.
 func Combine(adapters []*Adapter, weights []float64, method CombineMethod, outDir string, opts ...ExportOption) error {
 	if len(adapters) == 0 {
 		return argError("no adapters to combine")

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -158,6 +159,74 @@ func TestCombine(t *testing.T) {
 	closed, _ := peft.OpenAdapter(fixture("adapters", "llama_lora"))
 	closed.Close()
 	wantClosed(t, peft.Combine([]*peft.Adapter{a1, closed}, []float64{1, 1}, peft.CombineCat, filepath.Join(dir, "k")))
+}
+
+// The pruning combinations (ties with a frequency majority sign, dare_linear with a seed) write the
+// files peftc adapter combine writes with the same settings; bad settings are refused.
+func TestCombinePruning(t *testing.T) {
+	first, second := fixture("adapters", "llama_lora"), fixture("adapters", "llama_lora_second")
+	a1, a2 := mustAdapter(t, first), mustAdapter(t, second)
+	if a1.R() != a2.R() {
+		t.Fatalf("the fixtures' ranks differ: %d and %d", a1.R(), a2.R())
+	}
+	dir := t.TempDir()
+	adapters, weights := []*peft.Adapter{a1, a2}, []float64{1, 0.5}
+	inputs := []string{"adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5"}
+
+	ties := filepath.Join(dir, "ties")
+	if err := peft.Combine(adapters, weights, peft.CombineTies, ties,
+		peft.WithDensity(0.5), peft.WithMajoritySign(peft.MajoritySignFrequency)); err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, append(inputs, "--method", "ties", "--density", "0.5", "--majority-sign", "frequency",
+		"--out", filepath.Join(dir, "ties-peftc"))...)
+	sameFiles(t, ties, filepath.Join(dir, "ties-peftc"), adapterFiles...)
+
+	dare := filepath.Join(dir, "dare")
+	if err := peft.Combine(adapters, weights, peft.CombineDareLinear, dare, peft.WithDensity(0.5), peft.WithSeed(7)); err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, append(inputs, "--method", "dare_linear", "--density", "0.5", "--seed", "7",
+		"--out", filepath.Join(dir, "dare-peftc"))...)
+	sameFiles(t, dare, filepath.Join(dir, "dare-peftc"), adapterFiles...)
+	// Another seed draws other masks.
+	other := filepath.Join(dir, "dare8")
+	if err := peft.Combine(adapters, weights, peft.CombineDareLinear, other, peft.WithDensity(0.5), peft.WithSeed(8)); err != nil {
+		t.Fatal(err)
+	}
+	x, _ := os.ReadFile(filepath.Join(dare, "adapter_model.safetensors"))
+	y, _ := os.ReadFile(filepath.Join(other, "adapter_model.safetensors"))
+	if bytes.Equal(x, y) {
+		t.Fatal("seeds 7 and 8 gave the same dare_linear factors")
+	}
+
+	names := map[peft.CombineMethod]string{peft.CombineTies: "ties", peft.CombineDareLinear: "dare_linear",
+		peft.CombineDareTies: "dare_ties", peft.CombineMagnitudePrune: "magnitude_prune"}
+	for m, name := range names {
+		if m.String() != name {
+			t.Fatalf("%d is named %q", int32(m), m.String())
+		}
+	}
+	if peft.MajoritySignTotal.String() != "total" || peft.MajoritySignFrequency.String() != "frequency" {
+		t.Fatal("majority sign names")
+	}
+
+	for i, density := range []float64{-0.1, 1.5, math.NaN()} {
+		wantCode(t, peft.Combine(adapters, weights, peft.CombineTies, filepath.Join(dir, "bad", strconv.Itoa(i)),
+			peft.WithDensity(density)), peft.CodeInvalidArgument)
+	}
+	wantCode(t, peft.Combine(adapters, weights, peft.CombineTies, filepath.Join(dir, "bad", "sign"),
+		peft.WithDensity(0.5), peft.WithMajoritySign(peft.MajoritySign(2))), peft.CodeInvalidArgument)
+	// A pruning method without a density.
+	wantCode(t, peft.Combine(adapters, weights, peft.CombineDareTies, filepath.Join(dir, "bad", "nodensity")), peft.CodeInvalidArgument)
+	if _, err := os.Stat(filepath.Join(dir, "bad")); err == nil {
+		entries, _ := os.ReadDir(filepath.Join(dir, "bad"))
+		for _, e := range entries {
+			if _, err := os.Stat(filepath.Join(dir, "bad", e.Name(), "adapter_config.json")); err == nil {
+				t.Fatalf("a refused combination wrote %s", e.Name())
+			}
+		}
+	}
 }
 
 // compareDeltas checks that every module of the combined adapter has the weighted sum of the

@@ -27,13 +27,6 @@ var notWrapped = map[string]string{
 	"peft_merge_buffer_remove":         "older alias of peft_merge_record_unmerge; the binding calls the regular one",
 	"peft_registry_names":              "older alias of peft_registry_name_list; the binding calls the regular one",
 	"peft_translator_builtin_families": "older alias of peft_translator_builtin_family_list; the binding calls the regular one",
-
-	// Merge options not wrapped yet.
-	"peft_merge_options_set_arithmetic":             "ggml's merge arithmetic: not wrapped yet (C API, peftc merge --arithmetic and Python only)",
-	"peft_merge_options_set_join_split":             "split GGUF merges into one file: not wrapped yet (C API, peftc merge --join-split and Python only)",
-	"peft_export_options_set_combine_density":       "combination setting: not wrapped yet (C API, peftc adapter combine and Python only)",
-	"peft_export_options_set_combine_majority_sign": "combination setting: not wrapped yet (C API, peftc adapter combine and Python only)",
-	"peft_export_options_set_combine_seed":          "combination setting: not wrapped yet (C API, peftc adapter combine and Python only)",
 }
 
 var (

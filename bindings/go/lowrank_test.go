@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -260,5 +261,156 @@ func TestMergeQuantizedGGUF(t *testing.T) {
 	wantCode(t, err, peft.CodeInvalidArgument)
 	if _, err := os.Stat(filepath.Join(dir, "x.gguf")); err == nil {
 		t.Fatal("a refused merge wrote its output")
+	}
+}
+
+// WithArithmetic(ArithmeticGGML) into the Q8_0 GGUF fixture writes the file peftc merge --arithmetic
+// ggml writes; WithJoinSplit has no effect on a base of one file; bad values are refused.
+func TestMergeArithmeticAndJoinSplit(t *testing.T) {
+	dir := t.TempDir()
+	base, adapter := fixture("gguf", "bindings_q8_0.gguf"), fixture("gguf", "bindings_q8_0_lora")
+	// Written F32 (Q8_0 rounds the two orders' last bits away on this fixture).
+	f32, err := peft.ParseGGMLType("F32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ggml, peftF32 := filepath.Join(dir, "ggml.gguf"), filepath.Join(dir, "peft-f32.gguf")
+	if _, err := peft.MergeCheckpoint(context.Background(), base, ggml, peft.WithAdapterDir(adapter, 0.5),
+		peft.WithArithmetic(peft.ArithmeticGGML), peft.WithQuant(f32)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peft.MergeCheckpoint(context.Background(), base, peftF32, peft.WithAdapterDir(adapter, 0.5),
+		peft.WithQuant(f32)); err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, "merge", "--base", base, "--adapter", adapter+":0.5", "--out", filepath.Join(dir, "peftc-ggml.gguf"),
+		"--arithmetic", "ggml", "--quant", "F32")
+	want, _ := os.ReadFile(filepath.Join(dir, "peftc-ggml.gguf"))
+	got, _ := os.ReadFile(ggml)
+	if len(got) == 0 || !bytes.Equal(got, want) {
+		t.Fatal("the ggml-order merge differs from peftc merge --arithmetic ggml's")
+	}
+	if other, _ := os.ReadFile(peftF32); bytes.Equal(got, other) {
+		t.Fatal("the ggml and PEFT orders wrote the same F32 merge")
+	}
+	// The default order, and WithArithmetic(ArithmeticPEFT), give peftc merge's file.
+	peftc(t, "merge", "--base", base, "--adapter", adapter+":0.5", "--out", filepath.Join(dir, "peftc-peft.gguf"))
+	want, _ = os.ReadFile(filepath.Join(dir, "peftc-peft.gguf"))
+	for _, opts := range [][]peft.MergeOption{nil, {peft.WithArithmetic(peft.ArithmeticPEFT)}, {peft.WithJoinSplit(true)}} {
+		out := filepath.Join(dir, "peft.gguf")
+		os.Remove(out)
+		res, err := peft.MergeCheckpoint(context.Background(), base, out, append(opts, peft.WithAdapterDir(adapter, 0.5))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Files) != 1 {
+			t.Fatalf("files %v", res.Files)
+		}
+		got, _ = os.ReadFile(out)
+		if len(got) == 0 || !bytes.Equal(got, want) {
+			t.Fatalf("options %d: the merge differs from peftc merge's", len(opts))
+		}
+	}
+	if peft.ArithmeticPEFT.String() != "peft" || peft.ArithmeticGGML.String() != "ggml" {
+		t.Fatal("arithmetic names")
+	}
+	_, err = peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "x.gguf"), peft.WithAdapterDir(adapter, 1),
+		peft.WithArithmetic(peft.Arithmetic(2)))
+	wantCode(t, err, peft.CodeInvalidArgument)
+	_, err = peft.MergeCheckpoint(context.Background(), fixture("models", "llama"), filepath.Join(dir, "dora"),
+		peft.WithAdapterDir(fixture("adapters", "llama_dora"), 1), peft.WithArithmetic(peft.ArithmeticGGML))
+	wantCode(t, err, peft.CodeUnsupported)
+	for _, name := range []string{"x.gguf", "dora"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			t.Fatalf("a refused merge wrote %s", name)
+		}
+	}
+}
+
+// ggufKV is one metadata entry of writeTinyGGUF: typ 2 (u16), 5 (i32), 6 (f32) or 8 (string).
+type ggufKV struct {
+	key   string
+	typ   uint32
+	value any
+}
+
+// writeTinyGGUF writes a GGUF file of F32 2 x 2 tensors (values first, first + 0.25, ...).
+func writeTinyGGUF(t *testing.T, path string, kvs []ggufKV, names []string, first float32) {
+	t.Helper()
+	var b bytes.Buffer
+	le := binary.LittleEndian
+	put := func(values ...any) {
+		for _, v := range values {
+			if err := binary.Write(&b, le, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	text := func(s string) { put(uint64(len(s))); b.WriteString(s) }
+	b.WriteString("GGUF")
+	put(uint32(3), uint64(len(names)), uint64(len(kvs)))
+	for _, kv := range kvs {
+		text(kv.key)
+		put(kv.typ)
+		if s, ok := kv.value.(string); ok {
+			text(s)
+		} else {
+			put(kv.value)
+		}
+	}
+	for i, name := range names {
+		text(name)
+		put(uint32(2), uint64(2), uint64(2), uint32(0), uint64(32*i))
+	}
+	b.Write(make([]byte, (32-b.Len()%32)%32))
+	for i := range names {
+		for k := 0; k < 4; k++ {
+			put(first + float32(4*i+k)*0.25)
+		}
+		b.Write(make([]byte, 16))
+	}
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A base split into two parts merges into two parts by default and, with WithJoinSplit(true), into
+// the one file peftc merge --join-split writes.
+func TestMergeJoinSplit(t *testing.T) {
+	dir := t.TempDir()
+	for no, name := range []string{"blk.0.attn_v.weight", "blk.0.ffn_down.weight"} {
+		var kvs []ggufKV
+		if no == 0 {
+			kvs = append(kvs, ggufKV{"general.architecture", 8, "llama"})
+		}
+		kvs = append(kvs, ggufKV{"split.no", 2, uint16(no)}, ggufKV{"split.tensors.count", 5, int32(2)},
+			ggufKV{"split.count", 2, uint16(2)})
+		writeTinyGGUF(t, filepath.Join(dir, "model-0000"+strconv.Itoa(no+1)+"-of-00002.gguf"), kvs, []string{name}, 1-2*float32(no))
+	}
+	lora := filepath.Join(dir, "lora.gguf")
+	writeTinyGGUF(t, lora, []ggufKV{{"general.architecture", 8, "llama"}, {"general.type", 8, "adapter"},
+		{"adapter.type", 8, "lora"}, {"adapter.lora.alpha", 6, float32(2)}},
+		[]string{"blk.0.ffn_down.weight.lora_a", "blk.0.ffn_down.weight.lora_b"}, 0.5)
+	base := filepath.Join(dir, "model-00002-of-00002.gguf")
+	parts, err := peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "out.gguf"), peft.WithAdapterDir(lora, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(parts.Files, ",") != "out-00001-of-00002.gguf,out-00002-of-00002.gguf" {
+		t.Fatalf("parts %v", parts.Files)
+	}
+	joined, err := peft.MergeCheckpoint(context.Background(), base, filepath.Join(dir, "joined.gguf"),
+		peft.WithAdapterDir(lora, 1), peft.WithJoinSplit(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(joined.Files, ",") != "joined.gguf" {
+		t.Fatalf("joined %v", joined.Files)
+	}
+	peftc(t, "merge", "--base", base, "--adapter", lora, "--out", filepath.Join(dir, "peftc.gguf"), "--join-split")
+	want, _ := os.ReadFile(filepath.Join(dir, "peftc.gguf"))
+	got, _ := os.ReadFile(filepath.Join(dir, "joined.gguf"))
+	if len(got) == 0 || !bytes.Equal(got, want) {
+		t.Fatal("the joined merge differs from peftc merge --join-split's")
 	}
 }

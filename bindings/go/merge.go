@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"math"
 	"runtime/cgo"
+	"strconv"
 )
 
 // KeepDType keeps every tensor's dtype in a merge (the default of WithMergeDType).
@@ -38,6 +39,8 @@ type mergeConfig struct {
 	quant          GGMLType
 	storeReport    bool
 	tiedEmbeddings TiedEmbeddings
+	arithmetic     Arithmetic
+	joinSplit      bool
 }
 
 // WithAdapter adds an opened adapter to merge, with a weight that multiplies its LoRA scaling (1.0
@@ -132,6 +135,54 @@ const (
 func WithTiedEmbeddings(policy TiedEmbeddings) MergeOption {
 	return func(c *mergeConfig) { c.tiedEmbeddings = policy }
 }
+
+// Arithmetic is the order of a merge's f32 arithmetic for plain LoRA modules: PEFT's or ggml's.
+type Arithmetic int32
+
+const (
+	// ArithmeticPEFT (the default) follows PEFT: the merge equals PEFT's merge_and_unload() bit for
+	// bit (the delta scaling * B @ A as one float chain over the rank, every adapter's delta summed,
+	// added to the weight once).
+	ArithmeticPEFT Arithmetic = C.PEFT_MERGE_ARITHMETIC_PEFT
+	// ArithmeticGGML follows llama.cpp's llama-export-lora as ggml's scalar reference CPU code
+	// computes it: each delta value is the rank's float products added in double in rank order and
+	// rounded to float once, multiplied by the adapter's scale weight * alpha / rank (in float; the
+	// weight alone when alpha is 0) and added to the weight in float, adapter after adapter. A merge
+	// into a GGUF base then equals, byte for byte, ggml's quantization of llama-export-lora's F32
+	// merge of the same (dequantized) base. SIMD builds of llama.cpp differ from both orders in the
+	// last bits.
+	ArithmeticGGML Arithmetic = C.PEFT_MERGE_ARITHMETIC_GGML
+)
+
+func (a Arithmetic) String() string {
+	switch a {
+	case ArithmeticPEFT:
+		return "peft"
+	case ArithmeticGGML:
+		return "ggml"
+	}
+	return "Arithmetic(" + strconv.Itoa(int(a)) + ")"
+}
+
+// WithArithmetic chooses the order of the merge's f32 arithmetic for plain LoRA modules:
+// ArithmeticPEFT (the default) or ArithmeticGGML. Both orders give the same bits on every CPU. The
+// ggml order applies to plain LoRA modules (lora_B.bias keeps PEFT's arithmetic), into GGUF bases and
+// into safetensors bases (exact against ggml for F32 weights; BF16/F16 weights are rounded after
+// each adapter); with it, MergeCheckpoint refuses DoRA modules and the other PEFT methods (LoHa,
+// LoKr, IA3, ...) with ErrUnsupported naming each module and its method, before anything is written.
+// Another value fails the merge with ErrInvalidArgument.
+func WithArithmetic(arithmetic Arithmetic) MergeOption {
+	return func(c *mergeConfig) { c.arithmetic = arithmetic }
+}
+
+// WithJoinSplit chooses what a merge into a split GGUF base (NAME-00001-of-00003.gguf, ... as
+// llama-gguf-split cuts them) writes. By default (false) the same layout: one output part per base
+// part, named OUT-0000K-of-0000N.gguf after outDir (its prefix when it is itself such a name, else
+// the path without .gguf), each with the same tensors, order and metadata as its base part; the parts
+// appear together or not at all, and MergeResult.Files lists them. With true the merge writes the one
+// file outDir instead, as llama-gguf-split --merge joins parts (the first part's metadata with
+// split.count set to 0, then every tensor in part order). No effect on a base of one file.
+func WithJoinSplit(join bool) MergeOption { return func(c *mergeConfig) { c.joinSplit = join } }
 
 // StoreReportEntry is what storing one merged GGUF tensor costs: RMS and Max compare the stored merge
 // with the exact f32 merge, BaseRMS and BaseMax the base stored in Type with the base itself (0 for
@@ -231,6 +282,12 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 		return nil, err
 	}
 	if err := takeError(C.peft_merge_options_set_tied_embeddings(o, C.int32_t(cfg.tiedEmbeddings))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_arithmetic(o, C.int32_t(cfg.arithmetic))); err != nil {
+		return nil, err
+	}
+	if err := takeError(C.peft_merge_options_set_join_split(o, boolInt(cfg.joinSplit))); err != nil {
 		return nil, err
 	}
 	state := &progressState{ctx: ctx, report: cfg.progress}

@@ -12,9 +12,31 @@ namespace PeftC
         Cat = 0,
         /// <summary>"linear": sqrt-weighted sums of factors; equal ranks; exact for one adapter only.</summary>
         Linear = 1,
+        /// <summary>"ties": "linear" after magnitude pruning, sign election and disjoint mean of each factor (needs
+        /// <see cref="ExportOptions.SetCombineDensity"/>; reads the majority sign).</summary>
+        Ties = 2,
+        /// <summary>"dare_linear": "linear" after random pruning with rescale of each factor (needs the density; reads
+        /// the seed).</summary>
+        DareLinear = 3,
+        /// <summary>"dare_ties": "ties" with random pruning (with rescale) instead of magnitude (needs the density; reads
+        /// the majority sign and the seed).</summary>
+        DareTies = 4,
+        /// <summary>"magnitude_prune": "linear" after magnitude pruning of each factor (needs the density).</summary>
+        MagnitudePrune = 5,
     }
 
-    /// <summary>Options of export and combination: output dtype and target PEFT version. One thread at a time.</summary>
+    /// <summary>How the TIES combinations elect each value's sign (PEFT's majority_sign_method;
+    /// <see cref="ExportOptions.SetCombineMajoritySign"/>).</summary>
+    public enum MajoritySign
+    {
+        /// <summary>"total": the sign of the sum of the pruned values (the default).</summary>
+        Total = 0,
+        /// <summary>"frequency": the sign of the sum of their signs.</summary>
+        Frequency = 1,
+    }
+
+    /// <summary>Options of export and combination: output dtype, target PEFT version and the settings of the pruning
+    /// combinations. One thread at a time.</summary>
     public sealed class ExportOptions : NativeObject
     {
         public ExportOptions() : base(Create()) { }
@@ -39,6 +61,42 @@ namespace PeftC
         public ExportOptions SetPeftVersion(string version)
         {
             PeftException.Check(Native.peft_export_options_set_peft_version(Handle, Utf8.Encode(version, "version")));
+            return this;
+        }
+
+        /// <summary>Sets PEFT's density for the pruning combinations of <see cref="Export.Combine"/>: the fraction of each
+        /// factor's values kept, from 0 to 1. <see cref="CombineMethod.Ties"/> and <see cref="CombineMethod.MagnitudePrune"/>
+        /// keep each factor's int(density * size) largest magnitudes (equal magnitudes: the lower index first; torch's
+        /// topk leaves that order open); <see cref="CombineMethod.DareLinear"/> and <see cref="CombineMethod.DareTies"/>
+        /// keep each value with probability density (see <see cref="SetCombineSeed"/>) and divide the kept ones by it.
+        /// 1 prunes nothing. Those four methods need it (without it Combine fails with InvalidArgument); Cat, Linear and
+        /// <see cref="Export.Save"/> ignore it.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a density outside [0, 1] or NaN (PEFT warns and prunes
+        /// nothing above 1).</exception>
+        public ExportOptions SetCombineDensity(double density)
+        {
+            PeftException.Check(Native.peft_export_options_set_combine_density(Handle, density));
+            return this;
+        }
+
+        /// <summary>Sets PEFT's majority_sign_method for <see cref="CombineMethod.Ties"/> and
+        /// <see cref="CombineMethod.DareTies"/>: <see cref="MajoritySign.Total"/> (the default) or
+        /// <see cref="MajoritySign.Frequency"/>; the other methods ignore it.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a value that is neither.</exception>
+        public ExportOptions SetCombineMajoritySign(MajoritySign method)
+        {
+            PeftException.Check(Native.peft_export_options_set_combine_majority_sign(Handle, (int)method));
+            return this;
+        }
+
+        /// <summary>Sets the seed of the random masks of <see cref="CombineMethod.DareLinear"/> and
+        /// <see cref="CombineMethod.DareTies"/> (any value; 0 by default); the other methods ignore it. The masks are a
+        /// function of the seed alone, the same on every machine and thread count (PEFT draws them with torch.bernoulli
+        /// from torch's global generator, which no other program reproduces); include/peft_c.h
+        /// (peft_export_options_set_combine_seed) gives the function.</summary>
+        public ExportOptions SetCombineSeed(ulong seed)
+        {
+            PeftException.Check(Native.peft_export_options_set_combine_seed(Handle, seed));
             return this;
         }
 
@@ -125,7 +183,18 @@ namespace PeftC
                                                                 Utf8.Required(baseModel, "baseModel")));
         }
 
-        /// <summary>Combines adapters with weights into a new adapter folder as PEFT's add_weighted_adapter does.</summary>
+        /// <summary>Combines adapters with weights into a new adapter folder as PEFT's add_weighted_adapter does.
+        /// <see cref="CombineMethod.Ties"/>, <see cref="CombineMethod.DareLinear"/>, <see cref="CombineMethod.DareTies"/> and
+        /// <see cref="CombineMethod.MagnitudePrune"/> are Linear with the A factors and the B factors each pruned and merged
+        /// by PEFT's function of that name (peft/utils/merge_utils.py): magnitude or random pruning
+        /// (<see cref="ExportOptions.SetCombineDensity"/>), then the weighted sum, or for the TIES types per value the mean
+        /// of the weighted values whose sign is the majority sign of the pruned values
+        /// (<see cref="ExportOptions.SetCombineMajoritySign"/>). Like Linear, they combine the factors, not the
+        /// deltas.</summary>
+        /// <exception cref="PeftException">Unsupported for what PEFT cannot combine (DoRA, lora_bias, full tensors,
+        /// trainable tokens, ...); InvalidArgument for no adapters, a weight that is not finite, an unknown method, a
+        /// method other than Cat with unequal ranks or a pruning method without a density; ShapeMismatch naming the
+        /// module; Io.</exception>
         public static unsafe void Combine(IList<Adapter> adapters, IList<double> weights, CombineMethod method, string outDir,
                                           ExportOptions options = null)
         {

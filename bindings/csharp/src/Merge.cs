@@ -107,6 +107,48 @@ namespace PeftC
             PeftException.Check(Native.peft_merge_options_set_tied_embeddings(Handle, (int)policy));
             return this;
         }
+
+        /// <summary>The order of the merge's f32 arithmetic for plain LoRA modules: <see cref="Arithmetic.Peft"/> (the
+        /// default) or <see cref="Arithmetic.Ggml"/>. Both orders give the same bits on every CPU. The ggml order applies to
+        /// plain LoRA modules (lora_B.bias keeps PEFT's arithmetic), into GGUF bases and into safetensors bases (exact
+        /// against ggml for F32 weights; BF16/F16 weights are rounded after each adapter); with it, the merge refuses DoRA
+        /// modules and the other PEFT methods (LoHa, LoKr, IA3, ...) with Unsupported naming each module and its method,
+        /// before anything is written.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a value that is neither.</exception>
+        public MergeOptions SetArithmetic(Arithmetic arithmetic)
+        {
+            PeftException.Check(Native.peft_merge_options_set_arithmetic(Handle, (int)arithmetic));
+            return this;
+        }
+
+        /// <summary>What a merge into a split GGUF base (NAME-00001-of-00003.gguf, ... as llama-gguf-split cuts them)
+        /// writes. By default (false) the same layout: one output part per base part, named OUT-0000K-of-0000N.gguf after
+        /// the output path (its prefix when it is itself such a name, else the path without .gguf), each with the same
+        /// tensors, order and metadata as its base part; the parts appear together or not at all, and
+        /// <see cref="MergeResult.Files"/> lists them. With true the merge writes the one output file instead, as
+        /// llama-gguf-split --merge joins parts (the first part's metadata with split.count set to 0, then every tensor
+        /// in part order). No effect on a base of one file.</summary>
+        public MergeOptions SetJoinSplit(bool join)
+        {
+            PeftException.Check(Native.peft_merge_options_set_join_split(Handle, join ? 1 : 0));
+            return this;
+        }
+    }
+
+    /// <summary>The order of a merge's f32 arithmetic for plain LoRA modules (<see cref="MergeOptions.SetArithmetic"/>).</summary>
+    public enum Arithmetic
+    {
+        /// <summary>PEFT's order (the default): the merge equals PEFT's merge_and_unload() bit for bit (the delta
+        /// scaling * B @ A as one float chain over the rank, every adapter's delta summed, added to the weight
+        /// once).</summary>
+        Peft = 0,
+        /// <summary>llama.cpp's llama-export-lora as ggml's scalar reference CPU code computes it: each delta value is the
+        /// rank's float products added in double in rank order and rounded to float once, multiplied by the adapter's
+        /// scale weight * alpha / rank (in float; the weight alone when alpha is 0) and added to the weight in float,
+        /// adapter after adapter. A merge into a GGUF base then equals, byte for byte, ggml's quantization of
+        /// llama-export-lora's F32 merge of the same (dequantized) base. SIMD builds of llama.cpp differ from both
+        /// orders in the last bits.</summary>
+        Ggml = 1,
     }
 
     /// <summary>A merge's policy for tied embeddings (<see cref="MergeOptions.SetTiedEmbeddings"/>).</summary>

@@ -249,6 +249,10 @@ namespace PeftC
         internal static extern ErrorHandle peft_merge_options_set_report(MergeOptionsHandle o, int report);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_options_set_tied_embeddings(MergeOptionsHandle o, int policy);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_arithmetic(MergeOptionsHandle o, int arithmetic);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_join_split(MergeOptionsHandle o, int join);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_result_report_json(MergeResultHandle r);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_checkpoint(byte[] baseDir, byte[] outDir, MergeOptionsHandle o, out MergeResultHandle r);
@@ -287,6 +291,12 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_export_options_set_dtype(ExportOptionsHandle o, int dtype);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_export_options_set_peft_version(ExportOptionsHandle o, byte[] version);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_export_options_set_combine_density(ExportOptionsHandle o, double density);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_export_options_set_combine_majority_sign(ExportOptionsHandle o, int method);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_export_options_set_combine_seed(ExportOptionsHandle o, ulong seed);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_export(AdapterHandle a, byte[] outDir, ExportOptionsHandle o);
         [DllImport(Lib, CallingConvention = Cdecl)]

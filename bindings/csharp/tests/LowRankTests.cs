@@ -1,7 +1,8 @@
 // The recent C API through the binding, compared with peftc (PEFTC, else the repository's build/peftc) byte for
 // byte: LoRA extraction and conversion (LowRank), a merge into a block-quantized GGUF base with an output type and
-// the store report (MergeOptions.SetQuant/SetReport), and DoRA in unmerged apply with the host's base weight
-// (Registry.SetBaseWeight/BaseWeightsChanged).
+// the store report (MergeOptions.SetQuant/SetReport), DoRA in unmerged apply with the host's base weight
+// (Registry.SetBaseWeight/BaseWeightsChanged), the pruning combinations (Export.Combine with ties and dare_linear)
+// and the ggml merge arithmetic (MergeOptions.SetArithmetic).
 using System;
 using System.Diagnostics;
 using System.IO;
@@ -196,6 +197,152 @@ namespace PeftC.Tests
                     Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => Merge.Checkpoint(baseFile, tmp["x.gguf"], options), "quant and dtype");
                     Assert.False(File.Exists(tmp["x.gguf"]), "nothing written");
                 }
+            }
+        }
+
+        [Test]
+        public void PruningCombinationsWriteWhatPeftcWrites()
+        {
+            string first = Fixtures.Path_("adapters", "llama_lora"), second = Fixtures.Path_("adapters", "llama_lora_second");
+            using (var tmp = new TempDir())
+            using (var a = Adapter.Open(first))
+            using (var b = Adapter.Open(second))
+            using (var ties = new ExportOptions())
+            using (var dare = new ExportOptions())
+            using (var bad = new ExportOptions())
+            {
+                Assert.Equal(a.R, b.R, "equal ranks");
+                var adapters = new[] { a, b };
+                var weights = new[] { 1.0, 0.5 };
+                Export.Combine(adapters, weights, CombineMethod.Ties, tmp["ties"],
+                               ties.SetCombineDensity(0.5).SetCombineMajoritySign(MajoritySign.Frequency));
+                Peftc("adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5", "--method", "ties",
+                      "--density", "0.5", "--majority-sign", "frequency", "--out", tmp["ties-peftc"]);
+                SameFiles(tmp["ties"], tmp["ties-peftc"], AdapterFiles);
+
+                Export.Combine(adapters, weights, CombineMethod.DareLinear, tmp["dare"], dare.SetCombineDensity(0.5).SetCombineSeed(7));
+                Peftc("adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5", "--method", "dare_linear",
+                      "--density", "0.5", "--seed", "7", "--out", tmp["dare-peftc"]);
+                SameFiles(tmp["dare"], tmp["dare-peftc"], AdapterFiles);
+                Export.Combine(adapters, weights, CombineMethod.DareLinear, tmp["dare8"], dare.SetCombineSeed(8));
+                Assert.False(File.ReadAllBytes(Path.Combine(tmp["dare"], "adapter_model.safetensors"))
+                                 .SequenceEqual(File.ReadAllBytes(Path.Combine(tmp["dare8"], "adapter_model.safetensors"))),
+                             "seeds 7 and 8 give other masks");
+                Assert.Equal("2 3 4 5", string.Join(" ", new[] { CombineMethod.Ties, CombineMethod.DareLinear, CombineMethod.DareTies,
+                                                                 CombineMethod.MagnitudePrune }.Select(m => (int)m)), "PEFT_COMBINE_* values");
+
+                foreach (double density in new[] { -0.1, 1.5, double.NaN })
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => bad.SetCombineDensity(density), "density " + density);
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => bad.SetCombineMajoritySign((MajoritySign)2), "majority sign 2");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument,
+                                  () => Export.Combine(adapters, weights, CombineMethod.DareTies, tmp["nodensity"]), "no density");
+                Assert.False(File.Exists(Path.Combine(tmp["nodensity"], "adapter_config.json")), "nothing written");
+            }
+        }
+
+        [Test]
+        public void GgmlArithmeticGgufMergeWritesWhatPeftcWrites()
+        {
+            string baseFile = Fixtures.Path_("gguf", "bindings_q8_0.gguf"), adapter = Fixtures.Path_("gguf", "bindings_q8_0_lora");
+            using (var tmp = new TempDir())
+            {
+                // Written F32 (Q8_0 rounds the two orders' last bits away on this fixture).
+                using (var options = new MergeOptions())
+                    Assert.Equal(1L, Merge.Checkpoint(baseFile, tmp["ggml.gguf"], options.AddAdapterDir(adapter, 0.5)
+                                                          .SetArithmetic(Arithmetic.Ggml).SetQuant(Ggml.F32)).Merged, "merged");
+                using (var options = new MergeOptions())
+                    Merge.Checkpoint(baseFile, tmp["peft-f32.gguf"], options.AddAdapterDir(adapter, 0.5).SetQuant(Ggml.F32));
+                Assert.False(File.ReadAllBytes(tmp["ggml.gguf"]).SequenceEqual(File.ReadAllBytes(tmp["peft-f32.gguf"])),
+                             "the orders write other F32 merges");
+                Peftc("merge", "--base", baseFile, "--adapter", adapter + ":0.5", "--out", tmp["peftc-ggml.gguf"], "--arithmetic", "ggml",
+                      "--quant", "F32");
+                Assert.True(File.ReadAllBytes(tmp["ggml.gguf"]).SequenceEqual(File.ReadAllBytes(tmp["peftc-ggml.gguf"])),
+                            "the same file as peftc merge --arithmetic ggml");
+                // PEFT's order (the default) and SetJoinSplit on a base of one file: peftc merge's file.
+                MergeResult peft;
+                using (var options = new MergeOptions())
+                    peft = Merge.Checkpoint(baseFile, tmp["peft.gguf"],
+                                            options.AddAdapterDir(adapter, 0.5).SetArithmetic(Arithmetic.Peft).SetJoinSplit(true));
+                Assert.Equal(1, peft.Files.Length, "one file");
+                Peftc("merge", "--base", baseFile, "--adapter", adapter + ":0.5", "--out", tmp["peftc-peft.gguf"]);
+                Assert.True(File.ReadAllBytes(tmp["peft.gguf"]).SequenceEqual(File.ReadAllBytes(tmp["peftc-peft.gguf"])),
+                            "the same file as peftc merge");
+                using (var options = new MergeOptions())
+                {
+                    Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetArithmetic((Arithmetic)2), "arithmetic 2");
+                    options.AddAdapterDir(Fixtures.Path_("adapters", "llama_dora")).SetArithmetic(Arithmetic.Ggml);
+                    Assert.ThrowsPeft(ErrorCode.Unsupported, () => Merge.Checkpoint(Fixtures.Path_("models", "llama"), tmp["dora"], options),
+                                      "DoRA in the ggml order");
+                    Assert.False(Directory.Exists(tmp["dora"]), "nothing written");
+                }
+            }
+        }
+
+        // Writes a GGUF file of F32 2 x 2 tensors (values first, first + 0.25, ...); metadata values are ushort (GGUF
+        // type 2), int (5), float (6) or string (8).
+        private static void WriteTinyGguf(string path, object[][] kvs, string[] names, float first)
+        {
+            using (var w = new BinaryWriter(File.Create(path)))
+            {
+                Action<string> text = s => { byte[] b = System.Text.Encoding.UTF8.GetBytes(s); w.Write((ulong)b.Length); w.Write(b); };
+                w.Write(System.Text.Encoding.ASCII.GetBytes("GGUF"));
+                w.Write(3u);
+                w.Write((ulong)names.Length);
+                w.Write((ulong)kvs.Length);
+                foreach (object[] kv in kvs)
+                {
+                    text((string)kv[0]);
+                    object v = kv[1];
+                    if (v is ushort) { w.Write(2u); w.Write((ushort)v); }
+                    else if (v is int) { w.Write(5u); w.Write((int)v); }
+                    else if (v is float) { w.Write(6u); w.Write((float)v); }
+                    else { w.Write(8u); text((string)v); }
+                }
+                for (int i = 0; i < names.Length; i++)
+                {
+                    text(names[i]);
+                    w.Write(2u); w.Write(2UL); w.Write(2UL); w.Write(0u); w.Write((ulong)(32 * i));
+                }
+                w.Flush();
+                while (w.BaseStream.Position % 32 != 0) w.Write((byte)0);
+                for (int i = 0; i < names.Length; i++)
+                {
+                    for (int k = 0; k < 4; k++) w.Write(first + (4 * i + k) * 0.25f);
+                    w.Write(new byte[16]);
+                }
+            }
+        }
+
+        [Test]
+        public void JoinSplitMergesASplitGgufBaseIntoOneFile()
+        {
+            using (var tmp = new TempDir())
+            {
+                string[] tensors = { "blk.0.attn_v.weight", "blk.0.ffn_down.weight" };
+                for (int no = 0; no < 2; no++)
+                {
+                    var kvs = new System.Collections.Generic.List<object[]>();
+                    if (no == 0) kvs.Add(new object[] { "general.architecture", "llama" });
+                    kvs.Add(new object[] { "split.no", (ushort)no });
+                    kvs.Add(new object[] { "split.tensors.count", 2 });
+                    kvs.Add(new object[] { "split.count", (ushort)2 });
+                    WriteTinyGguf(tmp["model-0000" + (no + 1) + "-of-00002.gguf"], kvs.ToArray(), new[] { tensors[no] }, 1f - 2 * no);
+                }
+                string lora = tmp["lora.gguf"], baseFile = tmp["model-00002-of-00002.gguf"];
+                WriteTinyGguf(lora, new[] { new object[] { "general.architecture", "llama" }, new object[] { "general.type", "adapter" },
+                                            new object[] { "adapter.type", "lora" }, new object[] { "adapter.lora.alpha", 2f } },
+                              new[] { "blk.0.ffn_down.weight.lora_a", "blk.0.ffn_down.weight.lora_b" }, 0.5f);
+                using (var options = new MergeOptions())
+                {
+                    options.AddAdapterDir(lora);
+                    MergeResult parts = Merge.Checkpoint(baseFile, tmp["out.gguf"], options);
+                    Assert.Equal("out-00001-of-00002.gguf,out-00002-of-00002.gguf", string.Join(",", parts.Files), "parts");
+                    MergeResult joined = Merge.Checkpoint(baseFile, tmp["joined.gguf"], options.SetJoinSplit(true));
+                    Assert.Equal("joined.gguf", string.Join(",", joined.Files), "joined");
+                }
+                Peftc("merge", "--base", baseFile, "--adapter", lora, "--out", tmp["peftc.gguf"], "--join-split");
+                Assert.True(File.ReadAllBytes(tmp["joined.gguf"]).SequenceEqual(File.ReadAllBytes(tmp["peftc.gguf"])),
+                            "the same file as peftc merge --join-split");
             }
         }
 

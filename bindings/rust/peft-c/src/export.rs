@@ -47,6 +47,44 @@ impl ExportOptions {
         unsafe { check(sys::peft_export_options_set_peft_version(self.raw.as_ptr(), ptr))? };
         Ok(self)
     }
+
+    /// Sets PEFT's `density` for the pruning combinations of [`combine_adapters`]: the fraction of
+    /// each factor's values kept, from 0 to 1.
+    ///
+    /// [`CombineMethod::Ties`] and [`CombineMethod::MagnitudePrune`] keep each factor's
+    /// int(density * size) largest magnitudes (equal magnitudes: the lower index first; torch's topk
+    /// leaves that order open); [`CombineMethod::DareLinear`] and [`CombineMethod::DareTies`] keep
+    /// each value with probability `density` (see [`set_combine_seed`](ExportOptions::set_combine_seed))
+    /// and divide the kept ones by it. 1 prunes nothing. Those four methods need it (without it the
+    /// combination fails with `InvalidArgument`); `Cat`, `Linear` and [`Adapter::export`] ignore it.
+    ///
+    /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a density
+    /// outside [0, 1] or NaN (PEFT warns and prunes nothing above 1).
+    pub fn set_combine_density(&mut self, density: f64) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_export_options_set_combine_density(self.raw.as_ptr(), density))? };
+        Ok(self)
+    }
+
+    /// Sets PEFT's `majority_sign_method` for [`CombineMethod::Ties`] and
+    /// [`CombineMethod::DareTies`] ([`MajoritySign::Total`] by default); the other methods ignore it.
+    pub fn set_combine_majority_sign(&mut self, method: MajoritySign) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_export_options_set_combine_majority_sign(self.raw.as_ptr(), method.raw()))? };
+        Ok(self)
+    }
+
+    /// Sets the seed of the random masks of [`CombineMethod::DareLinear`] and
+    /// [`CombineMethod::DareTies`] (any value; 0 by default); the other methods ignore it.
+    ///
+    /// The masks are a function of the seed alone, the same on every machine and thread count (PEFT
+    /// draws them with torch.bernoulli from torch's global generator, which no other program
+    /// reproduces); include/peft_c.h (`peft_export_options_set_combine_seed`) gives the function.
+    pub fn set_combine_seed(&mut self, seed: u64) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_export_options_set_combine_seed(self.raw.as_ptr(), seed))? };
+        Ok(self)
+    }
 }
 
 impl fmt::Debug for ExportOptions {
@@ -163,6 +201,17 @@ pub enum CombineMethod {
     Cat,
     /// "linear": sqrt-weighted sums of factors; equal ranks; exact for one adapter only.
     Linear,
+    /// "ties": "linear" after magnitude pruning, sign election and disjoint mean of each factor
+    /// (needs [`ExportOptions::set_combine_density`]; reads the majority sign).
+    Ties,
+    /// "dare_linear": "linear" after random pruning with rescale of each factor (needs the density;
+    /// reads the seed).
+    DareLinear,
+    /// "dare_ties": "ties" with random pruning (with rescale) instead of magnitude (needs the density;
+    /// reads the majority sign and the seed).
+    DareTies,
+    /// "magnitude_prune": "linear" after magnitude pruning of each factor (needs the density).
+    MagnitudePrune,
 }
 
 impl CombineMethod {
@@ -171,12 +220,51 @@ impl CombineMethod {
         match self {
             CombineMethod::Cat => sys::PEFT_COMBINE_CAT,
             CombineMethod::Linear => sys::PEFT_COMBINE_LINEAR,
+            CombineMethod::Ties => sys::PEFT_COMBINE_TIES,
+            CombineMethod::DareLinear => sys::PEFT_COMBINE_DARE_LINEAR,
+            CombineMethod::DareTies => sys::PEFT_COMBINE_DARE_TIES,
+            CombineMethod::MagnitudePrune => sys::PEFT_COMBINE_MAGNITUDE_PRUNE,
+        }
+    }
+}
+
+/// How the TIES combinations elect each value's sign (PEFT's `majority_sign_method`;
+/// [`ExportOptions::set_combine_majority_sign`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum MajoritySign {
+    /// "total": the sign of the sum of the pruned values.
+    #[default]
+    Total,
+    /// "frequency": the sign of the sum of their signs.
+    Frequency,
+}
+
+impl MajoritySign {
+    /// The `PEFT_MAJORITY_SIGN_*` value.
+    pub fn raw(self) -> i32 {
+        match self {
+            MajoritySign::Total => sys::PEFT_MAJORITY_SIGN_TOTAL,
+            MajoritySign::Frequency => sys::PEFT_MAJORITY_SIGN_FREQUENCY,
         }
     }
 }
 
 /// Combines adapters with weights into a new adapter folder as PEFT's `add_weighted_adapter` does.
 /// `adapters` and `weights` must have the same length.
+///
+/// [`CombineMethod::Ties`], [`DareLinear`](CombineMethod::DareLinear),
+/// [`DareTies`](CombineMethod::DareTies) and [`MagnitudePrune`](CombineMethod::MagnitudePrune) are
+/// `Linear` with the A factors and the B factors each pruned and merged by PEFT's function of that
+/// name (peft/utils/merge_utils.py): magnitude or random pruning
+/// ([`ExportOptions::set_combine_density`]), then the weighted sum, or for the TIES types per value
+/// the mean of the weighted values whose sign is the majority sign of the pruned values
+/// ([`ExportOptions::set_combine_majority_sign`]). Like `Linear`, they combine the factors, not the
+/// deltas.
+///
+/// Errors: [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported) for what PEFT cannot combine
+/// (DoRA, lora_bias, full tensors, trainable tokens, ...); `InvalidArgument` for no adapters, a count
+/// mismatch, a weight that is not finite, a method other than `Cat` with unequal ranks or a pruning
+/// method without a density; `ShapeMismatch` naming the module; `Io`.
 pub fn combine_adapters(
     adapters: &[&Adapter],
     weights: &[f64],

@@ -123,11 +123,13 @@ pub use checkpoint::{Checkpoint, OpenOptions, TensorInfo};
 pub use doctor::{adapter_doctor, adapter_doctor_fix};
 pub use dtype::{convert, DType, Element};
 pub use error::{Error, ErrorCode, Result};
-pub use export::{combine_adapters, import_adapter_gguf, CombineMethod, ExportOptions};
+pub use export::{combine_adapters, import_adapter_gguf, CombineMethod, ExportOptions, MajoritySign};
 pub use gguf::{FileFormat, GgmlType, GgufType, GgufValue};
 pub use hub::{hub_cache_dir, hub_resolve};
 pub use lowrank::{convert_initial, convert_to_lora, extract_lora, LowRankModule, LowRankOptions, SvdMethod};
-pub use merge::{merge_checkpoint, merge_checkpoint_with_progress, MergeOptions, MergeResult, TiedEmbeddings};
+pub use merge::{
+    merge_checkpoint, merge_checkpoint_with_progress, Arithmetic, MergeOptions, MergeResult, TiedEmbeddings,
+};
 pub use merge_buffer::{merge_into, Buffer, MergeBufferOptions, MergeRecord};
 pub use serve::{lora_apply, BufferRef, HostModel, Lease, Registry, RegistryStats, SwapStats};
 pub use translator::Translator;

@@ -125,6 +125,56 @@ impl MergeOptions {
         unsafe { check(sys::peft_merge_options_set_tied_embeddings(self.ptr(), raw))? };
         Ok(self)
     }
+
+    /// The order of the merge's f32 arithmetic for plain LoRA modules: PEFT's (the default) or
+    /// ggml's; see [`Arithmetic`].
+    ///
+    /// Both orders give the same bits on every CPU. The ggml order applies to plain LoRA modules
+    /// (lora_B.bias keeps PEFT's arithmetic), into GGUF bases and into safetensors bases (exact against
+    /// ggml for F32 weights; BF16/F16 weights are rounded after each adapter). With it, the merge
+    /// refuses DoRA modules and the other PEFT methods (LoHa, LoKr, IA3, ...) with
+    /// [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported) naming each module and its method,
+    /// before anything is written.
+    pub fn set_arithmetic(&mut self, arithmetic: Arithmetic) -> Result<&mut Self> {
+        let raw = match arithmetic {
+            Arithmetic::Peft => sys::PEFT_MERGE_ARITHMETIC_PEFT,
+            Arithmetic::Ggml => sys::PEFT_MERGE_ARITHMETIC_GGML,
+        };
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_arithmetic(self.ptr(), raw))? };
+        Ok(self)
+    }
+
+    /// What a merge into a split GGUF base (`NAME-00001-of-00003.gguf`, ... as `llama-gguf-split`
+    /// cuts them) writes. By default (false) the same layout: one output part per base part, named
+    /// `OUT-0000K-of-0000N.gguf` after the output path (its prefix when it is itself such a name, else
+    /// the path without `.gguf`), each with the same tensors, order and metadata as its base part; the
+    /// parts appear together or not at all, and [`MergeResult::files`] lists them. With true the merge
+    /// writes the one output file instead, as `llama-gguf-split --merge` joins parts (the first part's
+    /// metadata with `split.count` set to 0, then every tensor in part order). No effect on a base of
+    /// one file.
+    pub fn set_join_split(&mut self, join: bool) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_merge_options_set_join_split(self.ptr(), i32::from(join)))? };
+        Ok(self)
+    }
+}
+
+/// The order of a merge's f32 arithmetic for plain LoRA modules ([`MergeOptions::set_arithmetic`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Arithmetic {
+    /// PEFT's order: the merge equals PEFT's `merge_and_unload()` bit for bit (the delta
+    /// `scaling * B @ A` as one float chain over the rank, every adapter's delta summed, added to the
+    /// weight once).
+    #[default]
+    Peft,
+    /// llama.cpp's `llama-export-lora` as ggml's scalar reference CPU code computes it: each delta
+    /// value is the rank's float products added in double in rank order and rounded to float once,
+    /// multiplied by the adapter's scale `weight * alpha / rank` (in float; the weight alone when
+    /// alpha is 0) and added to the weight in float, adapter after adapter. A merge into a GGUF base
+    /// then equals, byte for byte, ggml's quantization of `llama-export-lora`'s F32 merge of the same
+    /// (dequantized) base. SIMD builds of llama.cpp differ from both orders in the last bits.
+    Ggml,
 }
 
 /// A merge's policy for tied embeddings ([`MergeOptions::set_tied_embeddings`]).

@@ -1,7 +1,9 @@
 //! The recent C API through the safe crate, compared with `peftc` (PEFTC, else the repository's
 //! build/peftc) byte for byte: LoRA extraction and conversion ([`extract_lora`], [`convert_to_lora`],
 //! [`convert_initial`]), a merge into a block-quantized GGUF base with an output type and the store
-//! report, and DoRA in unmerged apply with the host's base weight ([`Registry::set_base_weight`]).
+//! report, and DoRA in unmerged apply with the host's base weight ([`Registry::set_base_weight`]);
+//! the pruning combinations ([`combine_adapters`] with ties and dare_linear) and the ggml merge
+//! arithmetic ([`MergeOptions::set_arithmetic`]).
 
 mod common;
 
@@ -10,8 +12,9 @@ use std::process::Command;
 
 use common::{expect_code, fixture, TempDir};
 use peft_c::{
-    convert_initial, convert_to_lora, extract_lora, lora_apply, merge_checkpoint, Adapter, Buffer, BufferRef,
-    Checkpoint, DType, ErrorCode, GgmlType, LowRankOptions, MergeOptions, Registry, SvdMethod,
+    combine_adapters, convert_initial, convert_to_lora, extract_lora, lora_apply, merge_checkpoint, Adapter,
+    Arithmetic, Buffer, BufferRef, Checkpoint, CombineMethod, DType, ErrorCode, ExportOptions, GgmlType,
+    LowRankOptions, MajoritySign, MergeOptions, Registry, SvdMethod,
 };
 use serde_json::Value;
 
@@ -328,4 +331,257 @@ fn dora_apply_with_the_base_weight_gives_the_merged_weight() {
         expect_code(registry.set_base_weight("a\0b", BufferRef::F32(&w), &[16, 16], None), ErrorCode::InvalidArgument);
     }
     drop((lease, registry, other_lease, other));
+}
+
+/// ties (frequency majority sign) and dare_linear (seed 7) write the files `peftc adapter combine`
+/// writes with the same settings; bad settings are refused.
+#[test]
+fn pruning_combinations_match_peftc() {
+    let dir = TempDir::new("prune");
+    let (first, second) = (fixture(&["adapters", "llama_lora"]), fixture(&["adapters", "llama_lora_second"]));
+    let (a1, a2) = (Adapter::open(&first).unwrap(), Adapter::open(&second).unwrap());
+    assert_eq!(a1.r(), a2.r());
+    let (adapters, weights) = ([&a1, &a2], [1.0, 0.5]);
+    let (in1, in2) = (format!("{}:1", first.display()), format!("{}:0.5", second.display()));
+
+    let mut ties = ExportOptions::new().unwrap();
+    ties.set_combine_density(0.5).unwrap().set_combine_majority_sign(MajoritySign::Frequency).unwrap();
+    combine_adapters(&adapters, &weights, CombineMethod::Ties, dir.join("ties"), Some(&ties)).unwrap();
+    let reference = dir.join("ties-peftc");
+    let r = reference.as_os_str();
+    let args: [&dyn AsRef<std::ffi::OsStr>; 14] = [
+        &"adapter",
+        &"combine",
+        &"--adapter",
+        &in1,
+        &"--adapter",
+        &in2,
+        &"--method",
+        &"ties",
+        &"--density",
+        &"0.5",
+        &"--majority-sign",
+        &"frequency",
+        &"--out",
+        &r,
+    ];
+    if peftc(&args) {
+        assert_same_files(&dir.join("ties"), &reference, &ADAPTER_FILES);
+    }
+
+    let mut dare = ExportOptions::new().unwrap();
+    dare.set_combine_density(0.5).unwrap().set_combine_seed(7).unwrap();
+    combine_adapters(&adapters, &weights, CombineMethod::DareLinear, dir.join("dare"), Some(&dare)).unwrap();
+    let reference = dir.join("dare-peftc");
+    let r = reference.as_os_str();
+    let args: [&dyn AsRef<std::ffi::OsStr>; 14] = [
+        &"adapter",
+        &"combine",
+        &"--adapter",
+        &in1,
+        &"--adapter",
+        &in2,
+        &"--method",
+        &"dare_linear",
+        &"--density",
+        &"0.5",
+        &"--seed",
+        &"7",
+        &"--out",
+        &r,
+    ];
+    if peftc(&args) {
+        assert_same_files(&dir.join("dare"), &reference, &ADAPTER_FILES);
+    }
+    // Another seed draws other masks.
+    dare.set_combine_seed(8).unwrap();
+    combine_adapters(&adapters, &weights, CombineMethod::DareLinear, dir.join("dare8"), Some(&dare)).unwrap();
+    let factors = |name: &str| std::fs::read(dir.join(name).join("adapter_model.safetensors")).unwrap();
+    assert_ne!(factors("dare"), factors("dare8"));
+
+    let raws = [CombineMethod::Ties, CombineMethod::DareLinear, CombineMethod::DareTies, CombineMethod::MagnitudePrune]
+        .map(CombineMethod::raw);
+    assert_eq!(raws, [2, 3, 4, 5]);
+    assert_eq!((MajoritySign::default().raw(), MajoritySign::Frequency.raw()), (0, 1));
+
+    let mut opts = ExportOptions::new().unwrap();
+    for density in [-0.1, 1.5, f64::NAN] {
+        expect_code(opts.set_combine_density(density).map(|_| ()), ErrorCode::InvalidArgument);
+    }
+    // The enum cannot hold another majority sign; the C function refuses one.
+    // SAFETY: a live handle owned by `opts`, used by this thread only.
+    let err = unsafe { peft_c::sys::peft_export_options_set_combine_majority_sign(opts.as_ptr().cast_mut(), 2) };
+    assert!(!err.is_null());
+    // SAFETY: an error the call returned, freed once.
+    unsafe {
+        assert_eq!(peft_c::sys::peft_error_code(err), peft_c::sys::PEFT_ERR_INVALID_ARGUMENT);
+        peft_c::sys::peft_error_free(err);
+    }
+    // A pruning method without a density.
+    expect_code(
+        combine_adapters(&adapters, &weights, CombineMethod::DareTies, dir.join("nodensity"), None),
+        ErrorCode::InvalidArgument,
+    );
+    assert!(!dir.join("nodensity").join("adapter_config.json").exists());
+}
+
+/// The ggml arithmetic into the Q8_0 GGUF fixture writes the file `peftc merge --arithmetic ggml`
+/// writes; join_split has no effect on a base of one file; DoRA is refused in the ggml order.
+#[test]
+fn ggml_arithmetic_gguf_merge_matches_peftc() {
+    let dir = TempDir::new("arith");
+    let base = fixture(&["gguf", "bindings_q8_0.gguf"]);
+    let adapter = fixture(&["gguf", "bindings_q8_0_lora"]);
+    let spec = format!("{}:0.5", adapter.display());
+    // Written F32 (Q8_0 rounds the two orders' last bits away on this fixture).
+    let mut opts = MergeOptions::new().unwrap();
+    opts.add_adapter_dir(&adapter, 0.5).unwrap().set_arithmetic(Arithmetic::Ggml).unwrap();
+    opts.set_quant(Some(GgmlType::F32)).unwrap();
+    assert_eq!(merge_checkpoint(&base, dir.join("ggml.gguf"), &opts).unwrap().merged(), 1);
+    let mut peft_f32 = MergeOptions::new().unwrap();
+    peft_f32.add_adapter_dir(&adapter, 0.5).unwrap().set_quant(Some(GgmlType::F32)).unwrap();
+    merge_checkpoint(&base, dir.join("peft-f32.gguf"), &peft_f32).unwrap();
+    let ggml = std::fs::read(dir.join("ggml.gguf")).unwrap();
+    assert_ne!(ggml, std::fs::read(dir.join("peft-f32.gguf")).unwrap(), "the orders wrote the same F32 merge");
+    let reference = dir.join("peftc-ggml.gguf");
+    let (b, r) = (base.as_os_str(), reference.as_os_str());
+    if peftc(&[
+        &"merge",
+        &"--base",
+        &b,
+        &"--adapter",
+        &spec,
+        &"--out",
+        &r,
+        &"--arithmetic",
+        &"ggml",
+        &"--quant",
+        &"F32",
+    ]) {
+        assert_eq!(ggml, std::fs::read(&reference).unwrap());
+    }
+    // PEFT's order (the default) and join_split on a one-file base: peftc merge's file.
+    let mut peft = MergeOptions::new().unwrap();
+    peft.add_adapter_dir(&adapter, 0.5)
+        .unwrap()
+        .set_arithmetic(Arithmetic::Peft)
+        .unwrap()
+        .set_join_split(true)
+        .unwrap();
+    let result = merge_checkpoint(&base, dir.join("peft.gguf"), &peft).unwrap();
+    assert_eq!(result.files(), ["peft.gguf"]);
+    let reference = dir.join("peftc-peft.gguf");
+    let r = reference.as_os_str();
+    if peftc(&[&"merge", &"--base", &b, &"--adapter", &spec, &"--out", &r]) {
+        assert_eq!(std::fs::read(dir.join("peft.gguf")).unwrap(), std::fs::read(&reference).unwrap());
+    }
+    assert_eq!(Arithmetic::default(), Arithmetic::Peft);
+
+    let mut dora = MergeOptions::new().unwrap();
+    dora.add_adapter_dir(fixture(&["adapters", "llama_dora"]), 1.0).unwrap().set_arithmetic(Arithmetic::Ggml).unwrap();
+    expect_code(merge_checkpoint(fixture(&["models", "llama"]), dir.join("dora"), &dora), ErrorCode::Unsupported);
+    assert!(!dir.join("dora").exists());
+    // The enum cannot hold another order; the C function refuses one.
+    let bad = MergeOptions::new().unwrap();
+    // SAFETY: a live handle owned by `bad`, used by this thread only.
+    let err = unsafe { peft_c::sys::peft_merge_options_set_arithmetic(bad.as_ptr().cast_mut(), 2) };
+    assert!(!err.is_null());
+    // SAFETY: an error the call returned, freed once.
+    unsafe {
+        assert_eq!(peft_c::sys::peft_error_code(err), peft_c::sys::PEFT_ERR_INVALID_ARGUMENT);
+        peft_c::sys::peft_error_free(err);
+    }
+}
+
+/// A metadata value of [`write_tiny_gguf`].
+enum Kv {
+    U16(u16),
+    I32(i32),
+    F32(f32),
+    Str(&'static str),
+}
+
+/// Writes a GGUF file of F32 2 x 2 tensors (values `first`, `first + 0.25`, ...).
+fn write_tiny_gguf(path: &Path, kvs: &[(&str, Kv)], names: &[&str], first: f32) {
+    fn text(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(names.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    for (key, value) in kvs {
+        text(&mut out, key);
+        match value {
+            Kv::U16(v) => out.extend(2u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+            Kv::I32(v) => out.extend(5u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+            Kv::F32(v) => out.extend(6u32.to_le_bytes().into_iter().chain(v.to_le_bytes())),
+            Kv::Str(v) => {
+                out.extend_from_slice(&8u32.to_le_bytes());
+                text(&mut out, v);
+            }
+        }
+    }
+    for (i, name) in names.iter().enumerate() {
+        text(&mut out, name);
+        out.extend_from_slice(&2u32.to_le_bytes());
+        out.extend_from_slice(&2u64.to_le_bytes());
+        out.extend_from_slice(&2u64.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(32 * i as u64).to_le_bytes());
+    }
+    out.resize((out.len() + 31) / 32 * 32, 0);
+    for i in 0..names.len() {
+        for k in 0..4 {
+            out.extend_from_slice(&(first + (4 * i + k) as f32 * 0.25).to_le_bytes());
+        }
+        out.extend_from_slice(&[0; 16]);
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// A base split into two parts merges into two parts by default and, with `set_join_split(true)`,
+/// into the one file `peftc merge --join-split` writes.
+#[test]
+fn join_split_merges_a_split_gguf_base_into_one_file() {
+    let dir = TempDir::new("join");
+    for (no, name) in ["blk.0.attn_v.weight", "blk.0.ffn_down.weight"].into_iter().enumerate() {
+        let mut kvs = Vec::new();
+        if no == 0 {
+            kvs.push(("general.architecture", Kv::Str("llama")));
+        }
+        kvs.extend([
+            ("split.no", Kv::U16(no as u16)),
+            ("split.tensors.count", Kv::I32(2)),
+            ("split.count", Kv::U16(2)),
+        ]);
+        write_tiny_gguf(
+            &dir.join(&format!("model-0000{}-of-00002.gguf", no + 1)),
+            &kvs,
+            &[name],
+            1.0 - 2.0 * no as f32,
+        );
+    }
+    let lora = dir.join("lora.gguf");
+    let kvs = [
+        ("general.architecture", Kv::Str("llama")),
+        ("general.type", Kv::Str("adapter")),
+        ("adapter.type", Kv::Str("lora")),
+        ("adapter.lora.alpha", Kv::F32(2.0)),
+    ];
+    write_tiny_gguf(&lora, &kvs, &["blk.0.ffn_down.weight.lora_a", "blk.0.ffn_down.weight.lora_b"], 0.5);
+    let base = dir.join("model-00002-of-00002.gguf");
+    let mut opts = MergeOptions::new().unwrap();
+    opts.add_adapter_dir(&lora, 1.0).unwrap();
+    let parts = merge_checkpoint(&base, dir.join("out.gguf"), &opts).unwrap();
+    assert_eq!(parts.files(), ["out-00001-of-00002.gguf", "out-00002-of-00002.gguf"]);
+    opts.set_join_split(true).unwrap();
+    let joined = merge_checkpoint(&base, dir.join("joined.gguf"), &opts).unwrap();
+    assert_eq!(joined.files(), ["joined.gguf"]);
+    let reference = dir.join("peftc.gguf");
+    let (b, l, r) = (base.as_os_str(), lora.as_os_str(), reference.as_os_str());
+    if peftc(&[&"merge", &"--base", &b, &"--adapter", &l, &"--out", &r, &"--join-split"]) {
+        assert_eq!(std::fs::read(dir.join("joined.gguf")).unwrap(), std::fs::read(&reference).unwrap());
+    }
 }
