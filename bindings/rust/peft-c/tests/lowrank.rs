@@ -343,56 +343,28 @@ fn pruning_combinations_match_peftc() {
     assert_eq!(a1.r(), a2.r());
     let (adapters, weights) = ([&a1, &a2], [1.0, 0.5]);
     let (in1, in2) = (format!("{}:1", first.display()), format!("{}:0.5", second.display()));
+    // `peftc adapter combine` of the same inputs with `settings`, compared with the binding's output.
+    let same_as_peftc = |ours: &str, method: &str, settings: [&str; 4]| {
+        let reference = dir.join(&format!("{ours}-peftc"));
+        let mut words: Vec<std::ffi::OsString> =
+            ["adapter", "combine", "--adapter", &in1, "--adapter", &in2, "--method", method].map(Into::into).into();
+        words.extend(settings.map(Into::into));
+        words.extend(["--out".into(), reference.clone().into_os_string()]);
+        let args: Vec<&dyn AsRef<std::ffi::OsStr>> = words.iter().map(|w| w as &dyn AsRef<std::ffi::OsStr>).collect();
+        if peftc(&args) {
+            assert_same_files(&dir.join(ours), &reference, &ADAPTER_FILES);
+        }
+    };
 
     let mut ties = ExportOptions::new().unwrap();
     ties.set_combine_density(0.5).unwrap().set_combine_majority_sign(MajoritySign::Frequency).unwrap();
     combine_adapters(&adapters, &weights, CombineMethod::Ties, dir.join("ties"), Some(&ties)).unwrap();
-    let reference = dir.join("ties-peftc");
-    let r = reference.as_os_str();
-    let args: [&dyn AsRef<std::ffi::OsStr>; 14] = [
-        &"adapter",
-        &"combine",
-        &"--adapter",
-        &in1,
-        &"--adapter",
-        &in2,
-        &"--method",
-        &"ties",
-        &"--density",
-        &"0.5",
-        &"--majority-sign",
-        &"frequency",
-        &"--out",
-        &r,
-    ];
-    if peftc(&args) {
-        assert_same_files(&dir.join("ties"), &reference, &ADAPTER_FILES);
-    }
+    same_as_peftc("ties", "ties", ["--density", "0.5", "--majority-sign", "frequency"]);
 
     let mut dare = ExportOptions::new().unwrap();
     dare.set_combine_density(0.5).unwrap().set_combine_seed(7).unwrap();
     combine_adapters(&adapters, &weights, CombineMethod::DareLinear, dir.join("dare"), Some(&dare)).unwrap();
-    let reference = dir.join("dare-peftc");
-    let r = reference.as_os_str();
-    let args: [&dyn AsRef<std::ffi::OsStr>; 14] = [
-        &"adapter",
-        &"combine",
-        &"--adapter",
-        &in1,
-        &"--adapter",
-        &in2,
-        &"--method",
-        &"dare_linear",
-        &"--density",
-        &"0.5",
-        &"--seed",
-        &"7",
-        &"--out",
-        &r,
-    ];
-    if peftc(&args) {
-        assert_same_files(&dir.join("dare"), &reference, &ADAPTER_FILES);
-    }
+    same_as_peftc("dare", "dare_linear", ["--density", "0.5", "--seed", "7"]);
     // Another seed draws other masks.
     dare.set_combine_seed(8).unwrap();
     combine_adapters(&adapters, &weights, CombineMethod::DareLinear, dir.join("dare8"), Some(&dare)).unwrap();
