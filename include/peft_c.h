@@ -2703,6 +2703,11 @@ typedef struct peft_export_options peft_export_options;
 #define PEFT_COMBINE_DARE_LINEAR 3     /**< "dare_linear": "linear" after random pruning with rescale of each factor. */
 #define PEFT_COMBINE_DARE_TIES 4       /**< "dare_ties": "ties" with random pruning (with rescale) instead of magnitude. */
 #define PEFT_COMBINE_MAGNITUDE_PRUNE 5 /**< "magnitude_prune": "linear" after magnitude pruning of each factor. */
+#define PEFT_COMBINE_SVD 6            /**< "svd": the weighted sum of the modules' deltas, by truncated SVD at the new rank. */
+#define PEFT_COMBINE_TIES_SVD 7       /**< "ties_svd": "svd" of the deltas after magnitude pruning, sign election and disjoint mean. */
+#define PEFT_COMBINE_DARE_LINEAR_SVD 8 /**< "dare_linear_svd": "svd" of the deltas after random pruning with rescale. */
+#define PEFT_COMBINE_DARE_TIES_SVD 9   /**< "dare_ties_svd": "ties_svd" with random pruning (with rescale) instead of magnitude. */
+#define PEFT_COMBINE_MAGNITUDE_PRUNE_SVD 10 /**< "magnitude_prune_svd": "svd" of the deltas after magnitude pruning. */
 /** @} */
 
 /** @name Majority sign of the TIES combinations (PEFT's `majority_sign_method`)
@@ -2758,13 +2763,14 @@ PEFT_API peft_error* peft_export_options_set_peft_version(peft_export_options* o
 
 /**
  * @brief Sets PEFT's `density` for the pruning combinations of peft_adapter_combine(): the fraction
- *        of each factor's values kept.
+ *        of each factor's values kept (of each module's delta for the `*_svd` types).
  *
  * #PEFT_COMBINE_TIES and #PEFT_COMBINE_MAGNITUDE_PRUNE keep each factor's int(density * size)
  * largest magnitudes (equal magnitudes: the lower index first; torch's topk leaves that order
  * open); #PEFT_COMBINE_DARE_LINEAR and #PEFT_COMBINE_DARE_TIES keep each value with probability
- * @p density (see peft_export_options_set_combine_seed()) and divide the kept ones by it. 1 prunes
- * nothing. Those four methods need it; `cat` and `linear` ignore it.
+ * @p density (see peft_export_options_set_combine_seed()) and divide the kept ones by it; their
+ * `*_SVD` forms do the same to each adapter's delta. 1 prunes nothing. Those eight methods need it;
+ * `cat`, `linear` and `svd` ignore it.
  * @param opts Options.
  * @param density From 0 to 1.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or a density outside [0, 1]
@@ -2786,7 +2792,10 @@ PEFT_API peft_error* peft_export_options_set_combine_majority_sign(peft_export_o
  *
  * The masks are a function of the seed alone, the same on every machine and thread count (PEFT draws
  * them with torch.bernoulli from torch's global generator, which no other program reproduces). Value
- * e (the row-major index) of factor f (0 = lora_A, 1 = lora_B) of the module named M in the i-th
+ * e (the row-major index) of factor f (0 = lora_A, 1 = lora_B; 2 = the delta, for
+ * #PEFT_COMBINE_DARE_LINEAR_SVD and #PEFT_COMBINE_DARE_TIES_SVD, laid out as PEFT's
+ * `get_delta_weight` returns it: [out, in], or [in, out] for a GPT-2 Conv1D layer and
+ * [num_embeddings, dim] for an embedding) of the module named M in the i-th
  * of the adapters that have that module (counting from 0, in the order given) is kept iff
  * u < density, where, with mix(x) = splitmix64's output function of
  * x + 0x9E3779B97F4A7C15 (64-bit wrapping arithmetic) and fnv1a64 the 64-bit FNV-1a hash of M's UTF-8
@@ -2798,6 +2807,37 @@ PEFT_API peft_error* peft_export_options_set_combine_majority_sign(peft_export_o
  *         same @p opts.
  */
 PEFT_API peft_error* peft_export_options_set_combine_seed(peft_export_options* opts, uint64_t seed);
+
+/**
+ * @brief Sets PEFT's `svd_rank`: the rank of the adapter the `*_SVD` combinations of
+ *        peft_adapter_combine() write.
+ *
+ * A module whose layer allows less (min(out, in) below the rank) gets its full-rank factors padded
+ * with zeros (PEFT fails on such a module). The other methods ignore it.
+ * @param opts Options.
+ * @param rank At least 1; or 0 for the default, the largest of the adapters' ranks (each adapter's
+ *        `r` or a larger `rank_pattern` value).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or a negative @p rank.
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_export_options_set_combine_svd_rank(peft_export_options* opts, int64_t rank);
+
+/**
+ * @brief Sets PEFT's `svd_clamp` for the `*_SVD` combinations of peft_adapter_combine(): after the
+ *        SVD, with hi the quantile of level @p quantile of the new lora_B's and lora_A's values
+ *        together (torch.quantile's linear interpolation, in f32), every value of both is clamped
+ *        to [-hi, hi].
+ *
+ * The values depend on the sign LAPACK gives each singular vector pair; peft_c fixes it (the value
+ * of largest magnitude in each column of lora_B, the first of equal ones, is positive), so the
+ * clamp gives the same result with every LAPACK. PEFT's own result matches it when torch's SVD
+ * happens to pick those signs. No clamp by default; the other methods ignore it.
+ * @param opts Options.
+ * @param quantile From 0 to 1; or NaN to clear it (no clamp).
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts or a value outside [0, 1].
+ *         Not thread-safe for the same @p opts.
+ */
+PEFT_API peft_error* peft_export_options_set_combine_svd_clamp(peft_export_options* opts, double quantile);
 
 /**
  * @brief Writes an opened adapter as a PEFT adapter folder (see @ref export).
@@ -2937,8 +2977,20 @@ PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char*
  * (peft_export_options_set_combine_density()), then the weighted sum, or for the TIES types per
  * value the mean of the weighted values whose sign is the majority sign of the pruned values
  * (peft_export_options_set_combine_majority_sign()). Like `linear`, they combine the factors, not
- * the deltas: the result has cross terms B_i A_j that none of the adapters had. A module missing from some adapters gets
- * contributions from the others only. Factors are computed in f32 as PEFT does on CPU and written
+ * the deltas: the result has cross terms B_i A_j that none of the adapters had.
+ *
+ * The `*_SVD` types (PEFT's `svd`, `ties_svd`, `dare_linear_svd`, `dare_ties_svd`,
+ * `magnitude_prune_svd`) combine each module's deltas instead: dW_i = s_i * B_i @ A_i in f32, pruned
+ * as above for all but `svd`, summed with the weights w_i (or elected for the TIES types), then
+ * factored by truncated SVD (LAPACK's sgesdd, as torch.linalg.svd on CPU): lora_B = U S and lora_A =
+ * V^T of the leading r components, r = peft_export_options_set_combine_svd_rank() or the largest
+ * of the adapters' ranks, clamped as peft_export_options_set_combine_svd_clamp() says. The ranks
+ * may differ. The result is the best rank-r approximation of the combined delta; PEFT's differs
+ * from it by the rounding of the SVD only (the factors, where the singular values at r are
+ * distinct). PEFT's `svd_full_matrices` only changes how torch computes the same leading
+ * components and its `svd_driver` applies to CUDA only, so neither is an option here.
+ *
+ * A module missing from some adapters gets contributions from the others only. Factors are computed in f32 as PEFT does on CPU and written
  * as F32 unless @p opts sets a dtype.
  *
  * The config is the first adapter's with `r` = `lora_alpha` = the new rank, `rank_pattern` =
@@ -2961,8 +3013,9 @@ PEFT_API peft_error* peft_adapter_import_gguf(const char* gguf_path, const char*
  *         `exclude_modules`, ... are inherited), regex and list `target_modules` mixed; also what
  *         peft_adapter_export() refuses for the target version;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, @p count 0, an unknown @p method, a weight
- *         that is not finite, a method other than `cat` with unequal ranks, or a pruning method
- *         without a density;
+ *         that is not finite, a method other than `cat` or the `*_SVD` types with unequal ranks, or
+ *         a pruning method without a density;
+ *         #PEFT_ERR_NON_FINITE when a module's combined delta is not finite (`*_SVD` types);
  *         #PEFT_ERR_SHAPE_MISMATCH naming the module when the adapters' factors do not fit together;
  *         #PEFT_ERR_IO as for peft_adapter_export().
  *         Thread-safe (see @ref export).
@@ -3975,6 +4028,8 @@ typedef struct peft_api {
   peft_error* (*export_options_set_combine_majority_sign)(peft_export_options* opts, int32_t method); /**< peft_export_options_set_combine_majority_sign() */
   peft_error* (*export_options_set_combine_seed)(peft_export_options* opts, uint64_t seed); /**< peft_export_options_set_combine_seed() */
   peft_error* (*merge_options_set_join_split)(peft_merge_options* opts, int32_t join); /**< peft_merge_options_set_join_split() */
+  peft_error* (*export_options_set_combine_svd_rank)(peft_export_options* opts, int64_t rank); /**< peft_export_options_set_combine_svd_rank() */
+  peft_error* (*export_options_set_combine_svd_clamp)(peft_export_options* opts, double quantile); /**< peft_export_options_set_combine_svd_clamp() */
 } peft_api;
 
 /**

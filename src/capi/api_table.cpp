@@ -242,6 +242,8 @@ const peft_api kApiV1 = {
     &peft_export_options_set_combine_majority_sign,
     &peft_export_options_set_combine_seed,
     &peft_merge_options_set_join_split,
+    &peft_export_options_set_combine_svd_rank,
+    &peft_export_options_set_combine_svd_clamp,
 };
 
 }  // namespace

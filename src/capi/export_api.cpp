@@ -1,4 +1,5 @@
 // The export section of the C API: export options, adapter export, adapter combination.
+#include <cmath>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -83,6 +84,27 @@ peft_error* peft_export_options_set_combine_seed(peft_export_options* opts, uint
   });
 }
 
+peft_error* peft_export_options_set_combine_svd_rank(peft_export_options* opts, int64_t rank) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (rank < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the svd rank " + std::to_string(rank) + " is negative");
+    opts->combine.svd_rank = rank;
+  });
+}
+
+peft_error* peft_export_options_set_combine_svd_clamp(peft_export_options* opts, double quantile) {
+  return guarded([&] {
+    require_arg(opts, "opts");
+    if (std::isnan(quantile)) {
+      opts->combine.svd_clamp.reset();
+      return;
+    }
+    if (!(quantile >= 0.0 && quantile <= 1.0))
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the svd clamp " + std::to_string(quantile) + " is not a quantile from 0 to 1");
+    opts->combine.svd_clamp = quantile;
+  });
+}
+
 peft_error* peft_adapter_export(const peft_adapter* adapter, const char* out_dir, const peft_export_options* opts) {
   return guarded([&] {
     require_arg(adapter, "adapter");
@@ -128,11 +150,14 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
     require_arg(weights, "weights");
     require_arg(out_dir, "out_dir");
     if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
-    static constexpr peft::CombineMethod kMethods[] = {
-        peft::CombineMethod::cat,       peft::CombineMethod::linear,    peft::CombineMethod::ties,
-        peft::CombineMethod::dare_linear, peft::CombineMethod::dare_ties, peft::CombineMethod::magnitude_prune};
+    using M = peft::CombineMethod;
+    static constexpr M kMethods[] = {M::cat,         M::linear,          M::ties,         M::dare_linear,
+                                     M::dare_ties,   M::magnitude_prune, M::svd,          M::ties_svd,
+                                     M::dare_linear_svd, M::dare_ties_svd, M::magnitude_prune_svd};
     static_assert(PEFT_COMBINE_CAT == 0 && PEFT_COMBINE_LINEAR == 1 && PEFT_COMBINE_TIES == 2 &&
-                  PEFT_COMBINE_DARE_LINEAR == 3 && PEFT_COMBINE_DARE_TIES == 4 && PEFT_COMBINE_MAGNITUDE_PRUNE == 5);
+                  PEFT_COMBINE_DARE_LINEAR == 3 && PEFT_COMBINE_DARE_TIES == 4 && PEFT_COMBINE_MAGNITUDE_PRUNE == 5 &&
+                  PEFT_COMBINE_SVD == 6 && PEFT_COMBINE_TIES_SVD == 7 && PEFT_COMBINE_DARE_LINEAR_SVD == 8 &&
+                  PEFT_COMBINE_DARE_TIES_SVD == 9 && PEFT_COMBINE_MAGNITUDE_PRUNE_SVD == 10);
     if (method < 0 || method >= static_cast<int32_t>(std::size(kMethods)))
       peft::fail(PEFT_ERR_INVALID_ARGUMENT, "combination method " + std::to_string(method) +
                                                 " is not one of the PEFT_COMBINE_* values");

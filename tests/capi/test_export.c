@@ -208,13 +208,40 @@ static void test_combine(void) {
                     PEFT_ERR_INVALID_ARGUMENT, "rank");
   CHECK(!exists(out));
 
+  /* The SVD types: unequal ranks allowed; the rank is the largest, or svd_rank; the settings' errors. */
+  CHECK_CODE(peft_export_options_set_combine_svd_rank(NULL, 2), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_svd_rank(opts, -1), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_svd_clamp(NULL, 0.5), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_svd_clamp(opts, 1.5), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_export_options_set_combine_svd_clamp(opts, -0.5), PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_adapter_combine(unequal, weights, 2, PEFT_COMBINE_SVD, in_scratch("svd", out, sizeof out), NULL));
+  CHECK_OK(peft_adapter_open(out, NULL, &back));
+  if (back != NULL) {
+    /* llama_rank_alpha_pattern: r 4 with a rank_pattern value 8; llama_lora: r 4. */
+    CHECK(peft_adapter_r(back) == 8);
+    CHECK(peft_adapter_lora_alpha(back) == 8.0);
+    peft_adapter_free(back);
+    back = NULL;
+  }
+  CHECK_OK(peft_export_options_set_combine_svd_rank(opts, 2));
+  CHECK_OK(peft_export_options_set_combine_svd_clamp(opts, 0.9));
+  CHECK_OK(peft_adapter_combine(unequal, weights, 2, PEFT_COMBINE_TIES_SVD, in_scratch("ties_svd", out, sizeof out), opts));
+  CHECK_OK(peft_adapter_open(out, NULL, &back));
+  if (back != NULL) {
+    CHECK(peft_adapter_r(back) == 2);
+    peft_adapter_free(back);
+    back = NULL;
+  }
+  CHECK_OK(peft_export_options_set_combine_svd_clamp(opts, NAN));
+  CHECK_OK(peft_export_options_set_combine_svd_rank(opts, 0));
+
   /* Errors: nothing is written. */
   in_scratch("failed", out, sizeof out);
   CHECK_CODE(peft_adapter_combine(NULL, weights, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_adapter_combine(pair, NULL, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_adapter_combine(pair, weights, 2, PEFT_COMBINE_CAT, NULL, NULL), PEFT_ERR_INVALID_ARGUMENT);
   CHECK_CODE(peft_adapter_combine(pair, weights, 0, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);
-  CHECK_CODE_NAMING(peft_adapter_combine(pair, weights, 2, 7, out, NULL), PEFT_ERR_INVALID_ARGUMENT, "7");
+  CHECK_CODE_NAMING(peft_adapter_combine(pair, weights, 2, 11, out, NULL), PEFT_ERR_INVALID_ARGUMENT, "11");
   CHECK_CODE_NAMING(peft_adapter_combine(with_null, weights, 2, PEFT_COMBINE_CAT, out, NULL),
                     PEFT_ERR_INVALID_ARGUMENT, "adapters[1]");
   CHECK_CODE(peft_adapter_combine(pair, bad_weights, 2, PEFT_COMBINE_CAT, out, NULL), PEFT_ERR_INVALID_ARGUMENT);

@@ -28,7 +28,11 @@ check "an --adapter is required" exit_is 2 "$peftc" adapter combine --method cat
 check "DIR:WEIGHT needs a weight" exit_is 2 "$peftc" adapter combine --adapter "$a" --method cat --out "$work/u"
 check "the weight must be a number" exit_is 2 "$peftc" adapter combine --adapter "$a:x" --method cat --out "$work/u"
 check "the weight must be finite" exit_is 2 "$peftc" adapter combine --adapter "$a:nan" --method cat --out "$work/u"
-check "the method must be cat or linear" exit_is 2 "$peftc" adapter combine --adapter "$a:1" --method svd --out "$work/u"
+check "the method must be a PEFT combination type" exit_is 2 "$peftc" adapter combine --adapter "$a:1" --method svd2 --out "$work/u"
+check "--svd-rank must be at least 1" exit_is 2 "$peftc" adapter combine --adapter "$a:1" --adapter "$b:1" --method svd \
+  --svd-rank 0 --out "$work/u"
+check "--svd-clamp must be a quantile" exit_is 2 "$peftc" adapter combine --adapter "$a:1" --adapter "$b:1" --method svd \
+  --svd-clamp 2 --out "$work/u"
 check "a positional argument is a usage error" exit_is 2 "$peftc" adapter combine "$a" --method cat --out "$work/u"
 check "usage errors write nothing" absent "$work/u"
 
@@ -52,6 +56,16 @@ check "one adapter keeps its rank" [ "$(ranks_of "$work/one")" = "r=4 " ]
 check "the combination can itself be combined" exit_is 0 "$peftc" adapter combine --adapter "$work/cat:1" \
   --adapter "$a:1" --method cat --out "$work/again"
 check "ranks add up again" [ "$(ranks_of "$work/again")" = "r=12 " ]
+
+# ---- svd: unequal ranks allowed, the new rank is the largest or --svd-rank ---------------------
+check "svd combines unequal ranks" exit_is 0 "$peftc" adapter combine --adapter "$adapters/llama_rank_alpha_pattern:1" \
+  --adapter "$a:0.5" --method svd --out "$work/svd"
+check "svd: r is the largest rank (a rank_pattern value 8)" [ "$(ranks_of "$work/svd")" = "r=8 " ]
+check "ties_svd with --svd-rank and --svd-clamp" exit_is 0 "$peftc" adapter combine --adapter "$a:1" --adapter "$b:-1" \
+  --method ties_svd --density 0.5 --svd-rank 2 --svd-clamp 0.95 --out "$work/ties_svd"
+check "ties_svd: r is --svd-rank" [ "$(ranks_of "$work/ties_svd")" = "r=2 " ]
+check "dare_ties_svd needs a density" fails_naming "INVALID_ARGUMENT: .*density" "$peftc" adapter combine \
+  --adapter "$a:1" --adapter "$b:1" --method dare_ties_svd --out "$work/bad"
 
 # ---- refusals ----------------------------------------------------------------------------------
 check "DoRA is refused" fails_naming "UNSUPPORTED: .*DoRA" "$peftc" adapter combine --adapter "$a:1" \

@@ -1,6 +1,11 @@
-// add_weighted_adapter "cat" and "linear" against reference loops, and the kernel tables (AVX-512,
-// AVX2, portable) against each other.
+// add_weighted_adapter's combinations ("cat", "linear", the pruning types, the SVD types) against
+// reference loops, and the kernel tables (AVX-512, AVX2, portable) against each other.
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <utility>
 
 #include "core/error.hpp"
 #include "peft/kernels/merge_kernels.hpp"
@@ -242,4 +247,145 @@ TEST_CASE("merge math: every kernel table reports a non-finite write in the add 
               CHECK(reported == written);
             }
           }
+}
+
+namespace {
+
+// B @ A of combined factors, in f64, as [out, in].
+std::vector<double> product_of(const pm::CombinedFactors& c) {
+  std::vector<double> p(static_cast<size_t>(c.out * c.in), 0.0);
+  for (int64_t o = 0; o < c.out; ++o)
+    for (int64_t k = 0; k < c.rank; ++k)
+      for (int64_t i = 0; i < c.in; ++i)
+        p[static_cast<size_t>(o * c.in + i)] +=
+            double(c.b[static_cast<size_t>(o * c.rank + k)]) * double(c.a[static_cast<size_t>(k * c.in + i)]);
+  return p;
+}
+
+double frobenius(const std::vector<double>& x) {
+  double s = 0;
+  for (double v : x) s += v * v;
+  return std::sqrt(s);
+}
+
+double distance(const std::vector<double>& x, const std::vector<double>& y) {
+  double s = 0;
+  for (size_t i = 0; i < x.size(); ++i) s += (x[i] - y[i]) * (x[i] - y[i]);
+  return std::sqrt(s);
+}
+
+}  // namespace
+
+TEST_CASE("merge math: the SVD combinations factor the weighted sum of the deltas") {
+  const int64_t out = 13, in = 21;
+  std::vector<Term> t{random_term(2, 2 * in, out * 2, 0, 701), random_term(3, 3 * in, out * 3, 0, 702)};
+  const double w[2] = {0.7, -1.3}, s[2] = {2.0, 0.5};
+  const std::vector<pm::WeightedFactors> f{{t[0].a.data(), t[0].b.data(), 2, s[0], w[0]},
+                                           {t[1].a.data(), t[1].b.data(), 3, s[1], w[1]}};
+  std::vector<Term> weighted{t[0], t[1]};
+  weighted[0].coefficient = w[0] * s[0];
+  weighted[1].coefficient = w[1] * s[1];
+  const std::vector<double> exact = exact_delta_linear(out, in, weighted);
+  pm::TaskSettings settings;
+  settings.stream = "m";
+  const pm::DeltaLayout linear = pm::layout_for(pm::ModuleKind::linear, out, in);
+
+  // Rank 5 holds the sum of a rank-2 and a rank-3 delta: exact up to f32 rounding.
+  const pm::CombinedFactors full = pm::combine_svd(f, linear, settings, 5, std::nullopt);
+  REQUIRE(full.rank == 5);
+  CHECK(distance(product_of(full), exact) <= 1e-5 * frobenius(exact));
+  // One sign per component: the largest magnitude of each column of B is positive.
+  for (int64_t k = 0; k < full.rank; ++k) {
+    float largest = 0.0f;
+    for (int64_t o = 0; o < out; ++o) {
+      const float v = full.b[static_cast<size_t>(o * full.rank + k)];
+      if (std::fabs(v) > std::fabs(largest)) largest = v;
+    }
+    CHECK(largest > 0.0f);
+  }
+  // The storage order of the deltas (Conv1D, embeddings) does not change the factors.
+  const pm::CombinedFactors from_transposed =
+      pm::combine_svd(f, pm::layout_for(pm::ModuleKind::conv1d_gpt2, out, in), settings, 5, std::nullopt);
+  CHECK(from_transposed.a == full.a);
+  CHECK(from_transposed.b == full.b);
+
+  // Rank 2: the best rank-2 approximation, an orthogonal projection: ||D||^2 = ||BA||^2 + ||D - BA||^2.
+  const pm::CombinedFactors two = pm::combine_svd(f, linear, settings, 2, std::nullopt);
+  const std::vector<double> p2 = product_of(two);
+  const double lhs = frobenius(exact) * frobenius(exact);
+  const double rhs = frobenius(p2) * frobenius(p2) + distance(p2, exact) * distance(p2, exact);
+  CHECK(std::fabs(lhs - rhs) <= 1e-5 * lhs);
+  CHECK(distance(p2, exact) > 1e-3 * frobenius(exact));  // rank 2 does lose something here
+
+  // A rank above min(out, in): the full-rank factors, zero-padded.
+  const pm::CombinedFactors padded = pm::combine_svd(f, pm::layout_for(pm::ModuleKind::linear, 3, in), settings, 5,
+                                                     std::nullopt);
+  REQUIRE(padded.rank == 5);
+  for (int64_t k = 3; k < 5; ++k) {
+    for (int64_t i = 0; i < in; ++i) CHECK(padded.a[static_cast<size_t>(k * in + i)] == 0.0f);
+    for (int64_t o = 0; o < 3; ++o) CHECK(padded.b[static_cast<size_t>(o * 5 + k)] == 0.0f);
+  }
+
+  // The clamp: hi = the 0.9-quantile (linear interpolation) of B's and A's values; all within [-hi, hi],
+  // the others unchanged.
+  const pm::CombinedFactors clamped = pm::combine_svd(f, linear, settings, 5, 0.9);
+  std::vector<float> values(full.b);
+  values.insert(values.end(), full.a.begin(), full.a.end());
+  std::sort(values.begin(), values.end());
+  const double position = double(0.9f) * static_cast<double>(values.size() - 1);  // torch: q in f32
+  const auto below = static_cast<size_t>(position);
+  const double hi = values[below] + (position - static_cast<double>(below)) * (values[below + 1] - values[below]);
+  size_t changed = 0;
+  for (const auto& [got, was] : {std::pair{&clamped.a, &full.a}, std::pair{&clamped.b, &full.b}})
+    for (size_t i = 0; i < got->size(); ++i) {
+      const float x = (*was)[i];
+      if (std::fabs(x) <= hi * (1 - 1e-6)) {
+        CHECK((*got)[i] == x);
+      } else {
+        CHECK(std::fabs(std::fabs((*got)[i]) - hi) <= 1e-6 * hi);
+        ++changed;
+      }
+    }
+  CHECK(changed > 0);
+  CHECK_THROWS_AS(pm::combine_svd(f, linear, settings, 5, 1.5), peft::Error);
+  CHECK_THROWS_AS(pm::combine_svd(f, linear, settings, 0, std::nullopt), peft::Error);
+}
+
+TEST_CASE("merge math: the pruning SVD types prune the deltas, not the factors") {
+  const int64_t out = 6, in = 9;
+  std::vector<Term> t{random_term(2, 2 * in, out * 2, 0, 711), random_term(2, 2 * in, out * 2, 0, 712)};
+  const double w[2] = {1.5, -0.5}, s[2] = {1.0, 2.0};
+  const std::vector<pm::WeightedFactors> f{{t[0].a.data(), t[0].b.data(), 2, s[0], w[0]},
+                                           {t[1].a.data(), t[1].b.data(), 2, s[1], w[1]}};
+  const pm::DeltaLayout layout = pm::layout_for(pm::ModuleKind::linear, out, in);
+  const size_t n = static_cast<size_t>(out * in);
+  std::vector<std::vector<float>> deltas;
+  for (int i = 0; i < 2; ++i) {
+    const pm::LoraFactors term{t[static_cast<size_t>(i)].a.data(), t[static_cast<size_t>(i)].b.data(), 2, s[i]};
+    deltas.push_back(pm::compute_delta(layout, std::span<const pm::LoraFactors>(&term, 1)));
+  }
+  pm::TaskSettings settings;
+  settings.stream = "model.layers.0.q_proj";
+  settings.seed = 99;
+  settings.density = 0.4;
+  for (const pm::TaskArithmetic how : {pm::TaskArithmetic::magnitude_prune, pm::TaskArithmetic::dare_linear}) {
+    settings.how = how;
+    // The expected sum, pruned by hand: the int(0.4 n) largest magnitudes, or DARE's masks (factor 2).
+    std::vector<double> expected(n, 0.0);
+    for (size_t i = 0; i < 2; ++i) {
+      const std::vector<float>& d = deltas[i];
+      std::vector<float> magnitudes;
+      for (float v : d) magnitudes.push_back(std::fabs(v));
+      std::sort(magnitudes.begin(), magnitudes.end(), std::greater<>());
+      const float threshold = magnitudes[static_cast<size_t>(0.4 * static_cast<double>(n)) - 1];
+      for (size_t e = 0; e < n; ++e) {
+        const bool kept = how == pm::TaskArithmetic::magnitude_prune ? std::fabs(d[e]) >= threshold
+                                                                     : pm::dare_keep(99, settings.stream, i, 2, e, 0.4);
+        const double value = how == pm::TaskArithmetic::magnitude_prune ? d[e] : d[e] / 0.4f;
+        if (kept) expected[e] += static_cast<double>(static_cast<float>(w[i])) * value;
+      }
+    }
+    const pm::CombinedFactors c = pm::combine_svd(f, layout, settings, std::min(out, in), std::nullopt);
+    CHECK(distance(product_of(c), expected) <= 1e-5 * frobenius(expected));
+  }
 }

@@ -1,7 +1,9 @@
 // peftc adapter combine --adapter DIR:WEIGHT ... --method METHOD --out DIR [--density D]
-//   [--majority-sign total|frequency] [--seed N] [--dtype f32|bf16|f16] [--peft-version X.Y]
+//   [--majority-sign total|frequency] [--seed N] [--svd-rank R] [--svd-clamp Q] [--dtype f32|bf16|f16]
+//   [--peft-version X.Y]
 // Combines adapters as PEFT's add_weighted_adapter does ("cat" exact; "linear", "ties",
-// "dare_linear", "dare_ties", "magnitude_prune" on the factors) into a new adapter folder.
+// "dare_linear", "dare_ties", "magnitude_prune" on the factors; "svd" and the "*_svd" types on the
+// deltas, by truncated SVD) into a new adapter folder.
 #include <cstdio>
 #include <cerrno>
 #include <cstdlib>
@@ -19,12 +21,17 @@ namespace {
 
 constexpr const char* kUsage =
     "adapter combine --adapter DIR:WEIGHT [--adapter DIR:WEIGHT ...] "
-    "--method cat|linear|ties|dare_linear|dare_ties|magnitude_prune --out DIR [--density D] "
-    "[--majority-sign total|frequency] [--seed N] [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] "
-    "[--lenient]";
+    "--method cat|linear|ties|dare_linear|dare_ties|magnitude_prune|svd|ties_svd|dare_linear_svd|dare_ties_svd|"
+    "magnitude_prune_svd --out DIR [--density D] [--majority-sign total|frequency] [--seed N] [--svd-rank R] "
+    "[--svd-clamp Q] [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient]";
 
 // The --method names, in PEFT_COMBINE_* order.
-constexpr const char* kMethods[] = {"cat", "linear", "ties", "dare_linear", "dare_ties", "magnitude_prune"};
+constexpr const char* kMethods[] = {"cat",       "linear",          "ties",           "dare_linear",
+                                    "dare_ties", "magnitude_prune", "svd",            "ties_svd",
+                                    "dare_linear_svd", "dare_ties_svd", "magnitude_prune_svd"};
+constexpr const char* kMethodList =
+    "cat, linear, ties, dare_linear, dare_ties, magnitude_prune, svd, ties_svd, dare_linear_svd, dare_ties_svd or "
+    "magnitude_prune_svd";
 
 // "DIR:WEIGHT", split at the last colon (folder names may hold colons); the weight is a finite number.
 bool parse_weighted(const std::string& text, std::string& dir, double& weight) {
@@ -58,6 +65,8 @@ int combine_command(const std::vector<std::string>& args) {
   std::optional<double> density;
   std::optional<int32_t> majority_sign;
   std::optional<uint64_t> seed;
+  std::optional<int64_t> svd_rank;
+  std::optional<double> svd_clamp;
   for (Arguments a(args); a.next();) {
     const std::string& arg = a.name();
     if (arg == kLenientOption && !a.has_inline_value()) {
@@ -78,7 +87,7 @@ int combine_command(const std::vector<std::string>& args) {
       const auto v = a.value();
       for (int32_t m = 0; v && m < static_cast<int32_t>(std::size(kMethods)); ++m)
         if (*v == kMethods[m]) method = m;
-      if (!method) return usage_error("--method must be cat, linear, ties, dare_linear, dare_ties or magnitude_prune", kUsage);
+      if (!method) return usage_error(std::string("--method must be ") + kMethodList, kUsage);
     } else if (arg == "--density") {
       const auto v = a.value();
       density = v ? parse_number(*v) : std::nullopt;
@@ -96,6 +105,19 @@ int combine_command(const std::vector<std::string>& args) {
       const unsigned long long parsed = std::strtoull(v->c_str(), &end, 10);
       if (errno != 0 || end != v->c_str() + v->size()) return usage_error("--seed needs a whole number below 2^64", kUsage);
       seed = parsed;
+    } else if (arg == "--svd-rank") {
+      const auto v = a.value();
+      char* end = nullptr;
+      errno = 0;
+      const long long parsed = v && !v->empty() ? std::strtoll(v->c_str(), &end, 10) : 0;
+      if (!v || v->empty() || errno != 0 || end != v->c_str() + v->size() || parsed < 1)
+        return usage_error("--svd-rank needs a whole number of at least 1", kUsage);
+      svd_rank = parsed;
+    } else if (arg == "--svd-clamp") {
+      const auto v = a.value();
+      svd_clamp = v ? parse_number(*v) : std::nullopt;
+      if (!svd_clamp || *svd_clamp < 0 || *svd_clamp > 1)
+        return usage_error("--svd-clamp needs a quantile from 0 to 1", kUsage);
     } else if (arg == "--out") {
       out = a.value();
       if (!out || out->empty()) return usage_error("--out needs a folder", kUsage);
@@ -116,7 +138,7 @@ int combine_command(const std::vector<std::string>& args) {
     }
   }
   if (dirs.empty()) return usage_error("adapter combine needs at least one --adapter DIR:WEIGHT", kUsage);
-  if (!method) return usage_error("adapter combine needs --method (cat, linear, ties, dare_linear, dare_ties or magnitude_prune)", kUsage);
+  if (!method) return usage_error(std::string("adapter combine needs --method (") + kMethodList + ")", kUsage);
   if (!out) return usage_error("adapter combine needs --out DIR", kUsage);
 
   Handles h;
@@ -133,6 +155,12 @@ int combine_command(const std::vector<std::string>& args) {
   }
   if (seed) {
     if (peft_error* err = peft_export_options_set_combine_seed(h.options, *seed)) return report(err);
+  }
+  if (svd_rank) {
+    if (peft_error* err = peft_export_options_set_combine_svd_rank(h.options, *svd_rank)) return report(err);
+  }
+  if (svd_clamp) {
+    if (peft_error* err = peft_export_options_set_combine_svd_clamp(h.options, *svd_clamp)) return report(err);
   }
   for (const std::string& dir : dirs) {
     peft_adapter* adapter = nullptr;

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from ctypes import POINTER, byref, c_char_p, c_double, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, byref, c_char_p, c_double, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import List, Optional
 
 from ._errors import PeftError, error_from_code
@@ -215,6 +215,8 @@ PROTOTYPES = {
     "peft_export_options_set_combine_density": (_err, [_handle, c_double]),
     "peft_export_options_set_combine_majority_sign": (_err, [_handle, c_int32]),
     "peft_export_options_set_combine_seed": (_err, [_handle, c_uint64]),
+    "peft_export_options_set_combine_svd_rank": (_err, [_handle, c_int64]),
+    "peft_export_options_set_combine_svd_clamp": (_err, [_handle, c_double]),
     "peft_adapter_export": (_err, [_handle, c_char_p, _handle]),
     "peft_adapter_combine": (_err, [POINTER(c_void_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
                                     _handle]),

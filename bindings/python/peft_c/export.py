@@ -21,7 +21,8 @@ from .adapter import Adapter
 from .gguf import ggml_type_from_name
 
 # Mirrors PEFT_COMBINE_* of include/peft_c.h (checked by a test).
-COMBINE_METHODS = {"cat": 0, "linear": 1, "ties": 2, "dare_linear": 3, "dare_ties": 4, "magnitude_prune": 5}
+COMBINE_METHODS = {"cat": 0, "linear": 1, "ties": 2, "dare_linear": 3, "dare_ties": 4, "magnitude_prune": 5, "svd": 6,
+                   "ties_svd": 7, "dare_linear_svd": 8, "dare_ties_svd": 9, "magnitude_prune_svd": 10}
 # Mirrors PEFT_MAJORITY_SIGN_* (checked by a test).
 MAJORITY_SIGN_METHODS = {"total": 0, "frequency": 1}
 
@@ -50,13 +51,17 @@ def export_adapter(adapter: Adapter, out_dir, *, dtype: Optional[DTypeLike] = No
 def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_dir, *,
                      method: str = "cat", dtype: Optional[DTypeLike] = None,
                      peft_version: Optional[str] = None, density: Optional[float] = None,
-                     majority_sign_method: str = "total", seed: int = 0) -> None:
+                     majority_sign_method: str = "total", seed: int = 0, svd_rank: Optional[int] = None,
+                     svd_clamp: Optional[float] = None) -> None:
     """Combines adapters into a new adapter folder as PEFT's ``add_weighted_adapter`` does.
 
     ``method`` is one of ``COMBINE_METHODS`` ("cat", "linear", "ties", "dare_linear", "dare_ties",
-    "magnitude_prune"); the last four need ``density`` (the fraction of each factor kept, 0 to 1);
-    the TIES ones read ``majority_sign_method`` ("total" or "frequency"), the DARE ones ``seed``
-    (their masks are a documented function of it, see include/peft_c.h).
+    "magnitude_prune", and "svd" with its four pruning forms "ties_svd", "dare_linear_svd",
+    "dare_ties_svd", "magnitude_prune_svd"); the pruning types need ``density`` (the fraction of each
+    factor, or of each delta for the SVD types, kept, 0 to 1); the TIES ones read
+    ``majority_sign_method`` ("total" or "frequency"), the DARE ones ``seed`` (their masks are a
+    documented function of it, see include/peft_c.h). The SVD types read PEFT's ``svd_rank`` (None:
+    the largest of the adapters' ranks) and ``svd_clamp`` (a quantile from 0 to 1, or None).
     """
     if majority_sign_method not in MAJORITY_SIGN_METHODS:
         raise ValueError(f"majority_sign_method must be one of {sorted(MAJORITY_SIGN_METHODS)}")
@@ -77,6 +82,12 @@ def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_
             check(lib().peft_export_options_set_combine_density(opts, float(density)))
         check(lib().peft_export_options_set_combine_majority_sign(opts, MAJORITY_SIGN_METHODS[majority_sign_method]))
         check(lib().peft_export_options_set_combine_seed(opts, seed))
+        if svd_rank is not None:
+            if isinstance(svd_rank, bool) or not isinstance(svd_rank, int) or svd_rank < 1:
+                raise ValueError("svd_rank must be an integer of at least 1, or None")
+            check(lib().peft_export_options_set_combine_svd_rank(opts, svd_rank))
+        if svd_clamp is not None:
+            check(lib().peft_export_options_set_combine_svd_clamp(opts, float(svd_clamp)))
         check(lib().peft_adapter_combine(pointers, values, len(owners), COMBINE_METHODS[method],
                                          fs_path(out_dir), opts))
 

@@ -1,5 +1,4 @@
 #include "peft/combine/adapter_combine.hpp"
-#include "peft/adapter/expert_modules.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,10 +6,11 @@
 #include <set>
 
 #include "core/error.hpp"
-#include "peft/adapter/adapter.hpp"
 #include "core/file_identity.hpp"
 #include "core/python_json.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/adapter.hpp"
+#include "peft/adapter/expert_modules.hpp"
 #include "peft/adapter/module_matcher.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "safetensors/writer.hpp"
@@ -28,9 +28,22 @@ const char* method_name(CombineMethod method) {
     case CombineMethod::dare_linear: return "dare_linear";
     case CombineMethod::dare_ties: return "dare_ties";
     case CombineMethod::magnitude_prune: return "magnitude_prune";
+    case CombineMethod::svd: return "svd";
+    case CombineMethod::ties_svd: return "ties_svd";
+    case CombineMethod::dare_linear_svd: return "dare_linear_svd";
+    case CombineMethod::dare_ties_svd: return "dare_ties_svd";
+    case CombineMethod::magnitude_prune_svd: return "magnitude_prune_svd";
   }
   return "?";
 }
+
+bool is_svd(CombineMethod method) {
+  return method == CombineMethod::svd || method == CombineMethod::ties_svd || method == CombineMethod::dare_linear_svd ||
+         method == CombineMethod::dare_ties_svd || method == CombineMethod::magnitude_prune_svd;
+}
+
+// The methods whose modules must all have the new rank: "linear" and its pruning types.
+bool needs_equal_ranks(CombineMethod method) { return method != CombineMethod::cat && !is_svd(method); }
 
 std::string adapter_name(const Adapter& a, size_t i) {
   return "adapter #" + std::to_string(i) + " (" + peft::quoted(a.dir()) + ")";
@@ -75,7 +88,7 @@ class Combiner {
         weights_(weights),
         method_(adapters.size() == 1 ? CombineMethod::linear : method),
         settings_(settings) {
-    if (method_ != CombineMethod::cat && method_ != CombineMethod::linear) {
+    if (method_ != CombineMethod::cat && method_ != CombineMethod::linear && method_ != CombineMethod::svd) {
       if (!settings_.density)
         fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) +
                                             "\" needs a density (the fraction of values kept, from 0 to 1)");
@@ -83,6 +96,11 @@ class Combiner {
         fail(PEFT_ERR_INVALID_ARGUMENT, "the combination density " + std::to_string(*settings_.density) +
                                             " is not a number from 0 to 1");
     }
+    if (settings_.svd_rank < 0)
+      fail(PEFT_ERR_INVALID_ARGUMENT, "the combination's svd rank " + std::to_string(settings_.svd_rank) + " is negative");
+    if (settings_.svd_clamp && !(*settings_.svd_clamp >= 0.0 && *settings_.svd_clamp <= 1.0))
+      fail(PEFT_ERR_INVALID_ARGUMENT, "the combination's svd clamp " + std::to_string(*settings_.svd_clamp) +
+                                          " is not a quantile from 0 to 1");
   }
 
   void run(const std::string& out_dir, const ExportOptions& options) {
@@ -135,7 +153,9 @@ class Combiner {
     new_rank_ = 0;
     for (size_t i = 0; i < adapters_.size(); ++i) {
       const int64_t r = allocated_rank(adapter(i).config());
-      if (method_ == CombineMethod::cat) {
+      if (is_svd(method_)) {
+        new_rank_ = std::max(new_rank_, r);
+      } else if (method_ == CombineMethod::cat) {
         if (__builtin_add_overflow(new_rank_, r, &new_rank_))
           fail(PEFT_ERR_VALIDATION_OVERFLOW, "the combined rank overflows");
       } else if (i == 0) {
@@ -148,6 +168,7 @@ class Combiner {
                                             " (use \"cat\")");
       }
     }
+    if (is_svd(method_) && settings_.svd_rank > 0) new_rank_ = settings_.svd_rank;
   }
 
   void collect_modules() {
@@ -160,7 +181,7 @@ class Combiner {
         if (added) modules_.push_back({m.name, m.kind, {}, a_shape, b_shape});
         CombinedModule& c = modules_[it->second];
         check_compatible(c, m, a_shape, b_shape, i);
-        if (method_ != CombineMethod::cat && m.rank != new_rank_)
+        if (needs_equal_ranks(method_) && m.rank != new_rank_)
           fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) + "\": module " +
                                               peft::quoted(m.name) + " of " +
                                               adapter_name(adapter(i), i) + " has rank " + std::to_string(m.rank) +
@@ -256,6 +277,14 @@ class Combiner {
                          p.module->scaling, weights_[p.adapter]});
     }
     const auto in_i = static_cast<int64_t>(in), out_i = static_cast<int64_t>(out);
+    if (is_svd(method_)) {
+      // PEFT's get_delta_weight layout: [in, out] for an embedding (and a GPT-2 Conv1D), as merged.
+      const bool transposed = m.kind == LayerKind::embedding || m.kind == LayerKind::conv1d;
+      const merge::DeltaLayout layout =
+          merge::layout_for(transposed ? merge::ModuleKind::conv1d_gpt2 : merge::ModuleKind::linear, out_i, in_i);
+      merge::CombinedFactors c = merge::combine_svd(factors, layout, task_settings(m.name), new_rank_, settings_.svd_clamp);
+      return {std::move(c.a), std::move(c.b)};
+    }
     merge::CombinedFactors c = method_ == CombineMethod::cat
                                    ? merge::combine_cat(factors, out_i, in_i)
                                    : merge::combine_task_arithmetic(factors, out_i, in_i, task_settings(m.name));
@@ -307,11 +336,19 @@ class Combiner {
 
   merge::TaskSettings task_settings(std::string_view module) const {
     merge::TaskSettings s;
-    s.how = method_ == CombineMethod::ties              ? merge::TaskArithmetic::ties
-            : method_ == CombineMethod::dare_linear     ? merge::TaskArithmetic::dare_linear
-            : method_ == CombineMethod::dare_ties       ? merge::TaskArithmetic::dare_ties
-            : method_ == CombineMethod::magnitude_prune ? merge::TaskArithmetic::magnitude_prune
-                                                        : merge::TaskArithmetic::linear;
+    switch (method_) {
+      case CombineMethod::ties:
+      case CombineMethod::ties_svd: s.how = merge::TaskArithmetic::ties; break;
+      case CombineMethod::dare_linear:
+      case CombineMethod::dare_linear_svd: s.how = merge::TaskArithmetic::dare_linear; break;
+      case CombineMethod::dare_ties:
+      case CombineMethod::dare_ties_svd: s.how = merge::TaskArithmetic::dare_ties; break;
+      case CombineMethod::magnitude_prune:
+      case CombineMethod::magnitude_prune_svd: s.how = merge::TaskArithmetic::magnitude_prune; break;
+      case CombineMethod::cat:
+      case CombineMethod::linear:
+      case CombineMethod::svd: s.how = merge::TaskArithmetic::linear; break;
+    }
     s.density = settings_.density.value_or(1.0);
     s.sign = settings_.majority_sign;
     s.seed = settings_.seed;

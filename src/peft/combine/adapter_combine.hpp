@@ -1,6 +1,6 @@
 // Combining LoRA adapters into a new adapter folder as PEFT's
 // `LoraModel.add_weighted_adapter(adapters, weights, name, combination_type)` does (peft 0.21,
-// peft/tuners/lora/model.py), for the two exact-arithmetic methods:
+// peft/tuners/lora/model.py), for each of its combination types:
 //
 // * "cat": for each module, A = rows w_i * s_i * A_i and B = columns B_i of the adapters that have
 //   the module, in the order given, zero-padded to the new rank r = sum over adapters of
@@ -12,6 +12,11 @@
 // * "ties", "dare_linear", "dare_ties", "magnitude_prune": as "linear" (equal ranks, the same
 //   weights on A and B), with the A factors and the B factors each pruned and merged by PEFT's
 //   merge_utils function of that name (merge::combine_task_arithmetic); the cross terms remain.
+// * "svd", "ties_svd", "dare_linear_svd", "dare_ties_svd", "magnitude_prune_svd": each module's
+//   deltas w_i-weighted and summed (after pruning, for the last four) and factored by truncated SVD
+//   at the new rank r = svd_rank, or the largest of the adapters' ranks (merge::combine_svd has the
+//   arithmetic and the svd_clamp rule). PEFT's svd_full_matrices changes only how torch computes
+//   the same leading r components, and its svd_driver applies to CUDA only: neither is an option.
 // s_i is the module's scaling in adapter i (its rank/alpha patterns and use_rslora applied).
 //
 // The new config is the FIRST adapter's with r = lora_alpha = new rank, rank_pattern =
@@ -52,20 +57,35 @@
 
 namespace peft {
 
-enum class CombineMethod { cat, linear, ties, dare_linear, dare_ties, magnitude_prune };
+enum class CombineMethod {
+  cat,
+  linear,
+  ties,
+  dare_linear,
+  dare_ties,
+  magnitude_prune,
+  svd,
+  ties_svd,
+  dare_linear_svd,
+  dare_ties_svd,
+  magnitude_prune_svd,
+};
 
-// The settings of the pruning types (ties, dare_*, magnitude_prune; lora_math.hpp has their
+// The settings of the pruning types (ties*, dare_*, magnitude_prune*; lora_math.hpp has their
 // arithmetic): PEFT's `density` (required by them, in [0, 1]) and `majority_sign_method`, and
-// the seed of DARE's masks (merge::dare_keep, one stream per module name).
+// the seed of DARE's masks (merge::dare_keep, one stream per module name); and of the SVD types,
+// PEFT's `svd_rank` (0: the largest of the adapters' ranks) and `svd_clamp` (a quantile in [0, 1]).
 struct CombineSettings {
   std::optional<double> density;
   merge::MajoritySign majority_sign = merge::MajoritySign::total;
   uint64_t seed = 0;
+  int64_t svd_rank = 0;
+  std::optional<double> svd_clamp;
 };
 
 // Combines `adapters` with `weights` (one finite weight per adapter) into `out_dir`.
-// INVALID_ARGUMENT for no adapters, a count mismatch, a null adapter, a non-finite weight, or a
-// pruning type without a density in [0, 1].
+// INVALID_ARGUMENT for no adapters, a count mismatch, a null adapter, a non-finite weight, a
+// pruning type without a density in [0, 1], a negative svd_rank or a clamp outside [0, 1].
 void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, std::span<const double> weights,
                       CombineMethod method, const std::string& out_dir, const ExportOptions& options = {},
                       const CombineSettings& settings = {});

@@ -1,5 +1,5 @@
-// add_weighted_adapter's "cat" and "linear" combinations (peft/tuners/lora/model.py), on f32
-// factors, in torch's order of f32 operations. No contraction: the weighted sums round each
+// add_weighted_adapter's combinations (peft/tuners/lora/model.py, peft/utils/merge_utils.py), on
+// f32 factors, in torch's order of f32 operations. No contraction: the weighted sums round each
 // product before adding it, as torch's `(task_tensors * weights).sum(dim=0)` does.
 #include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
 
@@ -8,6 +8,8 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/shape.hpp"
+#include "peft/kernels/truncated_svd.hpp"
 #include "peft/methods/lora_math.hpp"
 
 namespace peft::merge {
@@ -87,6 +89,12 @@ const char* task_name(TaskArithmetic how) {
     case TaskArithmetic::magnitude_prune: return "magnitude_prune";
   }
   return "?";
+}
+
+void check_density(double density, const char* how) {
+  if (!(density >= 0.0))
+    fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining adapters (") + how + "): the density " +
+                                        std::to_string(density) + " is not a number from 0 to 1");
 }
 
 // magnitude_based_pruning: keeps the int(density * n) largest |t| (torch.topk), zeroes the rest.
@@ -174,9 +182,7 @@ CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapter
                                         const TaskSettings& settings) {
   const char* how = task_name(settings.how);
   check_adapters(adapters, out, in, how);
-  if (!(settings.density >= 0.0))
-    fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining adapters (") + how + "): the density " +
-                                        std::to_string(settings.density) + " is not a number from 0 to 1");
+  check_density(settings.density, how);
   const int64_t rank = adapters[0].rank;
   for (const auto& f : adapters)
     if (f.rank != rank)
@@ -199,6 +205,80 @@ CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapter
   c.rank = rank;
   c.a = combine_factor(as, wa, static_cast<size_t>(rank * in), settings, 0);
   c.b = combine_factor(bs, wb, static_cast<size_t>(out * rank), settings, 1);
+  return c;
+}
+
+namespace {
+
+// torch.quantile(values, q) with linear interpolation, in f32 as torch computes it for f32 values:
+// rank = q * (n - 1), weight = rank - floor(rank), then torch's lerp of the two neighbours.
+float quantile(std::vector<float> values, float q) {
+  std::sort(values.begin(), values.end());
+  const float rank = q * static_cast<float>(values.size() - 1);
+  const auto below = static_cast<size_t>(rank);
+  const size_t above = std::min(values.size() - 1, static_cast<size_t>(std::ceil(rank)));
+  const float weight = rank - static_cast<float>(below);
+  const float lo = values[below], hi = values[above];
+  return std::fabs(weight) < 0.5f ? lo + weight * (hi - lo) : hi - (hi - lo) * (1.0f - weight);
+}
+
+}  // namespace
+
+CombinedFactors combine_svd(std::span<const WeightedFactors> adapters, const DeltaLayout& layout,
+                            const TaskSettings& settings, int64_t rank, std::optional<double> clamp) {
+  const std::string how = std::string(task_name(settings.how)) == "linear"
+                              ? std::string("svd")
+                              : std::string(task_name(settings.how)) + "_svd";
+  const int64_t out = layout.out, in = layout.in;
+  check_adapters(adapters, out, in, how.c_str());
+  check_density(settings.density, how.c_str());
+  const std::string who = "combining adapters (" + how + ") in module " + std::string(settings.stream);
+  if (rank < 1) fail(PEFT_ERR_INVALID_ARGUMENT, who + ": the new rank " + std::to_string(rank) + " is below 1");
+  if (clamp && !(*clamp >= 0.0 && *clamp <= 1.0))
+    fail(PEFT_ERR_INVALID_ARGUMENT, who + ": the clamp quantile " + std::to_string(*clamp) + " is not from 0 to 1");
+  const auto n = static_cast<size_t>(out * in);
+  std::vector<float> sum;
+  {
+    std::vector<std::vector<float>> deltas;
+    std::vector<const float*> tensors;
+    std::vector<float> weights;
+    deltas.reserve(adapters.size());
+    for (const WeightedFactors& f : adapters) {
+      const LoraFactors term{f.a, f.b, f.rank, f.scaling};
+      deltas.push_back(compute_delta(layout, std::span<const LoraFactors>(&term, 1)));
+      tensors.push_back(deltas.back().data());
+      weights.push_back(static_cast<float>(f.weight));  // torch.tensor(weights): f32
+    }
+    sum = combine_factor(tensors, weights, n, settings, 2);
+  }
+  if (layout.transposed) sum = transposed(sum, static_cast<uint64_t>(in), static_cast<uint64_t>(out));
+  const int64_t k = std::min({rank, out, in});
+  LowRankFactors f = truncated_svd(sum, out, in, RankChoice{k, 0.0}, SvdMethod::exact, who);
+  // One sign per component, the same whichever LAPACK computed it.
+  for (int64_t c = 0; c < k; ++c) {
+    int64_t at = 0;
+    for (int64_t o = 1; o < out; ++o)
+      if (std::fabs(f.b[static_cast<size_t>(o * k + c)]) > std::fabs(f.b[static_cast<size_t>(at * k + c)])) at = o;
+    if (f.b[static_cast<size_t>(at * k + c)] >= 0.0f) continue;
+    for (int64_t o = 0; o < out; ++o) f.b[static_cast<size_t>(o * k + c)] = -f.b[static_cast<size_t>(o * k + c)];
+    for (int64_t i = 0; i < in; ++i) f.a[static_cast<size_t>(c * in + i)] = -f.a[static_cast<size_t>(c * in + i)];
+  }
+  if (clamp) {
+    std::vector<float> all(f.b);
+    all.insert(all.end(), f.a.begin(), f.a.end());
+    const float hi = quantile(std::move(all), static_cast<float>(*clamp)), lo = -hi;
+    for (std::vector<float>* v : {&f.b, &f.a})
+      for (float& x : *v) x = std::min(std::max(x, lo), hi);  // torch.clamp(x, lo, hi)
+  }
+  CombinedFactors c;
+  c.in = in;
+  c.out = out;
+  c.rank = rank;
+  c.a.assign(static_cast<size_t>(rank * in), 0.0f);
+  c.b.assign(static_cast<size_t>(out * rank), 0.0f);
+  std::copy(f.a.begin(), f.a.end(), c.a.begin());
+  for (int64_t o = 0; o < out; ++o)
+    std::copy_n(f.b.begin() + o * k, k, c.b.begin() + o * rank);
   return c;
 }
 

@@ -44,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -253,8 +254,9 @@ struct TaskSettings {
   std::string_view stream;  // DARE's masks: one stream per module (its name)
 };
 
-// Whether DARE keeps element `element` of factor `factor` (0 = A, 1 = B) of the `adapter`-th
-// input that has module `stream`: a counter-based draw, the same on every machine and in any order,
+// Whether DARE keeps element `element` of factor `factor` (0 = A, 1 = B, 2 = the delta of the SVD
+// types) of the `adapter`-th input that has module `stream`: a counter-based draw, the same on every
+// machine and in any order,
 //   mix(x) = splitmix64's output function of x + 0x9E3779B97F4A7C15,
 //   s = mix(mix(seed ^ fnv1a64(stream)) ^ (2 * adapter + factor)),
 //   u = (mix(s ^ element) >> 11) * 2^-53, kept iff u < density.
@@ -264,6 +266,24 @@ bool dare_keep(uint64_t seed, std::string_view stream, size_t adapter, int facto
 // adapters' rank (INVALID_ARGUMENT when they differ).
 CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapters, int64_t out, int64_t in,
                                         const TaskSettings& settings);
+
+// The SVD combination types of add_weighted_adapter (svd, ties_svd, dare_linear_svd, dare_ties_svd,
+// magnitude_prune_svd: `settings.how` linear, ties, dare_linear, dare_ties, magnitude_prune), as
+// _svd_generalized_task_arithmetic_weighted_adapter does them:
+// * each adapter's delta s_i * B_i @ A_i (compute_delta, in `layout`'s storage order: PEFT's
+//   get_delta_weight, [in, out] for a Conv1D or an embedding) is pruned and summed with the f32
+//   weights w_i (not sqrt'd: the deltas hold the scalings) by the task arithmetic above, DARE's
+//   masks drawn with factor 2 (the delta's row-major index in that storage order);
+// * the sum, as [out, in], is factored by truncated_svd (sgesdd, as torch.linalg.svd on CPU):
+//   B = U[:, :k] S[:k], A = V^T[:k] with k = min(rank, out, in), the sign of each component chosen so
+//   that the largest magnitude in B's column (the first of equal ones) is positive; rows of A and
+//   columns of B from k to rank are zero (PEFT fails for a rank above min(out, in));
+// * with a clamp q in [0, 1]: hi = the q-quantile of B's and A's values together (torch.quantile,
+//   linear interpolation, in f32), and every value of both clamped to [-hi, hi] (PEFT's svd_clamp).
+// Returns the factors at `rank`; INVALID_ARGUMENT for a rank < 1 or a clamp outside [0, 1]; the
+// errors of truncated_svd (NON_FINITE for a delta that is not finite).
+CombinedFactors combine_svd(std::span<const WeightedFactors> adapters, const DeltaLayout& layout,
+                            const TaskSettings& settings, int64_t rank, std::optional<double> clamp);
 
 // Name of the kernel set in use ("avx512", "avx2", "portable"), for benchmarks and reports.
 const char* kernel_name();
