@@ -2813,7 +2813,7 @@ PEFT_API peft_error* peft_export_options_set_combine_seed(peft_export_options* o
  *        peft_adapter_combine() write.
  *
  * A module whose layer allows less (min(out, in) below the rank) gets its full-rank factors padded
- * with zeros (PEFT fails on such a module). The other methods ignore it.
+ * with zeros (PEFT gives such a module a lora_B of min(out, in) columns, which its forward refuses). The other methods ignore it.
  * @param opts Options.
  * @param rank At least 1; or 0 for the default, the largest of the adapters' ranks (each adapter's
  *        `r` or a larger `rank_pattern` value).

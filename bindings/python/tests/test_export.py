@@ -166,6 +166,56 @@ def test_pruning_combination_settings(tmp_path):
         (tmp_path / f"x{2**64 - 1}" / "adapter_model.safetensors").read_bytes()
 
 
+@pytest.mark.parametrize("method,settings", [("svd", {}), ("svd", {"svd_rank": 2}), ("ties_svd", {"density": 0.5})])
+def test_svd_combinations_like_add_weighted_adapter(method, settings, tmp_path):
+    """The merged deltas B @ A equal PEFT's within the rounding of two SVD computations (the factors'
+    signs are LAPACK's choice in PEFT; tests/interop/test_combine_svd.py compares the factors too)."""
+    names = ["llama_lora", "llama_lora_second"]
+    weights = [0.75, -0.5]
+    adapters = [peft_c.Adapter.open(ADAPTERS / n) for n in names]
+    out = tmp_path / "combined"
+    peft_c.combine_adapters(adapters, weights, out, method=method, **settings)
+    model = peft_model(names)
+    model.add_weighted_adapter(["a0", "a1"], weights, "combined", combination_type=method, **settings)
+    from peft.utils import get_peft_model_state_dict
+
+    expected = get_peft_model_state_dict(model, adapter_name="combined")
+    ours = tensors_of(out)
+    assert ours.keys() == expected.keys()
+    for key in ours:
+        if ".lora_A." not in key:
+            continue
+        b_key = key.replace(".lora_A.", ".lora_B.")
+        delta = ours[b_key].double() @ ours[key].double()
+        reference = expected[b_key].detach().double() @ expected[key].detach().double()
+        assert torch.linalg.norm(delta - reference) <= 1e-5 * torch.linalg.norm(reference), key
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["r"] == model.peft_config["combined"].r
+
+
+def test_svd_combination_settings(tmp_path):
+    adapters = [peft_c.Adapter.open(ADAPTERS / n) for n in ("llama_lora", "llama_lora_second")]
+    with pytest.raises(ValueError):
+        peft_c.combine_adapters(adapters, [1, 1], tmp_path / "a", method="svd", svd_rank=0)
+    with pytest.raises(peft_c.InvalidArgumentError):
+        peft_c.combine_adapters(adapters, [1, 1], tmp_path / "a", method="svd", svd_clamp=1.5)
+    with pytest.raises(peft_c.InvalidArgumentError, match="density"):
+        peft_c.combine_adapters(adapters, [1, 1], tmp_path / "a", method="dare_ties_svd")
+    assert not (tmp_path / "a").exists()
+    peft_c.combine_adapters(adapters, [1, 1], tmp_path / "r3", method="svd", svd_rank=3)
+    with peft_c.Adapter.open(tmp_path / "r3") as combined:
+        assert combined.r == 3
+    # The clamp: each factor tensor's values within the 0.5-quantile's magnitude of all of a module's values.
+    peft_c.combine_adapters(adapters, [1, 1], tmp_path / "clamped", method="svd", svd_clamp=0.5)
+    plain, clamped = tensors_of(tmp_path / "r3"), tensors_of(tmp_path / "clamped")
+    for key, value in clamped.items():
+        if ".lora_A." in key:
+            both = torch.cat([value.flatten(), clamped[key.replace(".lora_A.", ".lora_B.")].flatten()])
+            hi = both.abs().max()
+            assert int((both.abs() == hi).sum()) > 1, key  # many values sit at the bound
+    assert plain.keys() == clamped.keys()
+
+
 def test_combine_errors(tmp_path):
     lora = peft_c.Adapter.open(ADAPTERS / "llama_lora")
     dora = peft_c.Adapter.open(ADAPTERS / "llama_dora")
@@ -179,7 +229,7 @@ def test_combine_errors(tmp_path):
     with pytest.raises(ValueError):
         peft_c.combine_adapters([lora], [float("nan")], tmp_path / "d")
     with pytest.raises(ValueError):
-        peft_c.combine_adapters([lora], [1], tmp_path / "e", method="svd")
+        peft_c.combine_adapters([lora], [1], tmp_path / "e", method="svd_linear")
     with pytest.raises(ValueError):
         peft_c.combine_adapters([], [], tmp_path / "f")
     assert not any((tmp_path / d).exists() and any((tmp_path / d).iterdir()) for d in "abcdef")

@@ -277,7 +277,7 @@ CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapter
 // * the sum, as [out, in], is factored by truncated_svd (sgesdd, as torch.linalg.svd on CPU):
 //   B = U[:, :k] S[:k], A = V^T[:k] with k = min(rank, out, in), the sign of each component chosen so
 //   that the largest magnitude in B's column (the first of equal ones) is positive; rows of A and
-//   columns of B from k to rank are zero (PEFT fails for a rank above min(out, in));
+//   columns of B from k to rank are zero (PEFT makes lora_B [out, k] there, whose forward fails);
 // * with a clamp q in [0, 1]: hi = the q-quantile of B's and A's values together (torch.quantile,
 //   linear interpolation, in f32), and every value of both clamped to [-hi, hi] (PEFT's svd_clamp).
 // Returns the factors at `rank`; INVALID_ARGUMENT for a rank < 1 or a clamp outside [0, 1]; the
