@@ -238,7 +238,8 @@ func TestCombineSVD(t *testing.T) {
 		fixture("adapters", "llama_lora_second")
 	ap, a1, a2 := mustAdapter(t, pattern), mustAdapter(t, first), mustAdapter(t, second)
 
-	// svd: the ranks may differ; the new rank is the largest of them (a rank_pattern value of 8).
+	// svd: the ranks may differ (llama_rank_alpha_pattern has r = 4 and rank_pattern values 2 and 8);
+	// the new rank is the largest of them.
 	svd := filepath.Join(dir, "svd")
 	if err := peft.Combine([]*peft.Adapter{ap, a1}, []float64{1, 0.5}, peft.CombineSVD, svd); err != nil {
 		t.Fatal(err)
