@@ -22,6 +22,9 @@ type exportConfig struct {
 	hasDensity   bool
 	majoritySign MajoritySign
 	seed         uint64
+	svdRank      int64
+	svdClamp     float64
+	hasSVDClamp  bool
 }
 
 // WithExportDType converts the F64, F32, F16 and BF16 tensors of the output to F32, BF16 or F16
@@ -36,12 +39,14 @@ func WithPEFTVersion(version string) ExportOption {
 }
 
 // WithDensity sets PEFT's density for the pruning combinations of Combine: the fraction of each
-// factor's values kept, from 0 to 1. CombineTies and CombineMagnitudePrune keep each factor's
-// int(density * size) largest magnitudes (equal magnitudes: the lower index first; torch's topk
-// leaves that order open); CombineDareLinear and CombineDareTies keep each value with probability
-// density (see WithSeed) and divide the kept ones by it. 1 prunes nothing. Those four methods need it
-// (without it Combine fails with ErrInvalidArgument); cat and linear, and Export, ignore it. A density
-// outside [0, 1] (PEFT warns and prunes nothing above 1) or NaN fails with ErrInvalidArgument.
+// factor's values kept (of each module's delta for the SVD forms), from 0 to 1. CombineTies and
+// CombineMagnitudePrune keep each factor's int(density * size) largest magnitudes (equal magnitudes:
+// the lower index first; torch's topk leaves that order open); CombineDareLinear and CombineDareTies
+// keep each value with probability density (see WithSeed) and divide the kept ones by it; their SVD
+// forms (CombineTiesSVD, CombineDareLinearSVD, CombineDareTiesSVD, CombineMagnitudePruneSVD) do the
+// same to each adapter's delta. 1 prunes nothing. Those eight methods need it (without it Combine
+// fails with ErrInvalidArgument); cat, linear and svd, and Export, ignore it. A density outside
+// [0, 1] (PEFT warns and prunes nothing above 1) or NaN fails with ErrInvalidArgument.
 func WithDensity(density float64) ExportOption {
 	return func(c *exportConfig) { c.density, c.hasDensity = density, true }
 }
@@ -66,19 +71,38 @@ func (m MajoritySign) String() string {
 	return "MajoritySign(" + strconv.Itoa(int(m)) + ")"
 }
 
-// WithMajoritySign sets PEFT's majority_sign_method for CombineTies and CombineDareTies:
+// WithMajoritySign sets PEFT's majority_sign_method for CombineTies and CombineDareTies (and their
+// SVD forms CombineTiesSVD and CombineDareTiesSVD):
 // MajoritySignTotal (the default) or MajoritySignFrequency. Another value fails with
 // ErrInvalidArgument. The other methods, and Export, ignore it.
 func WithMajoritySign(method MajoritySign) ExportOption {
 	return func(c *exportConfig) { c.majoritySign = method }
 }
 
-// WithSeed sets the seed of the random masks of CombineDareLinear and CombineDareTies (0 by
-// default; any value). The masks are a function of the seed alone, the same on every machine and
+// WithSeed sets the seed of the random masks of CombineDareLinear and CombineDareTies and of their
+// SVD forms CombineDareLinearSVD and CombineDareTiesSVD (0 by default; any value). The masks are a function of the seed alone, the same on every machine and
 // thread count (PEFT draws them with torch.bernoulli from torch's global generator, which no other
 // program reproduces); include/peft_c.h (peft_export_options_set_combine_seed) gives the function.
 // The other methods, and Export, ignore it.
 func WithSeed(seed uint64) ExportOption { return func(c *exportConfig) { c.seed = seed } }
+
+// WithSVDRank sets PEFT's svd_rank: the rank of the adapter the SVD combinations (CombineSVD and the
+// *SVD methods) write. 0 (the default) means the largest of the adapters' ranks (each adapter's r or
+// a larger rank_pattern value). A module whose layer allows less (min(out, in) below the rank) gets
+// its full-rank factors padded with zeros (PEFT fails on such a module). A negative rank fails with
+// ErrInvalidArgument. The other methods, and Export, ignore it.
+func WithSVDRank(rank int64) ExportOption { return func(c *exportConfig) { c.svdRank = rank } }
+
+// WithSVDClamp sets PEFT's svd_clamp for the SVD combinations: after the SVD, with hi the quantile of
+// level quantile of the new lora_B's and lora_A's values together (torch.quantile's linear
+// interpolation, in f32), every value of both is clamped to [-hi, hi]. The values depend on the sign
+// LAPACK gives each singular vector pair; peft_c fixes it (the value of largest magnitude in each
+// column of lora_B, the first of equal ones, is positive), so the clamp gives the same result with
+// every LAPACK. No clamp by default; NaN clears it. A quantile outside [0, 1] fails with
+// ErrInvalidArgument. The other methods, and Export, ignore it.
+func WithSVDClamp(quantile float64) ExportOption {
+	return func(c *exportConfig) { c.svdClamp, c.hasSVDClamp = quantile, true }
+}
 
 func newExportOptions(opts []ExportOption, cs *cstrings) (*C.peft_export_options, error) {
 	cfg := exportConfig{dtype: KeepDType}
@@ -105,6 +129,12 @@ func newExportOptions(opts []ExportOption, cs *cstrings) (*C.peft_export_options
 	}
 	if err == nil {
 		err = takeError(C.peft_export_options_set_combine_seed(o, C.uint64_t(cfg.seed)))
+	}
+	if err == nil {
+		err = takeError(C.peft_export_options_set_combine_svd_rank(o, C.int64_t(cfg.svdRank)))
+	}
+	if err == nil && cfg.hasSVDClamp {
+		err = takeError(C.peft_export_options_set_combine_svd_clamp(o, C.double(cfg.svdClamp)))
 	}
 	if err != nil {
 		C.peft_export_options_free(o)
@@ -159,6 +189,21 @@ const (
 	// CombineMagnitudePrune is linear after magnitude pruning of each factor ("magnitude_prune";
 	// needs WithDensity).
 	CombineMagnitudePrune CombineMethod = C.PEFT_COMBINE_MAGNITUDE_PRUNE
+	// CombineSVD is the weighted sum of the modules' deltas, factored by truncated SVD at the new
+	// rank ("svd"; reads WithSVDRank and WithSVDClamp; the ranks may differ).
+	CombineSVD CombineMethod = C.PEFT_COMBINE_SVD
+	// CombineTiesSVD is svd of the deltas after magnitude pruning, sign election and disjoint mean
+	// ("ties_svd"; needs WithDensity, reads WithMajoritySign).
+	CombineTiesSVD CombineMethod = C.PEFT_COMBINE_TIES_SVD
+	// CombineDareLinearSVD is svd of the deltas after random pruning with rescale ("dare_linear_svd";
+	// needs WithDensity, reads WithSeed).
+	CombineDareLinearSVD CombineMethod = C.PEFT_COMBINE_DARE_LINEAR_SVD
+	// CombineDareTiesSVD is ties_svd with random pruning (with rescale) instead of magnitude
+	// ("dare_ties_svd"; needs WithDensity, reads WithMajoritySign and WithSeed).
+	CombineDareTiesSVD CombineMethod = C.PEFT_COMBINE_DARE_TIES_SVD
+	// CombineMagnitudePruneSVD is svd of the deltas after magnitude pruning ("magnitude_prune_svd";
+	// needs WithDensity).
+	CombineMagnitudePruneSVD CombineMethod = C.PEFT_COMBINE_MAGNITUDE_PRUNE_SVD
 )
 
 func (m CombineMethod) String() string {
@@ -175,6 +220,16 @@ func (m CombineMethod) String() string {
 		return "dare_ties"
 	case CombineMagnitudePrune:
 		return "magnitude_prune"
+	case CombineSVD:
+		return "svd"
+	case CombineTiesSVD:
+		return "ties_svd"
+	case CombineDareLinearSVD:
+		return "dare_linear_svd"
+	case CombineDareTiesSVD:
+		return "dare_ties_svd"
+	case CombineMagnitudePruneSVD:
+		return "magnitude_prune_svd"
 	}
 	return "CombineMethod(" + strconv.Itoa(int(m)) + ")"
 }
@@ -188,10 +243,20 @@ func (m CombineMethod) String() string {
 // for the TIES types per value the mean of the weighted values whose sign is the majority sign of the
 // pruned values (WithMajoritySign). Like linear, they combine the factors, not the deltas.
 //
+// CombineSVD and its pruning forms (CombineTiesSVD, CombineDareLinearSVD, CombineDareTiesSVD,
+// CombineMagnitudePruneSVD) combine each module's deltas instead: dW_i = s_i * B_i @ A_i in f32,
+// pruned as above for all but svd, summed with the weights (or elected for the TIES types), then
+// factored by truncated SVD (LAPACK's sgesdd, as torch.linalg.svd on CPU): lora_B = U S and lora_A =
+// V^T of the leading r components, r = WithSVDRank or the largest of the adapters' ranks, clamped as
+// WithSVDClamp says. The ranks may differ. The result is the best rank-r approximation of the
+// combined delta.
+//
 // Errors: ErrUnsupported for what PEFT cannot combine (DoRA, lora_bias, full tensors, trainable
-// tokens, ...); ErrInvalidArgument for no adapters, a count mismatch, a weight that is not finite,
-// a method other than cat with unequal ranks, a pruning method without WithDensity, a density outside
-// [0, 1] or an unknown majority sign; ErrShapeMismatch naming the module; ErrIO.
+// tokens, ...); ErrInvalidArgument for no adapters, a count mismatch, a weight that is not finite, an
+// unknown method, a method other than cat or the SVD types with unequal ranks, a pruning method
+// without WithDensity, a density outside [0, 1], an unknown majority sign, a negative WithSVDRank or
+// a WithSVDClamp outside [0, 1]; ErrNonFinite when a module's combined delta is not finite (SVD
+// types); ErrShapeMismatch naming the module; ErrIO.
 func Combine(adapters []*Adapter, weights []float64, method CombineMethod, outDir string, opts ...ExportOption) error {
 	if len(adapters) == 0 {
 		return argError("no adapters to combine")

@@ -152,7 +152,7 @@ func TestCombine(t *testing.T) {
 	wantCode(t, peft.Combine(nil, nil, peft.CombineCat, filepath.Join(dir, "e")), peft.CodeInvalidArgument)
 	wantCode(t, peft.Combine([]*peft.Adapter{a1}, []float64{1, 2}, peft.CombineCat, filepath.Join(dir, "f")), peft.CodeInvalidArgument)
 	wantCode(t, peft.Combine([]*peft.Adapter{a1}, []float64{math.NaN()}, peft.CombineCat, filepath.Join(dir, "g")), peft.CodeInvalidArgument)
-	wantCode(t, peft.Combine([]*peft.Adapter{a1}, []float64{1}, peft.CombineMethod(9), filepath.Join(dir, "h")), peft.CodeInvalidArgument)
+	wantCode(t, peft.Combine([]*peft.Adapter{a1}, []float64{1}, peft.CombineMethod(99), filepath.Join(dir, "h")), peft.CodeInvalidArgument)
 	wantCode(t, peft.Combine([]*peft.Adapter{a1, nil}, []float64{1, 1}, peft.CombineCat, filepath.Join(dir, "i")), peft.CodeInvalidArgument)
 	rank8 := mustAdapter(t, fixture("adapters", "llama_rank_alpha_pattern"))
 	wantCode(t, peft.Combine([]*peft.Adapter{a1, rank8}, []float64{1, 1}, peft.CombineLinear, filepath.Join(dir, "j")), peft.CodeInvalidArgument)
@@ -225,6 +225,83 @@ func TestCombinePruning(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(dir, "bad", e.Name(), "adapter_config.json")); err == nil {
 				t.Fatalf("a refused combination wrote %s", e.Name())
 			}
+		}
+	}
+}
+
+// The SVD combinations (svd of adapters of unequal ranks; ties_svd with a rank and a clamp;
+// dare_ties_svd with a seed) write the files peftc adapter combine writes with the same settings;
+// bad SVD settings are refused.
+func TestCombineSVD(t *testing.T) {
+	dir := t.TempDir()
+	pattern, first, second := fixture("adapters", "llama_rank_alpha_pattern"), fixture("adapters", "llama_lora"),
+		fixture("adapters", "llama_lora_second")
+	ap, a1, a2 := mustAdapter(t, pattern), mustAdapter(t, first), mustAdapter(t, second)
+
+	// svd: the ranks may differ (llama_rank_alpha_pattern has r = 4 and rank_pattern values 2 and 8);
+	// the new rank is the largest of them.
+	svd := filepath.Join(dir, "svd")
+	if err := peft.Combine([]*peft.Adapter{ap, a1}, []float64{1, 0.5}, peft.CombineSVD, svd); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustAdapter(t, svd).R(); r != 8 {
+		t.Fatalf("svd wrote r = %d, want 8", r)
+	}
+	peftc(t, "adapter", "combine", "--adapter", pattern+":1", "--adapter", first+":0.5", "--method", "svd",
+		"--out", filepath.Join(dir, "svd-peftc"))
+	sameFiles(t, svd, filepath.Join(dir, "svd-peftc"), adapterFiles...)
+
+	adapters, weights := []*peft.Adapter{a1, a2}, []float64{1, 0.5}
+	inputs := []string{"adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5"}
+	ties := filepath.Join(dir, "ties_svd")
+	if err := peft.Combine(adapters, weights, peft.CombineTiesSVD, ties,
+		peft.WithDensity(0.5), peft.WithSVDRank(2), peft.WithSVDClamp(0.95)); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustAdapter(t, ties).R(); r != 2 {
+		t.Fatalf("ties_svd with WithSVDRank(2) wrote r = %d", r)
+	}
+	peftc(t, append(inputs, "--method", "ties_svd", "--density", "0.5", "--svd-rank", "2", "--svd-clamp", "0.95",
+		"--out", filepath.Join(dir, "ties_svd-peftc"))...)
+	sameFiles(t, ties, filepath.Join(dir, "ties_svd-peftc"), adapterFiles...)
+
+	dare := filepath.Join(dir, "dare_ties_svd")
+	if err := peft.Combine(adapters, weights, peft.CombineDareTiesSVD, dare, peft.WithDensity(0.4), peft.WithSeed(7)); err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, append(inputs, "--method", "dare_ties_svd", "--density", "0.4", "--seed", "7",
+		"--out", filepath.Join(dir, "dare_ties_svd-peftc"))...)
+	sameFiles(t, dare, filepath.Join(dir, "dare_ties_svd-peftc"), adapterFiles...)
+	// WithSVDRank(0) is the default, and a NaN clamp clears an earlier one.
+	again := filepath.Join(dir, "dare_ties_svd-again")
+	if err := peft.Combine(adapters, weights, peft.CombineDareTiesSVD, again, peft.WithDensity(0.4), peft.WithSeed(7),
+		peft.WithSVDRank(0), peft.WithSVDClamp(0.5), peft.WithSVDClamp(math.NaN())); err != nil {
+		t.Fatal(err)
+	}
+	sameFiles(t, dare, again, adapterFiles...)
+
+	names := map[peft.CombineMethod]string{peft.CombineSVD: "svd", peft.CombineTiesSVD: "ties_svd",
+		peft.CombineDareLinearSVD: "dare_linear_svd", peft.CombineDareTiesSVD: "dare_ties_svd",
+		peft.CombineMagnitudePruneSVD: "magnitude_prune_svd"}
+	for m, name := range names {
+		if m.String() != name {
+			t.Fatalf("%d is named %q", int32(m), m.String())
+		}
+	}
+	if peft.CombineSVD != 6 || peft.CombineMagnitudePruneSVD != 10 {
+		t.Fatalf("PEFT_COMBINE_SVD = %d, PEFT_COMBINE_MAGNITUDE_PRUNE_SVD = %d", peft.CombineSVD, peft.CombineMagnitudePruneSVD)
+	}
+
+	wantCode(t, peft.Combine(adapters, weights, peft.CombineSVD, filepath.Join(dir, "bad", "rank"), peft.WithSVDRank(-1)),
+		peft.CodeInvalidArgument)
+	wantCode(t, peft.Combine(adapters, weights, peft.CombineSVD, filepath.Join(dir, "bad", "clamp"), peft.WithSVDClamp(1.5)),
+		peft.CodeInvalidArgument)
+	// A pruning SVD method without a density.
+	wantCode(t, peft.Combine(adapters, weights, peft.CombineMagnitudePruneSVD, filepath.Join(dir, "bad", "nodensity")),
+		peft.CodeInvalidArgument)
+	for _, name := range []string{"rank", "clamp", "nodensity"} {
+		if _, err := os.Stat(filepath.Join(dir, "bad", name, "adapter_config.json")); err == nil {
+			t.Fatalf("a refused combination wrote %s", name)
 		}
 	}
 }

@@ -23,6 +23,21 @@ namespace PeftC
         DareTies = 4,
         /// <summary>"magnitude_prune": "linear" after magnitude pruning of each factor (needs the density).</summary>
         MagnitudePrune = 5,
+        /// <summary>"svd": the weighted sum of the modules' deltas, factored by truncated SVD at the new rank
+        /// (<see cref="ExportOptions.SetCombineSvdRank"/>, <see cref="ExportOptions.SetCombineSvdClamp"/>); the ranks may
+        /// differ.</summary>
+        Svd = 6,
+        /// <summary>"ties_svd": "svd" of the deltas after magnitude pruning, sign election and disjoint mean (needs the
+        /// density; reads the majority sign).</summary>
+        TiesSvd = 7,
+        /// <summary>"dare_linear_svd": "svd" of the deltas after random pruning with rescale (needs the density; reads the
+        /// seed).</summary>
+        DareLinearSvd = 8,
+        /// <summary>"dare_ties_svd": "ties_svd" with random pruning (with rescale) instead of magnitude (needs the density;
+        /// reads the majority sign and the seed).</summary>
+        DareTiesSvd = 9,
+        /// <summary>"magnitude_prune_svd": "svd" of the deltas after magnitude pruning (needs the density).</summary>
+        MagnitudePruneSvd = 10,
     }
 
     /// <summary>How the TIES combinations elect each value's sign (PEFT's majority_sign_method;
@@ -36,7 +51,7 @@ namespace PeftC
     }
 
     /// <summary>Options of export and combination: output dtype, target PEFT version and the settings of the pruning
-    /// combinations. One thread at a time.</summary>
+    /// and SVD combinations. One thread at a time.</summary>
     public sealed class ExportOptions : NativeObject
     {
         public ExportOptions() : base(Create()) { }
@@ -65,11 +80,14 @@ namespace PeftC
         }
 
         /// <summary>Sets PEFT's density for the pruning combinations of <see cref="Export.Combine"/>: the fraction of each
-        /// factor's values kept, from 0 to 1. <see cref="CombineMethod.Ties"/> and <see cref="CombineMethod.MagnitudePrune"/>
-        /// keep each factor's int(density * size) largest magnitudes (equal magnitudes: the lower index first; torch's
-        /// topk leaves that order open); <see cref="CombineMethod.DareLinear"/> and <see cref="CombineMethod.DareTies"/>
-        /// keep each value with probability density (see <see cref="SetCombineSeed"/>) and divide the kept ones by it.
-        /// 1 prunes nothing. Those four methods need it (without it Combine fails with InvalidArgument); Cat, Linear and
+        /// factor's values kept (of each module's delta for the SVD forms), from 0 to 1. <see cref="CombineMethod.Ties"/>
+        /// and <see cref="CombineMethod.MagnitudePrune"/> keep each factor's int(density * size) largest magnitudes (equal
+        /// magnitudes: the lower index first; torch's topk leaves that order open); <see cref="CombineMethod.DareLinear"/>
+        /// and <see cref="CombineMethod.DareTies"/> keep each value with probability density (see
+        /// <see cref="SetCombineSeed"/>) and divide the kept ones by it; their SVD forms (<see cref="CombineMethod.TiesSvd"/>,
+        /// <see cref="CombineMethod.DareLinearSvd"/>, <see cref="CombineMethod.DareTiesSvd"/>,
+        /// <see cref="CombineMethod.MagnitudePruneSvd"/>) do the same to each adapter's delta. 1 prunes nothing. Those
+        /// eight methods need it (without it Combine fails with InvalidArgument); Cat, Linear, Svd and
         /// <see cref="Export.Save"/> ignore it.</summary>
         /// <exception cref="PeftException">InvalidArgument for a density outside [0, 1] or NaN (PEFT warns and prunes
         /// nothing above 1).</exception>
@@ -80,7 +98,7 @@ namespace PeftC
         }
 
         /// <summary>Sets PEFT's majority_sign_method for <see cref="CombineMethod.Ties"/> and
-        /// <see cref="CombineMethod.DareTies"/>: <see cref="MajoritySign.Total"/> (the default) or
+        /// <see cref="CombineMethod.DareTies"/> and their SVD forms: <see cref="MajoritySign.Total"/> (the default) or
         /// <see cref="MajoritySign.Frequency"/>; the other methods ignore it.</summary>
         /// <exception cref="PeftException">InvalidArgument for a value that is neither.</exception>
         public ExportOptions SetCombineMajoritySign(MajoritySign method)
@@ -90,13 +108,38 @@ namespace PeftC
         }
 
         /// <summary>Sets the seed of the random masks of <see cref="CombineMethod.DareLinear"/> and
-        /// <see cref="CombineMethod.DareTies"/> (any value; 0 by default); the other methods ignore it. The masks are a
+        /// <see cref="CombineMethod.DareTies"/> and their SVD forms (any value; 0 by default); the other methods ignore it.
+        /// The masks are a
         /// function of the seed alone, the same on every machine and thread count (PEFT draws them with torch.bernoulli
         /// from torch's global generator, which no other program reproduces); include/peft_c.h
         /// (peft_export_options_set_combine_seed) gives the function.</summary>
         public ExportOptions SetCombineSeed(ulong seed)
         {
             PeftException.Check(Native.peft_export_options_set_combine_seed(Handle, seed));
+            return this;
+        }
+
+        /// <summary>Sets PEFT's svd_rank: the rank of the adapter the SVD combinations (<see cref="CombineMethod.Svd"/> and
+        /// the *Svd methods) write; 0 (the default) for the largest of the adapters' ranks (each adapter's r or a larger
+        /// rank_pattern value). A module whose layer allows less (min(out, in) below the rank) gets its full-rank factors
+        /// padded with zeros (PEFT fails on such a module). The other methods ignore it.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a negative rank.</exception>
+        public ExportOptions SetCombineSvdRank(long rank)
+        {
+            PeftException.Check(Native.peft_export_options_set_combine_svd_rank(Handle, rank));
+            return this;
+        }
+
+        /// <summary>Sets PEFT's svd_clamp for the SVD combinations: after the SVD, with hi the quantile of level quantile
+        /// of the new lora_B's and lora_A's values together (torch.quantile's linear interpolation, in f32), every value
+        /// of both is clamped to [-hi, hi]. null (the default; also NaN) clears it: no clamp. The values depend on the
+        /// sign LAPACK gives each singular vector pair; peft_c fixes it (the value of largest magnitude in each column of
+        /// lora_B, the first of equal ones, is positive), so the clamp gives the same result with every LAPACK. The other
+        /// methods ignore it.</summary>
+        /// <exception cref="PeftException">InvalidArgument for a quantile outside [0, 1].</exception>
+        public ExportOptions SetCombineSvdClamp(double? quantile)
+        {
+            PeftException.Check(Native.peft_export_options_set_combine_svd_clamp(Handle, quantile ?? double.NaN));
             return this;
         }
 
@@ -190,11 +233,18 @@ namespace PeftC
         /// (<see cref="ExportOptions.SetCombineDensity"/>), then the weighted sum, or for the TIES types per value the mean
         /// of the weighted values whose sign is the majority sign of the pruned values
         /// (<see cref="ExportOptions.SetCombineMajoritySign"/>). Like Linear, they combine the factors, not the
-        /// deltas.</summary>
+        /// deltas. <see cref="CombineMethod.Svd"/> and its pruning forms (<see cref="CombineMethod.TiesSvd"/>,
+        /// <see cref="CombineMethod.DareLinearSvd"/>, <see cref="CombineMethod.DareTiesSvd"/>,
+        /// <see cref="CombineMethod.MagnitudePruneSvd"/>) combine each module's deltas instead: dW_i = s_i * B_i @ A_i in
+        /// f32, pruned as above for all but Svd, summed with the weights (or elected for the TIES types), then factored by
+        /// truncated SVD (LAPACK's sgesdd, as torch.linalg.svd on CPU): lora_B = U S and lora_A = V^T of the leading r
+        /// components, r = <see cref="ExportOptions.SetCombineSvdRank"/> or the largest of the adapters' ranks, clamped as
+        /// <see cref="ExportOptions.SetCombineSvdClamp"/> says. The ranks may differ. The result is the best rank-r
+        /// approximation of the combined delta.</summary>
         /// <exception cref="PeftException">Unsupported for what PEFT cannot combine (DoRA, lora_bias, full tensors,
         /// trainable tokens, ...); InvalidArgument for no adapters, a weight that is not finite, an unknown method, a
-        /// method other than Cat with unequal ranks or a pruning method without a density; ShapeMismatch naming the
-        /// module; Io.</exception>
+        /// method other than Cat or the SVD types with unequal ranks or a pruning method without a density; NonFinite
+        /// when a module's combined delta is not finite (SVD types); ShapeMismatch naming the module; Io.</exception>
         public static unsafe void Combine(IList<Adapter> adapters, IList<double> weights, CombineMethod method, string outDir,
                                           ExportOptions options = null)
         {

@@ -298,6 +298,10 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_export_options_set_combine_seed(ExportOptionsHandle o, ulong seed);
         [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_export_options_set_combine_svd_rank(ExportOptionsHandle o, long rank);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_export_options_set_combine_svd_clamp(ExportOptionsHandle o, double quantile);
+        [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_export(AdapterHandle a, byte[] outDir, ExportOptionsHandle o);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_combine(IntPtr* adapters, double[] weights, UIntPtr count, int method,

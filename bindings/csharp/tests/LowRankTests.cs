@@ -1,8 +1,8 @@
 // The recent C API through the binding, compared with peftc (PEFTC, else the repository's build/peftc) byte for
 // byte: LoRA extraction and conversion (LowRank), a merge into a block-quantized GGUF base with an output type and
 // the store report (MergeOptions.SetQuant/SetReport), DoRA in unmerged apply with the host's base weight
-// (Registry.SetBaseWeight/BaseWeightsChanged), the pruning combinations (Export.Combine with ties and dare_linear)
-// and the ggml merge arithmetic (MergeOptions.SetArithmetic).
+// (Registry.SetBaseWeight/BaseWeightsChanged), the pruning combinations (Export.Combine with ties and dare_linear),
+// the SVD combinations (svd, ties_svd, dare_ties_svd) and the ggml merge arithmetic (MergeOptions.SetArithmetic).
 using System;
 using System.Diagnostics;
 using System.IO;
@@ -236,6 +236,56 @@ namespace PeftC.Tests
                 Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => bad.SetCombineMajoritySign((MajoritySign)2), "majority sign 2");
                 Assert.ThrowsPeft(ErrorCode.InvalidArgument,
                                   () => Export.Combine(adapters, weights, CombineMethod.DareTies, tmp["nodensity"]), "no density");
+                Assert.False(File.Exists(Path.Combine(tmp["nodensity"], "adapter_config.json")), "nothing written");
+            }
+        }
+
+        [Test]
+        public void SvdCombinationsWriteWhatPeftcWrites()
+        {
+            string pattern = Fixtures.Path_("adapters", "llama_rank_alpha_pattern");
+            string first = Fixtures.Path_("adapters", "llama_lora"), second = Fixtures.Path_("adapters", "llama_lora_second");
+            using (var tmp = new TempDir())
+            using (var p = Adapter.Open(pattern))
+            using (var a = Adapter.Open(first))
+            using (var b = Adapter.Open(second))
+            using (var ties = new ExportOptions())
+            using (var dare = new ExportOptions())
+            using (var bad = new ExportOptions())
+            {
+                var weights = new[] { 1.0, 0.5 };
+                // svd: the ranks may differ (llama_rank_alpha_pattern has r = 4 and rank_pattern values 2 and 8); the new
+                // rank is the largest of them.
+                Export.Combine(new[] { p, a }, weights, CombineMethod.Svd, tmp["svd"]);
+                using (var c = Adapter.Open(tmp["svd"])) Assert.Equal(8L, c.R, "svd rank");
+                Peftc("adapter", "combine", "--adapter", pattern + ":1", "--adapter", first + ":0.5", "--method", "svd",
+                      "--out", tmp["svd-peftc"]);
+                SameFiles(tmp["svd"], tmp["svd-peftc"], AdapterFiles);
+
+                var adapters = new[] { a, b };
+                Export.Combine(adapters, weights, CombineMethod.TiesSvd, tmp["ties_svd"],
+                               ties.SetCombineDensity(0.5).SetCombineSvdRank(2).SetCombineSvdClamp(0.95));
+                using (var c = Adapter.Open(tmp["ties_svd"])) Assert.Equal(2L, c.R, "ties_svd rank");
+                Peftc("adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5", "--method", "ties_svd",
+                      "--density", "0.5", "--svd-rank", "2", "--svd-clamp", "0.95", "--out", tmp["ties_svd-peftc"]);
+                SameFiles(tmp["ties_svd"], tmp["ties_svd-peftc"], AdapterFiles);
+
+                Export.Combine(adapters, weights, CombineMethod.DareTiesSvd, tmp["dare_ties_svd"], dare.SetCombineDensity(0.4).SetCombineSeed(7));
+                Peftc("adapter", "combine", "--adapter", first + ":1", "--adapter", second + ":0.5", "--method", "dare_ties_svd",
+                      "--density", "0.4", "--seed", "7", "--out", tmp["dare_ties_svd-peftc"]);
+                SameFiles(tmp["dare_ties_svd"], tmp["dare_ties_svd-peftc"], AdapterFiles);
+                // A rank of 0 is the default, and null clears a clamp.
+                Export.Combine(adapters, weights, CombineMethod.DareTiesSvd, tmp["again"],
+                               dare.SetCombineSvdRank(0).SetCombineSvdClamp(0.5).SetCombineSvdClamp(null));
+                SameFiles(tmp["dare_ties_svd"], tmp["again"], AdapterFiles);
+                Assert.Equal("6 7 8 9 10", string.Join(" ", new[] { CombineMethod.Svd, CombineMethod.TiesSvd, CombineMethod.DareLinearSvd,
+                                                                    CombineMethod.DareTiesSvd, CombineMethod.MagnitudePruneSvd }.Select(m => (int)m)),
+                             "PEFT_COMBINE_*_SVD values");
+
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => bad.SetCombineSvdRank(-1), "svd rank -1");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => bad.SetCombineSvdClamp(1.5), "svd clamp 1.5");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument,
+                                  () => Export.Combine(adapters, weights, CombineMethod.MagnitudePruneSvd, tmp["nodensity"]), "no density");
                 Assert.False(File.Exists(Path.Combine(tmp["nodensity"], "adapter_config.json")), "nothing written");
             }
         }

@@ -292,6 +292,11 @@ constants! {
     pub const PEFT_COMBINE_DARE_LINEAR: i32 = 3;
     pub const PEFT_COMBINE_DARE_TIES: i32 = 4;
     pub const PEFT_COMBINE_MAGNITUDE_PRUNE: i32 = 5;
+    pub const PEFT_COMBINE_SVD: i32 = 6;
+    pub const PEFT_COMBINE_TIES_SVD: i32 = 7;
+    pub const PEFT_COMBINE_DARE_LINEAR_SVD: i32 = 8;
+    pub const PEFT_COMBINE_DARE_TIES_SVD: i32 = 9;
+    pub const PEFT_COMBINE_MAGNITUDE_PRUNE_SVD: i32 = 10;
     pub const PEFT_MAJORITY_SIGN_TOTAL: i32 = 0;
     pub const PEFT_MAJORITY_SIGN_FREQUENCY: i32 = 1;
 
@@ -854,6 +859,8 @@ functions! {
     pub fn peft_export_options_set_combine_majority_sign(opts: *mut peft_export_options, method: i32) -> *mut peft_error;
     pub fn peft_export_options_set_combine_seed(opts: *mut peft_export_options, seed: u64) -> *mut peft_error;
     pub fn peft_merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error;
+    pub fn peft_export_options_set_combine_svd_rank(opts: *mut peft_export_options, rank: i64) -> *mut peft_error;
+    pub fn peft_export_options_set_combine_svd_clamp(opts: *mut peft_export_options, quantile: f64) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1151,5 +1158,7 @@ api_table! {
         pub fn export_options_set_combine_majority_sign(opts: *mut peft_export_options, method: i32) -> *mut peft_error = peft_export_options_set_combine_majority_sign;
         pub fn export_options_set_combine_seed(opts: *mut peft_export_options, seed: u64) -> *mut peft_error = peft_export_options_set_combine_seed;
         pub fn merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error = peft_merge_options_set_join_split;
+        pub fn export_options_set_combine_svd_rank(opts: *mut peft_export_options, rank: i64) -> *mut peft_error = peft_export_options_set_combine_svd_rank;
+        pub fn export_options_set_combine_svd_clamp(opts: *mut peft_export_options, quantile: f64) -> *mut peft_error = peft_export_options_set_combine_svd_clamp;
     }
 }

@@ -49,14 +49,17 @@ impl ExportOptions {
     }
 
     /// Sets PEFT's `density` for the pruning combinations of [`combine_adapters`]: the fraction of
-    /// each factor's values kept, from 0 to 1.
+    /// each factor's values kept (of each module's delta for the SVD forms), from 0 to 1.
     ///
     /// [`CombineMethod::Ties`] and [`CombineMethod::MagnitudePrune`] keep each factor's
     /// int(density * size) largest magnitudes (equal magnitudes: the lower index first; torch's topk
     /// leaves that order open); [`CombineMethod::DareLinear`] and [`CombineMethod::DareTies`] keep
     /// each value with probability `density` (see [`set_combine_seed`](ExportOptions::set_combine_seed))
-    /// and divide the kept ones by it. 1 prunes nothing. Those four methods need it (without it the
-    /// combination fails with `InvalidArgument`); `Cat`, `Linear` and [`Adapter::export`] ignore it.
+    /// and divide the kept ones by it; their SVD forms ([`CombineMethod::TiesSvd`],
+    /// [`CombineMethod::DareLinearSvd`], [`CombineMethod::DareTiesSvd`],
+    /// [`CombineMethod::MagnitudePruneSvd`]) do the same to each adapter's delta. 1 prunes nothing.
+    /// Those eight methods need it (without it the combination fails with `InvalidArgument`); `Cat`,
+    /// `Linear`, `Svd` and [`Adapter::export`] ignore it.
     ///
     /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a density
     /// outside [0, 1] or NaN (PEFT warns and prunes nothing above 1).
@@ -67,7 +70,8 @@ impl ExportOptions {
     }
 
     /// Sets PEFT's `majority_sign_method` for [`CombineMethod::Ties`] and
-    /// [`CombineMethod::DareTies`] ([`MajoritySign::Total`] by default); the other methods ignore it.
+    /// [`CombineMethod::DareTies`] and their SVD forms ([`MajoritySign::Total`] by default); the other
+    /// methods ignore it.
     pub fn set_combine_majority_sign(&mut self, method: MajoritySign) -> Result<&mut Self> {
         // SAFETY: a live handle.
         unsafe { check(sys::peft_export_options_set_combine_majority_sign(self.raw.as_ptr(), method.raw()))? };
@@ -75,7 +79,8 @@ impl ExportOptions {
     }
 
     /// Sets the seed of the random masks of [`CombineMethod::DareLinear`] and
-    /// [`CombineMethod::DareTies`] (any value; 0 by default); the other methods ignore it.
+    /// [`CombineMethod::DareTies`] and their SVD forms (any value; 0 by default); the other methods
+    /// ignore it.
     ///
     /// The masks are a function of the seed alone, the same on every machine and thread count (PEFT
     /// draws them with torch.bernoulli from torch's global generator, which no other program
@@ -83,6 +88,38 @@ impl ExportOptions {
     pub fn set_combine_seed(&mut self, seed: u64) -> Result<&mut Self> {
         // SAFETY: a live handle.
         unsafe { check(sys::peft_export_options_set_combine_seed(self.raw.as_ptr(), seed))? };
+        Ok(self)
+    }
+
+    /// Sets PEFT's `svd_rank`: the rank of the adapter the SVD combinations ([`CombineMethod::Svd`]
+    /// and the `*Svd` methods) write; 0 (the default) for the largest of the adapters' ranks (each
+    /// adapter's `r` or a larger `rank_pattern` value).
+    ///
+    /// A module whose layer allows less (min(out, in) below the rank) gets its full-rank factors
+    /// padded with zeros (PEFT fails on such a module). The other methods ignore it.
+    ///
+    /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a negative rank.
+    pub fn set_combine_svd_rank(&mut self, rank: i64) -> Result<&mut Self> {
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_export_options_set_combine_svd_rank(self.raw.as_ptr(), rank))? };
+        Ok(self)
+    }
+
+    /// Sets PEFT's `svd_clamp` for the SVD combinations: after the SVD, with hi the quantile of level
+    /// `quantile` of the new lora_B's and lora_A's values together (torch.quantile's linear
+    /// interpolation, in f32), every value of both is clamped to [-hi, hi]. `None` (the default; also
+    /// NaN) clears it: no clamp. The other methods ignore it.
+    ///
+    /// The values depend on the sign LAPACK gives each singular vector pair; peft_c fixes it (the
+    /// value of largest magnitude in each column of lora_B, the first of equal ones, is positive), so
+    /// the clamp gives the same result with every LAPACK.
+    ///
+    /// Errors: [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) for a quantile
+    /// outside [0, 1].
+    pub fn set_combine_svd_clamp(&mut self, quantile: Option<f64>) -> Result<&mut Self> {
+        let quantile = quantile.unwrap_or(f64::NAN);
+        // SAFETY: a live handle.
+        unsafe { check(sys::peft_export_options_set_combine_svd_clamp(self.raw.as_ptr(), quantile))? };
         Ok(self)
     }
 }
@@ -212,6 +249,21 @@ pub enum CombineMethod {
     DareTies,
     /// "magnitude_prune": "linear" after magnitude pruning of each factor (needs the density).
     MagnitudePrune,
+    /// "svd": the weighted sum of the modules' deltas, factored by truncated SVD at the new rank
+    /// ([`ExportOptions::set_combine_svd_rank`], [`ExportOptions::set_combine_svd_clamp`]); the ranks
+    /// may differ.
+    Svd,
+    /// "ties_svd": "svd" of the deltas after magnitude pruning, sign election and disjoint mean (needs
+    /// the density; reads the majority sign).
+    TiesSvd,
+    /// "dare_linear_svd": "svd" of the deltas after random pruning with rescale (needs the density;
+    /// reads the seed).
+    DareLinearSvd,
+    /// "dare_ties_svd": "ties_svd" with random pruning (with rescale) instead of magnitude (needs the
+    /// density; reads the majority sign and the seed).
+    DareTiesSvd,
+    /// "magnitude_prune_svd": "svd" of the deltas after magnitude pruning (needs the density).
+    MagnitudePruneSvd,
 }
 
 impl CombineMethod {
@@ -224,6 +276,11 @@ impl CombineMethod {
             CombineMethod::DareLinear => sys::PEFT_COMBINE_DARE_LINEAR,
             CombineMethod::DareTies => sys::PEFT_COMBINE_DARE_TIES,
             CombineMethod::MagnitudePrune => sys::PEFT_COMBINE_MAGNITUDE_PRUNE,
+            CombineMethod::Svd => sys::PEFT_COMBINE_SVD,
+            CombineMethod::TiesSvd => sys::PEFT_COMBINE_TIES_SVD,
+            CombineMethod::DareLinearSvd => sys::PEFT_COMBINE_DARE_LINEAR_SVD,
+            CombineMethod::DareTiesSvd => sys::PEFT_COMBINE_DARE_TIES_SVD,
+            CombineMethod::MagnitudePruneSvd => sys::PEFT_COMBINE_MAGNITUDE_PRUNE_SVD,
         }
     }
 }
@@ -261,10 +318,21 @@ impl MajoritySign {
 /// ([`ExportOptions::set_combine_majority_sign`]). Like `Linear`, they combine the factors, not the
 /// deltas.
 ///
+/// [`CombineMethod::Svd`] and its pruning forms ([`TiesSvd`](CombineMethod::TiesSvd),
+/// [`DareLinearSvd`](CombineMethod::DareLinearSvd), [`DareTiesSvd`](CombineMethod::DareTiesSvd),
+/// [`MagnitudePruneSvd`](CombineMethod::MagnitudePruneSvd)) combine each module's deltas instead:
+/// dW_i = s_i * B_i @ A_i in f32, pruned as above for all but `Svd`, summed with the weights (or
+/// elected for the TIES types), then factored by truncated SVD (LAPACK's sgesdd, as
+/// torch.linalg.svd on CPU): lora_B = U S and lora_A = V^T of the leading r components, r =
+/// [`ExportOptions::set_combine_svd_rank`] or the largest of the adapters' ranks, clamped as
+/// [`ExportOptions::set_combine_svd_clamp`] says. The ranks may differ. The result is the best
+/// rank-r approximation of the combined delta.
+///
 /// Errors: [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported) for what PEFT cannot combine
 /// (DoRA, lora_bias, full tensors, trainable tokens, ...); `InvalidArgument` for no adapters, a count
-/// mismatch, a weight that is not finite, a method other than `Cat` with unequal ranks or a pruning
-/// method without a density; `ShapeMismatch` naming the module; `Io`.
+/// mismatch, a weight that is not finite, a method other than `Cat` or the SVD types with unequal
+/// ranks or a pruning method without a density; `NonFinite` when a module's combined delta is not
+/// finite (SVD types); `ShapeMismatch` naming the module; `Io`.
 pub fn combine_adapters(
     adapters: &[&Adapter],
     weights: &[f64],

@@ -2,8 +2,8 @@
 //! build/peftc) byte for byte: LoRA extraction and conversion ([`extract_lora`], [`convert_to_lora`],
 //! [`convert_initial`]), a merge into a block-quantized GGUF base with an output type and the store
 //! report, and DoRA in unmerged apply with the host's base weight ([`Registry::set_base_weight`]);
-//! the pruning combinations ([`combine_adapters`] with ties and dare_linear) and the ggml merge
-//! arithmetic ([`MergeOptions::set_arithmetic`]).
+//! the pruning combinations ([`combine_adapters`] with ties and dare_linear), the SVD combinations
+//! (svd, ties_svd, dare_ties_svd) and the ggml merge arithmetic ([`MergeOptions::set_arithmetic`]).
 
 mod common;
 
@@ -392,6 +392,87 @@ fn pruning_combinations_match_peftc() {
     // A pruning method without a density.
     expect_code(
         combine_adapters(&adapters, &weights, CombineMethod::DareTies, dir.join("nodensity"), None),
+        ErrorCode::InvalidArgument,
+    );
+    assert!(!dir.join("nodensity").join("adapter_config.json").exists());
+}
+
+/// The SVD combinations (svd of adapters of unequal ranks; ties_svd with a rank and a clamp;
+/// dare_ties_svd with a seed) write the files `peftc adapter combine` writes with the same settings;
+/// bad SVD settings are refused.
+#[test]
+fn svd_combinations_match_peftc() {
+    let dir = TempDir::new("svdcomb");
+    let pattern = fixture(&["adapters", "llama_rank_alpha_pattern"]);
+    let (first, second) = (fixture(&["adapters", "llama_lora"]), fixture(&["adapters", "llama_lora_second"]));
+    let (ap, a1, a2) =
+        (Adapter::open(&pattern).unwrap(), Adapter::open(&first).unwrap(), Adapter::open(&second).unwrap());
+    // `peftc adapter combine` of `inputs` (weights 1 and 0.5) with `method` and `settings`, compared
+    // with the binding's output.
+    let same_as_peftc = |ours: &str, inputs: [&Path; 2], method: &str, settings: &[&str]| {
+        let reference = dir.join(&format!("{ours}-peftc"));
+        let mut words: Vec<std::ffi::OsString> = vec!["adapter".into(), "combine".into()];
+        for (input, weight) in inputs.iter().zip(["1", "0.5"]) {
+            words.extend(["--adapter".into(), format!("{}:{weight}", input.display()).into()]);
+        }
+        words.extend(["--method", method].map(Into::into));
+        words.extend(settings.iter().map(Into::into));
+        words.extend(["--out".into(), reference.clone().into_os_string()]);
+        let args: Vec<&dyn AsRef<std::ffi::OsStr>> = words.iter().map(|w| w as &dyn AsRef<std::ffi::OsStr>).collect();
+        if peftc(&args) {
+            assert_same_files(&dir.join(ours), &reference, &ADAPTER_FILES);
+        }
+    };
+    let weights = [1.0, 0.5];
+
+    // svd: the ranks may differ (llama_rank_alpha_pattern has r = 4 and rank_pattern values 2 and 8);
+    // the new rank is the largest of them.
+    combine_adapters(&[&ap, &a1], &weights, CombineMethod::Svd, dir.join("svd"), None).unwrap();
+    assert_eq!(Adapter::open(dir.join("svd")).unwrap().r(), 8);
+    same_as_peftc("svd", [&pattern, &first], "svd", &[]);
+
+    let mut ties = ExportOptions::new().unwrap();
+    ties.set_combine_density(0.5).unwrap().set_combine_svd_rank(2).unwrap().set_combine_svd_clamp(Some(0.95)).unwrap();
+    combine_adapters(&[&a1, &a2], &weights, CombineMethod::TiesSvd, dir.join("ties_svd"), Some(&ties)).unwrap();
+    assert_eq!(Adapter::open(dir.join("ties_svd")).unwrap().r(), 2);
+    same_as_peftc(
+        "ties_svd",
+        [&first, &second],
+        "ties_svd",
+        &["--density", "0.5", "--svd-rank", "2", "--svd-clamp", "0.95"],
+    );
+
+    let mut dare = ExportOptions::new().unwrap();
+    dare.set_combine_density(0.4).unwrap().set_combine_seed(7).unwrap();
+    combine_adapters(&[&a1, &a2], &weights, CombineMethod::DareTiesSvd, dir.join("dare_ties_svd"), Some(&dare))
+        .unwrap();
+    same_as_peftc("dare_ties_svd", [&first, &second], "dare_ties_svd", &["--density", "0.4", "--seed", "7"]);
+    // A rank of 0 is the default, and None clears a clamp.
+    dare.set_combine_svd_rank(0)
+        .unwrap()
+        .set_combine_svd_clamp(Some(0.5))
+        .unwrap()
+        .set_combine_svd_clamp(None)
+        .unwrap();
+    combine_adapters(&[&a1, &a2], &weights, CombineMethod::DareTiesSvd, dir.join("again"), Some(&dare)).unwrap();
+    assert_same_files(&dir.join("dare_ties_svd"), &dir.join("again"), &ADAPTER_FILES);
+
+    let raws = [
+        CombineMethod::Svd,
+        CombineMethod::TiesSvd,
+        CombineMethod::DareLinearSvd,
+        CombineMethod::DareTiesSvd,
+        CombineMethod::MagnitudePruneSvd,
+    ]
+    .map(CombineMethod::raw);
+    assert_eq!(raws, [6, 7, 8, 9, 10]);
+
+    let mut opts = ExportOptions::new().unwrap();
+    expect_code(opts.set_combine_svd_rank(-1).map(|_| ()), ErrorCode::InvalidArgument);
+    expect_code(opts.set_combine_svd_clamp(Some(1.5)).map(|_| ()), ErrorCode::InvalidArgument);
+    // A pruning SVD method without a density.
+    expect_code(
+        combine_adapters(&[&a1, &a2], &weights, CombineMethod::MagnitudePruneSvd, dir.join("nodensity"), None),
         ErrorCode::InvalidArgument,
     );
     assert!(!dir.join("nodensity").join("adapter_config.json").exists());
