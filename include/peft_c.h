@@ -3262,6 +3262,57 @@ PEFT_API peft_error* peft_adapter_convert_to_lora(const peft_adapter* adapter, c
 PEFT_API peft_error* peft_adapter_convert_initial(const char* tuned_dir, const char* initial_dir, const char* out_dir,
                                                   const peft_export_options* opts);
 
+/**
+ * @brief Combines adapters in delta space: the weighted sum of each module's true weight change,
+ *        written as a plain LoRA adapter, exactly or truncated by SVD.
+ *
+ * Unlike peft_adapter_combine() (PEFT's `add_weighted_adapter`), which combines LoRA factors (its
+ * `linear` and pruning types add cross terms B_i A_j no adapter had), this combines what a merge
+ * adds: dW_i is each module's change as peft_adapter_convert_to_lora() computes it (LoRA with its
+ * own scaling, rsLoRA and patterns included; the dense delta of LoHa, LoKr, AdaLoRA and the other
+ * additive methods; with a base, W' - W of IA3, OFT, BOFT, HRA), in the layout of PEFT's
+ * `get_delta_weight` ([in, out] for a GPT-2 Conv1D layer). The inputs may mix methods and ranks.
+ * With #PEFT_COMBINE_LINEAR the result is sum_i w_i dW_i; #PEFT_COMBINE_TIES,
+ * #PEFT_COMBINE_DARE_LINEAR, #PEFT_COMBINE_DARE_TIES and #PEFT_COMBINE_MAGNITUDE_PRUNE prune and
+ * elect on the deltas as PEFT's merge_utils functions do (density, majority sign and DARE's masks,
+ * factor 2 of peft_export_options_set_combine_seed()'s formula, from @p combine_opts).
+ *
+ * The sum is written exactly when @p opts chooses no rank or energy (or is NULL): lora_A holds the
+ * rows w_i * s_i * A_i and lora_B the columns B_i of the adapters that have the module, so the rank
+ * is the sum of their ranks (error 0). That needs LoRA inputs and #PEFT_COMBINE_LINEAR. With a rank
+ * or an energy fraction, each module's sum is factored by truncated SVD as
+ * peft_adapter_convert_to_lora() does, and the report gives its relative error. The config is
+ * the one peft_adapter_convert_to_lora() writes (scaling 1; `target_modules` the modules' names;
+ * `base_model_name_or_path` and `task_type` from the first adapter; a module whose rank differs
+ * from `r` in `rank_pattern` and `alpha_pattern`).
+ * @param adapters @p count adapters (only read).
+ * @param weights @p count finite weights (negative values subtract).
+ * @param count Number of adapters, at least 1.
+ * @param method #PEFT_COMBINE_LINEAR, #PEFT_COMBINE_TIES, #PEFT_COMBINE_DARE_LINEAR,
+ *        #PEFT_COMBINE_DARE_TIES or #PEFT_COMBINE_MAGNITUDE_PRUNE.
+ * @param out_dir The output folder (UTF-8).
+ * @param combine_opts The density, majority sign and seed of @p method (its dtype, PEFT version and
+ *        SVD settings are not used), or NULL.
+ * @param opts Rank or energy (neither: exact), SVD method, threads, dtype, and the base model
+ *        (peft_lowrank_options_set_base(); default: the first adapter's), or NULL (exact, F32).
+ * @param[out] out_report Receives the per-module report, or NULL.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_UNSUPPORTED naming the adapter and module: DoRA (its change rescales W + dW
+ *         per row, so it does not add), lora_bias (the plain LoRA written has no bias),
+ *         modules_to_save and other whole tensors, trainable tokens, stacked expert parameters,
+ *         activated LoRA, embedding and conv modules, a multiplicative module without a base;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, @p count 0, another @p method, a weight
+ *         that is not finite, a pruning method without a density, an exact combination of a
+ *         non-LoRA module or with pruning (naming it), or a rank above a module's min(out, in);
+ *         #PEFT_ERR_SHAPE_MISMATCH when a module's deltas differ in shape between adapters;
+ *         #PEFT_ERR_NOT_FOUND when the base has no weight for a module; #PEFT_ERR_NON_FINITE;
+ *         #PEFT_ERR_IO. Thread-safe.
+ */
+PEFT_API peft_error* peft_adapter_combine_deltas(const peft_adapter* const* adapters, const double* weights, size_t count,
+                                                 int32_t method, const char* out_dir,
+                                                 const peft_export_options* combine_opts,
+                                                 const peft_lowrank_options* opts, peft_lowrank_report** out_report);
+
 /** @} */
 
 /** @} */
@@ -4030,6 +4081,7 @@ typedef struct peft_api {
   peft_error* (*merge_options_set_join_split)(peft_merge_options* opts, int32_t join); /**< peft_merge_options_set_join_split() */
   peft_error* (*export_options_set_combine_svd_rank)(peft_export_options* opts, int64_t rank); /**< peft_export_options_set_combine_svd_rank() */
   peft_error* (*export_options_set_combine_svd_clamp)(peft_export_options* opts, double quantile); /**< peft_export_options_set_combine_svd_clamp() */
+  peft_error* (*adapter_combine_deltas)(const peft_adapter* const* adapters, const double* weights, size_t count, int32_t method, const char* out_dir, const peft_export_options* combine_opts, const peft_lowrank_options* opts, peft_lowrank_report** out_report); /**< peft_adapter_combine_deltas() */
 } peft_api;
 
 /**

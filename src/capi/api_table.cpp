@@ -244,6 +244,7 @@ const peft_api kApiV1 = {
     &peft_merge_options_set_join_split,
     &peft_export_options_set_combine_svd_rank,
     &peft_export_options_set_combine_svd_clamp,
+    &peft_adapter_combine_deltas,
 };
 
 }  // namespace

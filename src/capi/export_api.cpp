@@ -7,8 +7,10 @@
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
+#include "capi/lowrank_handles.hpp"
 #include "core/error.hpp"
 #include "peft/combine/adapter_combine.hpp"
+#include "peft/combine/delta_combine.hpp"
 #include "peft/export/adapter_export.hpp"
 #include "peft/export/gguf_adapter_export.hpp"
 #include "peft/import/gguf_adapter_import.hpp"
@@ -24,6 +26,34 @@ using peft::capi::options_of;
 using peft::capi::require_arg;
 
 namespace {
+// PEFT_COMBINE_* as a CombineMethod; INVALID_ARGUMENT for another value.
+peft::CombineMethod combine_method(int32_t method) {
+  using M = peft::CombineMethod;
+  static constexpr M kMethods[] = {M::cat,         M::linear,          M::ties,         M::dare_linear,
+                                   M::dare_ties,   M::magnitude_prune, M::svd,          M::ties_svd,
+                                   M::dare_linear_svd, M::dare_ties_svd, M::magnitude_prune_svd};
+  static_assert(PEFT_COMBINE_CAT == 0 && PEFT_COMBINE_LINEAR == 1 && PEFT_COMBINE_TIES == 2 &&
+                PEFT_COMBINE_DARE_LINEAR == 3 && PEFT_COMBINE_DARE_TIES == 4 && PEFT_COMBINE_MAGNITUDE_PRUNE == 5 &&
+                PEFT_COMBINE_SVD == 6 && PEFT_COMBINE_TIES_SVD == 7 && PEFT_COMBINE_DARE_LINEAR_SVD == 8 &&
+                PEFT_COMBINE_DARE_TIES_SVD == 9 && PEFT_COMBINE_MAGNITUDE_PRUNE_SVD == 10);
+  if (method < 0 || method >= static_cast<int32_t>(std::size(kMethods)))
+    peft::fail(PEFT_ERR_INVALID_ARGUMENT, "combination method " + std::to_string(method) +
+                                              " is not one of the PEFT_COMBINE_* values");
+  return kMethods[method];
+}
+
+// The adapters of a combination, checked (none NULL, at least one).
+std::vector<std::shared_ptr<const peft::Adapter>> adapter_list(const peft_adapter* const* adapters, size_t count) {
+  if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
+  std::vector<std::shared_ptr<const peft::Adapter>> list;
+  list.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (adapters[i] == nullptr) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "adapters[" + std::to_string(i) + "] is NULL");
+    list.push_back(adapters[i]->impl);
+  }
+  return list;
+}
+
 // The options of a GGUF LoRA export: the base (NULL: none) and the tensors' ggml type, checked.
 peft::GgufAdapterExportOptions gguf_export_options(const char* base, int32_t ggml_type) {
   if (ggml_type < 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "ggml type " + std::to_string(ggml_type) + " is negative");
@@ -149,27 +179,27 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
     require_arg(adapters, "adapters");
     require_arg(weights, "weights");
     require_arg(out_dir, "out_dir");
-    if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
-    using M = peft::CombineMethod;
-    static constexpr M kMethods[] = {M::cat,         M::linear,          M::ties,         M::dare_linear,
-                                     M::dare_ties,   M::magnitude_prune, M::svd,          M::ties_svd,
-                                     M::dare_linear_svd, M::dare_ties_svd, M::magnitude_prune_svd};
-    static_assert(PEFT_COMBINE_CAT == 0 && PEFT_COMBINE_LINEAR == 1 && PEFT_COMBINE_TIES == 2 &&
-                  PEFT_COMBINE_DARE_LINEAR == 3 && PEFT_COMBINE_DARE_TIES == 4 && PEFT_COMBINE_MAGNITUDE_PRUNE == 5 &&
-                  PEFT_COMBINE_SVD == 6 && PEFT_COMBINE_TIES_SVD == 7 && PEFT_COMBINE_DARE_LINEAR_SVD == 8 &&
-                  PEFT_COMBINE_DARE_TIES_SVD == 9 && PEFT_COMBINE_MAGNITUDE_PRUNE_SVD == 10);
-    if (method < 0 || method >= static_cast<int32_t>(std::size(kMethods)))
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "combination method " + std::to_string(method) +
-                                                " is not one of the PEFT_COMBINE_* values");
-    std::vector<std::shared_ptr<const peft::Adapter>> list;
-    list.reserve(count);
-    for (size_t i = 0; i < count; ++i) {
-      if (adapters[i] == nullptr)
-        peft::fail(PEFT_ERR_INVALID_ARGUMENT, "adapters[" + std::to_string(i) + "] is NULL");
-      list.push_back(adapters[i]->impl);
-    }
-    peft::combine_adapters(list, std::span<const double>(weights, count), kMethods[method], out_dir, options_of(opts),
+    const peft::CombineMethod how = combine_method(method);
+    const auto list = adapter_list(adapters, count);
+    peft::combine_adapters(list, std::span<const double>(weights, count), how, out_dir, options_of(opts),
                            opts != nullptr ? opts->combine : peft::CombineSettings{});
+  });
+}
+
+peft_error* peft_adapter_combine_deltas(const peft_adapter* const* adapters, const double* weights, size_t count,
+                                        int32_t method, const char* out_dir, const peft_export_options* combine_opts,
+                                        const peft_lowrank_options* opts, peft_lowrank_report** out_report) {
+  return guarded([&] {
+    require_arg(adapters, "adapters");
+    require_arg(weights, "weights");
+    require_arg(out_dir, "out_dir");
+    const peft::CombineMethod how = combine_method(method);
+    const auto list = adapter_list(adapters, count);
+    peft::capi::hand_out_report(
+        peft::combine_deltas(list, std::span<const double>(weights, count), how,
+                             combine_opts != nullptr ? combine_opts->combine : peft::CombineSettings{},
+                             opts != nullptr ? opts->impl : peft::LowRankOptions{}, out_dir),
+        out_report);
   });
 }
 

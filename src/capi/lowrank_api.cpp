@@ -6,29 +6,15 @@
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
+#include "capi/lowrank_handles.hpp"
 #include "core/error.hpp"
 #include "peft/lowrank/lora_convert.hpp"
 #include "peft/lowrank/lora_extract.hpp"
-
-struct peft_lowrank_options {
-  peft::LowRankOptions impl;
-};
-
-struct peft_lowrank_report {
-  std::vector<peft::LowRankModule> modules;
-};
 
 using peft::capi::guarded;
 using peft::capi::require_arg;
 
 namespace {
-
-void hand_out(std::vector<peft::LowRankModule>&& modules, peft_lowrank_report** out_report) {
-  if (out_report == nullptr) return;
-  auto* report = new peft_lowrank_report();
-  report->modules = std::move(modules);
-  *out_report = report;
-}
 
 const peft::LowRankModule* module_at(const peft_lowrank_report* report, size_t index) {
   return report != nullptr && index < report->modules.size() ? &report->modules[index] : nullptr;
@@ -121,7 +107,7 @@ peft_error* peft_adapter_extract(const char* base, const char* tuned, const char
     require_arg(tuned, "tuned");
     require_arg(out_dir, "out_dir");
     require_arg(opts, "opts");
-    hand_out(peft::extract_lora(base, tuned, out_dir, opts->impl), out_report);
+    peft::capi::hand_out_report(peft::extract_lora(base, tuned, out_dir, opts->impl), out_report);
   });
 }
 
@@ -131,7 +117,7 @@ peft_error* peft_adapter_convert_to_lora(const peft_adapter* adapter, const char
     require_arg(adapter, "adapter");
     require_arg(out_dir, "out_dir");
     require_arg(opts, "opts");
-    hand_out(peft::convert_to_lora(*adapter->impl, out_dir, opts->impl), out_report);
+    peft::capi::hand_out_report(peft::convert_to_lora(*adapter->impl, out_dir, opts->impl), out_report);
   });
 }
 

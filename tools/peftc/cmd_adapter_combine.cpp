@@ -4,6 +4,9 @@
 // Combines adapters as PEFT's add_weighted_adapter does ("cat" exact; "linear", "ties",
 // "dare_linear", "dare_ties", "magnitude_prune" on the factors; "svd" and the "*_svd" types on the
 // deltas, by truncated SVD) into a new adapter folder.
+// With --deltas: the weighted sum of the modules' true deltas (any mergeable method), by "linear" or
+// a pruning type, written exactly (LoRA inputs, "linear") or with [--rank R | --energy F]
+// [--svd exact|randomized] [--threads N], and its per-module report [--json].
 #include <cstdio>
 #include <cerrno>
 #include <cstdlib>
@@ -15,6 +18,7 @@
 #include "adapter_open.hpp"
 #include "arguments.hpp"
 #include "command.hpp"
+#include "lowrank_cli.hpp"
 
 namespace peftc {
 namespace {
@@ -23,7 +27,10 @@ constexpr const char* kUsage =
     "adapter combine --adapter DIR:WEIGHT [--adapter DIR:WEIGHT ...] "
     "--method cat|linear|ties|dare_linear|dare_ties|magnitude_prune|svd|ties_svd|dare_linear_svd|dare_ties_svd|"
     "magnitude_prune_svd --out DIR [--density D] [--majority-sign total|frequency] [--seed N] [--svd-rank R] "
-    "[--svd-clamp Q] [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient]";
+    "[--svd-clamp Q] [--dtype f32|bf16|f16] [--peft-version X.Y] [--base DIR] [--lenient] "
+    "| adapter combine --deltas --adapter DIR:WEIGHT ... --method linear|ties|dare_linear|dare_ties|magnitude_prune "
+    "--out DIR [--density D] [--majority-sign total|frequency] [--seed N] [--rank R | --energy F] "
+    "[--svd exact|randomized] [--threads N] [--dtype f32|bf16|f16] [--base DIR] [--lenient] [--json]";
 
 // The --method names, in PEFT_COMBINE_* order.
 constexpr const char* kMethods[] = {"cat",       "linear",          "ties",           "dare_linear",
@@ -67,10 +74,24 @@ int combine_command(const std::vector<std::string>& args) {
   std::optional<uint64_t> seed;
   std::optional<int64_t> svd_rank;
   std::optional<double> svd_clamp;
+  Owned<peft_lowrank_options, peft_lowrank_options_free> lowrank;
+  if (peft_error* err = peft_lowrank_options_new(&lowrank.p)) return report(err);
+  bool deltas = false, json = false, rank_given = false, lowrank_option = false;
   for (Arguments a(args); a.next();) {
     const std::string& arg = a.name();
+    // --dtype is this command's own (both forms); the SVD options go with --deltas.
+    const int applied = arg == "--dtype" ? 0 : apply_lowrank_option(a, lowrank.p, rank_given, kUsage);
+    if (applied < 0) return kExitUsage;
+    if (applied > 0) {
+      lowrank_option = true;
+      continue;
+    }
     if (arg == kLenientOption && !a.has_inline_value()) {
       lenient = true;
+    } else if (arg == "--deltas" && !a.has_inline_value()) {
+      deltas = true;
+    } else if (arg == "--json" && !a.has_inline_value()) {
+      json = true;
     } else if (arg == "--base") {
       const auto v = a.value();
       if (!v || v->empty()) return usage_error("--base needs a model folder", kUsage);
@@ -140,6 +161,10 @@ int combine_command(const std::vector<std::string>& args) {
   if (dirs.empty()) return usage_error("adapter combine needs at least one --adapter DIR:WEIGHT", kUsage);
   if (!method) return usage_error(std::string("adapter combine needs --method (") + kMethodList + ")", kUsage);
   if (!out) return usage_error("adapter combine needs --out DIR", kUsage);
+  if (!deltas && (lowrank_option || json))
+    return usage_error("--rank, --energy, --svd, --threads and --json go with --deltas", kUsage);
+  if (deltas && (svd_rank || svd_clamp || version))
+    return usage_error("--deltas takes --rank or --energy, not --svd-rank, --svd-clamp or --peft-version", kUsage);
 
   Handles h;
   if (peft_error* err = peft_export_options_new(&h.options)) return report(err);
@@ -168,6 +193,19 @@ int combine_command(const std::vector<std::string>& args) {
     h.adapters.push_back(adapter);
   }
   std::vector<const peft_adapter*> list(h.adapters.begin(), h.adapters.end());
+  if (deltas) {
+    if (dtype != PEFT_DTYPE_KEEP) {
+      if (peft_error* err = peft_lowrank_options_set_dtype(lowrank.p, dtype)) return report(err);
+    }
+    if (peft_error* err = peft_lowrank_options_set_base(lowrank.p, base.c_str())) return report(err);
+    Owned<peft_lowrank_report, peft_lowrank_report_free> result;
+    if (peft_error* err = peft_adapter_combine_deltas(list.data(), weights.data(), list.size(), *method, out->c_str(),
+                                                      h.options, lowrank.p, &result.p))
+      return report(err);
+    print_lowrank_report(result.p, json);
+    if (!json) std::printf("combined %zu adapter(s) (%s of the deltas) into %s\n", list.size(), kMethods[*method], out->c_str());
+    return kExitOk;
+  }
   if (peft_error* err = peft_adapter_combine(list.data(), weights.data(), list.size(), *method, out->c_str(), h.options))
     return report(err);
   std::printf("combined %zu adapter(s) (%s) into %s\n", list.size(), kMethods[*method], out->c_str());

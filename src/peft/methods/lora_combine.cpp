@@ -208,6 +208,15 @@ CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapter
   return c;
 }
 
+std::vector<float> combine_task_tensors(std::span<const float* const> tensors, std::span<const float> weights,
+                                        size_t n, const TaskSettings& settings, int factor) {
+  check_density(settings.density, task_name(settings.how));
+  if (tensors.size() != weights.size() || tensors.empty())
+    fail(PEFT_ERR_INTERNAL, "combine_task_tensors: one weight per tensor, at least one tensor");
+  return combine_factor(std::vector<const float*>(tensors.begin(), tensors.end()),
+                        std::vector<float>(weights.begin(), weights.end()), n, settings, factor);
+}
+
 namespace {
 
 // torch.quantile(values, q) with linear interpolation, in f32 as torch computes it for f32 values:

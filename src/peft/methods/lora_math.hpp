@@ -267,6 +267,12 @@ bool dare_keep(uint64_t seed, std::string_view stream, size_t adapter, int facto
 CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapters, int64_t out, int64_t in,
                                         const TaskSettings& settings);
 
+// The task arithmetic above on whole tensors: t_i of n values each, weights w_i (f32, used as they
+// are), DARE's masks drawn with `factor` (the delta-space combine uses 2, as combine_svd). Returns
+// the combined n values. INVALID_ARGUMENT for a density below 0 or NaN.
+std::vector<float> combine_task_tensors(std::span<const float* const> tensors, std::span<const float> weights,
+                                        size_t n, const TaskSettings& settings, int factor);
+
 // The SVD combination types of add_weighted_adapter (svd, ties_svd, dare_linear_svd, dare_ties_svd,
 // magnitude_prune_svd: `settings.how` linear, ties, dare_linear, dare_ties, magnitude_prune), as
 // _svd_generalized_task_arithmetic_weighted_adapter does them:
