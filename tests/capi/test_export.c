@@ -251,6 +251,54 @@ static void test_combine(void) {
                     "DoRA");
   CHECK(!exists(out));
 
+  /* The delta-space combination: exact by default (the ranks add up, errors 0), truncated with a rank. */
+  {
+    peft_lowrank_report* report = NULL;
+    peft_lowrank_options* lowrank = NULL;
+    size_t i;
+    int zero = 1, summed = 0;
+    CHECK_OK(peft_adapter_combine_deltas(unequal, weights, 2, PEFT_COMBINE_LINEAR, in_scratch("deltas", out, sizeof out),
+                                         NULL, NULL, &report));
+    CHECK(report != NULL && peft_lowrank_report_module_count(report) > 0);
+    for (i = 0; report != NULL && i < peft_lowrank_report_module_count(report); ++i) {
+      zero = zero && peft_lowrank_report_module_error(report, i) == 0.0;
+      /* q_proj: llama_rank_alpha_pattern's rank_pattern 8 plus llama_lora's 4 */
+      if (strcmp(peft_lowrank_report_module_name(report, i), "model.layers.0.self_attn.q_proj") == 0)
+        summed = peft_lowrank_report_module_rank(report, i) == 12;
+    }
+    CHECK(zero);
+    CHECK(summed);
+    peft_lowrank_report_free(report);
+    report = NULL;
+    CHECK_OK(peft_lowrank_options_new(&lowrank));
+    CHECK_OK(peft_lowrank_options_set_rank(lowrank, 2));
+    CHECK_OK(peft_export_options_set_combine_density(opts, 0.5));
+    CHECK_OK(peft_adapter_combine_deltas(pair, weights, 2, PEFT_COMBINE_TIES, in_scratch("deltas_ties", out, sizeof out),
+                                         opts, lowrank, NULL));
+    CHECK_OK(peft_adapter_open(out, NULL, &back));
+    if (back != NULL) {
+      CHECK(peft_adapter_r(back) == 2);
+      peft_adapter_free(back);
+      back = NULL;
+    }
+    /* Errors: another method, exact with pruning, DoRA, NULL arguments; nothing written. */
+    in_scratch("deltas_failed", out, sizeof out);
+    CHECK_CODE(peft_adapter_combine_deltas(pair, weights, 2, PEFT_COMBINE_SVD, out, opts, lowrank, NULL),
+               PEFT_ERR_INVALID_ARGUMENT);
+    CHECK_CODE_NAMING(peft_adapter_combine_deltas(pair, weights, 2, PEFT_COMBINE_TIES, out, opts, NULL, NULL),
+                      PEFT_ERR_INVALID_ARGUMENT, "rank or an energy");
+    CHECK_CODE_NAMING(peft_adapter_combine_deltas(with_dora, weights, 2, PEFT_COMBINE_LINEAR, out, NULL, NULL, NULL),
+                      PEFT_ERR_UNSUPPORTED, "DoRA");
+    CHECK_CODE(peft_adapter_combine_deltas(NULL, weights, 2, PEFT_COMBINE_LINEAR, out, NULL, NULL, NULL),
+               PEFT_ERR_INVALID_ARGUMENT);
+    CHECK_CODE(peft_adapter_combine_deltas(pair, weights, 0, PEFT_COMBINE_LINEAR, out, NULL, NULL, NULL),
+               PEFT_ERR_INVALID_ARGUMENT);
+    CHECK_CODE(peft_adapter_combine_deltas(with_null, weights, 2, PEFT_COMBINE_LINEAR, out, NULL, NULL, NULL),
+               PEFT_ERR_INVALID_ARGUMENT);
+    CHECK(!exists(out));
+    peft_lowrank_options_free(lowrank);
+  }
+
   peft_export_options_free(opts);
   peft_adapter_free(first);
   peft_adapter_free(second);

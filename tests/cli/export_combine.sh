@@ -67,6 +67,19 @@ check "ties_svd: r is --svd-rank" [ "$(ranks_of "$work/ties_svd")" = "r=2 " ]
 check "dare_ties_svd needs a density" fails_naming "INVALID_ARGUMENT: .*density" "$peftc" adapter combine \
   --adapter "$a:1" --adapter "$b:1" --method dare_ties_svd --out "$work/bad"
 
+# ---- --deltas: the true deltas' weighted sum, exact or truncated --------------------------------
+check "--deltas combines exactly" exit_is 0 "$peftc" adapter combine --deltas --adapter "$a:0.7" --adapter "$b:-1.3" \
+  --method linear --out "$work/deltas"
+check "--deltas: ranks add up (4 + 4)" [ "$(ranks_of "$work/deltas")" = "r=8 " ]
+check "--deltas --json reports every module" bash -c "'$peftc' adapter combine --deltas --adapter '$a:1' \
+  --adapter '$b:1' --method ties --density 0.5 --rank 2 --out '$work/deltas_json' --json | grep -q '\"relative_error\"'"
+check "--deltas --rank 2 writes rank 2" [ "$(ranks_of "$work/deltas_json")" = "r=2 " ]
+check "--rank needs --deltas" exit_is 2 "$peftc" adapter combine --adapter "$a:1" --method linear --rank 2 --out "$work/bad"
+check "--deltas takes no --svd-rank" exit_is 2 "$peftc" adapter combine --deltas --adapter "$a:1" --method linear \
+  --svd-rank 2 --out "$work/bad"
+check "--deltas exact with pruning is refused" fails_naming "INVALID_ARGUMENT: .*rank or an energy" "$peftc" adapter \
+  combine --deltas --adapter "$a:1" --adapter "$b:1" --method ties --density 0.5 --out "$work/bad"
+
 # ---- refusals ----------------------------------------------------------------------------------
 check "DoRA is refused" fails_naming "UNSUPPORTED: .*DoRA" "$peftc" adapter combine --adapter "$a:1" \
   --adapter "$adapters/llama_dora:1" --method cat --out "$work/bad"

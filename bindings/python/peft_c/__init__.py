@@ -28,7 +28,7 @@ from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKi
 from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
 from .export import (combine_adapters, export_adapter, export_adapter_gguf, export_adapter_gguf_split,
                      import_adapter_gguf)
-from .lowrank import LowRankModule, convert_initial, convert_to_lora, extract_lora
+from .lowrank import LowRankModule, combine_deltas, convert_initial, convert_to_lora, extract_lora
 from .doctor import adapter_doctor, adapter_doctor_fix
 from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
 from .hub import hub_cache_dir, hub_resolve
@@ -100,6 +100,7 @@ __all__ = [
     "adapter_doctor_fix",
     "as_dtype",
     "combine_adapters",
+    "combine_deltas",
     "convert_initial",
     "convert_to_lora",
     "convert",

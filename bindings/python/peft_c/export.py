@@ -48,6 +48,31 @@ def export_adapter(adapter: Adapter, out_dir, *, dtype: Optional[DTypeLike] = No
         check(lib().peft_adapter_export(handle_of(adapter).ptr, fs_path(out_dir), opts))
 
 
+def _combination_inputs(adapters: Sequence[Adapter], weights: Sequence[float], method: str):
+    """The adapters' handles (keep them alive for the call), their pointers and the weights, checked."""
+    adapters, weights = list(adapters), [float(w) for w in weights]
+    if not adapters or len(adapters) != len(weights):
+        raise ValueError("give one weight per adapter, and at least one adapter")
+    if not all(math.isfinite(w) for w in weights):
+        raise ValueError("weights must be finite")
+    if method not in COMBINE_METHODS:
+        raise ValueError(f"method must be one of {sorted(COMBINE_METHODS)}")
+    owners = [handle_of(a) for a in adapters]
+    return owners, (c_void_p * len(owners))(*[o.ptr for o in owners]), (c_double * len(weights))(*weights)
+
+
+def _set_combination(opts, density: Optional[float], majority_sign_method: str, seed: int) -> None:
+    """The pruning settings (density, majority sign, DARE's seed) on export options."""
+    if majority_sign_method not in MAJORITY_SIGN_METHODS:
+        raise ValueError(f"majority_sign_method must be one of {sorted(MAJORITY_SIGN_METHODS)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+        raise ValueError("seed must be an integer from 0 to 2**64 - 1")
+    if density is not None:
+        check(lib().peft_export_options_set_combine_density(opts, float(density)))
+    check(lib().peft_export_options_set_combine_majority_sign(opts, MAJORITY_SIGN_METHODS[majority_sign_method]))
+    check(lib().peft_export_options_set_combine_seed(opts, seed))
+
+
 def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_dir, *,
                      method: str = "cat", dtype: Optional[DTypeLike] = None,
                      peft_version: Optional[str] = None, density: Optional[float] = None,
@@ -63,25 +88,9 @@ def combine_adapters(adapters: Sequence[Adapter], weights: Sequence[float], out_
     documented function of it, see include/peft_c.h). The SVD types read PEFT's ``svd_rank`` (None:
     the largest of the adapters' ranks) and ``svd_clamp`` (a quantile from 0 to 1, or None).
     """
-    if majority_sign_method not in MAJORITY_SIGN_METHODS:
-        raise ValueError(f"majority_sign_method must be one of {sorted(MAJORITY_SIGN_METHODS)}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
-        raise ValueError("seed must be an integer from 0 to 2**64 - 1")
-    adapters, weights = list(adapters), [float(w) for w in weights]
-    if not adapters or len(adapters) != len(weights):
-        raise ValueError("give one weight per adapter, and at least one adapter")
-    if not all(math.isfinite(w) for w in weights):
-        raise ValueError("weights must be finite")
-    if method not in COMBINE_METHODS:
-        raise ValueError(f"method must be one of {sorted(COMBINE_METHODS)}")
-    owners = [handle_of(a) for a in adapters]  # kept alive for the call
-    pointers = (c_void_p * len(owners))(*[o.ptr for o in owners])
-    values = (c_double * len(weights))(*weights)
+    owners, pointers, values = _combination_inputs(adapters, weights, method)
     with _export_options(dtype, peft_version) as opts:
-        if density is not None:
-            check(lib().peft_export_options_set_combine_density(opts, float(density)))
-        check(lib().peft_export_options_set_combine_majority_sign(opts, MAJORITY_SIGN_METHODS[majority_sign_method]))
-        check(lib().peft_export_options_set_combine_seed(opts, seed))
+        _set_combination(opts, density, majority_sign_method, seed)
         if svd_rank is not None:
             if isinstance(svd_rank, bool) or not isinstance(svd_rank, int) or svd_rank < 1:
                 raise ValueError("svd_rank must be an integer of at least 1, or None")

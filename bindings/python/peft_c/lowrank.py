@@ -1,5 +1,6 @@
 """LoRA extraction from a fine-tuned checkpoint and conversion of adapters to plain LoRA (truncated SVD,
-as PEFT's ``convert_to_lora``): ``extract_lora``, ``convert_to_lora``, ``convert_initial``.
+as PEFT's ``convert_to_lora``): ``extract_lora``, ``convert_to_lora``, ``convert_initial``; and the
+delta-space combination of adapters into one plain LoRA: ``combine_deltas``.
 
 Each writes a PEFT adapter folder (adapter_model.safetensors and adapter_config.json) that PEFT loads
 with no missing or unexpected keys. ``extract_lora`` and ``convert_to_lora`` return the report: per
@@ -18,7 +19,7 @@ from ._handle import handle_of
 from ._helpers import c_options, encode, fs_path
 from ._lib import check, lib, text
 from .adapter import Adapter
-from .export import _export_options
+from .export import COMBINE_METHODS, _combination_inputs, _export_options, _set_combination
 
 # Mirrors PEFT_SVD_* of include/peft_c.h.
 SVD_METHODS = {"exact": 0, "randomized": 1}
@@ -39,8 +40,8 @@ class LowRankModule:
 @contextlib.contextmanager
 def _lowrank_options(rank: Optional[int], energy: Optional[float], svd: str, threads: int,
                      dtype: Optional[DTypeLike], modules: Optional[Sequence[str]],
-                     base=None) -> Iterator[c_void_p]:
-    if (rank is None) == (energy is None):
+                     base=None, exact_allowed: bool = False) -> Iterator[c_void_p]:
+    if rank is not None and energy is not None or (rank is None and energy is None and not exact_allowed):
         raise ValueError("give either rank or energy")
     if svd not in SVD_METHODS:
         raise ValueError(f"svd must be one of {sorted(SVD_METHODS)}")
@@ -57,7 +58,7 @@ def _lowrank_options(rank: Optional[int], energy: Optional[float], svd: str, thr
             if isinstance(rank, bool) or not isinstance(rank, int):
                 raise TypeError("rank is an int")
             check(library.peft_lowrank_options_set_rank(opts, rank))
-        else:
+        elif energy is not None:
             check(library.peft_lowrank_options_set_energy(opts, float(energy)))
         check(library.peft_lowrank_options_set_svd(opts, SVD_METHODS[svd]))
         check(library.peft_lowrank_options_set_threads(opts, threads))
@@ -142,3 +143,34 @@ def convert_initial(tuned_dir, initial_dir, out_dir, *, dtype: Optional[DTypeLik
 
 
 __all__ = ["LowRankModule", "SVD_METHODS", "convert_initial", "convert_to_lora", "extract_lora"]
+
+
+def combine_deltas(adapters: Sequence[Adapter], weights: Sequence[float], out_dir, *, method: str = "linear",
+                   density: Optional[float] = None, majority_sign_method: str = "total", seed: int = 0,
+                   rank: Optional[int] = None, energy: Optional[float] = None, svd: str = "exact", threads: int = 0,
+                   dtype: Optional[DTypeLike] = None, base=None) -> List[LowRankModule]:
+    """Combines adapters in delta space into a plain LoRA adapter: the weighted sum of each module's true
+    weight change (any mergeable method: LoRA with its own scaling, LoHa, LoKr, ...; IA3, OFT, BOFT, HRA
+    against ``base``), not PEFT's factor-wise ``add_weighted_adapter``.
+
+    ``method`` is "linear" (the sum) or "ties", "dare_linear", "dare_ties", "magnitude_prune" (PEFT's
+    merge_utils on the deltas, with ``density``, ``majority_sign_method`` and ``seed`` as for
+    ``combine_adapters``). With neither ``rank`` nor ``energy`` the sum is written exactly (LoRA inputs
+    and "linear" only: the factors stacked, rank = the sum of the ranks); otherwise each module is
+    truncated by SVD as ``convert_to_lora`` does. Returns the per-module report.
+
+    Raises ``UnsupportedError`` naming the adapter and why (DoRA, lora_bias, modules_to_save, embedding
+    and conv modules, ...), ``InvalidArgumentError`` (another method, a missing density, an exact
+    combination that has no exact factors, a rank above a module's dimensions), ``ShapeMismatchError``,
+    ``NotFoundError``, ``NonFiniteError``, ``IoError``.
+    """
+    if method not in ("linear", "ties", "dare_linear", "dare_ties", "magnitude_prune"):
+        raise ValueError("method must be linear, ties, dare_linear, dare_ties or magnitude_prune")
+    owners, pointers, values = _combination_inputs(adapters, weights, method)
+    report = c_void_p()
+    with _export_options(None, None) as combine_opts:
+        _set_combination(combine_opts, density, majority_sign_method, seed)
+        with _lowrank_options(rank, energy, svd, threads, dtype, None, base, exact_allowed=True) as opts:
+            check(lib().peft_adapter_combine_deltas(pointers, values, len(owners), COMBINE_METHODS[method],
+                                                    fs_path(out_dir), combine_opts, opts, byref(report)))
+    return _take_report(report)

@@ -132,3 +132,44 @@ def test_errors(tmp_path, tuned):
     with pytest.raises(peft_c.IoError):
         peft_c.convert_initial(ADAPTERS / "llama_lora", tmp_path, tmp_path / "z")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("method,settings,cli", [
+    ("linear", {}, []),
+    ("ties", {"density": 0.5, "rank": 4}, ["--density", "0.5", "--rank", "4"]),
+    ("dare_ties", {"density": 0.4, "seed": 9, "majority_sign_method": "frequency", "energy": 0.95},
+     ["--density", "0.4", "--seed", "9", "--majority-sign", "frequency", "--energy", "0.95"]),
+])
+def test_combine_deltas_writes_what_peftc_writes(method, settings, cli, tmp_path):
+    names, weights = ["llama_lora", "llama_rank_alpha_pattern"], [0.7, -1.3]
+    adapters = [peft_c.Adapter.open(ADAPTERS / n) for n in names]
+    report = peft_c.combine_deltas(adapters, weights, tmp_path / "ours", method=method, **settings)
+    args = ["adapter", "combine", "--deltas", "--method", method, "--out", tmp_path / "cli", *cli]
+    for name, weight in zip(names, weights):
+        args += ["--adapter", f"{ADAPTERS / name}:{weight!r}"]
+    peftc(*args)
+    same_files(tmp_path / "ours", tmp_path / "cli")
+    assert report and all(isinstance(m, peft_c.LowRankModule) for m in report)
+    if method == "linear":  # exact: the ranks add up, nothing is lost
+        assert all(m.error == 0 for m in report)
+        q0 = next(m for m in report if m.name == "model.layers.0.self_attn.q_proj")
+        assert q0.rank == 4 + 8  # llama_lora's 4 and the rank_pattern's q_proj 8
+    else:
+        assert any(m.error > 0 for m in report)
+
+
+def test_combine_deltas_errors(tmp_path):
+    lora = peft_c.Adapter.open(ADAPTERS / "llama_lora")
+    second = peft_c.Adapter.open(ADAPTERS / "llama_lora_second")
+    dora = peft_c.Adapter.open(ADAPTERS / "llama_dora")
+    with pytest.raises(peft_c.InvalidArgumentError, match="density"):
+        peft_c.combine_deltas([lora, second], [1, 1], tmp_path / "a", method="ties", rank=2)
+    with pytest.raises(peft_c.InvalidArgumentError, match="rank or an energy"):
+        peft_c.combine_deltas([lora, second], [1, 1], tmp_path / "a", method="ties", density=0.5)
+    with pytest.raises(peft_c.UnsupportedError, match="DoRA"):
+        peft_c.combine_deltas([lora, dora], [1, 1], tmp_path / "a")
+    with pytest.raises(ValueError):
+        peft_c.combine_deltas([lora], [1], tmp_path / "a", method="svd")
+    with pytest.raises(ValueError):
+        peft_c.combine_deltas([lora], [1], tmp_path / "a", rank=2, energy=0.5)
+    assert not (tmp_path / "a").exists()
