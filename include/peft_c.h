@@ -3313,6 +3313,51 @@ PEFT_API peft_error* peft_adapter_combine_deltas(const peft_adapter* const* adap
                                                  const peft_export_options* combine_opts,
                                                  const peft_lowrank_options* opts, peft_lowrank_report** out_report);
 
+/**
+ * @brief Whole-model task arithmetic: combines fine-tuned checkpoints of one base into a checkpoint
+ *        folder, streaming, as mergekit's task arithmetic, TIES, DARE and magnitude-prune methods.
+ *
+ * For every floating-point tensor W of the base, with M_i the same-named tensor of model i:
+ * out = W + combine(w_i, M_i - W), the differences taken in f32 and the result rounded once to the
+ * output dtype. #PEFT_COMBINE_LINEAR sums w_i (M_i - W); #PEFT_COMBINE_TIES,
+ * #PEFT_COMBINE_DARE_LINEAR, #PEFT_COMBINE_DARE_TIES and #PEFT_COMBINE_MAGNITUDE_PRUNE prune and
+ * elect each tensor's differences as PEFT's merge_utils functions do (the arithmetic of
+ * peft_adapter_combine()'s types of those names), with the density, majority sign and seed of
+ * @p combine_opts; DARE's masks follow peft_export_options_set_combine_seed()'s formula with M the
+ * tensor's name, i the model's position and f = 2. Other tensors (integer buffers) are copied from
+ * the base. The output has the base's files, shard names, index and other files (config.json,
+ * tokenizer files), as peft_merge_checkpoint() writes them, committed all at once; one tensor is
+ * combined at a time: memory is about (count + 2) f32 copies of the largest tensor ((2 count + 2)
+ * for the pruning types).
+ * @param base_dir The base model folder (or hub id in the offline cache); safetensors, not quantized.
+ * @param models @p count fine-tuned model folders (or hub ids) with the base's tensor names and shapes.
+ * @param weights @p count finite weights.
+ * @param count Number of models, at least 1.
+ * @param method #PEFT_COMBINE_LINEAR, #PEFT_COMBINE_TIES, #PEFT_COMBINE_DARE_LINEAR,
+ *        #PEFT_COMBINE_DARE_TIES or #PEFT_COMBINE_MAGNITUDE_PRUNE.
+ * @param out_dir The output folder (UTF-8), not one of the inputs.
+ * @param combine_opts Density, majority sign and seed (the rest is not used), or NULL.
+ * @param opts Merge options without adapters: their dtype, maximum shard size, progress callback,
+ *        require-config and allow-non-finite settings apply (threads and the GGUF settings do not);
+ *        or NULL for the defaults.
+ * @param[out] out_result Receives the result (#PEFT_MERGE_TENSORS_MERGED counts the combined
+ *        tensors, #PEFT_MERGE_TENSORS_COPIED the others; bytes and files), or NULL.
+ * @return NULL on success, else:
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, @p count 0, a weight that is not finite,
+ *         another method, a pruning method without a density, options holding adapters, or an
+ *         output over an input;
+ *         #PEFT_ERR_NOT_FOUND naming a base tensor a model lacks, or a missing folder;
+ *         #PEFT_ERR_SHAPE_MISMATCH naming a tensor whose shape differs;
+ *         #PEFT_ERR_UNSUPPORTED for a GGUF or quantized base, or a model tensor that is not a plain float;
+ *         #PEFT_ERR_NON_FINITE naming a tensor whose result is not finite (unless allowed);
+ *         #PEFT_ERR_CANCELLED; #PEFT_ERR_IO and the errors of peft_checkpoint_open(). Nothing is
+ *         written on failure. Thread-safe.
+ */
+PEFT_API peft_error* peft_model_combine(const char* base_dir, const char* const* models, const double* weights,
+                                        size_t count, int32_t method, const char* out_dir,
+                                        const peft_export_options* combine_opts, const peft_merge_options* opts,
+                                        peft_merge_result** out_result);
+
 /** @} */
 
 /** @} */
@@ -4082,6 +4127,7 @@ typedef struct peft_api {
   peft_error* (*export_options_set_combine_svd_rank)(peft_export_options* opts, int64_t rank); /**< peft_export_options_set_combine_svd_rank() */
   peft_error* (*export_options_set_combine_svd_clamp)(peft_export_options* opts, double quantile); /**< peft_export_options_set_combine_svd_clamp() */
   peft_error* (*adapter_combine_deltas)(const peft_adapter* const* adapters, const double* weights, size_t count, int32_t method, const char* out_dir, const peft_export_options* combine_opts, const peft_lowrank_options* opts, peft_lowrank_report** out_report); /**< peft_adapter_combine_deltas() */
+  peft_error* (*model_combine)(const char* base_dir, const char* const* models, const double* weights, size_t count, int32_t method, const char* out_dir, const peft_export_options* combine_opts, const peft_merge_options* opts, peft_merge_result** out_result); /**< peft_model_combine() */
 } peft_api;
 
 /**

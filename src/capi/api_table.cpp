@@ -245,6 +245,7 @@ const peft_api kApiV1 = {
     &peft_export_options_set_combine_svd_rank,
     &peft_export_options_set_combine_svd_clamp,
     &peft_adapter_combine_deltas,
+    &peft_model_combine,
 };
 
 }  // namespace

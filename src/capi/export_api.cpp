@@ -7,6 +7,7 @@
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
+#include "capi/export_handles.hpp"
 #include "capi/lowrank_handles.hpp"
 #include "core/error.hpp"
 #include "peft/combine/adapter_combine.hpp"
@@ -15,11 +16,6 @@
 #include "peft/export/gguf_adapter_export.hpp"
 #include "peft/import/gguf_adapter_import.hpp"
 #include "peft/export/gguf_split_export.hpp"
-
-struct peft_export_options {
-  peft::ExportOptions impl;
-  peft::CombineSettings combine;  // read by peft_adapter_combine() only
-};
 
 using peft::capi::guarded;
 using peft::capi::options_of;

@@ -6,6 +6,7 @@
 
 #include "capi/adapter_handles.hpp"
 #include "capi/capi_common.hpp"
+#include "capi/export_handles.hpp"
 #include "core/error.hpp"
 #include "core/quant/ggml_quant.hpp"
 #include "core/quant/ggml_types.hpp"
@@ -13,6 +14,7 @@
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/buffer_merge/named_buffer_merge.hpp"
+#include "peft/combine/model_combine.hpp"
 #include "peft/merge/merge_entry.hpp"
 #include "peft/methods/lora_math.hpp"
 
@@ -112,6 +114,48 @@ peft_error* peft_merge_checkpoint(const char* base_dir, const char* out_dir, con
     peft::CheckpointMergeResult r = peft::merge_adapters(base_dir, out_dir, opts->adapters, opts->impl);
     if (result) {
       result->report_json = peft::store_report_json(r.store_report);
+      result->impl = std::move(r);
+      *out_result = result.release();
+    }
+  });
+}
+
+peft_error* peft_model_combine(const char* base_dir, const char* const* models, const double* weights, size_t count,
+                               int32_t method, const char* out_dir, const peft_export_options* combine_opts,
+                               const peft_merge_options* opts, peft_merge_result** out_result) {
+  return guarded([&] {
+    require_arg(base_dir, "base_dir");
+    require_arg(models, "models");
+    require_arg(weights, "weights");
+    require_arg(out_dir, "out_dir");
+    if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
+    std::vector<std::string> dirs;
+    for (size_t i = 0; i < count; ++i) {
+      if (models[i] == nullptr) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "models[" + std::to_string(i) + "] is NULL");
+      dirs.emplace_back(models[i]);
+    }
+    if (opts != nullptr && !opts->adapters.empty())
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge options hold adapters, which a model combination does not take");
+    static constexpr peft::CombineMethod kMethods[] = {
+        peft::CombineMethod::cat, peft::CombineMethod::linear, peft::CombineMethod::ties,
+        peft::CombineMethod::dare_linear, peft::CombineMethod::dare_ties, peft::CombineMethod::magnitude_prune};
+    if (method < PEFT_COMBINE_LINEAR || method > PEFT_COMBINE_MAGNITUDE_PRUNE)
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "combination method " + std::to_string(method) +
+                                                " is not PEFT_COMBINE_LINEAR, _TIES, _DARE_LINEAR, _DARE_TIES or "
+                                                "_MAGNITUDE_PRUNE");
+    peft::ModelCombineOptions options;
+    if (opts != nullptr) {
+      options.dtype = opts->impl.dtype;
+      options.max_shard_size = opts->impl.max_shard_size;
+      options.progress = opts->impl.progress;
+      options.require_config = opts->impl.require_config;
+      options.allow_nonfinite = opts->impl.allow_nonfinite;
+    }
+    auto result = out_result ? std::make_unique<peft_merge_result>() : nullptr;
+    peft::CheckpointMergeResult r =
+        peft::combine_models(base_dir, dirs, std::span<const double>(weights, count), kMethods[method],
+                             combine_opts != nullptr ? combine_opts->combine : peft::CombineSettings{}, out_dir, options);
+    if (result) {
       result->impl = std::move(r);
       *out_result = result.release();
     }

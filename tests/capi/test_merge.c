@@ -509,6 +509,58 @@ static void test_buffer_merge_non_finite(void) {
   peft_adapter_free(adapter);
 }
 
+/* peft_model_combine: the base with itself (every difference 0) gives the base's tensors back; the result
+ * counts; argument errors; nothing written on failure. The numerics are in tests/interop/test_model_combine.py. */
+static void test_model_combine(void) {
+  char base[512], out[512];
+  const char* models[2];
+  const double weights[2] = {0.5, 1.5};
+  peft_export_options* combine = NULL;
+  peft_merge_options* opts = NULL;
+  peft_merge_result* result = NULL;
+  snprintf(base, sizeof base, "%s", data_path("models/llama"));
+  models[0] = base;
+  models[1] = base;
+  snprintf(out, sizeof out, "%s", scratch_path("combined"));
+  CHECK_OK(peft_model_combine(base, models, weights, 2, PEFT_COMBINE_LINEAR, out, NULL, NULL, &result));
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_MERGED) > 0);
+  CHECK(peft_merge_result_tensor_count(result, PEFT_MERGE_TENSORS_COPIED) == 0);
+  CHECK(peft_merge_result_file_count(result) >= 2);
+  peft_merge_result_free(result);
+  result = NULL;
+  {
+    uint64_t n1 = 0, n2 = 0;
+    void* ours = read_tensor(out, "model.layers.0.self_attn.q_proj.weight", PEFT_DTYPE_F32, &n1);
+    void* theirs = read_tensor(base, "model.layers.0.self_attn.q_proj.weight", PEFT_DTYPE_F32, &n2);
+    CHECK(ours != NULL && theirs != NULL && n1 == n2 && memcmp(ours, theirs, n1) == 0);
+    free(ours);
+    free(theirs);
+  }
+  CHECK_OK(peft_export_options_new(&combine));
+  CHECK_OK(peft_merge_options_new(&opts));
+  snprintf(out, sizeof out, "%s", scratch_path("combine_failed"));
+  CHECK_CODE_NAMING(peft_model_combine(base, models, weights, 2, PEFT_COMBINE_TIES, out, combine, opts, NULL),
+                    PEFT_ERR_INVALID_ARGUMENT, "density");
+  CHECK_CODE(peft_model_combine(base, models, weights, 2, PEFT_COMBINE_SVD, out, combine, opts, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_model_combine(base, models, weights, 2, PEFT_COMBINE_CAT, out, combine, opts, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_model_combine(base, models, weights, 0, PEFT_COMBINE_LINEAR, out, NULL, NULL, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_model_combine(NULL, models, weights, 2, PEFT_COMBINE_LINEAR, out, NULL, NULL, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_model_combine(base, NULL, weights, 2, PEFT_COMBINE_LINEAR, out, NULL, NULL, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_CODE(peft_model_combine(base, models, weights, 2, PEFT_COMBINE_LINEAR, base, NULL, NULL, NULL),
+             PEFT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(peft_merge_options_add_adapter_dir(opts, data_path("adapters/llama_lora"), 1.0));
+  CHECK_CODE_NAMING(peft_model_combine(base, models, weights, 2, PEFT_COMBINE_LINEAR, out, NULL, opts, NULL),
+                    PEFT_ERR_INVALID_ARGUMENT, "adapters");
+  CHECK(!exists(out));
+  peft_merge_options_free(opts);
+  peft_export_options_free(combine);
+}
+
 int main(void) {
   char model_file[512];
   snprintf(model_file, sizeof model_file, "%s/models/llama/model.safetensors", PEFT_TEST_DATA);
@@ -528,6 +580,7 @@ int main(void) {
   test_checkpoint_tied_embeddings();
   test_buffer_merge();
   test_buffer_merge_non_finite();
+  test_model_combine();
   remove_tree(scratch);
   return check_summary();
 }

@@ -17,6 +17,7 @@
 
 #include "adapter_open.hpp"
 #include "arguments.hpp"
+#include "combine_cli.hpp"
 #include "command.hpp"
 #include "lowrank_cli.hpp"
 
@@ -32,24 +33,9 @@ constexpr const char* kUsage =
     "--out DIR [--density D] [--majority-sign total|frequency] [--seed N] [--rank R | --energy F] "
     "[--svd exact|randomized] [--threads N] [--dtype f32|bf16|f16] [--base DIR] [--lenient] [--json]";
 
-// The --method names, in PEFT_COMBINE_* order.
-constexpr const char* kMethods[] = {"cat",       "linear",          "ties",           "dare_linear",
-                                    "dare_ties", "magnitude_prune", "svd",            "ties_svd",
-                                    "dare_linear_svd", "dare_ties_svd", "magnitude_prune_svd"};
 constexpr const char* kMethodList =
     "cat, linear, ties, dare_linear, dare_ties, magnitude_prune, svd, ties_svd, dare_linear_svd, dare_ties_svd or "
     "magnitude_prune_svd";
-
-// "DIR:WEIGHT", split at the last colon (folder names may hold colons); the weight is a finite number.
-bool parse_weighted(const std::string& text, std::string& dir, double& weight) {
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
-  const std::optional<double> number = parse_number(text.substr(colon + 1));
-  if (!number) return false;
-  weight = *number;
-  dir = text.substr(0, colon);
-  return true;
-}
 
 struct Handles {
   std::vector<peft_adapter*> adapters;
@@ -69,9 +55,7 @@ int combine_command(const std::vector<std::string>& args) {
   int32_t dtype = PEFT_DTYPE_KEEP;
   std::string base;
   bool lenient = false;
-  std::optional<double> density;
-  std::optional<int32_t> majority_sign;
-  std::optional<uint64_t> seed;
+  PruningArgs pruning;
   std::optional<int64_t> svd_rank;
   std::optional<double> svd_clamp;
   Owned<peft_lowrank_options, peft_lowrank_options_free> lowrank;
@@ -86,6 +70,9 @@ int combine_command(const std::vector<std::string>& args) {
       lowrank_option = true;
       continue;
     }
+    const int pruned = apply_pruning_option(a, pruning, kUsage);
+    if (pruned < 0) return kExitUsage;
+    if (pruned > 0) continue;
     if (arg == kLenientOption && !a.has_inline_value()) {
       lenient = true;
     } else if (arg == "--deltas" && !a.has_inline_value()) {
@@ -106,26 +93,8 @@ int combine_command(const std::vector<std::string>& args) {
       weights.push_back(weight);
     } else if (arg == "--method") {
       const auto v = a.value();
-      for (int32_t m = 0; v && m < static_cast<int32_t>(std::size(kMethods)); ++m)
-        if (*v == kMethods[m]) method = m;
+      method = v ? combine_method(*v) : std::nullopt;
       if (!method) return usage_error(std::string("--method must be ") + kMethodList, kUsage);
-    } else if (arg == "--density") {
-      const auto v = a.value();
-      density = v ? parse_number(*v) : std::nullopt;
-      if (!density || *density < 0 || *density > 1) return usage_error("--density needs a number from 0 to 1", kUsage);
-    } else if (arg == "--majority-sign") {
-      const auto v = a.value();
-      if (v && *v == "total") majority_sign = PEFT_MAJORITY_SIGN_TOTAL;
-      else if (v && *v == "frequency") majority_sign = PEFT_MAJORITY_SIGN_FREQUENCY;
-      else return usage_error("--majority-sign must be total or frequency", kUsage);
-    } else if (arg == "--seed") {
-      const auto v = a.value();
-      char* end = nullptr;
-      if (!v || v->empty() || (*v)[0] == '-') return usage_error("--seed needs a whole number", kUsage);
-      errno = 0;
-      const unsigned long long parsed = std::strtoull(v->c_str(), &end, 10);
-      if (errno != 0 || end != v->c_str() + v->size()) return usage_error("--seed needs a whole number below 2^64", kUsage);
-      seed = parsed;
     } else if (arg == "--svd-rank") {
       const auto v = a.value();
       char* end = nullptr;
@@ -172,15 +141,7 @@ int combine_command(const std::vector<std::string>& args) {
   if (version) {
     if (peft_error* err = peft_export_options_set_peft_version(h.options, version->c_str())) return report(err);
   }
-  if (density) {
-    if (peft_error* err = peft_export_options_set_combine_density(h.options, *density)) return report(err);
-  }
-  if (majority_sign) {
-    if (peft_error* err = peft_export_options_set_combine_majority_sign(h.options, *majority_sign)) return report(err);
-  }
-  if (seed) {
-    if (peft_error* err = peft_export_options_set_combine_seed(h.options, *seed)) return report(err);
-  }
+  if (peft_error* err = set_pruning(h.options, pruning)) return report(err);
   if (svd_rank) {
     if (peft_error* err = peft_export_options_set_combine_svd_rank(h.options, *svd_rank)) return report(err);
   }
@@ -203,12 +164,12 @@ int combine_command(const std::vector<std::string>& args) {
                                                       h.options, lowrank.p, &result.p))
       return report(err);
     print_lowrank_report(result.p, json);
-    if (!json) std::printf("combined %zu adapter(s) (%s of the deltas) into %s\n", list.size(), kMethods[*method], out->c_str());
+    if (!json) std::printf("combined %zu adapter(s) (%s of the deltas) into %s\n", list.size(), kCombineMethods[*method], out->c_str());
     return kExitOk;
   }
   if (peft_error* err = peft_adapter_combine(list.data(), weights.data(), list.size(), *method, out->c_str(), h.options))
     return report(err);
-  std::printf("combined %zu adapter(s) (%s) into %s\n", list.size(), kMethods[*method], out->c_str());
+  std::printf("combined %zu adapter(s) (%s) into %s\n", list.size(), kCombineMethods[*method], out->c_str());
   return kExitOk;
 }
 

@@ -25,7 +25,7 @@ from .checkpoint import Checkpoint, TensorInfo
 from .gguf import GgufValueType, ggml_type_from_name, ggml_type_geometry, ggml_type_name
 from .writer import Writer, rewrite, save_checkpoint, save_file
 from .adapter import LAYER_KINDS, Adapter, AdapterModule, AdapterTensor, LayerKind, Translator
-from .merge import MergeRecord, MergeResult, merge_checkpoint, merge_into
+from .merge import MergeRecord, MergeResult, combine_models, merge_checkpoint, merge_into
 from .export import (combine_adapters, export_adapter, export_adapter_gguf, export_adapter_gguf_split,
                      import_adapter_gguf)
 from .lowrank import LowRankModule, combine_deltas, convert_initial, convert_to_lora, extract_lora
@@ -101,6 +101,7 @@ __all__ = [
     "as_dtype",
     "combine_adapters",
     "combine_deltas",
+    "combine_models",
     "convert_initial",
     "convert_to_lora",
     "convert",

@@ -217,6 +217,8 @@ PROTOTYPES = {
     "peft_export_options_set_combine_seed": (_err, [_handle, c_uint64]),
     "peft_export_options_set_combine_svd_rank": (_err, [_handle, c_int64]),
     "peft_export_options_set_combine_svd_clamp": (_err, [_handle, c_double]),
+    "peft_model_combine": (_err, [c_char_p, POINTER(c_char_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
+                                  _handle, _handle, POINTER(c_void_p)]),
     "peft_adapter_combine_deltas": (_err, [POINTER(c_void_p), POINTER(ctypes.c_double), c_size_t, c_int32, c_char_p,
                                            _handle, _handle, POINTER(c_void_p)]),
     "peft_adapter_export": (_err, [_handle, c_char_p, _handle]),

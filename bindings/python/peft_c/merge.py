@@ -1,5 +1,6 @@
 """Merging adapters: into a model folder (``merge_checkpoint``) or into a weight the host owns
-(``merge_into`` -> ``MergeRecord``, whose ``remove`` takes the merge out again).
+(``merge_into`` -> ``MergeRecord``, whose ``remove`` takes the merge out again); and whole-model task
+arithmetic over fine-tuned checkpoints (``combine_models``).
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ import contextlib
 import json
 import math
 import os
-from ctypes import byref, c_uint64, c_void_p
+from ctypes import byref, c_char_p, c_double, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._dtypes import DTypeLike, as_dtype
 from ._errors import CancelledError
@@ -149,6 +150,12 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
             if raised:
                 raise raised[0] from cancelled
             raise
+    return _merge_result(out)
+
+
+def _merge_result(out: c_void_p) -> MergeResult:
+    """Reads and frees a peft_merge_result."""
+    library = lib()
     result = Owned(out.value, "peft_merge_result_free")
     ptr = result.ptr
     counts = {name: int(library.peft_merge_result_tensor_count(ptr, which))
@@ -164,6 +171,49 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                     for i in range(library.peft_merge_result_note_count(ptr))),
         report=tuple(json.loads(text(library.peft_merge_result_report_json(ptr)) or "[]")),
     )
+
+
+def combine_models(base_dir, models: Sequence[Tuple[Union[str, "os.PathLike[str]"], float]], out_dir, *,
+                   method: str = "linear", density: Optional[float] = None, majority_sign_method: str = "total",
+                   seed: int = 0, dtype: Optional[DTypeLike] = None, max_shard_size: int = 0,
+                   require_config: bool = True, allow_nonfinite: bool = False) -> MergeResult:
+    """Whole-model task arithmetic: ``models`` are (folder, weight) pairs of checkpoints fine-tuned from
+    ``base_dir``; every float tensor becomes W + combine(weight * (M - W)), written to ``out_dir`` with the
+    base's files and layout (``peft_model_combine``).
+
+    ``method`` is "linear" or "ties", "dare_linear", "dare_ties", "magnitude_prune" (PEFT's merge_utils
+    arithmetic per tensor, with ``density``, ``majority_sign_method`` and DARE's ``seed`` as for
+    ``combine_adapters``). ``dtype``, ``max_shard_size``, ``require_config`` and ``allow_nonfinite`` as
+    for ``merge_checkpoint``. ``MergeResult.merged`` counts the combined tensors, ``copied`` the others.
+
+    Raises ``NotFoundError`` naming a base tensor a model lacks, ``ShapeMismatchError``,
+    ``UnsupportedError`` (a GGUF or quantized base), ``InvalidArgumentError`` (a missing density, an
+    output over an input), ``NonFiniteError``, ``IoError``. Nothing is written on failure.
+    """
+    from .export import COMBINE_METHODS, _export_options, _set_combination
+
+    if method not in ("linear", "ties", "dare_linear", "dare_ties", "magnitude_prune"):
+        raise ValueError("method must be linear, ties, dare_linear, dare_ties or magnitude_prune")
+    pairs = [(fs_path(m), finite(w)) for m, w in models]
+    if not pairs:
+        raise ValueError("combine_models needs at least one model")
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 0:
+        raise ValueError("max_shard_size must be a non-negative int")
+    library = lib()
+    paths = (c_char_p * len(pairs))(*[p for p, _ in pairs])
+    weights = (c_double * len(pairs))(*[w for _, w in pairs])
+    out = c_void_p()
+    with _export_options(None, None) as combine_opts, \
+            c_options("peft_merge_options_new", "peft_merge_options_free") as opts:
+        _set_combination(combine_opts, density, majority_sign_method, seed)
+        if dtype is not None:
+            check(library.peft_merge_options_set_dtype(opts, int(as_dtype(dtype))))
+        check(library.peft_merge_options_set_max_shard_size(opts, max_shard_size))
+        check(library.peft_merge_options_set_require_config(opts, 1 if require_config else 0))
+        check(library.peft_merge_options_set_allow_nonfinite(opts, 1 if allow_nonfinite else 0))
+        check(library.peft_model_combine(fs_path(base_dir), paths, weights, len(pairs), COMBINE_METHODS[method],
+                                         fs_path(out_dir), combine_opts, opts, byref(out)))
+    return _merge_result(out)
 
 
 # ---- buffers -------------------------------------------------------------------------------------------

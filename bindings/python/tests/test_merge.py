@@ -521,3 +521,49 @@ def test_join_split_merges_a_split_gguf_base_into_one_file(tmp_path):
     assert parts.files == ("out-00001-of-00002.gguf", "out-00002-of-00002.gguf")
     joined = peft_c.merge_checkpoint(base, tmp_path / "joined.gguf", [str(lora)], join_split=True)
     assert joined.files == ("joined.gguf",)
+
+
+def _tuned_copy(tmp_path, name, seed):
+    """The llama fixture with every tensor moved by seeded noise (a stand-in for a fine-tune)."""
+    from safetensors.numpy import load_file, save_file
+
+    base = FIXTURES / "models" / "llama"
+    out = tmp_path / name
+    out.mkdir()
+    rng = np.random.default_rng(seed)
+    tensors = {k: (v + 0.02 * rng.standard_normal(v.shape)).astype(v.dtype)
+               for k, v in load_file(str(base / "model.safetensors")).items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(base / "config.json", out / "config.json")
+    return out
+
+
+def test_combine_models_writes_what_peftc_writes(tmp_path):
+    import os
+    import subprocess
+
+    base = FIXTURES / "models" / "llama"
+    models = [(_tuned_copy(tmp_path, "m0", 1), 0.7), (_tuned_copy(tmp_path, "m1", 2), -0.4)]
+    result = peft_c.combine_models(base, models, tmp_path / "ours", method="dare_ties", density=0.5, seed=5,
+                                   majority_sign_method="frequency")
+    assert result.merged > 0 and result.copied == 0 and "model.safetensors" in result.files
+    peftc = os.environ.get("PEFTC")
+    if peftc:
+        args = [peftc, "model", "combine", "--base", str(base), "--method", "dare_ties", "--density", "0.5",
+                "--seed", "5", "--majority-sign", "frequency", "--out", str(tmp_path / "cli")]
+        for m, w in models:
+            args += ["--model", f"{m}:{w!r}"]
+        subprocess.run(args, check=True, capture_output=True)
+        assert (tmp_path / "ours" / "model.safetensors").read_bytes() == \
+            (tmp_path / "cli" / "model.safetensors").read_bytes()
+    # linear with weight 1 of one model gives that model back (its values, up to f32 rounding of W + (M - W)).
+    peft_c.combine_models(base, [(models[0][0], 1.0)], tmp_path / "one", method="linear")
+    with safe_open(str(tmp_path / "one" / "model.safetensors"), framework="np") as f, \
+            safe_open(str(models[0][0] / "model.safetensors"), framework="np") as g:
+        for key in f.keys():
+            np.testing.assert_allclose(f.get_tensor(key), g.get_tensor(key), rtol=0, atol=1e-6)
+    with pytest.raises(peft_c.InvalidArgumentError, match="density"):
+        peft_c.combine_models(base, models, tmp_path / "bad", method="ties")
+    with pytest.raises(ValueError):
+        peft_c.combine_models(base, models, tmp_path / "bad", method="cat")
+    assert not (tmp_path / "bad").exists()

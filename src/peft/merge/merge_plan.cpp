@@ -97,7 +97,7 @@ class Planner {
   const Checkpoint& base() const { return *plan_.base.weights; }
 
   void check_adapters(const std::vector<MergeInput>& inputs) {
-    if (inputs.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "a merge needs at least one adapter");
+    if (inputs.empty() && !options_.base_only) fail(PEFT_ERR_INVALID_ARGUMENT, "a merge needs at least one adapter");
     std::vector<std::string> unresolved, mismatched;
     for (const MergeInput& input : inputs) {
       if (!input.adapter) fail(PEFT_ERR_INVALID_ARGUMENT, "an adapter of the merge is null");
@@ -142,6 +142,7 @@ class Planner {
   // tensor, or one past the base's tensors) and settled per policy once all are known.
 
   void find_tied_embeddings() {
+    if (plan_.adapters.empty()) return;  // base_only: nothing changes either side
     auto table = table_for(plan_.adapters.front()->adapter.get(), plan_.base);
     tied_ = plan_.base.tied_embeddings(table.get());
     if (tied_) output_slot_ = tied_->output ? *tied_->output : base().tensor_count();

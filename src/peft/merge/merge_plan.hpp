@@ -103,6 +103,7 @@ struct MergePlanOptions {
   uint64_t max_shard_size = 0;  // 0: the base's files; otherwise reshard at this many bytes
   OpenOptions open;
   TiedEmbeddingsPolicy tied_embeddings = TiedEmbeddingsPolicy::untie;
+  bool base_only = false;  // no adapters: the base's tensors and layout alone (a model combination's plan)
 };
 
 // One adapter after being checked against the base: its modules with base tensor names resolved.

@@ -1,0 +1,170 @@
+#include "peft/combine/model_combine.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include "checkpoint/hub_cache.hpp"
+#include "core/error.hpp"
+#include "core/file_identity.hpp"
+#include "core/text.hpp"
+#include "gguf/gguf_file.hpp"
+#include "peft/base/base_model.hpp"
+#include "peft/merge/folder_files.hpp"
+#include "peft/merge/merge_plan.hpp"
+#include "peft/merge/merged_folder_writer.hpp"
+#include "peft/methods/lora_math.hpp"
+
+namespace peft {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::optional<merge::TaskArithmetic> task_of(CombineMethod method) {
+  switch (method) {
+    case CombineMethod::linear: return merge::TaskArithmetic::linear;
+    case CombineMethod::ties: return merge::TaskArithmetic::ties;
+    case CombineMethod::dare_linear: return merge::TaskArithmetic::dare_linear;
+    case CombineMethod::dare_ties: return merge::TaskArithmetic::dare_ties;
+    case CombineMethod::magnitude_prune: return merge::TaskArithmetic::magnitude_prune;
+    default: return std::nullopt;
+  }
+}
+
+bool combinable(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::F64; }
+
+struct Model {
+  std::string dir;
+  BaseModel model;
+};
+
+// The combined values of base tensor `p`, in f32.
+std::vector<float> combine_tensor(const MergePlan& plan, const PlannedTensor& p, const std::vector<Model>& models,
+                                  std::span<const double> weights, merge::TaskSettings task, bool allow_nonfinite) {
+  const Checkpoint& base = *plan.base.weights;
+  std::vector<float> w = base.read_f32(p.base_index);
+  std::vector<std::vector<float>> diffs;
+  diffs.reserve(models.size());
+  std::vector<const float*> tensors;
+  std::vector<float> f32_weights;
+  for (size_t k = 0; k < models.size(); ++k) {
+    const Checkpoint& ck = *models[k].model.weights;
+    const std::optional<size_t> j = ck.find(p.name);
+    if (!j)
+      fail(PEFT_ERR_NOT_FOUND, "model " + peft::quoted(models[k].dir) + " has no tensor " + peft::quoted(p.name) +
+                                   ", which the base holds");
+    if (ck.tensor(*j).shape != base.tensor(p.base_index).shape)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + peft::quoted(p.name) + " is " + shape_text(ck.tensor(*j).shape) +
+                                        " in model " + peft::quoted(models[k].dir) + " but " +
+                                        shape_text(base.tensor(p.base_index).shape) + " in the base");
+    if (!combinable(ck.tensor(*j).dtype))
+      fail(PEFT_ERR_UNSUPPORTED, "tensor " + peft::quoted(p.name) + " of model " + peft::quoted(models[k].dir) +
+                                     " is " + std::string(dtype_name(ck.tensor(*j).dtype)) + ", not a plain float the base's " +
+                                     std::string(dtype_name(base.tensor(p.base_index).dtype)) +
+                                     " can be subtracted from");
+    std::vector<float> d = ck.read_f32(*j);
+    for (size_t e = 0; e < d.size(); ++e) d[e] = d[e] - w[e];
+    diffs.push_back(std::move(d));
+    tensors.push_back(diffs.back().data());
+    f32_weights.push_back(static_cast<float>(weights[k]));
+  }
+  task.stream = p.name;
+  const std::vector<float> sum = merge::combine_task_tensors(tensors, f32_weights, w.size(), task, 2);
+  diffs.clear();
+  for (size_t e = 0; e < w.size(); ++e) {
+    w[e] = w[e] + sum[e];
+    if (!allow_nonfinite && !std::isfinite(w[e]))
+      fail(PEFT_ERR_NON_FINITE, "tensor " + peft::quoted(p.name) + " is not finite after combining (value " +
+                                    std::to_string(e) + ")");
+  }
+  return w;
+}
+
+}  // namespace
+
+CheckpointMergeResult combine_models(const std::string& base_location, std::span<const std::string> model_dirs,
+                                     std::span<const double> weights, CombineMethod method,
+                                     const CombineSettings& settings, const std::string& out_dir,
+                                     const ModelCombineOptions& options) {
+  if (model_dirs.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "combining models: no models given");
+  if (weights.size() != model_dirs.size())
+    fail(PEFT_ERR_INVALID_ARGUMENT, "combining models: " + std::to_string(model_dirs.size()) + " models but " +
+                                        std::to_string(weights.size()) + " weights");
+  for (size_t i = 0; i < weights.size(); ++i)
+    if (!std::isfinite(weights[i]))
+      fail(PEFT_ERR_INVALID_ARGUMENT, "combining models: the weight of model #" + std::to_string(i) + " is not finite");
+  const std::optional<merge::TaskArithmetic> how = task_of(method);
+  if (!how)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "combining models takes linear, ties, dare_linear, dare_ties or magnitude_prune");
+  merge::TaskSettings task;
+  task.how = *how;
+  if (*how != merge::TaskArithmetic::linear) {
+    if (!settings.density || !(*settings.density >= 0.0 && *settings.density <= 1.0))
+      fail(PEFT_ERR_INVALID_ARGUMENT, "combining models with pruning needs a density (the fraction of values kept, "
+                                      "from 0 to 1)");
+    task.density = *settings.density;
+  }
+  task.sign = settings.majority_sign;
+  task.seed = settings.seed;
+  if (is_gguf_path(base_location))
+    fail(PEFT_ERR_UNSUPPORTED, "combining models: the base " + peft::quoted(base_location) +
+                                   " is a GGUF file; whole-model combination reads safetensors checkpoints");
+  if (out_dir.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "the output folder must not be empty");
+  const std::string base_dir = resolve_model_location(base_location);
+  std::vector<Model> models;
+  std::vector<JobInput> inputs{{"the base model folder", base_dir}};
+  for (const std::string& location : model_dirs) {
+    const std::string dir = resolve_model_location(location);
+    models.push_back({dir, BaseModel::open(dir, {})});
+    inputs.push_back({"an input model folder", dir});
+  }
+  refuse_output_over_inputs(out_dir, inputs);
+
+  MergePlanOptions plan_options;
+  plan_options.dtype = options.dtype;
+  plan_options.max_shard_size = options.max_shard_size;
+  plan_options.base_only = true;
+  MergePlan plan = plan_merge(base_dir, {}, plan_options);
+  if (plan.quantization.method != BaseQuantMethod::none || plan.bnb)
+    fail(PEFT_ERR_UNSUPPORTED, "combining models: the base " + peft::quoted(base_dir) + " is quantized (" +
+                                   plan.quantization.quant_method + "); task arithmetic needs plain float weights");
+  std::vector<FolderFile> folder_files =
+      plan_folder_files(base_dir, plan.base.config, std::string(), plan.dtype, options.require_config);
+  std::vector<OutputFilePlan> files;
+  for (const PlannedFile& f : plan.files) files.push_back({f.name, f.members, f.metadata});
+  std::error_code ec;
+  const bool created = !fs::exists(out_dir, ec);
+  MergedFolderWriter writer(out_dir, std::move(files), plan.write_index, plan.index_metadata_json,
+                            std::move(folder_files));
+  for (const PlannedTensor& p : plan.tensors) writer.add_tensor(p.name, p.out_dtype, p.shape);
+  CheckpointMergeResult result;
+  try {
+    writer.start();
+    const uint64_t total = plan.total_bytes();
+    uint64_t done = 0;
+    for (size_t pos = 0; pos < writer.tensor_count(); ++pos) {
+      const PlannedTensor& p = plan.tensors[writer.declaration_at(pos)];
+      if (combinable(p.base_dtype)) {
+        const std::vector<float> values = combine_tensor(plan, p, models, weights, task, options.allow_nonfinite);
+        writer.write_tensor(p.name, DType::F32, values.data(), values.size() * sizeof(float));
+        ++result.merged;
+      } else {
+        writer.write_from_checkpoint(p.name, *plan.base.weights, p.base_index);
+        ++result.copied;
+      }
+      done += p.out_nbytes;
+      if (options.progress && !options.progress(done, total))
+        fail(PEFT_ERR_CANCELLED, "combining models was cancelled by its progress callback");
+    }
+    writer.finish();
+    result.bytes = total;
+  } catch (...) {
+    writer.abort();
+    if (created) fs::remove(out_dir, ec);  // only removes a folder that is still empty
+    throw;
+  }
+  result.files = writer.written_names();
+  return result;
+}
+
+}  // namespace peft
