@@ -12,7 +12,8 @@ import (
 	"unsafe"
 )
 
-// ExportOption sets an option of Adapter.Export and Combine.
+// ExportOption sets an option of Adapter.Export and Combine; CombineDeltas reads the combine settings
+// (WithDensity, WithMajoritySign, WithSeed) from them.
 type ExportOption func(*exportConfig)
 
 type exportConfig struct {

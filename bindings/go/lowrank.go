@@ -20,8 +20,9 @@ const (
 	SVDRandomized SVDMethod = C.PEFT_SVD_RANDOMIZED // randomized range finder; exact where it does not pay
 )
 
-// LowRankOption sets an option of Extract and Adapter.ConvertToLoRA. A rank (WithRank) or an energy
-// fraction (WithEnergy) is required; the later of the two wins.
+// LowRankOption sets an option of Extract, Adapter.ConvertToLoRA and CombineDeltas. Extract and
+// ConvertToLoRA require a rank (WithRank) or an energy fraction (WithEnergy); CombineDeltas without
+// either writes the exact sum. The later of the two wins.
 type LowRankOption func(*lowRankConfig)
 
 type lowRankConfig struct {
@@ -66,7 +67,8 @@ func WithModules(names ...string) LowRankOption {
 // WithBase is the base model (a folder, or a hub id in the offline cache) ConvertToLoRA converts
 // against: multiplicative methods (IA3, OFT, BOFT, HRA, MiSS "bat") need it, their dW being W' - W,
 // and additive ones such as VeRA take their layer shapes from it. Without it (or with ""), the base
-// the adapter was opened with, if any, is used. Extract ignores it.
+// the adapter was opened with, if any, is used. CombineDeltas uses it likewise (default: the first
+// adapter's base). Extract ignores it.
 func WithBase(base string) LowRankOption { return func(c *lowRankConfig) { c.base = base } }
 
 // LowRankModule is one module of an extraction or conversion: its rank in the written adapter and

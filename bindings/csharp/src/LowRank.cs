@@ -16,9 +16,10 @@ namespace PeftC
         Randomized = 1,
     }
 
-    /// <summary>Options of <see cref="LowRank.Extract"/> and <see cref="LowRank.ConvertToLora"/>: a rank (fixed, or per
-    /// module by an energy fraction; one of them must be set), the SVD method, threads, the factors' dtype and the
-    /// modules extracted. They belong to one thread at a time.</summary>
+    /// <summary>Options of <see cref="LowRank.Extract"/>, <see cref="LowRank.ConvertToLora"/> and
+    /// <see cref="LowRank.CombineDeltas"/>: a rank (fixed, or per module by an energy fraction; Extract and ConvertToLora
+    /// need one of them, CombineDeltas without either writes the exact sum), the SVD method, threads, the factors' dtype
+    /// and the modules extracted. They belong to one thread at a time.</summary>
     public sealed class LowRankOptions : NativeObject
     {
         /// <summary>No rank chosen yet, exact SVD, one thread per hardware thread, F32 factors, default modules.</summary>

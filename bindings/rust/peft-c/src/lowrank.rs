@@ -35,9 +35,10 @@ impl SvdMethod {
 }
 
 handle!(
-    /// Options of [`extract_lora`] and [`convert_to_lora`]: the rank (fixed, or per module by an
-    /// energy fraction; one of them must be set), the SVD method, threads, the factors' dtype and
-    /// the modules extracted.
+    /// Options of [`extract_lora`], [`convert_to_lora`] and [`combine_deltas`]: the rank (fixed, or
+    /// per module by an energy fraction; the first two need one of them, [`combine_deltas`] without
+    /// either writes the exact sum), the SVD method, threads, the factors' dtype and the modules
+    /// extracted.
     ///
     /// Belongs to one thread at a time (`Send`, not `Sync`).
     LowRankOptions,
