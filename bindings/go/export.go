@@ -12,7 +12,8 @@ import (
 	"unsafe"
 )
 
-// ExportOption sets an option of Adapter.Export and Combine.
+// ExportOption sets an option of Adapter.Export and Combine; CombineDeltas reads the combine settings
+// (WithDensity, WithMajoritySign, WithSeed) from them.
 type ExportOption func(*exportConfig)
 
 type exportConfig struct {
@@ -275,24 +276,62 @@ func Combine(adapters []*Adapter, weights []float64, method CombineMethod, outDi
 		return err
 	}
 	defer C.peft_export_options_free(o)
+	list, err := useAdapters(adapters, weights)
+	if err != nil {
+		return err
+	}
+	defer list.release()
+	return takeError(C.peft_adapter_combine(list.ptrs, list.weights, list.n, C.int32_t(method), cout, o))
+}
+
+// adapterList is the C arrays of adapters and weights Combine and CombineDeltas pass, with the
+// adapters in use until release.
+type adapterList struct {
+	ptrs    **C.peft_adapter
+	weights *C.double
+	n       C.size_t
+	used    []*Adapter
+}
+
+// useAdapters checks the counts, marks every adapter in use and copies the handles and weights into
+// C memory; the caller calls release once the call has returned.
+func useAdapters(adapters []*Adapter, weights []float64) (*adapterList, error) {
+	if len(adapters) == 0 {
+		return nil, argError("no adapters to combine")
+	}
+	if len(weights) != len(adapters) {
+		return nil, argError("%d weights for %d adapters", len(weights), len(adapters))
+	}
 	n := C.size_t(len(adapters))
-	ptrs := (**C.peft_adapter)(C.calloc(n, C.size_t(unsafe.Sizeof((*C.peft_adapter)(nil)))))
-	cweights := (*C.double)(C.calloc(n, C.size_t(unsafe.Sizeof(C.double(0)))))
-	defer C.free(unsafe.Pointer(ptrs))
-	defer C.free(unsafe.Pointer(cweights))
-	ptrSlice, weightSlice := unsafe.Slice(ptrs, len(adapters)), unsafe.Slice(cweights, len(adapters))
+	l := &adapterList{
+		ptrs:    (**C.peft_adapter)(C.calloc(n, C.size_t(unsafe.Sizeof((*C.peft_adapter)(nil))))),
+		weights: (*C.double)(C.calloc(n, C.size_t(unsafe.Sizeof(C.double(0))))),
+		n:       n,
+	}
+	ptrSlice, weightSlice := unsafe.Slice(l.ptrs, len(adapters)), unsafe.Slice(l.weights, len(adapters))
 	for i, a := range adapters {
 		if a == nil {
-			return argError("adapter %d is nil", i)
+			l.release()
+			return nil, argError("adapter %d is nil", i)
 		}
 		p, err := a.use()
 		if err != nil {
-			return err
+			l.release()
+			return nil, err
 		}
-		defer a.done()
+		l.used = append(l.used, a)
 		ptrSlice[i], weightSlice[i] = p, C.double(weights[i])
 	}
-	return takeError(C.peft_adapter_combine(ptrs, cweights, n, C.int32_t(method), cout, o))
+	return l, nil
+}
+
+func (l *adapterList) release() {
+	for _, a := range l.used {
+		a.done()
+	}
+	l.used = nil
+	C.free(unsafe.Pointer(l.ptrs))
+	C.free(unsafe.Pointer(l.weights))
 }
 
 // The ggml types ExportGGUF writes factors in (ggml's numbering).

@@ -1,5 +1,6 @@
 // LoRA extraction from a fine-tuned checkpoint and conversion of adapters to plain LoRA
-// (src/capi/lowrank_api.cpp): Extract, Adapter.ConvertToLoRA, ConvertInitial.
+// (src/capi/lowrank_api.cpp): Extract, Adapter.ConvertToLoRA, ConvertInitial, and the combination of
+// adapters in delta space, CombineDeltas.
 
 package peft
 
@@ -19,8 +20,9 @@ const (
 	SVDRandomized SVDMethod = C.PEFT_SVD_RANDOMIZED // randomized range finder; exact where it does not pay
 )
 
-// LowRankOption sets an option of Extract and Adapter.ConvertToLoRA. A rank (WithRank) or an energy
-// fraction (WithEnergy) is required; the later of the two wins.
+// LowRankOption sets an option of Extract, Adapter.ConvertToLoRA and CombineDeltas. Extract and
+// ConvertToLoRA require a rank (WithRank) or an energy fraction (WithEnergy); CombineDeltas without
+// either writes the exact sum. The later of the two wins.
 type LowRankOption func(*lowRankConfig)
 
 type lowRankConfig struct {
@@ -65,7 +67,8 @@ func WithModules(names ...string) LowRankOption {
 // WithBase is the base model (a folder, or a hub id in the offline cache) ConvertToLoRA converts
 // against: multiplicative methods (IA3, OFT, BOFT, HRA, MiSS "bat") need it, their dW being W' - W,
 // and additive ones such as VeRA take their layer shapes from it. Without it (or with ""), the base
-// the adapter was opened with, if any, is used. Extract ignores it.
+// the adapter was opened with, if any, is used. CombineDeltas uses it likewise (default: the first
+// adapter's base). Extract ignores it.
 func WithBase(base string) LowRankOption { return func(c *lowRankConfig) { c.base = base } }
 
 // LowRankModule is one module of an extraction or conversion: its rank in the written adapter and
@@ -208,6 +211,66 @@ func (a *Adapter) ConvertToLoRA(outDir string, opts ...LowRankOption) ([]LowRank
 	defer a.done()
 	var report *C.peft_lowrank_report
 	if err := takeError(C.peft_adapter_convert_to_lora(p, cout, o, &report)); err != nil {
+		return nil, err
+	}
+	return takeLowRankReport(report), nil
+}
+
+// CombineDeltas combines adapters in delta space and writes the result as a plain LoRA adapter:
+// the weighted sum of each module's true change dW_i, as ConvertToLoRA computes it (any mergeable
+// method, LoRA with its own scaling, rsLoRA and patterns included; with a base, W' - W of IA3, OFT,
+// BOFT and HRA), one finite weight per adapter (negative weights subtract). Unlike Combine, whose
+// linear and pruning methods combine the LoRA factors, this adds what a merge would add; the inputs
+// may mix methods and ranks.
+//
+// method is CombineLinear (sum_i w_i dW_i) or one of the pruning methods CombineTies,
+// CombineDareLinear, CombineDareTies and CombineMagnitudePrune, which prune and elect on the deltas
+// as PEFT's merge_utils functions do; combine gives their WithDensity, WithMajoritySign and WithSeed
+// (the other export options are not used; nil for none). opts are the low-rank options: with
+// neither WithRank nor WithEnergy the sum is written exactly (lora_A the rows w_i * s_i * A_i, lora_B
+// the columns B_i, the rank the sum of the ranks, error 0), which needs LoRA inputs and
+// CombineLinear; with one of them each module's sum is factored by truncated SVD as ConvertToLoRA
+// does. WithSVD, WithLowRankThreads, WithLowRankDType and WithBase (default: the first adapter's
+// base) apply too. Returns the report, one entry per written module.
+//
+// Errors: ErrUnsupported naming the adapter and module (DoRA, lora_bias, modules_to_save and other
+// whole tensors, trainable tokens, embedding and conv modules, a multiplicative module without a
+// base); ErrInvalidArgument for no adapters, a count mismatch, another method, a weight that is not
+// finite, a pruning method without WithDensity, an exact combination of a non-LoRA module or with
+// pruning, or a rank above a module's dimensions; ErrShapeMismatch; ErrNotFound (the base has no
+// weight for a module); ErrNonFinite; ErrIO.
+func CombineDeltas(adapters []*Adapter, weights []float64, method CombineMethod, outDir string,
+	combine []ExportOption, opts ...LowRankOption) ([]LowRankModule, error) {
+	if len(adapters) == 0 {
+		return nil, argError("no adapters to combine")
+	}
+	if len(weights) != len(adapters) {
+		return nil, argError("%d weights for %d adapters", len(weights), len(adapters))
+	}
+	var cs cstrings
+	defer cs.free()
+	cout, err := cs.add(outDir, "output folder")
+	if err != nil {
+		return nil, err
+	}
+	co, err := newExportOptions(combine, &cs)
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_export_options_free(co)
+	o, err := newLowRankOptions(opts, &cs)
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_lowrank_options_free(o)
+	list, err := useAdapters(adapters, weights)
+	if err != nil {
+		return nil, err
+	}
+	defer list.release()
+	var report *C.peft_lowrank_report
+	if err := takeError(C.peft_adapter_combine_deltas(list.ptrs, list.weights, list.n, C.int32_t(method), cout, co, o,
+		&report)); err != nil {
 		return nil, err
 	}
 	return takeLowRankReport(report), nil

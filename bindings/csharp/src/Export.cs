@@ -253,31 +253,66 @@ namespace PeftC
             if (adapters.Count != weights.Count)
                 throw new ArgumentException(adapters.Count + " adapters but " + weights.Count + " weights", "weights");
             byte[] o = Utf8.Required(outDir, "outDir");
-            int count = adapters.Count;
-            var handles = new AdapterHandle[count];
-            var pointers = new IntPtr[Math.Max(count, 1)];
-            var w = new double[Math.Max(count, 1)];
-            var added = new bool[count];
+            using (var list = new AdapterArray(adapters, weights))
+            {
+                fixed (IntPtr* p = list.Pointers)
+                {
+                    PeftException.Check(Native.peft_adapter_combine(p, list.Weights, (UIntPtr)list.Count, (int)method, o,
+                                                                    ExportOptions.HandleOf(options)));
+                }
+            }
+        }
+    }
+
+    /// <summary>The adapters and weights of a combination (<see cref="Export.Combine"/>, <see cref="LowRank.CombineDeltas"/>)
+    /// as the C arrays the library reads: each adapter's handle is referenced by hand until Dispose, since the handles
+    /// travel inside an array the marshaller does not see.</summary>
+    internal sealed class AdapterArray : IDisposable
+    {
+        private readonly AdapterHandle[] handles;
+        private readonly bool[] added;
+
+        /// <summary>The adapters' handles (at least one element, for fixed).</summary>
+        internal readonly IntPtr[] Pointers;
+        /// <summary>The weights (at least one element).</summary>
+        internal readonly double[] Weights;
+        internal readonly int Count;
+
+        internal AdapterArray(IList<Adapter> adapters, IList<double> weights)
+        {
+            if (adapters == null) throw new ArgumentNullException("adapters");
+            if (weights == null) throw new ArgumentNullException("weights");
+            if (adapters.Count != weights.Count)
+                throw new ArgumentException(adapters.Count + " adapters but " + weights.Count + " weights", "weights");
+            Count = adapters.Count;
+            handles = new AdapterHandle[Count];
+            added = new bool[Count];
+            Pointers = new IntPtr[Math.Max(Count, 1)];
+            Weights = new double[Math.Max(Count, 1)];
             try
             {
-                // The adapters' handles are referenced by hand: they travel inside an array the marshaller does not see.
-                for (int i = 0; i < count; i++)
+                for (int i = 0; i < Count; i++)
                 {
                     if (adapters[i] == null) throw new ArgumentNullException("adapters", "adapter " + i + " is null");
                     handles[i] = adapters[i].Handle;
                     handles[i].DangerousAddRef(ref added[i]);
-                    pointers[i] = handles[i].DangerousGetHandle();
-                    w[i] = weights[i];
-                }
-                fixed (IntPtr* p = pointers)
-                {
-                    PeftException.Check(Native.peft_adapter_combine(p, w, (UIntPtr)count, (int)method, o, ExportOptions.HandleOf(options)));
+                    Pointers[i] = handles[i].DangerousGetHandle();
+                    Weights[i] = weights[i];
                 }
             }
-            finally
+            catch
             {
-                for (int i = 0; i < count; i++)
-                    if (added[i]) handles[i].DangerousRelease();
+                Dispose();
+                throw;
+            }
+        }
+
+        public void Dispose()
+        {
+            for (int i = 0; i < Count; i++)
+            {
+                if (added[i]) handles[i].DangerousRelease();
+                added[i] = false;
             }
         }
     }

@@ -1,6 +1,8 @@
 // LoRA extraction from a fine-tuned checkpoint and conversion of adapters to plain LoRA (peft_c.h, group
-// "Extraction and conversion to plain LoRA"; src/capi/lowrank_api.cpp): truncated SVD as PEFT's convert_to_lora.
+// "Extraction and conversion to plain LoRA"; src/capi/lowrank_api.cpp): truncated SVD as PEFT's convert_to_lora; and
+// the combination of adapters in delta space (peft_adapter_combine_deltas).
 using System;
+using System.Collections.Generic;
 using System.Runtime.InteropServices;
 
 namespace PeftC
@@ -14,9 +16,10 @@ namespace PeftC
         Randomized = 1,
     }
 
-    /// <summary>Options of <see cref="LowRank.Extract"/> and <see cref="LowRank.ConvertToLora"/>: a rank (fixed, or per
-    /// module by an energy fraction; one of them must be set), the SVD method, threads, the factors' dtype and the
-    /// modules extracted. They belong to one thread at a time.</summary>
+    /// <summary>Options of <see cref="LowRank.Extract"/>, <see cref="LowRank.ConvertToLora"/> and
+    /// <see cref="LowRank.CombineDeltas"/>: a rank (fixed, or per module by an energy fraction; Extract and ConvertToLora
+    /// need one of them, CombineDeltas without either writes the exact sum), the SVD method, threads, the factors' dtype
+    /// and the modules extracted. They belong to one thread at a time.</summary>
     public sealed class LowRankOptions : NativeObject
     {
         /// <summary>No rank chosen yet, exact SVD, one thread per hardware thread, F32 factors, default modules.</summary>
@@ -103,6 +106,11 @@ namespace PeftC
             PeftException.Check(Native.peft_lowrank_options_set_base(Handle, Utf8.Encode(baseDir, "baseDir")));
             return this;
         }
+
+        internal static LowrankOptionsHandle HandleOf(LowRankOptions options)
+        {
+            return options == null ? PeftHandle.Null<LowrankOptionsHandle>() : options.Handle;
+        }
     }
 
     /// <summary>One module of an extraction or conversion.</summary>
@@ -150,6 +158,48 @@ namespace PeftC
             LowrankReportHandle report;
             PeftException.Check(Native.peft_adapter_convert_to_lora(adapter.Handle, Utf8.Required(outDir, "outDir"), options.Handle,
                                                                     out report));
+            return Read(report);
+        }
+
+        /// <summary>Combines adapters in delta space and writes the result to <paramref name="outDir"/> as a plain LoRA
+        /// adapter: the weighted sum of each module's true change dW_i, as <see cref="ConvertToLora"/> computes it (any
+        /// mergeable method; LoRA with its own scaling, rsLoRA and patterns included; with a base, W' - W of IA3, OFT, BOFT
+        /// and HRA). One finite weight per adapter (negative weights subtract); the inputs may mix methods and ranks.
+        /// Unlike <see cref="Export.Combine"/>, whose Linear and pruning methods combine the LoRA factors, this adds what a
+        /// merge would add.
+        /// <para><paramref name="method"/> is <see cref="CombineMethod.Linear"/> (sum_i w_i dW_i) or one of
+        /// <see cref="CombineMethod.Ties"/>, <see cref="CombineMethod.DareLinear"/>, <see cref="CombineMethod.DareTies"/> and
+        /// <see cref="CombineMethod.MagnitudePrune"/>, which prune and elect on the deltas as PEFT's merge_utils functions
+        /// do, with the density, majority sign and seed of <paramref name="combineOptions"/>
+        /// (<see cref="ExportOptions.SetCombineDensity"/>, <see cref="ExportOptions.SetCombineMajoritySign"/>,
+        /// <see cref="ExportOptions.SetCombineSeed"/>; its other settings are not used).</para>
+        /// <para>With <paramref name="options"/> choosing neither a rank nor an energy (or null) the sum is written exactly:
+        /// lora_A the rows w_i * s_i * A_i, lora_B the columns B_i, the rank the sum of the ranks, error 0; that needs LoRA
+        /// inputs and Linear. With a rank or an energy, each module's sum is factored by truncated SVD as
+        /// <see cref="ConvertToLora"/> does; the SVD method, threads, dtype and base (<see cref="LowRankOptions.SetBase"/>;
+        /// default: the first adapter's) apply too. Returns one entry per written module.</para></summary>
+        /// <exception cref="PeftException">Unsupported naming the adapter and module (DoRA, lora_bias, modules_to_save and
+        /// other whole tensors, trainable tokens, embedding and conv modules, a multiplicative module without a base);
+        /// InvalidArgument for no adapters, another method, a weight that is not finite, a pruning method without a
+        /// density, an exact combination of a non-LoRA module or with pruning, or a rank above a module's dimensions;
+        /// ShapeMismatch; NotFound (the base has no weight for a module); NonFinite; Io.</exception>
+        /// <exception cref="ArgumentException">A count mismatch between <paramref name="adapters"/> and
+        /// <paramref name="weights"/>.</exception>
+        public static unsafe LowRankModule[] CombineDeltas(IList<Adapter> adapters, IList<double> weights, CombineMethod method,
+                                                           string outDir, ExportOptions combineOptions = null,
+                                                           LowRankOptions options = null)
+        {
+            byte[] o = Utf8.Required(outDir, "outDir");
+            LowrankReportHandle report;
+            using (var list = new AdapterArray(adapters, weights))
+            {
+                fixed (IntPtr* p = list.Pointers)
+                {
+                    PeftException.Check(Native.peft_adapter_combine_deltas(p, list.Weights, (UIntPtr)list.Count, (int)method, o,
+                                                                           ExportOptions.HandleOf(combineOptions),
+                                                                           LowRankOptions.HandleOf(options), out report));
+                }
+            }
             return Read(report);
         }
 

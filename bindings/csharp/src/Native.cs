@@ -381,6 +381,10 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_adapter_convert_initial(byte[] tunedDir, byte[] initialDir, byte[] outDir, ExportOptionsHandle o);
         [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_adapter_combine_deltas(IntPtr* adapters, double[] weights, UIntPtr count, int method,
+                                                                       byte[] outDir, ExportOptionsHandle combineOptions,
+                                                                       LowrankOptionsHandle o, out LowrankReportHandle report);
+        [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_swap(HostModelHandle host, LeaseHandle lease, double weight, ref NativeSwapStats stats);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_hub_resolve(byte[] idOrPath, out IntPtr outDir);

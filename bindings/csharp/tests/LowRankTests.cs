@@ -2,7 +2,8 @@
 // byte: LoRA extraction and conversion (LowRank), a merge into a block-quantized GGUF base with an output type and
 // the store report (MergeOptions.SetQuant/SetReport), DoRA in unmerged apply with the host's base weight
 // (Registry.SetBaseWeight/BaseWeightsChanged), the pruning combinations (Export.Combine with ties and dare_linear),
-// the SVD combinations (svd, ties_svd, dare_ties_svd) and the ggml merge arithmetic (MergeOptions.SetArithmetic).
+// the SVD combinations (svd, ties_svd, dare_ties_svd), the combination in delta space (LowRank.CombineDeltas) and the
+// ggml merge arithmetic (MergeOptions.SetArithmetic).
 using System;
 using System.Diagnostics;
 using System.IO;
@@ -472,6 +473,64 @@ namespace PeftC.Tests
                     registry.Dispose();
                     Assert.Throws<ObjectDisposedException>(() => registry.BaseWeightsChanged(), "disposed registry");
                 }
+            }
+        }
+
+        // LowRank.CombineDeltas of llama_lora (0.7) and llama_rank_alpha_pattern (-1.3): exact with Linear (every
+        // module's error 0) and Ties at rank 4 write the files `peftc adapter combine --deltas` writes with the same
+        // settings; the refused combinations write nothing.
+        [Test]
+        public void DeltaCombinationsMatchPeftc()
+        {
+            using (var tmp = new TempDir())
+            using (var density = new ExportOptions())
+            using (var rank4 = new LowRankOptions())
+            using (var lora = Adapter.Open(Fixtures.AdapterDir("llama_lora")))
+            using (var pattern = Adapter.Open(Fixtures.AdapterDir("llama_rank_alpha_pattern")))
+            using (var dora = Adapter.Open(Fixtures.AdapterDir("llama_dora")))
+            {
+                string loraDir = Fixtures.AdapterDir("llama_lora"), patternDir = Fixtures.AdapterDir("llama_rank_alpha_pattern");
+                var pair = new[] { lora, pattern };
+                var weights = new[] { 0.7, -1.3 };
+                Func<string, string, string[], string[]> peftcArgs = (out_, method, extra) =>
+                    new[] { "adapter", "combine", "--deltas", "--adapter", loraDir + ":0.7", "--adapter", patternDir + ":-1.3",
+                            "--method", method, "--out", out_ }.Concat(extra).ToArray();
+
+                // Exact: no options; each module's rank is the sum of the adapters' ranks, its error 0.
+                LowRankModule[] exact = LowRank.CombineDeltas(pair, weights, CombineMethod.Linear, tmp["exact"]);
+                Assert.True(exact.Length > 0, "modules combined");
+                foreach (LowRankModule m in exact)
+                    Assert.True(m.Error == 0 && m.Rank >= 1 && m.Name.Length > 0, "exact: " + m);
+                Peftc(peftcArgs(tmp["exact-peftc"], "linear", new string[0]));
+                SameFiles(tmp["exact"], tmp["exact-peftc"], AdapterFiles);
+
+                // TIES on the deltas, truncated to rank 4.
+                density.SetCombineDensity(0.5);
+                rank4.SetRank(4);
+                LowRankModule[] ties = LowRank.CombineDeltas(pair, weights, CombineMethod.Ties, tmp["ties"], density, rank4);
+                Assert.True(ties.Length > 0, "modules combined");
+                foreach (LowRankModule m in ties)
+                    Assert.True(m.Rank == 4 && m.Error >= 0 && m.Error < 1, "ties: " + m);
+                Peftc(peftcArgs(tmp["ties-peftc"], "ties", new[] { "--density", "0.5", "--rank", "4" }));
+                SameFiles(tmp["ties"], tmp["ties-peftc"], AdapterFiles);
+
+                // Refused, writing nothing.
+                Action<string, ErrorCode, Action> refused = (name, code, call) =>
+                {
+                    Assert.ThrowsPeft(code, call, name);
+                    Assert.False(Directory.Exists(tmp[name]) || File.Exists(tmp[name]), name + " not written");
+                };
+                refused("nodensity", ErrorCode.InvalidArgument,
+                        () => LowRank.CombineDeltas(pair, weights, CombineMethod.Ties, tmp["nodensity"], null, rank4));
+                refused("exact-ties", ErrorCode.InvalidArgument,
+                        () => LowRank.CombineDeltas(pair, weights, CombineMethod.Ties, tmp["exact-ties"], density));
+                refused("dora", ErrorCode.Unsupported,
+                        () => LowRank.CombineDeltas(new[] { lora, dora }, weights, CombineMethod.Linear, tmp["dora"]));
+                refused("svd", ErrorCode.InvalidArgument,
+                        () => LowRank.CombineDeltas(pair, weights, CombineMethod.Svd, tmp["svd"], null, rank4));
+                Assert.Throws<ArgumentException>(() => LowRank.CombineDeltas(pair, new[] { 1.0 }, CombineMethod.Linear, tmp["count"]),
+                                                 "count mismatch");
+                Assert.False(Directory.Exists(tmp["count"]), "count not written");
             }
         }
     }

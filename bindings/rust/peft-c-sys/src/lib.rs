@@ -861,6 +861,16 @@ functions! {
     pub fn peft_merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error;
     pub fn peft_export_options_set_combine_svd_rank(opts: *mut peft_export_options, rank: i64) -> *mut peft_error;
     pub fn peft_export_options_set_combine_svd_clamp(opts: *mut peft_export_options, quantile: f64) -> *mut peft_error;
+    pub fn peft_adapter_combine_deltas(
+        adapters: *const *const peft_adapter,
+        weights: *const f64,
+        count: usize,
+        method: i32,
+        out_dir: *const c_char,
+        combine_opts: *const peft_export_options,
+        opts: *const peft_lowrank_options,
+        out_report: *mut *mut peft_lowrank_report,
+    ) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1160,5 +1170,6 @@ api_table! {
         pub fn merge_options_set_join_split(opts: *mut peft_merge_options, join: i32) -> *mut peft_error = peft_merge_options_set_join_split;
         pub fn export_options_set_combine_svd_rank(opts: *mut peft_export_options, rank: i64) -> *mut peft_error = peft_export_options_set_combine_svd_rank;
         pub fn export_options_set_combine_svd_clamp(opts: *mut peft_export_options, quantile: f64) -> *mut peft_error = peft_export_options_set_combine_svd_clamp;
+        pub fn adapter_combine_deltas(adapters: *const *const peft_adapter, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, combine_opts: *const peft_export_options, opts: *const peft_lowrank_options, out_report: *mut *mut peft_lowrank_report) -> *mut peft_error = peft_adapter_combine_deltas;
     }
 }

@@ -126,7 +126,9 @@ pub use error::{Error, ErrorCode, Result};
 pub use export::{combine_adapters, import_adapter_gguf, CombineMethod, ExportOptions, MajoritySign};
 pub use gguf::{FileFormat, GgmlType, GgufType, GgufValue};
 pub use hub::{hub_cache_dir, hub_resolve};
-pub use lowrank::{convert_initial, convert_to_lora, extract_lora, LowRankModule, LowRankOptions, SvdMethod};
+pub use lowrank::{
+    combine_deltas, convert_initial, convert_to_lora, extract_lora, LowRankModule, LowRankOptions, SvdMethod,
+};
 pub use merge::{
     merge_checkpoint, merge_checkpoint_with_progress, Arithmetic, MergeOptions, MergeResult, TiedEmbeddings,
 };

@@ -1,5 +1,6 @@
 //! LoRA extraction from a fine-tuned checkpoint and conversion of adapters to plain LoRA (truncated
-//! SVD, as PEFT's `convert_to_lora`): [`extract_lora`], [`convert_to_lora`], [`convert_initial`].
+//! SVD, as PEFT's `convert_to_lora`): [`extract_lora`], [`convert_to_lora`], [`convert_initial`], and the
+//! combination of adapters in delta space, [`combine_deltas`].
 
 use std::ffi::CString;
 use std::fmt;
@@ -10,8 +11,8 @@ use peft_c_sys as sys;
 
 use crate::adapter::Adapter;
 use crate::dtype::DType;
-use crate::error::{check, Result};
-use crate::export::ExportOptions;
+use crate::error::{check, Error, Result};
+use crate::export::{CombineMethod, ExportOptions};
 use crate::ffi::{borrowed_str, c_path, c_string, handle, new_handle};
 
 /// How the truncated SVD is computed.
@@ -34,9 +35,10 @@ impl SvdMethod {
 }
 
 handle!(
-    /// Options of [`extract_lora`] and [`convert_to_lora`]: the rank (fixed, or per module by an
-    /// energy fraction; one of them must be set), the SVD method, threads, the factors' dtype and
-    /// the modules extracted.
+    /// Options of [`extract_lora`], [`convert_to_lora`] and [`combine_deltas`]: the rank (fixed, or
+    /// per module by an energy fraction; the first two need one of them, [`combine_deltas`] without
+    /// either writes the exact sum), the SVD method, threads, the factors' dtype and the modules
+    /// extracted.
     ///
     /// Belongs to one thread at a time (`Send`, not `Sync`).
     LowRankOptions,
@@ -198,6 +200,65 @@ pub fn convert_to_lora(
     unsafe {
         let report = new_handle(|report| {
             sys::peft_adapter_convert_to_lora(adapter.as_ptr(), out.as_ptr(), options.as_ptr(), report)
+        })?;
+        Ok(take_report(report))
+    }
+}
+
+/// Combines adapters in delta space and writes the result to `out_dir` as a plain LoRA adapter: the
+/// weighted sum of each module's true change dW_i, as [`convert_to_lora`] computes it (any mergeable
+/// method; LoRA with its own scaling, rsLoRA and patterns included; with a base, W' - W of IA3, OFT,
+/// BOFT and HRA). `adapters` and `weights` (finite; negative values subtract) must have the same
+/// length; the inputs may mix methods and ranks. Unlike [`combine_adapters`](crate::combine_adapters),
+/// whose `Linear` and pruning methods combine the LoRA factors, this adds what a merge would add.
+///
+/// `method` is [`CombineMethod::Linear`] (sum_i w_i dW_i) or one of [`Ties`](CombineMethod::Ties),
+/// [`DareLinear`](CombineMethod::DareLinear), [`DareTies`](CombineMethod::DareTies) and
+/// [`MagnitudePrune`](CombineMethod::MagnitudePrune), which prune and elect on the deltas as PEFT's
+/// merge_utils functions do, with the density, majority sign and seed of `combine_options`
+/// ([`ExportOptions::set_combine_density`], [`ExportOptions::set_combine_majority_sign`],
+/// [`ExportOptions::set_combine_seed`]; its other settings are not used). With `options` choosing
+/// neither a rank nor an energy (or `None`) the sum is written exactly: lora_A the rows w_i * s_i * A_i,
+/// lora_B the columns B_i, the rank the sum of the ranks, error 0; that needs LoRA inputs and `Linear`.
+/// With a rank or an energy, each module's sum is factored by truncated SVD as [`convert_to_lora`]
+/// does; the SVD method, threads, dtype and base ([`LowRankOptions::set_base`]; default: the first
+/// adapter's) apply too. Returns one entry per written module.
+///
+/// Errors: `Unsupported` naming the adapter and module (DoRA, lora_bias, modules_to_save and other
+/// whole tensors, trainable tokens, embedding and conv modules, a multiplicative module without a
+/// base); `InvalidArgument` for no adapters, a count mismatch, another method, a weight that is not
+/// finite, a pruning method without a density, an exact combination of a non-LoRA module or with
+/// pruning, or a rank above a module's dimensions; `ShapeMismatch`; `NotFound` (the base has no
+/// weight for a module); `NonFinite`; `Io`.
+pub fn combine_deltas(
+    adapters: &[&Adapter],
+    weights: &[f64],
+    method: CombineMethod,
+    out_dir: impl AsRef<Path>,
+    combine_options: Option<&ExportOptions>,
+    options: Option<&LowRankOptions>,
+) -> Result<Vec<LowRankModule>> {
+    if adapters.len() != weights.len() {
+        return Err(Error::invalid_argument(format!("{} adapters but {} weights", adapters.len(), weights.len())));
+    }
+    let out = c_path(out_dir.as_ref())?;
+    let handles: Vec<*const sys::peft_adapter> = adapters.iter().map(|a| a.as_ptr()).collect();
+    let combine = combine_options.map_or(ptr::null(), ExportOptions::as_ptr);
+    let opts = options.map_or(ptr::null(), LowRankOptions::as_ptr);
+    // SAFETY: `count` live adapters and weights, a valid string, options or NULL; the report is ours
+    // on success.
+    unsafe {
+        let report = new_handle(|report| {
+            sys::peft_adapter_combine_deltas(
+                handles.as_ptr(),
+                weights.as_ptr(),
+                handles.len(),
+                method.raw(),
+                out.as_ptr(),
+                combine,
+                opts,
+                report,
+            )
         })?;
         Ok(take_report(report))
     }

@@ -3,7 +3,8 @@
 //! [`convert_initial`]), a merge into a block-quantized GGUF base with an output type and the store
 //! report, and DoRA in unmerged apply with the host's base weight ([`Registry::set_base_weight`]);
 //! the pruning combinations ([`combine_adapters`] with ties and dare_linear), the SVD combinations
-//! (svd, ties_svd, dare_ties_svd) and the ggml merge arithmetic ([`MergeOptions::set_arithmetic`]).
+//! (svd, ties_svd, dare_ties_svd), the combination in delta space ([`combine_deltas`]) and the ggml
+//! merge arithmetic ([`MergeOptions::set_arithmetic`]).
 
 mod common;
 
@@ -12,8 +13,8 @@ use std::process::Command;
 
 use common::{expect_code, fixture, TempDir};
 use peft_c::{
-    combine_adapters, convert_initial, convert_to_lora, extract_lora, lora_apply, merge_checkpoint, Adapter,
-    Arithmetic, Buffer, BufferRef, Checkpoint, CombineMethod, DType, ErrorCode, ExportOptions, GgmlType,
+    combine_adapters, combine_deltas, convert_initial, convert_to_lora, extract_lora, lora_apply, merge_checkpoint,
+    Adapter, Arithmetic, Buffer, BufferRef, Checkpoint, CombineMethod, DType, ErrorCode, ExportOptions, GgmlType,
     LowRankOptions, MajoritySign, MergeOptions, Registry, SvdMethod,
 };
 use serde_json::Value;
@@ -637,4 +638,89 @@ fn join_split_merges_a_split_gguf_base_into_one_file() {
     if peftc(&[&"merge", &"--base", &b, &"--adapter", &l, &"--out", &r, &"--join-split"]) {
         assert_eq!(std::fs::read(dir.join("joined.gguf")).unwrap(), std::fs::read(&reference).unwrap());
     }
+}
+
+/// `combine_deltas` of llama_lora (0.7) and llama_rank_alpha_pattern (-1.3): exact with linear (every
+/// module's error 0) and ties at rank 4 write the files `peftc adapter combine --deltas` writes with
+/// the same settings; the refused combinations write nothing.
+#[test]
+fn delta_combinations_match_peftc() {
+    let dir = TempDir::new("deltacomb");
+    let (lora, pattern) = (fixture(&["adapters", "llama_lora"]), fixture(&["adapters", "llama_rank_alpha_pattern"]));
+    let (a1, ap) = (Adapter::open(&lora).unwrap(), Adapter::open(&pattern).unwrap());
+    let weights = [0.7, -1.3];
+    let same_as_peftc = |ours: &str, method: &str, settings: &[&str]| {
+        let reference = dir.join(&format!("{ours}-peftc"));
+        let mut words: Vec<std::ffi::OsString> = vec!["adapter".into(), "combine".into(), "--deltas".into()];
+        for (input, weight) in [&lora, &pattern].iter().zip(["0.7", "-1.3"]) {
+            words.extend(["--adapter".into(), format!("{}:{weight}", input.display()).into()]);
+        }
+        words.extend(["--method", method].map(Into::into));
+        words.extend(settings.iter().map(Into::into));
+        words.extend(["--out".into(), reference.clone().into_os_string()]);
+        let args: Vec<&dyn AsRef<std::ffi::OsStr>> = words.iter().map(|w| w as &dyn AsRef<std::ffi::OsStr>).collect();
+        if peftc(&args) {
+            assert_same_files(&dir.join(ours), &reference, &ADAPTER_FILES);
+        }
+    };
+
+    // Exact: no options at all; each module's rank is the sum of the adapters' ranks, its error 0.
+    let exact = combine_deltas(&[&a1, &ap], &weights, CombineMethod::Linear, dir.join("exact"), None, None).unwrap();
+    assert!(!exact.is_empty());
+    for m in &exact {
+        assert!(m.error == 0.0 && m.rank >= 1 && !m.name.is_empty(), "exact: {m:?}");
+    }
+    same_as_peftc("exact", "linear", &[]);
+
+    // TIES on the deltas, truncated to rank 4.
+    let mut density = ExportOptions::new().unwrap();
+    density.set_combine_density(0.5).unwrap();
+    let ties = combine_deltas(
+        &[&a1, &ap],
+        &weights,
+        CombineMethod::Ties,
+        dir.join("ties"),
+        Some(&density),
+        Some(&rank_options(4)),
+    )
+    .unwrap();
+    assert!(!ties.is_empty());
+    for m in &ties {
+        assert!(m.rank == 4 && (0.0..1.0).contains(&m.error), "ties: {m:?}");
+    }
+    same_as_peftc("ties", "ties", &["--density", "0.5", "--rank", "4"]);
+
+    // Refused, writing nothing: ties without a density; exact with ties; a DoRA input; the svd method
+    // (a combination of factors only); a count mismatch.
+    let refused = |name: &str, result: peft_c::Result<Vec<peft_c::LowRankModule>>, code: ErrorCode| {
+        expect_code(result, code);
+        assert!(!dir.join(name).exists(), "a refused combination wrote {name}");
+    };
+    let rank4 = rank_options(4);
+    refused(
+        "nodensity",
+        combine_deltas(&[&a1, &ap], &weights, CombineMethod::Ties, dir.join("nodensity"), None, Some(&rank4)),
+        ErrorCode::InvalidArgument,
+    );
+    refused(
+        "exact_ties",
+        combine_deltas(&[&a1, &ap], &weights, CombineMethod::Ties, dir.join("exact_ties"), Some(&density), None),
+        ErrorCode::InvalidArgument,
+    );
+    let dora = Adapter::open(fixture(&["adapters", "llama_dora"])).unwrap();
+    refused(
+        "dora",
+        combine_deltas(&[&a1, &dora], &weights, CombineMethod::Linear, dir.join("dora"), None, None),
+        ErrorCode::Unsupported,
+    );
+    refused(
+        "svd",
+        combine_deltas(&[&a1, &ap], &weights, CombineMethod::Svd, dir.join("svd"), None, Some(&rank4)),
+        ErrorCode::InvalidArgument,
+    );
+    refused(
+        "count",
+        combine_deltas(&[&a1, &ap], &weights[..1], CombineMethod::Linear, dir.join("count"), None, None),
+        ErrorCode::InvalidArgument,
+    );
 }
