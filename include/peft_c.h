@@ -3275,7 +3275,9 @@ PEFT_API peft_error* peft_adapter_convert_initial(const char* tuned_dir, const c
  * With #PEFT_COMBINE_LINEAR the result is sum_i w_i dW_i; #PEFT_COMBINE_TIES,
  * #PEFT_COMBINE_DARE_LINEAR, #PEFT_COMBINE_DARE_TIES and #PEFT_COMBINE_MAGNITUDE_PRUNE prune and
  * elect on the deltas as PEFT's merge_utils functions do (density, majority sign and DARE's masks,
- * factor 2 of peft_export_options_set_combine_seed()'s formula, from @p combine_opts).
+ * factor 2 of peft_export_options_set_combine_seed()'s formula, from @p combine_opts). When an
+ * input has `lora_bias`, so does the output: each module's lora_B.bias is sum_i w_i s_i b_i over the
+ * inputs that have one (what a merge adds to the base's bias; not pruned), zeros elsewhere.
  *
  * The sum is written exactly when @p opts chooses no rank or energy (or is NULL): lora_A holds the
  * rows w_i * s_i * A_i and lora_B the columns B_i of the adapters that have the module, so the rank
@@ -3298,7 +3300,7 @@ PEFT_API peft_error* peft_adapter_convert_initial(const char* tuned_dir, const c
  * @param[out] out_report Receives the per-module report, or NULL.
  * @return NULL on success, else:
  *         #PEFT_ERR_UNSUPPORTED naming the adapter and module: DoRA (its change rescales W + dW
- *         per row, so it does not add), lora_bias (the plain LoRA written has no bias),
+ *         per row, so it does not add),
  *         modules_to_save and other whole tensors, trainable tokens, stacked expert parameters,
  *         activated LoRA, embedding and conv modules, a multiplicative module without a base;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, @p count 0, another @p method, a weight

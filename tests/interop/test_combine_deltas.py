@@ -165,6 +165,46 @@ def test_mixed_methods_truncated_with_the_optimal_error(choice, peftc_binary, tm
             assert kept >= 0.9 - 1e-5, (name, kept)
 
 
+def merged_changes(adapter, base_dir) -> dict[str, torch.Tensor]:
+    """Every parameter PEFT's merge_and_unload changes (weights and biases), merged minus base, f64."""
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    before = {n: p.detach().double().clone() for n, p in base.named_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    changes = {}
+    for n, p in merged.named_parameters():
+        d = p.detach().double() - before.get(n, torch.zeros_like(p.detach().double()))
+        if torch.count_nonzero(d):
+            changes[n] = d
+    return changes
+
+
+def test_lora_bias_is_carried(peftc_binary, tmp_path):
+    """Inputs with lora_bias: PEFT's forward of the combined adapter equals the base with the weighted sum of
+    what each input's merge_and_unload changes (weights and biases). PEFT's own merge_and_unload of the
+    combination refuses it: lora_bias holds for every module, and o_proj has no base bias to merge into."""
+    qwen2 = FIXTURES / "models" / "qwen2"
+    adapters = [ADAPTERS / "qwen2_lora_bias", ADAPTERS / "qwen2_lora"]
+    weights = [0.8, -0.5]
+    expected = weighted_sum([merged_changes(a, qwen2) for a in adapters], weights)
+    assert any(n.endswith(".bias") for n in expected)
+    combine(peftc_binary, adapters, weights, tmp_path / "bias")
+    config = json.loads((tmp_path / "bias" / "adapter_config.json").read_text())
+    assert config["lora_bias"] is True
+    reference = transformers.AutoModelForCausalLM.from_pretrained(qwen2, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            if name in expected:
+                p += expected[name].float()
+        ours = PeftModel.from_pretrained(
+            transformers.AutoModelForCausalLM.from_pretrained(qwen2, dtype=torch.float32), tmp_path / "bias").eval()
+        got, want = ours(input_ids=IDS).logits, reference(input_ids=IDS).logits
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), float((got - want).abs().max())
+    with pytest.raises(RuntimeError, match="no bias"):
+        ours.merge_and_unload()
+
+
 def _mix(x: int) -> int:
     m = (1 << 64) - 1
     z = (x + 0x9E3779B97F4A7C15) & m
@@ -223,7 +263,6 @@ def test_refusals_name_the_reason(peftc_binary, tmp_path, monkeypatch):
     lora = ADAPTERS / "llama_lora"
     cases = [
         ([ADAPTERS / "llama_dora", lora], ["--method", "linear"], "UNSUPPORTED", "DoRA"),
-        ([ADAPTERS / "qwen2_lora_bias"], ["--method", "linear"], "UNSUPPORTED", "lora_bias"),
         ([lora, ADAPTERS / "llama_lora_second"], ["--method", "ties", "--density", "0.5"], "INVALID_ARGUMENT",
          "rank or an energy"),
         ([lora, method_adapter("llama_loha", tmp_path)], ["--method", "linear"], "INVALID_ARGUMENT", "LOHA"),

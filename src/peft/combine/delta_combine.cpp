@@ -60,7 +60,8 @@ class DeltaCombiner {
     std::vector<DeltaSource> sources;
     int64_t largest = 0;
     for (const Module& m : modules_) {
-      DeltaSource s{m.name, m.conv1d, nullptr, nullptr};
+      DeltaSource s{m.name, m.conv1d, nullptr, nullptr, nullptr};
+      if (lora_bias_) s.bias = [this, &m] { return bias(m); };
       if (exact) {
         const int64_t rank = exact_rank(m);
         largest = std::max(largest, rank);
@@ -89,14 +90,12 @@ class DeltaCombiner {
       if (a.config().use_dora)
         fail(PEFT_ERR_UNSUPPORTED, who + " uses DoRA: its change rescales W + dW by a magnitude per output row, "
                                          "so it is not a delta that adds to others; merge it into the base instead");
-      if (a.config().lora_bias)
-        fail(PEFT_ERR_UNSUPPORTED, who + " sets lora_bias: the combined adapter would need a bias, which the "
-                                         "plain LoRA written here does not carry");
+      lora_bias_ = lora_bias_ || a.config().lora_bias;
       if (!std::isfinite(weights_[i]))
         fail(PEFT_ERR_INVALID_ARGUMENT, "the weight of " + who + " is not a finite number");
       for (const AdapterModule& m : a.modules()) {
         std::string why;
-        if (!has_module_delta(a, m, base() != nullptr, why))
+        if (!has_module_delta(a, m, base() != nullptr, why, true))
           fail(PEFT_ERR_UNSUPPORTED, who + ": module " + peft::quoted(m.name) + " is " + why);
         auto [it, added] = index.emplace(m.name, modules_.size());
         if (added) modules_.push_back({m.name, m.kind == LayerKind::conv1d, {}});
@@ -168,7 +167,7 @@ class DeltaCombiner {
     std::vector<float> weights;
     deltas.reserve(m.parts.size());
     for (const Part& p : m.parts) {
-      ModuleDelta d = module_delta(adapter(p.adapter), *p.module, base());
+      ModuleDelta d = module_delta(adapter(p.adapter), *p.module, base(), true);
       if (deltas.empty()) {
         rows = d.rows;
         cols = d.cols;
@@ -188,6 +187,25 @@ class DeltaCombiner {
     return merge::combine_task_tensors(tensors, weights, static_cast<size_t>(rows * cols), task, 2);
   }
 
+  // sum_i w_i s_i lora_B.bias_i over the parts that have one (f32 products summed in order, as a
+  // merge adds them); empty when none has one (the writer puts zeros).
+  std::vector<float> bias(const Module& m) const {
+    std::vector<float> sum;
+    for (const Part& p : m.parts) {
+      const AdapterTensor* t = p.module->find(TensorRole::lora_b_bias);
+      if (t == nullptr) continue;
+      const std::vector<float> b = adapter(p.adapter).checkpoint().read_f32(t->index);
+      if (sum.empty()) sum.assign(b.size(), 0.0f);
+      if (b.size() != sum.size())
+        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + ": lora_B.bias " + peft::quoted(t->key) +
+                                          " has " + std::to_string(b.size()) + " values, another adapter's " +
+                                          std::to_string(sum.size()));
+      const float c = static_cast<float>(weights_[p.adapter] * p.module->scaling);
+      for (size_t j = 0; j < b.size(); ++j) sum[j] += b[j] * c;
+    }
+    return sum;
+  }
+
   Json config() const {
     const Json& doc = adapter(0).config().document;
     Json c = Json::object();
@@ -195,6 +213,7 @@ class DeltaCombiner {
     c["bias"] = "none";
     c["inference_mode"] = true;
     c["init_lora_weights"] = true;
+    if (lora_bias_) c["lora_bias"] = true;
     c["lora_dropout"] = 0.0;
     c["peft_type"] = "LORA";
     c["target_modules"] = Json::array();  // filled with the modules' names
@@ -210,6 +229,7 @@ class DeltaCombiner {
   LowRankOptions options_;
   std::optional<BaseModel> base_;
   std::vector<Module> modules_;
+  bool lora_bias_ = false;  // some input has lora_bias: so does the output
 };
 
 }  // namespace

@@ -17,10 +17,11 @@
 //   - or truncated by SVD to a rank or an energy fraction (lora_lowrank.hpp, with the relative
 //     error of each module reported).
 // The config is a fresh LoraConfig as convert_to_lora writes it (scaling 1; target_modules the
-// modules' names; base_model_name_or_path and task_type from the first adapter).
+// modules' names; base_model_name_or_path and task_type from the first adapter). When an input has
+// lora_bias, so does the output: each module's lora_B.bias is sum_i w_i s_i b_i over the inputs
+// with one (what a merge adds to the base bias; not pruned), zeros where none has one.
 // Refused (UNSUPPORTED, naming the adapter and module and why): DoRA (its change rescales
-// W + dW by a magnitude per row, so it is not a delta that adds), lora_bias (the combined adapter
-// would need a bias the plain LoRA written here does not carry), modules_to_save and other whole
+// W + dW by a magnitude per row, so it is not a delta that adds), modules_to_save and other whole
 // tensors, trainable tokens, stacked expert parameters, activated LoRA, embedding and conv modules;
 // a multiplicative module without a base (as module_delta). Deltas of one module whose shapes
 // differ between adapters: SHAPE_MISMATCH.

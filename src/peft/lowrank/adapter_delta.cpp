@@ -94,7 +94,8 @@ bool is_multiplicative(const AdapterModule& m) {
   return effect == MethodEffect::scale || effect == MethodEffect::rotation || method_reads_weight(m);
 }
 
-bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why) {
+bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why,
+                      bool bias_apart) {
   if (m.expert) {
     why = "LoRA on a stacked expert parameter (target_parameters), whose delta is not one matrix";
     return false;
@@ -118,7 +119,9 @@ bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_
   const MethodRow& row = method_row(m.method);
   const bool lora = row.effect == MethodEffect::lora;
   for (const AdapterTensor& t : m.tensors)
-    if (lora ? t.role != TensorRole::lora_a && t.role != TensorRole::lora_b : t.role != TensorRole::method_param) {
+    if (lora ? t.role != TensorRole::lora_a && t.role != TensorRole::lora_b &&
+                   !(bias_apart && t.role == TensorRole::lora_b_bias)
+             : t.role != TensorRole::method_param) {
       why = "a module with tensor " + peft::quoted(t.key) + " (lora_B.bias and other tensors do not convert)";
       return false;
     }
@@ -137,9 +140,9 @@ bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_
   return true;
 }
 
-ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const BaseModel* base) {
+ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const BaseModel* base, bool bias_apart) {
   std::string why;
-  if (!has_module_delta(adapter, m, base != nullptr, why))
+  if (!has_module_delta(adapter, m, base != nullptr, why, bias_apart))
     fail(PEFT_ERR_UNSUPPORTED, "module " + peft::quoted(m.name) + " is " + why);
   if (method_row(m.method).effect == MethodEffect::lora) return lora_delta(adapter, m);
   if (base == nullptr) {

@@ -38,7 +38,10 @@ struct ModuleDelta {
 bool is_multiplicative(const AdapterModule& m);
 
 // Whether module_delta handles `m` (with a base model when `with_base`); otherwise `why` says what it is.
-bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why);
+// A LoRA module's lora_B.bias is refused (PEFT's convert_to_lora does not take it) unless
+// `bias_apart`: the caller carries the bias itself (the delta-space combination), dW is the weight's.
+bool has_module_delta(const Adapter& adapter, const AdapterModule& m, bool with_base, std::string& why,
+                      bool bias_apart = false);
 
 // A module whose change is a LoRA product exactly, as PEFT's convert_to_lora takes it without an
 // SVD: MiSS in its standard and "mini" forms (dW[o, j] = block[j % r, o % cols]) gives
@@ -60,6 +63,7 @@ ExactLora exact_lora(const Adapter& adapter, const AdapterModule& m, const BaseM
 // dW of module `m` of `adapter`; `base` may be null for LoRA and LoHa/LoKr/AdaLoRA modules.
 // UNSUPPORTED for what has_module_delta refuses; NOT_FOUND when the base has no weight for the
 // module; SHAPE_MISMATCH when the parameters do not fit it; the checkpoints' read errors.
-ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const BaseModel* base);
+ModuleDelta module_delta(const Adapter& adapter, const AdapterModule& m, const BaseModel* base,
+                         bool bias_apart = false);
 
 }  // namespace peft

@@ -76,7 +76,7 @@ std::vector<LowRankModule> convert_to_lora(const Adapter& adapter, const std::st
                          cols = d.cols;
                          return std::move(d.values);
                        },
-                       nullptr};
+                       nullptr, nullptr};
     if (has_exact_lora(m))  // MiSS: B A is dW exactly, at MiSS's rank (PEFT's convert_to_lora does the same)
       source.exact = [a, mp, base](std::vector<float>& fa, std::vector<float>& fb) {
         ExactLora f = exact_lora(*a, *mp, base);

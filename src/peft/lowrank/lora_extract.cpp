@@ -89,7 +89,7 @@ std::vector<LowRankModule> extract_lora(const std::string& base_location, const 
                          c = cols;
                          return delta;
                        },
-                       nullptr});
+                       nullptr, nullptr});
   }
   if (!missing.empty())
     fail(PEFT_ERR_UNRESOLVED_KEY, "the fine-tuned checkpoint " + peft::quoted(tuned.dir) + " lacks " +

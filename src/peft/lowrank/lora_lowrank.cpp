@@ -21,9 +21,11 @@ struct Result {
   LowRankModule report;
   int64_t rows = 0, cols = 0;  // of the stored dW
   std::vector<float> a, b;     // PEFT's lora_A [rank, in] and lora_B [out, rank]
+  std::vector<float> bias;     // lora_B.bias [out], when the adapter has lora_bias
 };
 
 void factor(const DeltaSource& source, const LowRankOptions& options, Result& out) {
+  if (source.bias) out.bias = source.bias();
   if (source.exact) {
     const int64_t rank = source.exact(out.a, out.b);
     out.present = true;
@@ -113,10 +115,28 @@ std::vector<LowRankModule> write_lowrank_adapter(const std::vector<DeltaSource>&
   config["rank_pattern"] = rank_pattern;
   config["target_modules"] = targets;
 
+  const bool lora_bias = config.contains("lora_bias") && config["lora_bias"] == true;
   std::vector<OutputTensor> tensors;
-  for (const Result& res : results) {
+  for (Result& res : results) {
     if (!res.present) continue;
     const Result* p = &res;
+    if (lora_bias) {
+      const uint64_t out = res.b.size() / static_cast<uint64_t>(res.report.rank);
+      if (res.bias.empty()) res.bias.assign(out, 0.0f);
+      if (res.bias.size() != out)
+        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(res.report.name) + ": a lora_B.bias of " +
+                                          std::to_string(res.bias.size()) + " values for " + std::to_string(out) +
+                                          " output features");
+      OutputTensor t;
+      t.key = peft_saved_key(res.report.name, "lora_B.bias");
+      t.dtype = DType::F32;
+      t.shape = {out};
+      require_finite_output(t.key, p->bias, options.dtype.value_or(DType::F32), true);
+      t.write = [p](TensorWriter& writer, const std::string& key) {
+        writer.write_tensor(key, DType::F32, p->bias.data(), p->bias.size() * sizeof(float));
+      };
+      tensors.push_back(std::move(t));
+    }
     for (const bool is_a : {true, false}) {
       OutputTensor t;
       t.key = peft_saved_key(res.report.name, is_a ? "lora_A.weight" : "lora_B.weight");

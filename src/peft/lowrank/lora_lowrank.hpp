@@ -52,6 +52,9 @@ struct DeltaSource {
   // takes MiSS: fills lora_A [rank, in] and lora_B [out, rank] (Linear order) and returns the rank,
   // which the rank or energy asked for does not change; the reported error is 0.
   std::function<int64_t(std::vector<float>& a, std::vector<float>& b)> exact;
+  // Set when the adapter written has lora_bias (the config's "lora_bias" true): the module's
+  // lora_B.bias, out values (at scaling 1). Modules without it get zeros then.
+  std::function<std::vector<float>()> bias;
 };
 
 // INVALID_ARGUMENT unless exactly one of a rank >= 1 or an energy in (0, 1] is set, or for a dtype
@@ -60,6 +63,7 @@ void check_lowrank_options(const LowRankOptions& options);
 
 // Factors every source and writes the adapter folder; `config` holds the fields other than r,
 // lora_alpha, rank_pattern, alpha_pattern, fan_in_fan_out and target_modules, which this fills in
+// (with "lora_bias" true in `config`, every module also gets a lora_B.bias: its source's, or zeros)
 // (`target_modules` given in `config` as a list is extended with the module names; a string is
 // kept and every module goes into the patterns). Returns the report, in the order of `sources`
 // (modules left out omitted). INVALID_ARGUMENT when no module is left; the errors of
