@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "core/error.hpp"
-#include "peft/adapter/adapter.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
 #include "peft/methods/lora_math.hpp"

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "peft/adapter/adapter.hpp"
 #include "core/text.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "peft/arch/key_grammar.hpp"
 
 namespace peft {

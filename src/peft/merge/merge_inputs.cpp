@@ -1,12 +1,12 @@
 // Opening the adapters of a checkpoint merge against the base (merge_inputs.hpp).
 #include "peft/merge/merge_inputs.hpp"
 
+#include "checkpoint/hub_cache.hpp"
 #include "core/error.hpp"
-#include "peft/adapter/adapter.hpp"
 #include "core/text.hpp"
 #include "gguf/gguf_file.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "peft/adapter/gguf_lora_file.hpp"
-#include "checkpoint/hub_cache.hpp"
 
 namespace peft {
 
