@@ -22,22 +22,6 @@ using peft::capi::options_of;
 using peft::capi::require_arg;
 
 namespace {
-// PEFT_COMBINE_* as a CombineMethod; INVALID_ARGUMENT for another value.
-peft::CombineMethod combine_method(int32_t method) {
-  using M = peft::CombineMethod;
-  static constexpr M kMethods[] = {M::cat,         M::linear,          M::ties,         M::dare_linear,
-                                   M::dare_ties,   M::magnitude_prune, M::svd,          M::ties_svd,
-                                   M::dare_linear_svd, M::dare_ties_svd, M::magnitude_prune_svd};
-  static_assert(PEFT_COMBINE_CAT == 0 && PEFT_COMBINE_LINEAR == 1 && PEFT_COMBINE_TIES == 2 &&
-                PEFT_COMBINE_DARE_LINEAR == 3 && PEFT_COMBINE_DARE_TIES == 4 && PEFT_COMBINE_MAGNITUDE_PRUNE == 5 &&
-                PEFT_COMBINE_SVD == 6 && PEFT_COMBINE_TIES_SVD == 7 && PEFT_COMBINE_DARE_LINEAR_SVD == 8 &&
-                PEFT_COMBINE_DARE_TIES_SVD == 9 && PEFT_COMBINE_MAGNITUDE_PRUNE_SVD == 10);
-  if (method < 0 || method >= static_cast<int32_t>(std::size(kMethods)))
-    peft::fail(PEFT_ERR_INVALID_ARGUMENT, "combination method " + std::to_string(method) +
-                                              " is not one of the PEFT_COMBINE_* values");
-  return kMethods[method];
-}
-
 // The adapters of a combination, checked (none NULL, at least one).
 std::vector<std::shared_ptr<const peft::Adapter>> adapter_list(const peft_adapter* const* adapters, size_t count) {
   if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
@@ -175,7 +159,7 @@ peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const doub
     require_arg(adapters, "adapters");
     require_arg(weights, "weights");
     require_arg(out_dir, "out_dir");
-    const peft::CombineMethod how = combine_method(method);
+    const peft::CombineMethod how = peft::capi::combine_method(method);
     const auto list = adapter_list(adapters, count);
     peft::combine_adapters(list, std::span<const double>(weights, count), how, out_dir, options_of(opts),
                            opts != nullptr ? opts->combine : peft::CombineSettings{});
@@ -189,7 +173,7 @@ peft_error* peft_adapter_combine_deltas(const peft_adapter* const* adapters, con
     require_arg(adapters, "adapters");
     require_arg(weights, "weights");
     require_arg(out_dir, "out_dir");
-    const peft::CombineMethod how = combine_method(method);
+    const peft::CombineMethod how = peft::capi::combine_method(method);
     const auto list = adapter_list(adapters, count);
     peft::capi::hand_out_report(
         peft::combine_deltas(list, std::span<const double>(weights, count), how,

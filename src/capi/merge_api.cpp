@@ -136,13 +136,7 @@ peft_error* peft_model_combine(const char* base_dir, const char* const* models, 
     }
     if (opts != nullptr && !opts->adapters.empty())
       peft::fail(PEFT_ERR_INVALID_ARGUMENT, "the merge options hold adapters, which a model combination does not take");
-    static constexpr peft::CombineMethod kMethods[] = {
-        peft::CombineMethod::cat, peft::CombineMethod::linear, peft::CombineMethod::ties,
-        peft::CombineMethod::dare_linear, peft::CombineMethod::dare_ties, peft::CombineMethod::magnitude_prune};
-    if (method < PEFT_COMBINE_LINEAR || method > PEFT_COMBINE_MAGNITUDE_PRUNE)
-      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "combination method " + std::to_string(method) +
-                                                " is not PEFT_COMBINE_LINEAR, _TIES, _DARE_LINEAR, _DARE_TIES or "
-                                                "_MAGNITUDE_PRUNE");
+    const peft::CombineMethod how = peft::capi::combine_method(method);
     peft::ModelCombineOptions options;
     if (opts != nullptr) {
       options.dtype = opts->impl.dtype;
@@ -153,7 +147,7 @@ peft_error* peft_model_combine(const char* base_dir, const char* const* models, 
     }
     auto result = out_result ? std::make_unique<peft_merge_result>() : nullptr;
     peft::CheckpointMergeResult r =
-        peft::combine_models(base_dir, dirs, std::span<const double>(weights, count), kMethods[method],
+        peft::combine_models(base_dir, dirs, std::span<const double>(weights, count), how,
                              combine_opts != nullptr ? combine_opts->combine : peft::CombineSettings{}, out_dir, options);
     if (result) {
       result->impl = std::move(r);

@@ -87,15 +87,8 @@ class Combiner {
       : adapters_(adapters),
         weights_(weights),
         method_(adapters.size() == 1 ? CombineMethod::linear : method),
-        settings_(settings) {
-    if (method_ != CombineMethod::cat && method_ != CombineMethod::linear && method_ != CombineMethod::svd) {
-      if (!settings_.density)
-        fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) +
-                                            "\" needs a density (the fraction of values kept, from 0 to 1)");
-      if (!(*settings_.density >= 0.0 && *settings_.density <= 1.0))
-        fail(PEFT_ERR_INVALID_ARGUMENT, "the combination density " + std::to_string(*settings_.density) +
-                                            " is not a number from 0 to 1");
-    }
+        settings_(settings),
+        task_(task_settings_of(method_, settings, "combining adapters")) {
     if (settings_.svd_rank < 0)
       fail(PEFT_ERR_INVALID_ARGUMENT, "the combination's svd rank " + std::to_string(settings_.svd_rank) + " is negative");
     if (settings_.svd_clamp && !(*settings_.svd_clamp >= 0.0 && *settings_.svd_clamp <= 1.0))
@@ -335,23 +328,7 @@ class Combiner {
   };
 
   merge::TaskSettings task_settings(std::string_view module) const {
-    merge::TaskSettings s;
-    switch (method_) {
-      case CombineMethod::ties:
-      case CombineMethod::ties_svd: s.how = merge::TaskArithmetic::ties; break;
-      case CombineMethod::dare_linear:
-      case CombineMethod::dare_linear_svd: s.how = merge::TaskArithmetic::dare_linear; break;
-      case CombineMethod::dare_ties:
-      case CombineMethod::dare_ties_svd: s.how = merge::TaskArithmetic::dare_ties; break;
-      case CombineMethod::magnitude_prune:
-      case CombineMethod::magnitude_prune_svd: s.how = merge::TaskArithmetic::magnitude_prune; break;
-      case CombineMethod::cat:
-      case CombineMethod::linear:
-      case CombineMethod::svd: s.how = merge::TaskArithmetic::linear; break;
-    }
-    s.density = settings_.density.value_or(1.0);
-    s.sign = settings_.majority_sign;
-    s.seed = settings_.seed;
+    merge::TaskSettings s = task_;
     s.stream = module;
     return s;
   }
@@ -360,12 +337,47 @@ class Combiner {
   std::span<const double> weights_;
   CombineMethod method_;
   CombineSettings settings_;
+  merge::TaskSettings task_;
   int64_t new_rank_ = 0;
   std::vector<CombinedModule> modules_;
   std::map<size_t, Pending> pending_;
 };
 
 }  // namespace
+
+merge::TaskSettings task_settings_of(CombineMethod method, const CombineSettings& settings, const std::string& job) {
+  merge::TaskSettings s;
+  switch (method) {
+    case CombineMethod::ties:
+    case CombineMethod::ties_svd: s.how = merge::TaskArithmetic::ties; break;
+    case CombineMethod::dare_linear:
+    case CombineMethod::dare_linear_svd: s.how = merge::TaskArithmetic::dare_linear; break;
+    case CombineMethod::dare_ties:
+    case CombineMethod::dare_ties_svd: s.how = merge::TaskArithmetic::dare_ties; break;
+    case CombineMethod::magnitude_prune:
+    case CombineMethod::magnitude_prune_svd: s.how = merge::TaskArithmetic::magnitude_prune; break;
+    case CombineMethod::cat:
+    case CombineMethod::linear:
+    case CombineMethod::svd: s.how = merge::TaskArithmetic::linear; break;
+  }
+  if (s.how != merge::TaskArithmetic::linear) {
+    if (!settings.density)
+      fail(PEFT_ERR_INVALID_ARGUMENT, job + " with \"" + method_name(method) +
+                                          "\" needs a density (the fraction of values kept, from 0 to 1)");
+    if (!(*settings.density >= 0.0 && *settings.density <= 1.0))
+      fail(PEFT_ERR_INVALID_ARGUMENT, job + ": the density " + std::to_string(*settings.density) +
+                                          " is not a number from 0 to 1");
+    s.density = *settings.density;
+  }
+  s.sign = settings.majority_sign;
+  s.seed = settings.seed;
+  return s;
+}
+
+bool is_task_arithmetic(CombineMethod method) {
+  return method == CombineMethod::linear || method == CombineMethod::ties || method == CombineMethod::dare_linear ||
+         method == CombineMethod::dare_ties || method == CombineMethod::magnitude_prune;
+}
 
 void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, std::span<const double> weights,
                       CombineMethod method, const std::string& out_dir, const ExportOptions& options,

@@ -83,6 +83,15 @@ struct CombineSettings {
   std::optional<double> svd_clamp;
 };
 
+// The task arithmetic of a combination type: its pruning and election ("ties_svd" is "ties" on the
+// deltas; "cat", "linear" and "svd" are "linear"), with the settings' density, majority sign and
+// seed. INVALID_ARGUMENT, naming `job` and the type, when a pruning type has no density in [0, 1].
+merge::TaskSettings task_settings_of(CombineMethod method, const CombineSettings& settings, const std::string& job);
+
+// Whether `method` is linear, ties, dare_linear, dare_ties or magnitude_prune: the types that
+// combine plain tensors (the delta-space and whole-model combinations take only these).
+bool is_task_arithmetic(CombineMethod method);
+
 // Combines `adapters` with `weights` (one finite weight per adapter) into `out_dir`.
 // INVALID_ARGUMENT for no adapters, a count mismatch, a null adapter, a non-finite weight, a
 // pruning type without a density in [0, 1], a negative svd_rank or a clamp outside [0, 1].

@@ -23,17 +23,6 @@ std::string adapter_name(const Adapter& a, size_t i) {
   return "adapter #" + std::to_string(i) + " (" + peft::quoted(a.dir()) + ")";
 }
 
-std::optional<merge::TaskArithmetic> task_of(CombineMethod method) {
-  switch (method) {
-    case CombineMethod::linear: return merge::TaskArithmetic::linear;
-    case CombineMethod::ties: return merge::TaskArithmetic::ties;
-    case CombineMethod::dare_linear: return merge::TaskArithmetic::dare_linear;
-    case CombineMethod::dare_ties: return merge::TaskArithmetic::dare_ties;
-    case CombineMethod::magnitude_prune: return merge::TaskArithmetic::magnitude_prune;
-    default: return std::nullopt;
-  }
-}
-
 // One input module of one adapter.
 struct Part {
   size_t adapter = 0;
@@ -244,20 +233,10 @@ std::vector<LowRankModule> combine_deltas(std::span<const std::shared_ptr<const 
                                         std::to_string(weights.size()) + " weights");
   for (size_t i = 0; i < adapters.size(); ++i)
     if (!adapters[i]) fail(PEFT_ERR_INVALID_ARGUMENT, "combining deltas: adapter #" + std::to_string(i) + " is NULL");
-  const std::optional<merge::TaskArithmetic> how = task_of(method);
-  if (!how)
+  if (!is_task_arithmetic(method))
     fail(PEFT_ERR_INVALID_ARGUMENT, "combining deltas takes linear, ties, dare_linear, dare_ties or magnitude_prune; "
                                     "the other combination types are PEFT's factor and SVD forms");
-  merge::TaskSettings task;
-  task.how = *how;
-  if (*how != merge::TaskArithmetic::linear) {
-    if (!settings.density || !(*settings.density >= 0.0 && *settings.density <= 1.0))
-      fail(PEFT_ERR_INVALID_ARGUMENT, "combining deltas with pruning needs a density (the fraction of values kept, "
-                                      "from 0 to 1)");
-    task.density = *settings.density;
-  }
-  task.sign = settings.majority_sign;
-  task.seed = settings.seed;
+  const merge::TaskSettings task = task_settings_of(method, settings, "combining deltas");
   if (options.choice.rank != 0 || options.choice.energy != 0.0) check_lowrank_options(options);
   for (const auto& adapter : adapters) {
     refuse_expert_modules(adapter->modules(), "combining deltas");

@@ -20,17 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::optional<merge::TaskArithmetic> task_of(CombineMethod method) {
-  switch (method) {
-    case CombineMethod::linear: return merge::TaskArithmetic::linear;
-    case CombineMethod::ties: return merge::TaskArithmetic::ties;
-    case CombineMethod::dare_linear: return merge::TaskArithmetic::dare_linear;
-    case CombineMethod::dare_ties: return merge::TaskArithmetic::dare_ties;
-    case CombineMethod::magnitude_prune: return merge::TaskArithmetic::magnitude_prune;
-    default: return std::nullopt;
-  }
-}
-
 bool combinable(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16 || d == DType::F64; }
 
 struct Model {
@@ -93,19 +82,9 @@ CheckpointMergeResult combine_models(const std::string& base_location, std::span
   for (size_t i = 0; i < weights.size(); ++i)
     if (!std::isfinite(weights[i]))
       fail(PEFT_ERR_INVALID_ARGUMENT, "combining models: the weight of model #" + std::to_string(i) + " is not finite");
-  const std::optional<merge::TaskArithmetic> how = task_of(method);
-  if (!how)
+  if (!is_task_arithmetic(method))
     fail(PEFT_ERR_INVALID_ARGUMENT, "combining models takes linear, ties, dare_linear, dare_ties or magnitude_prune");
-  merge::TaskSettings task;
-  task.how = *how;
-  if (*how != merge::TaskArithmetic::linear) {
-    if (!settings.density || !(*settings.density >= 0.0 && *settings.density <= 1.0))
-      fail(PEFT_ERR_INVALID_ARGUMENT, "combining models with pruning needs a density (the fraction of values kept, "
-                                      "from 0 to 1)");
-    task.density = *settings.density;
-  }
-  task.sign = settings.majority_sign;
-  task.seed = settings.seed;
+  const merge::TaskSettings task = task_settings_of(method, settings, "combining models");
   if (is_gguf_path(base_location))
     fail(PEFT_ERR_UNSUPPORTED, "combining models: the base " + peft::quoted(base_location) +
                                    " is a GGUF file; whole-model combination reads safetensors checkpoints");
