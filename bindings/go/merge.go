@@ -2,6 +2,7 @@ package peft
 
 /*
 #include <stdint.h>
+#include <stdlib.h>
 #include <peft_c.h>
 peft_error* peftc_set_progress(peft_merge_options* opts, uintptr_t handle);
 */
@@ -13,6 +14,7 @@ import (
 	"math"
 	"runtime/cgo"
 	"strconv"
+	"unsafe"
 )
 
 // KeepDType keeps every tensor's dtype in a merge (the default of WithMergeDType).
@@ -236,10 +238,7 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 	if err := ctx.Err(); err != nil {
 		return nil, &Error{Code: CodeCancelled, Message: "the merge was not started: " + err.Error(), cause: err}
 	}
-	cfg := mergeConfig{dtype: KeepDType, requireConfig: true, quant: GGMLType(KeepDType)}
-	for _, o := range opts {
-		o(&cfg)
-	}
+	cfg := newMergeConfig(opts)
 	var cs cstrings
 	defer cs.free()
 	cbase, err := cs.add(baseDir, "base folder")
@@ -250,46 +249,163 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 	if err != nil {
 		return nil, err
 	}
+	o, err := newMergeOptions(&cfg, &cs)
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_merge_options_free(o)
+	result, err := runMerge(ctx, &cfg, o, func(out **C.peft_merge_result) *C.peft_error {
+		return C.peft_merge_checkpoint(cbase, cout, o, out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_merge_result_free(result)
+	res := mergeResult(result)
+	if err := json.Unmarshal([]byte(goString(C.peft_merge_result_report_json(result))), &res.StoreReport); err != nil {
+		return nil, &Error{Code: CodeInternal, Message: "the merge's store report is not JSON: " + err.Error()}
+	}
+	return res, nil
+}
+
+// CombineModels is whole-model task arithmetic: models are checkpoint folders (or hub ids) fine-tuned
+// from baseDir, one finite weight each (negative weights subtract). Every floating-point tensor W of
+// the base becomes W + combine(w_i (M_i - W)), M_i the same-named tensor of model i, the differences
+// taken in f32 and rounded once to the output dtype; other tensors are copied from the base. outDir
+// gets the base's files, shard names, index and other files, as MergeCheckpoint writes them, all at
+// once.
+//
+// method is CombineLinear (the weighted sum of the differences) or CombineTies, CombineDareLinear,
+// CombineDareTies or CombineMagnitudePrune, which prune and elect each tensor's differences as PEFT's
+// merge_utils functions do; combine gives their WithDensity, WithMajoritySign and WithSeed (the other
+// export options are not used; nil for none). opts are MergeCheckpoint's options without adapters:
+// WithMergeDType, WithMaxShardSize, WithProgress, WithRequireConfig and WithAllowNonFinite apply
+// (the threads and GGUF settings do not); ctx cancels as for MergeCheckpoint. In the result, Merged
+// counts the combined tensors and Copied the others.
+//
+// Errors: ErrInvalidArgument for no models, a count mismatch, a weight that is not finite, another
+// method, a pruning method without WithDensity, an adapter option (WithAdapter, WithAdapterDir) or an
+// output over an input; ErrNotFound naming a base tensor a model lacks, or a missing folder;
+// ErrShapeMismatch; ErrUnsupported (a GGUF or quantized base); ErrNonFinite; ErrCancelled; ErrIO.
+// Nothing is written on failure.
+func CombineModels(ctx context.Context, baseDir string, models []string, weights []float64, method CombineMethod,
+	outDir string, combine []ExportOption, opts ...MergeOption) (*MergeResult, error) {
+	if len(models) == 0 {
+		return nil, argError("no models to combine")
+	}
+	if len(weights) != len(models) {
+		return nil, argError("%d weights for %d models", len(weights), len(models))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, &Error{Code: CodeCancelled, Message: "the combination was not started: " + err.Error(), cause: err}
+	}
+	cfg := newMergeConfig(opts)
+	var cs cstrings
+	defer cs.free()
+	cbase, err := cs.add(baseDir, "base folder")
+	if err != nil {
+		return nil, err
+	}
+	cout, err := cs.add(outDir, "output folder")
+	if err != nil {
+		return nil, err
+	}
+	n := C.size_t(len(models))
+	cmodels := (**C.char)(C.calloc(n, C.size_t(unsafe.Sizeof((*C.char)(nil)))))
+	defer C.free(unsafe.Pointer(cmodels))
+	cweights := (*C.double)(C.calloc(n, C.size_t(unsafe.Sizeof(C.double(0)))))
+	defer C.free(unsafe.Pointer(cweights))
+	modelSlice, weightSlice := unsafe.Slice(cmodels, len(models)), unsafe.Slice(cweights, len(models))
+	for i, m := range models {
+		if modelSlice[i], err = cs.add(m, "model folder"); err != nil {
+			return nil, err
+		}
+		weightSlice[i] = C.double(weights[i])
+	}
+	co, err := newExportOptions(combine, &cs)
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_export_options_free(co)
+	o, err := newMergeOptions(&cfg, &cs)
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_merge_options_free(o)
+	result, err := runMerge(ctx, &cfg, o, func(out **C.peft_merge_result) *C.peft_error {
+		return C.peft_model_combine(cbase, cmodels, cweights, n, C.int32_t(method), cout, co, o, out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer C.peft_merge_result_free(result)
+	return mergeResult(result), nil
+}
+
+// newMergeConfig applies opts to the library's defaults.
+func newMergeConfig(opts []MergeOption) mergeConfig {
+	cfg := mergeConfig{dtype: KeepDType, requireConfig: true, quant: GGMLType(KeepDType)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
+
+// newMergeOptions makes the C merge options of cfg: its adapters and settings (the progress callback
+// is set by runMerge). The caller frees them.
+func newMergeOptions(cfg *mergeConfig, cs *cstrings) (*C.peft_merge_options, error) {
 	var o *C.peft_merge_options
 	if err := takeError(C.peft_merge_options_new(&o)); err != nil {
 		return nil, err
 	}
-	defer C.peft_merge_options_free(o)
+	var err error
 	for _, ma := range cfg.adapters {
-		if err := addMergeAdapter(o, ma, &cs); err != nil {
-			return nil, err
+		if err = addMergeAdapter(o, ma, cs); err != nil {
+			break
 		}
 	}
-	if err := takeError(C.peft_merge_options_set_dtype(o, C.int32_t(cfg.dtype))); err != nil {
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_dtype(o, C.int32_t(cfg.dtype)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_max_shard_size(o, C.uint64_t(cfg.maxShardSize)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_threads(o, C.uint32_t(cfg.threads)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_require_config(o, boolInt(cfg.requireConfig)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_allow_nonfinite(o, boolInt(cfg.allowNonFinite)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_quant(o, C.int32_t(cfg.quant)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_report(o, boolInt(cfg.storeReport)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_tied_embeddings(o, C.int32_t(cfg.tiedEmbeddings)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_arithmetic(o, C.int32_t(cfg.arithmetic)))
+	}
+	if err == nil {
+		err = takeError(C.peft_merge_options_set_join_split(o, boolInt(cfg.joinSplit)))
+	}
+	if err != nil {
+		C.peft_merge_options_free(o)
 		return nil, err
 	}
-	if err := takeError(C.peft_merge_options_set_max_shard_size(o, C.uint64_t(cfg.maxShardSize))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_threads(o, C.uint32_t(cfg.threads))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_require_config(o, boolInt(cfg.requireConfig))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_allow_nonfinite(o, boolInt(cfg.allowNonFinite))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_quant(o, C.int32_t(cfg.quant))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_report(o, boolInt(cfg.storeReport))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_tied_embeddings(o, C.int32_t(cfg.tiedEmbeddings))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_arithmetic(o, C.int32_t(cfg.arithmetic))); err != nil {
-		return nil, err
-	}
-	if err := takeError(C.peft_merge_options_set_join_split(o, boolInt(cfg.joinSplit))); err != nil {
-		return nil, err
-	}
+	return o, nil
+}
+
+// runMerge sets cfg's progress function and ctx's cancellation on o, then runs call (a merge writing
+// its result to out). A panic in the progress function is re-raised here; a cancellation's error
+// carries ctx.Err(). On success the caller frees the result.
+func runMerge(ctx context.Context, cfg *mergeConfig, o *C.peft_merge_options,
+	call func(out **C.peft_merge_result) *C.peft_error) (*C.peft_merge_result, error) {
 	state := &progressState{ctx: ctx, report: cfg.progress}
 	h := cgo.NewHandle(state)
 	defer h.Delete()
@@ -297,7 +413,7 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 		return nil, err
 	}
 	var result *C.peft_merge_result
-	err = takeError(C.peft_merge_checkpoint(cbase, cout, o, &result))
+	err := takeError(call(&result))
 	if state.panicked {
 		C.peft_merge_result_free(result)
 		panic(state.panicVal)
@@ -308,12 +424,7 @@ func MergeCheckpoint(ctx context.Context, baseDir, outDir string, opts ...MergeO
 		}
 		return nil, err
 	}
-	defer C.peft_merge_result_free(result)
-	res := mergeResult(result)
-	if err := json.Unmarshal([]byte(goString(C.peft_merge_result_report_json(result))), &res.StoreReport); err != nil {
-		return nil, &Error{Code: CodeInternal, Message: "the merge's store report is not JSON: " + err.Error()}
-	}
-	return res, nil
+	return result, nil
 }
 
 // addMergeAdapter adds one adapter to the C options; the options keep their own reference to an

@@ -1,5 +1,8 @@
-// Checkpoint merge: adapters merged into a base model folder, streamed into a new folder.
+// Checkpoint merge: adapters merged into a base model folder, streamed into a new folder; and whole-model task
+// arithmetic over fine-tuned checkpoints of one base (peft_model_combine).
 using System;
+using System.Collections.Generic;
+using System.Runtime.InteropServices;
 using System.Threading;
 
 namespace PeftC
@@ -367,7 +370,87 @@ namespace PeftC
             if (options == null) throw new ArgumentNullException("options");
             byte[] b = Utf8.Required(baseDir, "baseDir");
             byte[] o = Utf8.Required(outDir, "outDir");
-            MergeOptionsHandle h = options.Handle;
+            return Run(options.Handle, progress, cancellation,
+                       (MergeOptionsHandle h, out MergeResultHandle r) => Native.peft_merge_checkpoint(b, o, h, out r));
+        }
+
+        /// <summary>
+        /// Whole-model task arithmetic: combines the checkpoint folders (or hub ids) <paramref name="models"/>, fine-tuned
+        /// from <paramref name="baseDir"/>, into the model folder <paramref name="outDir"/>, one finite weight each
+        /// (negative weights subtract). Every floating-point tensor W of the base becomes W + combine(w_i (M_i - W)), M_i
+        /// the same-named tensor of model i, the differences taken in f32 and rounded once to the output dtype; other
+        /// tensors are copied from the base. The output has the base's files, shard names, index and other files, as
+        /// <see cref="Checkpoint"/> writes them, all at once (nothing is written on failure).
+        /// <para><paramref name="method"/> is <see cref="CombineMethod.Linear"/> (the weighted sum of the differences) or
+        /// one of <see cref="CombineMethod.Ties"/>, <see cref="CombineMethod.DareLinear"/>,
+        /// <see cref="CombineMethod.DareTies"/> and <see cref="CombineMethod.MagnitudePrune"/>, which prune and elect each
+        /// tensor's differences as PEFT's merge_utils functions do, with the density, majority sign and seed of
+        /// <paramref name="combineOptions"/> (<see cref="ExportOptions.SetCombineDensity"/>,
+        /// <see cref="ExportOptions.SetCombineMajoritySign"/>, <see cref="ExportOptions.SetCombineSeed"/>; its other
+        /// settings are not used). <paramref name="options"/> are merge options without adapters: their dtype, maximum
+        /// shard size, require-config and allow-non-finite settings apply (threads and the GGUF settings do not); null for
+        /// the defaults. <paramref name="progress"/> and <paramref name="cancellation"/> work as for
+        /// <see cref="Checkpoint"/>. In the result, <see cref="MergeResult.Merged"/> counts the combined tensors and
+        /// <see cref="MergeResult.Copied"/> the others.</para>
+        /// </summary>
+        /// <exception cref="PeftException">InvalidArgument for no models, a weight that is not finite, another method, a
+        /// pruning method without a density, options holding adapters, or an output over an input; NotFound naming a base
+        /// tensor a model lacks, or a missing folder; ShapeMismatch; Unsupported (a GGUF or quantized base); NonFinite;
+        /// Cancelled; Io.</exception>
+        /// <exception cref="ArgumentException">A count mismatch between <paramref name="models"/> and
+        /// <paramref name="weights"/>.</exception>
+        public static unsafe MergeResult CombineModels(string baseDir, IList<string> models, IList<double> weights,
+                                                       CombineMethod method, string outDir, ExportOptions combineOptions = null,
+                                                       MergeOptions options = null, MergeProgress progress = null,
+                                                       CancellationToken cancellation = default(CancellationToken))
+        {
+            if (models == null) throw new ArgumentNullException("models");
+            if (weights == null) throw new ArgumentNullException("weights");
+            if (models.Count != weights.Count)
+                throw new ArgumentException(models.Count + " models but " + weights.Count + " weights", "weights");
+            byte[] b = Utf8.Required(baseDir, "baseDir");
+            byte[] o = Utf8.Required(outDir, "outDir");
+            int count = models.Count;
+            var pins = new GCHandle[count];
+            var pointers = new IntPtr[Math.Max(count, 1)];
+            var w = new double[Math.Max(count, 1)];
+            MergeOptions defaults = null;
+            try
+            {
+                for (int i = 0; i < count; i++)
+                {
+                    pins[i] = GCHandle.Alloc(Utf8.Required(models[i], "models"), GCHandleType.Pinned);
+                    pointers[i] = pins[i].AddrOfPinnedObject();
+                    w[i] = weights[i];
+                }
+                // The progress callback lives in merge options: without options, defaults of our own carry it.
+                if (options == null && (progress != null || cancellation.CanBeCanceled)) defaults = new MergeOptions();
+                MergeOptions used = options ?? defaults;
+                MergeOptionsHandle h = used == null ? PeftHandle.Null<MergeOptionsHandle>() : used.Handle;
+                ExportOptionsHandle c = ExportOptions.HandleOf(combineOptions);
+                return Run(h, progress, cancellation, (MergeOptionsHandle opts, out MergeResultHandle r) =>
+                {
+                    fixed (IntPtr* p = pointers)
+                    {
+                        return Native.peft_model_combine(b, p, w, (UIntPtr)count, (int)method, o, c, opts, out r);
+                    }
+                });
+            }
+            finally
+            {
+                foreach (GCHandle pin in pins)
+                    if (pin.IsAllocated) pin.Free();
+                if (defaults != null) defaults.Dispose();
+            }
+        }
+
+        private delegate ErrorHandle MergeCall(MergeOptionsHandle options, out MergeResultHandle result);
+
+        /// <summary>Runs a merge (<paramref name="call"/>) with the progress callback and cancellation set on
+        /// <paramref name="h"/> for its duration, and reads its result.</summary>
+        private static MergeResult Run(MergeOptionsHandle h, MergeProgress progress, CancellationToken cancellation,
+                                       MergeCall call)
+        {
             Exception thrown = null;
             NativeProgress trampoline = null;
             if (progress != null || cancellation.CanBeCanceled)
@@ -391,7 +474,7 @@ namespace PeftC
             MergeResultHandle result;
             try
             {
-                err = Native.peft_merge_checkpoint(b, o, h, out result);
+                err = call(h, out result);
             }
             finally
             {

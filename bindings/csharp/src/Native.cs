@@ -385,6 +385,10 @@ namespace PeftC
                                                                        byte[] outDir, ExportOptionsHandle combineOptions,
                                                                        LowrankOptionsHandle o, out LowrankReportHandle report);
         [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_model_combine(byte[] baseDir, IntPtr* models, double[] weights, UIntPtr count, int method,
+                                                              byte[] outDir, ExportOptionsHandle combineOptions, MergeOptionsHandle o,
+                                                              out MergeResultHandle result);
+        [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_host_model_swap(HostModelHandle host, LeaseHandle lease, double weight, ref NativeSwapStats stats);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_host_model_current(HostModelHandle host);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ErrorHandle peft_hub_resolve(byte[] idOrPath, out IntPtr outDir);

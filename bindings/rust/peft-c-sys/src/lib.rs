@@ -871,6 +871,17 @@ functions! {
         opts: *const peft_lowrank_options,
         out_report: *mut *mut peft_lowrank_report,
     ) -> *mut peft_error;
+    pub fn peft_model_combine(
+        base_dir: *const c_char,
+        models: *const *const c_char,
+        weights: *const f64,
+        count: usize,
+        method: i32,
+        out_dir: *const c_char,
+        combine_opts: *const peft_export_options,
+        opts: *const peft_merge_options,
+        out_result: *mut *mut peft_merge_result,
+    ) -> *mut peft_error;
 
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
@@ -1171,5 +1182,6 @@ api_table! {
         pub fn export_options_set_combine_svd_rank(opts: *mut peft_export_options, rank: i64) -> *mut peft_error = peft_export_options_set_combine_svd_rank;
         pub fn export_options_set_combine_svd_clamp(opts: *mut peft_export_options, quantile: f64) -> *mut peft_error = peft_export_options_set_combine_svd_clamp;
         pub fn adapter_combine_deltas(adapters: *const *const peft_adapter, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, combine_opts: *const peft_export_options, opts: *const peft_lowrank_options, out_report: *mut *mut peft_lowrank_report) -> *mut peft_error = peft_adapter_combine_deltas;
+        pub fn model_combine(base_dir: *const c_char, models: *const *const c_char, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, combine_opts: *const peft_export_options, opts: *const peft_merge_options, out_result: *mut *mut peft_merge_result) -> *mut peft_error = peft_model_combine;
     }
 }

@@ -130,7 +130,8 @@ pub use lowrank::{
     combine_deltas, convert_initial, convert_to_lora, extract_lora, LowRankModule, LowRankOptions, SvdMethod,
 };
 pub use merge::{
-    merge_checkpoint, merge_checkpoint_with_progress, Arithmetic, MergeOptions, MergeResult, TiedEmbeddings,
+    combine_models, combine_models_with_progress, merge_checkpoint, merge_checkpoint_with_progress, Arithmetic,
+    MergeOptions, MergeResult, TiedEmbeddings,
 };
 pub use merge_buffer::{merge_into, Buffer, MergeBufferOptions, MergeRecord};
 pub use serve::{lora_apply, BufferRef, HostModel, Lease, Registry, RegistryStats, SwapStats};

@@ -1,5 +1,7 @@
-//! Merging adapters into a base model folder, streaming, with progress and cancellation.
+//! Merging adapters into a base model folder, streaming, with progress and cancellation; and
+//! whole-model task arithmetic over fine-tuned checkpoints of one base ([`combine_models`]).
 
+use std::ffi::c_char;
 use std::fmt;
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -10,6 +12,7 @@ use crate::adapter::Adapter;
 use crate::callback::{progress_trampoline, CallbackState};
 use crate::dtype::DType;
 use crate::error::{check, Result};
+use crate::export::{CombineMethod, ExportOptions};
 use crate::ffi::{borrowed_str, c_path, handle, new_handle};
 use crate::gguf::GgmlType;
 
@@ -299,6 +302,33 @@ fn run_merge(base_dir: &Path, out_dir: &Path, options: *const sys::peft_merge_op
     Ok(MergeResult { raw })
 }
 
+/// Runs `run` with `progress` set as the callback of `options`, cleared again afterwards.
+fn with_progress<F>(
+    options: &mut MergeOptions,
+    progress: F,
+    run: impl FnOnce(*const sys::peft_merge_options) -> Result<MergeResult>,
+) -> Result<MergeResult>
+where
+    F: FnMut(u64, u64) -> ControlFlow<()>,
+{
+    let mut state = CallbackState::<F>::new(progress);
+    // SAFETY: the callback state outlives the merge; the callback is removed again below, before
+    // the state goes away, so the options never keep a dangling pointer.
+    unsafe {
+        check(sys::peft_merge_options_set_progress(
+            options.ptr(),
+            Some(progress_trampoline::<F>),
+            state.as_user_data(),
+        ))?;
+    }
+    let result = run(options.as_ptr());
+    // SAFETY: a live handle; clearing cannot fail for it.
+    let cleared = unsafe { check(sys::peft_merge_options_set_progress(options.ptr(), None, std::ptr::null_mut())) };
+    state.finish(); // re-raises a panic of the callback
+    cleared?;
+    result
+}
+
 /// Merges the adapters of `options` into the base model folder `base_dir` and writes the merged
 /// model folder `out_dir` (created if needed; unchanged on failure).
 pub fn merge_checkpoint(
@@ -322,20 +352,92 @@ pub fn merge_checkpoint_with_progress<F>(
 where
     F: FnMut(u64, u64) -> ControlFlow<()>,
 {
-    let mut state = CallbackState::<F>::new(progress);
-    // SAFETY: the callback state outlives the merge; the callback is removed again below, before
-    // the state goes away, so the options never keep a dangling pointer.
-    unsafe {
-        check(sys::peft_merge_options_set_progress(
-            options.ptr(),
-            Some(progress_trampoline::<F>),
-            state.as_user_data(),
-        ))?;
-    }
-    let result = run_merge(base_dir.as_ref(), out_dir.as_ref(), options.as_ptr());
-    // SAFETY: a live handle; clearing cannot fail for it.
-    let cleared = unsafe { check(sys::peft_merge_options_set_progress(options.ptr(), None, std::ptr::null_mut())) };
-    state.finish(); // re-raises a panic of the callback
-    cleared?;
-    result
+    with_progress(options, progress, |opts| run_merge(base_dir.as_ref(), out_dir.as_ref(), opts))
+}
+
+fn run_combine(
+    base_dir: &Path,
+    models: &[(&Path, f64)],
+    method: CombineMethod,
+    out_dir: &Path,
+    combine_options: Option<&ExportOptions>,
+    options: *const sys::peft_merge_options,
+) -> Result<MergeResult> {
+    let (base, out) = (c_path(base_dir)?, c_path(out_dir)?);
+    let paths = models.iter().map(|(m, _)| c_path(m)).collect::<Result<Vec<_>>>()?;
+    let weights: Vec<f64> = models.iter().map(|&(_, w)| w).collect();
+    let ptrs: Vec<*const c_char> = paths.iter().map(|p| p.as_ptr()).collect();
+    let combine = combine_options.map_or(std::ptr::null(), ExportOptions::as_ptr);
+    // SAFETY: `count` valid strings and weights, options or NULL; the result is ours on success.
+    let raw = unsafe {
+        new_handle(|result| {
+            sys::peft_model_combine(
+                base.as_ptr(),
+                ptrs.as_ptr(),
+                weights.as_ptr(),
+                ptrs.len(),
+                method.raw(),
+                out.as_ptr(),
+                combine,
+                options,
+                result,
+            )
+        })?
+    };
+    Ok(MergeResult { raw })
+}
+
+/// Whole-model task arithmetic: combines checkpoint folders (or hub ids) fine-tuned from `base_dir`
+/// into the model folder `out_dir`. `models` are (folder, weight) pairs, at least one; the weights
+/// are finite (negative values subtract). Every floating-point tensor W of the base becomes W + combine(w_i (M_i - W)),
+/// M_i the same-named tensor of model i, the differences taken in f32 and rounded once to the output
+/// dtype; other tensors are copied from the base. The output has the base's files, shard names,
+/// index and other files, as [`merge_checkpoint`] writes them, all at once.
+///
+/// `method` is [`CombineMethod::Linear`] (the weighted sum of the differences) or one of
+/// [`Ties`](CombineMethod::Ties), [`DareLinear`](CombineMethod::DareLinear),
+/// [`DareTies`](CombineMethod::DareTies) and [`MagnitudePrune`](CombineMethod::MagnitudePrune), which
+/// prune and elect each tensor's differences as PEFT's merge_utils functions do, with the density,
+/// majority sign and seed of `combine_options` ([`ExportOptions::set_combine_density`],
+/// [`ExportOptions::set_combine_majority_sign`], [`ExportOptions::set_combine_seed`]; its other
+/// settings are not used). `options` are [`MergeOptions`] without adapters: their dtype, maximum
+/// shard size, require-config and allow-non-finite settings apply (threads and the GGUF settings do
+/// not); `None` for the defaults. In the result, [`MergeResult::merged`] counts the combined tensors
+/// and [`MergeResult::copied`] the others.
+///
+/// Errors: `InvalidArgument` for no models, a weight that is not finite, another
+/// method, a pruning method without a density, options holding adapters, or an output over an input;
+/// `NotFound` naming a base tensor a model lacks, or a missing folder; `ShapeMismatch`; `Unsupported`
+/// (a GGUF or quantized base); `NonFinite`; `Io`. Nothing is written on failure.
+pub fn combine_models<P: AsRef<Path>>(
+    base_dir: impl AsRef<Path>,
+    models: &[(P, f64)],
+    method: CombineMethod,
+    out_dir: impl AsRef<Path>,
+    combine_options: Option<&ExportOptions>,
+    options: Option<&MergeOptions>,
+) -> Result<MergeResult> {
+    let models: Vec<(&Path, f64)> = models.iter().map(|(m, w)| (m.as_ref(), *w)).collect();
+    let opts = options.map_or(std::ptr::null(), MergeOptions::as_ptr);
+    run_combine(base_dir.as_ref(), &models, method, out_dir.as_ref(), combine_options, opts)
+}
+
+/// [`combine_models`] with a progress callback, as [`merge_checkpoint_with_progress`] calls it
+/// (returning `ControlFlow::Break(())` cancels; a panic cancels and is then resumed).
+pub fn combine_models_with_progress<P: AsRef<Path>, F>(
+    base_dir: impl AsRef<Path>,
+    models: &[(P, f64)],
+    method: CombineMethod,
+    out_dir: impl AsRef<Path>,
+    combine_options: Option<&ExportOptions>,
+    options: &mut MergeOptions,
+    progress: F,
+) -> Result<MergeResult>
+where
+    F: FnMut(u64, u64) -> ControlFlow<()>,
+{
+    let models: Vec<(&Path, f64)> = models.iter().map(|(m, w)| (m.as_ref(), *w)).collect();
+    with_progress(options, progress, |opts| {
+        run_combine(base_dir.as_ref(), &models, method, out_dir.as_ref(), combine_options, opts)
+    })
 }
