@@ -21,14 +21,15 @@ die() { echo "python-leak-check: $*" >&2; exit 1; }
 [ -f "$lib" ] || die "no $lib (build it: cmake -S . -B build-asan -DPEFT_SANITIZE=ON ... && ninja -C build-asan peft_c)"
 
 # The libasan the library links (ldd's answer), else the compiler's.
-libasan=$(ldd "$lib" | awk '$1 ~ /^libasan\.so/ {print $3; exit}')
+linked=$(ldd "$lib")  # read whole: an awk that stops early would make ldd fail under pipefail
+libasan=$(awk '$1 ~ /^libasan\.so/ {print $3; exit}' <<<"$linked")
 [ -n "$libasan" ] || die "$lib does not link libasan: not a PEFT_SANITIZE=ON build"
 [ -f "$libasan" ] || libasan=$(gcc -print-file-name=libasan.so)
 [ -f "$libasan" ] || die "cannot find libasan.so"
 # libstdc++ is preloaded too: python does not link it, and ASan's __cxa_throw interceptor finds the
 # real function only if libstdc++ is loaded when ASan starts (else the first C++ throw aborts in
 # "CHECK failed: ... real___cxa_throw").
-libstdcxx=$(ldd "$lib" | awk '$1 ~ /^libstdc\+\+\.so/ {print $3; exit}')
+libstdcxx=$(awk '$1 ~ /^libstdc\+\+\.so/ {print $3; exit}' <<<"$linked")
 [ -f "$libstdcxx" ] || libstdcxx=$(g++ -print-file-name=libstdc++.so)
 
 venv=$("$root/scripts/python-env.sh")

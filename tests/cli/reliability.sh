@@ -194,8 +194,10 @@ done
 check "a weight of 3e38 whose GGUF scale overflows names the weight and alpha" err_has "$work/w.err" "merge weight 3e+38 times adapter.lora.alpha"
 
 # peak memory of a 99 MB GGUF header of the smallest key-value pairs (docs/gguf.md, "Memory": under
-# 1 GB); not measured under the sanitizers, whose allocator has its own overheads
-if command -v /usr/bin/time >/dev/null && ! ldd "$peftc" 2>/dev/null | grep -q "libasan\|libtsan"; then
+# 1 GB); not measured under the sanitizers, whose allocator has its own overheads. ldd's answer is
+# read whole first: `ldd | grep -q` under pipefail fails when grep stops reading early (SIGPIPE).
+linked=$(ldd "$peftc" 2>/dev/null || true)
+if command -v /usr/bin/time >/dev/null && ! grep -q "libasan\|libtsan" <<<"$linked"; then
   python3 "$hostile" gguf-many-kv "$work/many_kv.gguf" 99000000
   for mode in text json; do
     /usr/bin/time -f "%M" -o "$work/rss" "$peftc" inspect "$work/many_kv.gguf" $([ $mode = json ] && echo --json) >/dev/null 2>&1

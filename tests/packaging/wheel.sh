@@ -46,8 +46,9 @@ case $(cat "$tmp/lib") in
   "$site"/peft_c/lib/libpeft_c.so.*) echo "loads $(cat "$tmp/lib")" ;;
   *) echo "loaded $(cat "$tmp/lib"), not the library inside the package"; exit 1 ;;
 esac
-if ldd "$(cat "$tmp/lib")" | grep -q 'not found'; then ldd "$(cat "$tmp/lib")"; exit 1; fi
-ldd "$(cat "$tmp/lib")" | awk '/=>/ {print $1}' | grep -v -E '^(libc|libm|libpthread|libdl|librt|ld-linux|libstdc\+\+|libgcc_s)[.-]' \
+linked=$(ldd "$(cat "$tmp/lib")")  # read whole: `ldd | grep -q` fails under pipefail when grep stops early
+if grep -q 'not found' <<<"$linked"; then echo "$linked"; exit 1; fi
+awk '/=>/ {print $1}' <<<"$linked" | grep -v -E '^(libc|libm|libpthread|libdl|librt|ld-linux|libstdc\+\+|libgcc_s)[.-]' \
   | sed 's/^/  bundled: /'
 # The architecture tables come from the package too (the wheel's library has no build-time fallback).
 (cd "$tmp" && "${clean[@]}" "$tmp/venv/bin/python" -c \
