@@ -1,5 +1,5 @@
-"""Helpers of test_checkpoint_merge.py: running `peftc merge`, building PEFT's merged model, and
-comparing weights and logits.
+"""Helpers of the merge and combination tests: running `peftc merge`, building PEFT's merged model,
+comparing weights and logits, and peft_c's DARE masks (`dare_keep`).
 
 Imported by the test module (pytest puts this folder on sys.path), not a conftest: the helpers need
 torch, transformers and peft, which only these tests load.
@@ -151,3 +151,22 @@ def check_bf16_buffer_merge(peft_c, adapter, module: str, original: torch.Tensor
     assert torch.equal(half.view(torch.int16), wide.to(torch.bfloat16).view(torch.int16)), key
     record.remove(half)
     assert torch.equal(half.view(torch.int16), half_original.view(torch.int16)), key
+
+
+def _mix(x: int) -> int:
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def dare_keep(seed: int, stream: str, index: int, factor: int, n: int, density: float) -> list[bool]:
+    """peft_c's DARE mask as include/peft_c.h (peft_export_options_set_combine_seed) specifies it: value e
+    of factor `factor` (0 lora_A, 1 lora_B, 2 a delta) of the `index`-th input in stream `stream` (a module
+    or tensor name) is kept iff u < density."""
+    h = 0xcbf29ce484222325
+    for byte in stream.encode():
+        h = ((h ^ byte) * 0x100000001b3) & ((1 << 64) - 1)
+    s = _mix(_mix(seed ^ h) ^ (2 * index + factor))
+    return [((_mix(s ^ e) >> 11) * 2.0 ** -53) < density for e in range(n)]

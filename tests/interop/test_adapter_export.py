@@ -33,6 +33,8 @@ from peft.tuners.lora import LoraLayer  # noqa: E402
 from peft.utils import load_peft_weights, set_peft_model_state_dict  # noqa: E402
 from safetensors.torch import load_file, save  # noqa: E402
 
+from merge_support import dare_keep  # noqa: E402
+
 import os  # noqa: E402
 
 # The same locations conftest.py uses (its helpers are fixtures, not imports).
@@ -388,22 +390,8 @@ def test_layers_to_transform_inheritance_is_what_peft_does(tmp_path):
 
 # ---- the pruning combination types (ties, dare_*, magnitude_prune) ------------------------------------
 
-def _mix(x: int) -> int:
-    m = (1 << 64) - 1
-    z = (x + 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    return z ^ (z >> 31)
-
-
 def _dare_mask(seed: int, module: str, adapter: int, factor: int, shape, density: float) -> torch.Tensor:
-    """peft_c's DARE mask, as include/peft_c.h (peft_export_options_set_combine_seed) specifies it."""
-    h = 0xcbf29ce484222325
-    for byte in module.encode():
-        h = ((h ^ byte) * 0x100000001b3) & ((1 << 64) - 1)
-    stream = _mix(_mix(seed ^ h) ^ (2 * adapter + factor))
-    n = math.prod(shape)
-    keep = [((_mix(stream ^ e) >> 11) * 2.0 ** -53) < density for e in range(n)]
+    keep = dare_keep(seed, module, adapter, factor, math.prod(shape), density)
     return torch.tensor(keep, dtype=torch.float32).reshape(shape)
 
 

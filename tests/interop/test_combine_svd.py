@@ -36,6 +36,8 @@ peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel  # noqa: E402
 from peft.tuners.lora import LoraLayer  # noqa: E402
 
+from merge_support import dare_keep  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = pathlib.Path(os.environ.get("PEFT_TEST_DATA") or REPO / "tests" / "fixtures")
 ADAPTERS = FIXTURES / "adapters"
@@ -78,21 +80,8 @@ def layers(model, name):
             if isinstance(m, LoraLayer) and (name in m.lora_A or name in m.lora_embedding_A)}
 
 
-def _mix(x: int) -> int:
-    m = (1 << 64) - 1
-    z = (x + 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    return z ^ (z >> 31)
-
-
 def dare_mask(seed: int, module: str, adapter: int, factor: int, shape, density: float) -> torch.Tensor:
-    """peft_c's DARE mask, as include/peft_c.h (peft_export_options_set_combine_seed) specifies it."""
-    h = 0xcbf29ce484222325
-    for byte in module.encode():
-        h = ((h ^ byte) * 0x100000001b3) & ((1 << 64) - 1)
-    stream = _mix(_mix(seed ^ h) ^ (2 * adapter + factor))
-    keep = [((_mix(stream ^ e) >> 11) * 2.0 ** -53) < density for e in range(math.prod(shape))]
+    keep = dare_keep(seed, module, adapter, factor, math.prod(shape), density)
     return torch.tensor(keep, dtype=torch.float32).reshape(shape)
 
 

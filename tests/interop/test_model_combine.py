@@ -13,7 +13,6 @@ Environment: PEFTC (the peftc binary), PEFT_TEST_DATA (see conftest.py).
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import subprocess
@@ -25,6 +24,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from safetensors.numpy import load_file as load_numpy  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+
+from merge_support import dare_keep  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = pathlib.Path(os.environ.get("PEFT_TEST_DATA") or REPO / "tests" / "fixtures")
@@ -50,21 +51,6 @@ def fine_tune(base: pathlib.Path, out: pathlib.Path, seed: int, scale=0.02) -> p
     return out
 
 
-def _mix(x: int) -> int:
-    m = (1 << 64) - 1
-    z = (x + 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    return z ^ (z >> 31)
-
-
-def dare_keep(seed: int, name: str, model: int, n: int, density: float) -> np.ndarray:
-    h = 0xcbf29ce484222325
-    for byte in name.encode():
-        h = ((h ^ byte) * 0x100000001b3) & ((1 << 64) - 1)
-    stream = _mix(_mix(seed ^ h) ^ (2 * model + 2))
-    return np.array([((_mix(stream ^ e) >> 11) * 2.0 ** -53) < density for e in range(n)])
-
 
 def reference(method, base, models, weights, density=1.0, sign="total", seed=0):
     """numpy, f32: the formula of merge_utils.task_arithmetic / ties / dare_* / magnitude_prune on M_i - W."""
@@ -84,7 +70,7 @@ def reference(method, base, models, weights, density=1.0, sign="total", seed=0):
                 pruned.append(np.where(keep, d, np.float32(0)))
             flat = pruned
         elif method.startswith("dare"):
-            flat = [np.where(dare_keep(seed, name, i, d.size, density), d, np.float32(0)) / np.float32(density)
+            flat = [np.where(np.array(dare_keep(seed, name, i, 2, d.size, density)), d, np.float32(0)) / np.float32(density)
                     for i, d in enumerate(flat)]
         stacked = np.stack(flat)
         if method in ("ties", "dare_ties"):
