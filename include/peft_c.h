@@ -3877,6 +3877,177 @@ PEFT_API peft_error* peft_registry_base_weights_changed(peft_registry* registry)
 
 /** @} */
 /* ================================================================================================ */
+/** @defgroup control Control vectors (steering vectors)
+ *  A control vector holds one direction of `n_embd` values per decoder layer; a host adds
+ *  `strength` x the direction of layer N to the output of its 0-based decoder layer N (the residual
+ *  stream after the layer), the way llama.cpp applies `--control-vector` (after each layer's residual
+ *  add) and repeng steers. Files:
+ *  - llama.cpp's GGUF (architecture `controlvector`, as repeng and llama.cpp's cvector-generator
+ *    write it): an F32 tensor `direction.N` per layer, N >= 1 (llama.cpp never steers layer 0 and
+ *    refuses `direction.0`), `controlvector.model_hint` and `controlvector.layer_count`;
+ *  - safetensors: one vector per layer named `direction.N`, `model.layers.N`, `layers.N` or just `N`
+ *    (a `{layer: vector}` dict saved as is), of any float dtype, `model_hint` in the metadata.
+ *
+ *  Thread safety: the const functions may run at once on one vector; the others need the vector
+ *  to themselves.
+ *  @{ */
+
+/** A control vector: directions by layer. Create with peft_control_vector_open() or
+ *  peft_control_vector_new(), free with peft_control_vector_free(). */
+typedef struct peft_control_vector peft_control_vector;
+/** What an exact removal of peft_control_vector_apply() needs; free with peft_control_record_free(). */
+typedef struct peft_control_record peft_control_record;
+
+/**
+ * @brief Reads a control vector from one GGUF or safetensors file (the format is told by its
+ *        contents), checking what llama.cpp's loader checks and more: every tensor a direction with
+ *        a canonical layer number (`direction.01` is refused), each layer once, every direction one
+ *        vector (outer dimensions of 1 allowed) of one length, F32 in GGUF, every value finite, at
+ *        least one direction; a GGUF file whose `general.architecture` is not `controlvector` is
+ *        refused.
+ * @param path The file.
+ * @param[out] out Receives the vector (values converted to f32); free it with peft_control_vector_free().
+ * @return NULL on success; #PEFT_ERR_IO and the format's errors for a file that does not open;
+ *         #PEFT_ERR_INVALID_CHECKPOINT naming the tensor or key for a file that is no control
+ *         vector; #PEFT_ERR_NON_FINITE naming the tensor for an infinite or NaN value;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL. Thread-safe.
+ */
+PEFT_API peft_error* peft_control_vector_open(const char* path, peft_control_vector** out);
+
+/**
+ * @brief Makes an empty control vector, to be filled with peft_control_vector_set_direction() or
+ *        peft_control_vector_add().
+ * @param n_embd Values per direction, in [1, 2^31].
+ * @param model_hint The model it was made for (written as `controlvector.model_hint`), or NULL for none. Copied.
+ * @param[out] out Receives the vector; free it with peft_control_vector_free().
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p out or @p n_embd out of range.
+ *         Thread-safe.
+ */
+PEFT_API peft_error* peft_control_vector_new(uint64_t n_embd, const char* model_hint, peft_control_vector** out);
+
+/** @brief Releases a vector. @param vector A vector, or NULL. Not concurrently with other calls on it. */
+PEFT_API void peft_control_vector_free(peft_control_vector* vector);
+
+/**
+ * @brief Values per direction (the model's hidden size).
+ * @param vector A vector.
+ * @return n_embd; 0 for NULL. Thread-safe.
+ */
+PEFT_API uint64_t peft_control_vector_n_embd(const peft_control_vector* vector);
+
+/**
+ * @brief The model the vector was made for, as its file names it.
+ * @param vector A vector.
+ * @return Borrowed UTF-8 string ("" when none), valid until the vector is changed or freed; NULL for
+ *         NULL. Thread-safe.
+ */
+PEFT_API const char* peft_control_vector_model_hint(const peft_control_vector* vector);
+
+/**
+ * @brief How many layers have a direction.
+ * @param vector A vector.
+ * @return The count; 0 for NULL. Thread-safe.
+ */
+PEFT_API size_t peft_control_vector_layer_count(const peft_control_vector* vector);
+
+/**
+ * @brief The layer number of the @p index-th direction, layers in ascending order.
+ * @param vector A vector.
+ * @param index In [0, peft_control_vector_layer_count()).
+ * @return The layer (0-based decoder layer index); -1 for NULL or out of range. Thread-safe.
+ */
+PEFT_API int64_t peft_control_vector_layer(const peft_control_vector* vector, size_t index);
+
+/**
+ * @brief One layer's direction.
+ * @param vector A vector.
+ * @param layer A layer number.
+ * @return Borrowed array of peft_control_vector_n_embd() f32 values, valid until the vector is changed
+ *         or freed; NULL for NULL or a layer without a direction. Thread-safe.
+ */
+PEFT_API const float* peft_control_vector_direction(const peft_control_vector* vector, int64_t layer);
+
+/**
+ * @brief Sets one layer's direction, replacing what the layer had.
+ * @param vector A vector.
+ * @param layer The 0-based decoder layer whose output the direction steers (>= 0).
+ * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16, #PEFT_DTYPE_F16 or #PEFT_DTYPE_F64.
+ * @param data peft_control_vector_n_embd() elements of @p dtype, any alignment. Copied (as f32).
+ * @return NULL on success, the vector unchanged on failure: #PEFT_ERR_INVALID_ARGUMENT for NULL, a
+ *         negative layer or another dtype; #PEFT_ERR_NON_FINITE for an infinite or NaN value.
+ */
+PEFT_API peft_error* peft_control_vector_set_direction(peft_control_vector* vector, int64_t layer, int32_t dtype,
+                                                       const void* data);
+
+/**
+ * @brief Adds @p strength x @p src to @p dst, layer by layer (a layer @p dst lacks starts at zero),
+ *        with llama.cpp's arithmetic when it loads several vectors (`--control-vector-scaled`): each
+ *        element `src * (float)strength` in f32, then added in f32.
+ * @param dst The vector changed.
+ * @param src The vector added (may be @p dst itself).
+ * @param strength The factor; negative values subtract.
+ * @return NULL on success, @p dst unchanged on failure: #PEFT_ERR_SHAPE_MISMATCH when the n_embd
+ *         differ; #PEFT_ERR_NON_FINITE naming the layer when a sum is infinite or NaN;
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL.
+ */
+PEFT_API peft_error* peft_control_vector_add(peft_control_vector* dst, const peft_control_vector* src, double strength);
+
+/**
+ * @brief Writes the vector to a file, atomically (a temporary renamed over @p path).
+ *        #PEFT_FORMAT_GGUF: llama.cpp's layout, byte for byte as gguf-py writes it (repeng's
+ *        `export_gguf`): `general.architecture` = `controlvector`, `controlvector.model_hint` when
+ *        set, `controlvector.layer_count`, then `direction.N` F32 in ascending N.
+ *        #PEFT_FORMAT_SAFETENSORS: `direction.N` F32 tensors, `model_hint` in the metadata when set,
+ *        byte for byte as Python's `safetensors.torch.save_file` writes them.
+ * @param vector A vector.
+ * @param path The file to write.
+ * @param format #PEFT_FORMAT_GGUF or #PEFT_FORMAT_SAFETENSORS.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL, another format, a vector without
+ *         directions, or (GGUF) a direction for layer 0, which llama.cpp refuses; #PEFT_ERR_IO when
+ *         the file cannot be written (nothing is left at @p path then). Thread-safe.
+ */
+PEFT_API peft_error* peft_control_vector_save(const peft_control_vector* vector, const char* path, int32_t format);
+
+/**
+ * @brief Adds one layer's direction x @p strength to a host's buffer, in place: to each of @p rows
+ *        rows of peft_control_vector_n_embd() elements, y = round(x + d * (float)strength), the
+ *        product and the sum in f32 as llama.cpp computes them, rounded once to the buffer's dtype.
+ *        The buffer is the layer's output (activations [rows, n_embd]) or a bias the host adds after
+ *        the layer ([1, n_embd], as llama.cpp keeps its control-vector tensors). A layer without a
+ *        direction leaves the buffer as it is (llama.cpp's zero vector).
+ * @param vector A vector.
+ * @param layer The 0-based decoder layer whose output the buffer is.
+ * @param strength The factor of the direction.
+ * @param data The buffer: row-major, @p dtype elements, any alignment. Changed in place.
+ * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
+ * @param rows Rows of the buffer (>= 1).
+ * @param[out] out NULL, or receives a record with which peft_control_record_remove() takes the
+ *             direction out again exactly; it keeps twice the buffer's bytes.
+ * @return NULL on success, the buffer unchanged on failure: #PEFT_ERR_INVALID_ARGUMENT for NULL, another
+ *         dtype or zero rows; #PEFT_ERR_VALIDATION_OVERFLOW when the buffer's size overflows 64 bits;
+ *         #PEFT_ERR_NON_FINITE naming the layer when a finite element would become infinite or NaN.
+ *         Thread-safe for different buffers.
+ */
+PEFT_API peft_error* peft_control_vector_apply(const peft_control_vector* vector, int64_t layer, double strength,
+                                               void* data, int32_t dtype, uint64_t rows, peft_control_record** out);
+
+/**
+ * @brief Takes an applied direction out of the buffer again, exactly: puts back the bytes the buffer
+ *        held before, after checking that it still holds what the apply wrote (with several applies
+ *        on one buffer, remove them in reverse order).
+ * @param record A record from peft_control_vector_apply() not removed yet.
+ * @param data The same buffer (it may have moved, with the same contents).
+ * @return NULL on success (the record is then spent); nothing changed on failure:
+ *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a spent record, or a buffer that changed since the
+ *         apply. Thread-safe for different records.
+ */
+PEFT_API peft_error* peft_control_record_remove(peft_control_record* record, void* data);
+
+/** @brief Releases a record without touching any buffer. @param record A record, or NULL. Thread-safe. */
+PEFT_API void peft_control_record_free(peft_control_record* record);
+
+/** @} */
+/* ================================================================================================ */
 /** @defgroup plugin The function table (for dlopen)
  *  A plugin or a host that loads `libpeft_c.so.<ABI>` with `dlopen` needs one symbol,
  *  `peft_get_api`, to reach every function: it returns a table of function pointers. The table is
@@ -4130,6 +4301,20 @@ typedef struct peft_api {
   peft_error* (*export_options_set_combine_svd_clamp)(peft_export_options* opts, double quantile); /**< peft_export_options_set_combine_svd_clamp() */
   peft_error* (*adapter_combine_deltas)(const peft_adapter* const* adapters, const double* weights, size_t count, int32_t method, const char* out_dir, const peft_export_options* combine_opts, const peft_lowrank_options* opts, peft_lowrank_report** out_report); /**< peft_adapter_combine_deltas() */
   peft_error* (*model_combine)(const char* base_dir, const char* const* models, const double* weights, size_t count, int32_t method, const char* out_dir, const peft_export_options* combine_opts, const peft_merge_options* opts, peft_merge_result** out_result); /**< peft_model_combine() */
+  peft_error* (*control_vector_open)(const char* path, peft_control_vector** out); /**< peft_control_vector_open() */
+  peft_error* (*control_vector_new)(uint64_t n_embd, const char* model_hint, peft_control_vector** out); /**< peft_control_vector_new() */
+  void (*control_vector_free)(peft_control_vector* vector); /**< peft_control_vector_free() */
+  uint64_t (*control_vector_n_embd)(const peft_control_vector* vector); /**< peft_control_vector_n_embd() */
+  const char* (*control_vector_model_hint)(const peft_control_vector* vector); /**< peft_control_vector_model_hint() */
+  size_t (*control_vector_layer_count)(const peft_control_vector* vector); /**< peft_control_vector_layer_count() */
+  int64_t (*control_vector_layer)(const peft_control_vector* vector, size_t index); /**< peft_control_vector_layer() */
+  const float* (*control_vector_direction)(const peft_control_vector* vector, int64_t layer); /**< peft_control_vector_direction() */
+  peft_error* (*control_vector_set_direction)(peft_control_vector* vector, int64_t layer, int32_t dtype, const void* data); /**< peft_control_vector_set_direction() */
+  peft_error* (*control_vector_add)(peft_control_vector* dst, const peft_control_vector* src, double strength); /**< peft_control_vector_add() */
+  peft_error* (*control_vector_save)(const peft_control_vector* vector, const char* path, int32_t format); /**< peft_control_vector_save() */
+  peft_error* (*control_vector_apply)(const peft_control_vector* vector, int64_t layer, double strength, void* data, int32_t dtype, uint64_t rows, peft_control_record** out); /**< peft_control_vector_apply() */
+  peft_error* (*control_record_remove)(peft_control_record* record, void* data); /**< peft_control_record_remove() */
+  void (*control_record_free)(peft_control_record* record); /**< peft_control_record_free() */
 } peft_api;
 
 /**

@@ -246,6 +246,20 @@ const peft_api kApiV1 = {
     &peft_export_options_set_combine_svd_clamp,
     &peft_adapter_combine_deltas,
     &peft_model_combine,
+    &peft_control_vector_open,
+    &peft_control_vector_new,
+    &peft_control_vector_free,
+    &peft_control_vector_n_embd,
+    &peft_control_vector_model_hint,
+    &peft_control_vector_layer_count,
+    &peft_control_vector_layer,
+    &peft_control_vector_direction,
+    &peft_control_vector_set_direction,
+    &peft_control_vector_add,
+    &peft_control_vector_save,
+    &peft_control_vector_apply,
+    &peft_control_record_remove,
+    &peft_control_record_free,
 };
 
 }  // namespace
