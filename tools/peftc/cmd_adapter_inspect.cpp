@@ -30,14 +30,6 @@ const char* kind_name(int32_t kind) {
 
 bool is_lora_kind(int32_t kind) { return kind >= PEFT_LAYER_LINEAR && kind <= PEFT_LAYER_CONV2D; }
 
-// A double as JSON: integers without a fraction, everything else with round-trip precision.
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", value);
-  return buf;
-}
-
 std::string json_or_null(const char* text) { return text ? json_string(text) : "null"; }
 std::string json_bool(int32_t value) { return value ? "true" : "false"; }
 

@@ -1,5 +1,7 @@
 // peftc inspect PATH [--json]: the tensors and metadata of a safetensors or GGUF file, or a checkpoint
-// folder.
+// folder; for a control vector (a GGUF file of architecture `controlvector`, or a safetensors file of
+// `direction.N` tensors) also its layers and each direction's norm.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -7,6 +9,7 @@
 
 #include "command.hpp"
 #include "gguf_metadata.hpp"
+#include "arguments.hpp"
 #include "json_text.hpp"
 
 namespace peftc {
@@ -38,7 +41,63 @@ std::string file_metadata_json(const peft_checkpoint* ckpt, size_t file) {
   return out + "}";
 }
 
-void print_json(const peft_checkpoint* ckpt, bool is_folder) {
+// Whether a one-file checkpoint is a control vector: a GGUF file of architecture `controlvector`, or a
+// safetensors file whose every tensor is `direction.N`.
+bool is_control_vector(const peft_checkpoint* ckpt) {
+  if (peft_checkpoint_file_count(ckpt) != 1 || peft_checkpoint_tensor_count(ckpt) == 0) return false;
+  if (peft_checkpoint_file_format(ckpt, 0) == PEFT_FORMAT_GGUF) {
+    size_t kv = 0;
+    const char* data = nullptr;
+    size_t length = 0;
+    if (peft_error* err = peft_checkpoint_gguf_kv_find(ckpt, 0, "general.architecture", &kv)) {
+      peft_error_free(err);
+      return false;
+    }
+    if (peft_error* err = peft_checkpoint_gguf_kv_string(ckpt, 0, kv, 0, &data, &length)) {
+      peft_error_free(err);
+      return false;
+    }
+    return std::string(data, length) == "controlvector";
+  }
+  for (size_t i = 0; i < peft_checkpoint_tensor_count(ckpt); ++i)
+    if (std::string(peft_checkpoint_tensor_name(ckpt, i)).rfind("direction.", 0) != 0) return false;
+  return true;
+}
+
+double direction_norm(const peft_control_vector* vector, int64_t layer) {
+  const float* values = peft_control_vector_direction(vector, layer);
+  double sum = 0;
+  for (uint64_t j = 0; j < peft_control_vector_n_embd(vector); ++j) sum += double(values[j]) * values[j];
+  return std::sqrt(sum);
+}
+
+// The control vector's section: ',"control_vector":{...}' for JSON, lines of text otherwise.
+std::string control_vector_text(const peft_control_vector* vector, bool json) {
+  const size_t layers = peft_control_vector_layer_count(vector);
+  std::string out;
+  if (json) {
+    out = ",\"control_vector\":{\"n_embd\":" + std::to_string(peft_control_vector_n_embd(vector)) +
+          ",\"model_hint\":" + json_string(peft_control_vector_model_hint(vector)) + ",\"layers\":[";
+    for (size_t i = 0; i < layers; ++i) {
+      const int64_t layer = peft_control_vector_layer(vector, i);
+      out += std::string(i ? "," : "") + "{\"layer\":" + std::to_string(layer) + ",\"norm\":" +
+             json_number(direction_norm(vector, layer)) + "}";
+    }
+    return out + "]}";
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "control vector: %zu layer(s) of %llu values, model hint \"%s\"\n", layers,
+                static_cast<unsigned long long>(peft_control_vector_n_embd(vector)), peft_control_vector_model_hint(vector));
+  out = line;
+  for (size_t i = 0; i < layers; ++i) {
+    const int64_t layer = peft_control_vector_layer(vector, i);
+    std::snprintf(line, sizeof line, "  layer %lld: norm %.6g\n", static_cast<long long>(layer), direction_norm(vector, layer));
+    out += line;
+  }
+  return out;
+}
+
+void print_json(const peft_checkpoint* ckpt, bool is_folder, const std::string& control) {
   std::string out = "{";
   if (peft_checkpoint_file_format(ckpt, 0) == PEFT_FORMAT_GGUF)
     out += "\"format\":\"gguf\",\"version\":" + std::to_string(peft_checkpoint_gguf_version(ckpt, 0)) + ",";
@@ -75,7 +134,7 @@ void print_json(const peft_checkpoint* ckpt, bool is_folder) {
   } else {
     out += file_metadata_json(ckpt, 0);
   }
-  out += "}\n";
+  out += control + "}\n";
   std::fputs(out.c_str(), stdout);
 }
 
@@ -140,14 +199,22 @@ int run_inspect(const std::vector<std::string>& args) {
 
   peft_checkpoint* ckpt = nullptr;
   if (peft_error* err = peft_checkpoint_open(path.c_str(), nullptr, &ckpt)) return report(err);
+  Owned<peft_checkpoint, peft_checkpoint_free> owned;
+  owned.p = ckpt;
   std::error_code ignored;
   bool is_folder = std::filesystem::is_directory(path, ignored);
+  std::string control;
+  if (!is_folder && is_control_vector(ckpt)) {
+    Owned<peft_control_vector, peft_control_vector_free> vector;
+    if (peft_error* err = peft_control_vector_open(path.c_str(), &vector.p)) return report(err);
+    control = control_vector_text(vector.p, json);
+  }
   if (json) {
-    print_json(ckpt, is_folder);
+    print_json(ckpt, is_folder, control);
   } else {
     print_text(ckpt);
+    std::fputs(control.c_str(), stdout);
   }
-  peft_checkpoint_free(ckpt);
   return kExitOk;
 }
 

@@ -1,6 +1,7 @@
 // Small helpers to print JSON from the CLI (which sees only the C API, so no JSON library is needed).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -68,6 +69,15 @@ inline std::string json_string(const char* text) { return json_string(text, std:
 inline std::string json_string(const std::string& text) { return json_string(text.data(), text.size()); }
 
 // A JSON array of unsigned integers.
+// A double as JSON: integers without a fraction, everything else with round-trip precision; null
+// for an infinity or NaN.
+inline std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  return buf;
+}
+
 inline std::string json_uint_array(const uint64_t* values, size_t count) {
   std::string out = "[";
   for (size_t i = 0; i < count; ++i) {
