@@ -3360,6 +3360,32 @@ PEFT_API peft_error* peft_model_combine(const char* base_dir, const char* const*
                                         const peft_export_options* combine_opts, const peft_merge_options* opts,
                                         peft_merge_result** out_result);
 
+/**
+ * @brief Makes a merge of several adapters (peft_merge_checkpoint()) combine their changes on the
+ *        deltas, as PEFT's merge_utils does, before they go into each weight, instead of adding them
+ *        one after the other: W' = round(W + combine(w_i dW_i)), each dW_i the module's own change
+ *        (PEFT's `get_delta_weight`: LoRA with its scaling, every additive method's delta, IA3 and
+ *        the rotations as W_i' - W), combined in f32 by #PEFT_COMBINE_TIES, #PEFT_COMBINE_DARE_LINEAR,
+ *        #PEFT_COMBINE_DARE_TIES or #PEFT_COMBINE_MAGNITUDE_PRUNE with the density, majority sign and
+ *        seed of @p combine_opts: the weight peft_adapter_combine_deltas() writes for the same inputs,
+ *        merged in one pass and without a rank (DARE's masks are the same: M the module's name, i the
+ *        adapter's position among those that have the module, f = 2). lora_B biases and trainable
+ *        token rows are added as usual. This function sits here, not with the other merge options,
+ *        because it takes export options.
+ * @param opts Merge options.
+ * @param method #PEFT_COMBINE_LINEAR (the default: adapters added in turn) or one of the four above.
+ * @param combine_opts Density, majority sign and seed (the rest is not used), or NULL for the defaults
+ *        (which the pruning types refuse: they need a density). Copied.
+ * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts, another method, or a pruning
+ *         method without a density in [0, 1]. The merge then fails, before writing anything, with
+ *         #PEFT_ERR_UNSUPPORTED listing the modules that have no delta to combine (DoRA, stacked
+ *         expert parameters, embedding and convolution layers, IA3 and the rotations on a quantized
+ *         base) or for a GGUF base, and #PEFT_ERR_INVALID_ARGUMENT with #PEFT_MERGE_ARITHMETIC_GGML.
+ *         Not thread-safe on one options object.
+ */
+PEFT_API peft_error* peft_merge_options_set_combine(peft_merge_options* opts, int32_t method,
+                                                   const peft_export_options* combine_opts);
+
 /** @} */
 
 /** @} */
@@ -4315,6 +4341,7 @@ typedef struct peft_api {
   peft_error* (*control_vector_apply)(const peft_control_vector* vector, int64_t layer, double strength, void* data, int32_t dtype, uint64_t rows, peft_control_record** out); /**< peft_control_vector_apply() */
   peft_error* (*control_record_remove)(peft_control_record* record, void* data); /**< peft_control_record_remove() */
   void (*control_record_free)(peft_control_record* record); /**< peft_control_record_free() */
+  peft_error* (*merge_options_set_combine)(peft_merge_options* opts, int32_t method, const peft_export_options* combine_opts); /**< peft_merge_options_set_combine() */
 } peft_api;
 
 /**

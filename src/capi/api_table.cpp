@@ -260,6 +260,7 @@ const peft_api kApiV1 = {
     &peft_control_vector_apply,
     &peft_control_record_remove,
     &peft_control_record_free,
+    &peft_merge_options_set_combine,
 };
 
 }  // namespace

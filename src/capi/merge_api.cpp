@@ -14,6 +14,7 @@
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/buffer_merge/named_buffer_merge.hpp"
+#include "peft/combine/adapter_combine.hpp"
 #include "peft/combine/model_combine.hpp"
 #include "peft/merge/merge_entry.hpp"
 #include "peft/methods/lora_math.hpp"
@@ -227,6 +228,22 @@ peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts, int32_t 
 
 peft_error* peft_merge_options_set_join_split(peft_merge_options* opts, int32_t join) {
   return peft::capi::set_option(opts, [&](auto& o) { o.join_split = join != 0; });
+}
+
+peft_error* peft_merge_options_set_combine(peft_merge_options* opts, int32_t method,
+                                          const peft_export_options* combine_opts) {
+  return peft::capi::set_option(opts, [&](auto& o) {
+    const peft::CombineMethod how = peft::capi::combine_method(method);
+    if (!peft::is_task_arithmetic(how))
+      peft::fail(PEFT_ERR_INVALID_ARGUMENT, "a merge combines adapters with PEFT_COMBINE_LINEAR, _TIES, _DARE_LINEAR, "
+                                            "_DARE_TIES or _MAGNITUDE_PRUNE, not method " + std::to_string(method));
+    if (how == peft::CombineMethod::linear) {
+      o.combine.reset();
+      return;
+    }
+    o.combine = peft::task_settings_of(how, combine_opts != nullptr ? combine_opts->combine : peft::CombineSettings{},
+                                       "a merge's combination");
+  });
 }
 
 peft_error* peft_merge_options_set_tied_embeddings(peft_merge_options* opts, int32_t policy) {

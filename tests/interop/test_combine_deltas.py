@@ -10,6 +10,9 @@
 * TIES and DARE on the deltas equal PEFT's own merge_utils.ties / dare_linear applied to the deltas (DARE given
   peft_c's masks, factor 2 of the formula in include/peft_c.h), at full rank.
 * Refusals name the adapter and the reason; nothing is written.
+* The direct merge (`peftc merge --combine ties|dare_*|magnitude_prune`): every weight is the base plus
+  merge_utils of the adapters' own deltas (LoRA, rsLoRA, LoHa and IA3 together), DARE given the same masks;
+  `--combine linear` is the plain merge, byte for byte.
 
 Environment: PEFTC (the peftc binary), PEFT_TEST_DATA (see conftest.py).
 """
@@ -269,3 +272,77 @@ def test_refusals_name_the_reason(peftc_binary, tmp_path, monkeypatch):
     result = run(peftc_binary, "adapter", "combine", "--out", out, "--method", "linear", "--rank", "4",
                  "--adapter", f"{lora}:1", ok=False)
     assert result.returncode == 2 and "--deltas" in result.stderr
+
+
+def merged_weights(out) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    return load_file(str(out / "model.safetensors"))
+
+
+@pytest.mark.parametrize("method,density,sign", [("ties", 0.5, "total"), ("magnitude_prune", 0.6, "total"),
+                                                  ("dare_linear", 0.5, "total"), ("dare_ties", 0.4, "frequency")])
+def test_direct_merge_with_pruning_is_merge_utils_on_the_deltas(method, density, sign, peftc_binary, tmp_path,
+                                                                 monkeypatch):
+    """`peftc merge --combine METHOD`: every weight is W + merge_utils.METHOD of the adapters' own deltas (PEFT's
+    merge_and_unload minus the base, for LoRA, rsLoRA, LoHa and IA3 alike), rounded once to f32; DARE given
+    peft_c's masks; every other tensor is the base's, bit for bit."""
+    seed = 4242
+    adapters = [ADAPTERS / "llama_lora", ADAPTERS / "llama_rslora", method_adapter("llama_loha", tmp_path),
+                method_adapter("llama_ia3", tmp_path)]
+    weights = [0.9, -0.6, 0.7, 1.0]
+    inputs = [true_deltas(a) for a in adapters]
+    out = tmp_path / "merged"
+    args = ["merge", "--base", LLAMA, "--out", out, "--combine", method, "--density", repr(density),
+            "--majority-sign", sign, "--seed", str(seed)]
+    for a, w in zip(adapters, weights):
+        args += ["--adapter", f"{a}:{w!r}"]
+    run(peftc_binary, *args)
+    merged = merged_weights(out)
+    base = merged_weights(LLAMA)
+    names = set().union(*inputs)
+    for key, value in merged.items():
+        if key.removesuffix(".weight") not in names:
+            assert torch.equal(value, base[key]), key
+    for name in sorted(names):
+        present = [i for i, d in enumerate(inputs) if name in d]
+        tensors = [inputs[i][name].float() for i in present]
+        w = torch.tensor([weights[i] for i in present])
+        if method.startswith("dare"):
+            masks = [dare_mask(seed, name, i, tuple(t.shape), density) for i, t in enumerate(tensors)]
+            monkeypatch.setattr(torch, "bernoulli", lambda p, *a, **k: masks.pop(0))
+        if method == "ties":
+            expected = merge_utils.ties(tensors, w, density, sign)
+        elif method == "magnitude_prune":
+            expected = merge_utils.magnitude_prune(tensors, w, density)
+        elif method == "dare_linear":
+            expected = merge_utils.dare_linear(tensors, w, density)
+        else:
+            expected = merge_utils.dare_ties(tensors, w, density, sign)
+        monkeypatch.undo()
+        got = merged[name + ".weight"].double() - base[name + ".weight"].double()
+        error = torch.linalg.norm(got - expected.double()) / torch.linalg.norm(expected.double())
+        assert error < 1e-5, (name, float(error))
+
+
+def test_direct_merge_linear_is_the_plain_merge_and_refusals_name_the_reason(peftc_binary, tmp_path):
+    lora, second = ADAPTERS / "llama_lora", ADAPTERS / "llama_lora_second"
+    plain, linear = tmp_path / "plain", tmp_path / "linear"
+    run(peftc_binary, "merge", "--base", LLAMA, "--out", plain, "--adapter", f"{lora}:0.5", "--adapter", f"{second}:1")
+    run(peftc_binary, "merge", "--base", LLAMA, "--out", linear, "--adapter", f"{lora}:0.5", "--adapter", f"{second}:1",
+        "--combine", "linear")
+    assert (plain / "model.safetensors").read_bytes() == (linear / "model.safetensors").read_bytes()
+    out = tmp_path / "bad"
+    cases = [
+        (["--adapter", f"{ADAPTERS / 'llama_dora'}:1", "--adapter", f"{lora}:1", "--combine", "ties", "--density", "0.5"],
+         "UNSUPPORTED", "DoRA"),
+        (["--adapter", f"{lora}:1", "--combine", "ties"], "INVALID_ARGUMENT", "density"),
+        (["--adapter", f"{lora}:1", "--combine", "ties", "--density", "0.5", "--arithmetic", "ggml"],
+         "INVALID_ARGUMENT", "ggml"),
+    ]
+    for options, code, text in cases:
+        result = run(peftc_binary, "merge", "--base", LLAMA, "--out", out, *options, ok=False)
+        assert result.returncode == 1 and code in result.stderr and text in result.stderr, (options, result.stderr)
+        assert not out.exists()
+    result = run(peftc_binary, "merge", "--base", LLAMA, "--out", out, "--adapter", f"{lora}:1", "--combine", "svd",
+                 ok=False)
+    assert result.returncode == 2 and "--combine must be" in result.stderr

@@ -1,6 +1,7 @@
 // peftc merge [--base DIR|FILE.gguf] --adapter A[:WEIGHT] ... --out DIR|FILE.gguf [--dtype keep|f32|bf16|f16]
 //              [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] [--lenient]
 //              [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared] [--join-split]
+//              [--combine linear|ties|dare_linear|dare_ties|magnitude_prune [--density D] [--majority-sign total|frequency] [--seed N]]
 // Merges LoRA adapters into a base model folder and writes a model folder transformers loads as it
 // is. An adapter A is a PEFT folder or, with a GGUF base, a GGUF LoRA file too. A progress bar goes to stderr when it is a terminal; a summary goes to stdout. Folders may be
 // model ids of the local hub cache (org/name[@revision]); without --base, the base is the first
@@ -19,7 +20,9 @@
 // them so that the merge equals the adapter's forward (peft_merge_options_set_tied_embeddings()).
 // A GGUF base split into parts (NAME-00001-of-00003.gguf; any part names it) is merged into the same
 // parts, named from --out (OUT-00001-of-00003.gguf; docs/gguf.md), or with --join-split into the one
-// file --out (peft_merge_options_set_join_split()).
+// file --out (peft_merge_options_set_join_split()). --combine ties (or dare_linear, dare_ties,
+// magnitude_prune) combines the adapters' deltas of each weight as PEFT's merge_utils does before
+// adding them (peft_merge_options_set_combine()), instead of adding the adapters one after the other.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -36,6 +39,7 @@
 
 #include "adapter_open.hpp"
 #include "arguments.hpp"
+#include "combine_cli.hpp"
 #include "command.hpp"
 
 namespace peftc {
@@ -44,7 +48,8 @@ namespace {
 constexpr const char* kUsage =
     "merge [--base DIR|FILE.gguf] --adapter DIR|LORA.gguf[:WEIGHT] [--adapter ...] --out DIR|FILE.gguf "
     "[--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] [--threads N] [--no-config] [--allow-nonfinite] "
-    "[--lenient] [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared] [--join-split]";
+    "[--lenient] [--quant TYPE] [--report] [--arithmetic peft|ggml] [--tied-embeddings untie|shared] [--join-split] "
+    "[--combine linear|ties|dare_linear|dare_ties|magnitude_prune [--density D] [--majority-sign total|frequency] [--seed N]]";
 
 struct AdapterArg {
   std::string dir;
@@ -65,6 +70,8 @@ struct Options {
   int32_t arithmetic = PEFT_MERGE_ARITHMETIC_PEFT;  // --arithmetic peft|ggml
   int32_t tied_embeddings = PEFT_MERGE_TIED_UNTIE;   // --tied-embeddings untie|shared
   bool join_split = false;       // --join-split: a split GGUF base merged into one file
+  int32_t combine = PEFT_COMBINE_LINEAR;  // --combine METHOD: the adapters' deltas combined
+  PruningArgs pruning;                    // --density, --majority-sign, --seed
 };
 
 // A figure of the report: a number, or null for one that is not finite (printed "nan").
@@ -216,6 +223,12 @@ int run_merge(const Options& o) {
   if (peft_error* err = peft_merge_options_set_arithmetic(opts.p, o.arithmetic)) return report(err);
   if (peft_error* err = peft_merge_options_set_tied_embeddings(opts.p, o.tied_embeddings)) return report(err);
   if (peft_error* err = peft_merge_options_set_join_split(opts.p, o.join_split ? 1 : 0)) return report(err);
+  {
+    Owned<peft_export_options, peft_export_options_free> combine_opts;
+    if (peft_error* err = peft_export_options_new(&combine_opts.p)) return report(err);
+    if (peft_error* err = set_pruning(combine_opts.p, o.pruning)) return report(err);
+    if (peft_error* err = peft_merge_options_set_combine(opts.p, o.combine, combine_opts.p)) return report(err);
+  }
   ProgressBar bar;
   if (::isatty(STDERR_FILENO)) {
     if (peft_error* err = peft_merge_options_set_progress(opts.p, &ProgressBar::callback, &bar)) return report(err);
@@ -275,7 +288,11 @@ int merge_command(const std::vector<std::string>& args) {
       o.allow_nonfinite = true;
       continue;
     }
-    const bool known = arg == "--base" || arg == "--adapter" || arg == "--out" || arg == "--dtype" ||
+    if (const int pruning = apply_pruning_option(a, o.pruning, kUsage); pruning != 0) {
+      if (pruning < 0) return kExitUsage;
+      continue;
+    }
+    const bool known = arg == "--combine" || arg == "--base" || arg == "--adapter" || arg == "--out" || arg == "--dtype" ||
                        arg == "--max-shard-size" || arg == "--threads" || arg == "--quant" || arg == "--arithmetic" ||
                        arg == "--tied-embeddings";
     if (!known) {
@@ -284,7 +301,15 @@ int merge_command(const std::vector<std::string>& args) {
     }
     const auto v = a.value();
     if (!v || v->empty()) return usage_error(arg + " needs a value", kUsage);
-    if (arg == "--base") {
+    if (arg == "--combine") {
+      const std::optional<int32_t> method = combine_method(*v);
+      if (!method || (*method != PEFT_COMBINE_LINEAR && *method != PEFT_COMBINE_TIES &&
+                      *method != PEFT_COMBINE_DARE_LINEAR && *method != PEFT_COMBINE_DARE_TIES &&
+                      *method != PEFT_COMBINE_MAGNITUDE_PRUNE))
+        return usage_error("--combine must be linear, ties, dare_linear, dare_ties or magnitude_prune, not '" + *v + "'",
+                           kUsage);
+      o.combine = *method;
+    } else if (arg == "--base") {
       o.base = *v;
     } else if (arg == "--out") {
       o.out = *v;

@@ -1,4 +1,4 @@
-// What `peftc adapter combine` and `peftc model combine` share: the weighted inputs (DIR:WEIGHT),
+// What `peftc adapter combine`, `peftc model combine` and `peftc merge --combine` share: the weighted inputs (DIR:WEIGHT),
 // the combination method's name, and the pruning settings (--density, --majority-sign, --seed),
 // applied to export options.
 #pragma once

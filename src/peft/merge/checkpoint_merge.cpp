@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/adapter_config.hpp"
+#include "peft/lowrank/adapter_delta.hpp"
 #include "peft/merge/folder_files.hpp"
 #include "peft/merge/merge_compute.hpp"
 #include "peft/merge/merged_folder_writer.hpp"
@@ -19,6 +20,21 @@
 
 namespace peft {
 namespace {
+
+// Fails UNSUPPORTED before anything is written when `why` gives a reason for any term of the plan:
+// "N module(s) <what>:" and one line per module with its reason.
+template <class Why>
+void refuse_modules(const MergePlan& plan, const std::string& what, Why why) {
+  std::vector<std::string> refused;
+  for (const PlannedTensor& p : plan.tensors)
+    for (const LoraTerm& term : p.lora)
+      if (const std::string reason = why(term); !reason.empty())
+        refused.push_back("module " + peft::quoted(term.module->name) + " (" + reason + ")");
+  if (refused.empty()) return;
+  std::string message = std::to_string(refused.size()) + " module(s) " + what + ":";
+  for (const std::string& line : refused) message += "\n  " + line;
+  fail(PEFT_ERR_UNSUPPORTED, message);
+}
 
 namespace fs = std::filesystem;
 
@@ -219,18 +235,25 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
   plan.arithmetic = options.arithmetic;
   plan.allow_nonfinite = options.allow_nonfinite;
   if (options.arithmetic == merge::Arithmetic::ggml) {  // plain LoRA only, refused before anything is written
-    std::vector<std::string> refused;
-    for (const PlannedTensor& p : plan.tensors)
-      for (const LoraTerm& term : p.lora)
-        if (effect_of(term.module->method) != MethodEffect::lora || term.dora)
-          refused.push_back("module " + peft::quoted(term.module->name) + " (" +
-                            (term.dora ? std::string("DoRA") : peft_method_name(term.module->method)) + ")");
-    if (!refused.empty()) {
-      std::string message = std::to_string(refused.size()) +
-                            " module(s) cannot be merged with the ggml arithmetic, which is defined for plain LoRA only:";
-      for (const std::string& line : refused) message += "\n  " + line;
-      fail(PEFT_ERR_UNSUPPORTED, message);
-    }
+    if (options.combine)
+      fail(PEFT_ERR_INVALID_ARGUMENT, "adapters combined on their deltas are merged with PEFT's arithmetic, not ggml's");
+    refuse_modules(plan, "cannot be merged with the ggml arithmetic, which is defined for plain LoRA only", [](const LoraTerm& term) {
+      return effect_of(term.module->method) != MethodEffect::lora || term.dora
+                 ? (term.dora ? std::string("DoRA") : std::string(peft_method_name(term.module->method)))
+                 : std::string();
+    });
+  }
+  if (options.combine && options.combine->how != merge::TaskArithmetic::linear) {
+    // Multiplicative methods' deltas need the base's weight, which a quantized base does not hold as floats.
+    const bool float_base = plan.quantization.method == BaseQuantMethod::none;
+    refuse_modules(plan, "cannot be combined on their deltas", [&](const LoraTerm& term) {
+      std::string why;
+      if (term.dora) return std::string("DoRA: its change rescales W + dW by a magnitude per output row, not a delta that adds");
+      if (term.expert) return std::string("a stacked expert parameter");
+      if (!has_module_delta(*term.adapter->adapter, *term.module, float_base, why, true)) return why;
+      return std::string();
+    });
+    plan.combine = options.combine;
   }
   settle_bnb_sizes(plan, options.threads);
   std::vector<FolderFile> folder_files = plan_folder_files(base_dir, plan.base.config, plan.untie_embeddings ? plan.tie_config_key : std::string(), plan.dtype,

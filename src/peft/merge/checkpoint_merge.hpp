@@ -58,6 +58,14 @@ struct CheckpointMergeOptions {
   // adapter's forward (the default), or changed in the shared tensor as PEFT's merge_and_unload does.
   // Checkpoint bases only.
   TiedEmbeddingsPolicy tied_embeddings = TiedEmbeddingsPolicy::untie;
+  // Several adapters combined on their deltas before they go into a weight (PEFT's ties, dare_linear,
+  // dare_ties or magnitude_prune of merge_utils, as the delta-space combination computes them):
+  // W' = round(W + combine(w_i dW_i)), each dW_i the module's own change (adapter_delta.hpp,
+  // PEFT's get_delta_weight layout, DARE's masks keyed by the module's name). nullopt, or linear: the
+  // adapters are added one after the other. Checkpoint bases only; refused (UNSUPPORTED, listing the
+  // modules, before anything is written) with DoRA, stacked expert parameters and modules whose change
+  // is no delta (embeddings, conv), and with the ggml arithmetic (INVALID_ARGUMENT).
+  std::optional<merge::TaskSettings> combine;
 };
 
 // What storing one merged GGUF tensor in its output type costs (CheckpointMergeOptions::report): the

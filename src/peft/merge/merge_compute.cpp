@@ -13,6 +13,7 @@
 #include "core/text.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "peft/adapter/method_params.hpp"
+#include "peft/lowrank/adapter_delta.hpp"
 #include "peft/methods/peft_methods.hpp"
 
 namespace peft {
@@ -186,6 +187,55 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
   flush();
 }
 
+// The adapters' changes of `p` combined on their deltas (MergePlan::combine), then added at once:
+// W' = round(W + combine(w_i dW_i)), each dW_i module_delta's (PEFT's get_delta_weight layout, the
+// layout DARE's masks are drawn in, as the delta-space combination draws them).
+void apply_combined(const MergePlan& plan, const PlannedTensor& p, const std::vector<uint64_t>& weight_shape,
+                    DType dtype, uint8_t* data, unsigned threads) {
+  std::vector<std::vector<float>> deltas;
+  std::vector<const float*> tensors;
+  std::vector<float> weights;
+  merge::DeltaLayout layout;
+  for (const LoraTerm& term : p.lora) {
+    ModuleDelta d = module_delta(*term.adapter->adapter, *term.module, &plan.base, true);
+    const merge::DeltaLayout mine{d.transposed ? d.cols : d.rows, d.transposed ? d.rows : d.cols, d.transposed};
+    if (deltas.empty()) {
+      layout = mine;
+      if (static_cast<uint64_t>(mine.out * mine.in) != shape_elements(weight_shape, p.name))
+        fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(term.module->name) + " changes " +
+                                          std::to_string(mine.out) + " x " + std::to_string(mine.in) +
+                                          " values, tensor " + peft::quoted(p.name) + " has shape " + shape_text(weight_shape));
+    } else if (mine.out != layout.out || mine.in != layout.in || mine.transposed != layout.transposed) {
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(term.module->name) + " of an adapter changes a " +
+                                        std::to_string(mine.out) + " x " + std::to_string(mine.in) +
+                                        " weight, the earlier adapters a " + std::to_string(layout.out) + " x " +
+                                        std::to_string(layout.in) + " one");
+    }
+    deltas.push_back(std::move(d.values));
+    tensors.push_back(deltas.back().data());
+    weights.push_back(static_cast<float>(term.adapter->weight));
+  }
+  merge::TaskSettings task = *plan.combine;
+  task.stream = p.lora.front().module->name;
+  std::vector<float> combined =
+      merge::combine_task_tensors(tensors, weights, static_cast<size_t>(layout.out * layout.in), task, 2);
+  if (layout.transposed) combined = transposed(combined, layout.in, layout.out);  // to [out, in]
+  merge::ExecOptions exec;
+  exec.threads = threads;
+  merge::add_dense_delta(merge::WeightView{data, dtype, layout.rows(), layout.cols()}, layout, combined.data(), false, exec);
+}
+
+// The adapters' changes of `p` added to `data` (the weight of `weight_shape` in `dtype`): combined
+// on their deltas when the plan says so, else one after the other.
+void apply_adapters(const MergePlan& plan, const PlannedTensor& p, const std::vector<uint64_t>& weight_shape,
+                    DType dtype, uint8_t* data, unsigned threads) {
+  if (plan.combine) {
+    apply_combined(plan, p, weight_shape, dtype, data, threads);
+  } else {
+    apply_lora(p, weight_shape, dtype, data, threads, plan.arithmetic);
+  }
+}
+
 void apply_lora_bias(const PlannedTensor& p, uint8_t* data, uint64_t elements) {
   const merge::WeightView view{data, p.work_dtype, 1, static_cast<int64_t>(elements)};
   size_t ia3_terms = 0;
@@ -272,7 +322,7 @@ void compute_fp8(const MergePlan& plan, const PlannedTensor& p, unsigned threads
     fp8_block_dequantize(f.layout, q.data(), scales.data(), w);
   }
   if (!p.lora.empty())
-    apply_lora(p, base.tensor(f.weight_index).shape, DType::F32, reinterpret_cast<uint8_t*>(w), threads, plan.arithmetic);
+    apply_adapters(plan, p, base.tensor(f.weight_index).shape, DType::F32, reinterpret_cast<uint8_t*>(w), threads);
   if (!requantize) return;
   const std::string& weight_name = base.tensor(f.weight_index).name;
   std::vector<uint8_t> q(n);
@@ -363,7 +413,7 @@ void compute_bnb(const MergePlan& plan, const PlannedTensor& p, unsigned threads
   if (!p.bnb_requantize || cache.weight != &w) {
     cache = {};
     std::vector<float> values = bnb_dequantize(base, w);
-    if (!p.lora.empty()) apply_lora(p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads, plan.arithmetic);
+    if (!p.lora.empty()) apply_adapters(plan, p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads);
     if (!plan.allow_nonfinite) require_finite_values(p.name, values.data(), values.size());
     if (!p.bnb_requantize) {
       out.reserve(values.size() * 4, "merging tensor " + peft::quoted(p.name));
@@ -406,7 +456,7 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
     base.read(p.base_index, p.work_dtype, out.data(), nbytes);
   }
   if (p.tokens_before_lora && !p.tokens.empty()) apply_token_rows(p, out.data(), nbytes);
-  if (!p.lora.empty()) apply_lora(p, p.shape, p.work_dtype, out.data(), threads, plan.arithmetic);
+  if (!p.lora.empty()) apply_adapters(plan, p, p.shape, p.work_dtype, out.data(), threads);
   if (!p.lora_bias.empty()) apply_lora_bias(p, out.data(), elements);
   if (!p.tokens_before_lora && !p.tokens.empty()) apply_token_rows(p, out.data(), nbytes);
 }

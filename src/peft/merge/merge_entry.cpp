@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.hpp"
 #include "core/quant/ggml_types.hpp"
+#include "core/text.hpp"
 #include "gguf/gguf_file.hpp"
 #include "peft/merge/gguf_merge.hpp"
 
@@ -10,7 +12,13 @@ namespace peft {
 
 CheckpointMergeResult merge_into_base(const std::string& base, const std::string& out,
                                       const CheckpointMergeOptions& options) {
-  if (is_gguf_path(base)) return merge_into_gguf(base, out, options);
+  if (is_gguf_path(base)) {
+    if (options.combine && options.combine->how != merge::TaskArithmetic::linear)
+      fail(PEFT_ERR_UNSUPPORTED, "adapters combined on their deltas (ties, dare_*, magnitude_prune) are merged into "
+                                 "checkpoint bases only, not into the GGUF base " + quoted(base) +
+                                 "; combine them first (peftc adapter combine --deltas) and merge the result");
+    return merge_into_gguf(base, out, options);
+  }
   return merge_checkpoint(base, out, options);  // which resolves a hub model id
 }
 

@@ -218,6 +218,9 @@ struct MergePlan {
   // CheckpointMergeOptions::allow_nonfinite, set after planning: checked on merged f32 values before
   // a quantizer (bitsandbytes) can hide an infinity or NaN in its scales.
   bool allow_nonfinite = false;
+  // CheckpointMergeOptions::combine (a pruning type), set after planning: each tensor's adapter
+  // changes combined on their deltas instead of added in turn.
+  std::optional<merge::TaskSettings> combine;
 
   uint64_t total_bytes() const;
   // Tensors by action; a computed tensor with no changes (a weight only dequantized) counts as a copy,
