@@ -109,7 +109,7 @@ var (
 var (
 	// ErrClosed is matched by the error of a call on a handle after Close.
 	ErrClosed = errors.New("peft: use of a closed handle")
-	// ErrBusy is matched by the error of a call on a Writer, MergeRecord or HostModel while another
+	// ErrBusy is matched by the error of a call on a Writer, MergeRecord, ControlRecord or HostModel while another
 	// call on it is running (they belong to one goroutine at a time).
 	ErrBusy = errors.New("peft: handle is in use by another call")
 )

@@ -83,6 +83,16 @@ namespace PeftC
         protected override bool ReleaseHandle() { Native.peft_merge_record_free(handle); return true; }
     }
 
+    internal sealed class ControlVectorHandle : PeftHandle
+    {
+        protected override bool ReleaseHandle() { Native.peft_control_vector_free(handle); return true; }
+    }
+
+    internal sealed class ControlRecordHandle : PeftHandle
+    {
+        protected override bool ReleaseHandle() { Native.peft_control_record_free(handle); return true; }
+    }
+
     internal sealed class ExportOptionsHandle : PeftHandle
     {
         protected override bool ReleaseHandle() { Native.peft_export_options_free(handle); return true; }

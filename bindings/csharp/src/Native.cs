@@ -431,5 +431,33 @@ namespace PeftC
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_checkpoint_gguf_kv_string(CheckpointHandle c, UIntPtr file, UIntPtr kv, ulong element,
                                                                           out IntPtr data, out UIntPtr length);
+
+        // ---- control vectors ----
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_vector_open(byte[] path, out ControlVectorHandle vector);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_vector_new(ulong nEmbd, byte[] modelHint, out ControlVectorHandle vector);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_control_vector_free(IntPtr vector);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern ulong peft_control_vector_n_embd(ControlVectorHandle v);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_control_vector_model_hint(ControlVectorHandle v);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern UIntPtr peft_control_vector_layer_count(ControlVectorHandle v);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern long peft_control_vector_layer(ControlVectorHandle v, UIntPtr index);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_control_vector_direction(ControlVectorHandle v, long layer);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_vector_set_direction(ControlVectorHandle v, long layer, int dtype, void* data);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_vector_add(ControlVectorHandle dst, ControlVectorHandle src, double strength);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_vector_save(ControlVectorHandle v, byte[] path, int format);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_vector_apply(ControlVectorHandle v, long layer, double strength, void* data, int dtype,
+                                                                     ulong rows, out ControlRecordHandle record);
+        // The same function, asking for no record (NULL out).
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_vector_apply(ControlVectorHandle v, long layer, double strength, void* data, int dtype,
+                                                                     ulong rows, IntPtr noRecord);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_control_record_remove(ControlRecordHandle record, void* data);
+        [DllImport(Lib, CallingConvention = Cdecl)] internal static extern void peft_control_record_free(IntPtr record);
     }
 }

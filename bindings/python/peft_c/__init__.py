@@ -32,6 +32,7 @@ from .lowrank import LowRankModule, combine_deltas, convert_initial, convert_to_
 from .doctor import adapter_doctor, adapter_doctor_fix
 from .serve import HostModel, Lease, Registry, RegistryStats, SwapStats, lora_apply
 from .hub import hub_cache_dir, hub_resolve
+from .control import FORMAT_GGUF, FORMAT_SAFETENSORS, ControlRecord, ControlVector
 
 __version__ = "0.1.0"
 
@@ -70,6 +71,10 @@ __all__ = [
     "LAYER_KINDS",
     "LayerKind",
     "LowRankModule",
+    "ControlRecord",
+    "ControlVector",
+    "FORMAT_GGUF",
+    "FORMAT_SAFETENSORS",
     "MergeRecord",
     "MergeResult",
     "Translator",

@@ -309,6 +309,22 @@ PROTOTYPES = {
     "peft_adapter_extract": (_err, [c_char_p, c_char_p, c_char_p, _handle, POINTER(c_void_p)]),
     "peft_adapter_convert_to_lora": (_err, [_handle, c_char_p, _handle, POINTER(c_void_p)]),
     "peft_adapter_convert_initial": (_err, [c_char_p, c_char_p, c_char_p, _handle]),
+    # control vectors
+    "peft_control_vector_open": (_err, [c_char_p, POINTER(c_void_p)]),
+    "peft_control_vector_new": (_err, [c_uint64, c_char_p, POINTER(c_void_p)]),
+    "peft_control_vector_free": (None, [_handle]),
+    "peft_control_vector_n_embd": (c_uint64, [_handle]),
+    "peft_control_vector_model_hint": (c_char_p, [_handle]),
+    "peft_control_vector_layer_count": (c_size_t, [_handle]),
+    "peft_control_vector_layer": (c_int64, [_handle, c_size_t]),
+    "peft_control_vector_direction": (c_void_p, [_handle, c_int64]),
+    "peft_control_vector_set_direction": (_err, [_handle, c_int64, c_int32, c_void_p]),
+    "peft_control_vector_add": (_err, [_handle, _handle, c_double]),
+    "peft_control_vector_save": (_err, [_handle, c_char_p, c_int32]),
+    "peft_control_vector_apply": (_err, [_handle, c_int64, c_double, c_void_p, c_int32, c_uint64,
+                                         POINTER(c_void_p)]),
+    "peft_control_record_remove": (_err, [_handle, c_void_p]),
+    "peft_control_record_free": (None, [_handle]),
 }
 
 SIZE_MAX = ctypes.c_size_t(-1).value

@@ -199,6 +199,10 @@ opaque_types! {
     peft_lowrank_options;
     /// The per-module ranks and errors of an extraction or conversion.
     peft_lowrank_report;
+    /// A control vector: directions by layer.
+    peft_control_vector;
+    /// What an exact removal of `peft_control_vector_apply` needs.
+    peft_control_record;
 }
 
 callback_types! {
@@ -883,6 +887,43 @@ functions! {
         out_result: *mut *mut peft_merge_result,
     ) -> *mut peft_error;
 
+    // ---- control vectors
+    pub fn peft_control_vector_open(path: *const c_char, out: *mut *mut peft_control_vector) -> *mut peft_error;
+    pub fn peft_control_vector_new(
+        n_embd: u64,
+        model_hint: *const c_char,
+        out: *mut *mut peft_control_vector,
+    ) -> *mut peft_error;
+    pub fn peft_control_vector_free(vector: *mut peft_control_vector);
+    pub fn peft_control_vector_n_embd(vector: *const peft_control_vector) -> u64;
+    pub fn peft_control_vector_model_hint(vector: *const peft_control_vector) -> *const c_char;
+    pub fn peft_control_vector_layer_count(vector: *const peft_control_vector) -> usize;
+    pub fn peft_control_vector_layer(vector: *const peft_control_vector, index: usize) -> i64;
+    pub fn peft_control_vector_direction(vector: *const peft_control_vector, layer: i64) -> *const f32;
+    pub fn peft_control_vector_set_direction(
+        vector: *mut peft_control_vector,
+        layer: i64,
+        dtype: i32,
+        data: *const c_void,
+    ) -> *mut peft_error;
+    pub fn peft_control_vector_add(
+        dst: *mut peft_control_vector,
+        src: *const peft_control_vector,
+        strength: f64,
+    ) -> *mut peft_error;
+    pub fn peft_control_vector_save(vector: *const peft_control_vector, path: *const c_char, format: i32) -> *mut peft_error;
+    pub fn peft_control_vector_apply(
+        vector: *const peft_control_vector,
+        layer: i64,
+        strength: f64,
+        data: *mut c_void,
+        dtype: i32,
+        rows: u64,
+        out: *mut *mut peft_control_record,
+    ) -> *mut peft_error;
+    pub fn peft_control_record_remove(record: *mut peft_control_record, data: *mut c_void) -> *mut peft_error;
+    pub fn peft_control_record_free(record: *mut peft_control_record);
+
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
 }
@@ -1183,5 +1224,19 @@ api_table! {
         pub fn export_options_set_combine_svd_clamp(opts: *mut peft_export_options, quantile: f64) -> *mut peft_error = peft_export_options_set_combine_svd_clamp;
         pub fn adapter_combine_deltas(adapters: *const *const peft_adapter, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, combine_opts: *const peft_export_options, opts: *const peft_lowrank_options, out_report: *mut *mut peft_lowrank_report) -> *mut peft_error = peft_adapter_combine_deltas;
         pub fn model_combine(base_dir: *const c_char, models: *const *const c_char, weights: *const f64, count: usize, method: i32, out_dir: *const c_char, combine_opts: *const peft_export_options, opts: *const peft_merge_options, out_result: *mut *mut peft_merge_result) -> *mut peft_error = peft_model_combine;
+        pub fn control_vector_open(path: *const c_char, out: *mut *mut peft_control_vector) -> *mut peft_error = peft_control_vector_open;
+        pub fn control_vector_new(n_embd: u64, model_hint: *const c_char, out: *mut *mut peft_control_vector) -> *mut peft_error = peft_control_vector_new;
+        pub fn control_vector_free(vector: *mut peft_control_vector) = peft_control_vector_free;
+        pub fn control_vector_n_embd(vector: *const peft_control_vector) -> u64 = peft_control_vector_n_embd;
+        pub fn control_vector_model_hint(vector: *const peft_control_vector) -> *const c_char = peft_control_vector_model_hint;
+        pub fn control_vector_layer_count(vector: *const peft_control_vector) -> usize = peft_control_vector_layer_count;
+        pub fn control_vector_layer(vector: *const peft_control_vector, index: usize) -> i64 = peft_control_vector_layer;
+        pub fn control_vector_direction(vector: *const peft_control_vector, layer: i64) -> *const f32 = peft_control_vector_direction;
+        pub fn control_vector_set_direction(vector: *mut peft_control_vector, layer: i64, dtype: i32, data: *const c_void) -> *mut peft_error = peft_control_vector_set_direction;
+        pub fn control_vector_add(dst: *mut peft_control_vector, src: *const peft_control_vector, strength: f64) -> *mut peft_error = peft_control_vector_add;
+        pub fn control_vector_save(vector: *const peft_control_vector, path: *const c_char, format: i32) -> *mut peft_error = peft_control_vector_save;
+        pub fn control_vector_apply(vector: *const peft_control_vector, layer: i64, strength: f64, data: *mut c_void, dtype: i32, rows: u64, out: *mut *mut peft_control_record) -> *mut peft_error = peft_control_vector_apply;
+        pub fn control_record_remove(record: *mut peft_control_record, data: *mut c_void) -> *mut peft_error = peft_control_record_remove;
+        pub fn control_record_free(record: *mut peft_control_record) = peft_control_record_free;
     }
 }

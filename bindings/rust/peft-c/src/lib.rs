@@ -104,6 +104,7 @@
 mod adapter;
 mod callback;
 mod checkpoint;
+mod control;
 mod doctor;
 mod dtype;
 mod error;
@@ -120,6 +121,7 @@ mod writer;
 
 pub use adapter::{Adapter, AdapterOptions, LayerKind, Module, ModuleTensor};
 pub use checkpoint::{Checkpoint, OpenOptions, TensorInfo};
+pub use control::{ControlRecord, ControlVector};
 pub use doctor::{adapter_doctor, adapter_doctor_fix};
 pub use dtype::{convert, DType, Element};
 pub use error::{Error, ErrorCode, Result};

@@ -44,7 +44,7 @@ impl Buffer<'_> {
         self.len() == 0
     }
 
-    fn as_mut_ptr(&mut self) -> *mut std::ffi::c_void {
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut std::ffi::c_void {
         match self {
             Buffer::F32(v) => v.as_mut_ptr().cast(),
             Buffer::BF16(v) | Buffer::F16(v) => v.as_mut_ptr().cast(),
