@@ -3331,13 +3331,22 @@ PEFT_API peft_error* peft_adapter_combine_deltas(const peft_adapter* const* adap
  * tokenizer files), as peft_merge_checkpoint() writes them, committed all at once; one tensor is
  * combined at a time: memory is about (count + 2) f32 copies of the largest tensor ((2 count + 2)
  * for the pruning types).
- * @param base_dir The base model folder (or hub id in the offline cache); safetensors, not quantized.
- * @param models @p count fine-tuned model folders (or hub ids) with the base's tensor names and shapes.
+ *
+ * A GGUF base (a `.gguf` file) takes GGUF models and writes one GGUF file at @p out_dir with the
+ * base's metadata and tensor types: each float tensor, plain (F32, F16, BF16) or block-quantized, is
+ * read to f32 as ggml's to_float does (a model's tensor may have another type), combined, and stored
+ * back in the base's type as ggml_quantize_chunk rounds it; integer tensors are copied. Split GGUF
+ * files are refused (#PEFT_ERR_UNSUPPORTED: join them with `llama-gguf-split --merge` first), as are
+ * a dtype or a maximum shard size in @p opts (#PEFT_ERR_INVALID_ARGUMENT).
+ * @param base_dir The base model folder (or hub id in the offline cache), safetensors and not
+ *        quantized; or a GGUF model file.
+ * @param models @p count fine-tuned model folders (or hub ids) with the base's tensor names and
+ *        shapes; GGUF files for a GGUF base.
  * @param weights @p count finite weights.
  * @param count Number of models, at least 1.
  * @param method #PEFT_COMBINE_LINEAR, #PEFT_COMBINE_TIES, #PEFT_COMBINE_DARE_LINEAR,
  *        #PEFT_COMBINE_DARE_TIES or #PEFT_COMBINE_MAGNITUDE_PRUNE.
- * @param out_dir The output folder (UTF-8), not one of the inputs.
+ * @param out_dir The output folder (UTF-8), or the output GGUF file for a GGUF base; not one of the inputs.
  * @param combine_opts Density, majority sign and seed (the rest is not used), or NULL.
  * @param opts Merge options without adapters: their dtype, maximum shard size, progress callback,
  *        require-config and allow-non-finite settings apply (threads and the GGUF settings do not);
@@ -3350,7 +3359,8 @@ PEFT_API peft_error* peft_adapter_combine_deltas(const peft_adapter* const* adap
  *         output over an input;
  *         #PEFT_ERR_NOT_FOUND naming a base tensor a model lacks, or a missing folder;
  *         #PEFT_ERR_SHAPE_MISMATCH naming a tensor whose shape differs;
- *         #PEFT_ERR_UNSUPPORTED for a GGUF or quantized base, or a model tensor that is not a plain float;
+ *         #PEFT_ERR_UNSUPPORTED for a quantized safetensors base (bitsandbytes, FP8), a split GGUF
+ *         file, a GGUF tensor type without a quantizer here, or a model tensor that is not a float;
  *         #PEFT_ERR_NON_FINITE naming a tensor whose result is not finite (unless allowed);
  *         #PEFT_ERR_CANCELLED; #PEFT_ERR_IO and the errors of peft_checkpoint_open(). Nothing is
  *         written on failure. Thread-safe.

@@ -1,9 +1,10 @@
-// peftc model combine --base DIR --model DIR:WEIGHT [--model ...] --method METHOD --out DIR
+// peftc model combine --base DIR|FILE.gguf --model DIR|FILE.gguf:WEIGHT [--model ...] --method METHOD --out DIR|FILE.gguf
 //   [--density D] [--majority-sign total|frequency] [--seed N] [--dtype keep|f32|bf16|f16]
 //   [--max-shard-size SIZE] [--no-config] [--allow-nonfinite]
 // Whole-model task arithmetic (peft_model_combine()): fine-tuned checkpoints of one base combined
 // as base + combine(weight * (model - base)) per tensor, with "linear" or PEFT's pruning types
-// ("ties", "dare_linear", "dare_ties", "magnitude_prune"); a summary goes to stdout.
+// ("ties", "dare_linear", "dare_ties", "magnitude_prune"); a summary goes to stdout. A GGUF base takes
+// GGUF models and writes one GGUF file with the base's tensor types.
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -17,8 +18,8 @@ namespace peftc {
 namespace {
 
 constexpr const char* kUsage =
-    "model combine --base DIR --model DIR:WEIGHT [--model DIR:WEIGHT ...] "
-    "--method linear|ties|dare_linear|dare_ties|magnitude_prune --out DIR [--density D] "
+    "model combine --base DIR|FILE.gguf --model DIR|FILE.gguf:WEIGHT [--model ...] "
+    "--method linear|ties|dare_linear|dare_ties|magnitude_prune --out DIR|FILE.gguf [--density D] "
     "[--majority-sign total|frequency] [--seed N] [--dtype keep|f32|bf16|f16] [--max-shard-size SIZE] "
     "[--no-config] [--allow-nonfinite]";
 
@@ -38,7 +39,7 @@ int model_combine_command(const std::vector<std::string>& args) {
     if (pruned > 0) continue;
     if (arg == "--base" || arg == "--out") {
       const auto v = a.value();
-      if (!v || v->empty()) return usage_error(arg + " needs a folder", kUsage);
+      if (!v || v->empty()) return usage_error(arg + " needs a folder or a .gguf file", kUsage);
       (arg == "--base" ? base : out) = *v;
     } else if (arg == "--model") {
       const auto v = a.value();
@@ -78,10 +79,10 @@ int model_combine_command(const std::vector<std::string>& args) {
       return usage_error("unexpected argument '" + a.raw() + "'", kUsage);
     }
   }
-  if (!base) return usage_error("model combine needs --base DIR", kUsage);
+  if (!base) return usage_error("model combine needs --base DIR|FILE.gguf", kUsage);
   if (dirs.empty()) return usage_error("model combine needs at least one --model DIR:WEIGHT", kUsage);
   if (!method) return usage_error("model combine needs --method", kUsage);
-  if (!out) return usage_error("model combine needs --out DIR", kUsage);
+  if (!out) return usage_error("model combine needs --out DIR|FILE.gguf", kUsage);
 
   Owned<peft_export_options, peft_export_options_free> combine_opts;
   Owned<peft_merge_options, peft_merge_options_free> opts;

@@ -9,6 +9,7 @@
 #include "core/file_identity.hpp"
 #include "core/text.hpp"
 #include "gguf/gguf_file.hpp"
+#include "peft/combine/gguf_model_combine.hpp"
 #include "peft/base/base_model.hpp"
 #include "peft/merge/folder_files.hpp"
 #include "peft/merge/merge_plan.hpp"
@@ -85,10 +86,8 @@ CheckpointMergeResult combine_models(const std::string& base_location, std::span
   if (!is_task_arithmetic(method))
     fail(PEFT_ERR_INVALID_ARGUMENT, "combining models takes linear, ties, dare_linear, dare_ties or magnitude_prune");
   const merge::TaskSettings task = task_settings_of(method, settings, "combining models");
-  if (is_gguf_path(base_location))
-    fail(PEFT_ERR_UNSUPPORTED, "combining models: the base " + peft::quoted(base_location) +
-                                   " is a GGUF file; whole-model combination reads safetensors checkpoints");
-  if (out_dir.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "the output folder must not be empty");
+  if (out_dir.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "the output must not be empty");
+  if (is_gguf_path(base_location)) return combine_gguf_models(base_location, model_dirs, weights, task, out_dir, options);
   const std::string base_dir = resolve_model_location(base_location);
   std::vector<Model> models;
   std::vector<JobInput> inputs{{"the base model folder", base_dir}};

@@ -17,6 +17,9 @@
 // and each model's difference in f32, plus the pruned copies of the pruning types: about
 // (count + 2) * 4 bytes per value of the largest tensor ((2 * count + 2) for the pruning types).
 //
+// A GGUF base (a .gguf file) takes GGUF models and writes one GGUF file at `out_dir`
+// (gguf_model_combine.hpp).
+//
 // Errors: INVALID_ARGUMENT (no models, a count mismatch, a weight that is not finite, another
 // method than the five, a pruning method without a density, an output over an input);
 // NOT_FOUND naming a base tensor a model lacks; SHAPE_MISMATCH naming a tensor whose shape

@@ -1,0 +1,150 @@
+#include "peft/combine/gguf_model_combine.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "checkpoint/checkpoint.hpp"
+#include "core/error.hpp"
+#include "core/file_identity.hpp"
+#include "core/quant/ggml_quant.hpp"
+#include "core/quant/ggml_types.hpp"
+#include "core/shape.hpp"
+#include "core/text.hpp"
+#include "gguf/ggml_type.hpp"
+#include "gguf/gguf_writer.hpp"
+#include "peft/base/gguf_base.hpp"
+#include "peft/merge/gguf_requant.hpp"
+
+namespace peft {
+namespace {
+
+struct Input {
+  std::string path;
+  std::shared_ptr<const Checkpoint> file;
+};
+
+Input open_model(const std::string& path, const char* what) {
+  Input in{path, Checkpoint::open(path)};
+  if (in.file->file_count() != 1 || in.file->gguf_header(0) == nullptr)
+    fail(PEFT_ERR_UNSUPPORTED, std::string(what) + " " + peft::quoted(path) + " is " +
+                                   (in.file->gguf_header(0) ? "a GGUF model split into parts; join it first "
+                                                              "(llama-gguf-split --merge)"
+                                                            : "not a GGUF file, as the base is"));
+  require_gguf_model(*in.file->gguf_header(0), path);
+  return in;
+}
+
+// A float tensor: a plain float type or a block type with both kernels. Integer tensors are copied.
+bool is_float_type(uint32_t type) {
+  if (const std::optional<DType> plain = dtype_of_ggml(type)) return is_float(*plain);
+  return true;
+}
+
+// rows x cols of a tensor as ggml sees it: cols the innermost dimension (ne0).
+void rows_cols(const std::vector<uint64_t>& shape, uint64_t& rows, uint64_t& cols) {
+  cols = shape.empty() ? 1 : shape.back();
+  rows = cols == 0 ? 0 : shape_elements(shape, "a tensor") / cols;
+}
+
+std::vector<float> read_values(const Checkpoint& file, size_t index, unsigned threads) {
+  const TensorInfo& info = file.tensor(index);
+  uint64_t rows = 0, cols = 0;
+  rows_cols(info.shape, rows, cols);
+  std::vector<uint8_t> bytes(info.nbytes());
+  file.read_bytes(index, 0, bytes.data(), bytes.size());
+  std::vector<float> values(rows * cols);
+  dequantize_blocks(static_cast<uint32_t>(info.ggml_type), bytes.data(), rows, cols, values.data(), threads);
+  return values;
+}
+
+}  // namespace
+
+CheckpointMergeResult combine_gguf_models(const std::string& base_path, std::span<const std::string> model_paths,
+                                          std::span<const double> weights, const merge::TaskSettings& task,
+                                          const std::string& out_path, const ModelCombineOptions& options) {
+  if (options.dtype || options.max_shard_size != 0)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "combining GGUF models: the output keeps each tensor's type and is one file, so a "
+                                    "dtype or a shard size does not apply");
+  const Input base = open_model(base_path, "the base");
+  std::vector<Input> models;
+  std::vector<JobInput> inputs{{"the base model", base_path}};
+  for (const std::string& path : model_paths) {
+    models.push_back(open_model(path, "the model"));
+    inputs.push_back({"an input model", path});
+  }
+  refuse_output_over_inputs(out_path, inputs);
+  const unsigned threads = 1;
+
+  GgufWriter writer(out_path);
+  writer.declare(*base.file->gguf_header(0));
+  CheckpointMergeResult result;
+  const uint64_t total = writer.data_size();
+  uint64_t done = 0;
+  writer.start();
+  for (size_t i = 0; i < base.file->tensor_count(); ++i) {
+    const TensorInfo& info = base.file->tensor(i);
+    const auto type = static_cast<uint32_t>(info.ggml_type);
+    if (!is_float_type(type)) {
+      std::vector<uint8_t> bytes(info.nbytes());
+      base.file->read_bytes(i, 0, bytes.data(), bytes.size());
+      writer.write_tensor(info.name, bytes.data(), bytes.size());
+      ++result.copied;
+    } else {
+      const std::optional<GgmlType> row = ggml_type(type);
+      if (!dtype_of_ggml(type) && (!row || !row->to_float || !row->from_float))
+        fail(PEFT_ERR_UNSUPPORTED, "tensor " + quoted_name(info.name) + " of the base is " +
+                                       (row ? std::string(row->name) : std::to_string(type)) +
+                                       ", which cannot be stored again here (" + ggml_quantizable_names() + ")");
+      std::vector<float> w = read_values(*base.file, i, threads);
+      std::vector<std::vector<float>> diffs;
+      std::vector<const float*> tensors;
+      std::vector<float> f32_weights;
+      for (size_t k = 0; k < models.size(); ++k) {
+        const Checkpoint& m = *models[k].file;
+        const std::optional<size_t> j = m.find(info.name);
+        if (!j)
+          fail(PEFT_ERR_NOT_FOUND, "model " + peft::quoted(models[k].path) + " has no tensor " + quoted_name(info.name) +
+                                       ", which the base holds");
+        if (m.tensor(*j).shape != info.shape)
+          fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + quoted_name(info.name) + " is " + shape_text(m.tensor(*j).shape) +
+                                            " in model " + peft::quoted(models[k].path) + " but " + shape_text(info.shape) +
+                                            " in the base");
+        if (!is_float_type(static_cast<uint32_t>(m.tensor(*j).ggml_type)))
+          fail(PEFT_ERR_UNSUPPORTED, "tensor " + quoted_name(info.name) + " of model " + peft::quoted(models[k].path) +
+                                         " is not a float tensor, as the base's is");
+        std::vector<float> d = read_values(m, *j, threads);
+        for (size_t e = 0; e < d.size(); ++e) d[e] = d[e] - w[e];
+        diffs.push_back(std::move(d));
+        tensors.push_back(diffs.back().data());
+        f32_weights.push_back(static_cast<float>(weights[k]));
+      }
+      merge::TaskSettings settings = task;
+      settings.stream = info.name;
+      const std::vector<float> sum = merge::combine_task_tensors(tensors, f32_weights, w.size(), settings, 2);
+      diffs.clear();
+      for (size_t e = 0; e < w.size(); ++e) {
+        w[e] = w[e] + sum[e];
+        if (!options.allow_nonfinite && !std::isfinite(w[e]))
+          fail(PEFT_ERR_NON_FINITE, "tensor " + quoted_name(info.name) + " is not finite after combining (value " +
+                                        std::to_string(e) + ")");
+      }
+      uint64_t rows = 0, cols = 0;
+      rows_cols(info.shape, rows, cols);
+      std::vector<uint8_t> stored(ggml_rows_bytes(type, rows, cols));
+      quantize_blocks(type, w.data(), rows, cols, stored.data(), threads, nullptr);
+      writer.write_tensor(info.name, stored.data(), stored.size());
+      ++result.merged;
+    }
+    done += info.nbytes();
+    if (options.progress && !options.progress(done, total))
+      fail(PEFT_ERR_CANCELLED, "combining models was cancelled by its progress callback");
+  }
+  writer.finish();
+  result.bytes = total;
+  result.files = {std::filesystem::path(out_path).filename().string()};
+  return result;
+}
+
+}  // namespace peft
