@@ -132,3 +132,63 @@ func TestCombineModels(t *testing.T) {
 	wantCode(t, err, peft.CodeInvalidArgument)
 	notWritten(out)
 }
+
+// WithCombine: the llama fixture with llama_lora (0.9) and llama_rslora (-0.6) combined by ties at
+// density 0.5 writes the same model.safetensors as `peftc merge --combine ties --density 0.5`, which
+// differs from the plain merge; CombineLinear is the plain merge; a pruning method without a density
+// and another method fail with ErrInvalidArgument, writing nothing.
+func TestMergeCombine(t *testing.T) {
+	dir := t.TempDir()
+	base := fixture("models", "llama")
+	lora, rslora := fixture("adapters", "llama_lora"), fixture("adapters", "llama_rslora")
+	adapters := []peft.MergeOption{peft.WithAdapterDir(lora, 0.9), peft.WithAdapterDir(rslora, -0.6)}
+	merge := func(name string, opts ...peft.MergeOption) (string, error) {
+		out := filepath.Join(dir, name)
+		_, err := peft.MergeCheckpoint(context.Background(), base, out, append(slices.Clone(adapters), opts...)...)
+		return out, err
+	}
+
+	ties, err := merge("ties", peft.WithCombine(peft.CombineTies, peft.WithDensity(0.5)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peftc(t, "merge", "--base", base, "--out", filepath.Join(dir, "ties-peftc"), "--adapter", lora+":0.9",
+		"--adapter", rslora+":-0.6", "--combine", "ties", "--density", "0.5")
+	sameFiles(t, ties, filepath.Join(dir, "ties-peftc"), "model.safetensors")
+	gcPoint()
+
+	plain, err := merge("plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	linear, err := merge("linear", peft.WithCombine(peft.CombineLinear))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameFiles(t, linear, plain, "model.safetensors")
+	x, err := os.ReadFile(filepath.Join(ties, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := os.ReadFile(filepath.Join(plain, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(x, y) {
+		t.Fatal("the ties merge is the plain merge")
+	}
+	gcPoint()
+
+	for i, opt := range []peft.MergeOption{
+		peft.WithCombine(peft.CombineTies),                                // no density
+		peft.WithCombine(peft.CombineDareTies, peft.WithSeed(3)),          // no density
+		peft.WithCombine(peft.CombineSVD, peft.WithDensity(0.5)),          // not a merge's method
+		peft.WithCombine(peft.CombineMagnitudePrune, peft.WithDensity(2)), // density outside [0, 1]
+	} {
+		out, err := merge("bad"+strconv.Itoa(i), opt)
+		wantCode(t, err, peft.CodeInvalidArgument)
+		if _, err := os.Stat(out); !os.IsNotExist(err) {
+			t.Fatalf("a failed merge left %s (%v)", out, err)
+		}
+	}
+}

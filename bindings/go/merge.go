@@ -43,6 +43,10 @@ type mergeConfig struct {
 	tiedEmbeddings TiedEmbeddings
 	arithmetic     Arithmetic
 	joinSplit      bool
+	// combineSet says whether WithCombine was given; combineMethod and combineOpts are its arguments.
+	combineSet    bool
+	combineMethod CombineMethod
+	combineOpts   []ExportOption
 }
 
 // WithAdapter adds an opened adapter to merge, with a weight that multiplies its LoRA scaling (1.0
@@ -185,6 +189,27 @@ func WithArithmetic(arithmetic Arithmetic) MergeOption {
 // file outDir instead, as llama-gguf-split --merge joins parts (the first part's metadata with
 // split.count set to 0, then every tensor in part order). No effect on a base of one file.
 func WithJoinSplit(join bool) MergeOption { return func(c *mergeConfig) { c.joinSplit = join } }
+
+// WithCombine makes a merge of several adapters combine their changes on the deltas, as PEFT's
+// merge_utils does, before they go into each weight, instead of adding them one after the other:
+// W' = round(W + combine(w_i dW_i)), each dW_i the module's own change (PEFT's get_delta_weight),
+// combined in f32. method is CombineLinear (the default: adapters added in turn) or CombineTies,
+// CombineDareLinear, CombineDareTies or CombineMagnitudePrune, with the WithDensity, WithMajoritySign
+// and WithSeed of combine (the other export options are not used): the weights CombineDeltas writes
+// for the same inputs, merged in one pass and without a rank. lora_B biases and trainable token rows
+// are added as usual. It is `peftc merge --combine`.
+//
+// MergeCheckpoint fails with ErrInvalidArgument for another method or a pruning method without
+// WithDensity (or a density outside [0, 1]), and with ArithmeticGGML; with ErrUnsupported, before
+// writing anything, listing the modules that have no delta to combine (DoRA, stacked expert
+// parameters, embedding and convolution layers, IA3 and the rotations on a quantized base), or for a
+// GGUF base. CombineModels takes its combination from its own arguments and ignores this setting
+// (beyond checking it).
+func WithCombine(method CombineMethod, combine ...ExportOption) MergeOption {
+	return func(c *mergeConfig) {
+		c.combineSet, c.combineMethod, c.combineOpts = true, method, combine
+	}
+}
 
 // StoreReportEntry is what storing one merged GGUF tensor costs: RMS and Max compare the stored merge
 // with the exact f32 merge, BaseRMS and BaseMax the base stored in Type with the base itself (0 for
@@ -394,11 +419,24 @@ func newMergeOptions(cfg *mergeConfig, cs *cstrings) (*C.peft_merge_options, err
 	if err == nil {
 		err = takeError(C.peft_merge_options_set_join_split(o, boolInt(cfg.joinSplit)))
 	}
+	if err == nil && cfg.combineSet {
+		err = setMergeCombine(o, cfg, cs)
+	}
 	if err != nil {
 		C.peft_merge_options_free(o)
 		return nil, err
 	}
 	return o, nil
+}
+
+// setMergeCombine sets WithCombine's method and settings on o (the options copy the settings).
+func setMergeCombine(o *C.peft_merge_options, cfg *mergeConfig, cs *cstrings) error {
+	co, err := newExportOptions(cfg.combineOpts, cs)
+	if err != nil {
+		return err
+	}
+	defer C.peft_export_options_free(co)
+	return takeError(C.peft_merge_options_set_combine(o, C.int32_t(cfg.combineMethod), co))
 }
 
 // runMerge sets cfg's progress function and ctx's cancellation on o, then runs call (a merge writing

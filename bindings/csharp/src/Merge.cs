@@ -136,6 +136,31 @@ namespace PeftC
             PeftException.Check(Native.peft_merge_options_set_join_split(Handle, join ? 1 : 0));
             return this;
         }
+
+        /// <summary>Makes a merge of several adapters combine their changes on the deltas, as PEFT's merge_utils does,
+        /// before they go into each weight, instead of adding them one after the other: W' = round(W + combine(w_i dW_i)),
+        /// each dW_i the module's own change (PEFT's get_delta_weight), combined in f32. <paramref name="method"/> is
+        /// <see cref="CombineMethod.Linear"/> (the default: adapters added in turn) or <see cref="CombineMethod.Ties"/>,
+        /// <see cref="CombineMethod.DareLinear"/>, <see cref="CombineMethod.DareTies"/> or
+        /// <see cref="CombineMethod.MagnitudePrune"/>, with the density, majority sign and seed of
+        /// <paramref name="combineOptions"/> (<see cref="ExportOptions.SetCombineDensity"/>,
+        /// <see cref="ExportOptions.SetCombineMajoritySign"/>, <see cref="ExportOptions.SetCombineSeed"/>; its other
+        /// settings are not used; copied; null for the defaults, which have no density): the weights
+        /// <see cref="LowRank.CombineDeltas"/> writes for the same inputs, merged in one pass and without a rank. lora_B
+        /// biases and trainable token rows are added as usual. It is peftc merge --combine. The merge then fails, before
+        /// writing anything, with Unsupported listing the modules that have no delta to combine (DoRA, stacked expert
+        /// parameters, embedding and convolution layers, IA3 and the rotations on a quantized base) or for a GGUF base,
+        /// and with InvalidArgument with <see cref="Arithmetic.Ggml"/>. <see cref="Merge.CombineModels"/> ignores this
+        /// setting.</summary>
+        /// <exception cref="PeftException">InvalidArgument for another method, or a pruning method without a density in
+        /// [0, 1].</exception>
+        public MergeOptions SetCombine(CombineMethod method, ExportOptions combineOptions = null)
+        {
+            PeftException.Check(Native.peft_merge_options_set_combine(Handle, (int)method,
+                                                                      ExportOptions.HandleOf(combineOptions)));
+            GC.KeepAlive(combineOptions);
+            return this;
+        }
     }
 
     /// <summary>The order of a merge's f32 arithmetic for plain LoRA modules (<see cref="MergeOptions.SetArithmetic"/>).</summary>

@@ -253,6 +253,8 @@ namespace PeftC
         internal static extern ErrorHandle peft_merge_options_set_arithmetic(MergeOptionsHandle o, int arithmetic);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_options_set_join_split(MergeOptionsHandle o, int join);
+        [DllImport(Lib, CallingConvention = Cdecl)]
+        internal static extern ErrorHandle peft_merge_options_set_combine(MergeOptionsHandle o, int method, ExportOptionsHandle combineOptions);
         [DllImport(Lib, CallingConvention = Cdecl)] internal static extern IntPtr peft_merge_result_report_json(MergeResultHandle r);
         [DllImport(Lib, CallingConvention = Cdecl)]
         internal static extern ErrorHandle peft_merge_checkpoint(byte[] baseDir, byte[] outDir, MergeOptionsHandle o, out MergeResultHandle r);

@@ -1,6 +1,7 @@
 // Whole-model task arithmetic (Merge.CombineModels) compared with `peftc model combine` (PEFTC, else the repository's
 // build/peftc) byte for byte, on two "fine-tuned" copies of the llama fixture that the binding's Writer writes; the
-// base combined with itself; and the refusals, which write nothing.
+// base combined with itself; and the refusals, which write nothing. Also a merge of two adapters combined on their
+// deltas (MergeOptions.SetCombine) compared with `peftc merge --combine`.
 using System;
 using System.IO;
 using System.Linq;
@@ -125,6 +126,64 @@ namespace PeftC.Tests
                 Assert.Throws<ArgumentException>(() => Merge.CombineModels(baseDir, models, new[] { 1.0 }, CombineMethod.Linear,
                                                                            tmp["count"]), "count mismatch");
                 Assert.False(Directory.Exists(tmp["count"]), "count not written");
+            }
+        }
+
+        // The llama fixture's merge options with llama_lora (0.9) and llama_rslora (-0.6).
+        private static MergeOptions TwoAdapters()
+        {
+            var options = new MergeOptions();
+            options.AddAdapterDir(Fixtures.AdapterDir("llama_lora"), 0.9)
+                   .AddAdapterDir(Fixtures.AdapterDir("llama_rslora"), -0.6);
+            return options;
+        }
+
+        [Test]
+        public void MergeCombinedByTiesMatchesPeftc()
+        {
+            using (var tmp = new TempDir())
+            using (var density = new ExportOptions())
+            using (MergeOptions options = TwoAdapters())
+            using (MergeOptions plainOptions = TwoAdapters())
+            {
+                string baseDir = Fixtures.Model("llama");
+                density.SetCombineDensity(0.5);
+                MergeResult result = Merge.Checkpoint(baseDir, tmp["ties"],
+                                                      options.SetCombine(CombineMethod.Ties, density));
+                Assert.True(result.Merged > 0, "merged tensors: " + result.Merged);
+                LowRankTests.Peftc("merge", "--base", baseDir, "--out", tmp["ties-peftc"], "--adapter",
+                                   Fixtures.AdapterDir("llama_lora") + ":0.9", "--adapter",
+                                   Fixtures.AdapterDir("llama_rslora") + ":-0.6", "--combine", "ties", "--density", "0.5");
+                Assert.True(Bytes(tmp["ties"]).SequenceEqual(Bytes(tmp["ties-peftc"])),
+                            "model.safetensors is the same as peftc's");
+
+                // Linear is the plain merge, which the ties merge is not.
+                Merge.Checkpoint(baseDir, tmp["plain"], plainOptions);
+                Assert.False(Bytes(tmp["ties"]).SequenceEqual(Bytes(tmp["plain"])),
+                             "the ties merge differs from the plain one");
+                Merge.Checkpoint(baseDir, tmp["linear"], options.SetCombine(CombineMethod.Linear));
+                Assert.True(Bytes(tmp["linear"]).SequenceEqual(Bytes(tmp["plain"])), "linear is the plain merge");
+            }
+        }
+
+        [Test]
+        public void RefusedMergeCombinations()
+        {
+            using (var options = new MergeOptions())
+            using (var seed = new ExportOptions())
+            using (var density = new ExportOptions())
+            {
+                seed.SetCombineSeed(3);
+                density.SetCombineDensity(0.5);
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetCombine(CombineMethod.Ties),
+                                  "ties without options");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetCombine(CombineMethod.DareTies, seed),
+                                  "dare_ties without a density");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetCombine(CombineMethod.MagnitudePrune, seed),
+                                  "magnitude_prune without a density");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetCombine(CombineMethod.Svd, density), "svd");
+                Assert.ThrowsPeft(ErrorCode.InvalidArgument, () => options.SetCombine(CombineMethod.Cat), "cat");
+                options.SetCombine(CombineMethod.DareLinear, density); // a refused setting leaves the options usable
             }
         }
     }

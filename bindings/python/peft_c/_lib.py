@@ -292,6 +292,7 @@ PROTOTYPES = {
     "peft_merge_options_set_arithmetic": (_err, [_handle, c_int32]),
     "peft_merge_options_set_tied_embeddings": (_err, [_handle, c_int32]),
     "peft_merge_options_set_join_split": (_err, [_handle, c_int32]),
+    "peft_merge_options_set_combine": (_err, [_handle, c_int32, _handle]),
     "peft_lowrank_options_new": (_err, [POINTER(c_void_p)]),
     "peft_lowrank_options_free": (None, [_handle]),
     "peft_lowrank_options_set_rank": (_err, [_handle, ctypes.c_int64]),

@@ -64,7 +64,8 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                      require_config: bool = True, allow_nonfinite: bool = False,
                      quant: Optional[Union[str, int]] = None, report: bool = False,
                      arithmetic: str = "peft", tied_embeddings: str = "untie",
-                     join_split: bool = False) -> MergeResult:
+                     join_split: bool = False, combine: str = "linear", density: Optional[float] = None,
+                     majority_sign_method: str = "total", seed: int = 0) -> MergeResult:
     """Merges adapters into a base model folder and writes the merged model folder.
 
     ``adapters`` holds opened ``Adapter`` objects or adapter folders, each optionally paired with a
@@ -95,6 +96,19 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
 
     ``join_split`` makes a merge into a GGUF base split into parts (``NAME-00001-of-00003.gguf``)
     write one joined file instead of the same parts (``peft_merge_options_set_join_split``).
+
+    ``combine`` makes a merge of several adapters combine their changes on the deltas, as PEFT's
+    merge_utils does, before they go into each weight, instead of adding them one after the other:
+    W' = round(W + combine(w_i dW_i)), each dW_i the module's own change (PEFT's ``get_delta_weight``),
+    combined in f32 (``peft_merge_options_set_combine``; ``peftc merge --combine``). It is "linear" (the
+    default: adapters added in turn) or "ties", "dare_linear", "dare_ties", "magnitude_prune", with
+    ``density``, ``majority_sign_method`` and DARE's ``seed`` as for ``combine_adapters``: the weights
+    ``combine_deltas`` writes for the same inputs, merged in one pass and without a rank. The pruning
+    methods need ``density`` and another method of ``COMBINE_METHODS`` is refused
+    (``InvalidArgumentError``); a name outside it is a ``ValueError``. Modules that have no delta to
+    combine (DoRA, stacked expert parameters, embedding and convolution layers, ...) and GGUF bases
+    are refused with ``UnsupportedError``, ``arithmetic="ggml"`` with ``InvalidArgumentError``, before
+    anything is written.
     """
     library = lib()
     raised: List[BaseException] = []
@@ -133,6 +147,7 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
             raise ValueError(f"tied_embeddings must be 'untie' or 'shared', not {tied_embeddings!r}")
         check(library.peft_merge_options_set_tied_embeddings(opts, TIED_EMBEDDINGS[tied_embeddings]))
         check(library.peft_merge_options_set_join_split(opts, 1 if join_split else 0))
+        _set_merge_combine(opts, combine, density, majority_sign_method, seed)
         if progress is not None:
             def trampoline(_user, done, total):
                 try:
@@ -151,6 +166,19 @@ def merge_checkpoint(base_dir, out_dir, adapters: Iterable[AdapterSpec], *,
                 raise raised[0] from cancelled
             raise
     return _merge_result(out)
+
+
+def _set_merge_combine(opts, combine: str, density: Optional[float], majority_sign_method: str,
+                       seed: int) -> None:
+    """merge_checkpoint's combination of the adapters' deltas on its merge options."""
+    from .export import COMBINE_METHODS, _export_options, _set_combination
+
+    if combine not in COMBINE_METHODS:
+        raise ValueError("combine must be linear, ties, dare_linear, dare_ties or magnitude_prune, "
+                         f"not {combine!r}")
+    with _export_options(None, None) as combine_opts:
+        _set_combination(combine_opts, density, majority_sign_method, seed)
+        check(lib().peft_merge_options_set_combine(opts, COMBINE_METHODS[combine], combine_opts))
 
 
 def _merge_result(out: c_void_p) -> MergeResult:

@@ -567,3 +567,35 @@ def test_combine_models_writes_what_peftc_writes(tmp_path):
     with pytest.raises(ValueError):
         peft_c.combine_models(base, models, tmp_path / "bad", method="cat")
     assert not (tmp_path / "bad").exists()
+
+
+def test_merge_combined_by_ties_writes_what_peftc_writes(tmp_path):
+    import os
+    import subprocess
+
+    base = FIXTURES / "models" / "llama"
+    lora, rslora = ADAPTERS / "llama_lora", ADAPTERS / "llama_rslora"
+    adapters = [(str(lora), 0.9), (str(rslora), -0.6)]
+    result = peft_c.merge_checkpoint(base, tmp_path / "ties", adapters, combine="ties", density=0.5)
+    assert result.merged > 0 and "model.safetensors" in result.files
+    ties = (tmp_path / "ties" / "model.safetensors").read_bytes()
+    peftc = os.environ.get("PEFTC")
+    if peftc:
+        subprocess.run([peftc, "merge", "--base", str(base), "--out", str(tmp_path / "cli"),
+                        "--adapter", f"{lora}:0.9", "--adapter", f"{rslora}:-0.6", "--combine", "ties",
+                        "--density", "0.5"], check=True, capture_output=True)
+        assert ties == (tmp_path / "cli" / "model.safetensors").read_bytes()
+    # "linear" is the plain merge, which the ties merge is not.
+    peft_c.merge_checkpoint(base, tmp_path / "plain", adapters)
+    peft_c.merge_checkpoint(base, tmp_path / "linear", adapters, combine="linear")
+    plain = (tmp_path / "plain" / "model.safetensors").read_bytes()
+    assert (tmp_path / "linear" / "model.safetensors").read_bytes() == plain
+    assert ties != plain
+    # Refused when set, before anything is written.
+    for kwargs in ({"combine": "ties"}, {"combine": "dare_ties", "seed": 3}, {"combine": "magnitude_prune"},
+                   {"combine": "svd", "density": 0.5}, {"combine": "ties", "density": 1.5}):
+        with pytest.raises(peft_c.InvalidArgumentError):
+            peft_c.merge_checkpoint(base, tmp_path / "bad", adapters, **kwargs)
+    with pytest.raises(ValueError):
+        peft_c.merge_checkpoint(base, tmp_path / "bad", adapters, combine="sum")
+    assert not (tmp_path / "bad").exists()

@@ -924,6 +924,13 @@ functions! {
     pub fn peft_control_record_remove(record: *mut peft_control_record, data: *mut c_void) -> *mut peft_error;
     pub fn peft_control_record_free(record: *mut peft_control_record);
 
+    // ---- merge: adapters combined on their deltas
+    pub fn peft_merge_options_set_combine(
+        opts: *mut peft_merge_options,
+        method: i32,
+        combine_opts: *const peft_export_options,
+    ) -> *mut peft_error;
+
     // ---- api table
     pub fn peft_get_api(abi_version: u32) -> *const peft_api;
 }
@@ -1238,5 +1245,6 @@ api_table! {
         pub fn control_vector_apply(vector: *const peft_control_vector, layer: i64, strength: f64, data: *mut c_void, dtype: i32, rows: u64, out: *mut *mut peft_control_record) -> *mut peft_error = peft_control_vector_apply;
         pub fn control_record_remove(record: *mut peft_control_record, data: *mut c_void) -> *mut peft_error = peft_control_record_remove;
         pub fn control_record_free(record: *mut peft_control_record) = peft_control_record_free;
+        pub fn merge_options_set_combine(opts: *mut peft_merge_options, method: i32, combine_opts: *const peft_export_options) -> *mut peft_error = peft_merge_options_set_combine;
     }
 }

@@ -161,6 +161,31 @@ impl MergeOptions {
         unsafe { check(sys::peft_merge_options_set_join_split(self.ptr(), i32::from(join)))? };
         Ok(self)
     }
+
+    /// Makes a merge of several adapters combine their changes on the deltas, as PEFT's merge_utils
+    /// does, before they go into each weight, instead of adding them one after the other:
+    /// W' = round(W + combine(w_i dW_i)), each dW_i the module's own change (PEFT's
+    /// `get_delta_weight`), combined in f32. `method` is [`CombineMethod::Linear`] (the default:
+    /// adapters added in turn) or [`Ties`](CombineMethod::Ties),
+    /// [`DareLinear`](CombineMethod::DareLinear), [`DareTies`](CombineMethod::DareTies) or
+    /// [`MagnitudePrune`](CombineMethod::MagnitudePrune), with the density, majority sign and seed
+    /// of `combine_options` ([`ExportOptions::set_combine_density`],
+    /// [`ExportOptions::set_combine_majority_sign`], [`ExportOptions::set_combine_seed`]; its other
+    /// settings are not used; copied): the weights [`combine_deltas`](crate::combine_deltas) writes
+    /// for the same inputs, merged in one pass and without a rank. lora_B biases and trainable token
+    /// rows are added as usual. It is `peftc merge --combine`.
+    ///
+    /// Fails here with `InvalidArgument` for another method, or a pruning method without a density
+    /// (`None` has none). The merge then fails, before writing anything, with `Unsupported` listing the
+    /// modules that have no delta to combine (DoRA, stacked expert parameters, embedding and
+    /// convolution layers, IA3 and the rotations on a quantized base) or for a GGUF base, and with
+    /// `InvalidArgument` with [`Arithmetic::Ggml`]. [`combine_models`] ignores this setting.
+    pub fn set_combine(&mut self, method: CombineMethod, combine_options: Option<&ExportOptions>) -> Result<&mut Self> {
+        let combine = combine_options.map_or(std::ptr::null(), ExportOptions::as_ptr);
+        // SAFETY: a live handle and live export options or NULL (copied).
+        unsafe { check(sys::peft_merge_options_set_combine(self.ptr(), method.raw(), combine))? };
+        Ok(self)
+    }
 }
 
 /// The order of a merge's f32 arithmetic for plain LoRA modules ([`MergeOptions::set_arithmetic`]).

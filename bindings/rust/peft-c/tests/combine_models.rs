@@ -9,8 +9,8 @@ use std::process::Command;
 
 use common::{expect_code, fixture, TempDir};
 use peft_c::{
-    combine_models, combine_models_with_progress, Checkpoint, CombineMethod, DType, ErrorCode, ExportOptions,
-    MajoritySign, MergeOptions, Writer,
+    combine_models, combine_models_with_progress, merge_checkpoint, Checkpoint, CombineMethod, DType, ErrorCode,
+    ExportOptions, MajoritySign, MergeOptions, Writer,
 };
 
 /// Runs peftc, or returns false (the comparison is skipped) when there is none.
@@ -148,4 +148,68 @@ fn refused_combinations_write_nothing() {
         expect_code(combine_models(&base, inputs, method, &out, combine, options), ErrorCode::InvalidArgument);
         assert!(!out.exists(), "{name}: a refused combination wrote {}", out.display());
     }
+}
+
+/// The llama fixture's merge options with llama_lora (0.9) and llama_rslora (-0.6).
+fn two_adapters() -> (MergeOptions, PathBuf, PathBuf) {
+    let (lora, rslora) = (fixture(&["adapters", "llama_lora"]), fixture(&["adapters", "llama_rslora"]));
+    let mut options = MergeOptions::new().unwrap();
+    options.add_adapter_dir(&lora, 0.9).unwrap().add_adapter_dir(&rslora, -0.6).unwrap();
+    (options, lora, rslora)
+}
+
+#[test]
+fn merge_combined_by_ties_matches_peftc() {
+    let dir = TempDir::new("mergecomb");
+    let base = fixture(&["models", "llama"]);
+    let (mut options, lora, rslora) = two_adapters();
+    let mut density = ExportOptions::new().unwrap();
+    density.set_combine_density(0.5).unwrap();
+    options.set_combine(CombineMethod::Ties, Some(&density)).unwrap();
+    let out = dir.join("ties");
+    let result = merge_checkpoint(&base, &out, &options).unwrap();
+    assert!(result.merged() > 0, "{result:?}");
+    let model = read(out.join("model.safetensors"));
+
+    let reference = dir.join("ties-peftc");
+    let mut args: Vec<std::ffi::OsString> = ["merge", "--base"].map(Into::into).to_vec();
+    args.push(base.clone().into());
+    args.push("--out".into());
+    args.push(reference.clone().into());
+    for (adapter, weight) in [(&lora, "0.9"), (&rslora, "-0.6")] {
+        args.extend(["--adapter".into(), format!("{}:{weight}", adapter.display()).into()]);
+    }
+    args.extend(["--combine", "ties", "--density", "0.5"].map(Into::into));
+    if peftc(&args) {
+        assert!(model == read(reference.join("model.safetensors")), "model.safetensors differs from peftc's");
+    }
+
+    // Linear is the plain merge, which the ties merge is not.
+    let (plain_options, _, _) = two_adapters();
+    merge_checkpoint(&base, dir.join("plain"), &plain_options).unwrap();
+    let plain = read(dir.join("plain").join("model.safetensors"));
+    assert!(model != plain, "the ties merge is the plain merge");
+    options.set_combine(CombineMethod::Linear, None).unwrap();
+    merge_checkpoint(&base, dir.join("linear"), &options).unwrap();
+    assert!(read(dir.join("linear").join("model.safetensors")) == plain, "linear is not the plain merge");
+}
+
+#[test]
+fn refused_merge_combinations() {
+    let mut options = MergeOptions::new().unwrap();
+    let mut seed = ExportOptions::new().unwrap();
+    seed.set_combine_seed(3).unwrap();
+    let mut density = ExportOptions::new().unwrap();
+    density.set_combine_density(0.5).unwrap();
+    for (method, combine) in [
+        (CombineMethod::Ties, None),
+        (CombineMethod::DareTies, Some(&seed)),
+        (CombineMethod::MagnitudePrune, Some(&seed)),
+        (CombineMethod::Svd, Some(&density)),
+        (CombineMethod::Cat, None),
+    ] {
+        expect_code(options.set_combine(method, combine).map(|_| ()), ErrorCode::InvalidArgument);
+    }
+    // A refused setting leaves the options usable.
+    options.set_combine(CombineMethod::DareLinear, Some(&density)).unwrap();
 }
