@@ -195,3 +195,88 @@ def test_bad_inputs_are_refused_and_nothing_is_written(tuned, peftc_binary, tmp_
                  "--model", f"{tuned[0]}:1", ok=False)
     assert result.returncode == 2
     assert not out.exists()
+
+
+# --- GGUF files -------------------------------------------------------------------------------------------
+
+def gguf_values(path) -> dict:
+    """name -> (ggml type name, f32 values as gguf-py dequantizes them, raw bytes)."""
+    from gguf_reference import gguf_module, read_gguf
+    gguf = gguf_module()
+    out = {}
+    for t in read_gguf(path).tensors:
+        raw = np.array(t.data)
+        values = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32)
+        out[t.name] = (t.tensor_type.name, values, raw)
+    return out
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("method,settings", [("ties", {"density": 0.4, "sign": "total"}),
+                                             ("dare_linear", {"density": 0.6, "seed": 11})])
+def test_gguf_models_combine_into_the_base_types(outtype, method, settings, tuned, peftc_binary, tmp_path):
+    """GGUF base and models (convert_hf_to_gguf of the same checkpoints): the output keeps the base's metadata and
+    tensor types; its values are the numpy formula on the values ggml reads (DARE's stream: the GGUF name), exact
+    up to f32 rounding for F32 tensors, within half an f16 ulp for F16 ones and within half a quantization step of
+    each Q8_0 block (the step d = max|block|/127 of the reference's block, plus the f16 rounding of d: at most
+    127 d 2^-11); ggml's own reader loads it."""
+    from gguf_reference import convert_hf_to_gguf, ggml_reads, metadata
+    weights = [0.6, -0.3, 0.9]
+    base = convert_hf_to_gguf(LLAMA, tmp_path / "base.gguf", outtype=outtype)
+    models = [convert_hf_to_gguf(m, tmp_path / f"m{i}.gguf", outtype=outtype) for i, m in enumerate(tuned)]
+    out = tmp_path / "out.gguf"
+    args = ["model", "combine", "--base", base, "--method", method, "--out", out, "--density", repr(settings["density"])]
+    if "sign" in settings:
+        args += ["--majority-sign", settings["sign"]]
+    if "seed" in settings:
+        args += ["--seed", str(settings["seed"])]
+    for m, w in zip(models, weights):
+        args += ["--model", f"{m}:{w!r}"]
+    run(peftc_binary, *args)
+
+    ok, log = ggml_reads(out)
+    assert ok, log
+    assert metadata(out).keys() == metadata(base).keys()
+    assert all(np.array_equal(np.asarray(metadata(out)[k]), np.asarray(metadata(base)[k])) for k in metadata(base))
+    base_values = gguf_values(base)
+    model_values = [gguf_values(m) for m in models]
+    ours = gguf_values(out)
+    assert ours.keys() == base_values.keys()
+    expected = reference(method, {n: v[1] for n, v in base_values.items()}, [{n: v[1] for n, v in m.items()}
+                                                                              for m in model_values], weights, **settings)
+    quantized = 0
+    for name, (type_name, values, _raw) in ours.items():
+        assert type_name == base_values[name][0], name
+        want = expected[name]
+        if type_name == "F32":
+            np.testing.assert_allclose(values, want, rtol=1e-6, atol=1e-7, err_msg=name)
+        elif type_name == "F16":  # rounded once to f16: half an f16 ulp (2^-11 relative; 2^-25 below the normals)
+            np.testing.assert_allclose(values, want, rtol=2.0 ** -11 * (1 + 1e-3), atol=2.0 ** -25, err_msg=name)
+        else:
+            assert type_name == "Q8_0"
+            quantized += 1
+            blocks = want.reshape(-1, 32)
+            step = np.abs(blocks).max(axis=1, keepdims=True) / 127
+            error = np.abs(values.reshape(-1, 32) - blocks)
+            # ggml rounds x / d to q (half a step), then stores d in f16: q * fp16(d) moves by up to
+            # 127 * d * 2^-11 more.
+            bound = step * (0.5 + 127 * 2.0 ** -11) * (1 + 1e-3) + 1e-12
+            assert (error <= bound).all(), (name, float((error / step).max()))
+    assert quantized > 0 or outtype == "f32"
+
+
+def test_gguf_combine_refusals(tuned, peftc_binary, tmp_path):
+    from gguf_reference import convert_hf_to_gguf
+    base = convert_hf_to_gguf(LLAMA, tmp_path / "base.gguf", outtype="f32")
+    model = convert_hf_to_gguf(tuned[0], tmp_path / "m.gguf", outtype="f32")
+    out = tmp_path / "out.gguf"
+    cases = [(["--model", f"{tuned[0]}:1"], "UNSUPPORTED", "not a GGUF file"),
+             (["--model", f"{model}:1", "--dtype", "bf16"], "INVALID_ARGUMENT", "one file"),
+             (["--model", f"{model}:1", "--out", base], "INVALID_ARGUMENT", "")]
+    for options, code, text in cases:
+        args = ["model", "combine", "--base", base, "--method", "linear", *options]
+        if "--out" not in options:
+            args += ["--out", out]
+        result = run(peftc_binary, *args, ok=False)
+        assert result.returncode == 1 and code in result.stderr and text in result.stderr, (options, result.stderr)
+        assert not out.exists()

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <utility>
@@ -388,4 +389,77 @@ TEST_CASE("merge math: the pruning SVD types prune the deltas, not the factors")
     const pm::CombinedFactors c = pm::combine_svd(f, layout, settings, std::min(out, in), std::nullopt);
     CHECK(distance(product_of(c), expected) <= 1e-5 * frobenius(expected));
   }
+}
+
+TEST_CASE("merge math: combining in slices gives combine_task_tensors' values bit for bit") {
+  // Three tensors of 1000 values with many equal magnitudes (the top-k cut falls inside a run of
+  // equal keys that crosses slice boundaries), -0 and a value of every sign.
+  const size_t n = 1000;
+  std::vector<std::vector<float>> t(3, std::vector<float>(n));
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      const int v = static_cast<int>((j * (7 + 2 * i) + 3 * i) % 11) - 5;
+      t[i][j] = v == 0 && j % 2 ? -0.0f : 0.125f * static_cast<float>(v);
+    }
+  const std::vector<const float*> ptrs = {t[0].data(), t[1].data(), t[2].data()};
+  const std::vector<float> w = {0.7f, -1.3f, 0.4f};
+  using peft::merge::TaskArithmetic;
+  for (TaskArithmetic how : {TaskArithmetic::linear, TaskArithmetic::ties, TaskArithmetic::dare_linear,
+                             TaskArithmetic::dare_ties, TaskArithmetic::magnitude_prune}) {
+    for (double density : {0.0, 0.33, 0.5, 0.9, 1.0}) {
+      peft::merge::TaskSettings s;
+      s.how = how;
+      s.density = density;
+      s.seed = 9;
+      s.stream = "layer";
+      const std::vector<float> whole = peft::merge::combine_task_tensors(ptrs, w, n, s, 2);
+      for (size_t slice : {size_t{1}, size_t{7}, size_t{64}, size_t{999}, size_t{4096}}) {
+        CAPTURE(static_cast<int>(how));
+        CAPTURE(density);
+        CAPTURE(slice);
+        std::vector<float> sliced;
+        size_t reads = 0;
+        peft::merge::combine_task_slices(
+            3, w, n, s, 2, slice,
+            [&](size_t i, uint64_t offset, size_t count, float* out) {
+              ++reads;
+              std::copy_n(t[i].data() + offset, count, out);
+            },
+            [&](uint64_t offset, const float* values, size_t count) {
+              CHECK(offset == sliced.size());
+              sliced.insert(sliced.end(), values, values + count);
+            });
+        REQUIRE(sliced.size() == n);
+        CHECK(std::memcmp(sliced.data(), whole.data(), n * sizeof(float)) == 0);
+        // Magnitude pruning reads every tensor twice more for its cut (density 0 keeps nothing: no cut to find).
+        const bool cut = (how == TaskArithmetic::ties || how == TaskArithmetic::magnitude_prune) && density > 0.0 &&
+                         density < 1.0;
+        const size_t passes = cut ? 3 : 1;
+        CHECK(reads == passes * 3 * ((n + slice - 1) / slice));
+      }
+    }
+  }
+}
+
+TEST_CASE("merge math: the magnitude cut keeps int(density * n) values, the lower index first among equals") {
+  const std::vector<float> t = {1.0f, -3.0f, 3.0f, 2.0f, -3.0f, 0.0f, 3.0f, -0.0f};
+  auto cut_of = [&](double density) {
+    return peft::merge::magnitude_cut(t.size(), density, [&](const peft::merge::SliceVisitor& visit) {
+      visit(t.data(), 3);
+      visit(t.data() + 3, t.size() - 3);
+    });
+  };
+  const float three = 3.0f;
+  uint32_t key = 0;
+  std::memcpy(&key, &three, 4);
+  // 3 of 8: three of the four 3s (indices 1, 2, 4), not index 6.
+  peft::merge::MagnitudeCut c = cut_of(0.4);
+  CHECK(c.threshold == key);
+  CHECK(c.equal_kept == 3);
+  c = cut_of(0.0);
+  CHECK(c.equal_kept == 0);
+  CHECK(c.threshold == 0xFFFFFFFFu);
+  c = cut_of(0.99);  // 7 of 8: everything but one of the two zeros
+  CHECK(c.threshold == 0);
+  CHECK(c.equal_kept == 1);
 }

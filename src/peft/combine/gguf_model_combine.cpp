@@ -15,7 +15,6 @@
 #include "gguf/ggml_type.hpp"
 #include "gguf/gguf_writer.hpp"
 #include "peft/base/gguf_base.hpp"
-#include "peft/merge/gguf_requant.hpp"
 
 namespace peft {
 namespace {
@@ -42,23 +41,6 @@ bool is_float_type(uint32_t type) {
   return true;
 }
 
-// rows x cols of a tensor as ggml sees it: cols the innermost dimension (ne0).
-void rows_cols(const std::vector<uint64_t>& shape, uint64_t& rows, uint64_t& cols) {
-  cols = shape.empty() ? 1 : shape.back();
-  rows = cols == 0 ? 0 : shape_elements(shape, "a tensor") / cols;
-}
-
-std::vector<float> read_values(const Checkpoint& file, size_t index, unsigned threads) {
-  const TensorInfo& info = file.tensor(index);
-  uint64_t rows = 0, cols = 0;
-  rows_cols(info.shape, rows, cols);
-  std::vector<uint8_t> bytes(info.nbytes());
-  file.read_bytes(index, 0, bytes.data(), bytes.size());
-  std::vector<float> values(rows * cols);
-  dequantize_blocks(static_cast<uint32_t>(info.ggml_type), bytes.data(), rows, cols, values.data(), threads);
-  return values;
-}
-
 }  // namespace
 
 CheckpointMergeResult combine_gguf_models(const std::string& base_path, std::span<const std::string> model_paths,
@@ -75,7 +57,6 @@ CheckpointMergeResult combine_gguf_models(const std::string& base_path, std::spa
     inputs.push_back({"an input model", path});
   }
   refuse_output_over_inputs(out_path, inputs);
-  const unsigned threads = 1;
 
   GgufWriter writer(out_path);
   writer.declare(*base.file->gguf_header(0));
@@ -93,14 +74,11 @@ CheckpointMergeResult combine_gguf_models(const std::string& base_path, std::spa
       ++result.copied;
     } else {
       const std::optional<GgmlType> row = ggml_type(type);
-      if (!dtype_of_ggml(type) && (!row || !row->to_float || !row->from_float))
+      if (!row || !row->to_float || !row->from_float)
         fail(PEFT_ERR_UNSUPPORTED, "tensor " + quoted_name(info.name) + " of the base is " +
                                        (row ? std::string(row->name) : std::to_string(type)) +
                                        ", which cannot be stored again here (" + ggml_quantizable_names() + ")");
-      std::vector<float> w = read_values(*base.file, i, threads);
-      std::vector<std::vector<float>> diffs;
-      std::vector<const float*> tensors;
-      std::vector<float> f32_weights;
+      std::vector<CombineInput> inputs;
       for (size_t k = 0; k < models.size(); ++k) {
         const Checkpoint& m = *models[k].file;
         const std::optional<size_t> j = m.find(info.name);
@@ -114,27 +92,17 @@ CheckpointMergeResult combine_gguf_models(const std::string& base_path, std::spa
         if (!is_float_type(static_cast<uint32_t>(m.tensor(*j).ggml_type)))
           fail(PEFT_ERR_UNSUPPORTED, "tensor " + quoted_name(info.name) + " of model " + peft::quoted(models[k].path) +
                                          " is not a float tensor, as the base's is");
-        std::vector<float> d = read_values(m, *j, threads);
-        for (size_t e = 0; e < d.size(); ++e) d[e] = d[e] - w[e];
-        diffs.push_back(std::move(d));
-        tensors.push_back(diffs.back().data());
-        f32_weights.push_back(static_cast<float>(weights[k]));
+        inputs.push_back({&m, *j});
       }
-      merge::TaskSettings settings = task;
-      settings.stream = info.name;
-      const std::vector<float> sum = merge::combine_task_tensors(tensors, f32_weights, w.size(), settings, 2);
-      diffs.clear();
-      for (size_t e = 0; e < w.size(); ++e) {
-        w[e] = w[e] + sum[e];
-        if (!options.allow_nonfinite && !std::isfinite(w[e]))
-          fail(PEFT_ERR_NON_FINITE, "tensor " + quoted_name(info.name) + " is not finite after combining (value " +
-                                        std::to_string(e) + ")");
-      }
-      uint64_t rows = 0, cols = 0;
-      rows_cols(info.shape, rows, cols);
-      std::vector<uint8_t> stored(ggml_rows_bytes(type, rows, cols));
-      quantize_blocks(type, w.data(), rows, cols, stored.data(), threads, nullptr);
-      writer.write_tensor(info.name, stored.data(), stored.size());
+      const uint64_t cols = info.shape.empty() ? 1 : info.shape.back();
+      std::vector<uint8_t> stored;
+      writer.begin_tensor(info.name);
+      combine_tensor_slices({base.file.get(), i}, inputs, weights, task, info.name, options.allow_nonfinite,
+                            [&](const float* values, size_t count) {
+                              stored.resize(ggml_rows_bytes(type, count / cols, cols));
+                              quantize_rows(type, values, count / cols, cols, stored.data());
+                              writer.write(stored.data(), stored.size());
+                            });
       ++result.merged;
     }
     done += info.nbytes();

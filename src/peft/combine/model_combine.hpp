@@ -13,9 +13,11 @@
 //
 // It streams like the checkpoint merge (checkpoint_merge.hpp): the output folder has the base's
 // files, shard names, index and other files (or is resharded at max_shard_size), written through
-// temporaries and committed all at once; one tensor is computed at a time. Memory: the base tensor
-// and each model's difference in f32, plus the pruned copies of the pruning types: about
-// (count + 2) * 4 bytes per value of the largest tensor ((2 * count + 2) for the pruning types).
+// temporaries and committed all at once. Memory does not grow with the tensors: each is combined in
+// slices of whole rows of about 2^20 values (the base's slice, each model's difference and the
+// result in f32, plus the pruned copies of the pruning types: (2 * count + 2) * 4 MB at most);
+// magnitude pruning (ties, magnitude_prune) first reads each model's differences twice more for its
+// exact top-k cut (merge::magnitude_cut), so those types read the inputs three times.
 //
 // A GGUF base (a .gguf file) takes GGUF models and writes one GGUF file at `out_dir`
 // (gguf_model_combine.hpp).
@@ -29,11 +31,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.hpp"
 #include "core/dtype.hpp"
 #include "peft/combine/adapter_combine.hpp"
 #include "peft/merge/checkpoint_merge.hpp"
@@ -47,6 +51,20 @@ struct ModelCombineOptions {
   bool require_config = true;   // false: a base without config.json is combined anyway
   bool allow_nonfinite = false; // true: combined tensors may hold infinities and NaNs
 };
+
+// One tensor of a checkpoint (or GGUF file) as an input of the combination.
+struct CombineInput {
+  const Checkpoint* file = nullptr;
+  size_t index = 0;
+};
+
+// out = W + combine_i(w_i (M_i - W)) of one tensor (`name`: messages and DARE's stream) whose inputs
+// have its shape and a float dtype or ggml type, streamed: slices of whole rows of about 2^20 values
+// read, combined (merge::combine_task_slices) and handed to `emit(values, count)` in order.
+// NON_FINITE naming the tensor for a value that is not finite (unless allowed).
+void combine_tensor_slices(const CombineInput& base, std::span<const CombineInput> models,
+                           std::span<const double> weights, merge::TaskSettings task, const std::string& name,
+                           bool allow_nonfinite, const std::function<void(const float*, size_t)>& emit);
 
 // The result, as a checkpoint merge's: `merged` counts the combined tensors, `copied` the others.
 CheckpointMergeResult combine_models(const std::string& base_dir, std::span<const std::string> model_dirs,

@@ -4,7 +4,9 @@
 #include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "core/error.hpp"
@@ -97,76 +99,88 @@ void check_density(double density, const char* how) {
                                         std::to_string(density) + " is not a number from 0 to 1");
 }
 
-// magnitude_based_pruning: keeps the int(density * n) largest |t| (torch.topk), zeroes the rest.
-std::vector<float> prune_by_magnitude(const float* t, size_t n, double density) {
-  std::vector<float> out(t, t + n);
-  if (density >= 1.0) return out;
-  const auto keep = static_cast<size_t>(density * static_cast<double>(n));
-  std::vector<uint32_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
-  auto larger = [t](uint32_t x, uint32_t y) {
-    const float ax = std::fabs(t[x]), ay = std::fabs(t[y]);
-    return ax != ay ? ax > ay : x < y;
-  };
-  if (keep < n) std::nth_element(order.begin(), order.begin() + static_cast<ptrdiff_t>(keep), order.end(), larger);
-  for (size_t i = keep; i < n; ++i) out[order[i]] = 0.0f;
-  return out;
-}
-
-// random_pruning with rescale: (t * mask) / density, the mask drawn by dare_keep.
-std::vector<float> prune_at_random(const float* t, size_t n, const TaskSettings& s, size_t adapter, int factor) {
-  std::vector<float> out(t, t + n);
-  if (s.density >= 1.0) return out;
-  const auto density = static_cast<float>(s.density);
-  for (size_t i = 0; i < n; ++i) {
-    const float masked = dare_keep(s.seed, s.stream, adapter, factor, i, s.density) ? t[i] * 1.0f : t[i] * 0.0f;
-    out[i] = masked / density;
-  }
-  return out;
-}
-
 float sign_of(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
 
-// One factor (A or B) of every adapter, combined: the tensors t_i of n elements with weights w_i.
-std::vector<float> combine_factor(const std::vector<const float*>& t, const std::vector<float>& w, size_t n,
-                                  const TaskSettings& s, int factor) {
+// The order of magnitudes magnitude pruning keeps by: |x|'s bits as an integer (monotonic in |x|
+// for every float, NaN above infinity, so the order is total).
+uint32_t magnitude_key(float x) { return std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu; }
+
+// One slice of the combination: the tensors' elements [offset, offset + count), pruned and combined
+// (combine_factor's arithmetic), written to `out`. `cuts` (magnitude pruning) and `equal_seen` (the
+// elements equal to each cut met in earlier slices) carry what pruning needs across slices.
+void combine_slice(const std::vector<const float*>& t, const std::vector<float>& w, size_t count, uint64_t offset,
+                   const TaskSettings& s, int factor, const std::vector<MagnitudeCut>& cuts,
+                   std::vector<uint64_t>& equal_seen, std::vector<std::vector<float>>& scratch, float* out) {
   const bool ties = s.how == TaskArithmetic::ties || s.how == TaskArithmetic::dare_ties;
-  std::vector<std::vector<float>> pruned;
+  const bool random = s.how == TaskArithmetic::dare_linear || s.how == TaskArithmetic::dare_ties;
   std::vector<const float*> use = t;
-  if (s.how != TaskArithmetic::linear) {
-    pruned.reserve(t.size());
+  if (s.how != TaskArithmetic::linear && s.density < 1.0) {
+    scratch.resize(t.size());
+    const auto density = static_cast<float>(s.density);
     for (size_t i = 0; i < t.size(); ++i) {
-      const bool random = s.how == TaskArithmetic::dare_linear || s.how == TaskArithmetic::dare_ties;
-      pruned.push_back(random ? prune_at_random(t[i], n, s, i, factor) : prune_by_magnitude(t[i], n, s.density));
-      use[i] = pruned.back().data();
+      std::vector<float>& pruned = scratch[i];
+      pruned.resize(count);
+      for (size_t j = 0; j < count; ++j) {
+        if (random) {  // random_pruning with rescale: (t * mask) / density
+          const float masked =
+              dare_keep(s.seed, s.stream, i, factor, offset + j, s.density) ? t[i][j] * 1.0f : t[i][j] * 0.0f;
+          pruned[j] = masked / density;
+        } else {  // magnitude_based_pruning: torch.topk's int(density * n) largest |t|, lower index first
+          const uint32_t key = magnitude_key(t[i][j]);
+          bool keep = key > cuts[i].threshold;
+          if (!keep && key == cuts[i].threshold && equal_seen[i] < cuts[i].equal_kept) {
+            keep = true;
+            ++equal_seen[i];
+          }
+          pruned[j] = keep ? t[i][j] : 0.0f;
+        }
+      }
+      use[i] = pruned.data();
     }
   }
-  std::vector<float> sum(n, 0.0f);
   if (!ties) {
+    for (size_t j = 0; j < count; ++j) out[j] = 0.0f;
     for (size_t i = 0; i < use.size(); ++i)
-      for (size_t j = 0; j < n; ++j) {
+      for (size_t j = 0; j < count; ++j) {
         const float term = use[i][j] * w[i];
-        sum[j] = sum[j] + term;
+        out[j] = out[j] + term;
       }
-    return sum;
+    return;
   }
   // calculate_majority_sign_mask and disjoint_merge, element by element.
-  for (size_t j = 0; j < n; ++j) {
+  for (size_t j = 0; j < count; ++j) {
     float magnitude = 0.0f;
     for (size_t i = 0; i < use.size(); ++i)
       magnitude = magnitude + (s.sign == MajoritySign::total ? use[i][j] : sign_of(use[i][j]));
     const float majority = magnitude >= 0.0f ? 1.0f : -1.0f;
     float mixed = 0.0f;
-    int64_t count = 0;
+    int64_t agreeing = 0;
     for (size_t i = 0; i < use.size(); ++i) {
       const bool agrees = sign_of(use[i][j]) == majority;
       const float weighted = use[i][j] * w[i];
       const float term = weighted * (agrees ? 1.0f : 0.0f);
       mixed = mixed + term;
-      count += agrees ? 1 : 0;
+      agreeing += agrees ? 1 : 0;
     }
-    sum[j] = mixed / static_cast<float>(std::max<int64_t>(count, 1));
+    out[j] = mixed / static_cast<float>(std::max<int64_t>(agreeing, 1));
   }
+}
+
+bool prunes_by_magnitude(const TaskSettings& s) {
+  return (s.how == TaskArithmetic::ties || s.how == TaskArithmetic::magnitude_prune) && s.density < 1.0;
+}
+
+// One factor (A or B) of every adapter, combined: the tensors t_i of n elements with weights w_i.
+std::vector<float> combine_factor(const std::vector<const float*>& t, const std::vector<float>& w, size_t n,
+                                  const TaskSettings& s, int factor) {
+  std::vector<MagnitudeCut> cuts;
+  if (prunes_by_magnitude(s))
+    for (const float* tensor : t)
+      cuts.push_back(magnitude_cut(n, s.density, [&](const SliceVisitor& visit) { visit(tensor, n); }));
+  std::vector<uint64_t> equal_seen(t.size(), 0);
+  std::vector<std::vector<float>> scratch;
+  std::vector<float> sum(n);
+  combine_slice(t, w, n, 0, s, factor, cuts, equal_seen, scratch, sum.data());
   return sum;
 }
 
@@ -176,6 +190,63 @@ bool dare_keep(uint64_t seed, std::string_view stream, size_t adapter, int facto
   const uint64_t s = mix(mix(seed ^ fnv1a64(stream)) ^ (2 * static_cast<uint64_t>(adapter) + static_cast<uint64_t>(factor)));
   const double u = static_cast<double>(mix(s ^ element) >> 11) * 0x1.0p-53;
   return u < density;
+}
+
+MagnitudeCut magnitude_cut(uint64_t n, double density, const std::function<void(const SliceVisitor&)>& for_each_slice) {
+  MagnitudeCut cut;
+  const auto keep = static_cast<uint64_t>(density * static_cast<double>(n));
+  if (keep == 0) return cut;
+  if (keep >= n) return MagnitudeCut{0, n};  // every key is >= 0: all kept
+  // The bin (key >> 16) that holds the keep-th largest key, then its low 16 bits.
+  std::vector<uint64_t> high(1u << 15, 0), low(1u << 16, 0);
+  for_each_slice([&](const float* values, size_t count) {
+    for (size_t j = 0; j < count; ++j) ++high[magnitude_key(values[j]) >> 16];
+  });
+  uint64_t above = 0;  // keys in bins above the chosen one
+  size_t bin = high.size();
+  while (bin > 0 && above + high[bin - 1] < keep) above += high[--bin];
+  const uint32_t chosen = static_cast<uint32_t>(bin - 1);
+  for_each_slice([&](const float* values, size_t count) {
+    for (size_t j = 0; j < count; ++j)
+      if (const uint32_t key = magnitude_key(values[j]); key >> 16 == chosen) ++low[key & 0xFFFFu];
+  });
+  size_t lower = low.size();
+  while (lower > 0 && above + low[lower - 1] < keep) above += low[--lower];
+  cut.threshold = (chosen << 16) | static_cast<uint32_t>(lower - 1);
+  cut.equal_kept = keep - above;  // `above` now counts the keys greater than the threshold
+  return cut;
+}
+
+void combine_task_slices(size_t m, std::span<const float> weights, uint64_t n, const TaskSettings& settings, int factor,
+                         size_t slice, const SliceReader& read, const SliceWriter& write) {
+  check_density(settings.density, task_name(settings.how));
+  if (m != weights.size() || m == 0 || slice == 0)
+    fail(PEFT_ERR_INTERNAL, "combine_task_slices: one weight per tensor, at least one tensor, a slice");
+  std::vector<std::vector<float>> inputs(m, std::vector<float>(static_cast<size_t>(std::min<uint64_t>(slice, n))));
+  std::vector<MagnitudeCut> cuts;
+  if (prunes_by_magnitude(settings))
+    for (size_t i = 0; i < m; ++i)
+      cuts.push_back(magnitude_cut(n, settings.density, [&](const SliceVisitor& visit) {
+        for (uint64_t offset = 0; offset < n; offset += slice) {
+          const auto count = static_cast<size_t>(std::min<uint64_t>(slice, n - offset));
+          read(i, offset, count, inputs[i].data());
+          visit(inputs[i].data(), count);
+        }
+      }));
+  std::vector<uint64_t> equal_seen(m, 0);
+  std::vector<std::vector<float>> scratch;
+  std::vector<const float*> tensors(m);
+  const std::vector<float> w(weights.begin(), weights.end());
+  std::vector<float> out(inputs[0].size());
+  for (uint64_t offset = 0; offset < n; offset += slice) {
+    const auto count = static_cast<size_t>(std::min<uint64_t>(slice, n - offset));
+    for (size_t i = 0; i < m; ++i) {
+      read(i, offset, count, inputs[i].data());
+      tensors[i] = inputs[i].data();
+    }
+    combine_slice(tensors, w, count, offset, settings, factor, cuts, equal_seen, scratch, out.data());
+    write(offset, out.data(), count);
+  }
 }
 
 CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapters, int64_t out, int64_t in,

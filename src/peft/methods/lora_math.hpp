@@ -273,6 +273,30 @@ CombinedFactors combine_task_arithmetic(std::span<const WeightedFactors> adapter
 std::vector<float> combine_task_tensors(std::span<const float* const> tensors, std::span<const float> weights,
                                         size_t n, const TaskSettings& settings, int factor);
 
+// Which elements magnitude pruning keeps of a tensor of n values: the int(density * n) largest
+// magnitudes, the lower index first among equal ones, as torch.topk does. With magnitudes ordered by
+// |x|'s bits (NaN above infinity), element j is kept iff key(t_j) > threshold, or key(t_j) ==
+// threshold and fewer than `equal_kept` earlier elements equal the threshold.
+struct MagnitudeCut {
+  uint32_t threshold = 0xFFFFFFFFu;  // above every key: nothing kept
+  uint64_t equal_kept = 0;
+};
+// Calls its argument once per slice of the tensor, in order: visit(values, count).
+using SliceVisitor = std::function<void(const float*, size_t)>;
+// The cut of a tensor that `for_each_slice(visit)` shows slice by slice (it is called twice: a
+// two-level histogram of the keys, 32768 and 65536 bins, so memory does not grow with n).
+MagnitudeCut magnitude_cut(uint64_t n, double density, const std::function<void(const SliceVisitor&)>& for_each_slice);
+
+// combine_task_tensors for tensors too large to hold at once, the same values: m tensors of n values,
+// read by `read(i, offset, count, out)` (elements [offset, offset + count) of tensor i as f32) in
+// slices of at most `slice` values, combined, and handed to `write(offset, values, count)` in order.
+// Memory: m + 1 slices (twice that while pruning). The magnitude-pruning types read every tensor two
+// more times first (magnitude_cut).
+using SliceReader = std::function<void(size_t tensor, uint64_t offset, size_t count, float* out)>;
+using SliceWriter = std::function<void(uint64_t offset, const float* values, size_t count)>;
+void combine_task_slices(size_t m, std::span<const float> weights, uint64_t n, const TaskSettings& settings, int factor,
+                         size_t slice, const SliceReader& read, const SliceWriter& write);
+
 // The SVD combination types of add_weighted_adapter (svd, ties_svd, dare_linear_svd, dare_ties_svd,
 // magnitude_prune_svd: `settings.how` linear, ties, dare_linear, dare_ties, magnitude_prune), as
 // _svd_generalized_task_arithmetic_weighted_adapter does them:
