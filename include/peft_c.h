@@ -3380,8 +3380,10 @@ PEFT_API peft_error* peft_model_combine(const char* base_dir, const char* const*
  *        seed of @p combine_opts: the weight peft_adapter_combine_deltas() writes for the same inputs,
  *        merged in one pass and without a rank (DARE's masks are the same: M the module's name, i the
  *        adapter's position among those that have the module, f = 2). lora_B biases and trainable
- *        token rows are added as usual. This function sits here, not with the other merge options,
- *        because it takes export options.
+ *        token rows are added as usual. Plain LoRA deltas are built and combined a slice of rows at
+ *        a time (about 2^20 values), so memory stays near a plain merge's; other methods' deltas are
+ *        built whole, one weight at a time. This function sits here, not with the other merge
+ *        options, because it takes export options.
  * @param opts Merge options.
  * @param method #PEFT_COMBINE_LINEAR (the default: adapters added in turn) or one of the four above.
  * @param combine_opts Density, majority sign and seed (the rest is not used), or NULL for the defaults

@@ -281,15 +281,19 @@ def merged_weights(out) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("method,density,sign", [("ties", 0.5, "total"), ("magnitude_prune", 0.6, "total"),
                                                   ("dare_linear", 0.5, "total"), ("dare_ties", 0.4, "frequency")])
-def test_direct_merge_with_pruning_is_merge_utils_on_the_deltas(method, density, sign, peftc_binary, tmp_path,
+@pytest.mark.parametrize("inputs", ["lora", "mixed"])
+def test_direct_merge_with_pruning_is_merge_utils_on_the_deltas(inputs, method, density, sign, peftc_binary, tmp_path,
                                                                  monkeypatch):
     """`peftc merge --combine METHOD`: every weight is W + merge_utils.METHOD of the adapters' own deltas (PEFT's
     merge_and_unload minus the base, for LoRA, rsLoRA, LoHa and IA3 alike), rounded once to f32; DARE given
-    peft_c's masks; every other tensor is the base's, bit for bit."""
+    peft_c's masks; every other tensor is the base's, bit for bit. LoRA inputs only take the sliced path (the
+    deltas built a slice of rows at a time), mixed ones the whole-delta path."""
     seed = 4242
-    adapters = [ADAPTERS / "llama_lora", ADAPTERS / "llama_rslora", method_adapter("llama_loha", tmp_path),
-                method_adapter("llama_ia3", tmp_path)]
-    weights = [0.9, -0.6, 0.7, 1.0]
+    adapters = [ADAPTERS / "llama_lora", ADAPTERS / "llama_rslora"]
+    weights = [0.9, -0.6]
+    if inputs == "mixed":
+        adapters += [method_adapter("llama_loha", tmp_path), method_adapter("llama_ia3", tmp_path)]
+        weights += [0.7, 1.0]
     inputs = [true_deltas(a) for a in adapters]
     out = tmp_path / "merged"
     args = ["merge", "--base", LLAMA, "--out", out, "--combine", method, "--density", repr(density),

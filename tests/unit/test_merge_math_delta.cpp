@@ -2,6 +2,8 @@
 // into f32/bf16/f16 with one rounding, unmerge, weighted sums, lora_bias, errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "core/error.hpp"
@@ -100,6 +102,25 @@ TEST_CASE("merge math: delta of every module kind matches its reference loop bit
       const std::vector<float> want = reference_delta(c.kind, c.weight, terms);
       REQUIRE(got.size() == want.size());
       CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("merge math: a delta built a slice of rows at a time equals the whole delta bit for bit") {
+  for (int64_t r : {1, 8, 17}) {
+    for (const auto& c : kind_cases(r)) {
+      CAPTURE(c.name);
+      CAPTURE(r);
+      const pm::DeltaLayout l = pm::layout_for(c.kind, c.weight, c.a, c.b);
+      std::vector<Term> terms{random_term(r, product(c.a), product(c.b), 0.9, 29 + static_cast<uint32_t>(r))};
+      const pm::LoraFactors f = terms[0].factors();
+      const std::vector<float> whole = pm::compute_delta(l, {&f, 1});
+      for (int64_t slice : {int64_t{1}, int64_t{3}, l.rows()}) {
+        std::vector<float> sliced(whole.size());
+        for (int64_t row = 0; row < l.rows(); row += slice)
+          pm::compute_delta_rows(l, {&f, 1}, row, std::min(slice, l.rows() - row), sliced.data() + row * l.cols());
+        CHECK(std::memcmp(sliced.data(), whole.data(), whole.size() * 4) == 0);
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "peft/merge/merge_compute.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -187,11 +188,71 @@ void apply_lora(const PlannedTensor& p, const std::vector<uint64_t>& weight_shap
   flush();
 }
 
+// Values per slice of a combined delta, in whole rows (as model_combine slices its tensors).
+constexpr int64_t kCombineSliceValues = int64_t{1} << 20;
+
+// apply_combined for plain LoRA terms, in slices of whole rows: each dW_i = s_i B_i @ A_i computed a
+// slice at a time (compute_delta_rows, module_delta's arithmetic), so that memory does not grow with
+// the weight; the same values as the whole-delta path.
+void apply_combined_lora(const MergePlan& plan, const PlannedTensor& p, const std::vector<uint64_t>& weight_shape,
+                         DType dtype, uint8_t* data) {
+  struct Factors {
+    std::vector<float> a, b;
+    merge::LoraFactors term;
+    merge::DeltaLayout layout;
+  };
+  std::vector<Factors> factors;
+  std::vector<float> weights;
+  for (const LoraTerm& term : p.lora) {
+    const AdapterModule& m = *term.module;
+    const Checkpoint& ckpt = term.adapter->adapter->checkpoint();
+    const AdapterTensor* a = m.find(TensorRole::lora_a);
+    const AdapterTensor* b = m.find(TensorRole::lora_b);
+    if (!a || !b) fail(PEFT_ERR_INTERNAL, "LoRA module " + peft::quoted(m.name) + " lost its factors");
+    Factors f;
+    f.layout = merge::layout_for(merge_kind(m.kind), signed_shape(weight_shape), signed_shape(ckpt.tensor(a->index).shape),
+                                 signed_shape(ckpt.tensor(b->index).shape), 1, m.name);
+    f.a = ckpt.read_f32(a->index);
+    f.b = ckpt.read_f32(b->index);
+    f.term = merge::LoraFactors{f.a.data(), f.b.data(), static_cast<int64_t>(ckpt.tensor(a->index).shape.at(0)), m.scaling};
+    if (!factors.empty() && (f.layout.out != factors[0].layout.out || f.layout.in != factors[0].layout.in ||
+                             f.layout.transposed != factors[0].layout.transposed))
+      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + " of an adapter changes a " +
+                                        std::to_string(f.layout.out) + " x " + std::to_string(f.layout.in) +
+                                        " weight, the earlier adapters another");
+    factors.push_back(std::move(f));
+    weights.push_back(static_cast<float>(term.adapter->weight));
+  }
+  const int64_t rows = factors[0].layout.rows(), cols = factors[0].layout.cols();
+  const int64_t slice_rows = std::max<int64_t>(1, kCombineSliceValues / cols);
+  const uint64_t width = converted_byte_size(dtype, 1);
+  merge::TaskSettings task = *plan.combine;
+  task.stream = p.lora.front().module->name;
+  merge::combine_task_slices(
+      factors.size(), weights, static_cast<uint64_t>(rows * cols), task, 2, static_cast<size_t>(slice_rows * cols),
+      [&](size_t i, uint64_t offset, size_t count, float* out) {
+        merge::compute_delta_rows(factors[i].layout, std::span<const merge::LoraFactors>(&factors[i].term, 1),
+                                  static_cast<int64_t>(offset) / cols, static_cast<int64_t>(count) / cols, out);
+      },
+      [&](uint64_t offset, const float* values, size_t count) {
+        const int64_t slice = static_cast<int64_t>(count) / cols;
+        const merge::DeltaLayout rows_layout{slice, cols, false};  // storage order, element by element
+        merge::add_dense_delta(merge::WeightView{data + offset * width, dtype, slice, cols}, rows_layout, values, false,
+                               merge::ExecOptions{1});
+      });
+}
+
 // The adapters' changes of `p` combined on their deltas (MergePlan::combine), then added at once:
 // W' = round(W + combine(w_i dW_i)), each dW_i module_delta's (PEFT's get_delta_weight layout, the
-// layout DARE's masks are drawn in, as the delta-space combination draws them).
+// layout DARE's masks are drawn in, as the delta-space combination draws them). Plain LoRA terms go
+// slice by slice (apply_combined_lora); other methods' deltas are built whole.
 void apply_combined(const MergePlan& plan, const PlannedTensor& p, const std::vector<uint64_t>& weight_shape,
                     DType dtype, uint8_t* data, unsigned threads) {
+  const bool all_lora = std::all_of(p.lora.begin(), p.lora.end(), [](const LoraTerm& term) {
+    return effect_of(term.module->method) == MethodEffect::lora && !term.dora && !term.expert &&
+           (term.module->kind == LayerKind::linear || term.module->kind == LayerKind::conv1d);
+  });
+  if (all_lora) return apply_combined_lora(plan, p, weight_shape, dtype, data);
   std::vector<std::vector<float>> deltas;
   std::vector<const float*> tensors;
   std::vector<float> weights;

@@ -30,6 +30,19 @@ void compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms
   });
 }
 
+void compute_delta_rows(const DeltaLayout& layout, std::span<const LoraFactors> terms, int64_t row0, int64_t rows,
+                        float* out) {
+  const PreparedTerms p = detail::prepare(layout, terms, false);
+  if (out == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "compute_delta_rows: output buffer is null");
+  if (row0 < 0 || rows < 0 || row0 + rows > p.rows)
+    fail(PEFT_ERR_INTERNAL, "compute_delta_rows: rows " + std::to_string(row0) + " + " + std::to_string(rows) +
+                                " outside the delta's " + std::to_string(p.rows));
+  const kernels::Table& k = kernels::active();
+  const int64_t block_rows = p.block_rows();
+  for (int64_t r = 0; r < rows; r += block_rows)
+    p.delta_rows(k, row0 + r, std::min(block_rows, rows - r), out + r * p.cols);
+}
+
 std::vector<float> compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms,
                                  const ExecOptions& exec) {
   detail::prepare(layout, terms, false);  // validate before allocating rows x cols

@@ -163,6 +163,10 @@ void compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms
                    const ExecOptions& exec = {});
 std::vector<float> compute_delta(const DeltaLayout& layout, std::span<const LoraFactors> terms,
                                  const ExecOptions& exec = {});
+// Rows [row0, row0 + rows) of compute_delta's result (storage layout), the same values, into
+// out[rows * layout.cols()]: a delta built a slice at a time.
+void compute_delta_rows(const DeltaLayout& layout, std::span<const LoraFactors> terms, int64_t row0, int64_t rows,
+                        float* out);
 
 // ---- plain LoRA -----------------------------------------------------------------------------
 
