@@ -16,7 +16,7 @@
 #include <span>
 #include <string>
 
-#include "peft/combine/model_combine.hpp"
+#include "peft/combine/tensor_combine.hpp"
 
 namespace peft {
 
