@@ -234,16 +234,19 @@ CheckpointMergeResult merge_checkpoint(const std::string& base_dir_or_id, const 
   MergePlan plan = plan_merge(base_dir, options.adapters, plan_options);
   plan.arithmetic = options.arithmetic;
   plan.allow_nonfinite = options.allow_nonfinite;
+  const bool combined = options.combine && options.combine->how != merge::TaskArithmetic::linear;
   if (options.arithmetic == merge::Arithmetic::ggml) {  // plain LoRA only, refused before anything is written
-    if (options.combine)
+    if (combined)
       fail(PEFT_ERR_INVALID_ARGUMENT, "adapters combined on their deltas are merged with PEFT's arithmetic, not ggml's");
-    refuse_modules(plan, "cannot be merged with the ggml arithmetic, which is defined for plain LoRA only", [](const LoraTerm& term) {
-      return effect_of(term.module->method) != MethodEffect::lora || term.dora
-                 ? (term.dora ? std::string("DoRA") : std::string(peft_method_name(term.module->method)))
-                 : std::string();
-    });
+    refuse_modules(plan, "cannot be merged with the ggml arithmetic, which is defined for plain LoRA only",
+                   [](const LoraTerm& term) {
+                     if (term.dora) return std::string("DoRA");
+                     if (effect_of(term.module->method) != MethodEffect::lora)
+                       return std::string(peft_method_name(term.module->method));
+                     return std::string();
+                   });
   }
-  if (options.combine && options.combine->how != merge::TaskArithmetic::linear) {
+  if (combined) {
     // Multiplicative methods' deltas need the base's weight, which a quantized base does not hold as floats.
     const bool float_base = plan.quantization.method == BaseQuantMethod::none;
     refuse_modules(plan, "cannot be combined on their deltas", [&](const LoraTerm& term) {
