@@ -9,26 +9,15 @@
 
 #include <llama.h>
 
-namespace {
-
-void quiet_log(ggml_log_level level, const char* text, void*) {
-  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-}
-
-}  // namespace
+#include "llama_driver.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s MODEL.gguf ADAPTER.gguf\n", argv[0]);
     return 1;
   }
-  llama_log_set(quiet_log, nullptr);
-  llama_backend_init();
-  llama_model* model = llama_model_load_from_file(argv[1], llama_model_default_params());
-  if (model == nullptr) {
-    std::fprintf(stderr, "llama.cpp did not load the model %s\n", argv[1]);
-    return 2;
-  }
+  llama_model* model = llama_driver::load_model(argv[1]);
+  if (model == nullptr) return 2;
   llama_adapter_lora* adapter = llama_adapter_lora_init(model, argv[2]);
   if (adapter == nullptr) {
     std::fprintf(stderr, "llama.cpp did not load the adapter %s\n", argv[2]);

@@ -14,11 +14,9 @@
 #include <common.h>
 #include <llama.h>
 
-namespace {
+#include "llama_driver.hpp"
 
-void quiet_log(ggml_log_level level, const char* text, void*) {
-  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-}
+namespace {
 
 std::vector<llama_token> parse_tokens(const std::string& text) {
   std::vector<llama_token> tokens;
@@ -75,13 +73,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s MODEL.gguf TOKENS CVEC STRENGTH [CVEC STRENGTH ...]\n", argv[0]);
     return 1;
   }
-  llama_log_set(quiet_log, nullptr);
-  llama_backend_init();
-  llama_model* model = llama_model_load_from_file(argv[1], llama_model_default_params());
-  if (model == nullptr) {
-    std::fprintf(stderr, "llama.cpp did not load the model %s\n", argv[1]);
-    return 2;
-  }
+  llama_model* model = llama_driver::load_model(argv[1]);
+  if (model == nullptr) return 2;
   std::vector<common_control_vector_load_info> infos;
   for (int i = 3; i + 1 < argc; i += 2) infos.push_back({std::strtof(argv[i + 1], nullptr), argv[i]});
   const common_control_vector_data cvec = common_control_vector_load(infos);

@@ -216,6 +216,23 @@ def dare_mask(seed: int, module: str, adapter: int, shape, density: float) -> to
     return torch.tensor(keep, dtype=torch.float32).reshape(shape)
 
 
+def merge_utils_of(method, tensors, w, density, sign, seed, name, monkeypatch) -> torch.Tensor:
+    """PEFT's merge_utils.METHOD of the tensors; DARE given peft_c's masks of module `name`."""
+    if method.startswith("dare"):
+        masks = [dare_mask(seed, name, i, tuple(t.shape), density) for i, t in enumerate(tensors)]
+        monkeypatch.setattr(torch, "bernoulli", lambda p, *a, **k: masks.pop(0))
+    if method == "ties":
+        expected = merge_utils.ties(tensors, w, density, sign)
+    elif method == "magnitude_prune":
+        expected = merge_utils.magnitude_prune(tensors, w, density)
+    elif method == "dare_linear":
+        expected = merge_utils.dare_linear(tensors, w, density)
+    else:
+        expected = merge_utils.dare_ties(tensors, w, density, sign)
+    monkeypatch.undo()
+    return expected
+
+
 @pytest.mark.parametrize("method,density,sign", [("ties", 0.5, "total"), ("ties", 0.3, "frequency"),
                                                   ("magnitude_prune", 0.6, "total"), ("dare_linear", 0.5, "total"),
                                                   ("dare_ties", 0.4, "frequency")])
@@ -234,18 +251,7 @@ def test_pruning_on_the_deltas_is_peft_merge_utils(method, density, sign, peftc_
         present = [i for i, d in enumerate(inputs) if name in d]
         tensors = [inputs[i][name].float() for i in present]
         w = torch.tensor([weights[i] for i in present])
-        if method.startswith("dare"):
-            masks = [dare_mask(seed, name, i, tuple(t.shape), density) for i, t in enumerate(tensors)]
-            monkeypatch.setattr(torch, "bernoulli", lambda p, *a, **k: masks.pop(0))
-        if method == "ties":
-            expected = merge_utils.ties(tensors, w, density, sign)
-        elif method == "magnitude_prune":
-            expected = merge_utils.magnitude_prune(tensors, w, density)
-        elif method == "dare_linear":
-            expected = merge_utils.dare_linear(tensors, w, density)
-        else:
-            expected = merge_utils.dare_ties(tensors, w, density, sign)
-        monkeypatch.undo()
+        expected = merge_utils_of(method, tensors, w, density, sign, seed, name, monkeypatch)
         expected = expected.double()
         error = torch.linalg.norm(got[name] - expected) / torch.linalg.norm(expected)
         assert error < 1e-5, (name, float(error))
@@ -311,18 +317,7 @@ def test_direct_merge_with_pruning_is_merge_utils_on_the_deltas(inputs, method, 
         present = [i for i, d in enumerate(inputs) if name in d]
         tensors = [inputs[i][name].float() for i in present]
         w = torch.tensor([weights[i] for i in present])
-        if method.startswith("dare"):
-            masks = [dare_mask(seed, name, i, tuple(t.shape), density) for i, t in enumerate(tensors)]
-            monkeypatch.setattr(torch, "bernoulli", lambda p, *a, **k: masks.pop(0))
-        if method == "ties":
-            expected = merge_utils.ties(tensors, w, density, sign)
-        elif method == "magnitude_prune":
-            expected = merge_utils.magnitude_prune(tensors, w, density)
-        elif method == "dare_linear":
-            expected = merge_utils.dare_linear(tensors, w, density)
-        else:
-            expected = merge_utils.dare_ties(tensors, w, density, sign)
-        monkeypatch.undo()
+        expected = merge_utils_of(method, tensors, w, density, sign, seed, name, monkeypatch)
         got = merged[name + ".weight"].double() - base[name + ".weight"].double()
         error = torch.linalg.norm(got - expected.double()) / torch.linalg.norm(expected.double())
         assert error < 1e-5, (name, float(error))

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "arguments.hpp"
+#include "combine_cli.hpp"
 #include "command.hpp"
 
 namespace peftc {
@@ -21,18 +22,6 @@ using Vector = Owned<peft_control_vector, peft_control_vector_free>;
 
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// "path:0.5" -> path and 0.5; a path without a numeric ":STRENGTH" suffix has strength 1.
-void split_input(const std::string& argument, std::string& path, double& strength) {
-  path = argument;
-  strength = 1.0;
-  const size_t colon = argument.rfind(':');
-  if (colon == std::string::npos) return;
-  if (const auto number = parse_number(argument.substr(colon + 1))) {
-    path = argument.substr(0, colon);
-    strength = *number;
-  }
 }
 
 bool parse_layers(const std::string& text, int64_t& first, int64_t& last) {
@@ -75,9 +64,10 @@ int run_control_combine(const std::vector<std::string>& args) {
 
   Vector sum;
   for (size_t i = 1; i < positional.size(); ++i) {
+    // "path:0.5" as a weighted input; a path without a numeric ":STRENGTH" has strength 1.
     std::string path;
     double strength = 1.0;
-    split_input(positional[i], path, strength);
+    if (!parse_weighted(positional[i], path, strength)) path = positional[i];
     Vector input;
     if (peft_error* err = peft_control_vector_open(path.c_str(), &input.p)) return report(err);
     if (sum.p == nullptr) {

@@ -79,21 +79,7 @@ CheckpointMergeResult combine_gguf_models(const std::string& base_path, std::spa
                                        (row ? std::string(row->name) : std::to_string(type)) +
                                        ", which cannot be stored again here (" + ggml_quantizable_names() + ")");
       std::vector<CombineInput> inputs;
-      for (size_t k = 0; k < models.size(); ++k) {
-        const Checkpoint& m = *models[k].file;
-        const std::optional<size_t> j = m.find(info.name);
-        if (!j)
-          fail(PEFT_ERR_NOT_FOUND, "model " + peft::quoted(models[k].path) + " has no tensor " + quoted_name(info.name) +
-                                       ", which the base holds");
-        if (m.tensor(*j).shape != info.shape)
-          fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + quoted_name(info.name) + " is " + shape_text(m.tensor(*j).shape) +
-                                            " in model " + peft::quoted(models[k].path) + " but " + shape_text(info.shape) +
-                                            " in the base");
-        if (!is_float_type(static_cast<uint32_t>(m.tensor(*j).ggml_type)))
-          fail(PEFT_ERR_UNSUPPORTED, "tensor " + quoted_name(info.name) + " of model " + peft::quoted(models[k].path) +
-                                         " is not a float tensor, as the base's is");
-        inputs.push_back({&m, *j});
-      }
+      for (const Input& m : models) inputs.push_back(model_tensor(*m.file, m.path, info));
       const uint64_t cols = info.shape.empty() ? 1 : info.shape.back();
       std::vector<uint8_t> stored;
       writer.begin_tensor(info.name);

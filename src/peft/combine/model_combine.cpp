@@ -34,23 +34,7 @@ void combine_tensor(const MergePlan& plan, const PlannedTensor& p, const std::ve
                     const std::function<void(const float*, size_t)>& emit) {
   const Checkpoint& base = *plan.base.weights;
   std::vector<CombineInput> inputs;
-  for (size_t k = 0; k < models.size(); ++k) {
-    const Checkpoint& ck = *models[k].model.weights;
-    const std::optional<size_t> j = ck.find(p.name);
-    if (!j)
-      fail(PEFT_ERR_NOT_FOUND, "model " + peft::quoted(models[k].dir) + " has no tensor " + peft::quoted(p.name) +
-                                   ", which the base holds");
-    if (ck.tensor(*j).shape != base.tensor(p.base_index).shape)
-      fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + peft::quoted(p.name) + " is " + shape_text(ck.tensor(*j).shape) +
-                                        " in model " + peft::quoted(models[k].dir) + " but " +
-                                        shape_text(base.tensor(p.base_index).shape) + " in the base");
-    if (!combinable(ck.tensor(*j).dtype))
-      fail(PEFT_ERR_UNSUPPORTED, "tensor " + peft::quoted(p.name) + " of model " + peft::quoted(models[k].dir) +
-                                     " is " + std::string(dtype_name(ck.tensor(*j).dtype)) + ", not a plain float the base's " +
-                                     std::string(dtype_name(base.tensor(p.base_index).dtype)) +
-                                     " can be subtracted from");
-    inputs.push_back({&ck, *j});
-  }
+  for (const Model& m : models) inputs.push_back(model_tensor(*m.model.weights, m.dir, base.tensor(p.base_index)));
   combine_tensor_slices({&base, p.base_index}, inputs, weights, task, p.name, allow_nonfinite, emit);
 }
 

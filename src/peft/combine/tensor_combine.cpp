@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
 #include "core/quant/ggml_quant.hpp"
+#include "core/quant/ggml_types.hpp"
 #include "core/shape.hpp"
 #include "core/text.hpp"
 
@@ -37,6 +39,26 @@ void read_rows(const Checkpoint& file, size_t index, uint64_t row, uint64_t rows
 }
 
 }  // namespace
+
+CombineInput model_tensor(const Checkpoint& model, const std::string& who, const TensorInfo& base) {
+  const std::optional<size_t> j = model.find(base.name);
+  if (!j)
+    fail(PEFT_ERR_NOT_FOUND, "model " + peft::quoted(who) + " has no tensor " + quoted_name(base.name) +
+                                 ", which the base holds");
+  const TensorInfo& info = model.tensor(*j);
+  if (info.shape != base.shape)
+    fail(PEFT_ERR_SHAPE_MISMATCH, "tensor " + quoted_name(base.name) + " is " + shape_text(info.shape) + " in model " +
+                                      peft::quoted(who) + " but " + shape_text(base.shape) + " in the base");
+  const std::optional<GgmlType> type = info.ggml_type >= 0 ? ggml_type(static_cast<uint32_t>(info.ggml_type))
+                                                           : std::nullopt;
+  const bool floats = info.ggml_type >= 0 ? type && type->to_float
+                                          : info.dtype == DType::F32 || info.dtype == DType::BF16 ||
+                                                info.dtype == DType::F16 || info.dtype == DType::F64;
+  if (!floats)
+    fail(PEFT_ERR_UNSUPPORTED, "tensor " + quoted_name(base.name) + " of model " + peft::quoted(who) +
+                                   " holds no float values the base's can be subtracted from");
+  return {&model, *j};
+}
 
 void combine_tensor_slices(const CombineInput& base, std::span<const CombineInput> models,
                            std::span<const double> weights, merge::TaskSettings task, const std::string& name,

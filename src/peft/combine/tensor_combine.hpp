@@ -30,6 +30,11 @@ struct CombineInput {
   size_t index = 0;
 };
 
+// Tensor `name` of a model (`who` names it in messages) as an input for the base tensor `base`:
+// NOT_FOUND when the model lacks it, SHAPE_MISMATCH when its shape differs, UNSUPPORTED when it holds
+// no float values (a dtype other than F32, BF16, F16 and F64; a ggml type without a dequantizer).
+CombineInput model_tensor(const Checkpoint& model, const std::string& who, const TensorInfo& base);
+
 // out = W + combine_i(w_i (M_i - W)) of one tensor (`name`: messages and DARE's stream) whose inputs
 // have its shape and a float dtype or ggml type, streamed: slices of whole rows of about 2^20 values
 // read, combined (merge::combine_task_slices) and handed to `emit(values, count)` in order.

@@ -6,42 +6,11 @@
 #include <cstring>
 #include <string>
 
-#include "core/bf16.hpp"
+#include "core/convert.hpp"
 #include "core/error.hpp"
-#include "core/f16.hpp"
 #include "core/shape.hpp"
 
 namespace peft {
-namespace {
-
-float load(DType dtype, const uint8_t* at) {
-  uint16_t half = 0;
-  float value = 0;
-  switch (dtype) {
-    case DType::F32: std::memcpy(&value, at, sizeof value); return value;
-    case DType::BF16: std::memcpy(&half, at, sizeof half); return bf16_to_f32(half);
-    default: std::memcpy(&half, at, sizeof half); return f16_to_f32(half);
-  }
-}
-
-void store(DType dtype, float value, uint8_t* at) {
-  uint16_t half = 0;
-  switch (dtype) {
-    case DType::F32: std::memcpy(at, &value, sizeof value); return;
-    case DType::BF16: half = f32_to_bf16(value); break;
-    default: half = f32_to_f16(value); break;
-  }
-  std::memcpy(at, &half, sizeof half);
-}
-
-// The value `value` becomes once stored in `dtype`.
-float rounded(DType dtype, float value) {
-  uint8_t bytes[sizeof(float)];
-  store(dtype, value, bytes);
-  return load(dtype, bytes);
-}
-
-}  // namespace
 
 void ControlRecord::remove(void* data) {
   if (!active_) fail(PEFT_ERR_INVALID_ARGUMENT, "the control vector of layer " + std::to_string(layer_) + " was removed already");
@@ -71,21 +40,28 @@ std::unique_ptr<ControlRecord> apply_control_vector(const ControlVector& vector,
   std::vector<float> added(vector.n_embd);
   for (size_t j = 0; j < added.size(); ++j) added[j] = direction->second[j] * scale;
   auto* bytes = static_cast<uint8_t*>(data);
-  // A first pass only checks, so that a failure leaves the buffer as it was.
-  for (uint64_t i = 0; i < elements; ++i) {
-    const float x = load(dtype, bytes + i * width);
-    const float y = x + added[i % vector.n_embd];
-    if (std::isfinite(x) && !std::isfinite(rounded(dtype, y)))
-      fail(PEFT_ERR_NON_FINITE, "adding the control vector of layer " + std::to_string(layer) + " at strength " +
-                                    std::to_string(strength) + " makes element " + std::to_string(i) +
-                                    " of the buffer infinite or NaN");
+  // Every row converted to f32, the direction added, and rounded once back (core/convert), into a
+  // copy: a failure leaves the buffer as it was.
+  const uint64_t row_bytes = vector.n_embd * width;
+  std::vector<uint8_t> result(bytes, bytes + elements * width);
+  std::vector<float> x(vector.n_embd), y(vector.n_embd), stored(vector.n_embd);
+  for (uint64_t r = 0; r < rows; ++r) {
+    uint8_t* row = result.data() + r * row_bytes;
+    convert(dtype, row, DType::F32, x.data(), vector.n_embd);
+    for (size_t j = 0; j < x.size(); ++j) y[j] = x[j] + added[j];
+    convert(DType::F32, y.data(), dtype, row, vector.n_embd);
+    convert(dtype, row, DType::F32, stored.data(), vector.n_embd);
+    for (size_t j = 0; j < x.size(); ++j)
+      if (std::isfinite(x[j]) && !std::isfinite(stored[j]))
+        fail(PEFT_ERR_NON_FINITE, "adding the control vector of layer " + std::to_string(layer) + " at strength " +
+                                      std::to_string(strength) + " makes element " +
+                                      std::to_string(r * vector.n_embd + j) + " of the buffer infinite or NaN");
   }
   std::vector<uint8_t> original;
   if (keep) original.assign(bytes, bytes + elements * width);
-  for (uint64_t i = 0; i < elements; ++i)
-    store(dtype, load(dtype, bytes + i * width) + added[i % vector.n_embd], bytes + i * width);
+  std::memcpy(bytes, result.data(), result.size());
   if (!keep) return nullptr;
-  return std::make_unique<ControlRecord>(layer, std::move(original), std::vector<uint8_t>(bytes, bytes + elements * width));
+  return std::make_unique<ControlRecord>(layer, std::move(original), std::move(result));
 }
 
 }  // namespace peft

@@ -196,33 +196,18 @@ constexpr int64_t kCombineSliceValues = int64_t{1} << 20;
 // the weight; the same values as the whole-delta path.
 void apply_combined_lora(const MergePlan& plan, const PlannedTensor& p, const std::vector<uint64_t>& weight_shape,
                          DType dtype, uint8_t* data) {
-  struct Factors {
-    std::vector<float> a, b;
-    merge::LoraFactors term;
-    merge::DeltaLayout layout;
-  };
-  std::vector<Factors> factors;
+  // Each term's factors at the module's own scaling: the adapter weight goes into the combination.
+  std::vector<LoadedTerm> factors;
+  std::vector<merge::LoraFactors> terms;
   std::vector<float> weights;
+  const auto shape = signed_shape(weight_shape);
   for (const LoraTerm& term : p.lora) {
-    const AdapterModule& m = *term.module;
-    const Checkpoint& ckpt = term.adapter->adapter->checkpoint();
-    const AdapterTensor* a = m.find(TensorRole::lora_a);
-    const AdapterTensor* b = m.find(TensorRole::lora_b);
-    if (!a || !b) fail(PEFT_ERR_INTERNAL, "LoRA module " + peft::quoted(m.name) + " lost its factors");
-    Factors f;
-    f.layout = merge::layout_for(merge_kind(m.kind), signed_shape(weight_shape), signed_shape(ckpt.tensor(a->index).shape),
-                                 signed_shape(ckpt.tensor(b->index).shape), 1, m.name);
-    f.a = ckpt.read_f32(a->index);
-    f.b = ckpt.read_f32(b->index);
-    f.term = merge::LoraFactors{f.a.data(), f.b.data(), static_cast<int64_t>(ckpt.tensor(a->index).shape.at(0)), m.scaling};
-    if (!factors.empty() && (f.layout.out != factors[0].layout.out || f.layout.in != factors[0].layout.in ||
-                             f.layout.transposed != factors[0].layout.transposed))
-      fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + " of an adapter changes a " +
-                                        std::to_string(f.layout.out) + " x " + std::to_string(f.layout.in) +
-                                        " weight, the earlier adapters another");
-    factors.push_back(std::move(f));
+    LoadedTerm t = load_term(term, shape, merge::Arithmetic::peft);
+    t.coefficient = term.module->scaling;
+    factors.push_back(std::move(t));
     weights.push_back(static_cast<float>(term.adapter->weight));
   }
+  for (const LoadedTerm& t : factors) terms.push_back({t.a.data(), t.b.data(), t.rank, t.coefficient});
   const int64_t rows = factors[0].layout.rows(), cols = factors[0].layout.cols();
   const int64_t slice_rows = std::max<int64_t>(1, kCombineSliceValues / cols);
   const uint64_t width = converted_byte_size(dtype, 1);
@@ -231,7 +216,7 @@ void apply_combined_lora(const MergePlan& plan, const PlannedTensor& p, const st
   merge::combine_task_slices(
       factors.size(), weights, static_cast<uint64_t>(rows * cols), task, 2, static_cast<size_t>(slice_rows * cols),
       [&](size_t i, uint64_t offset, size_t count, float* out) {
-        merge::compute_delta_rows(factors[i].layout, std::span<const merge::LoraFactors>(&factors[i].term, 1),
+        merge::compute_delta_rows(factors[i].layout, std::span<const merge::LoraFactors>(&terms[i], 1),
                                   static_cast<int64_t>(offset) / cols, static_cast<int64_t>(count) / cols, out);
       },
       [&](uint64_t offset, const float* values, size_t count) {
