@@ -55,4 +55,10 @@ std::string join_text(const std::vector<std::string>& items, std::string_view se
 std::string shape_text(std::span<const uint64_t> shape, size_t max_dims) { return dims_text(shape, max_dims); }
 std::string shape_text(std::span<const int64_t> shape, size_t max_dims) { return dims_text(shape, max_dims); }
 
+std::string ascii_lower(std::string text) {
+  for (char& c : text)
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  return text;
+}
+
 }  // namespace peft

@@ -23,6 +23,9 @@ inline constexpr size_t kAllDims = std::numeric_limits<size_t>::max();
 std::string shape_text(std::span<const uint64_t> shape, size_t max_dims = kAllDims);
 std::string shape_text(std::span<const int64_t> shape, size_t max_dims = kAllDims);
 
+// The text with A-Z lowered (Python's str.lower() on the ASCII names of configs and types).
+std::string ascii_lower(std::string text);
+
 // The items joined by `separator`: a list of problems in one message ("a; b; c").
 std::string join_text(const std::vector<std::string>& items, std::string_view separator);
 

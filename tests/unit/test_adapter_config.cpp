@@ -200,12 +200,12 @@ TEST_CASE("adapter config: LoHa, LoKr, AdaLoRA and IA3 fields read in LoRA's nam
       "x");
   CHECK(ada.method == peft::PeftMethod::adalora);
   CHECK(ada.r == 4);
-  REQUIRE(ada.adalora_rank_masks.size() == 1);
-  CHECK(ada.adalora_rank_masks[0].second == std::vector<bool>{true, false});
+  REQUIRE(ada.method_fields.adalora_rank_masks.size() == 1);
+  CHECK(ada.method_fields.adalora_rank_masks[0].second == std::vector<bool>{true, false});
   CHECK(ada.rank_pattern.empty());
   auto ia3 = peft::LoraConfig::parse(R"({"peft_type": "IA3", "feedforward_modules": ["down_proj"]})", "x");
   CHECK(ia3.method == peft::PeftMethod::ia3);
-  CHECK(ia3.feedforward_modules.names == std::vector<std::string>{"down_proj"});
+  CHECK(ia3.method_fields.feedforward_modules.names == std::vector<std::string>{"down_proj"});
   CHECK(loha.canonical_json().find("\"alpha\": 6") != std::string::npos);  // the document is kept
   check_fails({{"peft_type", "ADALORA"}, {"rank_pattern", {{"m", {1, 0}}}}}, PEFT_ERR_INVALID_CONFIG, "rank_pattern");
 }
@@ -215,16 +215,16 @@ TEST_CASE("adapter config: OFT, BOFT and HRA read their own fields (r 0, *_only 
       "block_share": true, "use_cayley_neumann": false, "num_cayley_neumann_terms": 7, "bias": "oft_only",
       "init_weights": false, "target_modules": ["q_proj"]})", "x");
   CHECK(c.method == peft::PeftMethod::oft);
-  CHECK(c.oft.coft);
-  CHECK(c.oft.eps == 0.5);
-  CHECK(c.oft.block_share);
-  CHECK_FALSE(c.oft.use_cayley_neumann);
-  CHECK(c.oft.num_cayley_neumann_terms == 7);
+  CHECK(c.method_fields.settings.oft.coft);
+  CHECK(c.method_fields.settings.oft.eps == 0.5);
+  CHECK(c.method_fields.settings.oft.block_share);
+  CHECK_FALSE(c.method_fields.settings.oft.use_cayley_neumann);
+  CHECK(c.method_fields.settings.oft.num_cayley_neumann_terms == 7);
   CHECK(c.bias == "lora_only");
   auto h = peft::LoraConfig::parse(R"({"peft_type": "HRA", "r": 6, "apply_GS": true, "target_modules": ["q_proj"]})", "x");
   CHECK(h.method == peft::PeftMethod::hra);
   CHECK(h.r == 6);
-  CHECK(h.hra_apply_gs);
+  CHECK(h.method_fields.settings.hra_apply_gs);
   auto b = peft::LoraConfig::parse(R"({"peft_type": "BOFT", "boft_block_size": 4, "bias": "boft_only"})", "x");
   CHECK(b.method == peft::PeftMethod::boft);
   CHECK(b.bias == "lora_only");

@@ -97,6 +97,10 @@ TEST_CASE("method table: every row is supported everywhere a method must be know
     if (row.effect != peft::MethodEffect::rotation) CHECK_FALSE(peft::is_rotation(row.method));
     // Validation against a base and conversion read the layer's out x in from the parameters.
     CHECK(set(row.features) == has_params);
+    // The loader reads every other method's own config fields through its row, and resolves every
+    // module of a method with parameters through its row (LoRA's own are the loader's).
+    CHECK(set(row.read_config) == (row.effect != peft::MethodEffect::lora));
+    CHECK(set(row.resolve) == has_params);
     // Converting without a base needs the features and a delta that does not read the weight.
     if (row.converts_without_base && row.effect != peft::MethodEffect::lora) {
       CHECK(row.effect == peft::MethodEffect::delta);

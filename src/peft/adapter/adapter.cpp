@@ -343,188 +343,53 @@ struct AdapterBuilder {
     }
   }
 
-  // A module of another method: its parameters complete, rank and scale as PEFT computes them.
+  // A module of another method: its row checks that its parameters are complete and sets its rank,
+  // alpha and scale as PEFT computes them (MethodRow::resolve), on this builder's lookups.
+  struct MethodResolution final : ModuleResolution {
+    AdapterBuilder& builder;
+    const AdapterModule& m;
+    const ModuleMatcher& matcher;
+    MethodResolution(AdapterBuilder& builder, const AdapterModule& m, const ModuleMatcher& matcher)
+        : ModuleResolution(m.name, peft_method_name(m.method), builder.a.config_.r, builder.a.config_.lora_alpha,
+                           builder.a.config_.method_fields),
+          builder(builder), m(m), matcher(matcher) {}
+    bool has(std::string_view param) const override { return m.find_param(param) != nullptr; }
+    std::vector<uint64_t> shape(std::string_view param) const override {
+      const AdapterTensor* t = m.find_param(param);
+      return t ? builder.info(*t).shape : std::vector<uint64_t>{};
+    }
+    void rank_from_patterns() override {
+      rank_key = matcher.rank_key(module);
+      rank = matcher.rank_for(module);
+    }
+    void alpha_from_patterns() override {
+      alpha_key = matcher.alpha_key(module);
+      alpha = matcher.alpha_for(module);
+    }
+    bool is_this_module(std::string_view path) const override {
+      if (path.starts_with(kPeftPrefix)) path.remove_prefix(kPeftPrefix.size());
+      return path == module;
+    }
+    void broken(const std::string& what) override { builder.broken_structure.push_back(what); }
+    void config_problem(const std::string& field, const std::string& what) override {
+      builder.config_problem(field, what);
+    }
+  };
+
   void resolve_method(AdapterModule& m, const ModuleMatcher& matcher, std::vector<std::string>& untargeted) {
-    const LoraConfig& c = a.config_;
     auto verdict = matcher.check(m.name);
     if (verdict == ModuleMatcher::Verdict::not_targeted || verdict == ModuleMatcher::Verdict::excluded)
       untargeted.push_back(peft::quoted(m.name) + " (" + verdict_name(verdict) + ")");
-    const std::string who = "module " + peft::quoted(m.name);
-    const std::string method = peft_method_name(c.method);
-    auto need = [&](std::initializer_list<const char*> params) {
-      bool ok = true;
-      for (const char* p : params)
-        if (!m.find_param(p)) {
-          broken_structure.push_back(who + " (" + method + ") has no " + p);
-          ok = false;
-        }
-      return ok;
-    };
-    auto dim = [&](const char* p, size_t axis) -> int64_t {
-      const auto& shape = info(*m.find_param(p)).shape;
-      return axis < shape.size() ? static_cast<int64_t>(shape[axis]) : 0;
-    };
-    auto check_rank = [&](int64_t actual) {
-      if (actual == m.rank) return;
-      const std::string text = who + " has rank " + std::to_string(actual) + " but ";
-      if (m.rank_key)
-        config_problem("rank_pattern", text + "key " + peft::quoted(*m.rank_key) + " gives " + std::to_string(m.rank));
-      else
-        config_problem("r", text + "r is " + std::to_string(m.rank));
-    };
-    switch (c.method) {
-      case PeftMethod::lora: return;
-      case PeftMethod::loha:
-      case PeftMethod::lokr: {
-        m.rank_key = matcher.rank_key(m.name);
-        m.alpha_key = matcher.alpha_key(m.name);
-        m.rank = matcher.rank_for(m.name);
-        m.alpha = matcher.alpha_for(m.name);
-        m.scaling = m.alpha / static_cast<double>(m.rank);  // LycorisLayer: alpha / r
-        // The CP (effective conv2d) form of a Conv2d: hada_t1/hada_t2 [r, r, kh, kw] with
-        // hada_w*_a [r, out], hada_w*_b [r, in]; LoKr's lokr_t2 with lokr_w2_a [r, b], lokr_w2_b [r, d].
-        if (c.method == PeftMethod::loha) {
-          const bool cp = m.find_param("hada_t1") != nullptr || m.find_param("hada_t2") != nullptr;
-          if (cp && !need({"hada_t1", "hada_t2"})) return;
-          if (!need({"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"})) return;
-          check_rank(dim("hada_w1_a", cp ? 0 : 1));
-          return;
-        }
-        const bool w1 = m.find_param("lokr_w1") != nullptr, w2 = m.find_param("lokr_w2") != nullptr;
-        const bool cp = m.find_param("lokr_t2") != nullptr;
-        if (cp && w2) {
-          broken_structure.push_back(who + " (" + method + ") has both lokr_w2 and the CP form's lokr_t2");
-          return;
-        }
-        if (!need(w1 ? std::initializer_list<const char*>{} : std::initializer_list<const char*>{"lokr_w1_a", "lokr_w1_b"}))
-          return;
-        if (!need(w2 ? std::initializer_list<const char*>{} : std::initializer_list<const char*>{"lokr_w2_a", "lokr_w2_b"}))
-          return;
-        if (!w1) check_rank(dim("lokr_w1_a", 1));
-        if (!w2) check_rank(dim("lokr_w2_a", cp ? 0 : 1));
-        return;
-      }
-      case PeftMethod::adalora: {
-        if (!need({"lora_A", "lora_B", "lora_E"})) return;
-        m.rank = dim("lora_A", 0);
-        m.alpha = c.lora_alpha;
-        // SVDLinear.update_layer: scaling = lora_alpha if > 0 else float(r); ranknum = float(init_r),
-        // kept when rank_pattern resizes the layer (resize_modules_by_rank_pattern).
-        m.scaling = c.lora_alpha > 0 ? c.lora_alpha : static_cast<double>(m.rank);
-        m.settings.ranknum = static_cast<double>(c.r);
-        int64_t expected = c.r;
-        for (const auto& [key, mask] : c.adalora_rank_masks) {
-          std::string module = key;
-          for (const char* tail : {".lora_E", ".lora_A", ".lora_B"})
-            if (module.ends_with(tail)) module.resize(module.size() - std::string_view(tail).size());
-          if (module.starts_with(kPeftPrefix)) module.erase(0, kPeftPrefix.size());
-          if (module != m.name) continue;
-          m.rank_key = key;
-          expected = static_cast<int64_t>(std::count(mask.begin(), mask.end(), true));
-        }
-        if (m.rank != expected)
-          config_problem(m.rank_key ? "rank_pattern" : "init_r",
-                         who + " has rank " + std::to_string(m.rank) + " but " +
-                             (m.rank_key ? "its rank_pattern mask keeps " : "init_r is ") + std::to_string(expected));
-        return;
-      }
-      case PeftMethod::vera:
-      case PeftMethod::randlora: {
-        const bool vera = c.method == PeftMethod::vera;
-        const char* lambda = vera ? "vera_lambda_d" : "randlora_lambda";
-        if (!need({vera ? "vera_lambda_b" : "randlora_gamma", lambda})) return;
-        m.rank = dim(lambda, 0);
-        m.alpha = vera ? 1.0 : c.lora_alpha;
-        m.scaling = vera ? 1.0 : c.lora_alpha / static_cast<double>(c.r);  // RandLoraLayer: randlora_alpha / r
-        m.settings.projections_not_saved = !c.save_projection;
-        check_rank(m.rank);
-        return;
-      }
-      case PeftMethod::fourierft: {
-        if (!need({"fourierft_spectrum"})) return;
-        m.rank_key = matcher.rank_key(m.name);  // n_frequency_pattern
-        m.rank = matcher.rank_for(m.name);
-        m.scaling = c.fourierft_scaling;
-        m.settings.random_loc_seed = c.random_loc_seed;
-        const auto& shape = info(*m.find_param("fourierft_spectrum")).shape;
-        if (shape.size() != 1 || static_cast<int64_t>(shape[0]) != m.rank)
-          config_problem(m.rank_key ? "n_frequency_pattern" : "n_frequency",
-                         who + " has a fourierft_spectrum of " + shape_text(shape) + " but " +
-                             (m.rank_key ? "n_frequency_pattern key " + peft::quoted(*m.rank_key) + " gives "
-                                         : std::string("n_frequency is ")) +
-                             std::to_string(m.rank));
-        return;
-      }
-      case PeftMethod::ia3: {
-        m.scaling = 1.0;  // the merge weight multiplies ia3_l (add_weighted_adapter's weighted sum)
-        if (!need({"ia3_l"})) return;
-        const ModuleSelector& ff = c.feedforward_modules;
-        if (ff.kind == ModuleSelector::Kind::list) {
-          for (const std::string& name : ff.names) m.settings.ia3_feedforward = m.settings.ia3_feedforward || m.name.ends_with(name);
-        } else if (ff.kind == ModuleSelector::Kind::regex || ff.kind == ModuleSelector::Kind::all_linear) {
-          m.settings.ia3_feedforward = PythonRegex(ff.pattern, PEFT_ERR_INVALID_CONFIG, "field \"feedforward_modules\"")
-                                  .fullmatch(m.name);
-        }
-        return;
-      }
-      case PeftMethod::miss: {
-        m.scaling = 1.0;  // MiSS has no scale (its set_scale keeps 1)
-        m.rank = c.r;
-        m.settings.miss_bat = c.miss_bat;
-        m.settings.miss_mini_r = c.miss_mini_r;
-        if (!need({"miss_block"})) return;
-        check_rank(dim("miss_block", c.miss_bat ? 1 : 0));
-        return;
-      }
-      case PeftMethod::shira:
-        m.scaling = 1.0;  // ShiraLayer.update_layer: scaling 1.0
-        m.rank = c.r;
-        need({"shira_weight", "shira_indices"});
-        return;
-      case PeftMethod::oft:
-      case PeftMethod::boft:
-      case PeftMethod::hra:
-        m.scaling = 1.0;  // PEFT has no scale for rotations (set_scale warns and keeps 1)
-        m.settings.oft = c.oft;
-        m.settings.hra_apply_gs = c.hra_apply_gs;
-        if (c.method == PeftMethod::oft) need({"oft_R"});
-        if (c.method == PeftMethod::boft) need({"boft_R", "boft_s"});
-        if (c.method == PeftMethod::hra && need({"hra_u"})) {
-          m.rank_key = matcher.rank_key(m.name);
-          m.rank = matcher.rank_for(m.name);
-          check_rank(dim("hra_u", 1));
-        }
-        return;
-      case PeftMethod::ln_tuning:
-      case PeftMethod::trainable_tokens: return;  // no method_param modules (role_fits_method)
-      case PeftMethod::vblora: {
-        // VBLoRAConfig: r, topk; no scale (the merge weight multiplies the delta). The logits
-        // whole, or (save_only_topk_weights) as _topk_indices [.., topk] + _topk_weights [.., topk - 1].
-        m.scaling = 1.0;
-        m.rank = c.r;
-        m.settings.vblora_topk = c.vblora_topk;
-        const bool whole = m.find_param("vblora_logits_A") || m.find_param("vblora_logits_B");
-        if (whole) {
-          if (!need({"vblora_logits_A", "vblora_logits_B"})) return;
-          check_rank(dim("vblora_logits_A", 0));
-          return;
-        }
-        if (!need({"vblora_logits_A_topk_indices", "vblora_logits_A_topk_weights", "vblora_logits_B_topk_indices",
-                   "vblora_logits_B_topk_weights"}))
-          return;
-        check_rank(dim("vblora_logits_A_topk_indices", 0));
-        if (dim("vblora_logits_A_topk_indices", 2) != c.vblora_topk)
-          config_problem("topk", who + " saved the top " + std::to_string(dim("vblora_logits_A_topk_indices", 2)) +
-                                     " logits but topk is " + std::to_string(c.vblora_topk));
-        return;
-      }
-      case PeftMethod::c3a:
-        // C3AConfig: block_size / block_size_pattern, the kernel's last dimension (reported as the
-        // rank); no scale.
-        m.scaling = 1.0;
-        if (need({"c3a_kernel"})) m.rank = dim("c3a_kernel", 2);
-        return;
-    }
+    const auto resolve = method_row(m.method).resolve;
+    if (resolve == nullptr) return;  // no method_param modules (role_fits_method)
+    MethodResolution r(*this, m, matcher);
+    resolve(r);
+    m.rank = r.rank;
+    m.alpha = r.alpha;
+    m.scaling = r.scaling;
+    m.rank_key = r.rank_key;
+    m.alpha_key = r.alpha_key;
+    m.settings = r.settings;
   }
 
   void resolve_tokens(AdapterModule& m) {

@@ -59,96 +59,6 @@ constexpr const char* kUnsupportedVariantFields[] = {
     "use_bdlora", "arrow_config", "monteclora_config", "velora_config",
     "kasa_config", "megatron_config"};
 
-std::string lower(std::string s) {
-  for (char& c : s)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return s;
-}
-
-class FieldReader {
- public:
-  FieldReader(const Json& doc, const std::string& source) : doc_(doc), source_(source) {}
-
-  [[noreturn]] void invalid(const std::string& field, const std::string& what) const {
-    fail(PEFT_ERR_INVALID_CONFIG, source_ + ": field " + peft::quoted(field) + " " + what);
-  }
-  [[noreturn]] void wrong_type(const std::string& field, const std::string& expected) const {
-    invalid(field, "must be " + expected + ", got " + doc_.at(field).dump());
-  }
-  [[noreturn]] void unsupported(const std::string& field, const std::string& what) const {
-    fail(PEFT_ERR_UNSUPPORTED, source_ + ": field " + peft::quoted(field) + " " + what);
-  }
-
-  // The field's value, or nullptr when absent or null.
-  const Json* get(const char* field) const {
-    auto it = doc_.find(field);
-    if (it == doc_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-  bool present_non_null(const char* field) const { return get(field) != nullptr; }
-
-  std::optional<std::string> optional_string(const char* field) const {
-    const Json* v = get(field);
-    if (!v) return std::nullopt;
-    if (!v->is_string()) wrong_type(field, "a string or null");
-    return v->get<std::string>();
-  }
-  bool boolean(const char* field, bool fallback) const {
-    const Json* v = get(field);
-    if (!v) return fallback;
-    if (!v->is_boolean()) wrong_type(field, "true or false");
-    return v->get<bool>();
-  }
-  double number(const char* field, double fallback) const {
-    const Json* v = get(field);
-    if (!v) return fallback;
-    if (!v->is_number()) wrong_type(field, "a number");
-    return v->get<double>();
-  }
-  std::vector<std::string> string_list(const char* field, const Json& v) const {
-    if (!v.is_array()) wrong_type(field, "a list of strings");
-    std::vector<std::string> out;
-    for (const Json& item : v) {
-      if (!item.is_string()) wrong_type(field, "a list of strings");
-      out.push_back(item.get<std::string>());
-    }
-    return out;
-  }
-  // An integer of a list or map in `field`; one beyond 2^63 - 1 is refused (Python's are unbounded,
-  // this library's are 64 bits), never wrapped around.
-  int64_t integer(const std::string& field, const Json& item, const char* expected) const {
-    if (!item.is_number_integer()) wrong_type(field, expected);
-    if (item.is_number_unsigned() && item.get<uint64_t>() > uint64_t(INT64_MAX))
-      invalid(field, "holds " + item.dump() + ", more than the largest integer this library handles (2^63 - 1)");
-    return item.get<int64_t>();
-  }
-  std::vector<int64_t> int_list(const std::string& field, const Json& v) const {
-    if (!v.is_array()) wrong_type(field, "a list of integers");
-    std::vector<int64_t> out;
-    for (const Json& item : v) out.push_back(integer(field, item, "a list of integers"));
-    return out;
-  }
-  ModuleSelector selector(const char* field) const {
-    ModuleSelector s;
-    const Json* v = get(field);
-    if (!v) return s;
-    if (v->is_string()) {
-      s.pattern = v->get<std::string>();
-      s.kind = lower(s.pattern) == "all-linear" ? ModuleSelector::Kind::all_linear : ModuleSelector::Kind::regex;
-    } else if (v->is_array()) {
-      s.kind = ModuleSelector::Kind::list;
-      s.names = string_list(field, *v);
-    } else {
-      wrong_type(field, "a list of strings, a regular expression string or null");
-    }
-    return s;
-  }
-
- private:
-  const Json& doc_;
-  const std::string& source_;
-};
-
 void read_peft_type(const FieldReader& f, const Json& doc, LoraConfig& c) {
   auto it = doc.find("peft_type");
   if (it == doc.end()) f.invalid("peft_type", "is missing (PEFT requires it)");
@@ -230,14 +140,14 @@ void read_init(const FieldReader& f, const Json& doc, LoraConfig& c) {
   c.init_lora_weights.is_bool = false;
   c.init_lora_weights.method = m;
   // The order of PEFT's LoraLayer.update_layer, which decides what a name means.
-  if (m.rfind("pissa", 0) == 0 || m.rfind("corda", 0) == 0 || lower(m) == "olora" || m == "loftq" ||
+  if (m.rfind("pissa", 0) == 0 || m.rfind("corda", 0) == 0 || ascii_lower(m) == "olora" || m == "loftq" ||
       m == "lora_ga")
     f.unsupported("init_lora_weights",
                   "is " + peft::quoted(m) +
                       ": this initialisation rewrites the base weights when PEFT loads the adapter; convert "
                       "the adapter to plain LoRA first (PEFT: save_pretrained(path_initial_model_for_weight_"
                       "conversion=...))");
-  if (lower(m) == "mica" || m == "eva" || m == "orthogonal" || m == "gaussian") return;
+  if (ascii_lower(m) == "mica" || m == "eva" || m == "orthogonal" || m == "gaussian") return;
   f.invalid("init_lora_weights", "is " + peft::quoted(m) + ", which is not a LoRA initialisation PEFT knows");
 }
 
@@ -365,169 +275,13 @@ void check_supported(const FieldReader& f, LoraConfig& c) {
   }
 }
 
-// The fields of the other methods, in the names LoRA's readers use (see LoraConfig::method).
-Json lora_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
+// The config as LoRA's readers read it: the method's row renames its fields into LoRA's names and
+// reads its own (MethodRow::read_config).
+Json method_view(const FieldReader& f, const Json& doc, LoraConfig& c) {
   Json view = doc;
-  auto rename = [&](const char* from, const char* to) {
-    view.erase(to);
-    if (doc.contains(from)) view[to] = doc.at(from);
-  };
-  switch (c.method) {
-    case PeftMethod::lora: break;
-    case PeftMethod::loha:
-    case PeftMethod::lokr:
-      rename("alpha", "lora_alpha");
-      rename("init_weights", "init_lora_weights");
-      if (const Json* v = f.get("use_effective_conv2d"); v && !v->is_boolean())
-        f.wrong_type("use_effective_conv2d", "true or false");
-      break;
-    case PeftMethod::adalora: {
-      rename("init_r", "r");
-      if (!view.contains("r")) view["r"] = 12;  // AdaLoraConfig's default init_r
-      view.erase("rank_pattern");
-      if (const Json* v = f.get("rank_pattern")) {
-        if (!v->is_object()) f.wrong_type("rank_pattern", "an object {module: [true/false per rank]}");
-        for (const auto& [key, mask] : v->items()) {
-          if (!mask.is_array()) f.invalid("rank_pattern", "entry " + peft::quoted(key) + " must be a list of booleans");
-          std::vector<bool> bits;
-          for (const Json& b : mask) {
-            if (!b.is_boolean()) f.invalid("rank_pattern", "entry " + peft::quoted(key) + " must be a list of booleans");
-            bits.push_back(b.get<bool>());
-          }
-          c.adalora_rank_masks.emplace_back(key, std::move(bits));
-        }
-      }
-      if (f.boolean("use_dora", false)) f.invalid("use_dora", "is not supported by AdaLoRA (PEFT refuses it)");
-      break;
-    }
-    case PeftMethod::ia3:
-      view.erase("r");
-      view.erase("lora_alpha");
-      view.erase("init_lora_weights");
-      c.feedforward_modules = f.selector("feedforward_modules");
-      break;
-    case PeftMethod::miss: {
-      view.erase("lora_alpha");
-      view.erase("init_lora_weights");
-      const Json* init = f.get("init_weights");
-      if (init != nullptr && !init->is_boolean() && !(init->is_string() && (*init == "bat" || *init == "mini")))
-        f.wrong_type("init_weights", "true, false, \"bat\" or \"mini\"");
-      c.miss_bat = init != nullptr && *init == "bat";
-      if (init != nullptr && *init == "mini") {
-        const Json* mini = f.get("mini_r");
-        if (mini == nullptr || !mini->is_number_integer() || mini->get<int64_t>() < 1)
-          f.wrong_type("mini_r", "a positive integer (init_weights is \"mini\")");
-        c.miss_mini_r = mini->get<int64_t>();
-      }
-      break;
-    }
-    case PeftMethod::shira:
-      view.erase("lora_alpha");
-      view.erase("init_lora_weights");
-      if (const Json* v = f.get("mask_type"); v && !v->is_string()) f.wrong_type("mask_type", "a string");
-      break;
-    case PeftMethod::vera:
-    case PeftMethod::randlora: {
-      // VeraConfig / RandLoraConfig: r (default 256 / 32), no rank or alpha patterns.
-      if (!view.contains("r")) view["r"] = c.method == PeftMethod::vera ? 256 : 32;
-      view.erase("lora_alpha");  // VeRA has no scale
-      if (c.method == PeftMethod::randlora) {
-        rename("randlora_alpha", "lora_alpha");
-        if (!view.contains("lora_alpha")) view["lora_alpha"] = 640;  // RandLoraConfig's default randlora_alpha
-      }
-      view.erase("rank_pattern");
-      view.erase("alpha_pattern");
-      rename("init_weights", "init_lora_weights");
-      c.save_projection = f.boolean("save_projection", true);
-      if (const Json* v = f.get("projection_prng_key")) c.projection_prng_key = f.integer("projection_prng_key", *v, "an integer");
-      break;
-    }
-    case PeftMethod::fourierft: {
-      rename("n_frequency", "r");
-      if (!view.contains("r")) view["r"] = 1000;  // FourierFTConfig's default n_frequency
-      rename("n_frequency_pattern", "rank_pattern");
-      view.erase("lora_alpha");
-      view.erase("alpha_pattern");
-      rename("init_weights", "init_lora_weights");
-      c.fourierft_scaling = f.number("scaling", 150.0);
-      if (!std::isfinite(c.fourierft_scaling)) f.wrong_type("scaling", "a finite number");
-      if (const Json* v = f.get("random_loc_seed")) c.random_loc_seed = f.integer("random_loc_seed", *v, "an integer");
-      break;
-    }
-    case PeftMethod::oft:
-    case PeftMethod::boft:
-    case PeftMethod::hra: {
-      // The rotation's sizes come from the tensors (PEFT adjusts r / block sizes per layer); r is
-      // HRA's rank. "<method>_only" bias is LoRA's "lora_only"; OFT's fields are read here.
-      if (c.method != PeftMethod::hra) view.erase("r");
-      view.erase("lora_alpha");
-      rename("init_weights", "init_lora_weights");
-      const std::string own_bias = lower(c.peft_type) + "_only";
-      if (const Json* v = f.get("bias"); v && v->is_string() && v->get<std::string>() == own_bias) view["bias"] = "lora_only";
-      if (c.method == PeftMethod::hra) c.hra_apply_gs = f.boolean("apply_GS", false);
-      if (c.method != PeftMethod::oft) break;
-      c.oft.coft = f.boolean("coft", false);
-      c.oft.eps = f.number("eps", 6e-5);
-      c.oft.block_share = f.boolean("block_share", false);
-      c.oft.use_cayley_neumann = f.boolean("use_cayley_neumann", true);
-      if (const Json* v = f.get("num_cayley_neumann_terms")) {
-        if (!v->is_number_integer() || v->get<int64_t>() < 1)
-          f.invalid("num_cayley_neumann_terms", "must be a positive integer");
-        c.oft.num_cayley_neumann_terms = v->get<int64_t>();
-      }
-      break;
-    }
-    case PeftMethod::vblora:
-    case PeftMethod::c3a: {
-      // VBLoRAConfig: r (default 4), topk (default 2), save_only_topk_weights, num_vectors and
-      // vector_length (the vector bank's shape, read from the tensors); no scale. C3AConfig:
-      // block_size / block_size_pattern (the kernels' last dimension, read from the tensors), no
-      // rank and no scale. "<method>_only" bias is LoRA's "lora_only".
-      view.erase("lora_alpha");
-      view.erase("rank_pattern");
-      view.erase("alpha_pattern");
-      view.erase("init_lora_weights");
-      const std::string own_bias = lower(c.peft_type) + "_only";
-      if (const Json* v = f.get("bias"); v && v->is_string() && v->get<std::string>() == own_bias) view["bias"] = "lora_only";
-      if (c.method == PeftMethod::c3a) {
-        view.erase("r");
-        if (const Json* v = f.get("block_size"); v && (!v->is_number_integer() || v->get<int64_t>() < 1))
-          f.wrong_type("block_size", "a positive integer");
-        break;
-      }
-      if (!view.contains("r")) view["r"] = 4;  // VBLoRAConfig's default r
-      if (const Json* v = f.get("topk")) {
-        if (!v->is_number_integer() || v->get<int64_t>() < 1) f.invalid("topk", "must be a positive integer (PEFT's check)");
-        c.vblora_topk = v->get<int64_t>();
-      }
-      c.vblora_save_only_topk = f.boolean("save_only_topk_weights", false);
-      break;
-    }
-    case PeftMethod::ln_tuning:  // LNTuningConfig: target_modules, exclude_modules, modules_to_save
-      view.erase("r");
-      view.erase("lora_alpha");
-      break;
-    case PeftMethod::trainable_tokens: {
-      // TrainableTokensConfig: token_indices for the target_modules embedding(s) (default: the
-      // input embedding, "embed_tokens"), read as LoRA's trainable_token_indices {module: indices}.
-      view.erase("r");
-      view.erase("lora_alpha");
-      view.erase("trainable_token_indices");
-      const Json* indices = f.get("token_indices");
-      if (indices == nullptr) f.invalid("token_indices", "is missing (TRAINABLE_TOKENS needs the token indices)");
-      f.int_list("token_indices", *indices);  // INVALID_CONFIG naming the field unless a list of integers
-      Json targets = Json::object();
-      const ModuleSelector selector = f.selector("target_modules");
-      if (selector.kind == ModuleSelector::Kind::list)
-        for (const std::string& name : selector.names) targets[name] = *indices;
-      else if (selector.kind == ModuleSelector::Kind::regex)
-        targets[selector.pattern] = *indices;
-      else
-        targets["embed_tokens"] = *indices;
-      view["trainable_token_indices"] = targets;
-      view.erase("target_modules");
-      break;
-    }
+  if (const auto read = method_row(c.method).read_config) {
+    ConfigView edit{doc, view};
+    read(f, edit, c.method_fields);
   }
   return view;
 }
@@ -550,7 +304,7 @@ LoraConfig LoraConfig::parse(std::string_view json_text, const std::string& sour
   if (!c.document.is_object()) fail(PEFT_ERR_INVALID_CONFIG, source + ": must be a JSON object");
   FieldReader original(c.document, source);
   read_peft_type(original, c.document, c);
-  const Json view = lora_view(original, c.document, c);
+  const Json view = method_view(original, c.document, c);
   FieldReader f(view, source);
   read_scalars(f, view, c);
   read_init(f, view, c);
@@ -598,7 +352,7 @@ double LoraConfig::scaling(int64_t rank, double alpha) const {
 }
 
 bool LoraConfig::zero_initialised() const {
-  return init_lora_weights.is_bool ? init_lora_weights.flag : lower(init_lora_weights.method) == "gaussian";
+  return init_lora_weights.is_bool ? init_lora_weights.flag : ascii_lower(init_lora_weights.method) == "gaussian";
 }
 
 std::string LoraConfig::canonical_json() const {

@@ -37,14 +37,6 @@
 
 namespace peft {
 
-// target_modules / exclude_modules: absent, a list of names, a Python regex, or "all-linear".
-struct ModuleSelector {
-  enum class Kind { none, list, regex, all_linear };
-  Kind kind = Kind::none;
-  std::vector<std::string> names;  // Kind::list, in file order
-  std::string pattern;             // Kind::regex and Kind::all_linear, as written
-};
-
 // init_lora_weights: true / false, or a method name ("gaussian", "eva", "orthogonal", "mica").
 struct InitLoraWeights {
   bool is_bool = true;
@@ -82,28 +74,11 @@ struct LoraConfig {
 
   std::string peft_type;  // "LORA", "LOHA", "LOKR", "ADALORA" or "IA3"
   // The method, and its fields read as LoRA's: LoHa/LoKr "alpha" is lora_alpha (their r,
-  // rank_pattern and alpha_pattern are LoRA's); AdaLoRA's "init_r" is r (its rank_pattern holds
-  // masks, kept in adalora_rank_masks); IA3 has no rank (r and lora_alpha stay unused).
+  // rank_pattern and alpha_pattern are LoRA's); AdaLoRA's "init_r" is r; IA3 has no rank (r and
+  // lora_alpha stay unused). The fields that are the method's own are in method_fields, read by
+  // its row (methods/method_config.hpp).
   PeftMethod method = PeftMethod::lora;
-  std::vector<std::pair<std::string, std::vector<bool>>> adalora_rank_masks;  // AdaLoRA rank_pattern
-  ModuleSelector feedforward_modules;  // IA3
-  // MiSS: init_weights "bat" (miss_bat) or "mini" (miss_mini_r = mini_r); true/false is the standard form.
-  bool miss_bat = false;
-  int64_t miss_mini_r = 0;
-  // VeRA / RandLoRA: whether the shared projections are saved (save_projection) and the seed PEFT
-  // regenerates them from otherwise; RandLoRA's randlora_alpha is read as lora_alpha.
-  bool save_projection = true;
-  int64_t projection_prng_key = 0;
-  // FourierFT: scaling, random_loc_seed (the seed of the spectrum's positions) and n_frequency
-  // (read as r; n_frequency_pattern as rank_pattern).
-  double fourierft_scaling = 150.0;
-  int64_t random_loc_seed = 777;
-  // VB-LoRA: topk (the mixture's size; also the saved top-k weights' width + 1) and
-  // save_only_topk_weights (the logits saved as _topk_indices / _topk_weights).
-  int64_t vblora_topk = 2;
-  bool vblora_save_only_topk = false;
-  merge::OftSettings oft;              // OFT: coft, eps, block_share, use_cayley_neumann, num_cayley_neumann_terms
-  bool hra_apply_gs = false;           // HRA: apply_GS
+  MethodConfig method_fields;
   std::optional<std::string> task_type;
   std::optional<std::string> base_model_name_or_path;
   std::optional<std::string> revision;

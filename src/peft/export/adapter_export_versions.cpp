@@ -68,19 +68,13 @@ bool is_default_value(const Json& value) {
   return false;
 }
 
-std::string lower(std::string s) {
-  for (char& c : s)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return s;
-}
-
 // init_lora_weights values that only decide how fresh lora factors are drawn (PEFT's
 // LoraLayer.update_layer): loading the adapter overwrites those factors, so `true` means the same.
 bool init_is_factor_only(const Json& value) {
   if (value.is_boolean()) return !value.get<bool>();
   if (!value.is_string()) return false;
   const std::string v = value.get<std::string>();
-  return v == "gaussian" || v == "eva" || v == "orthogonal" || lower(v) == "mica";
+  return v == "gaussian" || v == "eva" || v == "orthogonal" || ascii_lower(v) == "mica";
 }
 
 std::string version_name(int minor) { return "0." + std::to_string(minor); }

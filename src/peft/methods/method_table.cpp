@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "peft/methods/method_fields.hpp"
 
 namespace peft {
 namespace {
@@ -224,46 +225,47 @@ constexpr const char* kLinearOnly = "torch.nn.Linear layers";
 
 using E = MethodEffect;
 using P = PeftMethod;
+namespace F = method_fields;
 constexpr std::span<const std::string_view> kNone{};
 
 // One row per method, in the order of PeftMethod (method_row indexes by it).
 const MethodRow kTable[] = {
     {P::lora, "LORA", kNone, nullptr, kNone, E::lora, true, nullptr, false, nullptr, nullptr, nullptr, nullptr, true,
-     nullptr},
+     nullptr, nullptr, nullptr},
     {P::loha, "LOHA", kLohaParams, nullptr, kNone, E::delta, true, kLinearConv, true, loha_features, nullptr, loha_delta,
-     nullptr, true, kConvertFirst},
+     nullptr, true, kConvertFirst, F::read_lycoris, F::resolve_loha},
     {P::lokr, "LOKR", kLokrParams, nullptr, kNone, E::delta, true, kLinearConv, true, lokr_features, nullptr, lokr_delta,
-     nullptr, true, kConvertFirst},
+     nullptr, true, kConvertFirst, F::read_lycoris, F::resolve_lokr},
     {P::adalora, "ADALORA", kAdaloraParams, nullptr, kNone, E::delta, false, nullptr, false, adalora_features, nullptr,
-     adalora_delta, nullptr, true, kConvertFirst},
+     adalora_delta, nullptr, true, kConvertFirst, F::read_adalora, F::resolve_adalora},
     {P::ia3, "IA3", kIa3Params, nullptr, kNone, E::scale, false, nullptr, false, ia3_features, nullptr, nullptr, nullptr,
-     false, kConvertWithBase},
+     false, kConvertWithBase, F::read_ia3, F::resolve_ia3},
     {P::miss, "MISS", kMissParams, nullptr, kNone, E::delta, false, kLinearOnly, false, miss_features, miss_reads_weight,
-     miss_delta, nullptr, false, kConvertWithBase},
+     miss_delta, nullptr, false, kConvertWithBase, F::read_miss, F::resolve_miss},
     {P::shira, "SHIRA", kShiraParams, nullptr, kNone, E::delta, false, kLinearOnly, false, no_features, nullptr,
-     shira_delta, nullptr, false, kConvertWithBase},  // shira_indices only bound the layer
+     shira_delta, nullptr, false, kConvertWithBase, F::read_shira, F::resolve_shira},  // shira_indices only bound the layer
     {P::vera, "VERA", kVeraParams, nullptr, kVeraShared, E::delta, false, nullptr, false, vera_features, nullptr,
-     vera_delta, nullptr, false, kConvertWithBase},
+     vera_delta, nullptr, false, kConvertWithBase, F::read_vera, F::resolve_vera},
     {P::randlora, "RANDLORA", kRandloraParams, nullptr, kRandloraShared, E::delta, false, nullptr, false,
      no_features,  // min(out, in) only: checked by randlora_delta
-     nullptr, randlora_delta, nullptr, false, kConvertWithBase},
+     nullptr, randlora_delta, nullptr, false, kConvertWithBase, F::read_randlora, F::resolve_randlora},
     {P::fourierft, "FOURIERFT", kFourierftParams, nullptr, kNone, E::delta, false, nullptr, false,
      no_features,  // any size holding the spectrum: checked by fourierft_delta
-     nullptr, fourierft_delta, nullptr, false, kConvertWithBase},
+     nullptr, fourierft_delta, nullptr, false, kConvertWithBase, F::read_fourierft, F::resolve_fourierft},
     {P::oft, "OFT", kOftParams, "weight", kNone, E::rotation, false, kLinearConv, false, oft_features, nullptr, nullptr,
-     oft_transform, false, kConvertWithBase},
+     oft_transform, false, kConvertWithBase, F::read_oft, F::resolve_oft},
     {P::boft, "BOFT", kBoftParams, nullptr, kNone, E::rotation, false, kLinearConv, false, boft_features, nullptr,
-     nullptr, boft_transform, false, kConvertWithBase},
+     nullptr, boft_transform, false, kConvertWithBase, F::read_boft, F::resolve_boft},
     {P::hra, "HRA", kHraParams, nullptr, kNone, E::rotation, false, kLinearConv, false, hra_features, nullptr, nullptr,
-     hra_transform, false, kConvertWithBase},
+     hra_transform, false, kConvertWithBase, F::read_hra, F::resolve_hra},
     {P::ln_tuning, "LN_TUNING", kNone, nullptr, kNone, E::replacement, false, nullptr, false, nullptr, nullptr, nullptr,
-     nullptr, false, kReplaces},
+     nullptr, false, kReplaces, F::read_ln_tuning, nullptr},
     {P::trainable_tokens, "TRAINABLE_TOKENS", kNone, nullptr, kNone, E::replacement, false, nullptr, false, nullptr,
-     nullptr, nullptr, nullptr, false, kReplaces},
+     nullptr, nullptr, nullptr, false, kReplaces, F::read_trainable_tokens, nullptr},
     {P::vblora, "VBLORA", kVbloraParams, nullptr, kVbloraShared, E::delta, false, nullptr, false, vblora_features,
-     nullptr, vblora_delta, nullptr, true, kConvertWithBase},
+     nullptr, vblora_delta, nullptr, true, kConvertWithBase, F::read_vblora, F::resolve_vblora},
     {P::c3a, "C3A", kC3aParams, nullptr, kNone, E::delta, false, kLinearOnly, false, c3a_features, nullptr, c3a_delta,
-     nullptr, true, kConvertWithBase},
+     nullptr, true, kConvertWithBase, F::read_c3a, F::resolve_c3a},
 };
 
 }  // namespace

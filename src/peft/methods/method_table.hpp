@@ -7,10 +7,10 @@
 // rotation from its parameters, and what conversion and export make of it. The arithmetic itself
 // stays in the method's own file (peft_methods.hpp).
 //
-// A new method is one row here, its arithmetic file, its config fields (`lora_view` in
-// adapter/adapter_config), its rank and scaling (`resolve_method` in adapter/adapter.cpp) and its
-// tests; tests/unit/test_method_table.cpp walks the table and fails for a row that some
-// part of the library does not support.
+// A new method is one row here, its arithmetic file, its config reader and module resolution
+// (method_fields.cpp, on the interfaces of method_config.hpp) and its tests;
+// tests/unit/test_method_table.cpp walks the table and fails for a row that some part of the
+// library does not support.
 //
 // Thread safety: the table is constant.
 #pragma once
@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "peft/methods/method_config.hpp"
 #include "peft/methods/peft_methods.hpp"
 
 namespace peft {
@@ -43,20 +44,6 @@ enum class MethodEffect {
   scale,        // IA3: W *= l per output (or input) feature
   rotation,     // OFT, BOFT, HRA: W' = (W @ M) * s (MethodRow::transform)
   replacement,  // LN_TUNING, TRAINABLE_TOKENS: whole tensors or rows replaced, no method_param
-};
-
-// The settings of one module that its method's arithmetic reads beside the tensors, set from the
-// adapter's config when it loads.
-struct MethodSettings {
-  double ranknum = 0;                 // AdaLoRA: init_r
-  bool ia3_feedforward = false;       // IA3: ia3_l scales the input features
-  bool miss_bat = false;              // MiSS: the "bat" form (its delta reads the weight)
-  int64_t miss_mini_r = 0;            // MiSS: mini_r of the "mini" form, 0 otherwise
-  merge::OftSettings oft;             // OFT
-  bool hra_apply_gs = false;          // HRA: apply_GS
-  bool projections_not_saved = false; // VeRA / RandLoRA: save_projection was false
-  int64_t random_loc_seed = 0;        // FourierFT
-  int64_t vblora_topk = 2;            // VB-LoRA: topk
 };
 
 // One module's parameters read as f32 (its own and the shared ones it uses), by parameter name
@@ -108,6 +95,13 @@ struct MethodRow {
   bool converts_without_base;
   // What adapter export (which writes LoRA only) tells the user to do instead.
   const char* export_hint;
+  // Reads the method's own fields of adapter_config.json into `out` and edits `view` into LoRA's
+  // names (FieldReader's errors); nullptr for LoRA itself.
+  void (*read_config)(const FieldReader& fields, ConfigView& view, MethodConfig& out);
+  // Sets a module's rank, alpha, scaling and settings from its parameters and the config, and
+  // reports what does not fit; nullptr for methods without method_param modules (LoRA, whose
+  // modules the loader resolves itself, and the replacements).
+  void (*resolve)(ModuleResolution& module);
 };
 
 // Every row, in the order of PeftMethod.
