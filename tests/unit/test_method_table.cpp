@@ -158,3 +158,31 @@ TEST_CASE("method table: a peft_type not merged is refused naming every row's pe
     CHECK(contains(message, row.peft_type));
   }
 }
+
+TEST_CASE("method table: VeRA's and RandLoRA's lambdas are checked against r") {
+  const std::string m = "base_model.model.model.layers.0.self_attn.q_proj.";
+  // vera_lambda_d [r], vera_lambda_b [out]; randlora_lambda [r, bases], randlora_gamma [out, bases].
+  for (const bool vera : {true, false}) {
+    CAPTURE(vera);
+    const std::string type = vera ? "VERA" : "RANDLORA";
+    auto write = [&](const fs::path& dir, uint64_t saved_rank) {
+      const std::vector<TensorSpec> tensors =
+          vera ? std::vector<TensorSpec>{{"base_model.vera_A", {4, 8}},
+                                         {"base_model.vera_B", {8, 4}},
+                                         {m + "vera_lambda_b", {8}},
+                                         {m + "vera_lambda_d", {saved_rank}}}
+               : std::vector<TensorSpec>{{"base_model.randlora_A", {4, 2, 8}},
+                                         {"base_model.randlora_B", {8, 2, 4}},
+                                         {m + "randlora_gamma", {8, 2}},
+                                         {m + "randlora_lambda", {saved_rank, 2}}};
+      write_adapter(dir, json{{"peft_type", type}, {"r", 4}, {"target_modules", {"q_proj"}}}.dump(), tensors);
+    };
+    TempDir fits, wrong;
+    write(fits.path, 4);
+    CHECK_NOTHROW(peft::Adapter::open(fits.str(), {}));
+    write(wrong.path, 2);
+    const Failure f = open_failure(wrong.path);
+    CHECK(f.code == PEFT_ERR_INVALID_CONFIG);
+    CHECK(contains(f.message, "module \"model.layers.0.self_attn.q_proj\" has rank 2 but r is 4"));
+  }
+}
