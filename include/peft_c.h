@@ -2490,7 +2490,14 @@ PEFT_API peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts,
  * module; an `ensure_weight_tying` adapter's change is then added twice, as PEFT does); only a
  * modules_to_save copy unties, as in PEFT.
  *
- * Merges into GGUF bases do not read this option yet.
+ * A GGUF base of a tied model holds no `output.weight` (llama.cpp's converter leaves it out, and
+ * llama.cpp then computes the output from `token_embd.weight`). An untying merge into it adds
+ * `output.weight` after `token_embd.weight`: the embedding's own bytes when only the input changes,
+ * else the original embedding plus the output's changes, stored in the type merged tensors get. It
+ * fails with #PEFT_ERR_UNSUPPORTED, before anything is written, for an architecture whose llama.cpp
+ * loader reads no `output.weight` (Gemma 1 and 2: the translation table's `gguf_output_always_tied`)
+ * and for a split base written as parts (peft_merge_options_set_join_split() writes one file).
+ * GGUF LoRA export does not apply the policy.
  * @param opts Options.
  * @param policy #PEFT_MERGE_TIED_UNTIE or #PEFT_MERGE_TIED_SHARED.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another value.

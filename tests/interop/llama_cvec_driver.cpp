@@ -3,7 +3,9 @@
 // and sums the files, llama_set_adapter_cvec applies them to layers 1 .. n_layer of the model (the
 // defaults of common_init_from_params), and the comma-separated TOKENS are decoded once. Prints one
 // JSON line: {"n_embd": N, "data": [what the loader read, layer 1 first], "logits": [[...] per token],
-// "plain_logits": [[...] per token, without the control vector]}.
+// "plain_logits": [[...] per token, without the control vector]}. Without control vectors
+// (MODEL.gguf TOKENS) it prints {"plain_logits": ...} alone: a GGUF model's own logits
+// (test_gguf_tied.py).
 // Exits 2 when the model does not load, 3 when the control vectors do not (llama.cpp's log says why).
 // For test_control_vector.py; built from the llama.cpp reference build (tests/interop/CMakeLists.txt).
 #include <cstdio>
@@ -69,16 +71,16 @@ void print_rows(const char* key, const std::vector<std::vector<float>>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 5 || (argc - 3) % 2 != 0) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf TOKENS CVEC STRENGTH [CVEC STRENGTH ...]\n", argv[0]);
+  if (argc < 3 || (argc - 3) % 2 != 0) {
+    std::fprintf(stderr, "usage: %s MODEL.gguf TOKENS [CVEC STRENGTH ...]\n", argv[0]);
     return 1;
   }
   llama_model* model = llama_driver::load_model(argv[1]);
   if (model == nullptr) return 2;
   std::vector<common_control_vector_load_info> infos;
   for (int i = 3; i + 1 < argc; i += 2) infos.push_back({std::strtof(argv[i + 1], nullptr), argv[i]});
-  const common_control_vector_data cvec = common_control_vector_load(infos);
-  if (cvec.n_embd == -1) {
+  const common_control_vector_data cvec = infos.empty() ? common_control_vector_data{} : common_control_vector_load(infos);
+  if (!infos.empty() && cvec.n_embd == -1) {
     std::fprintf(stderr, "llama.cpp did not load the control vectors\n");
     return 3;
   }
@@ -92,6 +94,15 @@ int main(int argc, char** argv) {
   params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, params);
   const auto plain = decode(ctx, model, tokens);
+  if (infos.empty()) {
+    std::printf("{\"n_embd\": %d", llama_model_n_embd(model));
+    print_rows("plain_logits", plain);
+    std::printf("}\n");
+    llama_free(ctx);
+    llama_model_free(model);
+    llama_backend_free();
+    return 0;
+  }
   if (llama_set_adapter_cvec(ctx, cvec.data.data(), cvec.data.size(), cvec.n_embd, 1, llama_model_n_layer(model)) != 0) {
     std::fprintf(stderr, "llama_set_adapter_cvec refused the control vectors\n");
     return 3;

@@ -127,3 +127,22 @@ TEST_CASE("gguf experts: stacking zero-pads smaller ranks and keeps every B A; u
   CHECK(peft::missing_slices({2, 0}, 4) == "1, 3");
   CHECK(peft::missing_slices({1, 0}, 2).empty());
 }
+
+TEST_CASE("gguf tables: gguf_output_always_tied names GGUF architectures of the table") {
+  auto ok = peft::ArchTable::parse(
+      R"({"family": "x", "gguf_architectures": {"a": ["a"], "b": ["b"]}, "gguf_output_always_tied": ["a"], "modules": []})", "t");
+  CHECK(ok->gguf_output_always_tied("a"));
+  CHECK_FALSE(ok->gguf_output_always_tied("b"));
+  try {
+    peft::ArchTable::parse(R"({"family": "x", "gguf_architectures": {"a": ["a"]}, "gguf_output_always_tied": ["c"], "modules": []})",
+                           "t");
+    FAIL("accepted");
+  } catch (const peft::Error& e) {
+    CHECK(e.code() == PEFT_ERR_INVALID_CONFIG);
+    CHECK(contains(e.what(), "\"gguf_output_always_tied\" names \"c\""));
+  }
+  // The built-in Gemma table: llama.cpp's gemma and gemma2 read no output.weight, gemma3 may.
+  const auto gemma = peft::builtin_arch_table("gemma");
+  CHECK(gemma->gguf_output_always_tied("gemma2"));
+  CHECK_FALSE(gemma->gguf_output_always_tied("gemma3"));
+}

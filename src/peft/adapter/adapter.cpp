@@ -22,6 +22,14 @@ void refuse_activated_lora(const Adapter& adapter, const std::string& job) {
   refuse_activated_lora(peft::quoted(adapter.dir()), adapter.config().alora_invocation_tokens, job);
 }
 
+bool is_modules_to_save_copy(const Adapter& adapter, const AdapterModule& m, const AdapterTensor& t) {
+  const auto& saved = adapter.config().modules_to_save;
+  if (t.suffix.starts_with("base_layer.") || !saved) return false;
+  for (const std::string& entry : *saved)
+    if (!entry.empty() && m.name.ends_with(entry)) return true;
+  return false;
+}
+
 const AdapterModule* Adapter::find_module(std::string_view name) const {
   for (const AdapterModule& m : modules_)
     if (m.name == name) return &m;

@@ -127,6 +127,11 @@ class Adapter {
   std::map<std::string, size_t> shared_params_;
 };
 
+// Whether whole tensor `t` of module `m` is a modules_to_save copy, which PEFT's merge swaps in for
+// the base module, rather than a weight of the base module itself (a saved base_layer weight, a
+// bias="all" bias), which PEFT loads into the base module's own parameter.
+bool is_modules_to_save_copy(const Adapter& adapter, const AdapterModule& m, const AdapterTensor& t);
+
 // refuse_activated_lora (adapter_config.hpp) for an adapter.
 void refuse_activated_lora(const Adapter& adapter, const std::string& job);
 

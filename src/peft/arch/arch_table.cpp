@@ -186,7 +186,7 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
       "format", "version", "family", "description", "detect", "base_model_prefix", "output_embedding",
       "input_embeddings", "tie_embeddings_config",
       "peft_default_target_modules", "modules", "roles", "extra_roles", "checkpoint_aliases",
-      "gguf_architectures", "experts"};
+      "gguf_architectures", "gguf_output_always_tied", "experts"};
   for (const auto& [key, value] : doc.items())
     if (!known.contains(key) && !key.starts_with("_"))
       bad_table(source, "unknown field " + peft::quoted(key) + " (fields starting with '_' are free for comments)");
@@ -206,6 +206,13 @@ std::shared_ptr<const ArchTable> ArchTable::parse(std::string_view json_text, co
     if (!it->is_object()) bad_table(source, "\"gguf_architectures\" must be {gguf_architecture: [model_types]}");
     for (const auto& [key, value] : it->items())
       table->gguf_architectures_[key] = string_list(value, source, "gguf_architectures." + key);
+  }
+  if (auto it = doc.find("gguf_output_always_tied"); it != doc.end()) {
+    table->gguf_output_always_tied_ = string_list(*it, source, "gguf_output_always_tied");
+    for (const std::string& architecture : table->gguf_output_always_tied_)
+      if (!table->gguf_architectures_.contains(architecture))
+        bad_table(source, "\"gguf_output_always_tied\" names " + peft::quoted(architecture) +
+                              ", which is not one of its gguf_architectures");
   }
   if (auto it = doc.find("output_embedding"); it != doc.end() && !it->is_null()) {
     if (!it->is_string()) bad_table(source, "\"output_embedding\" must be a string or null");
@@ -417,6 +424,11 @@ const ModuleRule* ArchTable::rule_for_gguf(std::string_view gguf_module, NameTem
 
 bool ArchTable::reads_gguf_architecture(std::string_view architecture) const {
   return gguf_architectures_.find(std::string(architecture)) != gguf_architectures_.end();
+}
+
+bool ArchTable::gguf_output_always_tied(std::string_view architecture) const {
+  return std::find(gguf_output_always_tied_.begin(), gguf_output_always_tied_.end(), architecture) !=
+         gguf_output_always_tied_.end();
 }
 
 std::optional<std::string> ArchTable::gguf_architecture_of(std::string_view model_type) const {

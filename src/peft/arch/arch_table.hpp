@@ -129,6 +129,9 @@ class ArchTable {
   // model_type (nullopt if none); module paths both ways (module_to_gguf gives a stacked module's
   // stacked tensor; module_from_gguf gives nullopt for a stacked tensor, which holds several modules).
   bool reads_gguf_architecture(std::string_view architecture) const;
+  // Whether llama.cpp always computes this GGUF architecture's output from token_embd (its loader
+  // reads no output.weight: Gemma 1 and 2), so that a tied pair cannot be untied in such a file.
+  bool gguf_output_always_tied(std::string_view architecture) const;
   std::optional<std::string> gguf_architecture_of(std::string_view model_type) const;
   const ModuleRule* rule_for_gguf(std::string_view gguf_module, NameTemplate::Captures* captures = nullptr) const;
   std::optional<std::string> module_to_gguf(std::string_view hf_module) const;
@@ -154,6 +157,7 @@ class ArchTable {
   std::string family_;
   std::string base_model_prefix_;
   std::map<std::string, std::vector<std::string>> gguf_architectures_;  // GGUF architecture -> model_types
+  std::vector<std::string> gguf_output_always_tied_;
   std::optional<std::string> output_embedding_;
   std::vector<std::string> input_embeddings_;
   std::optional<std::string> tie_embeddings_config_;

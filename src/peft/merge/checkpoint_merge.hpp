@@ -56,7 +56,7 @@ struct CheckpointMergeOptions {
   merge::Arithmetic arithmetic = merge::Arithmetic::peft;
   // A base with tied embeddings changed on one side (TiedEmbeddingsPolicy): untied to equal the
   // adapter's forward (the default), or changed in the shared tensor as PEFT's merge_and_unload does.
-  // Checkpoint bases only.
+  // GGUF bases too (gguf_merge.hpp: an untied output is added as output.weight).
   TiedEmbeddingsPolicy tied_embeddings = TiedEmbeddingsPolicy::untie;
   // Several adapters combined on their deltas before they go into a weight (PEFT's ties, dare_linear,
   // dare_ties or magnitude_prune of merge_utils, as the delta-space combination computes them):

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <variant>
 
 #include "core/convert.hpp"
@@ -17,6 +18,7 @@
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_split.hpp"
 #include "gguf/gguf_writer.hpp"
+#include "peft/adapter/adapter.hpp"
 #include "peft/adapter/adapter_config.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/arch/gguf_experts.hpp"
@@ -51,6 +53,7 @@ struct GgufTerm {
   double weight;
   uint64_t slice = 0;        // of a stacked tensor (gguf_experts.hpp): the module's 2-D slice
   bool torch_rows = true;    // its rows in PyTorch's order; false for a GGUF LoRA's (GGUF's order)
+  const Adapter* adapter = nullptr;  // whose module it is (none for a GGUF LoRA's pair)
 };
 
 // A whole adapter tensor replacing a GGUF tensor (modules_to_save, saved base weights), PyTorch order.
@@ -58,6 +61,7 @@ struct GgufReplacement {
   std::shared_ptr<const Adapter> adapter;
   size_t index;      // in the adapter's checkpoint
   std::string what;  // for messages
+  bool swaps_module = false;  // a modules_to_save copy (is_modules_to_save_copy), not a saved base weight
 };
 
 // lora_B.bias added to a GGUF bias tensor: bias += coefficient x lora_B.bias.
@@ -99,6 +103,7 @@ class GgufMerge {
         return true;
       });
     });
+    find_tied_embeddings();
     plan();
   }
 
@@ -131,6 +136,10 @@ class GgufMerge {
       const bool target = targets_.contains(i);
       writer_of(i).add_tensor(info.name, target ? out_type(info) : static_cast<uint32_t>(info.ggml_type), info.shape);
       total += target ? out_bytes(info) : info.nbytes();
+      if (adds_output() && i == tied_->input) {  // the untied output, after the embedding it copies
+        writer_of(i).add_tensor(tied_->output_tensor, added_output_type(), info.shape);
+        total += added_output_changed() ? out_bytes(info) : info.nbytes();
+      }
     }
     for (const auto& writer : writers) writer->start();
     CheckpointMergeResult result;
@@ -145,17 +154,20 @@ class GgufMerge {
         done += bytes.size();
         ++(it->second.replacement && it->second.terms.empty() && it->second.biases.empty() ? result.replaced : result.merged);
       } else {
-        base_->check_unchanged(i);
-        writer.begin_tensor(info.name);
-        chunk.resize(static_cast<size_t>(std::min(kCopyChunk, std::max<uint64_t>(info.nbytes(), 1))));
-        for (uint64_t offset = 0; offset < info.nbytes();) {
-          const uint64_t n = std::min<uint64_t>(chunk.size(), info.nbytes() - offset);
-          base_->read_bytes(i, offset, chunk.data(), n);
-          writer.write(chunk.data(), n);
-          offset += n;
-        }
+        copy_tensor(i, info.name, writer, chunk);
         ++result.copied;
         done += info.nbytes();
+      }
+      if (adds_output() && i == tied_->input) {
+        if (added_output_changed()) {
+          const std::vector<uint8_t> bytes = merged_tensor(i, targets_.at(output_slot()), result, tied_->output_tensor);
+          writer.write_tensor(tied_->output_tensor, bytes.data(), bytes.size());
+          done += bytes.size();
+        } else {  // the original embedding, byte for byte
+          copy_tensor(i, tied_->output_tensor, writer, chunk);
+          done += info.nbytes();
+        }
+        ++result.added;
       }
       if (options_.progress && !options_.progress(done, total)) fail(PEFT_ERR_CANCELLED, "the merge was cancelled");
     }
@@ -167,16 +179,156 @@ class GgufMerge {
     }
     result.bytes = done;
     for (const std::string& path : out_paths) result.files.push_back(fs::path(path).filename().string());
+    result.notes = notes_;
+    result.untied_embeddings = untie_;
     return result;
   }
 
  private:
+  // Base tensor `index`'s bytes written unchanged as tensor `name`.
+  void copy_tensor(size_t index, const std::string& name, GgufWriter& writer, std::vector<uint8_t>& chunk) const {
+    const TensorInfo& info = base_->tensor(index);
+    base_->check_unchanged(index);
+    writer.begin_tensor(name);
+    chunk.resize(static_cast<size_t>(std::min(kCopyChunk, std::max<uint64_t>(info.nbytes(), 1))));
+    for (uint64_t offset = 0; offset < info.nbytes();) {
+      const uint64_t n = std::min<uint64_t>(chunk.size(), info.nbytes() - offset);
+      base_->read_bytes(index, offset, chunk.data(), n);
+      writer.write(chunk.data(), n);
+      offset += n;
+    }
+  }
+
+  // ---- Tied embeddings (docs/peft-semantics.md, "Tied embeddings") --------------------------------
+  // llama.cpp's converter writes no output tensor for a model with tie_word_embeddings, and llama.cpp
+  // then computes the output from token_embd. PEFT's forward sees an adapter's changes to lm_head in
+  // the output only and those to embed_tokens in the input only; the policy says whether the merge
+  // keeps them apart (untie: output.weight added, as the original embedding plus the output's own
+  // changes) or lands them in the one shared tensor as PEFT's merge_and_unload does (shared). The
+  // output's changes are gathered at output_slot() and settled once all are known.
+
+  void find_tied_embeddings() {
+    const std::optional<std::string>& output = table_->output_embedding();
+    if (!output || table_->input_embeddings().empty()) return;
+    const std::optional<GgufSlot> output_slot = gguf_slot(*table_, *output);
+    if (!output_slot || output_slot->slice || base_->find(output_slot->tensor)) return;  // stored: not tied
+    for (const std::string& input : table_->input_embeddings()) {
+      const std::optional<GgufSlot> slot = gguf_slot(*table_, input);
+      if (!slot || slot->slice) continue;
+      if (const auto index = base_->find(slot->tensor)) {
+        tied_ = TiedOutput{*index, *output, output_slot->tensor};
+        return;
+      }
+    }
+  }
+
+  size_t output_slot() const { return base_->tensor_count(); }
+  bool adds_output() const { return tied_ && untie_; }
+  // Whether the added output holds changes of its own (else it is the original embedding's bytes).
+  bool added_output_changed() const {
+    auto it = targets_.find(output_slot());
+    return it != targets_.end() && (it->second.replacement || !it->second.terms.empty());
+  }
+  uint32_t added_output_type() const {
+    const TensorInfo& input = base_->tensor(tied_->input);
+    return added_output_changed() ? out_type(input) : static_cast<uint32_t>(input.ggml_type);
+  }
+  // The base tensor a target index stands for: the added output reads the input embedding.
+  const TensorInfo& target_info(size_t index) const {
+    return base_->tensor(index == output_slot() && tied_ ? tied_->input : index);
+  }
+
+  // PEFT's ensure_weight_tying gives lm_head the input embedding's LoRA factors (transposed): one
+  // change on both sides. An untying merge keeps it once, in the shared tensor, and leaves the copy out.
+  bool is_tied_lora_copy(const Adapter& adapter) const {
+    if (!tied_ || options_.tied_embeddings != TiedEmbeddingsPolicy::untie || !adapter.config().ensure_weight_tying)
+      return false;
+    bool on_input = false, on_output = false;
+    for (const AdapterModule& m : adapter.modules()) {
+      if (!m.is_lora()) continue;
+      if (m.name == tied_->output_module) on_output = true;
+      else if (const auto slot = gguf_slot(*table_, m.name); slot && base_->find(slot->tensor) == tied_->input)
+        on_input = true;
+    }
+    return on_input && on_output;
+  }
+
+  void settle_tied_embeddings(std::vector<std::string>& unsupported) {
+    if (!tied_) return;
+    const size_t input = tied_->input;
+    const std::string input_name = peft::quoted(base_->tensor(input).name);
+    const std::string output = peft::quoted(tied_->output_module);
+    GgufTarget* out = targets_.contains(output_slot()) ? &targets_[output_slot()] : nullptr;
+    GgufTarget* in = targets_.contains(input) ? &targets_[input] : nullptr;
+    const bool output_changes = out && (out->replacement || !out->terms.empty());
+    const bool input_swapped = in && in->replacement && in->replacement->swaps_module;
+    if (options_.tied_embeddings == TiedEmbeddingsPolicy::shared) {
+      const bool saved_output_weight = out && out->replacement && !out->replacement->swaps_module;
+      if (out && (!out->terms.empty() || saved_output_weight)) {
+        notes_.push_back("tied embeddings policy \"shared\": the changes of " + output + " land in the shared " +
+                         input_name + ", as PEFT's merge_and_unload does, so the input embedding changes too");
+        GgufTarget& shared = targets_[input];  // std::map: `out` stays valid
+        if (shared.what.empty()) shared.what = out->what;
+        shared.terms.insert(shared.terms.end(), std::make_move_iterator(out->terms.begin()),
+                            std::make_move_iterator(out->terms.end()));
+        out->terms.clear();
+        if (saved_output_weight) {  // a saved base_layer weight: the same parameter
+          if (!shared.replacement) shared.replacement = out->replacement;
+          out->replacement.reset();
+        }
+      } else if (in && (!in->terms.empty() || (in->replacement && !input_swapped))) {
+        notes_.push_back("tied embeddings policy \"shared\": the changes of " + input_name +
+                         " land in the shared tensor, so the output embedding " + output + " changes too");
+      }
+      untie_ = input_swapped || (out && out->replacement);
+    } else {
+      // What PEFT applies to both sides: an ensure_weight_tying adapter's LoRA and a saved base_layer
+      // weight (loaded into the shared parameter).
+      auto shared_term = [&](const GgufTerm& t) { return t.adapter && tied_copies_.contains(t.adapter); };
+      const bool own_input = input_swapped || (in && !std::all_of(in->terms.begin(), in->terms.end(), shared_term));
+      untie_ = own_input || output_changes;
+      if (untie_ && in) {  // the output gets the shared changes too
+        std::vector<GgufTerm> copies;
+        for (const GgufTerm& t : in->terms)
+          if (shared_term(t)) copies.push_back(t);
+        const bool shared_weight = in->replacement && !input_swapped;
+        if (!copies.empty() || shared_weight) {
+          GgufTarget& o = targets_[output_slot()];
+          if (o.what.empty()) o.what = in->what;
+          o.terms.insert(o.terms.begin(), copies.begin(), copies.end());
+          if (shared_weight && !o.replacement) o.replacement = in->replacement;
+        }
+      }
+    }
+    if (auto it = targets_.find(output_slot()); it != targets_.end() && !it->second.replacement && it->second.terms.empty())
+      targets_.erase(it);
+    if (!untie_) return;
+    const std::string architecture = peft::quoted(architecture_);
+    if (table_->gguf_output_always_tied(architecture_)) {
+      unsupported.push_back("the tied embeddings " + input_name + " / " + output + " (llama.cpp computes a " +
+                            architecture + " model's output from " + input_name + " and reads no " +
+                            peft::quoted(tied_->output_tensor) + ", so the adapter's changes to one side cannot be "
+                            "kept from the other; tied embeddings policy \"shared\" lands them in the shared tensor, "
+                            "as PEFT's merge_and_unload does)");
+      return;
+    }
+    if (base_->file_count() > 1 && !options_.join_split)
+      unsupported.push_back("the tied embeddings " + input_name + " / " + output + " (untying them adds " +
+                            peft::quoted(tied_->output_tensor) + ", which changes the split's tensor count: join the "
+                            "parts (peftc merge --join-split) or keep the tie (tied embeddings policy \"shared\"))");
+    notes_.push_back("the input embedding " + input_name + " and the output embedding " + output +
+                     " no longer hold the same values: " + peft::quoted(tied_->output_tensor) +
+                     " was added holding the original embedding" +
+                     (output_changes ? " plus the output embedding's own changes" : "") +
+                     " (llama.cpp reads it as the output instead of " + input_name + ")");
+  }
+
   // Finds every module's GGUF tensor and refuses what cannot be merged, listing all of it at once.
   void plan() {
     std::vector<std::string> unresolved, unsupported, conflicts;
     // The index of GGUF tensor `tensor` when it can take a merge; nullopt (with the problem listed) otherwise.
     auto target_index = [&](const std::string& what, const std::string& tensor) -> std::optional<size_t> {
-      const auto index = base_->find(tensor);
+      const auto index = tied_ && tensor == tied_->output_tensor ? std::optional<size_t>(output_slot()) : base_->find(tensor);
       if (!index) {
         unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
         return std::nullopt;
@@ -200,6 +352,12 @@ class GgufMerge {
         const std::string what = adapter_name + ": module " + peft::quoted(module.name);
         if (module.kind == LayerKind::trainable_tokens) {
           unsupported.push_back(what + " (trainable tokens are merged into safetensors checkpoints only)");
+          continue;
+        }
+        if (tied_ && module.name == tied_->output_module && is_tied_lora_copy(*input.adapter)) {
+          tied_copies_.insert(input.adapter.get());  // its saved base_layer weight is the shared one too
+          notes_.push_back(what + " is PEFT's tied copy of the input embedding's LoRA (ensure_weight_tying), so the "
+                           "change lands once in " + peft::quoted(base_->tensor(tied_->input).name) + ", which stays tied");
           continue;
         }
         const std::optional<GgufSlot> slot = gguf_slot(*table_, module.name);
@@ -228,7 +386,7 @@ class GgufMerge {
             continue;
           }
           target.rows = slot->rule->gguf_rows;
-          target.replacement = GgufReplacement{input.adapter, t.index, what};
+          target.replacement = GgufReplacement{input.adapter, t.index, what, is_modules_to_save_copy(*input.adapter, module, t)};
         }
         if (!module.is_lora()) continue;
         const bool dora = module.find(TensorRole::lora_magnitude) != nullptr;
@@ -239,7 +397,7 @@ class GgufMerge {
         }
         const auto index = target_index(what, stem + ".weight");
         if (!index) continue;
-        const TensorInfo& info = base_->tensor(*index);
+        const TensorInfo& info = target_info(*index);
         std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
         if (slot->slice) {  // a stacked module: its slice of the tensor
           if (shape.size() != 3 || *slot->slice >= info.shape[0]) {
@@ -262,7 +420,7 @@ class GgufMerge {
           term.scaling = merge::ggml_lora_coefficient(weight, module.alpha, module.rank, module.scaling, what);
           weight = 1.0;
         }
-        target.terms.push_back({std::move(term), weight, slot->slice.value_or(0)});
+        target.terms.push_back({std::move(term), weight, slot->slice.value_or(0), true, input.adapter.get()});
         if (const AdapterTensor* bias = module.find(TensorRole::lora_b_bias)) {
           if (slot->slice) {
             unsupported.push_back(what + " (lora_B.bias of one slice of the stacked GGUF tensor " +
@@ -278,9 +436,10 @@ class GgufMerge {
         }
       }
     }
+    settle_tied_embeddings(unsupported);
     // Each target's types: its own read as f32 (unless replaced whole), its output type written.
     for (const auto& [index, target] : targets_) {
-      const TensorInfo& info = base_->tensor(index);
+      const TensorInfo& info = target_info(index);
       const auto base_type = static_cast<uint32_t>(info.ggml_type);
       const uint32_t out = out_type(info);
       const std::string tensor = "GGUF tensor " + peft::quoted(info.name);
@@ -317,15 +476,17 @@ class GgufMerge {
       fail(PEFT_ERR_UNRESOLVED_KEY, message);
     }
     for (const auto& [index, target] : targets_) {
-      const TensorInfo& info = base_->tensor(index);
+      const TensorInfo& info = target_info(index);
       if (const auto problem = gguf_rows_problem(target.rows, heads_, info.shape.empty() ? 0 : info.shape[0]))
         fail(PEFT_ERR_INVALID_CHECKPOINT, path_ + ": tensor " + peft::quoted(info.name) + ": " + *problem);
     }
   }
 
-  // The tensor with every term added, in its own type.
-  std::vector<uint8_t> merged_tensor(size_t index, const GgufTarget& target, CheckpointMergeResult& result) const {
-    const TensorInfo& info = base_->tensor(index);
+  // The tensor with every term added, in its own type; `name` (the added output's) for messages and the report.
+  std::vector<uint8_t> merged_tensor(size_t index, const GgufTarget& target, CheckpointMergeResult& result,
+                                     const std::string& name = {}) const {
+    TensorInfo info = base_->tensor(index);
+    if (!name.empty()) info.name = name;
     const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
     const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
@@ -450,7 +611,16 @@ class GgufMerge {
   GgufHeads heads_;
   std::string architecture_;
   std::shared_ptr<const ArchTable> table_;
-  std::map<size_t, GgufTarget> targets_;
+  std::map<size_t, GgufTarget> targets_;  // by base tensor index; output_slot(): a tied base's added output
+  struct TiedOutput {
+    size_t input;               // token_embd.weight's index
+    std::string output_module;  // "lm_head"
+    std::string output_tensor;  // "output.weight", which the base does not hold
+  };
+  std::optional<TiedOutput> tied_;         // a base with tied embeddings (find_tied_embeddings)
+  bool untie_ = false;                     // the merge adds the output (settle_tied_embeddings)
+  std::set<const Adapter*> tied_copies_;   // ensure_weight_tying adapters whose output copy was left out
+  std::vector<std::string> notes_;
 };
 
 }  // namespace

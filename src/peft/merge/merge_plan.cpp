@@ -35,13 +35,6 @@ std::string adapter_label(const PlannedAdapter& a) { return "adapter " + peft::q
 
 // PEFT's _set_trainable wraps every module whose name ends with a modules_to_save entry (a plain
 // suffix test); its tensors are saved without "base_layer".
-bool is_modules_to_save(const PlannedAdapter& a, const AdapterModule& m, const AdapterTensor& t) {
-  if (t.suffix.starts_with("base_layer.") || !a.adapter->config().modules_to_save) return false;
-  for (const std::string& entry : *a.adapter->config().modules_to_save)
-    if (!entry.empty() && m.name.ends_with(entry)) return true;
-  return false;
-}
-
 bool is_merge_storage(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
 
 std::shared_ptr<const ArchTable> table_for(const Adapter* adapter, const BaseModel& base) {
@@ -319,7 +312,7 @@ class Planner {
                                 peft::quoted(a.adapter->dir() + ": " + t.key));
             continue;
           }
-          slot = TensorSource{&a, &t, is_modules_to_save(a, m, t)};
+          slot = TensorSource{&a, &t, is_modules_to_save_copy(*a.adapter, m, t)};
         }
       }
     }
