@@ -2497,7 +2497,7 @@ PEFT_API peft_error* peft_merge_options_set_arithmetic(peft_merge_options* opts,
  * fails with #PEFT_ERR_UNSUPPORTED, before anything is written, for an architecture whose llama.cpp
  * loader reads no `output.weight` (Gemma 1 and 2: the translation table's `gguf_output_always_tied`)
  * and for a split base written as parts (peft_merge_options_set_join_split() writes one file).
- * GGUF LoRA export does not apply the policy.
+ * A GGUF LoRA cannot untie (peft_adapter_export_gguf() refuses an adapter on one side of a tied base).
  * @param opts Options.
  * @param policy #PEFT_MERGE_TIED_UNTIE or #PEFT_MERGE_TIED_SHARED.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL or another value.
@@ -2890,7 +2890,10 @@ PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char
  * @return NULL on success, else:
  *         #PEFT_ERR_UNSUPPORTED listing every module GGUF cannot hold (DoRA, lora_B.bias, whole
  *         tensors, trainable tokens, conv layers; peft_adapter_export_gguf_split() merges them into a
- *         copy of the base instead) or for a base architecture without GGUF names;
+ *         copy of the base instead), for a base architecture without GGUF names, or for a LoRA on
+ *         one side of a base's tied embeddings (llama.cpp computes a tied model's output from
+ *         `token_embd.weight`, so no GGUF LoRA gives PEFT's forward: peft_merge_checkpoint() unties
+ *         them); an `ensure_weight_tying` adapter on both is written as its `token_embd` pair alone;
  *         #PEFT_ERR_UNRESOLVED_KEY listing every module without a GGUF tensor;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, another @p ggml_type, or no base;
  *         #PEFT_ERR_NON_FINITE for a factor holding an infinity or NaN;

@@ -12,7 +12,12 @@ and a `modules_to_save` copy:
   stays tied (no `output.weight`);
 * `--tied-embeddings shared` gives the logits of PEFT's merge_and_unload model, in the one shared tensor;
 * a Gemma 2 GGUF, whose output llama.cpp always takes from `token_embd`, refuses an untying merge
-  (UNSUPPORTED naming the reason and the way out) and takes a shared one.
+  (UNSUPPORTED naming the reason and the way out) and takes a shared one;
+* `peftc adapter export --format gguf` against a tied base (the GGUF model, or its folder): llama.cpp
+  applies a `token_embd` LoRA to the output too and finds no `output.weight` for an `lm_head` one, so an
+  adapter changing one side is refused (UNSUPPORTED, saying to merge instead), and an ensure_weight_tying
+  adapter is written as its `token_embd` pair alone, which llama-export-lora merges into the model that
+  llama.cpp runs to PEFT's forward.
 
 Skipped (with the reason) when PEFT_LLAMA_CPP_BIN is not set or the driver is not built; scripts/test.sh
 sets both.
@@ -28,7 +33,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from gguf_reference import convert_hf_to_gguf, run_peftc, tensors  # noqa: E402
+from gguf_reference import convert_hf_to_gguf, export_lora, run_peftc, tensors  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -132,3 +137,32 @@ def test_gemma2_gguf_cannot_untie(peftc_binary, tmp_path):
     run_peftc(peftc_binary, "merge", "--base", gguf, "--adapter", adapter, "--out", tmp_path / "s.gguf",
               "--tied-embeddings", "shared")
     assert "output.weight" not in tensors(tmp_path / "s.gguf")
+
+
+@pytest.mark.parametrize("case", ["lm_head", "embed_tokens", "both"])
+def test_gguf_lora_export_refuses_one_sided_changes(case, tied_llama, peftc_binary, tmp_path):
+    folder, gguf = tied_llama
+    adapter = tmp_path / "adapter"
+    make_adapter(folder, adapter, CASES[case][0])
+    for base in (gguf, folder):
+        out = tmp_path / "adapter.gguf"
+        proc = run_peftc(peftc_binary, "adapter", "export", adapter, out, "--format", "gguf", "--base", base,
+                         expect=UNSUPPORTED)
+        assert "UNSUPPORTED" in proc.stderr and "ties its output embedding" in proc.stderr, proc.stderr
+        assert "Merge it instead" in proc.stderr
+        assert not out.exists()
+
+
+def test_gguf_lora_export_of_tied_lora_equals_peft_forward(tied_llama, peftc_binary, tmp_path):
+    folder, gguf = tied_llama
+    adapter = tmp_path / "adapter"
+    # Without the embeddings' saved base weights, which a GGUF LoRA cannot hold.
+    make_adapter(folder, adapter, CASES["ensure_weight_tying"][0], save_embedding_layers=False)
+    lora = tmp_path / "adapter.gguf"
+    run_peftc(peftc_binary, "adapter", "export", adapter, lora, "--format", "gguf", "--base", gguf)
+    names = set(tensors(lora))
+    assert {"token_embd.weight.lora_a", "token_embd.weight.lora_b"} <= names
+    assert not any(name.startswith("output.") for name in names)
+    merged = export_lora(gguf, [(lora, 1.0)], tmp_path / "merged.gguf")
+    ref = peft_forward(folder, adapter, {"input_ids": torch.tensor([TOKENS])})[0].double().numpy()
+    assert_close(gguf_logits(merged), ref, "ensure_weight_tying exported")

@@ -83,8 +83,10 @@ def base(request, tmp_path_factory) -> pathlib.Path:
     return folder
 
 
-def make_adapter(base: pathlib.Path, folder: pathlib.Path, config: dict) -> None:
-    """A random (trained-looking) adapter: LoRA factors, modules_to_save copies and token rows moved."""
+def make_adapter(base: pathlib.Path, folder: pathlib.Path, config: dict, save_embedding_layers="auto") -> None:
+    """A random (trained-looking) adapter: LoRA factors, modules_to_save copies and token rows moved.
+    save_embedding_layers: PEFT's save_pretrained argument ("auto" saves the embeddings' base weights
+    with an adapter on them)."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(1234)
@@ -95,7 +97,7 @@ def make_adapter(base: pathlib.Path, folder: pathlib.Path, config: dict) -> None
             for name, param in peft_model.named_parameters():
                 if "modules_to_save" in name or "trainable_tokens_delta" in name:
                     param.add_(0.5 * torch.randn_like(param))
-        peft_model.save_pretrained(str(folder))
+        peft_model.save_pretrained(str(folder), save_embedding_layers=save_embedding_layers)
 
 
 def peft_forward(base: pathlib.Path, adapter: pathlib.Path, inputs) -> torch.Tensor:

@@ -41,4 +41,13 @@ std::string detect_base_family(const std::optional<std::string>& base_dir,
   return guess->family;
 }
 
+bool config_ties_embeddings(const nlohmann::json& config, const ArchTable& table) {
+  if (!table.tie_embeddings_config() || !config.is_object()) return false;
+  const std::string& key = *table.tie_embeddings_config();
+  const nlohmann::json* tie = config.contains(key) ? &config[key] : nullptr;
+  if (!tie && config.contains("text_config") && config["text_config"].is_object() && config["text_config"].contains(key))
+    tie = &config["text_config"][key];
+  return tie && tie->is_boolean() && tie->get<bool>();
+}
+
 }  // namespace peft

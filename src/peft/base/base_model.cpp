@@ -88,14 +88,7 @@ bool BaseModel::is_tied_output(std::string_view module, const ArchTable* table) 
 }
 
 std::optional<TiedEmbeddings> BaseModel::tied_embeddings(const ArchTable* table) const {
-  if (!table || !table->output_embedding() || !table->tie_embeddings_config() || !config.is_object()) return std::nullopt;
-  // The top level's key, else (a composite config such as Gemma3ForConditionalGeneration's) its
-  // text_config's.
-  const std::string& key = *table->tie_embeddings_config();
-  const nlohmann::json* tie = config.contains(key) ? &config[key] : nullptr;
-  if (!tie && config.contains("text_config") && config["text_config"].is_object() && config["text_config"].contains(key))
-    tie = &config["text_config"][key];
-  if (!tie || !tie->is_boolean() || !tie->get<bool>()) return std::nullopt;
+  if (!table || !table->output_embedding() || !config_ties_embeddings(config, *table)) return std::nullopt;
   for (const std::string& input : table->input_embeddings()) {
     auto index = find_stored(*weights, input, "weight", table);
     if (!index) continue;

@@ -24,6 +24,19 @@ void require_gguf_model(const GgufHeader& header, const std::string& name) {
                                       "), not a model: the base must be the model the adapter was made for");
 }
 
+std::optional<GgufTiedEmbeddings> gguf_tied_embeddings(const Checkpoint& gguf, const ArchTable& table) {
+  const std::optional<std::string>& output = table.output_embedding();
+  if (!output) return std::nullopt;
+  const std::optional<GgufSlot> output_slot = gguf_slot(table, *output);
+  if (!output_slot || output_slot->slice || gguf.find(output_slot->tensor)) return std::nullopt;  // stored: untied
+  for (const std::string& input : table.input_embeddings()) {
+    const std::optional<GgufSlot> slot = gguf_slot(table, input);
+    if (!slot || slot->slice) continue;
+    if (const auto index = gguf.find(slot->tensor)) return GgufTiedEmbeddings{*index, *output, output_slot->tensor};
+  }
+  return std::nullopt;
+}
+
 GgufBase open_gguf_base(const std::string& name, const std::function<bool(const ArchTable&)>& fits) {
   GgufBase base;
   base.name = name;
@@ -38,6 +51,7 @@ GgufBase open_gguf_base(const std::string& name, const std::function<bool(const 
     base.table = fits ? builtin_table_for_gguf(base.architecture, fits) : builtin_table_for_gguf(base.architecture);
     base.heads = gguf_heads_from_metadata(header, base.architecture);
     base.experts = gguf_experts_from_metadata(header, base.architecture);
+    base.tied_embeddings = gguf_tied_embeddings(*base.gguf, *base.table).has_value();
   } else {
     const std::string dir = resolve_model_location(base.name);
     std::error_code ec;
@@ -57,6 +71,7 @@ GgufBase open_gguf_base(const std::string& name, const std::function<bool(const 
     base.architecture = *architecture;
     base.heads = gguf_heads_from_config(config);
     base.experts = gguf_experts_from_config(config);
+    base.tied_embeddings = config_ties_embeddings(config, *base.table);
   }
   return base;
 }

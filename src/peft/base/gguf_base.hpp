@@ -23,7 +23,20 @@ struct GgufBase {
   std::optional<uint64_t> experts;         // Mixtral's expert count (gguf_experts.hpp), if the base has one
   std::shared_ptr<const Checkpoint> gguf;  // a GGUF base: its tensors; null for a Hugging Face folder
   std::string name;                        // for messages
+  // Its output embedding is tied to its input embedding (gguf_tied_embeddings for a GGUF model,
+  // config_ties_embeddings for a folder): llama.cpp then computes the output from token_embd.
+  bool tied_embeddings = false;
 };
+
+// A GGUF model with tied embeddings: llama.cpp's converter wrote no tensor for the table's output
+// embedding ("output.weight") but one for an input embedding ("token_embd.weight"), from which
+// llama.cpp then computes the output. nullopt otherwise.
+struct GgufTiedEmbeddings {
+  size_t input;               // the input embedding's tensor index
+  std::string output_module;  // "lm_head"
+  std::string output_tensor;  // "output.weight", which the file does not hold
+};
+std::optional<GgufTiedEmbeddings> gguf_tied_embeddings(const Checkpoint& gguf, const ArchTable& table);
 
 // `name`: a Hugging Face model folder or hub id (config.json: model_type, head counts), or a GGUF
 // model file (general.architecture, head counts). INVALID_ARGUMENT for an empty name; the errors

@@ -145,6 +145,41 @@ std::optional<std::string> gguf_lora_problem(const AdapterModule& module) {
   return std::nullopt;
 }
 
+// A base with tied embeddings: llama.cpp computes its output from token_embd.weight, under the
+// embedding's own name, so a LoRA on token_embd changes both sides and one on output.weight has no
+// tensor to apply to. An adapter that changes both sides alike (ensure_weight_tying's LoRA, whose
+// lm_head copy is the input's factors transposed) is exported as its token_embd pair alone (the
+// copy is added to `skip`); one that changes one side only is refused, since no GGUF LoRA gives
+// PEFT's forward.
+void settle_tied_embeddings(const Adapter& adapter, const GgufBase& base, std::set<std::string>& skip) {
+  if (!base.tied_embeddings) return;
+  const ArchTable& table = *base.table;
+  const std::string output = table.output_embedding().value_or("");
+  const AdapterModule* output_lora = nullptr;
+  const AdapterModule* input_lora = nullptr;
+  for (const AdapterModule& m : adapter.modules()) {
+    if (!m.is_lora() || skip.contains(m.name)) continue;
+    if (m.name == output) output_lora = &m;
+    for (const std::string& input : table.input_embeddings())
+      if (const auto slot = gguf_slot(table, m.name), in = gguf_slot(table, input); slot && in && slot->tensor == in->tensor)
+        input_lora = &m;
+  }
+  if (!output_lora && !input_lora) return;
+  if (output_lora && input_lora && adapter.config().ensure_weight_tying) {
+    skip.insert(output_lora->name);
+    return;
+  }
+  const AdapterModule& one = output_lora ? *output_lora : *input_lora;
+  fail(PEFT_ERR_UNSUPPORTED,
+       "module " + peft::quoted(one.name) + ": the base " + peft::quoted(base.name) + " ties its output embedding to "
+       "its input embedding, and llama.cpp computes the output from token_embd.weight, so a GGUF LoRA " +
+       (output_lora ? "on the output has no tensor to apply to" : "on token_embd changes the output too") +
+       (output_lora && input_lora ? " (and the adapter's two sides differ: it was not saved with ensure_weight_tying)"
+                                  : "") +
+       "; PEFT's forward changes " + (output_lora && input_lora ? "each side by its own LoRA" : "one side only") +
+       ". Merge it instead (peftc merge unties the embeddings: docs/peft-semantics.md, \"Tied embeddings\")");
+}
+
 std::string gguf_export_base_name(const Adapter& adapter, const GgufAdapterExportOptions& options) {
   const std::string name = options.base.empty() ? adapter.config().base_model_name_or_path.value_or("") : options.base;
   if (name.empty())
@@ -165,7 +200,9 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
   refuse_output_over_inputs(out_path, {{"the adapter folder", adapter.dir()},
                                        {"the base model folder", adapter.base_dir()},
                                        {"the base model", base.name}});
-  const std::vector<GgufPair> pairs = plan_pairs(adapter, base, options.skip);
+  std::set<std::string> skip = options.skip;
+  settle_tied_embeddings(adapter, base, skip);
+  const std::vector<GgufPair> pairs = plan_pairs(adapter, base, skip);
   const double alpha = adapter.config().lora_alpha;
   // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.
   const float file_alpha = static_cast<float>(alpha);

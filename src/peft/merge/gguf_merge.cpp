@@ -207,20 +207,7 @@ class GgufMerge {
   // changes) or lands them in the one shared tensor as PEFT's merge_and_unload does (shared). The
   // output's changes are gathered at output_slot() and settled once all are known.
 
-  void find_tied_embeddings() {
-    const std::optional<std::string>& output = table_->output_embedding();
-    if (!output || table_->input_embeddings().empty()) return;
-    const std::optional<GgufSlot> output_slot = gguf_slot(*table_, *output);
-    if (!output_slot || output_slot->slice || base_->find(output_slot->tensor)) return;  // stored: not tied
-    for (const std::string& input : table_->input_embeddings()) {
-      const std::optional<GgufSlot> slot = gguf_slot(*table_, input);
-      if (!slot || slot->slice) continue;
-      if (const auto index = base_->find(slot->tensor)) {
-        tied_ = TiedOutput{*index, *output, output_slot->tensor};
-        return;
-      }
-    }
-  }
+  void find_tied_embeddings() { tied_ = gguf_tied_embeddings(*base_, *table_); }
 
   size_t output_slot() const { return base_->tensor_count(); }
   bool adds_output() const { return tied_ && untie_; }
@@ -612,12 +599,7 @@ class GgufMerge {
   std::string architecture_;
   std::shared_ptr<const ArchTable> table_;
   std::map<size_t, GgufTarget> targets_;  // by base tensor index; output_slot(): a tied base's added output
-  struct TiedOutput {
-    size_t input;               // token_embd.weight's index
-    std::string output_module;  // "lm_head"
-    std::string output_tensor;  // "output.weight", which the base does not hold
-  };
-  std::optional<TiedOutput> tied_;         // a base with tied embeddings (find_tied_embeddings)
+  std::optional<GgufTiedEmbeddings> tied_;  // a base with tied embeddings (find_tied_embeddings)
   bool untie_ = false;                     // the merge adds the output (settle_tied_embeddings)
   std::set<const Adapter*> tied_copies_;   // ensure_weight_tying adapters whose output copy was left out
   std::vector<std::string> notes_;
