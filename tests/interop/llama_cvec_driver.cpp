@@ -94,28 +94,25 @@ int main(int argc, char** argv) {
   params.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, params);
   const auto plain = decode(ctx, model, tokens);
+  int status = 0;
   if (infos.empty()) {
     std::printf("{\"n_embd\": %d", llama_model_n_embd(model));
+  } else if (llama_set_adapter_cvec(ctx, cvec.data.data(), cvec.data.size(), cvec.n_embd, 1, llama_model_n_layer(model)) != 0) {
+    std::fprintf(stderr, "llama_set_adapter_cvec refused the control vectors\n");
+    status = 3;
+  } else {
+    const auto steered = decode(ctx, model, tokens);
+    std::printf("{\"n_embd\": %d, \"data\": [", cvec.n_embd);
+    for (size_t i = 0; i < cvec.data.size(); ++i) std::printf("%s%.9g", i ? ", " : "", cvec.data[i]);
+    std::printf("]");
+    print_rows("logits", steered);
+  }
+  if (status == 0) {
     print_rows("plain_logits", plain);
     std::printf("}\n");
-    llama_free(ctx);
-    llama_model_free(model);
-    llama_backend_free();
-    return 0;
   }
-  if (llama_set_adapter_cvec(ctx, cvec.data.data(), cvec.data.size(), cvec.n_embd, 1, llama_model_n_layer(model)) != 0) {
-    std::fprintf(stderr, "llama_set_adapter_cvec refused the control vectors\n");
-    return 3;
-  }
-  const auto steered = decode(ctx, model, tokens);
-  std::printf("{\"n_embd\": %d, \"data\": [", cvec.n_embd);
-  for (size_t i = 0; i < cvec.data.size(); ++i) std::printf("%s%.9g", i ? ", " : "", cvec.data[i]);
-  std::printf("]");
-  print_rows("logits", steered);
-  print_rows("plain_logits", plain);
-  std::printf("}\n");
   llama_free(ctx);
   llama_model_free(model);
   llama_backend_free();
-  return 0;
+  return status;
 }
