@@ -76,13 +76,9 @@ CheckpointMergeResult combine_models(const std::string& base_location, std::span
                                    plan.quantization.quant_method + "); task arithmetic needs plain float weights");
   std::vector<FolderFile> folder_files =
       plan_folder_files(base_dir, plan.base.config, std::string(), plan.dtype, options.require_config);
-  std::vector<OutputFilePlan> files;
-  for (const PlannedFile& f : plan.files) files.push_back({f.name, f.members, f.metadata});
   std::error_code ec;
   const bool created = !fs::exists(out_dir, ec);
-  MergedFolderWriter writer(out_dir, std::move(files), plan.write_index, plan.index_metadata_json,
-                            std::move(folder_files));
-  for (const PlannedTensor& p : plan.tensors) writer.add_tensor(p.name, p.out_dtype, p.shape);
+  MergedFolderWriter writer(out_dir, plan, std::move(folder_files));
   CheckpointMergeResult result;
   try {
     writer.start();

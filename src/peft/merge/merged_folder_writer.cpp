@@ -13,6 +13,22 @@ MergedFolderWriter::MergedFolderWriter(std::string folder, std::vector<OutputFil
   layout_.index_metadata_json = std::move(index_metadata_json);
 }
 
+namespace {
+
+std::vector<OutputFilePlan> planned_files(const MergePlan& plan) {
+  std::vector<OutputFilePlan> files;
+  for (const PlannedFile& f : plan.files) files.push_back({f.name, f.members, f.metadata});
+  return files;
+}
+
+}  // namespace
+
+MergedFolderWriter::MergedFolderWriter(std::string folder, const MergePlan& plan, std::vector<FolderFile> extra_files)
+    : MergedFolderWriter(std::move(folder), planned_files(plan), plan.write_index, plan.index_metadata_json,
+                         std::move(extra_files)) {
+  for (const PlannedTensor& p : plan.tensors) add_tensor(p.name, p.out_dtype, p.shape);
+}
+
 FolderLayout MergedFolderWriter::plan_layout(const std::vector<TensorDecl>&) { return layout_; }
 
 }  // namespace peft

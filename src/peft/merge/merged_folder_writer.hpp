@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "checkpoint/folder_writer.hpp"
+#include "peft/merge/merge_plan.hpp"
 
 namespace peft {
 
@@ -18,6 +19,8 @@ class MergedFolderWriter final : public CheckpointFolderWriter {
   // `index_metadata_json` is a JSON object (its total_size is recomputed); used when `write_index`.
   MergedFolderWriter(std::string folder, std::vector<OutputFilePlan> files, bool write_index,
                      std::string index_metadata_json, std::vector<FolderFile> extra_files);
+  // The folder `plan` lays out (its files, index and every planned tensor declared), with `extra_files`.
+  MergedFolderWriter(std::string folder, const MergePlan& plan, std::vector<FolderFile> extra_files);
 
  protected:
   FolderLayout plan_layout(const std::vector<TensorDecl>& decls) override;
