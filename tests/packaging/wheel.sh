@@ -17,9 +17,18 @@ trap 'rm -rf "$tmp"' EXIT
 
 echo "== pip wheel"
 start=$SECONDS
-# The same flags as build/ (PEFT_WERROR, Release), so that the objects come from ccache.
+# The same flags as build/ (PEFT_WERROR, Release), so that the objects come from ccache, and build/'s
+# compilers: scikit-build-core otherwise takes Python's (g++ where CMake found c++, the same program
+# under another name, which ccache keys apart).
+compilers=()
+if [ -f "$ROOT/build/CMakeCache.txt" ]; then
+  for lang in C CXX; do
+    compiler=$(sed -n "s/^CMAKE_${lang}_COMPILER:FILEPATH=//p" "$ROOT/build/CMakeCache.txt")
+    [ -n "$compiler" ] && compilers+=(-C "cmake.define.CMAKE_${lang}_COMPILER=$compiler")
+  done
+fi
 "$py" -m pip wheel --no-build-isolation --no-deps --disable-pip-version-check -q -w "$tmp/wheel" \
-  -C build-dir="$ROOT/build-wheel" -C cmake.define.PEFT_WERROR=ON \
+  -C build-dir="$ROOT/build-wheel" -C cmake.define.PEFT_WERROR=ON "${compilers[@]}" \
   -C cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache \
   "$ROOT/bindings/python"
 wheel=$(ls "$tmp"/wheel/peft_c-*.whl)
