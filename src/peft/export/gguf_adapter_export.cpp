@@ -155,14 +155,15 @@ void settle_tied_embeddings(const Adapter& adapter, const GgufBase& base, std::s
   if (!base.tied_embeddings) return;
   const ArchTable& table = *base.table;
   const std::string output = table.output_embedding().value_or("");
+  std::set<std::string> input_tensors;  // the input embeddings' GGUF names ("token_embd.weight")
+  for (const std::string& input : table.input_embeddings())
+    if (const auto slot = gguf_slot(table, input)) input_tensors.insert(slot->tensor);
   const AdapterModule* output_lora = nullptr;
   const AdapterModule* input_lora = nullptr;
   for (const AdapterModule& m : adapter.modules()) {
     if (!m.is_lora() || skip.contains(m.name)) continue;
     if (m.name == output) output_lora = &m;
-    for (const std::string& input : table.input_embeddings())
-      if (const auto slot = gguf_slot(table, m.name), in = gguf_slot(table, input); slot && in && slot->tensor == in->tensor)
-        input_lora = &m;
+    else if (const auto slot = gguf_slot(table, m.name); slot && input_tensors.contains(slot->tensor)) input_lora = &m;
   }
   if (!output_lora && !input_lora) return;
   if (output_lora && input_lora && adapter.config().ensure_weight_tying) {
