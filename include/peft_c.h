@@ -61,8 +61,8 @@
  *   `sizeof` the struct) is filled only within `size` bytes, so that callers compiled against an
  *   older header keep working.
  * - **Reproducible results.** Conversions, merges, removals and every written file are bit-identical
- *   across machines, kernel tables and thread counts; unmerged apply (peft_lora_apply()) goes through
- *   BLAS and is bounded instead (see peft_kernels()).
+ *   across machines, kernel tables and thread counts; unmerged apply (peft_lora_apply()) sums in the
+ *   kernel table's own order and is bounded instead (see peft_kernels()).
  * - **Threads.** Read-only handles (an opened checkpoint, a loaded adapter, a translator) may be used
  *   from many threads at once. Writers and merge jobs belong to one thread at a time. Every free
  *   function may be called from any thread.
@@ -141,10 +141,10 @@ PEFT_API uint32_t peft_abi_version(void);
  * **Which results are bit-identical across tables, machines and thread counts:** dtype
  * conversions (peft_convert(), conversions on read and write), every merge (checkpoints, buffers,
  * host models, DoRA norms, several weighted adapters) and its removal, and every file written.
- * The table changes only the speed there. **Not bit-identical:** peft_lora_apply(), whose products
- * run through the BLAS library, which picks its own kernels per CPU and thread count; its result
- * is the exact value within the rounding error of f32 products of that length (see there), rounded
- * once to the output dtype.
+ * The table changes only the speed there. **Not bit-identical:** peft_lora_apply(), whose dot
+ * products are summed in the table's vector width, in an order that also depends on how many rows a
+ * call gives each core; its result is the exact value within the rounding error of f32 products of
+ * that length (see there), rounded once to the output dtype.
  *
  * @return A static string; never NULL. Thread-safe.
  */
@@ -3456,7 +3456,7 @@ PEFT_API peft_error* peft_merge_options_set_combine(peft_merge_options* opts, in
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
  *  into the output the host computed with the base weight, as PEFT's forward of an unmerged model
  *  with mixed-batch `adapter_names` does. Rows are grouped by adapter and each group costs two
- *  BLAS matrix products. DoRA adapters are applied too, mixed with the others, from the base
+ *  matrix products (the library's own kernels, factors read as stored). DoRA adapters are applied too, mixed with the others, from the base
  *  weights the host gives the registry (peft_registry_set_base_weight()).
  *
  *  Names of layers: HuggingFace module paths ("model.layers.0.self_attn.q_proj") or weight names
@@ -3701,16 +3701,19 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  *
  * For every row i with an adapter a = @p leases[@p row_lease[i]] that has a LoRA layer
  * @p module: y[i] += scaling_a * (x[i] A_a^T) B_a^T (+ scaling_a * lora_B.bias_a with lora_bias),
- * computed in F32 (F32 BLAS products, rows of one adapter together) and rounded once into @p y's
- * dtype. Rows whose index is -1, or whose adapter has no such layer, are left unchanged (PEFT's
+ * computed in F32 (the rows of one adapter together) and rounded once into @p y's dtype. Rows whose index is -1, or whose adapter has no such layer, are left unchanged (PEFT's
  * mixed-batch forward does the same). The scaling is the layer's (alpha / r, or alpha / sqrt(r) with
  * rslora, after rank and alpha patterns). Linear and GPT-2 Conv1D layers are supported; their
- * LoRA factors are the same. Factors that the registry stores as BF16 or F16 are widened to F32 on
- * each call (rank x (in + out) values per adapter of the batch); a registry storing F32 spends twice
- * the memory instead.
+ * LoRA factors are the same. Factors that the registry stores as BF16 or F16 are read as stored and
+ * widened in registers (no F32 copy is made), so BF16 storage costs half the memory of F32 and no
+ * speed. A call of more than about two million multiply-adds (rows x rank x (in_features +
+ * out_features), summed over the adapters) splits its rows between the cores, on worker threads
+ * the library starts once and keeps; a call that finds them busy with another thread's call runs
+ * on its own thread.
  *
- * Precision: the BLAS library picks its kernels (and summation order) by CPU and thread count, so
- * the F32 result is not bit-identical across machines; it lies within gamma(n) x (|y| + |scaling| x
+ * Precision: the summation order depends on the kernel table (see peft_kernels()) and on how the
+ * rows are split between threads, so the F32 result is not bit-identical across machines; it lies
+ * within gamma(n) x (|y| + |scaling| x
  * (|x| |A^T|) |B^T| + |scaling x bias|) of the exact value, element by element, with
  * gamma(n) = n u / (1 - n u), u = 2^-24 and n = in_features + rank + 6 (the depth of rounded
  * operations). A BF16 or F16 @p y is that F32 result rounded once, to nearest even. The tests check

@@ -1,16 +1,18 @@
 #include "serve/lora_apply.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/worker_pool.hpp"
+#include "serve/apply_kernels.hpp"
 
 namespace peft::serve {
 namespace {
@@ -65,9 +67,9 @@ bool is_supported(DType dtype) { return dtype == DType::F32 || dtype == DType::B
   fail(PEFT_ERR_UNSUPPORTED, what + " dtype " + name + " is not supported (F32, BF16 and F16 are)");
 }
 
-// BLAS takes dimensions as int.
+// Features and ranks are at most INT_MAX (the limit peft_lora_apply() documents).
 template <class Int>
-bool is_blas_dimension(Int value) {
+bool is_dimension(Int value) {
   return std::cmp_greater_equal(value, 1) && std::cmp_less_equal(value, INT_MAX);
 }
 
@@ -101,7 +103,7 @@ void check_factors(const LoraFactors& f, size_t group) {
   if (f.a == nullptr || f.b == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": lora_A and lora_B must not be NULL");
   if (!is_aligned(f.a, f.dtype) || !is_aligned(f.b, f.dtype) || !is_aligned(f.bias, f.dtype))
     fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": factors must be aligned to their element size");
-  if (!is_blas_dimension(f.rank)) fail_dimension(f.rank, name() + "'s rank");
+  if (!is_dimension(f.rank)) fail_dimension(f.rank, name() + "'s rank");
   if (f.dora_scale == nullptr && f.base_bias != nullptr)
     fail(PEFT_ERR_INVALID_ARGUMENT, name() + ": a base bias is for DoRA only");
   if (f.dora_scale != nullptr && f.bias != nullptr)
@@ -114,6 +116,10 @@ struct RowSet {
   size_t first = 0;
   size_t count = 0;
   size_t row(size_t k) const { return list ? list[k] : first + k; }
+  // Rows k0 .. k0 + length of this set.
+  RowSet slice(size_t k0, size_t length) const {
+    return list ? RowSet{list + k0, 0, length} : RowSet{nullptr, first + k0, length};
+  }
 };
 
 // Calls fn(row, position, length) for each run of consecutive rows among rows.row(k0 .. k0 + n).
@@ -126,33 +132,6 @@ void for_each_run(const RowSet& rows, size_t k0, size_t n, Fn&& fn) {
       start = k;
     }
   }
-}
-
-// T [n, rank] = X [n, in] A^T.
-void multiply_by_a(size_t n, int in, int rank, const float* x, const float* a, float* t) {
-  if (n == 1)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, rank, in, 1.0f, a, in, x, 1, 0.0f, t, 1);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), rank, in, 1.0f, x, in, a, in, 0.0f, t,
-                rank);
-}
-
-// C [n, out] += scaling * T [n, rank] B^T.
-void accumulate_b(size_t n, int rank, int out, float scaling, const float* t, const float* b, float* c) {
-  if (n == 1)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, rank, scaling, b, rank, t, 1, 1.0f, c, 1);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, rank, scaling, t, rank, b, rank,
-                1.0f, c, out);
-}
-
-// L [n, out] = T [n, rank] B^T.
-void multiply_by_b(size_t n, int rank, int out, const float* t, const float* b, float* l) {
-  if (n == 1)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, rank, 1.0f, b, rank, t, 1, 0.0f, l, 1);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, rank, 1.0f, t, rank, b, rank, 0.0f,
-                l, out);
 }
 
 // C [n, out] += (s - 1) * (C - bias) + (s * L) * scaling, per output feature j (PEFT's DoRA forward).
@@ -168,32 +147,35 @@ void add_dora(size_t n, size_t out, float scaling, const float* s, const float* 
   }
 }
 
-// The f32 buffers of one call, carved from the thread's scratch before anything is written.
+// The f32 buffers of one thread of a call, carved from the calling thread's scratch before
+// anything is written.
 struct Buffers {
-  float* factors = nullptr;  // widened A, B and bias of the group being applied
+  float* bias = nullptr;     // the group's lora_B.bias widened, when it is not f32
   float* x = nullptr;        // a block of x's rows, when they must be gathered or widened
   float* t = nullptr;        // a block of X A^T
   float* y = nullptr;        // a block of y's rows, when they must be gathered or widened
   float* lora = nullptr;     // DoRA: a block of (X A^T) B^T
 };
 
-void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batch, const Buffers& buffers) {
-  const size_t in = batch.in_features, out = batch.out_features, rank = static_cast<size_t>(f.rank);
-  const float scaling = static_cast<float>(f.scaling);
+// One group's rows, or the share of them one thread takes.
+struct Part {
+  const LoraFactors* factors;
+  RowSet rows;
+};
 
-  const float* a = static_cast<const float*>(f.a);
-  const float* b = static_cast<const float*>(f.b);
+// Reused across calls, like the scratch: a call's parts and its threads' buffers.
+thread_local std::vector<Part> call_parts, call_slices;
+thread_local std::vector<Buffers> call_buffers;
+
+void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batch, const Buffers& buffers) {
+  const size_t in = batch.in_features, out = batch.out_features;
+  const float scaling = static_cast<float>(f.scaling);
+  const kernels::Table& products = kernels::active();
+
   const float* bias = static_cast<const float*>(f.bias);
-  if (f.dtype != DType::F32) {
-    float* wide = buffers.factors;
-    convert(f.dtype, f.a, DType::F32, wide, rank * in);
-    convert(f.dtype, f.b, DType::F32, wide + rank * in, out * rank);
-    a = wide;
-    b = wide + rank * in;
-    if (f.bias) {
-      convert(f.dtype, f.bias, DType::F32, wide + rank * (in + out), out);
-      bias = wide + rank * (in + out);
-    }
+  if (f.bias && f.dtype != DType::F32) {
+    convert(f.dtype, f.bias, DType::F32, buffers.bias, out);
+    bias = buffers.bias;
   }
 
   const size_t x_size = dtype_size(batch.x_dtype), y_size = dtype_size(batch.y_dtype);
@@ -223,12 +205,14 @@ void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batc
       });
     }
 
-    multiply_by_a(n, static_cast<int>(in), static_cast<int>(rank), x, a, buffers.t);
+    const auto n64 = static_cast<int64_t>(n), in64 = static_cast<int64_t>(in), out64 = static_cast<int64_t>(out);
+    products.shrink(f.dtype, f.a, f.rank, in64, x, n64, buffers.t);
     if (f.dora_scale) {
-      multiply_by_b(n, static_cast<int>(rank), static_cast<int>(out), buffers.t, b, buffers.lora);
+      std::fill(buffers.lora, buffers.lora + n * out, 0.0f);
+      products.expand(f.dtype, f.b, out64, f.rank, buffers.t, n64, 1.0f, buffers.lora, 0, out64);
       add_dora(n, out, scaling, f.dora_scale, f.base_bias, buffers.lora, c);
     } else {
-      accumulate_b(n, static_cast<int>(rank), static_cast<int>(out), scaling, buffers.t, b, c);
+      products.expand(f.dtype, f.b, out64, f.rank, buffers.t, n64, scaling, c, 0, out64);
     }
     if (bias) {
       for (size_t i = 0; i < n; ++i) {
@@ -252,8 +236,8 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
   if (groups.empty()) fail(PEFT_ERR_INVALID_ARGUMENT, "no adapters given");
   if (!is_supported(batch.x_dtype)) fail_dtype(batch.x_dtype, "x");
   if (!is_supported(batch.y_dtype)) fail_dtype(batch.y_dtype, "y");
-  if (!is_blas_dimension(batch.in_features)) fail_dimension(batch.in_features, "in_features");
-  if (!is_blas_dimension(batch.out_features)) fail_dimension(batch.out_features, "out_features");
+  if (!is_dimension(batch.in_features)) fail_dimension(batch.in_features, "in_features");
+  if (!is_dimension(batch.out_features)) fail_dimension(batch.out_features, "out_features");
   const size_t x_bytes = byte_size(batch.rows, batch.in_features, batch.x_dtype, "x");
   const size_t y_bytes = byte_size(batch.rows, batch.out_features, batch.y_dtype, "y");
   if (batch.rows > 0 && batch.x == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "x must not be NULL");
@@ -262,7 +246,7 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
   if (batch.rows > 0 && x_begin < y_begin + y_bytes && y_begin < x_begin + x_bytes)
     fail(PEFT_ERR_INVALID_ARGUMENT, "x and y must not overlap");
 
-  size_t factor_floats = 0, max_rank = 0;
+  size_t bias_floats = 0, max_rank = 0;
   bool dora = false;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g]) continue;
@@ -271,9 +255,7 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
     const size_t rank = static_cast<size_t>(f.rank);
     max_rank = std::max(max_rank, rank);
     dora = dora || f.dora_scale != nullptr;
-    if (f.dtype != DType::F32)
-      factor_floats = std::max(factor_floats, rank * (batch.in_features + batch.out_features) +
-                                                  (f.bias ? batch.out_features : 0));
+    if (f.bias && f.dtype != DType::F32) bias_floats = batch.out_features;
   }
   if (batch.rows == 0) return;
 
@@ -309,27 +291,58 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
   }
   if (max_rank == 0) return;  // no adapter has this layer
 
+  // The rows of each group with factors, and the work (multiply-adds) of the call.
   const bool gathered = batch.row_group != nullptr;
-  const size_t block = std::min<size_t>(rows, kBlockRows);
+  std::vector<Part>& parts = call_parts;
+  parts.clear();
+  uint64_t work = 0;
+  for (size_t g = 0; g < group_count; ++g) {
+    const size_t count = gathered ? group_start[g + 1] - group_start[g] : (g == 0 ? rows : 0);
+    if (!groups[g] || count == 0) continue;
+    parts.push_back({&*groups[g], gathered ? RowSet{order + group_start[g], 0, count} : RowSet{nullptr, 0, rows}});
+    work += uint64_t(count) * uint64_t(groups[g]->rank) * (batch.in_features + batch.out_features);
+  }
+  // Above kParallelWork, each group's rows are split between the cores (each thread reads the
+  // factors once for its rows).
+  unsigned threads = 1;
+  if (work >= kParallelWork) {
+    size_t most_rows = 0;
+    for (const Part& part : parts) most_rows = std::max(most_rows, part.rows.count);
+    threads = static_cast<unsigned>(std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), most_rows));
+  }
+  if (threads > 1) {
+    std::vector<Part>& slices = call_slices;
+    slices.clear();
+    for (const Part& part : parts) {
+      const size_t length = (part.rows.count + threads - 1) / threads;
+      for (size_t k0 = 0; k0 < part.rows.count; k0 += length)
+        slices.push_back({part.factors, part.rows.slice(k0, std::min(length, part.rows.count - k0))});
+    }
+    parts.swap(slices);
+  }
+
+  size_t block = 0;
+  for (const Part& part : parts) block = std::max(block, std::min<size_t>(part.rows.count, kBlockRows));
   const size_t x_floats = gathered || !is_f32_in_place(batch.x, batch.x_dtype) ? block * batch.in_features : 0;
   const size_t y_floats = gathered || !is_f32_in_place(batch.y, batch.y_dtype) ? block * batch.out_features : 0;
-  Buffers buffers;
   const size_t lora_floats = dora ? block * batch.out_features : 0;
-  buffers.factors = scratch.floats(factor_floats + x_floats + block * max_rank + y_floats + lora_floats);
-  buffers.x = buffers.factors + factor_floats;
-  buffers.t = buffers.x + x_floats;
-  buffers.y = buffers.t + block * max_rank;
-  buffers.lora = buffers.y + y_floats;
+  const size_t thread_floats = bias_floats + x_floats + block * max_rank + y_floats + lora_floats;
+  float* floats = scratch.floats(thread_floats * threads);
+  std::vector<Buffers>& buffers = call_buffers;
+  buffers.resize(threads);
+  for (unsigned w = 0; w < threads; ++w) {
+    Buffers& b = buffers[w];
+    b.bias = floats + w * thread_floats;
+    b.x = b.bias + bias_floats;
+    b.t = b.x + x_floats;
+    b.y = b.t + block * max_rank;
+    b.lora = b.y + y_floats;
+  }
 
   // ---- the products ----
-  if (!gathered) {
-    if (groups[0]) apply_group(*groups[0], RowSet{nullptr, 0, rows}, batch, buffers);
-    return;
-  }
-  for (size_t g = 0; g < group_count; ++g) {
-    const size_t count = group_start[g + 1] - group_start[g];
-    if (groups[g] && count > 0) apply_group(*groups[g], RowSet{order + group_start[g], 0, count}, batch, buffers);
-  }
+  run_parallel(static_cast<int64_t>(parts.size()), threads, [&](int64_t i, unsigned worker) {
+    apply_group(*parts[size_t(i)].factors, parts[size_t(i)].rows, batch, buffers[worker]);
+  });
 }
 
 }  // namespace peft::serve

@@ -8,17 +8,20 @@
 // it is part of lora_B's output, so the scaling multiplies it too). Rows of no group, and rows of a
 // group that has no factors (the adapter has no such layer), are left unchanged, bit for bit.
 //
-// Numerics: everything in f32. Rows of one group are multiplied together, two BLAS products per
-// block of rows: T = X A^T, then C = Y + float(scaling) * T B^T with C holding y's rows as f32;
-// then C += float(scaling) * bias and C is rounded once into y's dtype (nearest, ties to even).
-// PEFT computes in the factors' dtype and rounds the LoRA output before adding it; for f32 the
-// results agree to f32 rounding, for bf16/f16 ours is the single rounding of nearly the exact sum.
+// Numerics: everything in f32. Rows of one group are multiplied together, a block of rows at a
+// time, by the kernels of serve/apply_kernels.hpp: T = X A^T, then C = Y + float(scaling) * T B^T
+// with C holding y's rows as f32; then C += float(scaling) * bias and C is rounded once into y's
+// dtype (nearest, ties to even). PEFT computes in the factors' dtype and rounds the LoRA output
+// before adding it; for f32 the results agree to f32 rounding, for bf16/f16 ours is the single
+// rounding of nearly the exact sum.
 //
-// Memory: factors stored narrower than f32 are widened per call; rows are processed in blocks of
-// kBlockRows so the scratch stays small. Scratch is per thread and reused across calls (freed after
-// a call that needed more than kKeptScratchBytes). No copy is made of x's rows when x is f32 and a
-// block's rows are consecutive, nor of y's rows when y is f32 and they are (x and y may have any
-// alignment; f32 rows not aligned to 4 bytes are copied).
+// Memory and threads: factors are read in their storage dtype (no widened copy); rows are
+// processed in blocks of kBlockRows so the scratch stays small. Scratch is per calling thread and
+// reused across calls (freed after a call that needed more than kKeptScratchBytes). No copy is
+// made of x's rows when x is f32 and a block's rows are consecutive, nor of y's rows when y is f32
+// and they are (x and y may have any alignment; f32 rows not aligned to 4 bytes are copied). A
+// call of kParallelWork multiply-adds or more splits each group's rows between the cores
+// (core/worker_pool.hpp); each thread then reads the factors for its own rows.
 //
 // DoRA groups (LoraFactors::dora_scale set): PEFT's DoRA forward (dora.py DoraLinearLayer.forward,
 // eval mode), with s = dora_scale (magnitude / ||W + scaling B A||, per output feature) and
@@ -72,16 +75,19 @@ struct LoraBatch {
   const int32_t* row_group = nullptr;
 };
 
-// Rows per block of the products: large enough for BLAS to run at full speed, small enough that a
-// block of f32 rows of x and y stays in the caches.
+// Rows per block of the products: enough for the kernels to reuse each factor element many times,
+// few enough that a block of f32 rows of x and y stays in the caches.
 inline constexpr uint64_t kBlockRows = 64;
+// Multiply-adds (rows x rank x (in + out), summed over the groups) from which a call splits its
+// rows between the cores: below it, starting threads costs more than it saves.
+inline constexpr uint64_t kParallelWork = uint64_t(1) << 21;
 // Scratch above this is returned to the allocator at the end of the call.
 inline constexpr size_t kKeptScratchBytes = size_t(32) << 20;
 
 // Adds the LoRA contribution of each row's group into batch.y. groups[g] is nullopt when group g's
 // adapter has no factors for this layer. Everything is checked before y is written; on failure y
 // is unchanged: INVALID_ARGUMENT for no groups, null pointers (x and y may be null when rows is
-// 0), misaligned factors, features or ranks below 1 or above what BLAS takes (2^31 - 1), a group
+// 0), misaligned factors, features or ranks below 1 or above 2^31 - 1, a group
 // index out of range, sizes that overflow, overlapping x and y, a DoRA group with a lora_B.bias; UNSUPPORTED for dtypes other than
 // F32, BF16 and F16.
 void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBatch& batch);

@@ -1,0 +1,377 @@
+// One source for every table, as in peft/kernels/merge_kernels.cpp: the loop bodies below are
+// inlined into wrappers compiled for each instruction set (GCC/Clang target attributes). The tiles
+// use the compilers' generic vector types (V f32 lanes: one register of the table's width), so the
+// same source becomes SSE2 or NEON, AVX2 or AVX-512 code. a * b + c is contracted into one fused
+// multiply-add wherever the target has one (these products promise a bound, not bits).
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=fast")
+// The helpers below pass vectors by value; they are always inlined into a wrapper compiled for
+// the vectors' instruction set, so no call ever crosses the ABI GCC warns about.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#include "serve/apply_kernels.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/convert.hpp"
+#include "core/f16.hpp"
+#include "core/kernel_level.hpp"
+#include "core/kernel_target.hpp"
+
+namespace peft::serve::kernels {
+namespace {
+
+// Columns of an F16 A widened at a time (NR rows of this length: 16 KiB on the stack).
+constexpr int64_t kF16Chunk = 1024;
+// Below this many rows, expand() takes dot products along B's rows (no transposed panel to build).
+constexpr int64_t kDotRows = 4;
+// Outputs of a dot-product tile (independent accumulators).
+constexpr int kDotOutputs = 4;
+// Ranks up to this build the transposed panel on the stack (at most 32 KiB); larger ranks take the
+// dot path.
+constexpr int64_t kPanelMaxRank = 128;
+
+// V f32 lanes, and V bf16 values (the attribute needs a literal size: one specialisation per V).
+template <int V>
+struct Lanes;
+template <>
+struct Lanes<4> {
+  typedef float f32 __attribute__((vector_size(16)));
+  typedef uint32_t u32 __attribute__((vector_size(16)));
+  typedef uint16_t u16 __attribute__((vector_size(8)));
+};
+template <>
+struct Lanes<8> {
+  typedef float f32 __attribute__((vector_size(32)));
+  typedef uint32_t u32 __attribute__((vector_size(32)));
+  typedef uint16_t u16 __attribute__((vector_size(16)));
+};
+template <>
+struct Lanes<16> {
+  typedef float f32 __attribute__((vector_size(64)));
+  typedef uint32_t u32 __attribute__((vector_size(64)));
+  typedef uint16_t u16 __attribute__((vector_size(32)));
+};
+
+// The element types a kernel reads in place: f32, and bf16 (widening is a shift). F16 is widened
+// into an f32 buffer first (core/convert.hpp uses F16C where the CPU has it).
+struct Bf16 {
+  uint16_t bits;
+};
+
+template <int V>
+PEFT_INLINE typename Lanes<V>::f32 load(const float* p) {
+  typename Lanes<V>::f32 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <int V>
+PEFT_INLINE typename Lanes<V>::f32 load(const Bf16* p) {
+  typename Lanes<V>::u16 h;
+  std::memcpy(&h, p, sizeof h);
+  return reinterpret_cast<typename Lanes<V>::f32>(__builtin_convertvector(h, typename Lanes<V>::u32) << 16);
+}
+
+PEFT_INLINE float load_one(const float* p) { return *p; }
+PEFT_INLINE float load_one(const Bf16* p) { return std::bit_cast<float>(uint32_t(p->bits) << 16); }
+
+// The sum of a vector's lanes, pairwise.
+template <int V>
+PEFT_INLINE float lane_sum(typename Lanes<V>::f32 v) {
+  float lanes[V];
+  std::memcpy(lanes, &v, sizeof lanes);
+  for (int w = V / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
+// ---- shrink: T = X A^T --------------------------------------------------------------------------
+
+// T [MR x NR] += X [MR x kc] A [NR x kc]^T, each dot product in V lanes (the tail in lane 0's sum).
+template <int V, int MR, int NR, class E>
+PEFT_INLINE void shrink_tile(const float* x, int64_t ldx, const E* a, int64_t lda, int64_t kc, float* t,
+                             int64_t ldt) {
+  using vec = typename Lanes<V>::f32;
+  vec acc[MR][NR];
+  for (int u = 0; u < MR; ++u)
+    for (int v = 0; v < NR; ++v) acc[u][v] = vec{};
+  int64_t k = 0;
+  for (; k + V <= kc; k += V) {
+    vec xv[MR];
+    for (int u = 0; u < MR; ++u) xv[u] = load<V>(x + u * ldx + k);
+    for (int v = 0; v < NR; ++v) {
+      const vec av = load<V>(a + v * lda + k);
+      for (int u = 0; u < MR; ++u) acc[u][v] += xv[u] * av;
+    }
+  }
+  float tail[MR][NR] = {};
+  for (; k < kc; ++k)
+    for (int u = 0; u < MR; ++u)
+      for (int v = 0; v < NR; ++v) tail[u][v] += x[u * ldx + k] * load_one(a + v * lda + k);
+  for (int u = 0; u < MR; ++u)
+    for (int v = 0; v < NR; ++v) t[u * ldt + v] += lane_sum<V>(acc[u][v]) + tail[u][v];
+}
+
+// Columns [k0, k0 + kc) of A's rows [r0, r0 + nr) against every row of X.
+template <int V, int MR, int NR, class E>
+PEFT_INLINE void shrink_block(const E* rows, int64_t lda, int64_t nr, int64_t kc, int64_t rank, int64_t in,
+                              const float* xk, int64_t n, float* tr) {
+  if (nr == NR) {
+    int64_t i = 0;
+    for (; i + MR <= n; i += MR) shrink_tile<V, MR, NR>(xk + i * in, in, rows, lda, kc, tr + i * rank, rank);
+    for (; i < n; ++i) shrink_tile<V, 1, NR>(xk + i * in, in, rows, lda, kc, tr + i * rank, rank);
+  } else {
+    for (int64_t v = 0; v < nr; ++v)
+      for (int64_t i = 0; i < n; ++i) shrink_tile<V, 1, 1>(xk + i * in, in, rows + v * lda, lda, kc, tr + i * rank + v, rank);
+  }
+}
+
+// F32 and BF16 A are read in place, NR rows at a time against every row of X (the reductions to
+// T happen once per dot product); F16 A is widened kF16Chunk columns at a time.
+template <int V, int MR, int NR>
+PEFT_INLINE void shrink_body(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n,
+                             float* t) {
+  std::fill(t, t + n * rank, 0.0f);
+  if (a_dtype == DType::F32 || a_dtype == DType::BF16) {
+    for (int64_t r0 = 0; r0 < rank; r0 += NR) {
+      const int64_t nr = std::min<int64_t>(NR, rank - r0);
+      if (a_dtype == DType::F32)
+        shrink_block<V, MR, NR>(static_cast<const float*>(a) + r0 * in, in, nr, in, rank, in, x, n, t + r0);
+      else
+        shrink_block<V, MR, NR>(static_cast<const Bf16*>(a) + r0 * in, in, nr, in, rank, in, x, n, t + r0);
+    }
+    return;
+  }
+  alignas(64) float widened[NR * kF16Chunk];
+  for (int64_t k0 = 0; k0 < in; k0 += kF16Chunk) {
+    const int64_t kc = std::min(kF16Chunk, in - k0);
+    for (int64_t r0 = 0; r0 < rank; r0 += NR) {
+      const int64_t nr = std::min<int64_t>(NR, rank - r0);
+      const auto* halves = static_cast<const uint16_t*>(a) + r0 * in + k0;
+      for (int64_t v = 0; v < nr; ++v)
+        convert(a_dtype, halves + v * in, DType::F32, widened + v * kF16Chunk, static_cast<uint64_t>(kc));
+      shrink_block<V, MR, NR>(static_cast<const float*>(widened), kF16Chunk, nr, kc, rank, in, x + k0, n, t + r0);
+    }
+  }
+}
+
+// ---- expand: C += scale * T B^T ------------------------------------------------------------------
+
+// Few rows: C[i, j .. j + kDotOutputs) += scale * (T[i] . B[j + w]), dot products in V lanes along
+// B's rows, kDotOutputs of them at once (independent accumulators).
+template <int V, class E>
+PEFT_INLINE void expand_dot(const E* b, int64_t out, int64_t rank, const float* t, int64_t n, float scale, float* c,
+                            int64_t j0, int64_t j1) {
+  using vec = typename Lanes<V>::f32;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* ti = t + i * rank;
+    float* ci = c + i * out;
+    int64_t j = j0;
+    for (; j + kDotOutputs <= j1; j += kDotOutputs) {
+      vec acc[kDotOutputs];
+      for (int w = 0; w < kDotOutputs; ++w) acc[w] = vec{};
+      int64_t k = 0;
+      for (; k + V <= rank; k += V) {
+        const vec tv = load<V>(ti + k);
+        for (int w = 0; w < kDotOutputs; ++w) acc[w] += tv * load<V>(b + (j + w) * rank + k);
+      }
+      for (int w = 0; w < kDotOutputs; ++w) {
+        float sum = lane_sum<V>(acc[w]);
+        for (int64_t kt = k; kt < rank; ++kt) sum += ti[kt] * load_one(b + (j + w) * rank + kt);
+        ci[j + w] += scale * sum;
+      }
+    }
+    for (; j < j1; ++j) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < rank; ++k) sum += ti[k] * load_one(b + j * rank + k);
+      ci[j] += scale * sum;
+    }
+  }
+}
+
+// C [MR x JW] += scale * T [MR x rank] P, P = the panel [rank x JW] (B's rows transposed); only the
+// first `width` columns are stored.
+template <int V, int MR, int JW>
+PEFT_INLINE void expand_tile(const float* t, int64_t rank, const float* panel, float scale, float* c, int64_t ldc,
+                             int64_t width) {
+  using vec = typename Lanes<V>::f32;
+  constexpr int Q = JW / V;
+  vec acc[MR][Q];
+  for (int u = 0; u < MR; ++u)
+    for (int q = 0; q < Q; ++q) acc[u][q] = vec{};
+  for (int64_t k = 0; k < rank; ++k) {
+    vec p[Q];
+    for (int q = 0; q < Q; ++q) p[q] = load<V>(panel + k * JW + q * V);
+    for (int u = 0; u < MR; ++u) {
+      const float tk = t[u * rank + k];
+      for (int q = 0; q < Q; ++q) acc[u][q] += tk * p[q];
+    }
+  }
+  for (int u = 0; u < MR; ++u) {
+    float* cu = c + u * ldc;
+    if (width == JW) {
+      for (int q = 0; q < Q; ++q) {
+        vec cv = load<V>(cu + q * V);
+        cv += scale * acc[u][q];
+        std::memcpy(cu + q * V, &cv, sizeof cv);
+      }
+    } else {
+      float lanes[JW];
+      std::memcpy(lanes, acc[u], sizeof lanes);
+      for (int64_t w = 0; w < width; ++w) cu[w] += scale * lanes[w];
+    }
+  }
+}
+
+// panel [rank x JW] = B's rows [jb, jb + width) transposed and widened, zero past width. Blocks of
+// 4 x 4 are transposed in registers; the edges one element at a time.
+template <int JW, class E>
+PEFT_INLINE void fill_panel(const E* b, int64_t rank, int64_t jb, int64_t width, float* panel) {
+  int64_t w0 = 0;
+#if __has_builtin(__builtin_shufflevector)
+  using vec = Lanes<4>::f32;
+  for (; w0 + 4 <= width; w0 += 4) {
+    const E* rows = b + (jb + w0) * rank;
+    int64_t k = 0;
+    for (; k + 4 <= rank; k += 4) {
+      const vec r0 = load<4>(rows + k), r1 = load<4>(rows + rank + k);
+      const vec r2 = load<4>(rows + 2 * rank + k), r3 = load<4>(rows + 3 * rank + k);
+      const vec t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
+      const vec t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
+      const vec columns[4] = {__builtin_shufflevector(t0, t2, 0, 1, 4, 5), __builtin_shufflevector(t0, t2, 2, 3, 6, 7),
+                              __builtin_shufflevector(t1, t3, 0, 1, 4, 5), __builtin_shufflevector(t1, t3, 2, 3, 6, 7)};
+      for (int q = 0; q < 4; ++q) std::memcpy(panel + (k + q) * JW + w0, &columns[q], sizeof(vec));
+    }
+    for (; k < rank; ++k)
+      for (int64_t w = w0; w < w0 + 4; ++w) panel[k * JW + w] = load_one(b + (jb + w) * rank + k);
+  }
+#endif
+  for (int64_t k = 0; k < rank; ++k) {
+    float* p = panel + k * JW;
+    for (int64_t w = w0; w < width; ++w) p[w] = load_one(b + (jb + w) * rank + k);
+    for (int64_t w = width; w < JW; ++w) p[w] = 0.0f;
+  }
+}
+
+// More rows: JW columns at a time, B's JW rows are transposed once into a panel that every row of
+// T then multiplies with broadcasts and V-wide fused multiply-adds.
+template <int V, int MR, int JW, class E>
+PEFT_INLINE void expand_panel(const E* b, int64_t out, int64_t rank, const float* t, int64_t n, float scale,
+                              float* c, int64_t j0, int64_t j1) {
+  alignas(64) float panel[kPanelMaxRank * JW];
+  for (int64_t jb = j0; jb < j1; jb += JW) {
+    const int64_t width = std::min<int64_t>(JW, j1 - jb);
+    fill_panel<JW>(b, rank, jb, width, panel);
+    float* cb = c + jb;
+    int64_t i = 0;
+    for (; i + MR <= n; i += MR) expand_tile<V, MR, JW>(t + i * rank, rank, panel, scale, cb + i * out, out, width);
+    for (; i < n; ++i) expand_tile<V, 1, JW>(t + i * rank, rank, panel, scale, cb + i * out, out, width);
+  }
+}
+
+// The dot path with the widest lanes the rank fills (at least 4).
+template <int V, class E>
+PEFT_INLINE void expand_dot_lanes(const E* b, int64_t out, int64_t rank, const float* t, int64_t n, float scale,
+                                  float* c, int64_t j0, int64_t j1) {
+  if constexpr (V > 4) {
+    if (rank < V) return expand_dot_lanes<V / 2>(b, out, rank, t, n, scale, c, j0, j1);
+  }
+  expand_dot<V>(b, out, rank, t, n, scale, c, j0, j1);
+}
+
+template <int V, int DV, int MR, int JW, class E>
+PEFT_INLINE void expand_rows(const E* b, int64_t out, int64_t rank, const float* t, int64_t n, float scale, float* c,
+                             int64_t j0, int64_t j1) {
+  if (n < kDotRows || rank > kPanelMaxRank)
+    expand_dot_lanes<DV>(b, out, rank, t, n, scale, c, j0, j1);
+  else
+    expand_panel<V, MR, JW>(b, out, rank, t, n, scale, c, j0, j1);
+}
+
+template <int V, int DV, int MR, int JW>
+PEFT_INLINE void expand_body(DType b_dtype, const void* b, int64_t out, int64_t rank, const float* t, int64_t n,
+                             float scale, float* c, int64_t j0, int64_t j1) {
+  if (b_dtype == DType::F32) return expand_rows<V, DV, MR, JW>(static_cast<const float*>(b), out, rank, t, n, scale, c, j0, j1);
+  if (b_dtype == DType::BF16) return expand_rows<V, DV, MR, JW>(static_cast<const Bf16*>(b), out, rank, t, n, scale, c, j0, j1);
+  // F16: rows of B widened into f32 a block at a time (F16C where the CPU has it); each block is
+  // a matrix of its own, its columns of C starting at jb.
+  alignas(64) float stack[JW * kPanelMaxRank];
+  std::vector<float> large;  // only for a rank above the stack buffer
+  float* widened = stack;
+  int64_t capacity = JW * kPanelMaxRank;
+  if (rank > capacity) {
+    large.resize(static_cast<size_t>(rank));
+    widened = large.data();
+    capacity = rank;
+  }
+  const int64_t rows_per_block = capacity / rank;
+  const auto* halves = static_cast<const uint16_t*>(b);
+  for (int64_t jb = j0; jb < j1; jb += rows_per_block) {
+    const int64_t count = std::min(rows_per_block, j1 - jb);
+    convert(b_dtype, halves + jb * rank, DType::F32, widened, static_cast<uint64_t>(count * rank));
+    expand_rows<V, DV, MR, JW>(static_cast<const float*>(widened), out, rank, t, n, scale, c + jb, 0, count);
+  }
+}
+
+// Stamps out a table for one instruction set: V lanes, the MR x NR tile of shrink, the MR x JW
+// tile of expand.
+#define PEFT_DEFINE_APPLY_TABLE(NS, NAME, ATTR, V, SMR, SNR, DV, EMR, EJW)                                  \
+  namespace NS {                                                                                              \
+  ATTR void shrink(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n,         \
+                   float* t) {                                                                                \
+    shrink_body<V, SMR, SNR>(a_dtype, a, rank, in, x, n, t);                                            \
+  }                                                                                                           \
+  ATTR void expand(DType b_dtype, const void* b, int64_t out, int64_t rank, const float* t, int64_t n,        \
+                   float scale, float* c, int64_t j0, int64_t j1) {                                           \
+    expand_body<V, DV, EMR, EJW>(b_dtype, b, out, rank, t, n, scale, c, j0, j1);                            \
+  }                                                                                                           \
+  const Table table{NAME, shrink, expand};                                                                    \
+  }
+
+PEFT_DEFINE_APPLY_TABLE(portable_impl, "portable", , 4, 2, 4, 4, 4, 16)
+
+#ifdef PEFT_KERNELS_X86
+PEFT_DEFINE_APPLY_TABLE(avx2_impl, "avx2", __attribute__((target("avx2,fma,f16c"))), 8, 2, 4, 8, 4, 16)
+PEFT_DEFINE_APPLY_TABLE(avx512_impl, "avx512",
+                        __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), 16, 4, 4, 8, 2, 64)
+#endif
+
+}  // namespace
+
+const Table& portable() { return portable_impl::table; }
+
+using peft::kernels::Level;
+
+const Table* x86_avx2() {
+#ifdef PEFT_KERNELS_X86
+  if (peft::kernels::supported_level() >= Level::avx2) return &avx2_impl::table;
+#endif
+  return nullptr;
+}
+
+const Table* x86_avx512() {
+#ifdef PEFT_KERNELS_X86
+  if (peft::kernels::supported_level() >= Level::avx512) return &avx512_impl::table;
+#endif
+  return nullptr;
+}
+
+const Table& active() {
+  static const Table& chosen = []() -> const Table& {
+    const Level level = peft::kernels::chosen_level();
+    if (const Table* t = x86_avx512(); t != nullptr && level >= Level::avx512) return *t;
+    if (const Table* t = x86_avx2(); t != nullptr && level >= Level::avx2) return *t;
+    return portable();
+  }();
+  return chosen;
+}
+
+}  // namespace peft::serve::kernels
