@@ -11,7 +11,7 @@
 //      for batches of 1, 16 and 256 rows and ranks 8, 16 and 64, per layer shape.
 // Results are best-of-N wall times; the machine's other load makes single runs noisy.
 //
-// Usage: bench_serve [repetitions]   (default 5)
+// Usage: bench_serve [repetitions] [registry|apply|swap]   (default: 5, every part)
 #include <cblas.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -271,10 +271,38 @@ void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps
   peft_registry_free(registry);
 }
 
+// Bytes per second one thread reads from memory: the sum of a 512 MiB buffer, best of 3.
+double read_bandwidth() {
+  std::vector<float> data(size_t{128} << 20, 1.0f);
+  volatile float sink = 0;
+  const double seconds = best_of(3, [&] {
+    float sums[16] = {};
+    for (size_t i = 0; i < data.size(); i += 16)
+      for (int l = 0; l < 16; ++l) sums[l] += data[i + static_cast<size_t>(l)];
+    sink = sink + sums[0];
+  });
+  return static_cast<double>(data.size() * sizeof(float)) / seconds;
+}
+
+// Reads 64 MiB (twice the L3 of the benchmark machine), so that what a call reads next comes from memory.
+void evict_caches() {
+  static std::vector<unsigned char> buffer(size_t{64} << 20, 1);
+  volatile unsigned sink = 0;
+  unsigned sum = 0;
+  for (size_t i = 0; i < buffer.size(); i += 64) sum += buffer[i];
+  sink = sink + sum;
+}
+
 void bench_apply(const fs::path& root, const std::vector<Layer>& layers, int reps) {
   std::printf("\n## unmerged LoRA (peft_lora_apply, f32 activations, bf16 factors) against the base matmul alone "
               "(cblas_sgemm, f32 weight)\n");
-  std::printf("  %-16s %6s %5s %12s %12s %9s\n", "layer", "batch", "rank", "base ms", "apply ms", "overhead");
+  const double bandwidth = read_bandwidth();
+  std::printf("  memory read bandwidth, one thread: %.1f GB/s. At batch 1, \"cold\" is a call after 64 MiB of other\n"
+              "  reads (its factors come from memory), \"bound\" the bytes it must move (bf16 A and B, f32 x, y read\n"
+              "  and written) at that bandwidth.\n",
+              bandwidth / 1e9);
+  std::printf("  %-16s %6s %5s %12s %12s %9s %10s %10s %7s\n", "layer", "batch", "rank", "base ms", "apply ms", "overhead",
+              "cold ms", "bound ms", "ratio");
   const int64_t ranks[] = {8, 16, 64};
   peft_registry* registry = nullptr;
   check(peft_registry_new(PEFT_DTYPE_BF16, uint64_t{1} << 30, nullptr, &registry), "registry");
@@ -308,9 +336,25 @@ void bench_apply(const fs::path& root, const std::vector<Layer>& layers, int rep
                                 static_cast<uint64_t>(l.out)),
                 "apply");
         });
-        std::printf("  %-16s %6lld %5lld %12.3f %12.3f %8.1f%%\n", l.module.substr(15).c_str(),
+        std::printf("  %-16s %6lld %5lld %12.3f %12.3f %8.1f%%", l.module.substr(15).c_str(),
                     static_cast<long long>(batch), static_cast<long long>(ranks[r]), base * 1e3, apply * 1e3,
                     100.0 * apply / base);
+        if (batch == 1) {
+          double cold = 1e30;
+          for (int rep = 0; rep < reps; ++rep) {
+            evict_caches();
+            const auto start = clock_type::now();
+            check(peft_lora_apply(l.module.c_str(), &leases[r], 1, nullptr, x.data(), PEFT_DTYPE_F32, 1,
+                                  static_cast<uint64_t>(l.in), y.data(), PEFT_DTYPE_F32, static_cast<uint64_t>(l.out)),
+                  "apply");
+            cold = std::min(cold, std::chrono::duration<double>(clock_type::now() - start).count());
+          }
+          const double bytes = 2.0 * static_cast<double>(ranks[r] * (l.in + l.out)) + 4.0 * static_cast<double>(l.in) +
+                               8.0 * static_cast<double>(l.out);
+          const double bound = bytes / bandwidth;
+          std::printf(" %10.3f %10.3f %6.2fx", cold * 1e3, bound * 1e3, cold / bound);
+        }
+        std::printf("\n");
       }
       if (batch > 1) {  // a mixed batch: rows cycling over the three adapters
         std::vector<int32_t> rows(static_cast<size_t>(batch));
@@ -343,9 +387,10 @@ int main(int argc, char** argv) {
   const std::vector<Layer> layers = model_layers();
   std::printf("serving benchmark: %d LLaMA-7B blocks (%zu linear layers), best/median of %d, peft_c %s\n", kBlocks,
               layers.size(), reps, peft_version());
-  bench_registry(root, layers, 16);
-  bench_apply(root, layers, reps);
-  bench_swap(root, layers, reps);
+  const std::string only = argc > 2 ? argv[2] : "";  // "registry", "apply" or "swap": that part alone
+  if (only.empty() || only == "registry") bench_registry(root, layers, 16);
+  if (only.empty() || only == "apply") bench_apply(root, layers, reps);
+  if (only.empty() || only == "swap") bench_swap(root, layers, reps);
   std::printf("\npeak RSS %.0f MB\n", peak_rss_mb());
   fs::remove_all(root);
   return 0;

@@ -93,6 +93,26 @@ PEFT_INLINE float lane_sum(typename Lanes<V>::f32 v) {
   return lanes[0];
 }
 
+#if __has_builtin(__builtin_shufflevector)
+// Lane sums of four vectors at once, {sum a, sum b, sum c, sum d}: each folded to four lanes, then
+// a 4 x 4 transpose and add.
+PEFT_INLINE Lanes<4>::f32 fold4(Lanes<4>::f32 v) { return v; }
+PEFT_INLINE Lanes<4>::f32 fold4(Lanes<8>::f32 v) {
+  return __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+}
+PEFT_INLINE Lanes<4>::f32 fold4(Lanes<16>::f32 v) {
+  return fold4(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+template <class Vec>
+PEFT_INLINE Lanes<4>::f32 sum4(Vec va, Vec vb, Vec vc, Vec vd) {
+  const Lanes<4>::f32 a = fold4(va), b = fold4(vb), c = fold4(vc), d = fold4(vd);
+  const Lanes<4>::f32 ab = __builtin_shufflevector(a, b, 0, 4, 1, 5) + __builtin_shufflevector(a, b, 2, 6, 3, 7);
+  const Lanes<4>::f32 cd = __builtin_shufflevector(c, d, 0, 4, 1, 5) + __builtin_shufflevector(c, d, 2, 6, 3, 7);
+  return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
+}
+#endif
+
 // ---- shrink: T = X A^T --------------------------------------------------------------------------
 
 // T [MR x NR] += X [MR x kc] A [NR x kc]^T, each dot product in V lanes (the tail in lane 0's sum).
@@ -183,8 +203,16 @@ PEFT_INLINE void expand_dot(const E* b, int64_t out, int64_t rank, const float* 
         const vec tv = load<V>(ti + k);
         for (int w = 0; w < kDotOutputs; ++w) acc[w] += tv * load<V>(b + (j + w) * rank + k);
       }
+      float sums[kDotOutputs];
+#if __has_builtin(__builtin_shufflevector)
+      static_assert(kDotOutputs == 4);
+      const Lanes<4>::f32 folded = sum4(acc[0], acc[1], acc[2], acc[3]);
+      std::memcpy(sums, &folded, sizeof sums);
+#else
+      for (int w = 0; w < kDotOutputs; ++w) sums[w] = lane_sum<V>(acc[w]);
+#endif
       for (int w = 0; w < kDotOutputs; ++w) {
-        float sum = lane_sum<V>(acc[w]);
+        float sum = sums[w];
         for (int64_t kt = k; kt < rank; ++kt) sum += ti[kt] * load_one(b + (j + w) * rank + kt);
         ci[j + w] += scale * sum;
       }
