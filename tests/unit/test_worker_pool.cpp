@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <thread>
@@ -45,6 +46,8 @@ TEST_CASE("worker pool: a task's exception reaches the caller, and the pool keep
                                [&](int64_t i, unsigned) {
                                  ran.fetch_add(1);
                                  if (i == 10) throw std::runtime_error("task 10 failed");
+                                 // Long enough that the loop would take 10 ms without the stop.
+                                 std::this_thread::sleep_for(std::chrono::microseconds(20));
                                }),
                   std::runtime_error);
   CHECK(ran.load() < 1000);  // the handing out stopped
