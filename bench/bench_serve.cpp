@@ -27,6 +27,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "peft_c.h"
@@ -317,18 +318,34 @@ void bench_apply(const fs::path& root, const std::vector<Layer>& layers, int rep
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // One layer of each shape: attention (4096x4096), MLP up (11008x4096), MLP down (4096x11008).
-  for (size_t li : {size_t{0}, size_t{5}, size_t{6}}) {
-    const Layer& l = layers[li];
+  const size_t layer_indices[] = {0, 5, 6};
+  const int64_t batches[] = {1, 16, 256};
+  // The base products first: OpenBLAS's threads keep spinning for a while after a product (about
+  // 0.1 s), which would take a core from the applies timed right after it.
+  double base_times[3][3];
+  for (size_t li = 0; li < 3; ++li) {
+    const Layer& l = layers[layer_indices[li]];
     std::vector<float> w(static_cast<size_t>(l.out * l.in));
     for (auto& v : w) v = normal(rng) * 0.02f;
-    for (int64_t batch : {1, 16, 256}) {
+    for (size_t bi = 0; bi < 3; ++bi) {
+      const int64_t batch = batches[bi];
       std::vector<float> x(static_cast<size_t>(batch * l.in)), y(static_cast<size_t>(batch * l.out));
       for (auto& v : x) v = normal(rng);
-      const double base = best_of(reps, [&] {
+      base_times[li][bi] = best_of(reps, [&] {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(batch), static_cast<int>(l.out),
                     static_cast<int>(l.in), 1.0f, x.data(), static_cast<int>(l.in), w.data(), static_cast<int>(l.in),
                     0.0f, y.data(), static_cast<int>(l.out));
       });
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (size_t li = 0; li < 3; ++li) {
+    const Layer& l = layers[layer_indices[li]];
+    for (size_t bi = 0; bi < 3; ++bi) {
+      const int64_t batch = batches[bi];
+      const double base = base_times[li][bi];
+      std::vector<float> x(static_cast<size_t>(batch * l.in)), y(static_cast<size_t>(batch * l.out));
+      for (auto& v : x) v = normal(rng);
       for (size_t r = 0; r < leases.size(); ++r) {
         const double apply = best_of(reps, [&] {
           check(peft_lora_apply(l.module.c_str(), &leases[r], 1, nullptr, x.data(), PEFT_DTYPE_F32,
