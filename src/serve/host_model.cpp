@@ -232,6 +232,7 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     m.scaling = loaded_layer.scaling;
     layer.options.weight = weight;
     layer.options.refuse_non_finite = true;
+    layer.options.caller_restores = exact_;  // the weight's original copy puts it back
     layer.options.layer = w.name;
     layer.exact = exact_;
     layers.push_back(std::move(layer));
@@ -281,6 +282,7 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                         std::to_string(w.bias_elements) + " elements");
     layer.options.weight = weight;
     layer.options.refuse_non_finite = true;
+    layer.options.caller_restores = exact_;  // the weight's original copy puts it back
     layer.options.layer = w.name;
     layer.exact = exact_;
     layers.push_back(std::move(layer));
@@ -388,7 +390,14 @@ void HostModel::merge_layer(Layer layer) {
   fault_point(true);
   if (layer.exact) start_from_original(layer);
   const std::optional<merge::WeightView> bias = bias_view(layer);
-  BufferMerge record = BufferMerge::apply(weight_view(layer), bias ? &*bias : nullptr, layer.module, layer.options);
+  BufferMerge record;
+  try {
+    record = BufferMerge::apply(weight_view(layer), bias ? &*bias : nullptr, layer.module, layer.options);
+  } catch (...) {
+    // An exact layer's merge saves no rows (caller_restores): its weight goes back from the copy.
+    if (layer.exact) write_back_original(layer);
+    throw;
+  }
   if (!layer.exact) {
     layer.record = std::move(record);
     weights_[layer.weight].drifted = true;

@@ -483,6 +483,46 @@ TEST_CASE("serve host: a swap that cannot be done leaves the buffers and the cur
   CHECK(fitting_buffers.snapshot() == original);
 }
 
+// A merged value that is infinite in the host's dtype is refused, in both removal modes: the exact
+// mode puts the weight back from its kept copy (the merge saves no rows), the arithmetic mode from
+// the rows the merge saved. One weight holds the largest BF16 value, so B's change overflows there.
+TEST_CASE("serve host: a swap that would write an infinity is refused NON_FINITE, the buffers kept") {
+  if (!fixtures_present()) return;
+  auto registry = registry_of(DType::F32, "llama", {{"a", "llama_lora"}, {"b", "llama_lora_second"}});
+  auto a = registry->acquire("a");
+  auto b = registry->acquire("b");
+  for (bool exact : {true, false}) {
+    CAPTURE(exact);
+    HostBuffers buffers(model("llama"), DType::BF16);
+    const std::string overflowing = b->loaded().layers().back().module + ".weight";
+    Bytes& largest = buffers.at(overflowing).weight;
+    for (size_t i = 0; i + 1 < largest.size(); i += 2) largest[i] = largest[i + 1] = 0x7F;  // 0x7F7F: 3.39e38
+    const std::vector<Bytes> original = buffers.snapshot();
+    HostModel host;
+    host.set_exact(exact);
+    buffers.add_to(host);
+
+    // The refused layer is put back bit for bit in both modes; the layers merged before it are
+    // taken out again, bit for bit in exact mode, up to last bits in arithmetic mode (as documented).
+    const Bytes largest_before = largest;
+    std::string message;
+    CHECK(error_code([&] { host.swap(b.get(), 1e37); }, &message) == PEFT_ERR_NON_FINITE);
+    CHECK(message.find(overflowing) != std::string::npos);
+    CHECK(buffers.at(overflowing).weight == largest_before);
+    if (exact) CHECK(buffers.snapshot() == original);
+    CHECK(host.current() == nullptr);
+
+    host.swap(a.get(), 1.0);
+    const std::vector<Bytes> with_a = buffers.snapshot();
+    CHECK(error_code([&] { host.swap(b.get(), 1e37); }) == PEFT_ERR_NON_FINITE);
+    CHECK(host.current()->name() == "a");
+    CHECK(buffers.at(overflowing).weight == with_a[2 * buffers.index_of(overflowing)]);
+    if (exact) CHECK(buffers.snapshot() == with_a);  // (arithmetic: A merged again, last bits may drift)
+    host.swap(nullptr, 1.0);
+    if (exact) CHECK(buffers.snapshot() == original);
+  }
+}
+
 TEST_CASE("serve host: lora_bias needs the layer's bias buffer") {
   if (!fixtures_present()) return;
   auto registry = registry_of(DType::F32, "qwen2", {{"bias", "qwen2_lora_bias"}, {"plain", "qwen2_lora"}});

@@ -81,7 +81,7 @@ size_t BufferMerge::row_bytes() const {
 BufferMerge::Saving::Saving(BufferMerge& record, const BufferMergeOptions& options, bool changes_bias) {
   exec.threads = options.threads;
   if (options.refuse_non_finite) exec.non_finite = &non_finite;
-  if (!record.keep_rows_ && !options.refuse_non_finite) return;
+  if (!record.keep_rows_ && (!options.refuse_non_finite || options.caller_restores)) return;
   // Everything the sinks may need is allocated now, so the merge itself cannot fail halfway.
   const size_t rows = static_cast<size_t>(record.module_.layout.rows());
   reserve_or_fail(record.saved_row_index_, rows, "row indices");
@@ -151,6 +151,7 @@ void BufferMerge::finish(bool non_finite, const merge::WeightView& weight, const
       std::memcpy(base + static_cast<size_t>(saved_row_index_[i]) * row_bytes, saved_bytes_.data() + i * row_bytes,
                   row_bytes);
     if (!saved_bias_.empty()) std::memcpy(bias->data, saved_bias_.data(), saved_bias_.size());
+    // (With caller_restores nothing was saved: the caller puts the buffers back.)
     fail(PEFT_ERR_NON_FINITE, "buffer merge: layer " + peft::quoted(options.layer) +
                                   " would hold an infinity or a NaN after the merge; its buffers are unchanged");
   }

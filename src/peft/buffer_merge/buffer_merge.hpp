@@ -68,6 +68,10 @@ struct BufferMergeOptions {
   // keep_original_rows. Off for callers that check the merged values themselves (the GGUF merge
   // with its --allow-nonfinite, adapter export).
   bool refuse_non_finite = false;
+  // With refuse_non_finite: the caller keeps its own copy of the buffers and puts them back when
+  // the merge throws NON_FINITE (a host model in exact mode), so no rows are saved while the merge
+  // runs and the buffers are left as merged when it throws.
+  bool caller_restores = false;
   std::string layer{};  // the name in that error
 };
 
