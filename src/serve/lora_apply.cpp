@@ -302,13 +302,16 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
     parts.push_back({&*groups[g], gathered ? RowSet{order + group_start[g], 0, count} : RowSet{nullptr, 0, rows}});
     work += uint64_t(count) * uint64_t(groups[g]->rank) * (batch.in_features + batch.out_features);
   }
-  // Above kParallelWork, each group's rows are split between the cores (each thread reads the
-  // factors once for its rows).
+  // From kParallelWork on, each group's rows are split between the cores (each thread reads the
+  // factors once for its rows): as many threads as the cores, with at least kParallelWork / 2
+  // multiply-adds and kMinRowsPerThread rows of the largest group each.
   unsigned threads = 1;
   if (work >= kParallelWork) {
     size_t most_rows = 0;
     for (const Part& part : parts) most_rows = std::max(most_rows, part.rows.count);
-    threads = static_cast<unsigned>(std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), most_rows));
+    const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+    threads = static_cast<unsigned>(std::max<uint64_t>(
+        1, std::min({cores, uint64_t(most_rows / kMinRowsPerThread), work / (kParallelWork / 2)})));
   }
   if (threads > 1) {
     std::vector<Part>& slices = call_slices;

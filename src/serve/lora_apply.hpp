@@ -81,6 +81,9 @@ inline constexpr uint64_t kBlockRows = 64;
 // Multiply-adds (rows x rank x (in + out), summed over the groups) from which a call splits its
 // rows between the cores: below it, starting threads costs more than it saves.
 inline constexpr uint64_t kParallelWork = uint64_t(1) << 21;
+// Fewest rows a thread of such a call takes (fewer would make each thread read all the factors for
+// little work).
+inline constexpr size_t kMinRowsPerThread = 8;
 // Scratch above this is returned to the allocator at the end of the call.
 inline constexpr size_t kKeptScratchBytes = size_t(32) << 20;
 
