@@ -196,7 +196,7 @@ PEFT_AVX2 void f32_to_f16(const unsigned char* s, unsigned char* d, size_t n) { 
 
 const Kernels* x86_avx2() {
   static constexpr Kernels kernels{"avx2", bf16_to_f32, f32_to_bf16, f16_to_f32, f32_to_f16};
-  return peft::kernels::supported_level() >= peft::kernels::Level::avx2 ? &kernels : nullptr;
+  return peft::kernels::if_supported(peft::kernels::Level::avx2, &kernels);
 }
 
 }  // namespace peft::convert_kernels

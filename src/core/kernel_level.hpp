@@ -24,4 +24,20 @@ const char* level_name(Level level);
 // lowered to what the CPU supports. Exposed for the tests; chosen_level() applies it once.
 Level choose_level(const char* request, Level supported);
 
+// `table` when this CPU supports `level`, else nullptr (the x86 tables' getters).
+template <class Table>
+const Table* if_supported(Level level, const Table* table) {
+  return supported_level() >= level ? table : nullptr;
+}
+
+// The table of the level in use among a kernel family's tables (avx2 and avx512 may be nullptr:
+// not this CPU, or not x86-64). Each family keeps the result in its own active().
+template <class Table>
+const Table& chosen_table(const Table& portable, const Table* avx2, const Table* avx512) {
+  const Level level = chosen_level();
+  if (avx512 != nullptr && level >= Level::avx512) return *avx512;
+  if (avx2 != nullptr && level >= Level::avx2) return *avx2;
+  return portable;
+}
+
 }  // namespace peft::kernels

@@ -378,27 +378,16 @@ const Table& portable() { return portable_impl::table; }
 
 using peft::kernels::Level;
 
-const Table* x86_avx2() {
 #ifdef PEFT_KERNELS_X86
-  if (peft::kernels::supported_level() >= Level::avx2) return &avx2_impl::table;
+const Table* x86_avx2() { return peft::kernels::if_supported(Level::avx2, &avx2_impl::table); }
+const Table* x86_avx512() { return peft::kernels::if_supported(Level::avx512, &avx512_impl::table); }
+#else
+const Table* x86_avx2() { return nullptr; }
+const Table* x86_avx512() { return nullptr; }
 #endif
-  return nullptr;
-}
-
-const Table* x86_avx512() {
-#ifdef PEFT_KERNELS_X86
-  if (peft::kernels::supported_level() >= Level::avx512) return &avx512_impl::table;
-#endif
-  return nullptr;
-}
 
 const Table& active() {
-  static const Table& chosen = []() -> const Table& {
-    const Level level = peft::kernels::chosen_level();
-    if (const Table* t = x86_avx512(); t != nullptr && level >= Level::avx512) return *t;
-    if (const Table* t = x86_avx2(); t != nullptr && level >= Level::avx2) return *t;
-    return portable();
-  }();
+  static const Table& chosen = peft::kernels::chosen_table(portable(), x86_avx2(), x86_avx512());
   return chosen;
 }
 
