@@ -95,14 +95,10 @@ PEFT_INLINE float lane_sum(typename Lanes<V>::f32 v) {
 
 #if __has_builtin(__builtin_shufflevector)
 // Lane sums of four vectors at once, {sum a, sum b, sum c, sum d}: each folded to four lanes, then
-// a 4 x 4 transpose and add.
+// a 4 x 4 transpose and add. (The dot path's lanes are 4 or 8 on every table.)
 PEFT_INLINE Lanes<4>::f32 fold4(Lanes<4>::f32 v) { return v; }
 PEFT_INLINE Lanes<4>::f32 fold4(Lanes<8>::f32 v) {
   return __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-}
-PEFT_INLINE Lanes<4>::f32 fold4(Lanes<16>::f32 v) {
-  return fold4(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 template <class Vec>
 PEFT_INLINE Lanes<4>::f32 sum4(Vec va, Vec vb, Vec vc, Vec vd) {
