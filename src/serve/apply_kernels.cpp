@@ -3,12 +3,13 @@
 // use the compilers' generic vector types (V f32 lanes: one register of the table's width), so the
 // same source becomes SSE2 or NEON, AVX2 or AVX-512 code. a * b + c is contracted into one fused
 // multiply-add wherever the target has one (these products promise a bound, not bits).
+// The helpers below pass vectors by value; they are always inlined into a wrapper compiled for
+// the vectors' instruction set, so no call ever crosses the ABI the compilers warn about (-Wpsabi).
 #if defined(__clang__)
 #pragma clang fp contract(fast)
+#pragma clang diagnostic ignored "-Wpsabi"
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=fast")
-// The helpers below pass vectors by value; they are always inlined into a wrapper compiled for
-// the vectors' instruction set, so no call ever crosses the ABI GCC warns about.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
