@@ -4,7 +4,7 @@ fsync, since peft_c flushes its output to disk before renaming it into place).
 
 Each contender runs in its own process; peak RSS is that process's ru_maxrss.
 
-usage: python bench/write_vs_python.py [--peftc build/peftc] [--source FILE] [--folder DIR] [--repeat N]
+usage: python bench/write_vs_python.py [BUILD_DIR] [--peftc build/peftc] [--source FILE] [--folder DIR] [--repeat N]
 Without --source, the checkpoint of bench_write (FOLDER/source.safetensors) is used; build and run
 `bench_write FOLDER` first, or pass any safetensors file.
 """
@@ -73,11 +73,14 @@ def largest_tensor_mb(path: pathlib.Path) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--peftc", default=str(REPO / "build" / "peftc"))
+    parser.add_argument("build_dir", nargs="?", help="the build folder (scripts/bench.sh passes it): its peftc")
+    parser.add_argument("--peftc", default=None, help="default: BUILD_DIR/peftc, else build/peftc")
     parser.add_argument("--folder", default="/tmp/peft_bench_write")
     parser.add_argument("--source", default=None)
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
+    if args.peftc is None:
+        args.peftc = str(pathlib.Path(args.build_dir or REPO / "build") / "peftc")
     folder = pathlib.Path(args.folder)
     source = pathlib.Path(args.source) if args.source else folder / "source.safetensors"
     if not source.exists():
