@@ -110,13 +110,13 @@ void Checkpoint::open_index(const std::string& folder, const std::string& index_
 
   // Shard k of files_ is index.shards[k] (both sorted the same way).
   for (const auto& [tensor, shard] : index.weight_map) {
-    const auto found = by_name_.find(tensor);
+    const std::optional<size_t> found = by_name_.find(tensor);
     const auto shard_pos = std::lower_bound(index.shards.begin(), index.shards.end(), shard);
     const size_t shard_file = static_cast<size_t>(shard_pos - index.shards.begin());
-    if (found == by_name_.end())
+    if (!found)
       fail(PEFT_ERR_INVALID_CHECKPOINT, index_path + ": tensor " + quoted(tensor) + " is listed in shard " +
                                             quoted(shard) + " but that shard does not hold it");
-    const size_t actual_file = tensors_[found->second].file;
+    const size_t actual_file = tensors_[*found].file;
     if (actual_file != shard_file)
       fail(PEFT_ERR_INVALID_CHECKPOINT, index_path + ": tensor " + quoted(tensor) + " is listed in shard " +
                                             quoted(shard) + " but that shard does not hold it (shard " +
@@ -133,11 +133,11 @@ void Checkpoint::add_file(std::unique_ptr<const TensorFile> file) {
   by_name_.reserve(by_name_.size() + added.tensor_count());
   for (size_t local = 0; local < added.tensor_count(); ++local) {
     const std::string& name = added.tensor(local).name;
-    const auto [it, inserted] = by_name_.emplace(name, tensors_.size());
-    if (!inserted)  // the parser rejects duplicates within one file, so this is across shards
+    tensors_.push_back({file_index, local, name});
+    if (const std::optional<size_t> first = by_name_.insert(name, tensors_.size() - 1))
+      // the parser rejects duplicates within one file, so this is across shards
       fail(PEFT_ERR_INVALID_CHECKPOINT, "tensor " + quoted(name) + " is in two shards: " +
-                                            files_[tensors_[it->second].file]->path() + " and " + added.path());
-    tensors_.push_back({file_index, local});
+                                            files_[tensors_[*first].file]->path() + " and " + added.path());
   }
 }
 
@@ -153,11 +153,7 @@ const TensorInfo& Checkpoint::tensor(size_t i) const {
   return files_[at.file]->tensor(at.local);
 }
 
-std::optional<size_t> Checkpoint::find(std::string_view name) const {
-  const auto it = by_name_.find(name);
-  if (it == by_name_.end()) return std::nullopt;
-  return it->second;
-}
+std::optional<size_t> Checkpoint::find(std::string_view name) const { return by_name_.find(name); }
 
 size_t Checkpoint::tensor_file(size_t i) const { return locate(i).file; }
 

@@ -20,10 +20,10 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/name_index.hpp"
 #include "core/tensor_file.hpp"
 #include "gguf/gguf_header.hpp"
 #include "safetensors/header_parser.hpp"
@@ -73,8 +73,15 @@ class Checkpoint {
   struct Location {
     size_t file;
     size_t local;
+    std::string_view name;  // held by files_' headers, which never move once a file is added
+  };
+  struct NameAt {
+    const Checkpoint* checkpoint;
+    std::string_view operator()(size_t i) const { return checkpoint->tensors_[i].name; }
   };
   Checkpoint() = default;
+  Checkpoint(const Checkpoint&) = delete;  // by_name_ refers to this object
+  Checkpoint& operator=(const Checkpoint&) = delete;
   void add_file(std::unique_ptr<const TensorFile> file);  // numbers its tensors, rejects duplicates
   void open_folder(const std::string& folder, const OpenOptions& options);
   void open_index(const std::string& folder, const std::string& index_path, const OpenOptions& options);
@@ -82,8 +89,7 @@ class Checkpoint {
 
   std::vector<std::unique_ptr<const TensorFile>> files_;
   std::vector<Location> tensors_;
-  // Keys view the names held by files_' headers, which never move once a file is added.
-  std::unordered_map<std::string_view, size_t> by_name_;
+  NameIndex<NameAt> by_name_{NameAt{this}};
   std::optional<std::string> index_metadata_json_;
 };
 

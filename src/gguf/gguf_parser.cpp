@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/name_index.hpp"
 #include "core/text.hpp"
 #include "core/utf8.hpp"
 #include "gguf/ggml_type.hpp"
@@ -47,56 +48,6 @@ const char* type_name(GgufValueType type) {
 
 uint32_t byte_swapped(uint32_t v) { return __builtin_bswap32(v); }
 
-std::string_view name_of(const GgufKeyValue& kv) { return kv.key; }
-std::string_view name_of(const TensorInfo& t) { return t.name; }
-
-// The keys (or tensor names) read so far, for the duplicate check: an open-addressing table of
-// positions in `items` (8 bytes a slot, at most half full), where a hash map of name copies cost
-// about 70 bytes an item (docs/gguf.md, "Memory").
-template <class Item>
-class NameIndex {
- public:
-  explicit NameIndex(const std::vector<Item>& items) : items_(items), slots_(16, kEmpty) {}
-
-  // The position of `key`, if it has been added.
-  std::optional<size_t> find(std::string_view key) const {
-    for (size_t s = slot_of(key);; s = (s + 1) & (slots_.size() - 1)) {
-      if (slots_[s] == kEmpty) return std::nullopt;
-      if (name_of(items_[slots_[s]]) == key) return slots_[s];
-    }
-  }
-
-  // Adds the key at `position` (not present).
-  void add(size_t position) {
-    if (2 * (count_ + 1) > slots_.size()) grow();
-    place(position);
-    ++count_;
-  }
-
- private:
-  static constexpr size_t kEmpty = SIZE_MAX;
-
-  size_t slot_of(std::string_view key) const { return std::hash<std::string_view>{}(key) & (slots_.size() - 1); }
-
-  void place(size_t position) {
-    size_t s = slot_of(name_of(items_[position]));
-    while (slots_[s] != kEmpty) s = (s + 1) & (slots_.size() - 1);
-    slots_[s] = position;
-  }
-
-  void grow() {
-    std::vector<size_t> old = std::move(slots_);
-    slots_.assign(old.size() * 2, kEmpty);
-    for (const size_t position : old) {
-      if (position != kEmpty) place(position);
-    }
-  }
-
-  const std::vector<Item>& items_;
-  std::vector<size_t> slots_;  // a power of two in size
-  size_t count_ = 0;
-};
-
 class Parser {
  public:
   Parser(const GgufByteReader& read, uint64_t file_size, uint64_t max_header_size, const std::string& name)
@@ -112,29 +63,57 @@ class Parser {
     header.tensors.reserve(static_cast<size_t>(n_tensors));
     nbytes.reserve(static_cast<size_t>(n_tensors));
     tensor_at_.reserve(static_cast<size_t>(n_tensors));
-    NameIndex<TensorInfo> names(header.tensors);
-    for (uint64_t i = 0; i < n_tensors; ++i) {
-      header.tensors.push_back(tensor_info(i, nbytes, names));
-      names.add(header.tensors.size() - 1);
-    }
+    const std::vector<TensorInfo>& tensors = header.tensors;
+    NameIndex names([&tensors](size_t i) { return std::string_view(tensors[i].name); });
+    names.reserve(static_cast<size_t>(n_tensors));
+    for (uint64_t i = 0; i < n_tensors; ++i) header.tensors.push_back(tensor_info(i, nbytes, names));
     data_section(header, nbytes);
     return header;
   }
 
  private:
+  // What is being read, for messages. The text is made only when a message is (where()): formatting
+  // it for every tensor took a fifth of the time to open a 10,000-tensor file.
+  struct Place {
+    enum Kind { kHeader, kPair, kKey, kTensorInfo, kTensor, kDataSection } kind = kHeader;
+    uint64_t number = 0;  // the pair's or tensor info's index
+    uint64_t at = 0;      // its byte offset
+    std::string name;     // the key or the tensor name (its capacity kept from item to item)
+  };
+
   [[noreturn]] void bad(int32_t code, const std::string& what) const { fail(code, name_ + ": " + what); }
+
+  void at_place(Place::Kind kind, uint64_t number = 0, uint64_t at = 0, std::string_view name = {}) {
+    place_.kind = kind;
+    place_.number = number;
+    place_.at = at;
+    place_.name.assign(name);
+  }
+
+  std::string where() const {
+    const std::string at = " (at byte " + num(place_.at) + ")";
+    switch (place_.kind) {
+      case Place::kHeader: return "the GGUF header";
+      case Place::kPair: return "key-value pair #" + num(place_.number) + at;
+      case Place::kKey: return "key " + quoted_name(place_.name) + at;
+      case Place::kTensorInfo: return "tensor info #" + num(place_.number) + at;
+      case Place::kTensor: return "tensor " + quoted_name(place_.name) + at;
+      case Place::kDataSection: break;
+    }
+    return "the data section";
+  }
 
   uint64_t file_left() const { return size_ - pos_; }
   uint64_t header_left() const { return max_header_ > pos_ ? max_header_ - pos_ : 0; }
 
   // Fails unless `n` more bytes of `field` lie in the file and under the header cap.
-  void need(uint64_t n, const std::string& field) const {
+  void need(uint64_t n, std::string_view field) const {
     if (n > file_left()) {
-      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where_ + ": " + field + " at byte " + num(pos_) + " needs " + num(n) +
+      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where() + ": " + std::string(field) + " at byte " + num(pos_) + " needs " + num(n) +
                                               " bytes, but the file ends at byte " + num(size_));
     }
     if (n > header_left()) {
-      bad(PEFT_ERR_HEADER_TOO_LARGE, where_ + ": " + field + " at byte " + num(pos_) + " (" + num(n) +
+      bad(PEFT_ERR_HEADER_TOO_LARGE, where() + ": " + std::string(field) + " at byte " + num(pos_) + " (" + num(n) +
                                          " bytes) runs past the header size limit of " + num(max_header_) +
                                          " bytes");
     }
@@ -142,15 +121,15 @@ class Parser {
 
   // Fails unless `count` items of at least `min_size` bytes each can fit in what is left; `field`,
   // at byte `at`, holds the count.
-  void need_items(uint64_t count, uint64_t min_size, const std::string& field, uint64_t at) const {
+  void need_items(uint64_t count, uint64_t min_size, std::string_view field, uint64_t at) const {
     if (count > file_left() / min_size) {
-      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where_ + ": " + field + " at byte " + num(at) + " is " + num(count) +
+      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where() + ": " + std::string(field) + " at byte " + num(at) + " is " + num(count) +
                                               ", but " + num(count) + " items of at least " + num(min_size) +
                                               " bytes do not fit in the " + num(file_left()) +
                                               " bytes left in the file");
     }
     if (count > header_left() / min_size) {
-      bad(PEFT_ERR_HEADER_TOO_LARGE, where_ + ": " + field + " at byte " + num(at) + " is " + num(count) +
+      bad(PEFT_ERR_HEADER_TOO_LARGE, where() + ": " + std::string(field) + " at byte " + num(at) + " is " + num(count) +
                                          ", which runs past the header size limit of " + num(max_header_) +
                                          " bytes");
     }
@@ -177,7 +156,7 @@ class Parser {
     read_(pos_, buf_.data(), count);
   }
 
-  uint64_t little_endian(uint64_t n, const std::string& field) {
+  uint64_t little_endian(uint64_t n, std::string_view field) {
     need(n, field);
     uint8_t bytes[8];
     take(bytes, n);
@@ -185,28 +164,28 @@ class Parser {
     for (uint64_t i = n; i-- > 0;) value = (value << 8) | bytes[i];
     return value;
   }
-  uint32_t u32(const std::string& field) { return static_cast<uint32_t>(little_endian(4, field)); }
-  uint64_t u64(const std::string& field) { return little_endian(8, field); }
+  uint32_t u32(std::string_view field) { return static_cast<uint32_t>(little_endian(4, field)); }
+  uint64_t u64(std::string_view field) { return little_endian(8, field); }
 
   // Reads a string's length and checks that its bytes lie in the file, under the header cap and
   // under llama.cpp's limit; the cursor is left at the bytes.
-  uint64_t string_length(const std::string& field) {
+  uint64_t string_length(std::string_view field) {
     const uint64_t at = pos_;
     const uint64_t length = u64(field);
     if (length > file_left()) {
-      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where_ + ": " + field + " at byte " + num(at) + " has length " +
+      bad(PEFT_ERR_INVALID_HEADER_LENGTH, where() + ": " + std::string(field) + " at byte " + num(at) + " has length " +
                                               num(length) + ", past the end of the file (" + num(file_left()) +
                                               " bytes left)");
     }
     need(length, field);
     if (length > kMaxStringLength) {
-      bad(PEFT_ERR_INVALID_HEADER, where_ + ": " + field + " at byte " + num(at) + " has length " + num(length) +
+      bad(PEFT_ERR_INVALID_HEADER, where() + ": " + std::string(field) + " at byte " + num(at) + " has length " + num(length) +
                                        ", over llama.cpp's limit of " + num(kMaxStringLength) + " bytes");
     }
     return length;
   }
 
-  std::string read_string(const std::string& field) {
+  std::string read_string(std::string_view field) {
     const uint64_t length = string_length(field);
     std::string out(static_cast<size_t>(length), '\0');
     take(out.data(), length);
@@ -252,7 +231,7 @@ class Parser {
                                          " of a GGUF header's fixed part (magic, version, tensor and key-value "
                                          "counts)");
     }
-    where_ = "the GGUF header";
+    at_place(Place::kHeader);
     need(kPrefixSize, "the fixed part");
     char magic[4];
     take(magic, 4);
@@ -295,7 +274,7 @@ class Parser {
     return {n_tensors, n_kv};
   }
 
-  GgufValue scalar(GgufValueType type, const std::string& field) {
+  GgufValue scalar(GgufValueType type, std::string_view field) {
     const uint64_t at = pos_;
     const uint64_t bits = little_endian(gguf_value_size(type), field);
     if (type == GgufValueType::BOOL && bits > 1) not_a_bool(bits, at, "the bool value");
@@ -304,12 +283,12 @@ class Parser {
 
   // A stored bool is the byte 0 or 1 (gguf-py and gguf.cpp write nothing else): any other byte would
   // read as true and be written back as 1, so the file would not round-trip.
-  [[noreturn]] void not_a_bool(uint64_t byte, uint64_t at, const std::string& field) const {
-    bad(PEFT_ERR_INVALID_HEADER, where_ + ": " + field + " at byte " + num(at) + " is " + num(byte) +
+  [[noreturn]] void not_a_bool(uint64_t byte, uint64_t at, std::string_view field) const {
+    bad(PEFT_ERR_INVALID_HEADER, where() + ": " + std::string(field) + " at byte " + num(at) + " is " + num(byte) +
                                      ", not a bool (0 or 1)");
   }
 
-  GgufValue element(GgufValueType type, const std::string& field) {
+  GgufValue element(GgufValueType type, std::string_view field) {
     if (type != GgufValueType::STRING) return scalar(type, field);
     GgufValue value;
     value.type = type;
@@ -317,9 +296,9 @@ class Parser {
     return value;
   }
 
-  GgufValueType value_type(uint32_t raw, const std::string& field, uint64_t at) const {
+  GgufValueType value_type(uint32_t raw, std::string_view field, uint64_t at) const {
     if (raw > kLastValueType) {
-      bad(PEFT_ERR_INVALID_HEADER, where_ + ": " + field + " at byte " + num(at) + " is " + num(raw) +
+      bad(PEFT_ERR_INVALID_HEADER, where() + ": " + std::string(field) + " at byte " + num(at) + " is " + num(raw) +
                                        ", not a GGUF value type (0 to " + num(kLastValueType) + ")");
     }
     return static_cast<GgufValueType>(raw);
@@ -331,20 +310,23 @@ class Parser {
     header.metadata.reserve(static_cast<size_t>(n_kv));
     std::vector<uint64_t> at_of;  // byte offset of each pair, for the duplicate message
     at_of.reserve(static_cast<size_t>(n_kv));
-    NameIndex<GgufKeyValue> seen(header.metadata);
+    const std::vector<GgufKeyValue>& pairs = header.metadata;
+    NameIndex seen([&pairs](size_t i) { return std::string_view(pairs[i].key); });
+    seen.reserve(static_cast<size_t>(n_kv));
     for (uint64_t i = 0; i < n_kv; ++i) {
       const uint64_t at = pos_;
-      where_ = "key-value pair #" + num(i) + " (at byte " + num(at) + ")";
+      at_place(Place::kPair, i, at);
       std::string key = read_string("the key");
-      if (key.empty()) bad(PEFT_ERR_INVALID_HEADER, where_ + ": the key is empty");
+      if (key.empty()) bad(PEFT_ERR_INVALID_HEADER, where() + ": the key is empty");
       if (!is_valid_utf8(key)) {
-        bad(PEFT_ERR_INVALID_HEADER_UTF8, where_ + ": the key " + quoted_name(key) + " is not valid UTF-8");
+        bad(PEFT_ERR_INVALID_HEADER_UTF8, where() + ": the key " + quoted_name(key) + " is not valid UTF-8");
       }
-      if (const std::optional<size_t> first = seen.find(key)) {
-        bad(PEFT_ERR_INVALID_HEADER, where_ + ": duplicate key " + quoted_name(key) + " (first at byte " +
+      // Added at the position the pair will take, pushed below.
+      if (const std::optional<size_t> first = seen.insert(key, header.metadata.size())) {
+        bad(PEFT_ERR_INVALID_HEADER, where() + ": duplicate key " + quoted_name(key) + " (first at byte " +
                                          num(at_of[*first]) + ")");
       }
-      where_ = "key " + quoted_name(key) + " (at byte " + num(at) + ")";
+      at_place(Place::kKey, i, at, key);
       uint64_t type_at = pos_;
       const GgufValueType type = value_type(u32("the value type"), "the value type", type_at);
       GgufValue value;
@@ -352,7 +334,7 @@ class Parser {
         type_at = pos_;
         const GgufValueType items = value_type(u32("the array's element type"), "the array's element type", type_at);
         if (items == GgufValueType::ARRAY) {
-          bad(PEFT_ERR_INVALID_HEADER, where_ + ": an array of arrays (element type at byte " + num(type_at) +
+          bad(PEFT_ERR_INVALID_HEADER, where() + ": an array of arrays (element type at byte " + num(type_at) +
                                            "); nested arrays are refused, as llama.cpp refuses them");
         }
         const uint64_t count_at = pos_;
@@ -360,7 +342,7 @@ class Parser {
         const uint64_t min_size = items == GgufValueType::STRING ? 8 : gguf_value_size(items);
         need_items(count, min_size, "the array's length", count_at);
         if (count > kMaxArrayLength) {
-          bad(PEFT_ERR_INVALID_HEADER, where_ + ": the array's length at byte " + num(count_at) + " is " +
+          bad(PEFT_ERR_INVALID_HEADER, where() + ": the array's length at byte " + num(count_at) + " is " +
                                            num(count) + ", over llama.cpp's limit of " + num(kMaxArrayLength));
         }
         value.type = GgufValueType::ARRAY;
@@ -370,7 +352,6 @@ class Parser {
       }
       header.metadata.push_back(GgufKeyValue{std::move(key), std::move(value)});
       at_of.push_back(at);
-      seen.add(header.metadata.size() - 1);
     }
   }
 
@@ -392,43 +373,46 @@ class Parser {
     }
   }
 
-  TensorInfo tensor_info(uint64_t i, std::vector<uint64_t>& nbytes, const NameIndex<TensorInfo>& names) {
+  // Reads tensor info #i, which the caller pushes as header.tensors[i]; `names` indexes those before it.
+  template <class NameAt>
+  TensorInfo tensor_info(uint64_t i, std::vector<uint64_t>& nbytes, NameIndex<NameAt>& names) {
     const uint64_t at = pos_;
-    where_ = "tensor info #" + num(i) + " (at byte " + num(at) + ")";
+    at_place(Place::kTensorInfo, i, at);
     TensorInfo t;
     t.name = read_string("the tensor name");
     if (t.name.size() > kMaxTensorNameBytes) {
-      bad(PEFT_ERR_INVALID_HEADER, where_ + ": the tensor name " + quoted_name(t.name) + " has " +
+      bad(PEFT_ERR_INVALID_HEADER, where() + ": the tensor name " + quoted_name(t.name) + " has " +
                                        num(t.name.size()) + " bytes, over llama.cpp's limit of " +
                                        num(kMaxTensorNameBytes));
     }
     if (!is_valid_utf8(t.name)) {
-      bad(PEFT_ERR_INVALID_HEADER_UTF8, where_ + ": the tensor name " + quoted_name(t.name) + " is not valid UTF-8");
+      bad(PEFT_ERR_INVALID_HEADER_UTF8, where() + ": the tensor name " + quoted_name(t.name) + " is not valid UTF-8");
     }
-    if (const std::optional<size_t> first = names.find(t.name)) {
-      bad(PEFT_ERR_INVALID_HEADER, where_ + ": duplicate tensor name " + quoted_name(t.name) +
+    if (const std::optional<size_t> first = names.insert(t.name, static_cast<size_t>(i))) {
+      bad(PEFT_ERR_INVALID_HEADER, where() + ": duplicate tensor name " + quoted_name(t.name) +
                                        " (first at byte " + num(tensor_at_[*first]) + ")");
     }
     tensor_at_.push_back(at);
-    where_ = "tensor " + quoted_name(t.name) + " (at byte " + num(at) + ")";
+    at_place(Place::kTensor, i, at, t.name);
     const uint64_t dims_at = pos_;
     const uint32_t n_dims = u32("the dimension count");
     if (n_dims > kMaxDims) {
-      bad(PEFT_ERR_INVALID_HEADER, where_ + ": the dimension count at byte " + num(dims_at) + " is " + num(n_dims) +
+      bad(PEFT_ERR_INVALID_HEADER, where() + ": the dimension count at byte " + num(dims_at) + " is " + num(n_dims) +
                                        ", over ggml's limit of " + num(kMaxDims));
     }
     uint64_t ne[kMaxDims] = {1, 1, 1, 1};
     uint64_t elements = 1;
     for (uint32_t j = 0; j < n_dims; ++j) {
       const uint64_t dim_at = pos_;
-      ne[j] = u64("ne[" + num(j) + "]");
+      static constexpr std::array<const char*, kMaxDims> kDimField{"ne[0]", "ne[1]", "ne[2]", "ne[3]"};
+      ne[j] = u64(kDimField[j]);
       if (ne[j] > static_cast<uint64_t>(INT64_MAX)) {
-        bad(PEFT_ERR_VALIDATION_OVERFLOW, where_ + ": ne[" + num(j) + "] at byte " + num(dim_at) + " is " +
+        bad(PEFT_ERR_VALIDATION_OVERFLOW, where() + ": ne[" + num(j) + "] at byte " + num(dim_at) + " is " +
                                               num(ne[j]) + ", negative as ggml's int64_t");
       }
       // As gguf.cpp: the running product in file order must stay within int64.
       if (__builtin_mul_overflow(elements, ne[j], &elements) || elements > static_cast<uint64_t>(INT64_MAX)) {
-        bad(PEFT_ERR_VALIDATION_OVERFLOW, where_ + ": ne " + shape_text(std::span<const uint64_t>(ne, j + 1)) +
+        bad(PEFT_ERR_VALIDATION_OVERFLOW, where() + ": ne " + shape_text(std::span<const uint64_t>(ne, j + 1)) +
                                               " has more elements than fit in int64");
       }
     }
@@ -436,16 +420,16 @@ class Parser {
     const uint32_t type_id = u32("the ggml type");
     const std::optional<GgmlType> type = ggml_type(type_id);
     if (!type) {
-      bad(PEFT_ERR_INVALID_HEADER, where_ + ": the ggml type at byte " + num(type_at) + " is " + num(type_id) +
+      bad(PEFT_ERR_INVALID_HEADER, where() + ": the ggml type at byte " + num(type_at) + " is " + num(type_id) +
                                        ", not a type ggml defines (unknown or removed)");
     }
     if (ne[0] % type->block_size != 0) {
-      bad(PEFT_ERR_TENSOR_INVALID_INFO, where_ + ": its rows have " + num(ne[0]) + " elements (ne[0]), not a multiple of " +
+      bad(PEFT_ERR_TENSOR_INVALID_INFO, where() + ": its rows have " + num(ne[0]) + " elements (ne[0]), not a multiple of " +
                                             std::string(type->name) + "'s block size " + num(type->block_size));
     }
     uint64_t size = 0;
     if (__builtin_mul_overflow(elements / type->block_size, uint64_t{type->type_size}, &size)) {
-      bad(PEFT_ERR_VALIDATION_OVERFLOW, where_ + ": " + num(elements) + " elements of " + std::string(type->name) +
+      bad(PEFT_ERR_VALIDATION_OVERFLOW, where() + ": " + num(elements) + " elements of " + std::string(type->name) +
                                             " take more bytes than fit in 64 bits");
     }
     nbytes.push_back(size);
@@ -459,7 +443,7 @@ class Parser {
   }
 
   void data_section(GgufHeader& header, const std::vector<uint64_t>& nbytes) {
-    where_ = "the data section";
+    at_place(Place::kDataSection);
     const uint64_t align = header.alignment;
     const uint64_t infos_end = pos_;
     const uint64_t padding = (align - infos_end % align) % align;
@@ -479,7 +463,7 @@ class Parser {
     uint64_t expected = 0;
     for (size_t i = 0; i < header.tensors.size(); ++i) {
       TensorInfo& t = header.tensors[i];
-      const std::string name = "tensor " + quoted_name(t.name);
+      const auto name = [&t] { return "tensor " + quoted_name(t.name); };
       if (t.begin != expected) {
         std::string why;
         if (t.begin % align != 0) {
@@ -489,14 +473,14 @@ class Parser {
         } else {
           why = "leaving a gap of " + num(t.begin - expected) + " bytes";
         }
-        bad(PEFT_ERR_INVALID_OFFSET, name + ": data offset " + num(t.begin) + ", expected " + num(expected) +
+        bad(PEFT_ERR_INVALID_OFFSET, name() + ": data offset " + num(t.begin) + ", expected " + num(expected) +
                                          (i == 0 ? " (the first tensor starts the data section)"
                                                  : " (where the previous tensor's padded bytes end)") +
                                          ": " + why);
       }
       uint64_t padded = 0;
       if (__builtin_add_overflow(nbytes[i], align - 1, &padded) || __builtin_add_overflow(expected, padded / align * align, &expected)) {
-        bad(PEFT_ERR_VALIDATION_OVERFLOW, name + ": its " + num(nbytes[i]) + " bytes at data offset " + num(t.begin) +
+        bad(PEFT_ERR_VALIDATION_OVERFLOW, name() + ": its " + num(nbytes[i]) + " bytes at data offset " + num(t.begin) +
                                               ", padded to the alignment " + num(align) + ", overflow 64 bits");
       }
       t.end = t.begin + nbytes[i];
@@ -519,7 +503,7 @@ class Parser {
   uint64_t pos_ = 0;
   std::vector<uint8_t> buf_;  // the file's bytes [buf_at_, buf_at_ + buf_.size())
   uint64_t buf_at_ = 0;
-  std::string where_;  // what is being read, for messages
+  Place place_;  // what is being read, for messages
   std::vector<uint64_t> tensor_at_;  // byte offset of each tensor info, for the duplicate message
 };
 

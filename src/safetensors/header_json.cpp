@@ -3,11 +3,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/name_index.hpp"
 #include "safetensors/header_messages.hpp"
 #include "safetensors/header_sax.hpp"
 #include "safetensors/strict_json.hpp"
@@ -25,10 +25,12 @@ HeaderJson finish(HeaderSax& sax, bool ok) {
   if (!ok) fail(PEFT_ERR_INVALID_HEADER, sax.message().empty() ? std::string("invalid JSON") : sax.message());
   HeaderJson result = sax.take_result();
   // Stricter than the reference, which keeps the last of two entries with the same name.
-  std::unordered_set<std::string_view> names;
-  names.reserve(result.tensors.size());
-  for (const TensorInfo& tensor : result.tensors) {
-    if (!names.insert(tensor.name).second) {
+  const std::vector<TensorInfo>& tensors = result.tensors;
+  NameIndex names([&tensors](size_t i) { return std::string_view(tensors[i].name); });
+  names.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& tensor = tensors[i];
+    if (names.insert(tensor.name, i)) {
       fail(PEFT_ERR_INVALID_HEADER, "tensor " + quoted_name(tensor.name) +
                                         " is listed twice (stricter than the reference, on purpose)");
     }

@@ -1,5 +1,7 @@
 #include "safetensors/header_sax.hpp"
 
+#include <cstring>
+
 #include "core/dtype.hpp"
 #include "safetensors/header_messages.hpp"
 #include "safetensors/serde_number.hpp"
@@ -14,6 +16,12 @@ std::string clip(const std::string& text) {
   size_t cut = kMax;
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
   return text.substr(0, cut) + "...";
+}
+
+// `text` == `word`, with a memcmp of constant length that compilers inline (this runs for every key).
+template <size_t N>
+bool equals(const std::string& text, const char (&word)[N]) {
+  return text.size() == N - 1 && std::memcmp(text.data(), word, N - 1) == 0;
 }
 
 // Appended where the reference accepts a serde artifact that we reject on purpose.
@@ -47,7 +55,7 @@ bool HeaderSax::number_unsigned(uint64_t value) {
   const Slot slot = take_slot();
   switch (slot) {
     case Slot::ShapeDim:
-      current_.shape.push_back(value);
+      dims_.push_back(value);
       return true;
     case Slot::OffsetItem:
       (open_.back().items == 1 ? current_.begin : current_.end) = value;
@@ -98,7 +106,7 @@ bool HeaderSax::start_object(std::size_t) {
 bool HeaderSax::start_array(std::size_t) {
   const Slot slot = take_slot();
   switch (slot) {
-    case Slot::Shape: current_.shape.clear(); return open(Frame::Shape);
+    case Slot::Shape: dims_.clear(); return open(Frame::Shape);
     case Slot::Offsets: return open(Frame::Offsets);
     case Slot::Ignored: return open(Frame::IgnoredArray);
     default: return wrong_type(slot, "an array");
@@ -109,7 +117,7 @@ bool HeaderSax::key(std::string& name) {
   OpenContainer& top = open_.back();
   switch (top.frame) {
     case Frame::Root:
-      if (name == "__metadata__") {
+      if (equals(name, "__metadata__")) {
         if (metadata_seen_) return error("\"__metadata__\" is given twice");
         metadata_seen_ = true;
         pending_ = Slot::MetadataValue;
@@ -123,9 +131,9 @@ bool HeaderSax::key(std::string& name) {
       pending_ = Slot::MetadataString;
       return true;
     case Frame::TensorObject:
-      if (name == "dtype") return known_field(have_dtype_, "dtype", Slot::Dtype);
-      if (name == "shape") return known_field(have_shape_, "shape", Slot::Shape);
-      if (name == "data_offsets") return known_field(have_offsets_, "data_offsets", Slot::Offsets);
+      if (equals(name, "dtype")) return known_field(have_dtype_, "dtype", Slot::Dtype);
+      if (equals(name, "shape")) return known_field(have_shape_, "shape", Slot::Shape);
+      if (equals(name, "data_offsets")) return known_field(have_offsets_, "data_offsets", Slot::Offsets);
       pending_ = Slot::Ignored;
       return true;
     default:  // IgnoredObject
@@ -153,6 +161,9 @@ bool HeaderSax::end_array() {
   const OpenContainer top = open_.back();
   open_.pop_back();
   switch (top.frame) {
+    case Frame::Shape:  // one allocation of the exact size for the stored shape
+      current_.shape.assign(dims_.begin(), dims_.end());
+      return true;
     case Frame::Offsets:
       return top.items == 2 ||
              tensor_error("data_offsets must have 2 items, found " + std::to_string(top.items));

@@ -105,6 +105,7 @@ class HeaderSax {
   std::vector<OpenContainer> open_;
   Slot pending_ = Slot::Document;  // set by key() for the value that follows
   TensorInfo current_;
+  std::vector<uint64_t> dims_;  // the shape being read; its capacity is kept from tensor to tensor
   bool have_dtype_ = false, have_shape_ = false, have_offsets_ = false;  // seen in this tensor
   std::vector<TensorInfo> tensors_;
   bool metadata_seen_ = false;  // the key appeared (even as null)
