@@ -110,7 +110,7 @@ void Checkpoint::open_index(const std::string& folder, const std::string& index_
 
   // Shard k of files_ is index.shards[k] (both sorted the same way).
   for (const auto& [tensor, shard] : index.weight_map) {
-    const std::optional<size_t> found = by_name_.find(tensor);
+    const std::optional<size_t> found = find(tensor);
     const auto shard_pos = std::lower_bound(index.shards.begin(), index.shards.end(), shard);
     const size_t shard_file = static_cast<size_t>(shard_pos - index.shards.begin());
     if (!found)
@@ -129,14 +129,17 @@ void Checkpoint::add_file(std::unique_ptr<const TensorFile> file) {
   const size_t file_index = files_.size();
   const TensorFile& added = *file;
   files_.push_back(std::move(file));
-  tensors_.reserve(tensors_.size() + added.tensor_count());
-  by_name_.reserve(by_name_.size() + added.tensor_count());
-  for (size_t local = 0; local < added.tensor_count(); ++local) {
-    const std::string& name = added.tensor(local).name;
-    tensors_.push_back({file_index, local, name});
-    if (const std::optional<size_t> first = by_name_.insert(name, tensors_.size() - 1))
-      // the parser rejects duplicates within one file, so this is across shards
-      fail(PEFT_ERR_INVALID_CHECKPOINT, "tensor " + quoted(name) + " is in two shards: " +
+  const size_t first_new = tensors_.size();
+  tensors_.reserve(first_new + added.tensor_count());
+  for (size_t local = 0; local < added.tensor_count(); ++local)
+    tensors_.push_back({file_index, local, added.tensor(local).name});
+  // One file answers find() with the index its parser built (which rejects a name given twice within
+  // the file). Several files are indexed here, all of them once a second one comes.
+  if (files_.size() == 1) return;
+  by_name_.reserve(tensors_.size());
+  for (size_t i = files_.size() == 2 ? 0 : first_new; i < tensors_.size(); ++i) {
+    if (const std::optional<size_t> first = by_name_.insert(tensors_[i].name, i, NamesOf(tensors_)))
+      fail(PEFT_ERR_INVALID_CHECKPOINT, "tensor " + quoted(std::string(tensors_[i].name)) + " is in two shards: " +
                                             files_[tensors_[*first].file]->path() + " and " + added.path());
   }
 }
@@ -153,7 +156,10 @@ const TensorInfo& Checkpoint::tensor(size_t i) const {
   return files_[at.file]->tensor(at.local);
 }
 
-std::optional<size_t> Checkpoint::find(std::string_view name) const { return by_name_.find(name); }
+std::optional<size_t> Checkpoint::find(std::string_view name) const {
+  if (files_.size() == 1) return files_[0]->find(name);  // its positions are the checkpoint's
+  return by_name_.find(name, NamesOf(tensors_));
+}
 
 size_t Checkpoint::tensor_file(size_t i) const { return locate(i).file; }
 

@@ -75,13 +75,7 @@ class Checkpoint {
     size_t local;
     std::string_view name;  // held by files_' headers, which never move once a file is added
   };
-  struct NameAt {
-    const Checkpoint* checkpoint;
-    std::string_view operator()(size_t i) const { return checkpoint->tensors_[i].name; }
-  };
   Checkpoint() = default;
-  Checkpoint(const Checkpoint&) = delete;  // by_name_ refers to this object
-  Checkpoint& operator=(const Checkpoint&) = delete;
   void add_file(std::unique_ptr<const TensorFile> file);  // numbers its tensors, rejects duplicates
   void open_folder(const std::string& folder, const OpenOptions& options);
   void open_index(const std::string& folder, const std::string& index_path, const OpenOptions& options);
@@ -89,7 +83,7 @@ class Checkpoint {
 
   std::vector<std::unique_ptr<const TensorFile>> files_;
   std::vector<Location> tensors_;
-  NameIndex<NameAt> by_name_{NameAt{this}};
+  NameIndex by_name_;  // positions in tensors_ by name, when there are several files (one file's own serves alone)
   std::optional<std::string> index_metadata_json_;
 };
 

@@ -1,6 +1,6 @@
-// Finding names in a list: the one name index behind every reader's duplicate check and every
-// checkpoint's find by name (safetensors headers, GGUF keys and tensor names, split GGUF parts,
-// checkpoints of several files).
+// Finding names in a list: the one name index behind every reader's duplicate check and every find
+// by name (a safetensors header's tensors, a GGUF file's keys and tensors, a checkpoint of several
+// files). A file's index is built once, by its parser, and serves its finds afterwards.
 //
 // An open-addressing table with linear probing, at most half full, of 8-byte slots: a position in
 // the caller's list and 32 bits of its name's hash, so that a probe compares names only when their
@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace peft {
@@ -29,12 +28,11 @@ uint64_t name_hash(std::string_view name);
 // grow that long).
 [[noreturn]] void name_index_position_too_large(size_t position);
 
-// NameAt: a callable std::string_view(size_t position), the name at a position the index was given.
-template <class NameAt>
+// The index holds positions only, so it is a plain value (copied or moved with the list it indexes);
+// every call that compares names is given `name_at`, a callable std::string_view(size_t position)
+// answering the name at a position added before.
 class NameIndex {
  public:
-  explicit NameIndex(NameAt name_at) : name_at_(std::move(name_at)) {}
-
   // Room for `count` names in all without growing.
   void reserve(size_t count) {
     size_t slots = 16;
@@ -45,20 +43,23 @@ class NameIndex {
   size_t size() const { return count_; }
 
   // The position of `name`, if it was added.
-  std::optional<size_t> find(std::string_view name) const {
+  template <class NameAt>
+  std::optional<size_t> find(std::string_view name, const NameAt& name_at) const {
     if (count_ == 0) return std::nullopt;
     const uint32_t tag = tag_of(name);
     const size_t mask = slots_.size() - 1;
     for (size_t s = tag & mask;; s = (s + 1) & mask) {
       const Slot slot = slots_[s];
       if (slot.stored == 0) return std::nullopt;
-      if (slot.tag == tag && name_at_(slot.stored - 1) == name) return slot.stored - 1;
+      if (slot.tag == tag && name_at(slot.stored - 1) == name) return slot.stored - 1;
     }
   }
 
   // Adds `name` at `position` unless the name is there already; then adds nothing and returns the
-  // position it was added at first. `name` must be what name_at(position) will return.
-  std::optional<size_t> insert(std::string_view name, size_t position) {
+  // position it was added at first. `name` is what name_at(position) will answer; name_at is only
+  // asked about positions added before.
+  template <class NameAt>
+  std::optional<size_t> insert(std::string_view name, size_t position, const NameAt& name_at) {
     if (position >= UINT32_MAX - 1) name_index_position_too_large(position);
     if (2 * (count_ + 1) > slots_.size()) rehash(slots_.empty() ? 16 : 2 * slots_.size());
     const uint32_t tag = tag_of(name);
@@ -67,7 +68,7 @@ class NameIndex {
     for (;; s = (s + 1) & mask) {
       const Slot slot = slots_[s];
       if (slot.stored == 0) break;
-      if (slot.tag == tag && name_at_(slot.stored - 1) == name) return slot.stored - 1;
+      if (slot.tag == tag && name_at(slot.stored - 1) == name) return slot.stored - 1;
     }
     slots_[s] = Slot{tag, static_cast<uint32_t>(position + 1)};
     ++count_;
@@ -97,9 +98,19 @@ class NameIndex {
     }
   }
 
-  NameAt name_at_;
   std::vector<Slot> slots_;  // empty, or a power of two in size
   size_t count_ = 0;
+};
+
+// The names of a tensor list, as a NameIndex asks for them.
+template <class List>
+class NamesOf {
+ public:
+  explicit NamesOf(const List& list) : list_(list) {}
+  std::string_view operator()(size_t i) const { return list_[i].name; }
+
+ private:
+  const List& list_;
 };
 
 }  // namespace peft

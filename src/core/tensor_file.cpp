@@ -53,12 +53,15 @@ void TensorFile::attach_copy(const void* data, size_t size) {
   if (size > 0) std::memcpy(copy_.get(), data, size);
 }
 
-void TensorFile::set_tensors(const std::vector<TensorInfo>* tensors, uint64_t data_start, uint64_t source_size) {
+void TensorFile::set_tensors(const std::vector<TensorInfo>* tensors, const NameIndex* names, uint64_t data_start,
+                             uint64_t source_size) {
   if (data_start > source_size) fail(PEFT_ERR_INTERNAL, path_ + ": header layout disagrees with the file size");
   for (const TensorInfo& t : *tensors)
     if (t.begin > t.end || t.end > source_size - data_start)
       fail(PEFT_ERR_INTERNAL, path_ + ": tensor " + quoted(t.name) + " lies outside the data section");
+  if (names->size() != tensors->size()) fail(PEFT_ERR_INTERNAL, path_ + ": the name index disagrees with the tensors");
   tensors_ = tensors;
+  names_ = names;
   data_start_ = data_start;
   if (file_ && use_pread_) {
     cache_ = std::make_unique<std::atomic<uint8_t*>[]>(tensors->size());

@@ -24,10 +24,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.hpp"
 #include "core/file_map.hpp"
+#include "core/name_index.hpp"
 #include "core/tensor_info.hpp"
 
 namespace peft {
@@ -48,6 +50,8 @@ class TensorFile {
   const std::string& path() const { return path_; }
   size_t tensor_count() const { return tensors_->size(); }
   const TensorInfo& tensor(size_t local) const { return tensors_->at(local); }
+  // The position of the tensor named `name`, from the index the format's parser built.
+  std::optional<size_t> find(std::string_view name) const { return names_->find(name, NamesOf(*tensors_)); }
 
   // The tensor's bytes for a caller. In memory: zero-copy. mmap mode: a pointer into the mapping,
   // after checking that the file is unchanged (PEFT_ERR_IO otherwise); library code never reads
@@ -76,7 +80,9 @@ class TensorFile {
   // the parser has checked; this checks it again, since every view relies on it.
   void attach_file(ReadOnlyFile file, bool use_pread);
   void attach_copy(const void* data, size_t size);
-  void set_tensors(const std::vector<TensorInfo>* tensors, uint64_t data_start, uint64_t source_size);
+  // `names` indexes `tensors` by name (also owned by the subclass).
+  void set_tensors(const std::vector<TensorInfo>* tensors, const NameIndex* names, uint64_t data_start,
+                   uint64_t source_size);
   const uint8_t* copy() const { return copy_.get(); }
 
   std::string path_;
@@ -87,6 +93,7 @@ class TensorFile {
   const uint8_t* mapping() const;                 // mmap mode: maps the file at the first call
 
   const std::vector<TensorInfo>* tensors_ = nullptr;
+  const NameIndex* names_ = nullptr;
   uint64_t data_start_ = 0;
   // Exactly one source is set: copy_ (from memory) or file_.
   std::unique_ptr<uint8_t[]> copy_;

@@ -33,7 +33,7 @@ std::unique_ptr<const GgufFile> GgufFile::open(const std::string& path, const Op
   const auto read = [&file](uint64_t offset, void* dst, uint64_t count) { file.read_exact(offset, dst, count); };
   out->header_ = parse_gguf_header(read, size, options.max_header_size, out->path_);
   out->attach_file(std::move(file), options.use_pread);
-  out->set_tensors(&out->header_.tensors, out->header_.data_start, size);
+  out->set_tensors(&out->header_.tensors, &out->header_.tensor_names, out->header_.data_start, size);
   return out;
 }
 
@@ -50,7 +50,7 @@ std::unique_ptr<const GgufFile> GgufFile::from_memory(const void* data, size_t s
     std::memcpy(dst, bytes + offset, static_cast<size_t>(count));
   };
   out->header_ = parse_gguf_header(read, size, options.max_header_size, out->path_);
-  out->set_tensors(&out->header_.tensors, out->header_.data_start, size);
+  out->set_tensors(&out->header_.tensors, &out->header_.tensor_names, out->header_.data_start, size);
   return out;
 }
 

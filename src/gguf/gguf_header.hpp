@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/name_index.hpp"
 #include "core/tensor_info.hpp"
 
 namespace peft {
@@ -100,6 +101,7 @@ struct GgufHeader {
   // In file order. Shapes are outermost first (ne reversed); begin/end are relative to the data
   // section, end - begin being the tensor's own bytes (without the padding after it).
   std::vector<TensorInfo> tensors;
+  NameIndex tensor_names;    // positions in `tensors` by name (NamesOf(tensors)), built by the parser
   uint64_t alignment = 32;   // general.alignment, or 32
   uint64_t data_start = 0;   // absolute offset of the data section (a multiple of alignment)
   uint64_t data_size = 0;    // bytes the data section needs: the last tensor's end, padded

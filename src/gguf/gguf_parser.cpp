@@ -63,10 +63,8 @@ class Parser {
     header.tensors.reserve(static_cast<size_t>(n_tensors));
     nbytes.reserve(static_cast<size_t>(n_tensors));
     tensor_at_.reserve(static_cast<size_t>(n_tensors));
-    const std::vector<TensorInfo>& tensors = header.tensors;
-    NameIndex names([&tensors](size_t i) { return std::string_view(tensors[i].name); });
-    names.reserve(static_cast<size_t>(n_tensors));
-    for (uint64_t i = 0; i < n_tensors; ++i) header.tensors.push_back(tensor_info(i, nbytes, names));
+    header.tensor_names.reserve(static_cast<size_t>(n_tensors));
+    for (uint64_t i = 0; i < n_tensors; ++i) header.tensors.push_back(tensor_info(i, nbytes, header));
     data_section(header, nbytes);
     return header;
   }
@@ -310,8 +308,8 @@ class Parser {
     header.metadata.reserve(static_cast<size_t>(n_kv));
     std::vector<uint64_t> at_of;  // byte offset of each pair, for the duplicate message
     at_of.reserve(static_cast<size_t>(n_kv));
-    const std::vector<GgufKeyValue>& pairs = header.metadata;
-    NameIndex seen([&pairs](size_t i) { return std::string_view(pairs[i].key); });
+    const auto key_at = [&pairs = header.metadata](size_t k) { return std::string_view(pairs[k].key); };
+    NameIndex seen;
     seen.reserve(static_cast<size_t>(n_kv));
     for (uint64_t i = 0; i < n_kv; ++i) {
       const uint64_t at = pos_;
@@ -322,7 +320,7 @@ class Parser {
         bad(PEFT_ERR_INVALID_HEADER_UTF8, where() + ": the key " + quoted_name(key) + " is not valid UTF-8");
       }
       // Added at the position the pair will take, pushed below.
-      if (const std::optional<size_t> first = seen.insert(key, header.metadata.size())) {
+      if (const std::optional<size_t> first = seen.insert(key, header.metadata.size(), key_at)) {
         bad(PEFT_ERR_INVALID_HEADER, where() + ": duplicate key " + quoted_name(key) + " (first at byte " +
                                          num(at_of[*first]) + ")");
       }
@@ -373,9 +371,9 @@ class Parser {
     }
   }
 
-  // Reads tensor info #i, which the caller pushes as header.tensors[i]; `names` indexes those before it.
-  template <class NameAt>
-  TensorInfo tensor_info(uint64_t i, std::vector<uint64_t>& nbytes, NameIndex<NameAt>& names) {
+  // Reads tensor info #i, which the caller pushes as header.tensors[i], and adds its name to
+  // header.tensor_names.
+  TensorInfo tensor_info(uint64_t i, std::vector<uint64_t>& nbytes, GgufHeader& header) {
     const uint64_t at = pos_;
     at_place(Place::kTensorInfo, i, at);
     TensorInfo t;
@@ -388,7 +386,8 @@ class Parser {
     if (!is_valid_utf8(t.name)) {
       bad(PEFT_ERR_INVALID_HEADER_UTF8, where() + ": the tensor name " + quoted_name(t.name) + " is not valid UTF-8");
     }
-    if (const std::optional<size_t> first = names.insert(t.name, static_cast<size_t>(i))) {
+    if (const std::optional<size_t> first =
+            header.tensor_names.insert(t.name, static_cast<size_t>(i), NamesOf(header.tensors))) {
       bad(PEFT_ERR_INVALID_HEADER, where() + ": duplicate tensor name " + quoted_name(t.name) +
                                        " (first at byte " + num(tensor_at_[*first]) + ")");
     }

@@ -7,8 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
-#include "core/name_index.hpp"
-#include "safetensors/header_messages.hpp"
 #include "safetensors/header_sax.hpp"
 #include "safetensors/strict_json.hpp"
 
@@ -23,19 +21,7 @@ using LongDoubleJson = nlohmann::basic_json<std::map, std::vector, std::string, 
 
 HeaderJson finish(HeaderSax& sax, bool ok) {
   if (!ok) fail(PEFT_ERR_INVALID_HEADER, sax.message().empty() ? std::string("invalid JSON") : sax.message());
-  HeaderJson result = sax.take_result();
-  // Stricter than the reference, which keeps the last of two entries with the same name.
-  const std::vector<TensorInfo>& tensors = result.tensors;
-  NameIndex names([&tensors](size_t i) { return std::string_view(tensors[i].name); });
-  names.reserve(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorInfo& tensor = tensors[i];
-    if (names.insert(tensor.name, i)) {
-      fail(PEFT_ERR_INVALID_HEADER, "tensor " + quoted_name(tensor.name) +
-                                        " is listed twice (stricter than the reference, on purpose)");
-    }
-  }
-  return result;
+  return sax.take_result();
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 //  2/3 N does not fit usize, or N > the maximum  -> HEADER_TOO_LARGE
 //  4 8 + N overflows or is past the end          -> INVALID_HEADER_LENGTH
 //  5 the N bytes are not UTF-8                   -> INVALID_HEADER_UTF8
-//  6 not the JSON the format needs               -> INVALID_HEADER (header_json.cpp)
+//  6 not the JSON the format needs               -> INVALID_HEADER (header_json.cpp); a tensor name
+//    given twice -> INVALID_HEADER too, stricter than the reference (checked after the sort, as the
+//    file's name index is built: positions are those of the sorted list)
 //  7 in (begin, end) order: contiguity from 0, element count, bit count, whole bytes, byte span
 //  8 8 + N + end of the last tensor != file size -> METADATA_INCOMPLETE_BUFFER
 #include "safetensors/header_parser.hpp"
@@ -122,6 +124,16 @@ Header parse_header(std::string_view header_bytes, uint64_t file_size) {
     sorted.reserve(order.size());
     for (uint32_t i : order) sorted.push_back(std::move(header.tensors[i]));
     header.tensors = std::move(sorted);
+  }
+
+  // Stricter than the reference, which keeps the last of two entries with the same name.
+  header.names.reserve(header.tensors.size());
+  for (size_t i = 0; i < header.tensors.size(); ++i) {
+    const TensorInfo& tensor = header.tensors[i];
+    if (header.names.insert(tensor.name, i, NamesOf(header.tensors))) {
+      fail(PEFT_ERR_INVALID_HEADER, "tensor " + quoted_name(tensor.name) +
+                                        " is listed twice (stricter than the reference, on purpose)");
+    }
   }
 
   uint64_t data_end = 0;

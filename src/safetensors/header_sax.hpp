@@ -23,7 +23,7 @@
 //    (serde_number.hpp).
 // Deliberately stricter than the reference (each message says so), like the fixtures in
 // tests/fixtures/malformed expect:
-//  - a tensor name given twice (parse_header_json); the reference keeps the last entry;
+//  - a tensor name given twice (parse_header, after this step); the reference keeps the last entry;
 //  - two serde artifacts no writer produces: serde builds structs from sequences too and reads
 //    enums in their externally tagged form, so the reference also accepts a tensor written as the
 //    array ["F32",[1],[0,4]] and a dtype written as {"F32":null}. We take only the object form and

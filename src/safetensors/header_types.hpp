@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/name_index.hpp"
 #include "core/tensor_info.hpp"
 
 namespace peft {
@@ -21,6 +22,7 @@ struct Header {
   std::vector<TensorInfo> tensors;  // in data order: stable sort by (begin, end) as the reference does
   std::optional<Metadata> metadata; // nullopt when "__metadata__" is absent or null; {} when it is {}
   uint64_t data_size = 0;           // end of the last tensor (0 without tensors)
+  NameIndex names;                  // positions in `tensors` by name (NamesOf(tensors))
   uint64_t data_start() const { return 8 + header_size; }
 };
 

@@ -27,7 +27,7 @@ std::unique_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     return parse_header(header_bytes, size);
   });
   out->attach_file(std::move(file), options.use_pread);
-  out->set_tensors(&out->header_.tensors, out->header_.data_start(), size);
+  out->set_tensors(&out->header_.tensors, &out->header_.names, out->header_.data_start(), size);
   return out;
 }
 
@@ -45,7 +45,7 @@ std::unique_ptr<const SafetensorsFile> SafetensorsFile::from_memory(const void* 
         read_header_length(bytes, static_cast<size_t>(std::min<uint64_t>(size, 8)), size, limits);
     return parse_header(std::string_view(reinterpret_cast<const char*>(bytes) + 8, header_size), size);
   });
-  out->set_tensors(&out->header_.tensors, out->header_.data_start(), size);
+  out->set_tensors(&out->header_.tensors, &out->header_.names, out->header_.data_start(), size);
   return out;
 }
 
