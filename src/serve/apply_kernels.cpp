@@ -95,18 +95,29 @@ PEFT_INLINE float lane_sum(typename Lanes<V>::f32 v) {
 }
 
 #if __has_builtin(__builtin_shufflevector)
+// The 4 x 4 transpose of rows r[0..3] in registers: r[q] becomes column q.
+PEFT_INLINE void transpose4(Lanes<4>::f32 (&r)[4]) {
+  const Lanes<4>::f32 t0 = __builtin_shufflevector(r[0], r[1], 0, 4, 1, 5);
+  const Lanes<4>::f32 t1 = __builtin_shufflevector(r[0], r[1], 2, 6, 3, 7);
+  const Lanes<4>::f32 t2 = __builtin_shufflevector(r[2], r[3], 0, 4, 1, 5);
+  const Lanes<4>::f32 t3 = __builtin_shufflevector(r[2], r[3], 2, 6, 3, 7);
+  r[0] = __builtin_shufflevector(t0, t2, 0, 1, 4, 5);
+  r[1] = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+  r[2] = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+  r[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+}
+
 // Lane sums of four vectors at once, {sum a, sum b, sum c, sum d}: each folded to four lanes, then
-// a 4 x 4 transpose and add. (The dot path's lanes are 4 or 8 on every table.)
+// transposed and added, lanes (0 + 2) + (1 + 3). (The dot path's lanes are 4 or 8 on every table.)
 PEFT_INLINE Lanes<4>::f32 fold4(Lanes<4>::f32 v) { return v; }
 PEFT_INLINE Lanes<4>::f32 fold4(Lanes<8>::f32 v) {
   return __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
 }
 template <class Vec>
 PEFT_INLINE Lanes<4>::f32 sum4(Vec va, Vec vb, Vec vc, Vec vd) {
-  const Lanes<4>::f32 a = fold4(va), b = fold4(vb), c = fold4(vc), d = fold4(vd);
-  const Lanes<4>::f32 ab = __builtin_shufflevector(a, b, 0, 4, 1, 5) + __builtin_shufflevector(a, b, 2, 6, 3, 7);
-  const Lanes<4>::f32 cd = __builtin_shufflevector(c, d, 0, 4, 1, 5) + __builtin_shufflevector(c, d, 2, 6, 3, 7);
-  return __builtin_shufflevector(ab, cd, 0, 1, 4, 5) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7);
+  Lanes<4>::f32 r[4] = {fold4(va), fold4(vb), fold4(vc), fold4(vd)};
+  transpose4(r);
+  return (r[0] + r[2]) + (r[1] + r[3]);
 }
 #endif
 
@@ -267,12 +278,9 @@ PEFT_INLINE void fill_panel(const E* b, int64_t rank, int64_t jb, int64_t width,
     const E* rows = b + (jb + w0) * rank;
     int64_t k = 0;
     for (; k + 4 <= rank; k += 4) {
-      const vec r0 = load<4>(rows + k), r1 = load<4>(rows + rank + k);
-      const vec r2 = load<4>(rows + 2 * rank + k), r3 = load<4>(rows + 3 * rank + k);
-      const vec t0 = __builtin_shufflevector(r0, r1, 0, 4, 1, 5), t1 = __builtin_shufflevector(r0, r1, 2, 6, 3, 7);
-      const vec t2 = __builtin_shufflevector(r2, r3, 0, 4, 1, 5), t3 = __builtin_shufflevector(r2, r3, 2, 6, 3, 7);
-      const vec columns[4] = {__builtin_shufflevector(t0, t2, 0, 1, 4, 5), __builtin_shufflevector(t0, t2, 2, 3, 6, 7),
-                              __builtin_shufflevector(t1, t3, 0, 1, 4, 5), __builtin_shufflevector(t1, t3, 2, 3, 6, 7)};
+      vec columns[4] = {load<4>(rows + k), load<4>(rows + rank + k), load<4>(rows + 2 * rank + k),
+                        load<4>(rows + 3 * rank + k)};
+      transpose4(columns);
       for (int q = 0; q < 4; ++q) std::memcpy(panel + (k + q) * JW + w0, &columns[q], sizeof(vec));
     }
     for (; k < rank; ++k)
