@@ -2,6 +2,10 @@
 // or arithmetically (PEFT's unmerge), with weights, DoRA, lora_bias, misuse and concurrency.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
 #include <thread>
 
 #include "core/error.hpp"
@@ -203,6 +207,57 @@ TEST_CASE("buffer merge: records on different buffers work concurrently") {
     });
   for (auto& t : threads) t.join();
   for (int i = 0; i < kThreads; ++i) CHECK(ok[static_cast<size_t>(i)] == 1);
+}
+
+TEST_CASE("buffer merge: the bound that lets a refusing merge save no rows holds whenever it says so") {
+  // Random weights and merge weights around each dtype's overflow: whenever lora_merge_stays_finite
+  // answers yes, the merge without any check writes only finite values. Both answers must occur.
+  const double largest[] = {3.4028234e38, 0x1.FEp127, 65504.0};
+  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
+  const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 7100);
+  const BufferMergeModule module = fx.module(false, false);
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> exponent(-3.0, 0.0);
+  for (int t = 0; t < 3; ++t) {
+    CAPTURE(dtype_name(dtypes[t]));
+    int yes = 0, no = 0;
+    for (int trial = 0; trial < 300; ++trial) {
+      const double weight_scale = largest[t] * std::pow(10.0, exponent(rng));  // 0.001x to 1x the largest
+      const double merge_weight = largest[t] * std::pow(10.0, exponent(rng)) / 8;
+      Buffer w(dtypes[t], 16 * 24);
+      const auto values = random_floats(w.size(), 900 + static_cast<uint32_t>(trial), 0.3f);
+      for (size_t i = 0; i < w.size(); ++i) {
+        const double v = std::clamp(values[i] * weight_scale, -largest[t], largest[t]);
+        w.set(i, static_cast<float>(v));
+      }
+      auto wv = w.view(16, 24);
+      const double coefficient = merge_weight * module.scaling;
+      const bool stays_finite = peft::lora_merge_stays_finite(wv, module, coefficient);
+      (stays_finite ? yes : no) += 1;
+      BufferMergeOptions unchecked;
+      unchecked.weight = merge_weight;
+      BufferMerge::apply(wv, nullptr, module, unchecked);
+      bool all_finite = true;
+      for (size_t i = 0; i < w.size(); ++i) all_finite = all_finite && std::isfinite(w.get(i));
+      if (stays_finite) REQUIRE(all_finite);
+    }
+    CHECK(yes > 20);
+    CHECK(no > 20);
+  }
+  // Infinities and NaNs already present, in the weight, the factors or the coefficient: no.
+  Buffer w(DType::F32, 16 * 24);
+  auto wv = w.view(16, 24);
+  CHECK(peft::lora_merge_stays_finite(wv, module, 1.0));
+  w.set(5, std::numeric_limits<float>::infinity());
+  CHECK_FALSE(peft::lora_merge_stays_finite(wv, module, 1.0));
+  w.set(5, std::numeric_limits<float>::quiet_NaN());
+  CHECK_FALSE(peft::lora_merge_stays_finite(wv, module, 1.0));
+  w.set(5, 0.0f);
+  CHECK_FALSE(peft::lora_merge_stays_finite(wv, module, std::numeric_limits<double>::infinity()));
+  CHECK_FALSE(peft::lora_merge_stays_finite(wv, module, std::numeric_limits<double>::quiet_NaN()));
+  Fixture bad = fx;
+  bad.term.a[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(peft::lora_merge_stays_finite(wv, bad.module(false, false), 1.0));
 }
 
 TEST_CASE("buffer merge: a result that is not finite is refused and the buffers keep their bytes") {

@@ -1,12 +1,17 @@
 // BufferMerge: lora_math applied to a host's buffers, with an exact or arithmetic way back.
 #include "peft/buffer_merge/buffer_merge.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <string>
 
+#include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/f16.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/adapter_config.hpp"
 #include "peft/methods/peft_methods.hpp"
@@ -72,16 +77,68 @@ merge::LoraFactors factors_of(const BufferMergeModule& m, double coefficient) {
   return merge::LoraFactors{m.lora_a, m.lora_b, m.rank, coefficient};
 }
 
+// The largest |w| of the weight. An IEEE value's bits without the sign order as its magnitude, with
+// the infinities and NaNs above every finite value, so the largest of them (a loop compilers
+// vectorise) read back as a number is the largest magnitude, or an infinity or a NaN.
+double largest_magnitude(const merge::WeightView& weight) {
+  const auto count = static_cast<size_t>(weight.rows * weight.cols);
+  if (weight.dtype == DType::F32) {
+    const auto* w = static_cast<const uint32_t*>(weight.data);
+    uint32_t most = 0;
+    for (size_t i = 0; i < count; ++i) most = std::max(most, w[i] & 0x7FFFFFFFu);
+    float value;
+    std::memcpy(&value, &most, sizeof value);
+    return value;
+  }
+  const auto* w = static_cast<const uint16_t*>(weight.data);
+  uint16_t most = 0;
+  for (size_t i = 0; i < count; ++i) most = std::max<uint16_t>(most, w[i] & 0x7FFFu);
+  return weight.dtype == DType::BF16 ? bf16_to_f32(most) : f16_to_f32(most);
+}
+
+double largest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::BF16: return 0x1.FEp127;
+    case DType::F16: return 65504.0;
+    default: return FLT_MAX;
+  }
+}
+
 }  // namespace
+
+bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient) {
+  if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1) return false;
+  const merge::DeltaLayout& layout = module.layout;
+  double a_most = 0.0, b_row_most = 0.0;  // max |A|, max over B's rows of sum |B_ik|
+  bool factors_finite = true;
+  for (int64_t i = 0; i < module.rank * layout.in; ++i) {
+    factors_finite = factors_finite && std::isfinite(module.lora_a[i]);
+    a_most = std::max(a_most, std::fabs(double{module.lora_a[i]}));
+  }
+  for (int64_t row = 0; row < layout.out; ++row) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < module.rank; ++k) {
+      factors_finite = factors_finite && std::isfinite(module.lora_b[row * module.rank + k]);
+      sum += std::fabs(double{module.lora_b[row * module.rank + k]});
+    }
+    b_row_most = std::max(b_row_most, sum);
+  }
+  if (!factors_finite) return false;
+  // A NaN coefficient makes the comparison false, an infinite one the room negative.
+  const double room = largest_finite(weight.dtype) / 2 - 2 * std::fabs(coefficient) * b_row_most * a_most;
+  if (!(room > 0.0)) return false;
+  return largest_magnitude(weight) <= room;
+}
 
 size_t BufferMerge::row_bytes() const {
   return static_cast<size_t>(module_.layout.cols()) * element_bytes(dtype_);
 }
 
-BufferMerge::Saving::Saving(BufferMerge& record, const BufferMergeOptions& options, bool changes_bias) {
+BufferMerge::Saving::Saving(BufferMerge& record, const BufferMergeOptions& options, bool changes_bias,
+                            bool cannot_fail) {
   exec.threads = options.threads;
   if (options.refuse_non_finite) exec.non_finite = &non_finite;
-  if (!record.keep_rows_ && (!options.refuse_non_finite || options.caller_restores)) return;
+  if (!record.keep_rows_ && (!options.refuse_non_finite || options.caller_restores || cannot_fail)) return;
   // Everything the sinks may need is allocated now, so the merge itself cannot fail halfway.
   const size_t rows = static_cast<size_t>(record.module_.layout.rows());
   reserve_or_fail(record.saved_row_index_, rows, "row indices");
@@ -129,13 +186,22 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   record.dtype_ = weight.dtype;
   record.bias_dtype_ = with_bias ? bias->dtype : DType::F32;
 
-  Saving saving(record, options, with_bias);
+  // A plain LoRA merge in PEFT's arithmetic that cannot overflow saves no rows for its refusal. (Not
+  // DoRA, which rescales rows, nor ggml's arithmetic, which rounds through F16.)
+  const bool cannot_fail = options.refuse_non_finite && !options.caller_restores && !record.keep_rows_ &&
+                           module.magnitude == nullptr && !with_bias &&
+                           options.arithmetic == merge::Arithmetic::peft &&
+                           lora_merge_stays_finite(weight, module, record.coefficient_);
+  Saving saving(record, options, with_bias, cannot_fail);
   saving.exec.arithmetic = options.arithmetic;
   const merge::LoraFactors term = factors_of(module, record.coefficient_);
   if (module.magnitude != nullptr)
     record.dora_norm_ = merge::dora_merge(weight, layout, {&term, 1}, module.magnitude, nullptr, saving.exec);
   else
     merge::add_delta(weight, layout, {&term, 1}, saving.exec);
+  if (cannot_fail && saving.non_finite)
+    fail(PEFT_ERR_INTERNAL, "buffer merge: layer " + peft::quoted(options.layer) +
+                                " holds an infinity or a NaN although its bound ruled them out; it stays merged");
   if (with_bias)
     merge::add_lora_bias(*bias, module.lora_bias, record.coefficient_, false, saving.bias_sink_or_null());
   record.finish(saving.non_finite, weight, with_bias ? bias : nullptr, options);

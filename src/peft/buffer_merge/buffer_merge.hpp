@@ -65,7 +65,8 @@ struct BufferMergeOptions {
   // A host's buffers (the C API, host models): a merge that writes an infinity or a NaN (checked
   // in the pass that writes each value) puts the buffers back to their original bytes and throws
   // PEFT_ERR_NON_FINITE naming `layer`. The original rows are kept while the merge runs, as with
-  // keep_original_rows. Off for callers that check the merged values themselves (the GGUF merge
+  // keep_original_rows, unless the merge cannot fail (a plain LoRA module, lora_merge_stays_finite).
+  // Off for callers that check the merged values themselves (the GGUF merge
   // with its --allow-nonfinite, adapter export).
   bool refuse_non_finite = false;
   // With refuse_non_finite: the caller keeps its own copy of the buffers and puts them back when
@@ -74,6 +75,14 @@ struct BufferMergeOptions {
   bool caller_restores = false;
   std::string layer{};  // the name in that error
 };
+
+// Whether merging `coefficient` x B A (a plain LoRA module, PEFT's f32 arithmetic) into `weight`
+// can only give finite values, decided without computing the product: every |w| stays under half
+// the dtype's largest finite value less twice the bound |coefficient| x max_i sum_k |B_ik| x max |A|
+// on every |delta| (the factor 2 covers the f32 rounding of the product and the sum). False when
+// anything is already an infinity or a NaN. One read of the weight; a merge that refuses non-finite
+// results saves no rows when this holds, since it cannot fail.
+bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient);
 
 class BufferMerge {
  public:
@@ -113,7 +122,8 @@ class BufferMerge {
   // save the original rows and bias into the record (reserved up front, so the merge itself cannot
   // fail halfway) and the flag a non-finite value raises. Lives only while the merge runs.
   struct Saving {
-    Saving(BufferMerge& record, const BufferMergeOptions& options, bool changes_bias);
+    // cannot_fail: the merge was shown to stay finite (lora_merge_stays_finite), so no rows are saved.
+    Saving(BufferMerge& record, const BufferMergeOptions& options, bool changes_bias, bool cannot_fail = false);
     merge::ExecOptions exec;
     merge::RowSink rows_sink;
     merge::RowSink bias_sink;
