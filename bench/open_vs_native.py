@@ -36,7 +36,7 @@ TARGET_VS_RUST = 2.0  # issue 34: open + index at least 2x the Rust crate
 
 
 def iterations_for(n_tensors):
-    return 40 if n_tensors <= 10_000 else 8
+    return 40 if n_tensors <= 10_000 else 20
 
 
 def build_rust_reference():
@@ -54,7 +54,8 @@ def build_llama_reference():
         sys.exit("open_vs_native.py: run `eval \"$(scripts/llama-cpp.sh --env)\"` first (scripts/bench.sh does)")
     library = Path(bin_dir).parent / "ggml" / "src" / "libggml-base.a"
     source = HERE / "references" / "llama_gguf_open.cpp"
-    key = hashlib.sha256(source.read_bytes() + str(library).encode()).hexdigest()[:12]
+    key = hashlib.sha256(source.read_bytes() + (HERE / "open_timing.hpp").read_bytes() +
+                         str(library).encode()).hexdigest()[:12]
     program = CACHE / "bench" / f"llama_gguf_open-{key}"
     if not program.exists():
         program.parent.mkdir(parents=True, exist_ok=True)

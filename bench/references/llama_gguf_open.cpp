@@ -2,36 +2,25 @@
 // gguf_init_from_file (no_alloc, with the ggml context of tensor shapes that llama.cpp's model loader
 // asks for), builds the name index the loader builds (its weights map; a hash map here, which is faster
 // than the loader's std::map), finds every tensor by name and reads its type and shape. Prints the
-// median and best time per open in microseconds, in the JSON form of bench/bench_open.cpp.
+// median and best time per open in microseconds, as bench_open does (bench/open_timing.hpp).
 // Built by bench/open_vs_native.py against the static ggml-base of scripts/llama-cpp.sh's build.
 // usage: llama_gguf_open FILE [ITERATIONS]
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
+#include "../open_timing.hpp"
 #include "ggml.h"
 #include "gguf.h"
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: llama_gguf_open FILE [ITERATIONS]\n");
-    return 2;
-  }
-  int iterations = argc > 2 ? std::atoi(argv[2]) : 50;
-  std::vector<double> micros;
-  size_t checksum = 0;
-  for (int it = 0; it < iterations; ++it) {
-    auto start = std::chrono::steady_clock::now();
+  return run_open_benchmark(argc, argv, "llama_gguf_open", [](const char* path, size_t& checksum) {
     ggml_context* shapes = nullptr;
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/&shapes};
-    gguf_context* file = gguf_init_from_file(argv[1], params);
+    gguf_context* file = gguf_init_from_file(path, params);
     if (file == nullptr) {
-      std::fprintf(stderr, "llama_gguf_open: gguf_init_from_file failed on %s\n", argv[1]);
-      return 1;
+      std::fprintf(stderr, "llama_gguf_open: gguf_init_from_file failed on %s\n", path);
+      return false;
     }
     std::unordered_map<std::string, ggml_tensor*> index;
     index.reserve(static_cast<size_t>(gguf_get_n_tensors(file)));
@@ -44,10 +33,6 @@ int main(int argc, char** argv) {
     }
     gguf_free(file);
     ggml_free(shapes);
-    micros.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(micros.begin(), micros.end());
-  std::printf("{\"median_us\": %.1f, \"best_us\": %.1f, \"iterations\": %d, \"checksum\": %zu}\n",
-              micros[micros.size() / 2], micros.front(), iterations, checksum);
-  return 0;
+    return true;
+  });
 }
