@@ -5,8 +5,8 @@
 // An open-addressing table with linear probing, at most half full, of 8-byte slots: a position in
 // the caller's list and 32 bits of its name's hash, so that a probe compares names only when their
 // hashes agree. The names stay where the caller keeps them (`name_at(position)`); the index holds no
-// copy and allocates nothing per name. A std::unordered_map of string views took one allocation and
-// about 40 bytes a name, and a third of the time to open a 10,000-tensor file (docs/benchmarks.md).
+// copy and allocates nothing per name, where the std::unordered_map and unordered_set of string
+// views it replaced took an allocation per name (docs/benchmarks.md, "Against the native readers").
 //
 // The hash is keyed with a seed drawn once per process, so that a crafted file cannot choose names
 // that collide; lookups stay O(1) expected. Nothing the library returns depends on the seed: the
