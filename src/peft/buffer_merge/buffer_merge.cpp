@@ -9,9 +9,7 @@
 #include <new>
 #include <string>
 
-#include "core/bf16.hpp"
 #include "core/error.hpp"
-#include "core/f16.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/adapter_config.hpp"
 #include "peft/methods/peft_methods.hpp"
@@ -77,25 +75,6 @@ merge::LoraFactors factors_of(const BufferMergeModule& m, double coefficient) {
   return merge::LoraFactors{m.lora_a, m.lora_b, m.rank, coefficient};
 }
 
-// The largest |w| of the weight. An IEEE value's bits without the sign order as its magnitude, with
-// the infinities and NaNs above every finite value, so the largest of them (a loop compilers
-// vectorise) read back as a number is the largest magnitude, or an infinity or a NaN.
-double largest_magnitude(const merge::WeightView& weight) {
-  const auto count = static_cast<size_t>(weight.rows * weight.cols);
-  if (weight.dtype == DType::F32) {
-    const auto* w = static_cast<const uint32_t*>(weight.data);
-    uint32_t most = 0;
-    for (size_t i = 0; i < count; ++i) most = std::max(most, w[i] & 0x7FFFFFFFu);
-    float value;
-    std::memcpy(&value, &most, sizeof value);
-    return value;
-  }
-  const auto* w = static_cast<const uint16_t*>(weight.data);
-  uint16_t most = 0;
-  for (size_t i = 0; i < count; ++i) most = std::max<uint16_t>(most, w[i] & 0x7FFFu);
-  return weight.dtype == DType::BF16 ? bf16_to_f32(most) : f16_to_f32(most);
-}
-
 double largest_finite(DType dtype) {
   switch (dtype) {
     case DType::BF16: return 0x1.FEp127;
@@ -127,7 +106,7 @@ bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeM
   // A NaN coefficient makes the comparison false, an infinite one the room negative.
   const double room = largest_finite(weight.dtype) / 2 - 2 * std::fabs(coefficient) * b_row_most * a_most;
   if (!(room > 0.0)) return false;
-  return largest_magnitude(weight) <= room;
+  return merge::largest_magnitude(weight) <= room;
 }
 
 size_t BufferMerge::row_bytes() const {

@@ -153,6 +153,11 @@ void require_merge_weight(double weight);
 // other scalings (rslora, alpha 0 in PEFT, which scales by 0) keep float(weight * scaling).
 double ggml_lora_coefficient(double weight, double alpha, int64_t rank, double scaling, const std::string& who);
 
+// The largest |value| of the buffer (F32, BF16 or F16), or an infinity or a NaN when it holds one.
+// An IEEE value's bits without the sign order as its magnitude, with the infinities and NaNs above
+// every finite value: the largest of them (a loop compilers vectorise), read back as a number.
+double largest_magnitude(const ConstWeightView& view);
+
 // Whether any value of the buffer (F32, BF16 or F16) is an infinity or a NaN.
 bool holds_non_finite(const ConstWeightView& view);
 

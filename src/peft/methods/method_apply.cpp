@@ -3,6 +3,7 @@
 // floating-point contraction: every product rounds as torch's does, fused only where written.
 #include "core/no_fp_contract.hpp"  // first: before any inline arithmetic of the headers below
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string_view>
@@ -97,14 +98,23 @@ void rewrite_rows(const WeightView& weight, const ExecOptions& exec, Op&& op) {
 
 }  // namespace
 
-bool holds_non_finite(const ConstWeightView& view) {
-  const size_t esize = element_bytes(view.dtype);
-  const auto* p = static_cast<const unsigned char*>(view.data);
-  const size_t count = static_cast<size_t>(view.rows * view.cols);
-  for (size_t i = 0; i < count; ++i)
-    if (!finite_stored(view.dtype, p + i * esize)) return true;
-  return false;
+double largest_magnitude(const ConstWeightView& view) {
+  const auto count = static_cast<size_t>(view.rows * view.cols);
+  if (view.dtype == DType::F32) {
+    const auto* w = static_cast<const uint32_t*>(view.data);
+    uint32_t most = 0;
+    for (size_t i = 0; i < count; ++i) most = std::max(most, w[i] & 0x7FFFFFFFu);
+    float value;
+    std::memcpy(&value, &most, sizeof value);
+    return value;
+  }
+  const auto* w = static_cast<const uint16_t*>(view.data);
+  uint16_t most = 0;
+  for (size_t i = 0; i < count; ++i) most = std::max<uint16_t>(most, w[i] & 0x7FFFu);
+  return view.dtype == DType::BF16 ? bf16_to_f32(most) : f16_to_f32(most);
 }
+
+bool holds_non_finite(const ConstWeightView& view) { return !std::isfinite(largest_magnitude(view)); }
 
 std::vector<float> matmul_f32(const float* x, const float* y, int64_t m, int64_t k, int64_t n) {
   std::vector<float> out(static_cast<size_t>(m * n), 0.0f);
