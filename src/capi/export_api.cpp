@@ -2,6 +2,7 @@
 #include <cmath>
 #include <iterator>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,16 +23,26 @@ using peft::capi::options_of;
 using peft::capi::require_arg;
 
 namespace {
-// The adapters of a combination, checked (none NULL, at least one).
-std::vector<std::shared_ptr<const peft::Adapter>> adapter_list(const peft_adapter* const* adapters, size_t count) {
+// The arguments both combinations take, checked: adapters (none NULL, at least one), their
+// weights, the method and the output folder.
+struct CombineArgs {
+  std::vector<std::shared_ptr<const peft::Adapter>> adapters;
+  std::span<const double> weights;
+  peft::CombineMethod method;
+};
+CombineArgs combine_args(const peft_adapter* const* adapters, const double* weights, size_t count, int32_t method,
+                         const char* out_dir) {
+  require_arg(adapters, "adapters");
+  require_arg(weights, "weights");
+  require_arg(out_dir, "out_dir");
+  CombineArgs args{{}, std::span<const double>(weights, count), peft::capi::combine_method(method)};
   if (count == 0) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "count must be at least 1");
-  std::vector<std::shared_ptr<const peft::Adapter>> list;
-  list.reserve(count);
+  args.adapters.reserve(count);
   for (size_t i = 0; i < count; ++i) {
     if (adapters[i] == nullptr) peft::fail(PEFT_ERR_INVALID_ARGUMENT, "adapters[" + std::to_string(i) + "] is NULL");
-    list.push_back(adapters[i]->impl);
+    args.adapters.push_back(adapters[i]->impl);
   }
-  return list;
+  return args;
 }
 
 // The options of a GGUF LoRA export: the base (NULL: none) and the tensors' ggml type, checked.
@@ -156,12 +167,8 @@ peft_error* peft_adapter_import_gguf(const char* gguf_path, const char* out_dir,
 peft_error* peft_adapter_combine(const peft_adapter* const* adapters, const double* weights, size_t count,
                                  int32_t method, const char* out_dir, const peft_export_options* opts) {
   return guarded([&] {
-    require_arg(adapters, "adapters");
-    require_arg(weights, "weights");
-    require_arg(out_dir, "out_dir");
-    const peft::CombineMethod how = peft::capi::combine_method(method);
-    const auto list = adapter_list(adapters, count);
-    peft::combine_adapters(list, std::span<const double>(weights, count), how, out_dir, options_of(opts),
+    const CombineArgs args = combine_args(adapters, weights, count, method, out_dir);
+    peft::combine_adapters(args.adapters, args.weights, args.method, out_dir, options_of(opts),
                            opts != nullptr ? opts->combine : peft::CombineSettings{});
   });
 }
@@ -170,13 +177,9 @@ peft_error* peft_adapter_combine_deltas(const peft_adapter* const* adapters, con
                                         int32_t method, const char* out_dir, const peft_export_options* combine_opts,
                                         const peft_lowrank_options* opts, peft_lowrank_report** out_report) {
   return guarded([&] {
-    require_arg(adapters, "adapters");
-    require_arg(weights, "weights");
-    require_arg(out_dir, "out_dir");
-    const peft::CombineMethod how = peft::capi::combine_method(method);
-    const auto list = adapter_list(adapters, count);
+    const CombineArgs args = combine_args(adapters, weights, count, method, out_dir);
     peft::capi::hand_out_report(
-        peft::combine_deltas(list, std::span<const double>(weights, count), how,
+        peft::combine_deltas(args.adapters, args.weights, args.method,
                              combine_opts != nullptr ? combine_opts->combine : peft::CombineSettings{},
                              opts != nullptr ? opts->impl : peft::LowRankOptions{}, out_dir),
         out_report);

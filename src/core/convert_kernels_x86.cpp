@@ -50,11 +50,22 @@ PEFT_AVX2 inline __m256i round_to_bf16(__m256i bits) {
 }
 
 // A conversion between 16-bit and 32-bit elements: Op::vector handles 16 elements (32 bytes of
-// 16-bit values, 64 bytes of 32-bit values), Op::scalar one element.
-struct Bf16ToF32 {
+// 16-bit values, 64 bytes of 32-bit values), Op::scalar one element, with the library's own
+// converter, which the vector half matches bit for bit.
+template <float (*to_f32)(uint16_t)>
+struct Widening {
   using In = uint16_t;
   using Out = uint32_t;
-  static Out scalar(In h) { return std::bit_cast<uint32_t>(peft::bf16_to_f32(h)); }
+  static Out scalar(In h) { return std::bit_cast<uint32_t>(to_f32(h)); }
+};
+template <uint16_t (*from_f32)(float)>
+struct Narrowing {
+  using In = uint32_t;
+  using Out = uint16_t;
+  static Out scalar(In f) { return from_f32(std::bit_cast<float>(f)); }
+};
+
+struct Bf16ToF32 : Widening<peft::bf16_to_f32> {
   template <bool Stream>
   PEFT_AVX2 static void vector(const unsigned char* src, unsigned char* dst) {
     __m256i h = load256(src);
@@ -72,10 +83,7 @@ struct Bf16ToF32 {
 };
 
 // vcvtph2ps converts exactly and returns signalling NaNs quiet, like peft::f16_to_f32.
-struct F16ToF32 {
-  using In = uint16_t;
-  using Out = uint32_t;
-  static Out scalar(In h) { return std::bit_cast<uint32_t>(peft::f16_to_f32(h)); }
+struct F16ToF32 : Widening<peft::f16_to_f32> {
   template <bool Stream>
   PEFT_AVX2 static void vector(const unsigned char* src, unsigned char* dst) {
     store256<Stream>(dst, _mm256_castps_si256(_mm256_cvtph_ps(load128(src))));
@@ -83,10 +91,7 @@ struct F16ToF32 {
   }
 };
 
-struct F32ToBf16 {
-  using In = uint32_t;
-  using Out = uint16_t;
-  static Out scalar(In f) { return peft::f32_to_bf16(std::bit_cast<float>(f)); }
+struct F32ToBf16 : Narrowing<peft::f32_to_bf16> {
   template <bool Stream>
   PEFT_AVX2 static void vector(const unsigned char* src, unsigned char* dst) {
     const __m256i a = round_to_bf16(load256(src));
@@ -99,10 +104,7 @@ struct F32ToBf16 {
 
 // vcvtps2ph with an immediate rounding mode ignores MXCSR: round to nearest even, overflow to
 // infinity, NaN quiet with sign and top payload kept (the same rule as peft::f32_to_f16).
-struct F32ToF16 {
-  using In = uint32_t;
-  using Out = uint16_t;
-  static Out scalar(In f) { return peft::f32_to_f16(std::bit_cast<float>(f)); }
+struct F32ToF16 : Narrowing<peft::f32_to_f16> {
   template <bool Stream>
   PEFT_AVX2 static void vector(const unsigned char* src, unsigned char* dst) {
     const __m128i a = _mm256_cvtps_ph(_mm256_castsi256_ps(load256(src)), _MM_FROUND_TO_NEAREST_INT);

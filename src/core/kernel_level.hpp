@@ -6,6 +6,8 @@
 // level below it. peft_kernels() in the public header reports the choice.
 #pragma once
 
+#include "core/kernel_target.hpp"  // PEFT_KERNELS_X86, read by the getters' macro below
+
 namespace peft::kernels {
 
 enum class Level { portable = 0, avx2 = 1, avx512 = 2 };
@@ -41,3 +43,23 @@ const Table& chosen_table(const Table& portable, const Table* avx2, const Table*
 }
 
 }  // namespace peft::kernels
+
+// Defines a kernel family's getters in the enclosing namespace, over its tables: portable(),
+// x86_avx2() and x86_avx512() (nullptr where the CPU lacks the level, or off x86-64, where the
+// two x86 tables are not compiled and their names are not read) and active() (chosen_table, once).
+#ifdef PEFT_KERNELS_X86
+#define PEFT_KERNEL_X86_GETTERS(Table, avx2_table, avx512_table)                                                     \
+  const Table* x86_avx2() { return ::peft::kernels::if_supported(::peft::kernels::Level::avx2, &(avx2_table)); }     \
+  const Table* x86_avx512() { return ::peft::kernels::if_supported(::peft::kernels::Level::avx512, &(avx512_table)); }
+#else
+#define PEFT_KERNEL_X86_GETTERS(Table, avx2_table, avx512_table) \
+  const Table* x86_avx2() { return nullptr; }                    \
+  const Table* x86_avx512() { return nullptr; }
+#endif
+#define PEFT_KERNEL_TABLE_GETTERS(Table, portable_table, avx2_table, avx512_table)                   \
+  const Table& portable() { return portable_table; }                                                  \
+  PEFT_KERNEL_X86_GETTERS(Table, avx2_table, avx512_table)                                            \
+  const Table& active() {                                                                             \
+    static const Table& chosen = ::peft::kernels::chosen_table(portable(), x86_avx2(), x86_avx512()); \
+    return chosen;                                                                                    \
+  }

@@ -43,6 +43,11 @@ TensorFile::~TensorFile() {
     for (size_t i = 0; i < tensors_->size(); ++i) delete[] cache_[i].load(std::memory_order_acquire);
 }
 
+ReadOnlyFile TensorFile::open_file(const std::string& path, const std::string& display_path) {
+  path_ = display_path.empty() ? path : display_path;
+  return ReadOnlyFile::open(path, path_);
+}
+
 void TensorFile::attach_file(ReadOnlyFile file, bool use_pread) {
   file_.emplace(std::move(file));
   use_pread_ = use_pread;

@@ -75,6 +75,9 @@ class TensorFile {
 
  protected:
   TensorFile() = default;
+  // The format's opener's first step: names this file `display_path` in messages (`path` when
+  // empty) and opens `path`.
+  ReadOnlyFile open_file(const std::string& path, const std::string& display_path);
   // Called once by the format's opener after validation: `tensors` (owned by the subclass, never
   // moved afterwards) lie between data_start and the end of the source (`source_size` bytes), which
   // the parser has checked; this checks it again, since every view relies on it.

@@ -27,8 +27,7 @@ bool is_gguf_path(const std::string& path) {
 std::unique_ptr<const GgufFile> GgufFile::open(const std::string& path, const OpenOptions& options,
                                                const std::string& display_path) {
   std::unique_ptr<GgufFile> out(new GgufFile());
-  out->path_ = display_path.empty() ? path : display_path;
-  ReadOnlyFile file = ReadOnlyFile::open(path, out->path_);
+  ReadOnlyFile file = out->open_file(path, display_path);
   const uint64_t size = file.size();
   const auto read = [&file](uint64_t offset, void* dst, uint64_t count) { file.read_exact(offset, dst, count); };
   out->header_ = parse_gguf_header(read, size, options.max_header_size, out->path_);

@@ -12,8 +12,7 @@ namespace peft {
 std::unique_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path, const OpenOptions& options,
                                                              const std::string& display_path) {
   std::unique_ptr<SafetensorsFile> out(new SafetensorsFile());
-  out->path_ = display_path.empty() ? path : display_path;
-  ReadOnlyFile file = ReadOnlyFile::open(path, out->path_);
+  ReadOnlyFile file = out->open_file(path, display_path);
   const uint64_t size = file.size();
   uint8_t prefix[8] = {};
   const size_t prefix_size = static_cast<size_t>(std::min<uint64_t>(size, 8));

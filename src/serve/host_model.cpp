@@ -206,6 +206,14 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
 
   std::vector<Layer> layers;
   layers.reserve(modules.size());
+  auto add_layer = [&](Layer&& layer) {
+    layer.options.weight = weight;
+    layer.options.refuse_non_finite = true;
+    layer.options.caller_restores = exact_;  // the weight's original copy puts it back
+    layer.options.layer = weights_[layer.weight].name;
+    layer.exact = exact_;
+    layers.push_back(std::move(layer));
+  };
   for (const LoadedLayer& loaded_layer : loaded.layers()) {
     Layer layer;
     layer.weight = weight_of_module_.at(loaded_layer.module);
@@ -230,12 +238,7 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                         std::to_string(w.bias_elements) + " elements");
     m.rank = loaded_layer.rank;
     m.scaling = loaded_layer.scaling;
-    layer.options.weight = weight;
-    layer.options.refuse_non_finite = true;
-    layer.options.caller_restores = exact_;  // the weight's original copy puts it back
-    layer.options.layer = w.name;
-    layer.exact = exact_;
-    layers.push_back(std::move(layer));
+    add_layer(std::move(layer));
   }
 
   // The factors as f32, converted all at once (offsets stay those of the storage).
@@ -280,12 +283,7 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                         std::to_string(layer.module.layout.out) + " output features, but the bias " +
                                         "given with weight " + peft::quoted(w.name) + " has " +
                                         std::to_string(w.bias_elements) + " elements");
-    layer.options.weight = weight;
-    layer.options.refuse_non_finite = true;
-    layer.options.caller_restores = exact_;  // the weight's original copy puts it back
-    layer.options.layer = w.name;
-    layer.exact = exact_;
-    layers.push_back(std::move(layer));
+    add_layer(std::move(layer));
   }
   // A change the shared buffer's names make alike is merged once, into the buffer's first name.
   std::vector<Layer> kept;

@@ -45,21 +45,12 @@ bool is_svd(CombineMethod method) {
 // The methods whose modules must all have the new rank: "linear" and its pruning types.
 bool needs_equal_ranks(CombineMethod method) { return method != CombineMethod::cat && !is_svd(method); }
 
-std::string adapter_name(const Adapter& a, size_t i) {
-  return "adapter #" + std::to_string(i) + " (" + peft::quoted(a.dir()) + ")";
-}
-
-// One adapter's part in one module.
-struct Part {
-  size_t adapter = 0;
-  const AdapterModule* module = nullptr;
-};
 
 // A module of the combined adapter and the adapters that contribute to it.
 struct CombinedModule {
   std::string name;
   LayerKind kind = LayerKind::linear;
-  std::vector<Part> parts;
+  std::vector<CombinePart> parts;
   std::vector<uint64_t> a_shape;  // of the first part; dim 0 is the rank
   std::vector<uint64_t> b_shape;  // dim 1 is the rank
 };
@@ -115,7 +106,7 @@ class Combiner {
   void check_adapters() const {
     for (size_t i = 0; i < adapters_.size(); ++i) {
       const Adapter& a = adapter(i);
-      const std::string who = adapter_name(a, i);
+      const std::string who = combine_input_name(a, i);
       if (a.config().use_dora)
         fail(PEFT_ERR_UNSUPPORTED, who + ": DoRA adapters cannot be combined (PEFT's add_weighted_adapter leaves the "
                                          "new magnitude at the base weight's norm and ignores the adapters')");
@@ -156,8 +147,8 @@ class Combiner {
       } else if (r != new_rank_) {
         fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) +
                                             "\" needs adapters of equal rank, but " +
-                                            adapter_name(adapter(0), 0) + " has " + std::to_string(new_rank_) +
-                                            " and " + adapter_name(adapter(i), i) + " has " + std::to_string(r) +
+                                            combine_input_name(adapter(0), 0) + " has " + std::to_string(new_rank_) +
+                                            " and " + combine_input_name(adapter(i), i) + " has " + std::to_string(r) +
                                             " (use \"cat\")");
       }
     }
@@ -177,7 +168,7 @@ class Combiner {
         if (needs_equal_ranks(method_) && m.rank != new_rank_)
           fail(PEFT_ERR_INVALID_ARGUMENT, std::string("combining with \"") + method_name(method_) + "\": module " +
                                               peft::quoted(m.name) + " of " +
-                                              adapter_name(adapter(i), i) + " has rank " + std::to_string(m.rank) +
+                                              combine_input_name(adapter(i), i) + " has rank " + std::to_string(m.rank) +
                                               " but the combined rank is " + std::to_string(new_rank_) +
                                               " (rank_pattern); use \"cat\"");
         c.parts.push_back({i, &m});
@@ -187,7 +178,7 @@ class Combiner {
 
   void check_compatible(const CombinedModule& c, const AdapterModule& m, const std::vector<uint64_t>& a_shape,
                         const std::vector<uint64_t>& b_shape, size_t i) const {
-    const std::string who = "module " + peft::quoted(m.name) + " of " + adapter_name(adapter(i), i);
+    const std::string who = "module " + peft::quoted(m.name) + " of " + combine_input_name(adapter(i), i);
     const bool same_kind = (c.kind == LayerKind::embedding) == (m.kind == LayerKind::embedding) &&
                            (c.kind == LayerKind::conv2d) == (m.kind == LayerKind::conv2d);
     bool same = same_kind && a_shape.size() == c.a_shape.size() && b_shape.size() == c.b_shape.size() &&
@@ -251,7 +242,7 @@ class Combiner {
       fail(PEFT_ERR_UNSUPPORTED,
            "module " + peft::quoted(m.name) + " is " + verdict_name(v) + " under the combined config, which inherits " +
                "exclude_modules, layers_to_transform, layers_pattern and modules_to_save from " +
-               adapter_name(adapter(0), 0) + ": PEFT's add_weighted_adapter would silently drop its contributions");
+               combine_input_name(adapter(0), 0) + ": PEFT's add_weighted_adapter would silently drop its contributions");
     }
   }
 
@@ -262,7 +253,7 @@ class Combiner {
     std::vector<std::vector<float>> storage;
     std::vector<merge::WeightedFactors> factors;
     storage.reserve(m.parts.size() * 2);
-    for (const Part& p : m.parts) {
+    for (const CombinePart& p : m.parts) {
       const Adapter& a = adapter(p.adapter);
       storage.push_back(a.checkpoint().read_f32(factor(*p.module, true).index));
       storage.push_back(a.checkpoint().read_f32(factor(*p.module, false).index));
@@ -377,6 +368,10 @@ merge::TaskSettings task_settings_of(CombineMethod method, const CombineSettings
 bool is_task_arithmetic(CombineMethod method) {
   return method == CombineMethod::linear || method == CombineMethod::ties || method == CombineMethod::dare_linear ||
          method == CombineMethod::dare_ties || method == CombineMethod::magnitude_prune;
+}
+
+std::string combine_input_name(const Adapter& adapter, size_t i) {
+  return "adapter #" + std::to_string(i) + " (" + peft::quoted(adapter.dir()) + ")";
 }
 
 void combine_adapters(std::span<const std::shared_ptr<const Adapter>> adapters, std::span<const double> weights,

@@ -92,6 +92,15 @@ merge::TaskSettings task_settings_of(CombineMethod method, const CombineSettings
 // combine plain tensors (the delta-space and whole-model combinations take only these).
 bool is_task_arithmetic(CombineMethod method);
 
+// "adapter #i (<its folder>)": how the combinations name an input in messages.
+std::string combine_input_name(const Adapter& adapter, size_t i);
+
+// One input adapter's part in one module of a combination: the adapter's position and its module.
+struct CombinePart {
+  size_t adapter = 0;
+  const AdapterModule* module = nullptr;
+};
+
 // Combines `adapters` with `weights` (one finite weight per adapter) into `out_dir`.
 // INVALID_ARGUMENT for no adapters, a count mismatch, a null adapter, a non-finite weight, a
 // pruning type without a density in [0, 1], a negative svd_rank or a clamp outside [0, 1].

@@ -19,20 +19,11 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-std::string adapter_name(const Adapter& a, size_t i) {
-  return "adapter #" + std::to_string(i) + " (" + peft::quoted(a.dir()) + ")";
-}
-
-// One input module of one adapter.
-struct Part {
-  size_t adapter = 0;
-  const AdapterModule* module = nullptr;
-};
 
 struct Module {
   std::string name;
   bool conv1d = false;
-  std::vector<Part> parts;
+  std::vector<CombinePart> parts;
 };
 
 class DeltaCombiner {
@@ -75,7 +66,7 @@ class DeltaCombiner {
     std::map<std::string, size_t, std::less<>> index;
     for (size_t i = 0; i < adapters_.size(); ++i) {
       const Adapter& a = adapter(i);
-      const std::string who = adapter_name(a, i);
+      const std::string who = combine_input_name(a, i);
       if (a.config().use_dora)
         fail(PEFT_ERR_UNSUPPORTED, who + " uses DoRA: its change rescales W + dW by a magnitude per output row, "
                                          "so it is not a delta that adds to others; merge it into the base instead");
@@ -100,10 +91,10 @@ class DeltaCombiner {
       fail(PEFT_ERR_INVALID_ARGUMENT, "combining deltas exactly needs \"linear\": pruned deltas have no low-rank "
                                       "factors; choose a rank or an energy fraction");
     int64_t rank = 0;
-    for (const Part& p : m.parts) {
+    for (const CombinePart& p : m.parts) {
       if (method_row(p.module->method).effect != MethodEffect::lora)
         fail(PEFT_ERR_INVALID_ARGUMENT, "module " + peft::quoted(m.name) + " of " +
-                                            adapter_name(adapter(p.adapter), p.adapter) + " is " +
+                                            combine_input_name(adapter(p.adapter), p.adapter) + " is " +
                                             peft_method_name(p.module->method) +
                                             ", whose delta has no exact LoRA factors; choose a rank or an energy fraction");
       if (__builtin_add_overflow(rank, p.module->rank, &rank)) fail(PEFT_ERR_VALIDATION_OVERFLOW, "rank overflows");
@@ -117,7 +108,7 @@ class DeltaCombiner {
     std::vector<merge::WeightedFactors> factors;
     storage.reserve(2 * m.parts.size());
     int64_t out = 0, in = 0;
-    for (const Part& p : m.parts) {
+    for (const CombinePart& p : m.parts) {
       const Adapter& ad = adapter(p.adapter);
       const AdapterTensor* ta = p.module->find(TensorRole::lora_a);
       const AdapterTensor* tb = p.module->find(TensorRole::lora_b);
@@ -134,7 +125,7 @@ class DeltaCombiner {
         in = pin;
       } else if (pout != out || pin != in) {
         fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + " of " +
-                                          adapter_name(ad, p.adapter) + " adapts a " + std::to_string(pout) + " x " +
+                                          combine_input_name(ad, p.adapter) + " adapts a " + std::to_string(pout) + " x " +
                                           std::to_string(pin) + " layer, the earlier adapters a " +
                                           std::to_string(out) + " x " + std::to_string(in) + " one");
       }
@@ -155,14 +146,14 @@ class DeltaCombiner {
     std::vector<const float*> tensors;
     std::vector<float> weights;
     deltas.reserve(m.parts.size());
-    for (const Part& p : m.parts) {
+    for (const CombinePart& p : m.parts) {
       ModuleDelta d = module_delta(adapter(p.adapter), *p.module, base(), true);
       if (deltas.empty()) {
         rows = d.rows;
         cols = d.cols;
       } else if (d.rows != rows || d.cols != cols) {
         fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + " of " +
-                                          adapter_name(adapter(p.adapter), p.adapter) + " changes a " +
+                                          combine_input_name(adapter(p.adapter), p.adapter) + " changes a " +
                                           std::to_string(d.rows) + " x " + std::to_string(d.cols) +
                                           " weight, the earlier adapters a " + std::to_string(rows) + " x " +
                                           std::to_string(cols) + " one");
@@ -180,7 +171,7 @@ class DeltaCombiner {
   // merge adds them); empty when none has one (the writer puts zeros).
   std::vector<float> bias(const Module& m) const {
     std::vector<float> sum;
-    for (const Part& p : m.parts) {
+    for (const CombinePart& p : m.parts) {
       const AdapterTensor* t = p.module->find(TensorRole::lora_b_bias);
       if (t == nullptr) continue;
       const std::vector<float> b = adapter(p.adapter).checkpoint().read_f32(t->index);

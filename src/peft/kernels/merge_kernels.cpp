@@ -286,21 +286,6 @@ PEFT_DEFINE_TABLE(avx512_impl, "avx512", __attribute__((target("avx512f,avx512bw
 
 }  // namespace
 
-const Table& portable() { return portable_impl::table; }
-
-using peft::kernels::Level;
-
-#ifdef PEFT_KERNELS_X86
-const Table* x86_avx2() { return peft::kernels::if_supported(Level::avx2, &avx2_impl::table); }
-const Table* x86_avx512() { return peft::kernels::if_supported(Level::avx512, &avx512_impl::table); }
-#else
-const Table* x86_avx2() { return nullptr; }
-const Table* x86_avx512() { return nullptr; }
-#endif
-
-const Table& active() {
-  static const Table& chosen = peft::kernels::chosen_table(portable(), x86_avx2(), x86_avx512());
-  return chosen;
-}
+PEFT_KERNEL_TABLE_GETTERS(Table, portable_impl::table, avx2_impl::table, avx512_impl::table)
 
 }  // namespace peft::merge::kernels
