@@ -172,6 +172,32 @@ def test_shared_policy_equals_merge_and_unload(case, base, peftc_binary, tmp_pat
         assert "tied embeddings policy \"shared\"" in stdout
 
 
+def test_saved_embedding_weight_reaches_both_sides_of_an_untied_pair(base, peftc_binary, tmp_path):
+    """An adapter saved with the embedding's base_layer weight (save_embedding_layers) whose rows differ
+    from the base's, as when new tokens' rows were set before training: PEFT loads that weight into the
+    shared parameter, so the untied output starts from it too, not from the base checkpoint's embedding."""
+    from safetensors.torch import load_file, save_file
+
+    adapter = tmp_path / "adapter"
+    make_adapter(base, adapter, CASES["embed_tokens"][0], save_embedding_layers=True)
+    path = adapter / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    [key] = [k for k in tensors if k.endswith("embed_tokens.base_layer.weight")]
+    torch.manual_seed(99)
+    tensors[key][40:48] = torch.randn_like(tensors[key][40:48])  # the "new tokens'" rows
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+    out = tmp_path / "merged"
+    stdout = run_merge(peftc_binary, base, [(adapter, 1.0)], out)
+    assert "tie_word_embeddings set to false" in stdout
+    merged = load_model(out)
+    inputs = model_inputs(merged)
+    ours, ref = logits(merged, inputs), peft_forward(base, adapter, inputs)
+    error = float((ours - ref).abs().max()) / float(ref.abs().max())
+    assert error <= 1e-5, f"logits differ from PEFT's forward by {error:.3g} of their largest value"
+    assert torch.equal(file_tensors(out)["lm_head.weight"], tensors[key])
+
+
 def test_untied_stays_loadable_by_transformers_as_untied(base, peftc_binary, tmp_path):
     """The untied output holds both tensors; transformers does not tie them again on load."""
     adapter = tmp_path / "adapter"

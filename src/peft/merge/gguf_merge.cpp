@@ -30,6 +30,7 @@
 #include "peft/merge/gguf_lora_input.hpp"
 #include "peft/merge/gguf_requant.hpp"
 #include "peft/merge/merge_compute.hpp"
+#include "peft/merge/tied_embeddings.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "checkpoint/checkpoint.hpp"
 
@@ -225,19 +226,14 @@ class GgufMerge {
     return base_->tensor(index == output_slot() && tied_ ? tied_->input : index);
   }
 
-  // PEFT's ensure_weight_tying gives lm_head the input embedding's LoRA factors (transposed): one
-  // change on both sides. An untying merge keeps it once, in the shared tensor, and leaves the copy out.
+  // Whether the adapter's output LoRA is PEFT's ensure_weight_tying copy, left out (tied_embeddings.hpp).
   bool is_tied_lora_copy(const Adapter& adapter) const {
-    if (!tied_ || options_.tied_embeddings != TiedEmbeddingsPolicy::untie || !adapter.config().ensure_weight_tying)
-      return false;
-    bool on_input = false, on_output = false;
-    for (const AdapterModule& m : adapter.modules()) {
-      if (!m.is_lora()) continue;
-      if (m.name == tied_->output_module) on_output = true;
-      else if (const auto slot = gguf_slot(*table_, m.name); slot && base_->find(slot->tensor) == tied_->input)
-        on_input = true;
-    }
-    return on_input && on_output;
+    if (!tied_) return false;
+    return peft::is_tied_lora_copy(options_.tied_embeddings, adapter, adapter.modules(), tied_->output_module,
+                                   [&](const AdapterModule& m) {
+                                     const auto slot = gguf_slot(*table_, m.name);
+                                     return slot && base_->find(slot->tensor) == tied_->input;
+                                   });
   }
 
   void settle_tied_embeddings(std::vector<std::string>& unsupported) {
@@ -245,47 +241,46 @@ class GgufMerge {
     const size_t input = tied_->input;
     const std::string input_name = peft::quoted(base_->tensor(input).name);
     const std::string output = peft::quoted(tied_->output_module);
-    GgufTarget* out = targets_.contains(output_slot()) ? &targets_[output_slot()] : nullptr;
-    GgufTarget* in = targets_.contains(input) ? &targets_[input] : nullptr;
-    const bool output_changes = out && (out->replacement || !out->terms.empty());
-    const bool input_swapped = in && in->replacement && in->replacement->swaps_module;
-    if (options_.tied_embeddings == TiedEmbeddingsPolicy::shared) {
-      const bool saved_output_weight = out && out->replacement && !out->replacement->swaps_module;
-      if (out && (!out->terms.empty() || saved_output_weight)) {
-        notes_.push_back("tied embeddings policy \"shared\": the changes of " + output + " land in the shared " +
-                         input_name + ", as PEFT's merge_and_unload does, so the input embedding changes too");
-        GgufTarget& shared = targets_[input];  // std::map: `out` stays valid
-        if (shared.what.empty()) shared.what = out->what;
-        shared.terms.insert(shared.terms.end(), std::make_move_iterator(out->terms.begin()),
-                            std::make_move_iterator(out->terms.end()));
-        out->terms.clear();
-        if (saved_output_weight) {  // a saved base_layer weight: the same parameter
-          if (!shared.replacement) shared.replacement = out->replacement;
-          out->replacement.reset();
-        }
-      } else if (in && (!in->terms.empty() || (in->replacement && !input_swapped))) {
-        notes_.push_back("tied embeddings policy \"shared\": the changes of " + input_name +
-                         " land in the shared tensor, so the output embedding " + output + " changes too");
+    // What PEFT applies to both sides: an ensure_weight_tying adapter's LoRA and a saved base_layer
+    // weight (loaded into the shared parameter).
+    auto shared_term = [&](const GgufTerm& t) { return t.adapter && tied_copies_.contains(t.adapter); };
+    auto side = [&](size_t index) {
+      TiedSide s;
+      auto it = targets_.find(index);
+      if (it == targets_.end()) return s;
+      const GgufTarget& t = it->second;
+      s.shared_lora = std::any_of(t.terms.begin(), t.terms.end(), shared_term);
+      s.own_lora = !std::all_of(t.terms.begin(), t.terms.end(), shared_term);
+      s.lora_bias = !t.biases.empty();
+      s.saved_weight = t.replacement && !t.replacement->swaps_module;
+      s.swapped = t.replacement && t.replacement->swaps_module;
+      return s;
+    };
+    const TiedDecision d = decide_tied_embeddings(options_.tied_embeddings, side(input), side(output_slot()),
+                                                  /*output_stored=*/false, input_name, output);
+    if (!d.note.empty()) notes_.push_back(d.note);
+    untie_ = d.untie;
+    if (d.move_output_to_input) {
+      GgufTarget& out = targets_[output_slot()];
+      GgufTarget& shared = targets_[input];  // std::map: `out` stays valid
+      if (shared.what.empty()) shared.what = out.what;
+      shared.terms.insert(shared.terms.end(), std::make_move_iterator(out.terms.begin()),
+                          std::make_move_iterator(out.terms.end()));
+      out.terms.clear();
+      if (out.replacement && !out.replacement->swaps_module) {  // a saved base_layer weight: the same parameter
+        if (!shared.replacement) shared.replacement = out.replacement;
+        out.replacement.reset();
       }
-      untie_ = input_swapped || (out && out->replacement);
-    } else {
-      // What PEFT applies to both sides: an ensure_weight_tying adapter's LoRA and a saved base_layer
-      // weight (loaded into the shared parameter).
-      auto shared_term = [&](const GgufTerm& t) { return t.adapter && tied_copies_.contains(t.adapter); };
-      const bool own_input = input_swapped || (in && !std::all_of(in->terms.begin(), in->terms.end(), shared_term));
-      untie_ = own_input || output_changes;
-      if (untie_ && in) {  // the output gets the shared changes too
-        std::vector<GgufTerm> copies;
-        for (const GgufTerm& t : in->terms)
-          if (shared_term(t)) copies.push_back(t);
-        const bool shared_weight = in->replacement && !input_swapped;
-        if (!copies.empty() || shared_weight) {
-          GgufTarget& o = targets_[output_slot()];
-          if (o.what.empty()) o.what = in->what;
-          o.terms.insert(o.terms.begin(), copies.begin(), copies.end());
-          if (shared_weight && !o.replacement) o.replacement = in->replacement;
-        }
-      }
+    }
+    if (d.copy_shared_to_output) {
+      const GgufTarget& in = targets_.at(input);
+      GgufTarget& o = targets_[output_slot()];  // std::map: `in` stays valid
+      if (o.what.empty()) o.what = in.what;
+      std::vector<GgufTerm> copies;
+      for (const GgufTerm& t : in.terms)
+        if (shared_term(t)) copies.push_back(t);
+      o.terms.insert(o.terms.begin(), copies.begin(), copies.end());
+      if (in.replacement && !in.replacement->swaps_module && !o.replacement) o.replacement = in.replacement;
     }
     if (auto it = targets_.find(output_slot()); it != targets_.end() && !it->second.replacement && it->second.terms.empty())
       targets_.erase(it);
@@ -306,7 +301,7 @@ class GgufMerge {
     notes_.push_back("the input embedding " + input_name + " and the output embedding " + output +
                      " no longer hold the same values: " + peft::quoted(tied_->output_tensor) +
                      " was added holding the original embedding" +
-                     (output_changes ? " plus the output embedding's own changes" : "") +
+                     (d.output_changes ? " plus the output embedding's own changes" : "") +
                      " (llama.cpp reads it as the output instead of " + input_name + ")");
   }
 

@@ -154,19 +154,12 @@ class Planner {
     return base_index_of(base_tensor, a);
   }
 
-  // PEFT's ensure_weight_tying gives the output embedding the input embedding's LoRA factors
-  // (transposed): the same change on both sides. Untied merges keep it once, in the shared tensor.
+  // Whether the adapter's output LoRA is PEFT's ensure_weight_tying copy, left out (tied_embeddings.hpp).
   bool is_tied_lora_copy(const PlannedAdapter& a) const {
-    if (!tied_ || options_.tied_embeddings != TiedEmbeddingsPolicy::untie || !a.adapter->config().ensure_weight_tying)
-      return false;
+    if (!tied_) return false;
     const std::string& input = base().tensor(tied_->input).name;
-    bool on_input = false, on_output = false;
-    for (const AdapterModule& m : a.modules) {
-      if (!m.is_lora()) continue;
-      if (m.name == tied_->output_module) on_output = true;
-      else if (m.weight_factor()->base_tensor == input) on_input = true;
-    }
-    return on_input && on_output;
+    return peft::is_tied_lora_copy(options_.tied_embeddings, *a.adapter, a.modules, tied_->output_module,
+                                   [&](const AdapterModule& m) { return m.weight_factor()->base_tensor == input; });
   }
 
   void settle_tied_embeddings() {
@@ -175,46 +168,49 @@ class Planner {
     Changes& out = changes_[output_slot_];
     const std::string input = peft::quoted(base().tensor(tied_->input).name);
     const std::string output = peft::quoted(tied_->output_module);
-    const bool output_changes = out.any();  // its own, before any shared change is copied to it
-    bool untie = false;
-    if (options_.tied_embeddings == TiedEmbeddingsPolicy::shared) {
-      if (added_output() && (!out.lora.empty() || !out.tokens.empty() || (out.replacement && !out.replacement->swaps_module))) {
-        plan_.notes.push_back("tied embeddings policy \"shared\": the changes of " + output + " land in the shared " +
-                              input + ", as PEFT's merge_and_unload does, so the input embedding changes too");
-        in.lora.insert(in.lora.end(), out.lora.begin(), out.lora.end());
-        in.tokens.insert(in.tokens.end(), out.tokens.begin(), out.tokens.end());
-        out.lora.clear();
-        out.tokens.clear();
-        if (out.replacement && !out.replacement->swaps_module) {  // a saved base_layer: the same parameter
-          if (!in.replacement) in.replacement = out.replacement;
-          out.replacement.reset();
-        }
-      } else if (!in.lora.empty() || (in.replacement && !in.replacement->swaps_module)) {
-        plan_.notes.push_back("tied embeddings policy \"shared\": the changes of " + input +
-                              " land in the shared tensor, so the output embedding " + output + " changes too");
-      }
-      untie = (in.replacement && in.replacement->swaps_module) || out.any();
-    } else {
-      // Changes PEFT makes to both sides: token rows, saved base_layer weights (loaded into the shared
-      // parameter) and the LoRA of an ensure_weight_tying adapter whose output copy was left out.
-      auto shared_term = [&](const LoraTerm& t) { return tied_copies_.contains(t.adapter); };
-      const bool own_lora = !std::all_of(in.lora.begin(), in.lora.end(), shared_term);
-      untie = (in.replacement && in.replacement->swaps_module) || own_lora || !in.lora_bias.empty() || output_changes;
-      if (untie) {  // the output gets the shared changes too
-        for (const LoraTerm& t : in.lora)
-          if (shared_term(t)) out.lora.push_back(t);
-        out.tokens.insert(out.tokens.end(), in.tokens.begin(), in.tokens.end());
+    // Changes PEFT makes to both sides: the LoRA of an ensure_weight_tying adapter whose output copy
+    // was left out, token rows, and saved base_layer weights (loaded into the shared parameter).
+    auto shared_term = [&](const LoraTerm& t) { return tied_copies_.contains(t.adapter); };
+    const TiedDecision d = decide_tied_embeddings(options_.tied_embeddings, tied_side(in, shared_term),
+                                                  tied_side(out, shared_term), !added_output(), input, output);
+    if (!d.note.empty()) plan_.notes.push_back(d.note);
+    if (d.move_output_to_input) {
+      in.lora.insert(in.lora.end(), out.lora.begin(), out.lora.end());
+      in.tokens.insert(in.tokens.end(), out.tokens.begin(), out.tokens.end());
+      out.lora.clear();
+      out.tokens.clear();
+      if (out.replacement && !out.replacement->swaps_module) {  // a saved base_layer: the same parameter
+        if (!in.replacement) in.replacement = out.replacement;
+        out.replacement.reset();
       }
     }
-    if (!untie) return;
+    if (d.copy_shared_to_output) {
+      for (const LoraTerm& t : in.lora)
+        if (shared_term(t)) out.lora.push_back(t);
+      out.tokens.insert(out.tokens.end(), in.tokens.begin(), in.tokens.end());
+      if (in.replacement && !in.replacement->swaps_module && !out.replacement) out.replacement = in.replacement;
+    }
+    if (!d.untie) return;
     plan_.untie_embeddings = true;
     plan_.tie_config_key = tied_->config_key;
     std::string note = tied_->config_key + " set to false: the input embedding " + input + " and the output embedding " +
                        output + " no longer hold the same values";
     if (added_output())
       note += "; " + peft::quoted(tied_->output_weight) + " was added holding the original embedding" +
-              (output_changes ? " plus the output embedding's own changes" : "");
+              (d.output_changes ? " plus the output embedding's own changes" : "");
     plan_.notes.push_back(note);
+  }
+
+  template <class IsShared>
+  static TiedSide tied_side(const Changes& c, IsShared is_shared) {
+    TiedSide side;
+    side.shared_lora = std::any_of(c.lora.begin(), c.lora.end(), is_shared);
+    side.own_lora = !std::all_of(c.lora.begin(), c.lora.end(), is_shared);
+    side.lora_bias = !c.lora_bias.empty();
+    side.tokens = !c.tokens.empty();
+    side.saved_weight = c.replacement && !c.replacement->swaps_module;
+    side.swapped = c.replacement && c.replacement->swaps_module;
+    return side;
   }
 
   // The output embedding the base does not store, after the input embedding it copies (untied only).

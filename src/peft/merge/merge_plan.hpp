@@ -56,6 +56,7 @@
 #include "peft/base/base_model.hpp"
 #include "peft/base/base_validation.hpp"
 #include "peft/merge/base_quantization.hpp"
+#include "peft/merge/tied_embeddings.hpp"
 #include "peft/base/bnb_base.hpp"
 #include "peft/base/expert_base.hpp"
 #include "safetensors/header_writer.hpp"
@@ -84,19 +85,6 @@ struct MergeInput {
 // LoRA file), by file identity (core/file_identity.hpp).
 void refuse_output_over_merge_inputs(const std::string& out, const std::string& base,
                                      const std::vector<MergeInput>& adapters);
-
-// What a merge does with a base whose output embedding is tied to its input embedding
-// (tie_word_embeddings) when the adapters change one side (docs/architecture.md, "Tied embeddings").
-enum class TiedEmbeddingsPolicy {
-  // The merged model computes what the adapter's forward computes: where the two sides change
-  // differently they are untied (the output embedding written as the original embedding plus its
-  // own changes, the config key set to false); changes PEFT applies to both sides (trainable tokens,
-  // ensure_weight_tying's tied LoRA) land once in the shared tensor, which stays tied.
-  untie,
-  // PEFT's merge_and_unload: LoRA, DoRA, token and saved base_layer changes of either side land in
-  // the one shared tensor; only a modules_to_save copy unties, as in PEFT.
-  shared,
-};
 
 struct MergePlanOptions {
   std::optional<DType> dtype;   // F32, BF16 or F16; nullopt keeps the base's dtypes
