@@ -30,8 +30,23 @@ run() {  # run NAME CMD...: records a failure and continues, so one report lists
 
 step "dependencies"
 scripts/install-deps.sh
-venv=$(scripts/python-env.sh)
+# The Python environment (pinned reference packages, under ~/.cache; a download of several GB the first
+# time, mostly network and disk) installs beside the release build.
+mkdir -p build
+scripts/python-env.sh >build/venv-path 2>build/venv.log &
+venv_install=$!
+
+step "build (release; the Python environment installs beside it)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEFT_WERROR=ON \
+  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+ninja -C build -j"$jobs"
+rm -rf build/prefix && cmake --install build --prefix "$root/build/prefix" >/dev/null
+if ! wait "$venv_install"; then cat build/venv.log; echo "the Python environment failed"; exit 1; fi
+tail -n 2 build/venv.log
+venv=$(cat build/venv-path)
 py=$venv/bin/python
+
+step "llama.cpp reference tools"
 # llama.cpp's own tools and converters, the references of the GGUF interop tests: built once per machine
 # into ~/.cache/peft_c/llama (scripts/llama-cpp.sh), then instant. Exported here, so that ctest and pytest
 # both see PEFT_LLAMA_CPP_BIN / _SRC / _PYDEPS and PEFT_GGUF_PY. Those tests skip without them, so a failed
@@ -41,12 +56,6 @@ if llama_env=$(scripts/llama-cpp.sh --env); then
 else
   echo "---- llama.cpp reference tools: FAILED"; failures+=("llama.cpp reference tools")
 fi
-
-step "build (release)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEFT_WERROR=ON \
-  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
-ninja -C build -j"$jobs"
-rm -rf build/prefix && cmake --install build --prefix "$root/build/prefix" >/dev/null
 
 export PEFTC=$root/build/peftc
 export PEFT_C_LIB=$root/build/libpeft_c.so
@@ -83,6 +92,17 @@ fi
 
 run "aarch64 (cross-built, qemu-user)" scripts/test-aarch64.sh
 
+# The ThreadSanitizer build runs beside the Python and binding tests, which leave one core mostly
+# idle (on a cold machine it then costs little wall time); its output is shown at its step below.
+# Sanitizer builds keep line tables only (-g1): enough for symbolized reports, much cheaper to compile.
+mkdir -p build-tsan
+( cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1" -DPEFT_TSAN=ON -DCMAKE_C_COMPILER_LAUNCHER=ccache \
+    -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null && ninja -C build-tsan -j"$jobs" peft_unit
+) >build-tsan/build.log 2>&1 &
+tsan_build=$!
+trap 'pkill -P "$tsan_build" 2>/dev/null; kill "$tsan_build" 2>/dev/null || true' EXIT  # a step that stops the script stops the build
+
 # Each suite runs on its own: pytest would take bindings/python/pyproject.toml as the config of both.
 for d in tests/interop bindings/python/tests; do
   [ -d "$d" ] && run "pytest $d" "$py" -m pytest -q -p no:cacheprovider --rootdir "$d" "$d"
@@ -107,22 +127,26 @@ run "Python wheel" env PYTHON="$py" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" bash test
 
 step "build (AddressSanitizer + UndefinedBehaviorSanitizer)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 \
-  -DPEFT_SANITIZE=ON -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 -DPEFT_SANITIZE=ON -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 ninja -C build-asan -j"$jobs"
 run "ctest (sanitizers)" env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -E 'doxygen|exported_symbols'
 # The Python binding's tests on the sanitizer build: no leak report may have a frame in libpeft_c.
 run "python leak check (LeakSanitizer)" scripts/python-leak-check.sh build-asan
 
-step "build (ThreadSanitizer)"
-cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPEFT_TSAN=ON \
-  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
-ninja -C build-tsan -j"$jobs" peft_unit
+step "build (ThreadSanitizer, started beside the Python tests)"
+tsan_ok=true
+wait "$tsan_build" || tsan_ok=false
+tail -n 30 build-tsan/build.log
 # The cases tests/CMakeLists.txt lists for it: the registry's concurrency test (threads acquiring,
 # releasing, replacing, trimming and re-budgeting at once) and its soak test, the worker pool, and
 # unmerged apply from many threads; ThreadSanitizer exits nonzero on any report.
-run "registry, worker pool and apply threads (ThreadSanitizer)" \
-  ctest --test-dir build-tsan --output-on-failure -R '^unit$'
+if $tsan_ok; then
+  run "registry, worker pool and apply threads (ThreadSanitizer)" \
+    ctest --test-dir build-tsan --output-on-failure -R '^unit$'
+else
+  echo "---- build (ThreadSanitizer): FAILED"; failures+=("build (ThreadSanitizer)")
+fi
 
 if [ -f tests/fuzz/run.sh ]; then
   step "build (libFuzzer)"
