@@ -53,6 +53,14 @@ step "llama.cpp reference tools"
 # build is a failed step.
 if llama_env=$(scripts/llama-cpp.sh --env); then
   eval "$llama_env"
+  # The release build was configured before these paths existed: configured again, it adds the test
+  # drivers that link llama.cpp (tests/interop/CMakeLists.txt), which the interop tests and ctest's
+  # ggml_quants would otherwise skip.
+  cmake -S . -B build >/dev/null
+  ninja -C build -j"$jobs"
+  if [ ! -x build/tests/interop/llama_cvec_driver ]; then
+    echo "---- llama.cpp test drivers: not built"; failures+=("llama.cpp test drivers")
+  fi
 else
   echo "---- llama.cpp reference tools: FAILED"; failures+=("llama.cpp reference tools")
 fi
