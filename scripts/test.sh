@@ -110,7 +110,7 @@ mkdir -p build-tsan
     -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null && ninja -C build-tsan -j"$jobs" peft_unit
 ) >build-tsan/build.log 2>&1 &
 tsan_build=$!
-trap 'pkill -P "$tsan_build" 2>/dev/null; kill "$tsan_build" 2>/dev/null || true' EXIT  # a step that stops the script stops the build
+trap 'pkill -P "$tsan_build" 2>/dev/null || true; kill "$tsan_build" 2>/dev/null || true' EXIT  # a step that stops the script stops the build
 
 # Each suite runs on its own: pytest would take bindings/python/pyproject.toml as the config of both.
 for d in tests/interop bindings/python/tests; do
