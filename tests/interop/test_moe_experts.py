@@ -10,6 +10,13 @@ a folder that transformers loads to the logits of PEFT's unmerged forward (withi
 logit), with tensors equal to PEFT's merge_and_unload within f32 rounding. Refusals: DoRA (by config)
 is UNSUPPORTED, a target_parameters entry naming a parameter the architecture data does not know is
 UNRESOLVED_KEY.
+
+GGUF (Qwen3-MoE and Mixtral, whose experts llama.cpp's converter stacks as blk.L.ffn_gate_exps /
+ffn_up_exps / ffn_down_exps): `peftc merge` into convert_hf_to_gguf.py's file of the base equals that
+converter's file of PEFT's merge_and_unload (F32, within 1e-6 of each tensor's largest value), and
+llama-export-lora applying peft_c's GGUF LoRA of the adapter (stacked per-expert pairs) gives peft_c's
+own GGUF merge within 1e-6. gpt-oss, for which the architecture data has no GGUF names, is refused
+(UNSUPPORTED, naming its model_type).
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ import pathlib
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
+
+from gguf_reference import convert_hf_to_gguf, export_lora, relative_error, tensors
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -130,3 +140,71 @@ def test_refusals(case, peftc_binary, tmp_path, fields, code):
     assert run.returncode != 0
     assert run.stderr.startswith(f"peftc: error: {code}: "), run.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- GGUF ------------------------------------------------------------------------------------------------
+
+def assert_gguf_close(got: dict, want: dict, base: dict) -> set:
+    """The same tensors, types and shapes; F32 values within 1e-6 of the tensor's largest; returns the changed."""
+    assert got.keys() == want.keys()
+    changed = set()
+    for name, (kind, ne, values) in want.items():
+        assert got[name][:2] == (kind, ne), name
+        assert relative_error(got[name][2], values) <= 1e-6, (name, relative_error(got[name][2], values))
+        if not np.array_equal(base[name][2], values):
+            changed.add(name)
+    return changed
+
+
+@pytest.fixture(scope="module")
+def gguf_case(case, tmp_path_factory):
+    """(kind, base GGUF, adapter folder, converter's GGUF of PEFT's merge_and_unload) for the GGUF kinds."""
+    kind, base, adapter, peft_model = case
+    if kind == "gpt_oss":
+        pytest.skip("gpt-oss has no GGUF names (test_gguf_refuses_gpt_oss)")
+    root = tmp_path_factory.mktemp(f"{kind}_gguf")
+    merged = root / "peft_merged"
+    with torch.no_grad():
+        import copy
+        copy.deepcopy(peft_model).merge_and_unload().save_pretrained(str(merged))
+    return kind, convert_hf_to_gguf(base, root / "base.gguf"), adapter, convert_hf_to_gguf(merged, root / "merged.gguf")
+
+
+def test_gguf_merge_matches_peft_merge(gguf_case, peftc_binary, tmp_path):
+    kind, base_gguf, adapter, reference = gguf_case
+    out = tmp_path / "ours.gguf"
+    run = peftc(peftc_binary, "merge", "--base", base_gguf, "--out", out, "--adapter", adapter)
+    assert run.returncode == 0, run.stderr
+    changed = assert_gguf_close(tensors(out), tensors(reference), tensors(base_gguf))
+    stacked = {f"blk.{l}.ffn_{w}_exps.weight" for l in range(2) for w in ("gate", "up", "down")}
+    assert stacked <= changed, (kind, sorted(changed))
+    assert {"blk.0.attn_q.weight", "blk.1.attn_q.weight"} <= changed
+
+
+def test_llama_export_lora_applies_our_gguf_lora(gguf_case, peftc_binary, tmp_path):
+    kind, base_gguf, adapter, _ = gguf_case
+    lora = tmp_path / "adapter.gguf"
+    run = peftc(peftc_binary, "adapter", "export", adapter, lora, "--format", "gguf", "--base", base_gguf)
+    assert run.returncode == 0, run.stderr
+    lora_tensors = tensors(lora)
+    # Stacked pairs: lora_a (E, r, in), lora_b (E, out, r) as ne reversed; down_proj's rank pattern 3.
+    assert lora_tensors["blk.0.ffn_gate_exps.weight.lora_a"][1] == [32, 2, EXPERTS]
+    assert lora_tensors["blk.1.ffn_down_exps.weight.lora_b"][1] == [3, 32, EXPERTS]
+    theirs = export_lora(base_gguf, [(lora, 1.0)], tmp_path / "llama.gguf")
+    ours = tmp_path / "ours.gguf"
+    run = peftc(peftc_binary, "merge", "--base", base_gguf, "--out", ours, "--adapter", adapter)
+    assert run.returncode == 0, run.stderr
+    changed = assert_gguf_close(tensors(theirs), tensors(ours), tensors(base_gguf))
+    assert {f"blk.{l}.ffn_{w}_exps.weight" for l in range(2) for w in ("gate", "up", "down")} <= changed
+
+
+def test_gguf_refuses_gpt_oss(case, peftc_binary, tmp_path):
+    kind, base, adapter, _ = case
+    if kind != "gpt_oss":
+        pytest.skip("the refusal is gpt-oss's")
+    out = tmp_path / "adapter.gguf"
+    run = peftc(peftc_binary, "adapter", "export", adapter, out, "--format", "gguf", "--base", base)
+    assert run.returncode != 0
+    assert run.stderr.startswith("peftc: error: UNSUPPORTED: "), run.stderr
+    assert '"gpt_oss"' in run.stderr
+    assert not out.exists()

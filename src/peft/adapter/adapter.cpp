@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/python_regex.hpp"
 #include "core/text.hpp"
+#include "peft/base/base_config.hpp"
 #include "peft/base/base_model.hpp"
 #include "peft/base/base_validation.hpp"
 #include "peft/adapter/expert_modules.hpp"
@@ -84,6 +85,20 @@ struct AdapterBuilder {
       return;
     }
     const nlohmann::json* base_config = base && base->config.is_object() ? &base->config : nullptr;
+    // Without a base: the config.json of the folder base_model_name_or_path names, when that is a
+    // local folder (PEFT loads the base from it; adapters trained on a local copy name it so). Only a
+    // hint: a folder without a readable config falls back to the name.
+    nlohmann::json named_config;
+    std::error_code ec;
+    if (!base_config && a.config_.base_model_name_or_path &&
+        std::filesystem::is_directory(*a.config_.base_model_name_or_path, ec)) {
+      try {
+        named_config = read_base_config(*a.config_.base_model_name_or_path);
+      } catch (const Error&) {
+        named_config = nullptr;
+      }
+      if (named_config.is_object()) base_config = &named_config;
+    }
     auto guess = detect_family(base_config, a.config_.base_model_name_or_path);
     if (!guess) return;
     a.table_ = builtin_arch_table(guess->family);

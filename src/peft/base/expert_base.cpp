@@ -19,6 +19,40 @@ ExpertFactorShape expert_factor_shape(const AdapterModule& m, const Checkpoint& 
   return {m.expert->num_experts, m.rank, static_cast<int64_t>(a.at(1)), static_cast<int64_t>(b.at(0))};
 }
 
+ExpertFactors::ExpertFactors(const AdapterModule& m, const Checkpoint& adapter_weights)
+    : shape_(expert_factor_shape(m, adapter_weights)),
+      a_(adapter_weights.read_f32(m.find(TensorRole::lora_a)->index)),
+      b_(adapter_weights.read_f32(m.find(TensorRole::lora_b)->index)) {}
+
+std::vector<float> ExpertFactors::b(int64_t e, int64_t row_begin, int64_t rows) const {
+  const int64_t r = shape_.rank, E = shape_.experts;
+  std::vector<float> out(static_cast<size_t>(rows * r));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t k = 0; k < r; ++k)
+      out[static_cast<size_t>(i * r + k)] = b_[static_cast<size_t>((row_begin + i) * r * E + k * E + e)];
+  return out;
+}
+
+std::vector<ExpertPart> per_expert_parts(const AdapterModule& m, const ExpertFactorShape& f) {
+  const ExpertTarget& x = *m.expert;
+  const int64_t parts = static_cast<int64_t>(x.per_expert.size());
+  if (parts == 0 || f.out % parts != 0) return {};
+  const int64_t rows = f.out / parts;
+  std::vector<ExpertPart> out;
+  for (int64_t e = 0; e < f.experts; ++e) {
+    for (int64_t j = 0; j < parts; ++j)
+      out.push_back({x.checkpoint_module + "." + std::to_string(e) + "." + x.per_expert[static_cast<size_t>(j)], e,
+                     j * rows, rows});
+  }
+  return out;
+}
+
+std::string saved_module_name(const AdapterModule& m) {
+  if (!m.expert || m.expert->per_expert.empty()) return m.name;
+  const std::string& first = m.expert->per_expert.front();
+  return m.expert->checkpoint_module + ".0." + first.substr(0, first.rfind('.'));
+}
+
 std::vector<ExpertSlot> expert_slots(const AdapterModule& m, const Checkpoint& adapter_weights, const BaseModel& base,
                                      const ArchTable* table, std::vector<std::string>& unresolved,
                                      std::vector<std::string>& mismatched) {
@@ -52,31 +86,28 @@ std::vector<ExpertSlot> expert_slots(const AdapterModule& m, const Checkpoint& a
     return {};
   }
   const int64_t parts = static_cast<int64_t>(x.per_expert.size());
-  if (f.out % parts != 0) {
+  const std::vector<ExpertPart> expert_parts = per_expert_parts(m, f);
+  if (expert_parts.empty()) {
     mismatched.push_back(who + ": lora_B's " + std::to_string(f.out) + " rows do not split into " +
                          std::to_string(parts) + " equal parts");
     return {};
   }
-  const int64_t rows = f.out / parts;
   std::vector<ExpertSlot> slots;
-  for (int64_t e = 0; e < f.experts; ++e) {
-    for (int64_t j = 0; j < parts; ++j) {
-      const std::string name = x.checkpoint_module + "." + std::to_string(e) + "." + x.per_expert[static_cast<size_t>(j)];
-      auto index = find_name(base, name, table);
-      if (!index) {
-        unresolved.push_back(who + ": the base has no tensor " + peft::quoted(name) + " for expert " +
-                             std::to_string(e) + " of " + std::to_string(f.experts));
-        return {};
-      }
-      const TensorInfo& w = base.weights->tensor(*index);
-      if (w.shape != std::vector<uint64_t>{static_cast<uint64_t>(rows), in}) {
-        mismatched.push_back(who + ": expert " + std::to_string(e) + "'s delta part is " +
-                             shape_text(std::vector<uint64_t>{static_cast<uint64_t>(rows), in}) + ", the base tensor " +
-                             peft::quoted(w.name) + " is " + shape_text(w.shape));
-        return {};
-      }
-      slots.push_back({*index, e, j * rows, rows});
+  for (const ExpertPart& part : expert_parts) {
+    auto index = find_name(base, part.tensor, table);
+    if (!index) {
+      unresolved.push_back(who + ": the base has no tensor " + peft::quoted(part.tensor) + " for expert " +
+                           std::to_string(part.expert) + " of " + std::to_string(f.experts));
+      return {};
     }
+    const TensorInfo& w = base.weights->tensor(*index);
+    const std::vector<uint64_t> want{static_cast<uint64_t>(part.rows), in};
+    if (w.shape != want) {
+      mismatched.push_back(who + ": expert " + std::to_string(part.expert) + "'s delta part is " + shape_text(want) +
+                           ", the base tensor " + peft::quoted(w.name) + " is " + shape_text(w.shape));
+      return {};
+    }
+    slots.push_back({*index, part.expert, part.row_begin, part.rows});
   }
   const std::string beyond = x.checkpoint_module + "." + std::to_string(f.experts) + "." + x.per_expert.front();
   if (find_name(base, beyond, table)) {

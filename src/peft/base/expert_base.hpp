@@ -31,6 +31,37 @@ struct ExpertFactorShape {
 };
 ExpertFactorShape expert_factor_shape(const AdapterModule& m, const Checkpoint& adapter_weights);
 
+// A module's factors (m.expert set), read once as f32: expert e's LoRA pair is lora_A's rows
+// e*r .. e*r+r-1 and lora_B's columns k*E + e (k < r), as PEFT's ParamWrapper lays them out.
+class ExpertFactors {
+ public:
+  ExpertFactors(const AdapterModule& m, const Checkpoint& adapter_weights);
+  const ExpertFactorShape& shape() const { return shape_; }
+  // Expert e's A, [rank, in] (valid while this object lives).
+  const float* a(int64_t e) const { return a_.data() + e * shape_.rank * shape_.in; }
+  // Rows row_begin .. row_begin+rows-1 of expert e's B, gathered as [rows, rank].
+  std::vector<float> b(int64_t e, int64_t row_begin, int64_t rows) const;
+
+ private:
+  ExpertFactorShape shape_;
+  std::vector<float> a_, b_;
+};
+
+// One saved per-expert tensor's share of a parameter's LoRA (ExpertsRule's per_expert): expert
+// `expert`'s out rows row_begin .. row_begin+rows-1 (gate then up) are the saved tensor `tensor`,
+// "<checkpoint module>.<e>.<per_expert name>" ("...block_sparse_moe.experts.0.w1.weight").
+struct ExpertPart {
+  std::string tensor;
+  int64_t expert = 0, row_begin = 0, rows = 0;
+  std::string module() const { return tensor.substr(0, tensor.rfind('.')); }
+};
+std::vector<ExpertPart> per_expert_parts(const AdapterModule& m, const ExpertFactorShape& f);
+
+// m's name as checkpoints save it, which architecture tables name: for a LoRA on a stacked expert
+// parameter saved per expert, expert 0's first saved module ("...block_sparse_moe.experts.0.w1");
+// otherwise m.name.
+std::string saved_module_name(const AdapterModule& m);
+
 // The slots of module `m` (m.expert set) in the base; appends what does not resolve or fit to
 // `unresolved` / `mismatched` (and returns no slots then).
 std::vector<ExpertSlot> expert_slots(const AdapterModule& m, const Checkpoint& adapter_weights, const BaseModel& base,

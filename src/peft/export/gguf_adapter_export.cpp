@@ -1,5 +1,4 @@
 #include "peft/export/gguf_adapter_export.hpp"
-#include "peft/adapter/expert_modules.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +16,7 @@
 #include "gguf/gguf_file.hpp"
 #include "gguf/gguf_writer.hpp"
 #include "peft/arch/gguf_experts.hpp"
+#include "peft/base/expert_base.hpp"
 #include "peft/base/gguf_base.hpp"
 
 namespace peft {
@@ -28,6 +28,7 @@ struct GgufPair {
   std::string tensor;  // the GGUF base tensor, "blk.0.attn_q.weight"
   GgufRows rows = GgufRows::same;
   std::optional<uint64_t> slice;  // a stacked module's slice of `tensor` (gguf_experts.hpp)
+  std::optional<ExpertPart> part;  // a LoRA on a stacked expert parameter: the share of one expert (expert_base.hpp)
 };
 
 // Every module's GGUF tensor; every problem listed at once. Modules in `skip` are left out.
@@ -42,27 +43,46 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base, c
       unsupported.push_back(what + ": " + *problem);
       continue;
     }
-    const std::optional<GgufSlot> slot = gguf_slot(table, module.name);
-    if (!slot) {
-      unresolved.push_back(what + ": table " + peft::quoted(table.family()) + " gives it no GGUF name");
+    // The module's pair in GGUF, or for a LoRA on a stacked expert parameter those of each saved
+    // per-expert module it spans (its rows of gate_up_proj: gate, then up).
+    auto add_pair = [&](const std::string& saved_module, std::optional<ExpertPart> part) {
+      const std::string who = part ? what + " (expert " + std::to_string(part->expert) + "'s " +
+                                         peft::quoted(saved_module) + ")"
+                                   : what;
+      const std::optional<GgufSlot> slot = gguf_slot(table, saved_module);
+      if (!slot) {
+        unresolved.push_back(who + ": table " + peft::quoted(table.family()) + " gives it no GGUF name");
+        return;
+      }
+      GgufPair pair{&module, slot->tensor, slot->rule->gguf_rows, slot->slice, part};
+      if (pair.slice && !(base.experts && *pair.slice < *base.experts)) {
+        unresolved.push_back(who + ": the base has " + (base.experts ? std::to_string(*base.experts) : "no count of") +
+                             " experts, so " + peft::quoted(pair.tensor) + " has no slice " + std::to_string(*pair.slice));
+        return;
+      }
+      if (base.gguf && !base.gguf->find(pair.tensor)) {
+        unresolved.push_back(who + ": the GGUF base has no tensor " + peft::quoted(pair.tensor));
+        return;
+      }
+      if (const AdapterTensor* b = module.find(TensorRole::lora_b)) {
+        const std::vector<uint64_t>& b_shape = adapter.checkpoint().tensor(b->index).shape;
+        const uint64_t out = part ? static_cast<uint64_t>(part->rows) : b_shape.empty() ? 0 : b_shape[0];
+        if (const auto problem = gguf_rows_problem(pair.rows, base.heads, out)) unresolved.push_back(who + ": " + *problem);
+      }
+      pairs.push_back(std::move(pair));
+    };
+    if (!module.expert) {
+      add_pair(module.name, std::nullopt);
       continue;
     }
-    GgufPair pair{&module, slot->tensor, slot->rule->gguf_rows, slot->slice};
-    if (pair.slice && !(base.experts && *pair.slice < *base.experts)) {
-      unresolved.push_back(what + ": the base has " + (base.experts ? std::to_string(*base.experts) : "no count of") +
-                           " experts, so " + peft::quoted(pair.tensor) + " has no slice " + std::to_string(*pair.slice));
+    const std::vector<ExpertPart> parts = per_expert_parts(module, expert_factor_shape(module, adapter.checkpoint()));
+    if (parts.empty()) {
+      unsupported.push_back(what + ": lora_B's rows do not split into the " +
+                            std::to_string(module.expert->per_expert.size()) + " per-expert tensors of " +
+                            peft::quoted(module.expert->module + "." + module.expert->param));
       continue;
     }
-    if (base.gguf && !base.gguf->find(pair.tensor)) {
-      unresolved.push_back(what + ": the GGUF base has no tensor " + peft::quoted(pair.tensor));
-      continue;
-    }
-    if (const AdapterTensor* b = module.find(TensorRole::lora_b)) {
-      const std::vector<uint64_t>& b_shape = adapter.checkpoint().tensor(b->index).shape;
-      if (const auto problem = gguf_rows_problem(pair.rows, base.heads, b_shape.empty() ? 0 : b_shape[0]))
-        unresolved.push_back(what + ": " + *problem);
-    }
-    pairs.push_back(std::move(pair));
+    for (const ExpertPart& part : parts) add_pair(part.module(), part);
   }
   // llama.cpp applies one pair to a whole stacked tensor: every slice needs its module.
   std::map<std::string, std::vector<uint64_t>> stacks;
@@ -130,7 +150,9 @@ GgufFactor encode(std::string name, const std::vector<float>& values, std::vecto
 }  // namespace
 
 std::optional<std::string> gguf_lora_problem(const AdapterModule& module) {
-  if (module.expert) return "LoRA on a stacked expert parameter (target_parameters) is not exported to GGUF";
+  if (module.expert && (module.expert->per_expert.empty() || module.expert->transposed))
+    return "LoRA on the stacked expert parameter " + peft::quoted(module.expert->module + "." + module.expert->param) +
+           " (target_parameters), which the architecture data does not place in GGUF (no per-expert layout)";
   if (!module.is_lora())
     return layer_kind_name(module.kind) + std::string(" tensors replace base tensors, which a GGUF LoRA cannot hold");
   if (module.find(TensorRole::lora_magnitude) != nullptr) return "DoRA's magnitude vector has no place in a GGUF LoRA";
@@ -192,10 +214,10 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
   if (options.ggml_type != 0 && options.ggml_type != 1 && options.ggml_type != 30 && options.ggml_type != 8)
     fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF adapter factors are written as F32, F16, BF16 or Q8_0 (ggml type " +
                                         std::to_string(options.ggml_type) + " is none of them)");
-  refuse_expert_modules(adapter.modules(), "the GGUF LoRA export");
   const GgufBase base = open_gguf_base(gguf_export_base_name(adapter, options), [&](const ArchTable& table) {
     for (const AdapterModule& module : adapter.modules())
-      if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, module.name)) return false;
+      if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, saved_module_name(module)))
+        return false;
     return true;
   });
   refuse_output_over_inputs(out_path, {{"the adapter folder", adapter.dir()},
@@ -217,6 +239,7 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
     groups[it->second].push_back(&pair);
   }
   std::vector<GgufFactor> factors;
+  std::map<const AdapterModule*, ExpertFactors> expert_factors;  // read once per module
   for (std::vector<const GgufPair*>& group : groups) {
     std::sort(group.begin(), group.end(), [](const GgufPair* x, const GgufPair* y) { return x->slice < y->slice; });
     const GgufPair& first = *group.front();
@@ -224,6 +247,17 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
     uint64_t rank = 0;  // the largest: llama.cpp has one rank per tensor
     for (const GgufPair* pair : group) {
       const AdapterModule& m = *pair->module;
+      if (pair->part) {  // one expert's share of a stacked expert parameter's LoRA
+        auto it = expert_factors.find(&m);
+        if (it == expert_factors.end()) it = expert_factors.emplace(&m, ExpertFactors(m, adapter.checkpoint())).first;
+        const ExpertFactors& x = it->second;
+        const ExpertPart& part = *pair->part;
+        const auto r = static_cast<uint64_t>(x.shape().rank), in = static_cast<uint64_t>(x.shape().in);
+        slices.push_back({std::vector<float>(x.a(part.expert), x.a(part.expert) + r * in),
+                          x.b(part.expert, part.row_begin, part.rows), r, in, static_cast<uint64_t>(part.rows), 1});
+        rank = std::max(rank, r);
+        continue;
+      }
       const bool embedding = m.kind == LayerKind::embedding;
       const AdapterTensor* a = m.find(embedding ? TensorRole::lora_embedding_a : TensorRole::lora_a);
       const AdapterTensor* b = m.find(embedding ? TensorRole::lora_embedding_b : TensorRole::lora_b);

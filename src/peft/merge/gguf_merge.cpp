@@ -1,5 +1,4 @@
 #include "peft/merge/gguf_merge.hpp"
-#include "peft/adapter/expert_modules.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +23,7 @@
 #include "peft/arch/gguf_experts.hpp"
 #include "peft/arch/gguf_row_order.hpp"
 #include "peft/arch/translator.hpp"
+#include "peft/base/expert_base.hpp"
 #include "peft/base/gguf_base.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
@@ -90,8 +90,6 @@ class GgufMerge {
     header_ = base_->gguf_header(0);
     if (header_ == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, base_path + " is not a GGUF file");
     require_gguf_model(*header_, base_path);
-    for (const MergeInput& input : options_.adapters)
-      if (input.adapter) refuse_expert_modules(input.adapter->modules(), "merging into a GGUF base");
     architecture_ = architecture_of(*header_, path_);
     heads_ = gguf_heads_from_metadata(*header_, architecture_);
     table_ = with_path(path_, [&] {
@@ -99,7 +97,7 @@ class GgufMerge {
         for (const MergeInput& input : options_.adapters) {
           if (!input.adapter) continue;  // a GGUF LoRA: named as the base's tensors, no table needed
           for (const AdapterModule& module : input.adapter->modules())
-            if (module.is_lora() && !gguf_slot(table, module.name)) return false;
+            if (module.is_lora() && !gguf_slot(table, saved_module_name(module))) return false;
         }
         return true;
       });
@@ -305,19 +303,83 @@ class GgufMerge {
                      " (llama.cpp reads it as the output instead of " + input_name + ")");
   }
 
+  // The index of GGUF tensor `tensor` when it can take a merge; nullopt (with the problem listed) otherwise.
+  std::optional<size_t> target_index(const std::string& what, const std::string& tensor,
+                                     std::vector<std::string>& unresolved) {
+    const auto index = tied_ && tensor == tied_->output_tensor ? std::optional<size_t>(output_slot()) : base_->find(tensor);
+    if (!index) {
+      unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
+      return std::nullopt;
+    }
+    if (targets_[*index].what.empty()) targets_[*index].what = what;
+    return index;
+  }
+
+  // A LoRA term of `module` (of `input`) on GGUF tensor `index` (its slice `slice` when stacked).
+  void add_lora_term(size_t index, std::optional<uint64_t> slice, GgufRows rows, BufferMergeModule term,
+                     const MergeInput& input, const AdapterModule& module, const std::string& what) {
+    GgufTarget& target = targets_[index];
+    target.rows = rows;
+    double weight = input.weight;
+    if (options_.arithmetic == merge::Arithmetic::ggml && effect_of(module.method) == MethodEffect::lora) {
+      // llama-export-lora's scale of the converted adapter: weight * alpha / rank in float.
+      term.scaling = merge::ggml_lora_coefficient(weight, module.alpha, module.rank, module.scaling, what);
+      weight = 1.0;
+    }
+    target.terms.push_back({std::move(term), weight, slice.value_or(0), true, input.adapter.get()});
+  }
+
+  // A LoRA on a stacked expert parameter (target_parameters): expert e's share of each tensor the
+  // checkpoint saves per expert (expert_base.hpp) is added to that module's slice of llama.cpp's
+  // stacked tensor (Mixtral's experts.e.w1: slice e of ffn_gate_exps), as for a per-expert adapter.
+  void plan_expert_module(const MergeInput& input, const AdapterModule& module, const std::string& what,
+                          std::vector<std::string>& unresolved, std::vector<std::string>& unsupported) {
+    const ExpertTarget& x = *module.expert;
+    auto factors = std::make_shared<const ExpertFactors>(module, input.adapter->checkpoint());
+    const ExpertFactorShape& f = factors->shape();
+    const std::vector<ExpertPart> parts = per_expert_parts(module, f);
+    if (parts.empty()) {
+      unsupported.push_back(what + " (LoRA on the stacked expert parameter " + peft::quoted(x.module + "." + x.param) +
+                            ": table " + peft::quoted(table_->family()) +
+                            " gives no per-expert layout for it, which is what places it in GGUF)");
+      return;
+    }
+    struct Owned {
+      std::shared_ptr<const ExpertFactors> factors;
+      std::vector<float> b;
+    };
+    for (const ExpertPart& part : parts) {
+      const std::optional<GgufSlot> slot = gguf_slot(*table_, part.module());
+      if (!slot || !slot->slice) {
+        unresolved.push_back(what + " (no stacked GGUF tensor for expert " + std::to_string(part.expert) + "'s " +
+                             peft::quoted(part.module()) + " in table " + peft::quoted(table_->family()) + ")");
+        return;
+      }
+      const auto index = target_index(what, slot->tensor, unresolved);
+      if (!index) return;
+      const TensorInfo& info = base_->tensor(*index);
+      const std::vector<uint64_t> want{static_cast<uint64_t>(part.rows), static_cast<uint64_t>(f.in)};
+      if (info.shape.size() != 3 || *slot->slice >= info.shape[0] ||
+          std::vector<uint64_t>(info.shape.begin() + 1, info.shape.end()) != want)
+        fail(PEFT_ERR_SHAPE_MISMATCH, path_ + ": " + what + ": expert " + std::to_string(part.expert) + "'s part " +
+                                          shape_text(want) + " of " + peft::quoted(x.module + "." + x.param) +
+                                          " has no slice in GGUF tensor " + peft::quoted(info.name) + " of shape " +
+                                          shape_text(info.shape));
+      auto owned = std::make_shared<Owned>(Owned{factors, factors->b(part.expert, part.row_begin, part.rows)});
+      BufferMergeModule term;
+      term.layout = merge::DeltaLayout{part.rows, f.in, false};
+      term.lora_a = factors->a(part.expert);
+      term.lora_b = owned->b.data();
+      term.rank = f.rank;
+      term.scaling = module.scaling;
+      term.keep_alive = std::move(owned);
+      add_lora_term(*index, slot->slice, slot->rule->gguf_rows, std::move(term), input, module, what);
+    }
+  }
+
   // Finds every module's GGUF tensor and refuses what cannot be merged, listing all of it at once.
   void plan() {
     std::vector<std::string> unresolved, unsupported, conflicts;
-    // The index of GGUF tensor `tensor` when it can take a merge; nullopt (with the problem listed) otherwise.
-    auto target_index = [&](const std::string& what, const std::string& tensor) -> std::optional<size_t> {
-      const auto index = tied_ && tensor == tied_->output_tensor ? std::optional<size_t>(output_slot()) : base_->find(tensor);
-      if (!index) {
-        unresolved.push_back(what + " (GGUF tensor " + peft::quoted(tensor) + " is not in the base)");
-        return std::nullopt;
-      }
-      if (targets_[*index].what.empty()) targets_[*index].what = what;
-      return index;
-    };
     for (const MergeInput& input : options_.adapters) {
       if (input.gguf_lora) {  // GGUF names and rows: checked and matched by gguf_lora_input
         for (GgufLoraTerm& term : gguf_lora_terms(*input.gguf_lora, input.weight, *base_, architecture_))
@@ -342,6 +404,10 @@ class GgufMerge {
                            "change lands once in " + peft::quoted(base_->tensor(tied_->input).name) + ", which stays tied");
           continue;
         }
+        if (module.expert) {
+          plan_expert_module(input, module, what, unresolved, unsupported);
+          continue;
+        }
         const std::optional<GgufSlot> slot = gguf_slot(*table_, module.name);
         if (!slot) {
           unresolved.push_back(what + " (no GGUF name for it in table " + peft::quoted(table_->family()) + ")");
@@ -359,7 +425,7 @@ class GgufMerge {
             continue;
           }
           const std::string replaced = stem + "." + t.base_tensor.substr(t.base_tensor.rfind('.') + 1);
-          const auto index = target_index(what, replaced);
+          const auto index = target_index(what, replaced, unresolved);
           if (!index) continue;
           GgufTarget& target = targets_[*index];
           if (target.replacement) {
@@ -377,7 +443,7 @@ class GgufMerge {
                                 ": the ggml arithmetic is defined for plain LoRA only)");
           continue;
         }
-        const auto index = target_index(what, stem + ".weight");
+        const auto index = target_index(what, stem + ".weight", unresolved);
         if (!index) continue;
         const TensorInfo& info = target_info(*index);
         std::vector<int64_t> shape(info.shape.begin(), info.shape.end());
@@ -394,22 +460,14 @@ class GgufMerge {
         if (oriented.kind == LayerKind::conv1d) oriented.kind = LayerKind::linear;
         BufferMergeModule term = buffer_merge_module(input.adapter, oriented, shape);
         term.lora_bias = nullptr;  // added to the bias tensor below
-        GgufTarget& target = targets_[*index];
-        target.rows = slot->rule->gguf_rows;
-        double weight = input.weight;
-        if (options_.arithmetic == merge::Arithmetic::ggml && effect_of(module.method) == MethodEffect::lora) {
-          // llama-export-lora's scale of the converted adapter: weight * alpha / rank in float.
-          term.scaling = merge::ggml_lora_coefficient(weight, module.alpha, module.rank, module.scaling, what);
-          weight = 1.0;
-        }
-        target.terms.push_back({std::move(term), weight, slot->slice.value_or(0), true, input.adapter.get()});
+        add_lora_term(*index, slot->slice, slot->rule->gguf_rows, std::move(term), input, module, what);
         if (const AdapterTensor* bias = module.find(TensorRole::lora_b_bias)) {
           if (slot->slice) {
             unsupported.push_back(what + " (lora_B.bias of one slice of the stacked GGUF tensor " +
                                   peft::quoted(tensor) + ")");
             continue;
           }
-          const auto bias_index = target_index(what + " lora_B.bias", stem + ".bias");
+          const auto bias_index = target_index(what + " lora_B.bias", stem + ".bias", unresolved);
           if (!bias_index) continue;
           GgufTarget& bias_target = targets_[*bias_index];
           bias_target.rows = slot->rule->gguf_rows;

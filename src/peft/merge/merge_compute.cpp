@@ -83,19 +83,12 @@ LoadedTerm load_term(const LoraTerm& term, const std::vector<int64_t>& weight_sh
 // rows of one expert's saved tensor that the slot names.
 void apply_expert_term(const LoraTerm& term, DType dtype, uint8_t* data, const merge::ExecOptions& exec) {
   const AdapterModule& m = *term.module;
-  const Checkpoint& ckpt = term.adapter->adapter->checkpoint();
-  const ExpertFactorShape f = expert_factor_shape(m, ckpt);
-  const std::vector<float> A = ckpt.read_f32(m.find(TensorRole::lora_a)->index);
-  const std::vector<float> B = ckpt.read_f32(m.find(TensorRole::lora_b)->index);
-  const int64_t r = f.rank, E = f.experts;
-  std::vector<float> b;
+  const ExpertFactors factors(m, term.adapter->adapter->checkpoint());
+  const ExpertFactorShape& f = factors.shape();
   auto add = [&](int64_t e, int64_t row_begin, int64_t rows, const merge::DeltaLayout& layout, uint8_t* at) {
-    b.resize(static_cast<size_t>(rows * r));
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t k = 0; k < r; ++k)
-        b[static_cast<size_t>(i * r + k)] = B[static_cast<size_t>((row_begin + i) * r * E + k * E + e)];
-    const merge::LoraFactors factors{A.data() + e * r * f.in, b.data(), r, term.coefficient};
-    merge::add_delta(merge::WeightView{at, dtype, layout.rows(), layout.cols()}, layout, {&factors, 1}, exec);
+    const std::vector<float> b = factors.b(e, row_begin, rows);
+    const merge::LoraFactors pair{factors.a(e), b.data(), f.rank, term.coefficient};
+    merge::add_delta(merge::WeightView{at, dtype, layout.rows(), layout.cols()}, layout, {&pair, 1}, exec);
   };
   const ExpertSlot& slot = *term.expert;
   if (slot.expert >= 0) {
@@ -104,7 +97,7 @@ void apply_expert_term(const LoraTerm& term, DType dtype, uint8_t* data, const m
   }
   const merge::DeltaLayout layout{f.out, f.in, m.expert->transposed};
   const uint64_t stride = converted_byte_size(dtype, static_cast<uint64_t>(f.out * f.in));
-  for (int64_t e = 0; e < E; ++e) add(e, 0, f.out, layout, data + static_cast<uint64_t>(e) * stride);
+  for (int64_t e = 0; e < f.experts; ++e) add(e, 0, f.out, layout, data + static_cast<uint64_t>(e) * stride);
 }
 
 bool same_layout(const merge::DeltaLayout& x, const merge::DeltaLayout& y) {
