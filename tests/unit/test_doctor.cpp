@@ -23,7 +23,7 @@ namespace {
 
 std::vector<std::string> candidates(const std::string& module) {
   std::vector<std::string> out;
-  for (const peft::RenameCandidate& c : peft::rename_candidates(module)) out.push_back(c.module);
+  for (const peft::RenameCandidate& c : peft::rename_candidates(module, "weight")) out.push_back(c.module);
   return out;
 }
 
@@ -102,9 +102,16 @@ TEST_CASE("doctor renames: transformers' checkpoint conversions, both directions
   CHECK(has(candidates("model.multi_modal_projector.linear_1"), "multi_modal_projector.linear_1"));
   CHECK(has(candidates("visual.blocks.0.attn.qkv"), "model.visual.blocks.0.attn.qkv"));
   CHECK(has(candidates("base_model.model.model.layers.0.q_proj"), "model.layers.0.q_proj"));
-  CHECK(candidates("encoder.layer.0.attention.self.query").empty());
-  // Whole segments only: "model_x" is not under "model."
-  CHECK(candidates("model_x.layers.0").empty());
+  // Read from transformers' table, not a list of families: Mllama's vision model, Emu3's text model.
+  CHECK(has(candidates("model.vision_model.transformer.layers.0.self_attn.q_proj"),
+            "vision_model.transformer.layers.0.self_attn.q_proj"));
+  CHECK(has(candidates("text_model.model.layers.0.self_attn.q_proj"), "model.text_model.model.layers.0.self_attn.q_proj"));
+  // Only chains that rename leading paths: AltCLIP's "layer" -> "layers" and Swin's "self.query" ->
+  // "q_proj" rewrite inner names of their own models' keys and are not applied to others'.
+  const std::vector<std::string> bert = candidates("encoder.layer.0.attention.self.query");
+  CHECK(!has(bert, "encoder.layers.0.attention.self.query"));
+  CHECK(!has(bert, "encoder.layer.0.attention.q_proj"));
+  for (const std::string& c : bert) CHECK(c.ends_with(".encoder.layer.0.attention.self.query"));
 }
 
 TEST_CASE("doctor: a clean adapter, a renamed one, an ambiguous one") {

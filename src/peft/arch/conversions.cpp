@@ -5,6 +5,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 
 #include "core/error.hpp"
 #include "core/json_parse.hpp"
@@ -69,6 +71,7 @@ struct Step {
 struct Chain {
   std::vector<Step> steps;
   bool supported = true;
+  bool prefixes_only = true;  // every step is anchored at the start of the key (renames a leading path)
 };
 
 std::string text_of(const nlohmann::json& j, const char* field, const std::string& what) {
@@ -77,19 +80,23 @@ std::string text_of(const nlohmann::json& j, const char* field, const std::strin
   return it->get<std::string>();
 }
 
-std::shared_ptr<const Chain> compile_chain(const nlohmann::json& entry, const std::string& what) {
+// An entry's "save" chain, or its "load" chain (`direction`).
+std::shared_ptr<const Chain> compile_chain(const nlohmann::json& entry, const std::string& what,
+                                           const char* direction = "save") {
   auto chain = std::make_shared<Chain>();
-  auto save = entry.is_object() ? entry.find("save") : entry.end();
-  if (save == entry.end() || !save->is_array()) bad_step(what, "\"save\" must be a list");
+  auto save = entry.is_object() ? entry.find(direction) : entry.end();
+  if (save == entry.end() || !save->is_array()) bad_step(what, std::string("\"") + direction + "\" must be a list");
   for (size_t s = 0; s < save->size(); ++s) {
     const nlohmann::json& j = (*save)[s];
-    const std::string where = what + " save[" + std::to_string(s) + "]";
+    const std::string where = what + " " + direction + "[" + std::to_string(s) + "]";
     if (!j.is_object()) bad_step(where, "must be an object");
     if (j.contains("unsupported")) {
       chain->supported = false;
       return chain;
     }
-    Step step{PythonRegex(text_of(j, "regex", where), PEFT_ERR_INVALID_CONFIG, "transformers conversions, " + where),
+    const std::string regex = text_of(j, "regex", where);
+    chain->prefixes_only = chain->prefixes_only && regex.starts_with("(?P<g0>^");
+    Step step{PythonRegex(regex, PEFT_ERR_INVALID_CONFIG, "transformers conversions, " + where),
               {}, {}, std::nullopt, "", text_of(j, "kind", where) == "PrefixChange"};
     auto targets = j.find("targets");
     if (targets == j.end() || !targets->is_array() || targets->empty())
@@ -118,10 +125,18 @@ std::optional<std::string> run(const Chain& chain, std::string_view key, bool wi
   return out;
 }
 
+// A chain of some model, for conversion_renames.
+struct NamedChain {
+  std::string direction;             // "save" or "load"
+  std::vector<std::string> models;   // the classes and model types that have it, in file order
+  std::shared_ptr<const Chain> chain;
+};
+
 struct Data {
   bool loaded = false;
   nlohmann::json doc;  // null when the file is not installed
   std::map<std::string, std::shared_ptr<const Chain>> chains;  // by "composed/<type>/<class>", "models/<name>"
+  std::optional<std::vector<NamedChain>> every_chain;  // every distinct save and load chain (conversion_renames)
 };
 
 // The data file, read once (callers hold the mutex).
@@ -174,7 +189,53 @@ std::shared_ptr<const Chain> chain_for(Data& data, const nlohmann::json& config)
   return nullptr;
 }
 
+// Every distinct save and load chain of the data that renames leading paths only (conversion_renames),
+// in file order, compiled once.
+const std::vector<NamedChain>& every_chain(Data& data) {
+  if (data.every_chain) return *data.every_chain;
+  std::vector<NamedChain> out;
+  std::map<std::string, size_t> seen;  // a chain's direction and JSON text -> its index in `out`
+  auto add = [&](const nlohmann::json& entry, const std::string& name, const std::string& what) {
+    for (const char* direction : {"save", "load"}) {
+      auto steps = entry.is_object() ? entry.find(direction) : entry.end();
+      if (steps == entry.end() || !steps->is_array() || steps->empty()) continue;
+      auto [it, added] = seen.emplace(std::string(direction) + steps->dump(), out.size());
+      if (added) out.push_back({direction, {}, compile_chain(entry, what, direction)});
+      out[it->second].models.push_back(name);
+    }
+  };
+  if (data.doc.is_object()) {
+    if (auto composed = data.doc.find("composed"); composed != data.doc.end() && composed->is_object())
+      for (const auto& [type, classes] : composed->items())
+        if (classes.is_object())
+          for (const auto& [name, entry] : classes.items()) add(entry, name, "composed/" + type + "/" + name);
+    if (auto models = data.doc.find("models"); models != data.doc.end() && models->is_object())
+      for (const auto& [name, entry] : models->items()) add(entry, name, "models/" + name);
+  }
+  std::erase_if(out, [](const NamedChain& c) { return !c.chain->supported || !c.chain->prefixes_only; });
+  data.every_chain = std::move(out);
+  return *data.every_chain;
+}
+
 }  // namespace
+
+std::vector<ConversionRename> conversion_renames(std::string_view key) {
+  std::lock_guard lock(data_mutex);  // the chains are compiled on first use
+  Data& data = data_locked();
+  std::vector<ConversionRename> out;
+  for (const NamedChain& c : every_chain(data)) {
+    for (bool with_prefix_changes : {true, false}) {
+      auto name = run(*c.chain, key, with_prefix_changes);
+      if (!name || *name == key) continue;
+      if (std::any_of(out.begin(), out.end(), [&](const ConversionRename& r) { return r.key == *name; })) continue;
+      const size_t others = c.models.size() - 1;
+      out.push_back({*name, "transformers " + data.doc["transformers_version"].get<std::string>() +
+                                "'s checkpoint renames on " + c.direction + " of " + c.models.front() +
+                                (others ? " (and " + std::to_string(others) + " more)" : "")});
+    }
+  }
+  return out;
+}
 
 std::vector<std::string> saved_names(const nlohmann::json& config, std::string_view key) {
   std::shared_ptr<const Chain> chain;

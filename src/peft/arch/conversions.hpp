@@ -31,6 +31,20 @@ namespace peft {
 // parse is PEFT_ERR_INVALID_CONFIG.
 std::vector<std::string> saved_names(const nlohmann::json& config, std::string_view key);
 
+// A name `key` takes under one of transformers' conversions, and which ("transformers 5.24.0's
+// checkpoint renames on load of LlavaForConditionalGeneration (and 12 more)").
+struct ConversionRename {
+  std::string key;
+  std::string origin;
+};
+// Every distinct name `key` takes under the save or the load chain of any model in the data whose
+// steps all rename a leading path (anchored regexes: a VLM's "model.language_model." <->
+// "language_model.model."; the others rewrite inner names of their own models' keys and would
+// misread other models'), each with and without its PrefixChange steps; the first chain in file
+// order names a name's origin. The layouts an adapter may have been written for. Empty when the
+// data is not installed. The chains are compiled on the first call, once per process.
+std::vector<ConversionRename> conversion_renames(std::string_view key);
+
 // The transformers version the data was generated from ("" when the file is not installed).
 std::string conversions_transformers_version();
 

@@ -1,6 +1,7 @@
 // The doctor's scan (doctor_scan.hpp): the adapter's keys read and their modules placed in the base.
 #include "peft/doctor/doctor_scan.hpp"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -85,12 +86,18 @@ void resolve(DoctorState& d, Group& g) {
     for (const auto& [module, joined] : base_modules_underscored(d))
       if (joined == rest) consider(module, "kohya underscore path");
   } else {
-    for (const RenameCandidate& c : rename_candidates(g.written)) consider(c.module, module_renames()[c.rule].origin);
+    for (const RenameCandidate& c : rename_candidates(g.written, param)) consider(c.module, c.origin);
   }
   if (found.size() == 1 && found.begin()->second.size() >= 1) {
     g.base_index = found.begin()->first;
-    g.name = found.begin()->second.front().first;
-    d.renamed_origin[g.written] = found.begin()->second.front().second;
+    // Several names may reach the one tensor (with and without the table's base_model_prefix): the
+    // tensor's own name first.
+    const auto& names = found.begin()->second;
+    const std::string stored = d.base->weights->tensor(*g.base_index).name;
+    auto best = std::find_if(names.begin(), names.end(), [&](const auto& n) { return n.first + "." + param == stored; });
+    if (best == names.end()) best = names.begin();
+    g.name = best->first;
+    d.renamed_origin[g.written] = best->second;
     d.module_renamed[g.written] = g.name;
     return;
   }

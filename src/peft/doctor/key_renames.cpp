@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "peft/arch/conversions.hpp"
 #include "peft/arch/key_grammar.hpp"
 
 namespace peft {
@@ -91,43 +92,14 @@ std::string underscore_path(std::string_view dotted) {
   return out;
 }
 
-const std::vector<ModuleRename>& module_renames() {
-  static const std::vector<ModuleRename> renames = [] {
-    struct Pair {
-      const char* a;
-      const char* b;
-      const char* origin;
-    };
-    const Pair pairs[] = {
-        {"language_model.model.", "model.language_model.", "transformers llava-family checkpoint conversion"},
-        {"language_model.lm_head.", "lm_head.", "transformers llava-family checkpoint conversion"},
-        {"vision_tower.", "model.vision_tower.", "transformers llava-family checkpoint conversion"},
-        {"multi_modal_projector.", "model.multi_modal_projector.", "transformers llava-family checkpoint conversion"},
-        {"model.", "model.language_model.", "transformers qwen2_vl-family checkpoint conversion"},
-        {"visual.", "model.visual.", "transformers qwen2_vl-family checkpoint conversion"},
-    };
-    std::vector<ModuleRename> out;
-    for (const Pair& p : pairs) {
-      out.push_back({p.a, p.b, p.origin});
-      out.push_back({p.b, p.a, p.origin});
-    }
-    out.push_back({std::string(kPeftPrefix), "", "PEFT's \"base_model.model.\" prefix written twice"});
-    return out;
-  }();
-  return renames;
-}
-
-std::vector<RenameCandidate> rename_candidates(std::string_view module) {
+std::vector<RenameCandidate> rename_candidates(std::string_view module, std::string_view param) {
   std::vector<RenameCandidate> out;
-  const std::string dotted = std::string(module) + ".";
-  const auto& rules = module_renames();
-  for (size_t i = 0; i < rules.size(); ++i) {
-    const ModuleRename& r = rules[i];
-    if (!dotted.starts_with(r.from_prefix)) continue;
-    std::string renamed = r.to_prefix + dotted.substr(r.from_prefix.size());
-    renamed.pop_back();  // the "." added above
-    if (!renamed.empty() && renamed != module) out.push_back({renamed, i});
-  }
+  const std::string suffix = "." + std::string(param);
+  for (const ConversionRename& r : conversion_renames(std::string(module) + suffix))
+    if (r.key.size() > suffix.size() && r.key.ends_with(suffix))
+      out.push_back({r.key.substr(0, r.key.size() - suffix.size()), r.origin});
+  if (module.size() > kPeftPrefix.size() && module.starts_with(kPeftPrefix))
+    out.push_back({std::string(module.substr(kPeftPrefix.size())), "PEFT's \"base_model.model.\" prefix written twice"});
   return out;
 }
 

@@ -57,19 +57,15 @@ bool kohya_underscore_path(std::string_view module, std::string& rest);
 // "model.layers.0.q_proj" -> "model_layers_0_q_proj".
 std::string underscore_path(std::string_view dotted);
 
-// One module-path rename of transformers' conversion mappings (or PEFT's doubled prefix).
-struct ModuleRename {
-  std::string from_prefix;  // matched on "<module>." so that "lm_head" matches "lm_head."
-  std::string to_prefix;
-  std::string origin;       // "transformers llava checkpoint conversion", ...
-};
-const std::vector<ModuleRename>& module_renames();  // both directions listed
-
-// Every candidate name of `module` under one rename (the rename's index in module_renames()).
+// A name the base may hold module `module` under, and the rename that gives it.
 struct RenameCandidate {
   std::string module;
-  size_t rule = 0;
+  std::string origin;  // "transformers 5.24's checkpoint conversion of LlavaForConditionalGeneration (on load)"
 };
-std::vector<RenameCandidate> rename_candidates(std::string_view module);
+// The candidates for a module whose parameter `param` ("weight") the base lacks: every name the key
+// "<module>.<param>" takes under transformers' checkpoint conversions (arch/conversions.hpp: any
+// model's save or load renames, so an adapter written for a VLM's text model or for the other
+// transformers major version is found), and PEFT's "base_model.model." written twice.
+std::vector<RenameCandidate> rename_candidates(std::string_view module, std::string_view param);
 
 }  // namespace peft
