@@ -2915,7 +2915,10 @@ PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const
  * merge (peft_merge_checkpoint()): into a GGUF file when @p base is a GGUF model file (each tensor keeps
  * its type; trainable tokens are refused there), into a model folder that transformers loads when
  * @p base is a Hugging Face folder or hub id. Every other module is
- * written to @p out_path exactly as peft_adapter_export_gguf() writes it. With nothing to merge,
+ * written to @p out_path exactly as peft_adapter_export_gguf() writes it. On a base with tied
+ * embeddings, a LoRA that changes one embedding alone (which peft_adapter_export_gguf() refuses) is
+ * merged too: the copy of the base is untied (`output.weight`, or `lm_head.weight` with
+ * `tie_word_embeddings` false), as peft_merge_checkpoint() unties it. With nothing to merge,
  * @p base_out is a copy of the base. docs/gguf.md has the details.
  *
  * All or nothing: the adapter is first written under a temporary name next to @p out_path, then

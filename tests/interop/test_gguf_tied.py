@@ -17,7 +17,10 @@ and a `modules_to_save` copy:
   applies a `token_embd` LoRA to the output too and finds no `output.weight` for an `lm_head` one, so an
   adapter changing one side is refused (UNSUPPORTED, saying to merge instead), and an ensure_weight_tying
   adapter is written as its `token_embd` pair alone, which llama-export-lora merges into the model that
-  llama.cpp runs to PEFT's forward.
+  llama.cpp runs to PEFT's forward;
+* with `--split-into BASE_OUT` the one-sided embedding change is merged into the copy of the base
+  (which it unties) and the rest exported: llama-export-lora applying the GGUF LoRA to BASE_OUT (as GGUF)
+  runs in llama.cpp to PEFT's forward, for a GGUF base and for the model folder.
 
 Skipped (with the reason) when PEFT_LLAMA_CPP_BIN is not set or the driver is not built; scripts/test.sh
 sets both.
@@ -166,3 +169,23 @@ def test_gguf_lora_export_of_tied_lora_equals_peft_forward(tied_llama, peftc_bin
     merged = export_lora(gguf, [(lora, 1.0)], tmp_path / "merged.gguf")
     ref = peft_forward(folder, adapter, {"input_ids": torch.tensor([TOKENS])})[0].double().numpy()
     assert_close(gguf_logits(merged), ref, "ensure_weight_tying exported")
+
+
+@pytest.mark.parametrize("case", ["lm_head", "embed_tokens"])
+def test_split_export_merges_one_sided_changes_into_the_base(case, tied_llama, peftc_binary, tmp_path):
+    folder, gguf = tied_llama
+    adapter = tmp_path / "adapter"
+    make_adapter(folder, adapter, CASES[case][0])
+    ref = peft_forward(folder, adapter, {"input_ids": torch.tensor([TOKENS])})[0].double().numpy()
+    embedding = {"lm_head": "output.weight", "embed_tokens": "token_embd.weight"}[case]
+    for base in (gguf, folder):
+        lora = tmp_path / f"{base.name}.adapter.gguf"
+        base_out = tmp_path / (f"{base.name}.merged.gguf" if base == gguf else f"{base.name}.merged")
+        run_peftc(peftc_binary, "adapter", "export", adapter, lora, "--format", "gguf", "--base", base,
+                  "--split-into", base_out)
+        names = set(tensors(lora))
+        assert names and not any(name.startswith(embedding) for name in names), names
+        merged_base = base_out if base == gguf else convert_hf_to_gguf(base_out, tmp_path / "converted.gguf")
+        assert "output.weight" in tensors(merged_base)  # untied
+        merged = export_lora(merged_base, [(lora, 1.0)], tmp_path / f"{base.name}.final.gguf")
+        assert_close(gguf_logits(merged), ref, f"{case}, split export against {base.name}")

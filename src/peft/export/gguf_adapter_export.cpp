@@ -167,40 +167,72 @@ std::optional<std::string> gguf_lora_problem(const AdapterModule& module) {
   return std::nullopt;
 }
 
+namespace {
+
 // A base with tied embeddings: llama.cpp computes its output from token_embd.weight, under the
 // embedding's own name, so a LoRA on token_embd changes both sides and one on output.weight has no
 // tensor to apply to. An adapter that changes both sides alike (ensure_weight_tying's LoRA, whose
 // lm_head copy is the input's factors transposed) is exported as its token_embd pair alone (the
-// copy is added to `skip`); one that changes one side only is refused, since no GGUF LoRA gives
-// PEFT's forward.
-void settle_tied_embeddings(const Adapter& adapter, const GgufBase& base, std::set<std::string>& skip) {
-  if (!base.tied_embeddings) return;
+// copy is added to `skip`); the modules that change one side only are returned, since no GGUF LoRA
+// gives PEFT's forward with them.
+struct OneSidedTied {
+  const AdapterModule* output = nullptr;  // the output embedding's LoRA, when one side only
+  const AdapterModule* input = nullptr;   // the input embedding's
+  bool any() const { return output || input; }
+};
+OneSidedTied one_sided_tied_loras(const Adapter& adapter, const GgufBase& base, std::set<std::string>& skip) {
+  if (!base.tied_embeddings) return {};
   const ArchTable& table = *base.table;
   const std::string output = table.output_embedding().value_or("");
   std::set<std::string> input_tensors;  // the input embeddings' GGUF names ("token_embd.weight")
   for (const std::string& input : table.input_embeddings())
     if (const auto slot = gguf_slot(table, input)) input_tensors.insert(slot->tensor);
-  const AdapterModule* output_lora = nullptr;
-  const AdapterModule* input_lora = nullptr;
+  OneSidedTied found;
   for (const AdapterModule& m : adapter.modules()) {
     if (!m.is_lora() || skip.contains(m.name)) continue;
-    if (m.name == output) output_lora = &m;
-    else if (const auto slot = gguf_slot(table, m.name); slot && input_tensors.contains(slot->tensor)) input_lora = &m;
+    if (m.name == output) found.output = &m;
+    else if (const auto slot = gguf_slot(table, m.name); slot && input_tensors.contains(slot->tensor)) found.input = &m;
   }
-  if (!output_lora && !input_lora) return;
-  if (output_lora && input_lora && adapter.config().ensure_weight_tying) {
-    skip.insert(output_lora->name);
-    return;
+  if (found.output && found.input && adapter.config().ensure_weight_tying) {
+    skip.insert(found.output->name);
+    return {};
   }
-  const AdapterModule& one = output_lora ? *output_lora : *input_lora;
+  return found;
+}
+
+void refuse_one_sided_tied_loras(const OneSidedTied& tied, const GgufBase& base) {
+  if (!tied.any()) return;
+  const AdapterModule& one = tied.output ? *tied.output : *tied.input;
+  const bool both = tied.output && tied.input;
   fail(PEFT_ERR_UNSUPPORTED,
        "module " + peft::quoted(one.name) + ": the base " + peft::quoted(base.name) + " ties its output embedding to "
        "its input embedding, and llama.cpp computes the output from token_embd.weight, so a GGUF LoRA " +
-       (output_lora ? "on the output has no tensor to apply to" : "on token_embd changes the output too") +
-       (output_lora && input_lora ? " (and the adapter's two sides differ: it was not saved with ensure_weight_tying)"
-                                  : "") +
-       "; PEFT's forward changes " + (output_lora && input_lora ? "each side by its own LoRA" : "one side only") +
-       ". Merge it instead (peftc merge unties the embeddings: docs/peft-semantics.md, \"Tied embeddings\")");
+       (tied.output ? "on the output has no tensor to apply to" : "on token_embd changes the output too") +
+       (both ? " (and the adapter's two sides differ: it was not saved with ensure_weight_tying)" : "") +
+       "; PEFT's forward changes " + (both ? "each side by its own LoRA" : "one side only") +
+       ". Merge it instead (peftc merge unties the embeddings: docs/peft-semantics.md, \"Tied embeddings\"; "
+       "--split-into merges such modules into a copy of the base)");
+}
+
+// The export's base, with the table that names every module the export writes.
+GgufBase open_export_base(const Adapter& adapter, const GgufAdapterExportOptions& options) {
+  return open_gguf_base(gguf_export_base_name(adapter, options), [&](const ArchTable& table) {
+    for (const AdapterModule& module : adapter.modules())
+      if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, saved_module_name(module)))
+        return false;
+    return true;
+  });
+}
+
+}  // namespace
+
+std::set<std::string> gguf_lora_one_sided_tied_modules(const Adapter& adapter, const GgufAdapterExportOptions& options) {
+  std::set<std::string> skip = options.skip;
+  const OneSidedTied tied = one_sided_tied_loras(adapter, open_export_base(adapter, options), skip);
+  std::set<std::string> out;
+  for (const AdapterModule* m : {tied.output, tied.input})
+    if (m) out.insert(m->name);
+  return out;
 }
 
 std::string gguf_export_base_name(const Adapter& adapter, const GgufAdapterExportOptions& options) {
@@ -214,17 +246,12 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
   if (options.ggml_type != 0 && options.ggml_type != 1 && options.ggml_type != 30 && options.ggml_type != 8)
     fail(PEFT_ERR_INVALID_ARGUMENT, "GGUF adapter factors are written as F32, F16, BF16 or Q8_0 (ggml type " +
                                         std::to_string(options.ggml_type) + " is none of them)");
-  const GgufBase base = open_gguf_base(gguf_export_base_name(adapter, options), [&](const ArchTable& table) {
-    for (const AdapterModule& module : adapter.modules())
-      if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, saved_module_name(module)))
-        return false;
-    return true;
-  });
+  const GgufBase base = open_export_base(adapter, options);
   refuse_output_over_inputs(out_path, {{"the adapter folder", adapter.dir()},
                                        {"the base model folder", adapter.base_dir()},
                                        {"the base model", base.name}});
   std::set<std::string> skip = options.skip;
-  settle_tied_embeddings(adapter, base, skip);
+  refuse_one_sided_tied_loras(one_sided_tied_loras(adapter, base, skip), base);
   const std::vector<GgufPair> pairs = plan_pairs(adapter, base, skip);
   const double alpha = adapter.config().lora_alpha;
   // llama.cpp stores alpha as f32 and scales by alpha / rank (or 1 for alpha 0); B carries the rest.

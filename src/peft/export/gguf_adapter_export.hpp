@@ -47,6 +47,11 @@ std::optional<std::string> gguf_lora_problem(const AdapterModule& module);
 // (INVALID_ARGUMENT when neither is given).
 std::string gguf_export_base_name(const Adapter& adapter, const GgufAdapterExportOptions& options);
 
+// On a base with tied embeddings: the embedding LoRA modules that change one side alone, which a GGUF
+// LoRA cannot hold (export_gguf_adapter refuses them; the split export merges them into the base).
+// Empty for an untied base and for an ensure_weight_tying adapter.
+std::set<std::string> gguf_lora_one_sided_tied_modules(const Adapter& adapter, const GgufAdapterExportOptions& options);
+
 void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, const GgufAdapterExportOptions& options);
 
 }  // namespace peft
