@@ -14,6 +14,7 @@
 #include "peft_c.h"
 #include "check.h"
 #include "files.h"
+#include "peft_test_paths.h"
 
 static peft_adapter* const kUntouchedAdapter = (peft_adapter*)(uintptr_t)0x5eed;
 static peft_translator* const kUntouchedTranslator = (peft_translator*)(uintptr_t)0x5eed;

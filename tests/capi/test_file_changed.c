@@ -24,6 +24,7 @@
 #include "peft_c.h"
 #include "check.h"
 #include "files.h"
+#include "peft_test_paths.h"
 
 #define LLAMA_LORA PEFT_TEST_DATA "/adapters/llama_lora"
 #define LLAMA_LORA_SECOND PEFT_TEST_DATA "/adapters/llama_lora_second"

@@ -15,6 +15,7 @@
 #include "peft_c.h"
 #include "check.h"
 #include "files.h"
+#include "peft_test_paths.h"
 
 static char scratch[256];
 static char path_buf[512];

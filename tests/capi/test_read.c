@@ -12,6 +12,7 @@
 
 #include "peft_c.h"
 #include "check.h"
+#include "peft_test_paths.h"
 
 /* A sentinel no call should ever write through a failed out-parameter. */
 static peft_checkpoint* const kUntouchedCkpt = (peft_checkpoint*)(uintptr_t)0x5eed;

@@ -18,6 +18,7 @@
 #include "peft_c.h"
 #include "check.h"
 #include "files.h"
+#include "peft_test_paths.h"
 
 static const char* data_path(const char* rel) {
   static char buffers[8][512];

@@ -14,6 +14,7 @@
 #include "peft_c.h"
 #include "check.h"
 #include "files.h"
+#include "peft_test_paths.h"
 
 /* A fixture path; each call returns a different one of 8 buffers, so a few may be held at once. */
 static const char* data_path(const char* rel) {

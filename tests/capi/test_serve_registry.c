@@ -14,6 +14,7 @@
 #include "peft_c.h"
 #include "check.h"
 #include "files.h"
+#include "peft_test_paths.h"
 
 #define LLAMA_LORA PEFT_TEST_DATA "/adapters/llama_lora"
 #define LLAMA_RSLORA PEFT_TEST_DATA "/adapters/llama_rslora"

@@ -12,6 +12,7 @@
 #include "peft/adapter/adapter.hpp"
 #include "peft/arch/arch_registry.hpp"
 #include "peft/arch/translator.hpp"
+#include "peft_test_paths.h"
 
 namespace fs = std::filesystem;
 

@@ -9,6 +9,7 @@
 #include "peft/export/adapter_export.hpp"
 #include "safetensors/header_parser.hpp"
 #include "test_adapter_export_support.hpp"
+#include "peft_test_paths.h"
 
 using namespace export_test;
 

@@ -18,6 +18,7 @@
 #include "safetensors/writer.hpp"
 #include "test_error_support.hpp"
 #include "test_writer_support.hpp"
+#include "peft_test_paths.h"
 
 namespace export_test {
 

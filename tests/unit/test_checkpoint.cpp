@@ -15,6 +15,7 @@
 #include "core/convert.hpp"
 #include "core/error.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "peft_test_paths.h"
 
 namespace fs = std::filesystem;
 using namespace checkpoint_test;

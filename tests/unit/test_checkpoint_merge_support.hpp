@@ -18,6 +18,7 @@
 #include "peft/adapter/adapter.hpp"
 #include "peft/merge/checkpoint_merge.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "peft_test_paths.h"
 
 namespace merge_pipeline_test {
 

@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "peft/arch/conversions.hpp"
+#include "peft_test_paths.h"
 
 namespace {
 

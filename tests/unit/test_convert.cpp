@@ -21,6 +21,7 @@
 #include "core/f16.hpp"
 #include "core/f8.hpp"
 #include "peft_c.h"
+#include "peft_test_paths.h"
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include "peft/adapter/gguf_lora_file.hpp"
 #include "peft/merge/gguf_lora_input.hpp"
 #include "test_error_support.hpp"
+#include "peft_test_paths.h"
 
 namespace {
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf_test_support.hpp"
+#include "peft_test_paths.h"
 
 namespace {
 

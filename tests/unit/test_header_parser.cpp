@@ -20,6 +20,7 @@
 #include "safetensors/header_json.hpp"
 #include "safetensors/header_parser.hpp"
 #include "safetensors/serde_number.hpp"
+#include "peft_test_paths.h"
 
 using namespace std::string_literals;
 

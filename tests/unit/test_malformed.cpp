@@ -18,6 +18,7 @@
 
 #include "core/error.hpp"
 #include "safetensors/header_parser.hpp"
+#include "peft_test_paths.h"
 
 namespace {
 

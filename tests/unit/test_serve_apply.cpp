@@ -23,6 +23,7 @@
 #include "serve/registry.hpp"
 #include "test_merge_math_support.hpp"
 #include "test_error_support.hpp"
+#include "peft_test_paths.h"
 
 using error_test::code_of;
 using merge_test::Buffer;

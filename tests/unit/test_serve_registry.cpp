@@ -24,6 +24,7 @@
 #include "serve/registry.hpp"
 #include "test_adapter_support.hpp"
 #include "test_error_support.hpp"
+#include "peft_test_paths.h"
 
 using error_test::code_of;
 using peft::Adapter;
