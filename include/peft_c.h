@@ -2597,11 +2597,17 @@ PEFT_API peft_error* peft_merge_buffer_options_set_translator(peft_merge_buffer_
  *        "base_model.model."; with a translator (peft_merge_buffer_options_set_translator()) the
  *        host's name of the module or of its weight ("transformer/layer_0/attention/query"); with a
  *        translator for GGUF names, the GGUF tensor name ("blk.0.attn_q.weight"), and then the delta
- *        goes in with its rows in the converter's order (see peft_translator_from_gguf()).
+ *        goes in with its rows in the converter's order (see peft_translator_from_gguf()). A LoRA on
+ *        a stacked expert parameter (`target_parameters`) is merged without a translator only
+ *        (#PEFT_ERR_UNSUPPORTED with one): into the fused parameter as transformers 5 holds it
+ *        ("model.layers.0.mlp.experts.gate_up_proj", [experts, out, in], or [experts, in, out] for
+ *        gpt-oss), each expert's slice by its own pair, or into one tensor a checkpoint saves per
+ *        expert ("model.layers.0.mlp.experts.3.up_proj.weight": that expert's rows).
  * @param data The weight: row-major, @p dtype elements, any alignment. Changed in place.
  * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
  * @param shape @p ndim dimensions of the weight. Copied.
- * @param ndim Number of dimensions (2, or 4 for Conv2d; 1 for a replaced norm weight).
+ * @param ndim Number of dimensions (2, or 4 for Conv2d; 3 for a fused expert parameter; 1 for a replaced
+ *        norm weight).
  * @param bias The layer's bias ([out] elements of @p bias_dtype), needed when the layer has a
  *        `lora_B.bias` or its replacement replaces the bias; otherwise ignored and may be NULL.
  * @param bias_dtype Dtype of @p bias (F32, BF16 or F16); ignored without a bias.

@@ -11,6 +11,10 @@ logit), with tensors equal to PEFT's merge_and_unload within f32 rounding. Refus
 is UNSUPPORTED, a target_parameters entry naming a parameter the architecture data does not know is
 UNRESOLVED_KEY.
 
+Host buffers (`peft_merge_buffer_apply`, through the Python binding): the fused parameters as
+transformers 5 holds them in memory and, for Qwen3-MoE and Mixtral, the per-expert tensors as saved
+get PEFT's merge_and_unload values within f32 rounding, and come back bit for bit on removal.
+
 GGUF (Qwen3-MoE and Mixtral, whose experts llama.cpp's converter stacks as blk.L.ffn_gate_exps /
 ffn_up_exps / ffn_down_exps): `peftc merge` into convert_hf_to_gguf.py's file of the base equals that
 converter's file of PEFT's merge_and_unload (F32, within 1e-6 of each tensor's largest value), and
@@ -140,6 +144,47 @@ def test_refusals(case, peftc_binary, tmp_path, fields, code):
     assert run.returncode != 0
     assert run.stderr.startswith(f"peftc: error: {code}: "), run.stderr
     assert not (tmp_path / "out").exists()
+
+
+SAVED_PARTS = {  # the per-expert tensors of gate_up_proj (gate rows, then up rows) and of down_proj
+    "qwen3_moe": ("model.layers.{l}.mlp.experts.{e}.", ("gate_proj", "up_proj"), "down_proj"),
+    "mixtral": ("model.layers.{l}.block_sparse_moe.experts.{e}.", ("w1", "w3"), "w2"),
+}
+
+
+def test_host_buffer_merge_matches_peft(case, peft_c):
+    import copy
+
+    kind, base, adapter, peft_model = case
+    with torch.no_grad():
+        reference = {k: v.numpy() for k, v in copy.deepcopy(peft_model).merge_and_unload().state_dict().items()}
+    in_memory = {k: v.detach().numpy().copy() for k, v in load(base).state_dict().items()}
+    from safetensors.numpy import load_file
+    saved = load_file(str(base / "model.safetensors"))
+
+    def merge_and_remove(opened, name, weight, want):
+        original = weight.copy()
+        record = peft_c.merge_into(opened, name, weight, keep_original_rows=True)
+        assert float(np.abs(weight - want).max()) <= 1e-6 * float(np.abs(want).max()), (kind, name)
+        assert not np.array_equal(weight, original), name
+        record.remove(weight)
+        assert np.array_equal(weight, original), name
+
+    with peft_c.Adapter.open(str(adapter)) as opened:
+        for layer in range(2):
+            for param in ("gate_up_proj", "down_proj"):
+                name = f"model.layers.{layer}.mlp.experts.{param}"
+                merge_and_remove(opened, name, in_memory[name], reference[name])
+            if kind not in SAVED_PARTS:
+                continue
+            prefix, (gate, up), down = SAVED_PARTS[kind]
+            for e in range(EXPERTS):
+                gate_up = reference[f"model.layers.{layer}.mlp.experts.gate_up_proj"][e]
+                rows = gate_up.shape[0] // 2
+                at = prefix.format(l=layer, e=e)
+                for part, want in ((gate, gate_up[:rows]), (up, gate_up[rows:]),
+                                   (down, reference[f"model.layers.{layer}.mlp.experts.down_proj"][e])):
+                    merge_and_remove(opened, f"{at}{part}.weight", saved[f"{at}{part}.weight"].copy(), want)
 
 
 # --- GGUF ------------------------------------------------------------------------------------------------

@@ -148,6 +148,7 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
                                     : module.method_module ? peft_method_name(module.method_module->method)
                                                            : "another PEFT method"));
   if (module.method_params) return apply_method(weight, bias, module, options);
+  if (!module.slices.empty()) return apply_slices(weight, module, options);
   if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1)
     fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module has no lora_A/lora_B factors");
   const bool with_bias = module.lora_bias != nullptr;
@@ -185,6 +186,67 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
     merge::add_lora_bias(*bias, module.lora_bias, record.coefficient_, false, saving.bias_sink_or_null());
   record.finish(saving.non_finite, weight, with_bias ? bias : nullptr, options);
   return record;
+}
+
+namespace {
+
+// Rows first_row .. of `weight` as a weight of their own.
+merge::WeightView sub_view(const merge::WeightView& weight, int64_t first_row, int64_t rows) {
+  auto* base = static_cast<unsigned char*>(weight.data);
+  const size_t offset = static_cast<size_t>(first_row) * static_cast<size_t>(weight.cols) * element_bytes(weight.dtype);
+  return {base + offset, weight.dtype, rows, weight.cols};
+}
+
+}  // namespace
+
+// Each slice merged by its own BufferMerge. Checked before any byte changes; when a slice refuses
+// non-finite values the slices merged before it are taken out again, exactly (they keep their rows
+// then).
+BufferMerge BufferMerge::apply_slices(const merge::WeightView& weight, const BufferMergeModule& module,
+                                      const BufferMergeOptions& options) {
+  for (const BufferMergeSlice& slice : module.slices) {
+    if (!slice.module || !slice.module->slices.empty())
+      fail(PEFT_ERR_INTERNAL, "buffer merge: a slice without its own module");
+    const merge::DeltaLayout& layout = slice.module->layout;
+    if (slice.first_row < 0 || layout.cols() != weight.cols || slice.first_row + layout.rows() > weight.rows)
+      fail(PEFT_ERR_SHAPE_MISMATCH, "buffer merge: a slice of " + std::to_string(layout.rows()) + " x " +
+                                        std::to_string(layout.cols()) + " at row " + std::to_string(slice.first_row) +
+                                        " does not fit the weight of " + std::to_string(weight.rows) + " x " +
+                                        std::to_string(weight.cols));
+  }
+  BufferMerge record;
+  record.module_ = module;
+  record.threads_ = options.threads;
+  record.keep_rows_ = options.keep_original_rows;
+  record.dtype_ = weight.dtype;
+  BufferMergeOptions each = options;
+  each.keep_original_rows = options.keep_original_rows || (options.refuse_non_finite && !options.caller_restores);
+  for (const BufferMergeSlice& slice : module.slices) {
+    const merge::WeightView view = sub_view(weight, slice.first_row, slice.module->layout.rows());
+    try {
+      record.slice_merges_.push_back(apply(view, nullptr, *slice.module, each));
+    } catch (...) {
+      for (size_t k = record.slice_merges_.size(); k-- > 0;) {
+        const BufferMergeSlice& done = module.slices[k];
+        record.slice_merges_[k].remove(sub_view(weight, done.first_row, done.module->layout.rows()), nullptr);
+      }
+      throw;
+    }
+  }
+  record.active_ = true;
+  return record;
+}
+
+int64_t BufferMerge::saved_rows() const {
+  int64_t rows = static_cast<int64_t>(saved_row_index_.size());
+  for (const BufferMerge& slice : slice_merges_) rows += slice.keeps_original_rows() ? slice.saved_rows() : 0;
+  return rows;
+}
+
+size_t BufferMerge::saved_bytes() const {
+  size_t bytes = saved_bytes_.size() + saved_bias_.size();
+  for (const BufferMerge& slice : slice_merges_) bytes += slice.saved_bytes();
+  return bytes;
 }
 
 void BufferMerge::finish(bool non_finite, const merge::WeightView& weight, const merge::WeightView* bias,
@@ -326,21 +388,34 @@ void BufferMerge::check_same_buffers(const merge::WeightView& weight, const merg
   }
 }
 
+void BufferMerge::check_unchanged_rows(const merge::WeightView& weight, const merge::WeightView* bias) const {
+  const size_t row_bytes = this->row_bytes();
+  const auto* base = static_cast<const unsigned char*>(weight.data);
+  for (size_t i = 0; i < saved_row_index_.size(); ++i) {
+    const unsigned char* row = base + static_cast<size_t>(saved_row_index_[i]) * row_bytes;
+    if (hash_bytes(row, row_bytes) != merged_row_hash_[i])
+      fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: row " + std::to_string(saved_row_index_[i]) +
+                                          " of the weight changed after this merge (remove later merges first)");
+  }
+  if (!saved_bias_.empty() &&
+      hash_bytes(static_cast<const unsigned char*>(bias->data), saved_bias_.size()) != merged_bias_hash_)
+    fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: the bias changed after this merge (remove later merges first)");
+}
+
 void BufferMerge::remove(const merge::WeightView& weight, const merge::WeightView* bias) {
   check_same_buffers(weight, bias);
   const merge::DeltaLayout& layout = module_.layout;
-  if (keep_rows_) {
+  if (!slice_merges_.empty()) {  // the slices in reverse order; all checked first when rows were kept
+    std::vector<merge::WeightView> views;
+    for (const BufferMergeSlice& slice : module_.slices)
+      views.push_back(sub_view(weight, slice.first_row, slice.module->layout.rows()));
+    for (size_t k = 0; k < slice_merges_.size(); ++k)
+      if (slice_merges_[k].keeps_original_rows()) slice_merges_[k].check_unchanged_rows(views[k], nullptr);
+    for (size_t k = slice_merges_.size(); k-- > 0;) slice_merges_[k].remove(views[k], nullptr);
+  } else if (keep_rows_) {
+    check_unchanged_rows(weight, bias);
     const size_t row_bytes = this->row_bytes();
     auto* base = static_cast<unsigned char*>(weight.data);
-    for (size_t i = 0; i < saved_row_index_.size(); ++i) {
-      const unsigned char* row = base + static_cast<size_t>(saved_row_index_[i]) * row_bytes;
-      if (hash_bytes(row, row_bytes) != merged_row_hash_[i])
-        fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: row " + std::to_string(saved_row_index_[i]) +
-                                            " of the weight changed after this merge (remove later merges first)");
-    }
-    if (!saved_bias_.empty() &&
-        hash_bytes(static_cast<const unsigned char*>(bias->data), saved_bias_.size()) != merged_bias_hash_)
-      fail(PEFT_ERR_INVALID_ARGUMENT, "buffer unmerge: the bias changed after this merge (remove later merges first)");
     for (size_t i = 0; i < saved_row_index_.size(); ++i)
       std::memcpy(base + static_cast<size_t>(saved_row_index_[i]) * row_bytes, saved_bytes_.data() + i * row_bytes,
                   row_bytes);

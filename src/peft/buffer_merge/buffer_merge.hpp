@@ -38,6 +38,16 @@ namespace peft {
 
 // One adapter module as the merge needs it. Factor pointers are borrowed, row-major f32, and must
 // stay valid until the BufferMerge that uses them is destroyed (keep_alive can hold their owner).
+struct BufferMergeModule;
+
+// One expert's matrix within a weight that holds several one after another (a fused expert
+// parameter, transformers 5's [E, out, in]): its first row in the weight (viewed as the parent
+// module's layout.rows() x layout.cols()) and its own module.
+struct BufferMergeSlice {
+  int64_t first_row = 0;
+  std::shared_ptr<const BufferMergeModule> module;
+};
+
 struct BufferMergeModule {
   merge::DeltaLayout layout;             // from merge::layout_for (decides transposition)
   const float* lora_a = nullptr;         // [rank, layout.in]
@@ -53,6 +63,9 @@ struct BufferMergeModule {
   // for a module that is not feed-forward, a bias buffer when one is given.
   std::shared_ptr<const AdapterModule> method_module;
   std::shared_ptr<const MethodParams> method_params;
+  // A LoRA on a stacked expert parameter held fused: each expert's slice merged by its own module
+  // (layout then spans the whole weight; the factor fields above are unused).
+  std::vector<BufferMergeSlice> slices;
 };
 
 struct BufferMergeOptions {
@@ -108,13 +121,15 @@ class BufferMerge {
 
   bool active() const { return active_; }
   bool keeps_original_rows() const { return keep_rows_; }
-  int64_t saved_rows() const { return static_cast<int64_t>(saved_row_index_.size()); }
-  size_t saved_bytes() const { return saved_bytes_.size() + saved_bias_.size(); }
+  int64_t saved_rows() const;
+  size_t saved_bytes() const;
   // The DoRA weight norm cached at merge time (empty for plain LoRA).
   const std::vector<float>& dora_norm() const { return dora_norm_; }
 
  private:
   void check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const;
+  // keep_original_rows: INVALID_ARGUMENT when a row the merge wrote (or the bias) changed since.
+  void check_unchanged_rows(const merge::WeightView& weight, const merge::WeightView* bias) const;
   // The bytes of one row of the weight (layout.cols() elements of dtype_).
   size_t row_bytes() const;
   // What a merge into this record's buffers runs with: the execution options and, when the record
@@ -138,6 +153,9 @@ class BufferMerge {
   struct MethodChange;
   static BufferMerge apply_method(const merge::WeightView& weight, const merge::WeightView* bias,
                                   const BufferMergeModule& module, const BufferMergeOptions& options);
+  static BufferMerge apply_slices(const merge::WeightView& weight, const BufferMergeModule& module,
+                                  const BufferMergeOptions& options);
+  std::vector<BufferMerge> slice_merges_;  // apply_slices: one per slice of module_.slices
   std::shared_ptr<const MethodChange> method_;  // another method's delta or scale (apply_method)
 
   BufferMergeModule module_;

@@ -9,6 +9,7 @@
 #include "core/text.hpp"
 #include "peft/adapter/adapter.hpp"
 #include "peft/arch/key_grammar.hpp"
+#include "peft/base/expert_base.hpp"
 
 namespace peft {
 namespace {
@@ -68,8 +69,22 @@ std::vector<int64_t> signed_shape(const std::vector<uint64_t>& shape) {
 
 }  // namespace
 
+namespace {
+
+// The buffer names of a LoRA on a stacked expert parameter, as transformers names them: the fused
+// parameter (in memory, and under the checkpoint's module name), and each saved per-expert tensor.
+bool names_expert_buffer(const Adapter& adapter, const AdapterModule& m, const std::string& name) {
+  const ExpertTarget& x = *m.expert;
+  if (name == x.module + "." + x.param || name == x.checkpoint_module + "." + x.param) return true;
+  for (const ExpertPart& part : per_expert_parts(m, expert_factor_shape(m, adapter.checkpoint())))
+    if (name == part.tensor || name == part.module()) return true;
+  return false;
+}
+
+}  // namespace
+
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator) {
-  refuse_expert_modules(adapter.modules(), "merging into host buffers");
+  if (translator != nullptr) refuse_expert_modules(adapter.modules(), "merging into host buffers named by a translator");
   refuse_activated_lora(adapter, "a merge into host buffers");
   const std::vector<std::string> names = module_candidates(name, translator);
   const AdapterModule* found = nullptr;
@@ -81,7 +96,8 @@ const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view n
     for (const std::string& c : names) {
       for (const AdapterModule& m : adapter.modules()) {
         const AdapterTensor* a = m.is_lora() ? factor_a(m) : nullptr;
-        if (a && (a->base_tensor == c || a->base_tensor == c + ".weight")) found = &m;
+        if (m.expert ? names_expert_buffer(adapter, m, c) : a && (a->base_tensor == c || a->base_tensor == c + ".weight"))
+          found = &m;
       }
       if (found) break;
     }
@@ -278,6 +294,67 @@ BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, 
 
 }  // namespace
 
+namespace {
+
+// A LoRA on a stacked expert parameter, into a host buffer named as transformers names it: the fused
+// parameter ([E, out, in], or [E, in, out] transposed), one slice per expert; or one saved per-expert
+// tensor ([out / parts, in]), that expert's rows of the parameter.
+BufferMergeModule expert_buffer_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
+                                       std::string_view name, std::span<const int64_t> weight_shape) {
+  const ExpertTarget& x = *m.expert;
+  auto factors = std::make_shared<const ExpertFactors>(m, adapter->checkpoint());
+  const ExpertFactorShape& f = factors->shape();
+  struct Owned {
+    std::shared_ptr<const ExpertFactors> factors;
+    std::vector<float> b;
+  };
+  auto one_expert = [&](int64_t e, int64_t row_begin, int64_t rows, bool transposed) {
+    auto owned = std::make_shared<Owned>(Owned{factors, factors->b(e, row_begin, rows)});
+    BufferMergeModule module;
+    module.layout = merge::DeltaLayout{rows, f.in, transposed};
+    module.lora_a = factors->a(e);
+    module.lora_b = owned->b.data();
+    module.rank = f.rank;
+    module.scaling = m.scaling;
+    module.keep_alive = std::move(owned);
+    return module;
+  };
+  const std::vector<int64_t> shape(weight_shape.begin(), weight_shape.end());
+  auto mismatch = [&](const std::vector<int64_t>& want) {
+    std::string w, g;
+    for (int64_t d : want) w += (w.empty() ? "" : ", ") + std::to_string(d);
+    for (int64_t d : shape) g += (g.empty() ? "" : ", ") + std::to_string(d);
+    fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + " (parameter " +
+                                      peft::quoted(x.module + "." + x.param) + "): buffer " +
+                                      peft::quoted(std::string(name)) + " is [" + g + "], the adapter's factors make [" +
+                                      w + "]");
+  };
+  const std::string plain = module_candidates(name, nullptr).front();
+  if (plain == x.module + "." + x.param || plain == x.checkpoint_module + "." + x.param) {
+    const std::vector<int64_t> want = x.transposed ? std::vector<int64_t>{f.experts, f.in, f.out}
+                                                   : std::vector<int64_t>{f.experts, f.out, f.in};
+    if (shape != want) mismatch(want);
+    BufferMergeModule fused;
+    fused.layout = x.transposed ? merge::DeltaLayout{f.out, f.experts * f.in, true}
+                                : merge::DeltaLayout{f.experts * f.out, f.in, false};
+    for (int64_t e = 0; e < f.experts; ++e) {
+      auto slice = std::make_shared<const BufferMergeModule>(one_expert(e, 0, f.out, x.transposed));
+      fused.slices.push_back({e * slice->layout.rows(), std::move(slice)});
+    }
+    return fused;
+  }
+  for (const ExpertPart& part : per_expert_parts(m, f)) {
+    if (plain != part.tensor && plain != part.module()) continue;
+    const std::vector<int64_t> want{part.rows, f.in};
+    if (shape != want) mismatch(want);
+    return one_expert(part.expert, part.row_begin, part.rows, false);
+  }
+  fail(PEFT_ERR_NOT_FOUND, "module " + peft::quoted(m.name) + " adapts " + peft::quoted(x.module + "." + x.param) +
+                               ", which has no buffer named " + peft::quoted(std::string(name)));
+}
+
+}  // namespace
+
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                       std::span<const int64_t> weight_shape) {
   return module_factors(adapter, m, m.kind, weight_shape);
@@ -286,6 +363,7 @@ BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adap
 BufferMergeModule host_buffer_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                      std::string_view name, std::span<const int64_t> weight_shape,
                                      const Translator* translator) {
+  if (m.expert && translator == nullptr) return expert_buffer_module(adapter, m, name, weight_shape);
   BufferMergeModule module = module_factors(adapter, m, host_layer_kind(m.kind, translator), weight_shape);
   const GgufRows order = host_row_order(name, translator);
   if (order == GgufRows::same) return module;
