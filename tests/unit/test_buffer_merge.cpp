@@ -313,3 +313,50 @@ TEST_CASE("buffer merge: a result that is not finite is refused and the buffers 
     CHECK(any_inf);
   }
 }
+
+TEST_CASE("buffer merge: a fused weight merged slice by slice, each by its own module") {
+  // Three experts' [8, 12] matrices one after another: slice e gets its own pair, the whole weight
+  // equals the three merges done on separate buffers, and removal with kept rows gives the bytes back.
+  const Fixture fx[] = {make_fixture(pm::ModuleKind::linear, 8, 12, 2, 7100),
+                        make_fixture(pm::ModuleKind::linear, 8, 12, 2, 7200),
+                        make_fixture(pm::ModuleKind::linear, 8, 12, 2, 7300)};
+  BufferMergeModule fused;
+  fused.layout = pm::DeltaLayout{24, 12, false};
+  for (int64_t e = 0; e < 3; ++e)
+    fused.slices.push_back({e * 8, std::make_shared<const BufferMergeModule>(fx[e].module(false, false))});
+  Buffer w(DType::F32, 24 * 12);
+  const auto values = random_floats(w.size(), 7400);
+  for (size_t i = 0; i < w.size(); ++i) w.set(i, values[i]);
+  const Buffer w0 = w;
+  auto wv = w.view(24, 12);
+  BufferMergeOptions options;
+  options.keep_original_rows = true;
+  BufferMerge record = BufferMerge::apply(wv, nullptr, fused, options);
+  for (int64_t e = 0; e < 3; ++e) {
+    Buffer one(DType::F32, 8 * 12);
+    for (size_t i = 0; i < one.size(); ++i) one.set(i, values[static_cast<size_t>(e) * 96 + i]);
+    auto ov = one.view(8, 12);
+    BufferMerge::apply(ov, nullptr, fx[e].module(false, false), options);
+    for (size_t i = 0; i < one.size(); ++i) CHECK(w.get(static_cast<size_t>(e) * 96 + i) == one.get(i));
+  }
+  CHECK(record.saved_rows() == 24);
+  record.remove(wv, nullptr);
+  CHECK(same_bytes(w, w0));
+
+  // The last slice's result is not finite: the slices merged before it are put back, exactly.
+  Buffer big(DType::F32, 24 * 12);
+  for (size_t i = 0; i < big.size(); ++i) big.set(i, i < 16 * 12 ? values[i] : 3.4028234e38f);
+  const Buffer big0 = big;
+  auto bv = big.view(24, 12);
+  BufferMergeOptions refuse;
+  refuse.weight = 1e37;
+  refuse.refuse_non_finite = true;
+  CHECK(code_of([&] { BufferMerge::apply(bv, nullptr, fused, refuse); }) == PEFT_ERR_NON_FINITE);
+  CHECK(same_bytes(big, big0));
+
+  // A slice that does not fit the weight is refused before any byte changes.
+  BufferMergeModule bad = fused;
+  bad.slices[2].first_row = 20;
+  CHECK(code_of([&] { BufferMerge::apply(wv, nullptr, bad, options); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(same_bytes(w, w0));
+}
