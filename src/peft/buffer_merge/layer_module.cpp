@@ -9,7 +9,6 @@
 #include "core/text.hpp"
 #include "peft/adapter/adapter.hpp"
 #include "peft/arch/key_grammar.hpp"
-#include "peft/base/expert_base.hpp"
 
 namespace peft {
 namespace {
@@ -66,10 +65,6 @@ std::vector<int64_t> signed_shape(const std::vector<uint64_t>& shape) {
   for (uint64_t d : shape) out.push_back(static_cast<int64_t>(d));  // adapter shapes are small
   return out;
 }
-
-}  // namespace
-
-namespace {
 
 // The buffer names of a LoRA on a stacked expert parameter, as transformers names them: the fused
 // parameter (in memory, and under the checkpoint's module name), and each saved per-expert tensor.
@@ -292,10 +287,6 @@ BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, 
   return module;
 }
 
-}  // namespace
-
-namespace {
-
 // A LoRA on a stacked expert parameter, into a host buffer named as transformers names it: the fused
 // parameter ([E, out, in], or [E, in, out] transposed), one slice per expert; or one saved per-expert
 // tensor ([out / parts, in]), that expert's rows of the parameter.
@@ -304,30 +295,12 @@ BufferMergeModule expert_buffer_module(const std::shared_ptr<const Adapter>& ada
   const ExpertTarget& x = *m.expert;
   auto factors = std::make_shared<const ExpertFactors>(m, adapter->checkpoint());
   const ExpertFactorShape& f = factors->shape();
-  struct Owned {
-    std::shared_ptr<const ExpertFactors> factors;
-    std::vector<float> b;
-  };
-  auto one_expert = [&](int64_t e, int64_t row_begin, int64_t rows, bool transposed) {
-    auto owned = std::make_shared<Owned>(Owned{factors, factors->b(e, row_begin, rows)});
-    BufferMergeModule module;
-    module.layout = merge::DeltaLayout{rows, f.in, transposed};
-    module.lora_a = factors->a(e);
-    module.lora_b = owned->b.data();
-    module.rank = f.rank;
-    module.scaling = m.scaling;
-    module.keep_alive = std::move(owned);
-    return module;
-  };
   const std::vector<int64_t> shape(weight_shape.begin(), weight_shape.end());
   auto mismatch = [&](const std::vector<int64_t>& want) {
-    std::string w, g;
-    for (int64_t d : want) w += (w.empty() ? "" : ", ") + std::to_string(d);
-    for (int64_t d : shape) g += (g.empty() ? "" : ", ") + std::to_string(d);
     fail(PEFT_ERR_SHAPE_MISMATCH, "module " + peft::quoted(m.name) + " (parameter " +
                                       peft::quoted(x.module + "." + x.param) + "): buffer " +
-                                      peft::quoted(std::string(name)) + " is [" + g + "], the adapter's factors make [" +
-                                      w + "]");
+                                      peft::quoted(std::string(name)) + " is " + shape_text(shape) +
+                                      ", the adapter's factors make " + shape_text(want));
   };
   const std::string plain = module_candidates(name, nullptr).front();
   if (plain == x.module + "." + x.param || plain == x.checkpoint_module + "." + x.param) {
@@ -338,7 +311,8 @@ BufferMergeModule expert_buffer_module(const std::shared_ptr<const Adapter>& ada
     fused.layout = x.transposed ? merge::DeltaLayout{f.out, f.experts * f.in, true}
                                 : merge::DeltaLayout{f.experts * f.out, f.in, false};
     for (int64_t e = 0; e < f.experts; ++e) {
-      auto slice = std::make_shared<const BufferMergeModule>(one_expert(e, 0, f.out, x.transposed));
+      auto slice =
+          std::make_shared<const BufferMergeModule>(expert_pair_module(factors, e, 0, f.out, x.transposed, m.scaling));
       fused.slices.push_back({e * slice->layout.rows(), std::move(slice)});
     }
     return fused;
@@ -347,13 +321,30 @@ BufferMergeModule expert_buffer_module(const std::shared_ptr<const Adapter>& ada
     if (plain != part.tensor && plain != part.module()) continue;
     const std::vector<int64_t> want{part.rows, f.in};
     if (shape != want) mismatch(want);
-    return one_expert(part.expert, part.row_begin, part.rows, false);
+    return expert_pair_module(factors, part.expert, part.row_begin, part.rows, false, m.scaling);
   }
   fail(PEFT_ERR_NOT_FOUND, "module " + peft::quoted(m.name) + " adapts " + peft::quoted(x.module + "." + x.param) +
                                ", which has no buffer named " + peft::quoted(std::string(name)));
 }
 
 }  // namespace
+
+BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, int64_t e, int64_t row_begin,
+                                     int64_t rows, bool transposed, double scaling) {
+  struct Owned {
+    std::shared_ptr<const ExpertFactors> factors;
+    std::vector<float> b;
+  };
+  auto owned = std::make_shared<Owned>(Owned{factors, factors->b(e, row_begin, rows)});
+  BufferMergeModule module;
+  module.layout = merge::DeltaLayout{rows, factors->shape().in, transposed};
+  module.lora_a = factors->a(e);
+  module.lora_b = owned->b.data();
+  module.rank = factors->shape().rank;
+  module.scaling = scaling;
+  module.keep_alive = std::move(owned);
+  return module;
+}
 
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                       std::span<const int64_t> weight_shape) {

@@ -26,6 +26,7 @@
 #include "peft/adapter/adapter.hpp"
 #include "peft/arch/gguf_row_order.hpp"
 #include "peft/arch/translator.hpp"
+#include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 
 namespace peft {
@@ -67,6 +68,12 @@ merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_s
 // The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
 // its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight
 // does not fit the module.
+// One expert's LoRA pair of a stacked expert parameter (expert_base.hpp) as a module: expert e's A
+// and the rows row_begin .. row_begin+rows-1 of its B, laid out [rows, in] (transposed: [in, rows]);
+// the module keeps `factors` alive.
+BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, int64_t e, int64_t row_begin,
+                                     int64_t rows, bool transposed, double scaling);
+
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
                                std::span<const int64_t> weight_shape);
 

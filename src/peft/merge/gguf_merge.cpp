@@ -344,10 +344,6 @@ class GgufMerge {
                             " gives no per-expert layout for it, which is what places it in GGUF)");
       return;
     }
-    struct Owned {
-      std::shared_ptr<const ExpertFactors> factors;
-      std::vector<float> b;
-    };
     for (const ExpertPart& part : parts) {
       const std::optional<GgufSlot> slot = gguf_slot(*table_, part.module());
       if (!slot || !slot->slice) {
@@ -365,15 +361,9 @@ class GgufMerge {
                                           shape_text(want) + " of " + peft::quoted(x.module + "." + x.param) +
                                           " has no slice in GGUF tensor " + peft::quoted(info.name) + " of shape " +
                                           shape_text(info.shape));
-      auto owned = std::make_shared<Owned>(Owned{factors, factors->b(part.expert, part.row_begin, part.rows)});
-      BufferMergeModule term;
-      term.layout = merge::DeltaLayout{part.rows, f.in, false};
-      term.lora_a = factors->a(part.expert);
-      term.lora_b = owned->b.data();
-      term.rank = f.rank;
-      term.scaling = module.scaling;
-      term.keep_alive = std::move(owned);
-      add_lora_term(*index, slot->slice, slot->rule->gguf_rows, std::move(term), input, module, what);
+      add_lora_term(*index, slot->slice, slot->rule->gguf_rows,
+                    expert_pair_module(factors, part.expert, part.row_begin, part.rows, false, module.scaling), input,
+                    module, what);
     }
   }
 
