@@ -3461,6 +3461,18 @@ PEFT_API peft_error* peft_merge_options_set_combine(peft_merge_options* opts, in
  *  methods, and back to none, restores the original bits as for LoRA. peft_lora_apply() refuses
  *  their layers with #PEFT_ERR_UNSUPPORTED naming the method (peft_lease_has_module() answers 0).
  *
+ *  **LoRA on stacked MoE expert parameters** (`target_parameters`, PEFT's ParamWrapper): a registry
+ *  takes such adapters, and their expert factors, like the other methods' parameters, are neither
+ *  loaded into the storage nor charged to the budget. A swap reads them from the adapter file (as
+ *  f32) and merges each parameter into the buffer the host gave under transformers' name for it:
+ *  the fused parameter as transformers 5 holds it ("model.layers.0.mlp.experts.gate_up_proj",
+ *  [experts, out, in], or [experts, in, out] for gpt-oss), every expert's slice by its own pair; or,
+ *  when the host gave no such buffer, each tensor a checkpoint saves per expert
+ *  ("model.layers.0.mlp.experts.3.up_proj.weight": that expert's rows), all of which it needs then.
+ *  Swapping to none restores them bit for bit as any other layer. Not with a translator
+ *  (#PEFT_ERR_UNSUPPORTED); peft_lora_apply() refuses the layers they adapt with
+ *  #PEFT_ERR_UNSUPPORTED.
+ *
  *  **Unmerged LoRA** (peft_lora_apply()): for a batch of activations and one layer, adds each
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
  *  into the output the host computed with the base weight, as PEFT's forward of an unmerged model
@@ -3758,7 +3770,8 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * @param out_features The layer's output features.
  * @return NULL on success, and @p y is unchanged on failure: #PEFT_ERR_SHAPE_MISMATCH naming the
  *         adapter when its layer's features differ from @p in_features / @p out_features;
- *         #PEFT_ERR_UNSUPPORTED for an embedding or Conv2d layer or another dtype;
+ *         #PEFT_ERR_UNSUPPORTED for an embedding or Conv2d layer, a layer of another PEFT method, a
+ *         layer a LoRA on stacked expert parameters adapts, or another dtype;
  *         #PEFT_ERR_NOT_FOUND naming the layer and the adapter for a DoRA layer whose base weight
  *         was not given with peft_registry_set_base_weight(); #PEFT_ERR_SHAPE_MISMATCH when that
  *         weight's shape or bias does not fit the layer; #PEFT_ERR_UNRESOLVED_KEY when the registry's translator
@@ -3820,8 +3833,9 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
  * @param data The weight: row-major, @p dtype elements.
  * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
  * @param shape @p ndim dimensions ([out, in] for Linear, [in, out] for GPT-2 Conv1D,
- *        [num_embeddings, dim] for embeddings; a GGUF tensor's `ne` reversed). Copied.
- * @param ndim 2, or 4 for Conv2d.
+ *        [num_embeddings, dim] for embeddings, [experts, out, in] for a fused expert parameter
+ *        ([experts, in, out] for gpt-oss); a GGUF tensor's `ne` reversed). Copied.
+ * @param ndim 2, 3 for a fused expert parameter (see @ref serving), or 4 for Conv2d.
  * @param bias The layer's bias buffer (needed by adapters with lora_bias), or NULL.
  * @param bias_dtype Dtype of @p bias; ignored without one.
  * @param bias_elements Number of elements of @p bias (the layer's output features: shape[0] of a
@@ -3840,8 +3854,9 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
  * @return NULL on success; #PEFT_ERR_UNRESOLVED_KEY when the translator does not resolve @p name;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL, a layer given twice or while an adapter is merged,
  *         or the buffer of a weight given before with another dtype or shape;
- *         #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for a zero dimension, or
- *         (GGUF names) rows that the weight's row order cannot split into the translator's heads.
+ *         #PEFT_ERR_UNSUPPORTED for another dtype; #PEFT_ERR_SHAPE_MISMATCH for a zero dimension,
+ *         fewer than 2 or more than 4 dimensions, or (GGUF names) rows that the weight's row order
+ *         cannot split into the translator's heads.
  */
 PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const char* name, void* data, int32_t dtype,
                                                 const uint64_t* shape, size_t ndim, void* bias, int32_t bias_dtype,
@@ -3871,7 +3886,8 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  *         otherwise than alike on every name (see peft_host_model_add_weight()), or when it replaces whole tensors (modules_to_save, LN tuning,
  *         trainable tokens, biases saved with bias="all", base-layer weights saved with
  *         save_embedding_layers), which a swap does not do (the message names LN_TUNING or
- *         TRAINABLE_TOKENS and points to peft_merge_buffer_apply()); #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
+ *         TRAINABLE_TOKENS and points to peft_merge_buffer_apply()), or when it adapts stacked expert
+ *         parameters and the host model has a translator; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
  *         that is not finite, a missing bias buffer, or two layers of the adapter on one weight;
  *         #PEFT_ERR_OUT_OF_MEMORY (the first exact merge of a weight allocates its copy);
  *         #PEFT_ERR_NON_FINITE naming the weight whose merged values would hold an infinity or a

@@ -124,10 +124,11 @@ func (m *HostModel) SetExact(exact bool) error {
 // (the buffer stays pinned until then). name is the weight's or its layer's name (a HuggingFace name
 // with or without "base_model.model.", or the host's name with SetTranslator). weight is row-major
 // F32, BF16 or F16: [out, in] for Linear, [in, out] for GPT-2 Conv1D, [num_embeddings, dim] for
-// embeddings, [out, in, kh, kw] for Conv2d. bias is the layer's bias (out_features elements), needed
-// by adapters with lora_bias, or nil; it is kept and pinned like the weight. The library is told
-// its length (bias.Shape is not read) and never writes past it: a Swap of an adapter whose layer
-// has another number of output features fails with ErrShapeMismatch.
+// embeddings, [experts, out, in] for a fused expert parameter, [out, in, kh, kw] for Conv2d. bias
+// is the layer's bias (out_features elements), needed by adapters with lora_bias, or nil; it is
+// kept and pinned like the weight. The library is told its length (bias.Shape is not read) and
+// never writes past it: a Swap of an adapter whose layer has another number of output features
+// fails with ErrShapeMismatch.
 //
 // Errors: ErrUnresolvedKey when the translator does not resolve name; ErrInvalidArgument for a
 // layer given twice, a call while an adapter is merged, a buffer that does not match its shape or a

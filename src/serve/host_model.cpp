@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/adapter.hpp"
+#include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
 #include "peft/methods/lora_math.hpp"
@@ -118,9 +119,10 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
     if (bias_elements < 1)
       fail(PEFT_ERR_SHAPE_MISMATCH, what + ": the bias has " + std::to_string(bias_elements) + " elements");
   }
-  if (shape.size() != 2 && shape.size() != 4)
+  if (shape.size() < 2 || shape.size() > 4)
     fail(PEFT_ERR_SHAPE_MISMATCH, what + " has " + std::to_string(shape.size()) +
-                                      " dimensions; host weights have 2 (4 for Conv2d)");
+                                      " dimensions; host weights have 2 (3 for a fused expert parameter, 4 for " +
+                                      "Conv2d)");
   for (size_t i = 0; i < shape.size(); ++i)
     if (shape[i] < 1)
       fail(PEFT_ERR_SHAPE_MISMATCH, what + ": dimension " + std::to_string(i) + " is " + std::to_string(shape[i]));
@@ -157,6 +159,38 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
   }
 }
 
+// The weights of the adapter's LoRA on stacked expert parameters: the fused parameter when the host
+// gave it ("model.layers.0.mlp.experts.gate_up_proj", one layer merging every expert's slice), or
+// else each tensor a checkpoint saves per expert ("...experts.3.gate_proj", one layer each). When
+// the host gave neither, the fused parameter's name is the one missing. Refused with a translator.
+std::vector<HostModel::ExpertLayer> HostModel::expert_layers(const LoadedAdapter& loaded,
+                                                             const std::string& adapter) const {
+  std::vector<ExpertLayer> out;
+  if (translator_ && !loaded.expert_modules().empty())
+    fail(PEFT_ERR_UNSUPPORTED, adapter + ": module " + peft::quoted(loaded.expert_modules().front()->name) +
+                                   " adapts a stacked expert parameter (target_parameters), which a swap merges " +
+                                   "into buffers named as transformers names them, not through a translator");
+  for (const AdapterModule* m : loaded.expert_modules()) {
+    const ExpertTarget& x = *m->expert;
+    auto factors = std::make_shared<const ExpertFactors>(*m, loaded.adapter().checkpoint());
+    std::optional<std::string> fused;
+    for (std::string name : {x.module + "." + x.param, x.checkpoint_module + "." + x.param})
+      if (!fused && weight_of_module_.contains(name)) fused = std::move(name);
+    std::vector<std::string> parts;
+    if (!fused)
+      for (const ExpertPart& part : per_expert_parts(*m, factors->shape())) parts.push_back(part.module());
+    const bool any_part = std::any_of(parts.begin(), parts.end(), [&](const std::string& p) {
+      return weight_of_module_.contains(p);
+    });
+    if (fused || !any_part) {
+      out.push_back({m, factors, fused.value_or(x.module + "." + x.param)});
+      continue;
+    }
+    for (std::string& part : parts) out.push_back({m, factors, std::move(part)});
+  }
+  return out;
+}
+
 std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lease>& pin, double weight) const {
   const LoadedAdapter& loaded = pin->loaded();
   const std::string adapter = "adapter " + peft::quoted(pin->name());
@@ -176,13 +210,16 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                    "merge it with peft_merge_buffer_apply() or peft_merge_checkpoint()");
   }
 
-  // Every layer's module: the LoRA layers, then the other methods' (merged from their parameters).
-  std::vector<const std::string*> modules;
-  for (const LoadedLayer& layer : loaded.layers()) modules.push_back(&layer.module);
-  for (const AdapterModule* m : loaded.method_modules()) modules.push_back(&m->name);
+  // Every layer's module, the key of its weight: the LoRA layers, the other methods' (merged from
+  // their parameters), then the LoRA on stacked expert parameters (expert_layers).
+  std::vector<std::string> modules;
+  for (const LoadedLayer& layer : loaded.layers()) modules.push_back(layer.module);
+  for (const AdapterModule* m : loaded.method_modules()) modules.push_back(m->name);
+  const std::vector<ExpertLayer> experts = expert_layers(loaded, adapter);
+  for (const ExpertLayer& e : experts) modules.push_back(e.key);
   std::vector<std::string> missing;
-  for (const std::string* module : modules)
-    if (!weight_of_module_.contains(*module)) missing.push_back(peft::quoted(*module));
+  for (const std::string& module : modules)
+    if (!weight_of_module_.contains(module)) missing.push_back(peft::quoted(module));
   if (!missing.empty()) {
     std::string message = "the host model has no weight for " + std::to_string(missing.size()) + " of the " +
                           std::to_string(modules.size()) + " layers of " + adapter + ": ";
@@ -193,12 +230,12 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
   // One layer per weight: an exact removal writes back the weight's original, which would take
   // out every layer merged into it at once.
   std::unordered_map<size_t, const std::string*> layer_of_weight;
-  for (const std::string* module : modules) {
-    const size_t weight = weight_of_module_.at(*module);
-    const auto [it, first] = layer_of_weight.emplace(weight, module);
+  for (const std::string& module : modules) {
+    const size_t weight = weight_of_module_.at(module);
+    const auto [it, first] = layer_of_weight.emplace(weight, &module);
     if (!first)
       fail(PEFT_ERR_INVALID_ARGUMENT, adapter + ": layers " + peft::quoted(*it->second) + " and " +
-                                          peft::quoted(*module) + " are both merged into weight " +
+                                          peft::quoted(module) + " are both merged into weight " +
                                           peft::quoted(weights_[weight].name) + "; a swap merges one layer per weight");
   }
 
@@ -285,6 +322,17 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                         std::to_string(w.bias_elements) + " elements");
     add_layer(std::move(layer));
   }
+  // The LoRA on stacked expert parameters: each expert's pair read from the adapter as f32, once per
+  // module, and checked against the weight now.
+  for (const ExpertLayer& e : experts) {
+    Layer layer;
+    layer.weight = weight_of_module_.at(e.key);
+    const Weight& w = weights_[layer.weight];
+    layer.module = expert_buffer_module(e.factors, *e.module, w.name, w.shape);
+    layer.module.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const Lease>>>(
+        std::move(layer.module.keep_alive), pin);
+    add_layer(std::move(layer));
+  }
   // A change the shared buffer's names make alike is merged once, into the buffer's first name.
   std::vector<Layer> kept;
   kept.reserve(layers.size());
@@ -301,11 +349,11 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
 // ties the output embedding's to the input embedding's): merged once. Returns, per entry of
 // `modules`, whether it is such a second layer and left out.
 std::vector<bool> HostModel::shared_buffer_layers(const LoadedAdapter& loaded,
-                                                  const std::vector<const std::string*>& modules,
+                                                  const std::vector<std::string>& modules,
                                                   const std::string& adapter) const {
   std::vector<bool> left_out(modules.size(), false);
   std::map<size_t, std::vector<size_t>> layers_on;  // shared buffer -> entries of modules
-  for (size_t i = 0; i < modules.size(); ++i) layers_on[weights_[weight_of_module_.at(*modules[i])].buffer].push_back(i);
+  for (size_t i = 0; i < modules.size(); ++i) layers_on[weights_[weight_of_module_.at(modules[i])].buffer].push_back(i);
   for (const auto& [buffer, entries] : layers_on) {
     std::vector<std::string> names;  // every name of the buffer
     for (const Weight& w : weights_)
@@ -316,12 +364,12 @@ std::vector<bool> HostModel::shared_buffer_layers(const LoadedAdapter& loaded,
     if (tied_lora) {  // the layer addressing the buffer's first name is kept
       size_t kept = entries.front();
       for (size_t i : entries)
-        if (weight_of_module_.at(*modules[i]) == buffer) kept = i;
+        if (weight_of_module_.at(modules[i]) == buffer) kept = i;
       for (size_t i : entries) left_out[i] = i != kept;
       continue;
     }
     std::vector<std::string> changed;
-    for (size_t i : entries) changed.push_back(peft::quoted(*modules[i]));
+    for (size_t i : entries) changed.push_back(peft::quoted(modules[i]));
     fail(PEFT_ERR_UNSUPPORTED,
          adapter + " changes " + join_text(changed, " and ") + " in the buffer the host model was given for " +
              join_text(names, " and ") + " (one buffer, as tied embeddings share it); merging would change every " +

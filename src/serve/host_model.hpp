@@ -14,7 +14,9 @@
 // converts its factors to f32 before any buffer changes (layers of other PEFT methods, LoHa, LoKr,
 // AdaLoRA, IA3..., have their parameters read from the adapter file as f32 then, and merge by their
 // own arithmetic; IA3 also scales the bias buffer of a non-feed-forward layer, kept like a
-// lora_bias layer's); then it takes the current adapter out,
+// lora_bias layer's; a LoRA on stacked expert parameters has its factors read the same way and
+// merges into the fused parameter's buffer, one slice per expert, or else into each per-expert
+// tensor, see expert_layers); then it takes the current adapter out,
 // newest layer first, and merges the new one layer by layer (BufferMerge::apply,
 // buffer_merge.hpp). Should a step fail after that (out of memory), the swap undoes what it did
 // and merges the previous adapter back, then throws. If undoing fails too, the host model records
@@ -60,6 +62,7 @@
 
 #include "core/dtype.hpp"
 #include "peft/arch/translator.hpp"
+#include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
 #include "serve/registry.hpp"
 
@@ -89,7 +92,7 @@ class HostModel {
 
   // One weight buffer, owned by the caller and kept in place while this lives. `name` is the
   // weight's or its layer's name (module_candidates, layer_module.hpp); shape has 2
-  // dimensions, 4 for Conv2d; bias (may be null) is the layer's bias, of bias_elements elements (a
+  // dimensions, 3 for a fused expert parameter, 4 for Conv2d; bias (may be null) is the layer's bias, of bias_elements elements (a
   // swap refuses a lora_B.bias of another length with SHAPE_MISMATCH). UNRESOLVED_KEY when the
   // translator does not resolve the name; INVALID_ARGUMENT for a null pointer, a layer given twice
   // or while an adapter is merged; UNSUPPORTED for a dtype other than F32/BF16/F16;
@@ -143,8 +146,17 @@ class HostModel {
     BufferMerge record;   // arithmetic layers while merged: the unmerge
   };
 
+  // One layer of a LoRA on a stacked expert parameter: its module, its factors (read once per
+  // module) and the key of the weight it merges into (weight_of_module_).
+  struct ExpertLayer {
+    const AdapterModule* module = nullptr;
+    std::shared_ptr<const ExpertFactors> factors;
+    std::string key;
+  };
+
   std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;
-  std::vector<bool> shared_buffer_layers(const LoadedAdapter& loaded, const std::vector<const std::string*>& modules,
+  std::vector<ExpertLayer> expert_layers(const LoadedAdapter& loaded, const std::string& adapter) const;
+  std::vector<bool> shared_buffer_layers(const LoadedAdapter& loaded, const std::vector<std::string>& modules,
                                          const std::string& adapter) const;
   merge::WeightView weight_view(const Layer& layer) const;
   std::optional<merge::WeightView> bias_view(const Layer& layer) const;

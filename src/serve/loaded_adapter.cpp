@@ -1,5 +1,4 @@
 #include "serve/loaded_adapter.hpp"
-#include "peft/adapter/expert_modules.hpp"
 
 #include <cstdint>
 #include <new>
@@ -10,6 +9,7 @@
 #include "core/convert.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "peft/base/expert_base.hpp"
 #include "safetensors/safetensors_file.hpp"
 
 namespace peft::serve {
@@ -96,7 +96,7 @@ std::vector<LayerPlan> adapter_plan(const Adapter& adapter, DType storage) {
   require_storage(storage);
   std::vector<LayerPlan> plans;
   for (const AdapterModule& m : adapter.modules()) {
-    if (m.is_lora() && effect_of(m.method) == MethodEffect::lora) plans.push_back(layer_plan(adapter, m, storage));
+    if (m.is_lora() && effect_of(m.method) == MethodEffect::lora && !m.expert) plans.push_back(layer_plan(adapter, m, storage));
   }
   return plans;
 }
@@ -125,7 +125,6 @@ uint64_t LoadedAdapter::bytes_needed(const Adapter& adapter, DType storage) {
 
 std::shared_ptr<const LoadedAdapter> LoadedAdapter::load(std::shared_ptr<const Adapter> adapter, DType storage) {
   if (!adapter) fail(PEFT_ERR_INVALID_ARGUMENT, "LoadedAdapter::load needs an adapter");
-  refuse_expert_modules(adapter->modules(), "serving");
   std::vector<LayerPlan> plans = adapter_plan(*adapter, storage);
   const uint64_t elements = total_elements(plans, *adapter);
   const uint64_t bytes = converted_byte_size(storage, elements);
@@ -164,7 +163,17 @@ std::shared_ptr<const LoadedAdapter> LoadedAdapter::load(std::shared_ptr<const A
     for (const AdapterTensor& t : m.tensors)
       if (!m.is_lora() || !is_lora_role(t.role)) loaded->has_replacements_ = true;
   for (const AdapterModule& m : adapter->modules())
-    if (m.is_lora() && effect_of(m.method) != MethodEffect::lora) loaded->method_modules_.push_back(&m);
+    if (m.expert) {
+      loaded->expert_modules_.push_back(&m);
+      const ExpertTarget& x = *m.expert;
+      for (const std::string& name : {m.name, x.module + "." + x.param, x.checkpoint_module + "." + x.param})
+        loaded->expert_by_name_.emplace(name, &m);
+      for (const ExpertPart& part : per_expert_parts(m, expert_factor_shape(m, ckpt))) {
+        loaded->expert_by_name_.emplace(part.tensor, &m);
+        loaded->expert_by_name_.emplace(part.module(), &m);
+      }
+    } else if (m.is_lora() && effect_of(m.method) != MethodEffect::lora)
+      loaded->method_modules_.push_back(&m);
   loaded->adapter_ = std::move(adapter);
   return loaded;
 }
@@ -173,6 +182,11 @@ const AdapterModule* LoadedAdapter::find_method_module(std::string_view module) 
   for (const AdapterModule* m : method_modules_)
     if (m->name == module) return m;
   return nullptr;
+}
+
+const AdapterModule* LoadedAdapter::find_expert_module(std::string_view name) const {
+  auto it = expert_by_name_.find(name);
+  return it == expert_by_name_.end() ? nullptr : it->second;
 }
 
 const LoadedLayer* LoadedAdapter::find(std::string_view module) const {

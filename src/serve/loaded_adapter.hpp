@@ -49,7 +49,8 @@ class LoadedAdapter {
 
   // Reads every LoRA layer's tensors and converts them to `storage` (F32, BF16 or F16), in one
   // allocation. Full-tensor and trainable-token modules are not loaded (layers() skips them;
-  // has_replacements() reports them). IO / format errors when the file cannot be read.
+  // has_replacements() reports them), nor the modules of other methods (method_modules()) and the
+  // LoRA on stacked expert parameters (expert_modules()). IO / format errors when the file cannot be read.
   static std::shared_ptr<const LoadedAdapter> load(std::shared_ptr<const Adapter> adapter, DType storage);
 
   DType dtype() const { return dtype_; }
@@ -60,6 +61,16 @@ class LoadedAdapter {
   // Whether the adapter also has tensors that replace base tensors: modules_to_save copies, trainable
   // tokens, or tensors beside a LoRA layer's factors (a saved base_layer weight or bias, bias="all").
   bool has_replacements() const { return has_replacements_; }
+
+  // The LoRA modules on stacked expert parameters (target_parameters), in file order. Like the
+  // method modules they are not copied into the storage nor charged to the budget: a host model's
+  // swap reads their factors from the adapter file when it merges them, and unmerged apply refuses
+  // them.
+  const std::vector<const AdapterModule*>& expert_modules() const { return expert_modules_; }
+  // The expert module a name stands for: its module path, its parameter's name ("<experts
+  // module>.<param>", in memory or as checkpoints name the module), or one of the tensors (or their
+  // modules) a checkpoint saves per expert ("...experts.3.up_proj"); null when none.
+  const AdapterModule* find_expert_module(std::string_view name) const;
 
   // The layer of a HuggingFace module path (exactly as in LoadedLayer::module); null when absent.
   // Callers normalise names first (see module_candidates in layer_module.hpp).
@@ -90,6 +101,8 @@ class LoadedAdapter {
   std::unordered_map<std::string, size_t, NameHash, std::equal_to<>> by_module_;
   bool has_replacements_ = false;
   std::vector<const AdapterModule*> method_modules_;
+  std::vector<const AdapterModule*> expert_modules_;
+  std::unordered_map<std::string, const AdapterModule*, NameHash, std::equal_to<>> expert_by_name_;
   std::unique_ptr<unsigned char[]> storage_;
 };
 

@@ -292,6 +292,13 @@ struct RegistryCore {
                                          peft_method_name(m->method) +
                                          " layer; unmerged apply takes LoRA layers only (swap the adapter into "
                                          "the host's weights with a host model, or merge it)");
+      for (const std::string& path : paths)
+        if (const AdapterModule* m = loaded.find_expert_module(path))
+          fail(PEFT_ERR_UNSUPPORTED, "adapter " + quoted(loaded.adapter().dir()) + ": layer " + quoted(path) +
+                                         " is adapted by module " + quoted(m->name) + ", a LoRA on the stacked " +
+                                         "expert parameter " + quoted(m->expert->module + "." + m->expert->param) +
+                                         " (target_parameters); unmerged apply takes LoRA layers only (swap the "
+                                         "adapter into the host's weights with a host model, or merge it)");
       return nullptr;
     };
     {

@@ -56,7 +56,8 @@ class Lease {
   // The layer a name given to peft_lora_apply() addresses: a HuggingFace module path or weight
   // name (with or without "base_model.model."), or with the registry's translator the host's
   // name; null when this adapter has no such LoRA layer. Resolved names are cached per registry.
-  // UNRESOLVED_KEY when the translator does not resolve the name.
+  // UNRESOLVED_KEY when the translator does not resolve the name; UNSUPPORTED for a layer of another
+  // PEFT method or one a LoRA on stacked expert parameters adapts (LoadedAdapter::find_expert_module).
   const LoadedLayer* find_layer(std::string_view name) const;
   // A second, independent pin on the same version (a host model keeps one while merged).
   std::unique_ptr<Lease> clone() const;

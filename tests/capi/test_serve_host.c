@@ -278,7 +278,7 @@ static void test_errors(void) {
   peft_lease* classifier = NULL;
   uint64_t shape[2] = {16, 16};
   uint64_t zero[2] = {16, 0};
-  uint64_t three[3] = {4, 4, 16};
+  uint64_t five[5] = {1, 4, 4, 16, 1};
   size_t k;
   CHECK(load_weights(data_path("models/llama"), PEFT_DTYPE_BF16, &buffers));
   CHECK(load_weights(data_path("models/llama"), PEFT_DTYPE_BF16, &merged));
@@ -304,7 +304,10 @@ static void test_errors(void) {
              PEFT_ERR_UNSUPPORTED);
   CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, zero, 2, NULL, 0, 0),
              PEFT_ERR_SHAPE_MISMATCH);
-  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, three, 3, NULL, 0, 0),
+  /* 2 dimensions, 3 for a fused expert parameter, 4 for Conv2d. */
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, five, 5, NULL, 0, 0),
+             PEFT_ERR_SHAPE_MISMATCH);
+  CHECK_CODE(peft_host_model_add_weight(host, "w", buffers.data[0], PEFT_DTYPE_BF16, five, 1, NULL, 0, 0),
              PEFT_ERR_SHAPE_MISMATCH);
 
   /* Only the attention projections. */

@@ -11,9 +11,10 @@ logit), with tensors equal to PEFT's merge_and_unload within f32 rounding. Refus
 is UNSUPPORTED, a target_parameters entry naming a parameter the architecture data does not know is
 UNRESOLVED_KEY.
 
-Host buffers (`peft_merge_buffer_apply`, through the Python binding): the fused parameters as
-transformers 5 holds them in memory and, for Qwen3-MoE and Mixtral, the per-expert tensors as saved
-get PEFT's merge_and_unload values within f32 rounding, and come back bit for bit on removal.
+Host buffers (`peft_merge_buffer_apply`, and a registry's adapter swapped into a host model, through
+the Python binding): the fused parameters as transformers 5 holds them in memory and, for Qwen3-MoE
+and Mixtral, the per-expert tensors as saved get PEFT's merge_and_unload values within f32 rounding,
+and come back bit for bit on removal (exact swaps) or within f32 rounding (arithmetic unmerge).
 
 GGUF (Qwen3-MoE and Mixtral, whose experts llama.cpp's converter stacks as blk.L.ffn_gate_exps /
 ffn_up_exps / ffn_down_exps): `peftc merge` into convert_hf_to_gguf.py's file of the base equals that
@@ -152,39 +153,103 @@ SAVED_PARTS = {  # the per-expert tensors of gate_up_proj (gate rows, then up ro
 }
 
 
-def test_host_buffer_merge_matches_peft(case, peft_c):
+def host_tensors(case):
+    """(base, want): the buffers a host holds for the adapted layers and PEFT's merge_and_unload of them.
+
+    Two forms: "fused", the parameters as transformers 5 holds them in memory; "saved" (Qwen3-MoE,
+    Mixtral), the per-expert tensors as save_pretrained writes them. q_proj is in both."""
     import copy
+
+    from safetensors.numpy import load_file
 
     kind, base, adapter, peft_model = case
     with torch.no_grad():
         reference = {k: v.numpy() for k, v in copy.deepcopy(peft_model).merge_and_unload().state_dict().items()}
     in_memory = {k: v.detach().numpy().copy() for k, v in load(base).state_dict().items()}
-    from safetensors.numpy import load_file
     saved = load_file(str(base / "model.safetensors"))
+    forms = {"fused": ({}, {}), "saved": ({}, {})}
+    for layer in range(2):
+        q = f"model.layers.{layer}.self_attn.q_proj.weight"
+        for form, source in (("fused", in_memory), ("saved", saved)):
+            forms[form][0][q], forms[form][1][q] = source[q].copy(), reference[q]
+        for param in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{layer}.mlp.experts.{param}"
+            forms["fused"][0][name], forms["fused"][1][name] = in_memory[name].copy(), reference[name]
+        if kind not in SAVED_PARTS:
+            continue
+        prefix, (gate, up), down = SAVED_PARTS[kind]
+        for e in range(EXPERTS):
+            gate_up = reference[f"model.layers.{layer}.mlp.experts.gate_up_proj"][e]
+            rows = gate_up.shape[0] // 2
+            at = prefix.format(l=layer, e=e)
+            for part, want in ((gate, gate_up[:rows]), (up, gate_up[rows:]),
+                               (down, reference[f"model.layers.{layer}.mlp.experts.down_proj"][e])):
+                forms["saved"][0][f"{at}{part}.weight"] = saved[f"{at}{part}.weight"].copy()
+                forms["saved"][1][f"{at}{part}.weight"] = want
+    if kind not in SAVED_PARTS:
+        del forms["saved"]
+    return forms
 
-    def merge_and_remove(opened, name, weight, want):
-        original = weight.copy()
-        record = peft_c.merge_into(opened, name, weight, keep_original_rows=True)
-        assert float(np.abs(weight - want).max()) <= 1e-6 * float(np.abs(want).max()), (kind, name)
-        assert not np.array_equal(weight, original), name
-        record.remove(weight)
-        assert np.array_equal(weight, original), name
 
+def assert_merged(kind, name, got, want, original):
+    assert float(np.abs(got - want).max()) <= 1e-6 * float(np.abs(want).max()), (kind, name)
+    assert not np.array_equal(got, original), name
+
+
+def test_host_buffer_merge_matches_peft(case, peft_c):
+    kind, base, adapter, peft_model = case
     with peft_c.Adapter.open(str(adapter)) as opened:
-        for layer in range(2):
-            for param in ("gate_up_proj", "down_proj"):
-                name = f"model.layers.{layer}.mlp.experts.{param}"
-                merge_and_remove(opened, name, in_memory[name], reference[name])
-            if kind not in SAVED_PARTS:
-                continue
-            prefix, (gate, up), down = SAVED_PARTS[kind]
-            for e in range(EXPERTS):
-                gate_up = reference[f"model.layers.{layer}.mlp.experts.gate_up_proj"][e]
-                rows = gate_up.shape[0] // 2
-                at = prefix.format(l=layer, e=e)
-                for part, want in ((gate, gate_up[:rows]), (up, gate_up[rows:]),
-                                   (down, reference[f"model.layers.{layer}.mlp.experts.down_proj"][e])):
-                    merge_and_remove(opened, f"{at}{part}.weight", saved[f"{at}{part}.weight"].copy(), want)
+        for form, (buffers, want) in host_tensors(case).items():
+            for name, weight in buffers.items():
+                original = weight.copy()
+                record = peft_c.merge_into(opened, name, weight, keep_original_rows=True)
+                assert_merged(kind, name, weight, want[name], original)
+                record.remove(weight)
+                assert np.array_equal(weight, original), (form, name)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "arithmetic"])
+def test_host_model_swaps_expert_adapter(case, peft_c, exact):
+    """A registry takes the adapter and a host model swaps it into either form of buffers and out again
+    (exact: bit for bit; arithmetic: PEFT's unmerge, within f32 rounding); unmerged apply refuses the
+    layers the expert LoRA adapts, and a host with neither form of an adapted parameter is told its name."""
+    kind, base, adapter, peft_model = case
+    with peft_c.Registry("F32", 1 << 26) as registry:
+        registry.register("a", str(adapter))
+        lease = registry.acquire("a")
+        assert lease.nbytes > 0  # q_proj's factors; the expert factors are not charged
+        for form, (buffers, want) in host_tensors(case).items():
+            original = {name: array.copy() for name, array in buffers.items()}
+            host = peft_c.HostModel()
+            host.set_exact(exact)
+            for name, array in buffers.items():
+                host.add_weight(name, array)
+            stats = host.swap(lease, 1.0)
+            assert stats.layers_merged == len(buffers), form
+            for name, array in buffers.items():
+                assert_merged(kind, name, array, want[name], original[name])
+            host.swap(None)
+            for name, array in buffers.items():
+                if exact:
+                    assert np.array_equal(array, original[name]), (form, name)
+                else:
+                    assert float(np.abs(array - original[name]).max()) <= 1e-6 * float(np.abs(want[name]).max())
+            host.close()
+
+        expert_layer = next(name for name in buffers if ".experts." in name)
+        x = np.ones((1, 32), np.float32)
+        y = np.zeros((1, buffers[expert_layer].shape[-2]), np.float32)
+        with pytest.raises(peft_c.UnsupportedError, match="target_parameters"):
+            peft_c.lora_apply(expert_layer, lease, None, x, y)
+
+        host = peft_c.HostModel()
+        q = np.zeros((32, 32), np.float32)
+        host.add_weight("model.layers.0.self_attn.q_proj.weight", q)
+        with pytest.raises(peft_c.UnresolvedKeyError, match=r"model\.layers\.0\.mlp\.experts\.gate_up_proj"):
+            host.swap(lease, 1.0)
+        assert not q.any()
+        host.close()
+        lease.release()
 
 
 # --- GGUF ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "serve/host_model.hpp"
 #include "serve/registry.hpp"
@@ -385,7 +386,8 @@ TEST_CASE("serve host: adding weights checks names, dtypes and shapes") {
   if (!fixtures_present()) return;
   HostModel host;
   Bytes buffer(16 * 16 * 4);
-  const std::vector<int64_t> square{16, 16}, zero{16, 0}, three{4, 4, 16}, conv{16, 16, 1, 1};
+  const std::vector<int64_t> square{16, 16}, zero{16, 0}, one{256}, five{1, 4, 4, 16, 1},
+      conv{16, 16, 1, 1};
   void* data = buffer.data();
   host.add_weight("model.layers.0.self_attn.q_proj.weight", data, DType::F32, square, nullptr, DType::F32, 0);
   // The same layer again, by its module path or with the PEFT prefix.
@@ -398,7 +400,9 @@ TEST_CASE("serve host: adding weights checks names, dtypes and shapes") {
   CHECK(error_code([&] { host.add_weight("k", data, DType::I8, square, nullptr, DType::F32, 0); }) == PEFT_ERR_UNSUPPORTED);
   CHECK(error_code([&] { host.add_weight("k", data, DType::F32, square, data, DType::F64, 4); }) == PEFT_ERR_UNSUPPORTED);
   CHECK(error_code([&] { host.add_weight("k", data, DType::F32, zero, nullptr, DType::F32, 0); }) == PEFT_ERR_SHAPE_MISMATCH);
-  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, three, nullptr, DType::F32, 0); }) == PEFT_ERR_SHAPE_MISMATCH);
+  // 2 dimensions, 3 for a fused expert parameter, 4 for Conv2d.
+  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, one, nullptr, DType::F32, 0); }) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(error_code([&] { host.add_weight("k", data, DType::F32, five, nullptr, DType::F32, 0); }) == PEFT_ERR_SHAPE_MISMATCH);
   CHECK(error_code([&] { host.add_weight("k", nullptr, DType::F32, square, nullptr, DType::F32, 0); }) ==
         PEFT_ERR_INVALID_ARGUMENT);
   // The buffer of a weight again under another name: one tensor, so the same dtype and shape.
@@ -781,4 +785,68 @@ TEST_CASE("serve host: the merged adapter stays pinned in its registry until swa
   freed.reset();
   CHECK(registry->stats().pinned == 0);
   CHECK(buffers.snapshot() == merged);
+}
+
+TEST_CASE("serve host: LoRA on stacked expert parameters swaps into the per-expert tensors as the checkpoint merge writes them") {
+  if (!fixtures_present()) return;
+  auto registry = registry_of(DType::F32, "mixtral", {{"a", "mixtral_target_parameters"}});
+  auto lease = registry->acquire("a");
+  const peft::serve::LoadedAdapter& loaded = lease->loaded();
+  REQUIRE(loaded.expert_modules().size() == 4);  // gate_up_proj and down_proj of 2 layers
+  // The expert factors are neither loaded nor charged: the budget counts q_proj's factors only.
+  uint64_t q_elements = 0;
+  for (const peft::serve::LoadedLayer& layer : loaded.layers()) q_elements += layer.rank * (layer.a_cols + layer.b_rows);
+  CHECK(loaded.bytes() == 4 * q_elements);
+  // Each expert's saved tensors are layers of the swap, and names of the module for lookups.
+  size_t parts = 0;
+  for (const peft::AdapterModule* m : loaded.expert_modules())
+    parts += peft::per_expert_parts(*m, peft::expert_factor_shape(*m, loaded.adapter().checkpoint())).size();
+  CHECK(parts == 2 * 2 * 3);  // 2 layers x 2 experts x (w1, w3, w2)
+  const peft::AdapterModule* w3 = loaded.find_expert_module("model.layers.1.block_sparse_moe.experts.1.w3");
+  REQUIRE(w3 != nullptr);
+  CHECK(w3->expert->param == "gate_up_proj");
+  CHECK(w3->name.starts_with("model.layers.1."));
+  CHECK(loaded.find_expert_module("model.layers.1.mlp.experts.down_proj") != nullptr);
+  CHECK(loaded.find_expert_module("model.layers.1.self_attn.q_proj") == nullptr);
+  std::string message;
+  CHECK(error_code([&] { lease->find_layer("model.layers.0.block_sparse_moe.experts.0.w1.weight"); }, &message) ==
+        PEFT_ERR_UNSUPPORTED);
+  CHECK(message.find("target_parameters") != std::string::npos);
+
+  HostBuffers buffers(model("mixtral"), DType::F32);
+  const std::vector<Bytes> original = buffers.snapshot();
+  HostModel host;
+  buffers.add_to(host);
+  const SwapStats in = host.swap(lease.get(), 1.0);
+  CHECK(in.layers_merged == loaded.layers().size() + parts);
+  CHECK(buffers.snapshot() ==
+        checkpoint_merge(buffers, model("mixtral"), adapter_dir("mixtral_target_parameters"), 1.0));
+  host.swap(nullptr, 1.0);
+  CHECK(buffers.snapshot() == original);
+
+  // Without every per-expert tensor the swap names the missing ones, the buffers unchanged.
+  HostModel partial;
+  buffers.add_to(partial, true, [](const std::string& name) { return name.find(".experts.1.w2.") == std::string::npos; });
+  CHECK(error_code([&] { partial.swap(lease.get(), 1.0); }, &message) == PEFT_ERR_UNRESOLVED_KEY);
+  CHECK(message.find("\"model.layers.0.block_sparse_moe.experts.1.w2\"") != std::string::npos);
+  CHECK(buffers.snapshot() == original);
+
+  // A plain LoRA layer's weight given with 3 dimensions does not fit it.
+  HostModel three_d;
+  HostBuffers::Tensor& q = buffers.at("model.layers.0.self_attn.q_proj.weight");
+  const std::vector<int64_t> stacked{1, q.shape[0], q.shape[1]};
+  three_d.add_weight(q.name, q.weight.data(), DType::F32, stacked, nullptr, DType::F32, 0);
+  buffers.add_to(three_d, true, [&](const std::string& name) { return name != q.name; });
+  CHECK(error_code([&] { three_d.swap(lease.get(), 1.0); }, &message) == PEFT_ERR_SHAPE_MISMATCH);
+  CHECK(buffers.snapshot() == original);
+
+  // Through a translator: refused before any buffer changes.
+  HostModel translated;
+  const peft::Translator mixtral = peft::Translator::for_family("mixtral");
+  translated.set_translator(mixtral);
+  buffers.add_to(translated, true, [](const std::string& name) { return name.find("q_proj") != std::string::npos; },
+                 [&](const std::string& name) { return mixtral.to_native(name); });
+  CHECK(error_code([&] { translated.swap(lease.get(), 1.0); }, &message) == PEFT_ERR_UNSUPPORTED);
+  CHECK(message.find("stacked expert parameter") != std::string::npos);
+  CHECK(buffers.snapshot() == original);
 }

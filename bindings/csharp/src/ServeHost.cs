@@ -58,10 +58,11 @@ namespace PeftC
         }
 
         /// <summary>Adds an F32 weight of <paramref name="shape"/> ([out, in] for Linear, [in, out] for GPT-2 Conv1D,
-        /// [num, dim] for embeddings, [out, in, kh, kw] for Conv2d) and its layer's bias (needed by adapters with
-        /// lora_bias; its output features: shape[0], or shape[1] for Conv1D). Both arrays are pinned until the host
-        /// model is released. The library is told the bias's length and never writes past it: a <see cref="Swap"/>
-        /// of an adapter whose layer has another number of output features throws ShapeMismatch.</summary>
+        /// [num, dim] for embeddings, [experts, out, in] for a fused expert parameter, [out, in, kh, kw] for Conv2d)
+        /// and its layer's bias (needed by adapters with lora_bias; its output features: shape[0], or shape[1] for
+        /// Conv1D). Both arrays are pinned until the host model is released. The library is told the bias's length
+        /// and never writes past it: a <see cref="Swap"/> of an adapter whose layer has another number of output
+        /// features throws ShapeMismatch.</summary>
         /// <exception cref="PeftException">UnresolvedKey when the translator does not resolve the name; InvalidArgument
         /// for a layer given twice or while an adapter is merged; ShapeMismatch for a zero dimension or an empty
         /// bias.</exception>

@@ -26,8 +26,8 @@ namespace peft {
 void resolve_expert_modules(std::vector<AdapterModule>& modules, const LoraConfig& config, const ArchTable* table,
                             const std::string& dir);
 
-// PEFT_ERR_UNSUPPORTED naming the module and `job` ("merging into a GGUF base") when one of the
-// modules adapts a stacked expert parameter, which only checkpoint merges of safetensors support.
+// PEFT_ERR_UNSUPPORTED naming the module and `job` ("combining adapters") when one of the modules
+// adapts a stacked expert parameter, which that job does not support.
 void refuse_expert_modules(const std::vector<AdapterModule>& modules, const std::string& job);
 
 }  // namespace peft

@@ -287,13 +287,28 @@ BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, 
   return module;
 }
 
-// A LoRA on a stacked expert parameter, into a host buffer named as transformers names it: the fused
-// parameter ([E, out, in], or [E, in, out] transposed), one slice per expert; or one saved per-expert
-// tensor ([out / parts, in]), that expert's rows of the parameter.
-BufferMergeModule expert_buffer_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
+}  // namespace
+
+BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, int64_t e, int64_t row_begin,
+                                     int64_t rows, bool transposed, double scaling) {
+  struct Owned {
+    std::shared_ptr<const ExpertFactors> factors;
+    std::vector<float> b;
+  };
+  auto owned = std::make_shared<Owned>(Owned{factors, factors->b(e, row_begin, rows)});
+  BufferMergeModule module;
+  module.layout = merge::DeltaLayout{rows, factors->shape().in, transposed};
+  module.lora_a = factors->a(e);
+  module.lora_b = owned->b.data();
+  module.rank = factors->shape().rank;
+  module.scaling = scaling;
+  module.keep_alive = std::move(owned);
+  return module;
+}
+
+BufferMergeModule expert_buffer_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& m,
                                        std::string_view name, std::span<const int64_t> weight_shape) {
   const ExpertTarget& x = *m.expert;
-  auto factors = std::make_shared<const ExpertFactors>(m, adapter->checkpoint());
   const ExpertFactorShape& f = factors->shape();
   const std::vector<int64_t> shape(weight_shape.begin(), weight_shape.end());
   auto mismatch = [&](const std::vector<int64_t>& want) {
@@ -327,25 +342,6 @@ BufferMergeModule expert_buffer_module(const std::shared_ptr<const Adapter>& ada
                                ", which has no buffer named " + peft::quoted(std::string(name)));
 }
 
-}  // namespace
-
-BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, int64_t e, int64_t row_begin,
-                                     int64_t rows, bool transposed, double scaling) {
-  struct Owned {
-    std::shared_ptr<const ExpertFactors> factors;
-    std::vector<float> b;
-  };
-  auto owned = std::make_shared<Owned>(Owned{factors, factors->b(e, row_begin, rows)});
-  BufferMergeModule module;
-  module.layout = merge::DeltaLayout{rows, factors->shape().in, transposed};
-  module.lora_a = factors->a(e);
-  module.lora_b = owned->b.data();
-  module.rank = factors->shape().rank;
-  module.scaling = scaling;
-  module.keep_alive = std::move(owned);
-  return module;
-}
-
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                       std::span<const int64_t> weight_shape) {
   return module_factors(adapter, m, m.kind, weight_shape);
@@ -354,7 +350,8 @@ BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adap
 BufferMergeModule host_buffer_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                      std::string_view name, std::span<const int64_t> weight_shape,
                                      const Translator* translator) {
-  if (m.expert && translator == nullptr) return expert_buffer_module(adapter, m, name, weight_shape);
+  if (m.expert && translator == nullptr)
+    return expert_buffer_module(std::make_shared<const ExpertFactors>(m, adapter->checkpoint()), m, name, weight_shape);
   BufferMergeModule module = module_factors(adapter, m, host_layer_kind(m.kind, translator), weight_shape);
   const GgufRows order = host_row_order(name, translator);
   if (order == GgufRows::same) return module;

@@ -65,15 +65,23 @@ BufferMergeModule in_gguf_row_order(BufferMergeModule module, GgufRows order, co
 merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_shape, std::span<const int64_t> a_shape,
                                std::span<const int64_t> b_shape, const std::string& module);
 
-// The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
-// its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight
-// does not fit the module.
 // One expert's LoRA pair of a stacked expert parameter (expert_base.hpp) as a module: expert e's A
 // and the rows row_begin .. row_begin+rows-1 of its B, laid out [rows, in] (transposed: [in, rows]);
 // the module keeps `factors` alive.
 BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, int64_t e, int64_t row_begin,
                                      int64_t rows, bool transposed, double scaling);
 
+// A LoRA on a stacked expert parameter (module.expert set, `factors` read from it) into a host buffer
+// named as transformers names it: the fused parameter ([E, out, in], or [E, in, out] transposed),
+// one slice per expert; or one tensor a checkpoint saves per expert ([out / parts, in]), that
+// expert's rows of the parameter. PEFT_ERR_SHAPE_MISMATCH when the buffer does not fit,
+// PEFT_ERR_NOT_FOUND when `name` is none of the parameter's buffers.
+BufferMergeModule expert_buffer_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& module,
+                                       std::string_view name, std::span<const int64_t> weight_shape);
+
+// The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
+// its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight
+// does not fit the module.
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& module,
                                std::span<const int64_t> weight_shape);
 

@@ -72,7 +72,8 @@ class HostModel(HandleObject):
 
     def add_weight(self, name: str, weight, *, bias=None, dtype: Optional[DTypeLike] = None) -> None:
         """Gives one weight array (and the layer's bias, needed by adapters with lora_bias), laid out
-        as the base model stores it ([out, in] for Linear, [in, out] for GPT-2 Conv1D). The arrays must
+        as the base model stores it ([out, in] for Linear, [in, out] for GPT-2 Conv1D, [experts, out, in]
+        for a fused expert parameter). The arrays must
         be writable and C-contiguous; this object keeps them referenced. ``dtype`` reads a raw
         ``uint16`` array as "BF16".
 

@@ -161,7 +161,8 @@ impl<'a> HostModel<'a> {
     ///
     /// `name` is the weight's name or its layer's (a HuggingFace module path, or the host's name
     /// with a translator). `shape` is the weight's: [out, in] for Linear, [in, out] for GPT-2
-    /// Conv1D, [num_embeddings, dim] for embeddings, 4-D for Conv2d; `weight` must hold exactly its
+    /// Conv1D, [num_embeddings, dim] for embeddings, [experts, out, in] for a fused expert
+    /// parameter, 4-D for Conv2d; `weight` must hold exactly its
     /// elements (checked by the binding). `bias` is the layer's bias, which adapters with lora_bias
     /// change; the library is told its length and never writes past it: a [`swap`](HostModel::swap)
     /// of an adapter whose layer has another number of output features fails with
