@@ -1840,8 +1840,10 @@ PEFT_API peft_error* peft_translator_to_hf_batch(const peft_translator* translat
  * rows of the adapter's lora_B (and of lora_B.bias and a DoRA magnitude) are put in the same order,
  * never the buffer's; so a merge writes exactly what peft_merge_checkpoint() writes into the GGUF
  * file, and exact removal and hot-swap restore the buffers bit for bit. GPT-2 Conv1D layers are
- * merged as Linear, since GGUF holds their weights [out, in]. peft_registry_new() refuses such a
- * translator (unmerged apply does not reorder rows).
+ * merged as Linear, since GGUF holds their weights [out, in]. A file with experts
+ * (`<arch>.expert_count`) gets the table that names llama.cpp's stacked expert tensors (Mixtral's
+ * among those reading "llama"), which a host model takes as [experts, out, in] buffers.
+ * peft_registry_new() refuses such a translator (unmerged apply does not reorder rows).
  *
  * The translator copies what it needs; the checkpoint may be freed afterwards. A file without head
  * counts gives a translator whose reordered weights fail (#PEFT_ERR_SHAPE_MISMATCH) when they are
@@ -3469,9 +3471,12 @@ PEFT_API peft_error* peft_merge_options_set_combine(peft_merge_options* opts, in
  *  [experts, out, in], or [experts, in, out] for gpt-oss), every expert's slice by its own pair; or,
  *  when the host gave no such buffer, each tensor a checkpoint saves per expert
  *  ("model.layers.0.mlp.experts.3.up_proj.weight": that expert's rows), all of which it needs then.
- *  Swapping to none restores them bit for bit as any other layer. Not with a translator
- *  (#PEFT_ERR_UNSUPPORTED); peft_lora_apply() refuses the layers they adapt with
- *  #PEFT_ERR_UNSUPPORTED.
+ *  With a translator, the per-expert tensors by the host's names; with GGUF names, llama.cpp's
+ *  stacked expert tensors ("blk.0.ffn_gate_exps.weight", [experts, out, in]: each expert's share
+ *  merged into its slice, so the buffers hold what `peftc merge` into the GGUF file writes). A
+ *  parameter saved fused (gpt-oss) is taken by its transformers name only, without a translator
+ *  (#PEFT_ERR_UNSUPPORTED otherwise). Swapping to none restores them bit for bit as any other
+ *  layer. peft_lora_apply() refuses the layers they adapt with #PEFT_ERR_UNSUPPORTED.
  *
  *  **Unmerged LoRA** (peft_lora_apply()): for a batch of activations and one layer, adds each
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)
@@ -3835,7 +3840,8 @@ PEFT_API peft_error* peft_host_model_set_exact(peft_host_model* host, int32_t ex
  * @param shape @p ndim dimensions ([out, in] for Linear, [in, out] for GPT-2 Conv1D,
  *        [num_embeddings, dim] for embeddings, [experts, out, in] for a fused expert parameter
  *        ([experts, in, out] for gpt-oss); a GGUF tensor's `ne` reversed). Copied.
- * @param ndim 2, 3 for a fused expert parameter (see @ref serving), or 4 for Conv2d.
+ * @param ndim 2, 3 for a fused expert parameter or a stacked GGUF expert tensor (see @ref serving),
+ *        or 4 for Conv2d.
  * @param bias The layer's bias buffer (needed by adapters with lora_bias), or NULL.
  * @param bias_dtype Dtype of @p bias; ignored without one.
  * @param bias_elements Number of elements of @p bias (the layer's output features: shape[0] of a
@@ -3886,8 +3892,8 @@ PEFT_API peft_error* peft_host_model_add_weight(peft_host_model* host, const cha
  *         otherwise than alike on every name (see peft_host_model_add_weight()), or when it replaces whole tensors (modules_to_save, LN tuning,
  *         trainable tokens, biases saved with bias="all", base-layer weights saved with
  *         save_embedding_layers), which a swap does not do (the message names LN_TUNING or
- *         TRAINABLE_TOKENS and points to peft_merge_buffer_apply()), or when it adapts stacked expert
- *         parameters and the host model has a translator; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
+ *         TRAINABLE_TOKENS and points to peft_merge_buffer_apply()), or when it adapts a stacked
+ *         expert parameter saved fused and the host model has a translator; #PEFT_ERR_INVALID_ARGUMENT for NULL @p host, a weight
  *         that is not finite, a missing bias buffer, or two layers of the adapter on one weight;
  *         #PEFT_ERR_OUT_OF_MEMORY (the first exact merge of a weight allocates its copy);
  *         #PEFT_ERR_NON_FINITE naming the weight whose merged values would hold an infinity or a

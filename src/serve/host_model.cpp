@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/adapter.hpp"
+#include "peft/arch/gguf_experts.hpp"
 #include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
@@ -128,7 +129,11 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
       fail(PEFT_ERR_SHAPE_MISMATCH, what + ": dimension " + std::to_string(i) + " is " + std::to_string(shape[i]));
 
   const Translator* translator = translator_ ? &*translator_ : nullptr;
-  const std::vector<std::string> modules = module_candidates(name, translator);
+  // A stacked GGUF expert tensor stands for one module per slice; other names for their candidates.
+  std::vector<std::string> modules;
+  if (translator != nullptr && shape.size() == 3) modules = translator->gguf_slice_modules(name, shape[0]);
+  const bool stacked = !modules.empty();
+  if (!stacked) modules = module_candidates(name, translator);
   const GgufRows rows = host_row_order(name, translator);
   if (rows != GgufRows::same)
     if (const auto problem = gguf_rows_problem(rows, translator->gguf()->heads, static_cast<uint64_t>(shape[0])))
@@ -149,7 +154,7 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
   }
 
   weights_.push_back({std::string(name), data, dtype, {shape.begin(), shape.end()}, bias, bias_dtype,
-                      bias != nullptr ? bias_elements : 0, rows, buffer});
+                      bias != nullptr ? bias_elements : 0, rows, buffer, stacked});
   try {
     for (const std::string& module : modules) weight_of_module_.emplace(module, weights_.size() - 1);
   } catch (...) {
@@ -159,34 +164,59 @@ void HostModel::add_weight(std::string_view name, void* data, DType dtype, std::
   }
 }
 
-// The weights of the adapter's LoRA on stacked expert parameters: the fused parameter when the host
-// gave it ("model.layers.0.mlp.experts.gate_up_proj", one layer merging every expert's slice), or
-// else each tensor a checkpoint saves per expert ("...experts.3.gate_proj", one layer each). When
-// the host gave neither, the fused parameter's name is the one missing. Refused with a translator.
+// The weights of the adapter's LoRA on stacked expert parameters. Without a translator the fused
+// parameter, when the host gave it ("model.layers.0.mlp.experts.gate_up_proj"), gets one layer
+// merging every expert's slice. Otherwise each tensor a checkpoint saves per expert is a layer
+// ("...experts.3.gate_proj", or its host name through a translator), except that the parts in one
+// stacked GGUF tensor ("blk.0.ffn_gate_exps.weight") are one layer merging each into its slice.
+// When the host gave no weight for any of them, the fused parameter's name (without a translator)
+// or every per-expert module is what is missing.
 std::vector<HostModel::ExpertLayer> HostModel::expert_layers(const LoadedAdapter& loaded,
                                                              const std::string& adapter) const {
   std::vector<ExpertLayer> out;
-  if (translator_ && !loaded.expert_modules().empty())
-    fail(PEFT_ERR_UNSUPPORTED, adapter + ": module " + peft::quoted(loaded.expert_modules().front()->name) +
-                                   " adapts a stacked expert parameter (target_parameters), which a swap merges " +
-                                   "into buffers named as transformers names them, not through a translator");
   for (const AdapterModule* m : loaded.expert_modules()) {
     const ExpertTarget& x = *m->expert;
     auto factors = std::make_shared<const ExpertFactors>(*m, loaded.adapter().checkpoint());
-    std::optional<std::string> fused;
-    for (std::string name : {x.module + "." + x.param, x.checkpoint_module + "." + x.param})
-      if (!fused && weight_of_module_.contains(name)) fused = std::move(name);
-    std::vector<std::string> parts;
-    if (!fused)
-      for (const ExpertPart& part : per_expert_parts(*m, factors->shape())) parts.push_back(part.module());
-    const bool any_part = std::any_of(parts.begin(), parts.end(), [&](const std::string& p) {
-      return weight_of_module_.contains(p);
+    const std::string fused = x.module + "." + x.param;
+    if (!translator_) {
+      std::optional<std::string> given;
+      for (std::string name : {fused, x.checkpoint_module + "." + x.param})
+        if (!given && weight_of_module_.contains(name)) given = std::move(name);
+      if (given) {
+        out.push_back({m, factors, *given, {}});
+        continue;
+      }
+    }
+    const std::vector<ExpertPart> parts = per_expert_parts(*m, factors->shape());
+    const bool any_part = std::any_of(parts.begin(), parts.end(), [&](const ExpertPart& p) {
+      return weight_of_module_.contains(p.module());
     });
-    if (fused || !any_part) {
-      out.push_back({m, factors, fused.value_or(x.module + "." + x.param)});
+    if (translator_ && parts.empty())
+      fail(PEFT_ERR_UNSUPPORTED, adapter + ": module " + peft::quoted(m->name) + " adapts " + peft::quoted(fused) +
+                                     ", which table " + peft::quoted(translator_->table().family()) +
+                                     " saves fused (no per-expert tensors a translator could name); give the " +
+                                     "host model that buffer by its transformers name, without a translator");
+    if (!translator_ && !any_part) {
+      out.push_back({m, factors, fused, {}});
       continue;
     }
-    for (std::string& part : parts) out.push_back({m, factors, std::move(part)});
+    std::map<size_t, size_t> layer_of_stacked;  // stacked weight -> its entry of out
+    for (const ExpertPart& part : parts) {
+      const std::string key = part.module();
+      const auto it = weight_of_module_.find(key);
+      if (it == weight_of_module_.end() || !weights_[it->second].stacked) {
+        out.push_back({m, factors, key, {}});
+        continue;
+      }
+      const std::optional<GgufSlot> slot = gguf_slot(translator_->table(), key);
+      if (!slot || !slot->slice)
+        fail(PEFT_ERR_INTERNAL, "stacked GGUF weight " + peft::quoted(weights_[it->second].name) + " stands for " +
+                                    peft::quoted(key) + ", which table " + peft::quoted(translator_->table().family()) +
+                                    " places in no slice");
+      const auto [entry, first] = layer_of_stacked.emplace(it->second, out.size());
+      if (first) out.push_back({m, factors, key, {}});
+      out[entry->second].stacked.push_back({part, *slot->slice});
+    }
   }
   return out;
 }
@@ -328,7 +358,12 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     Layer layer;
     layer.weight = weight_of_module_.at(e.key);
     const Weight& w = weights_[layer.weight];
-    layer.module = expert_buffer_module(e.factors, *e.module, w.name, w.shape);
+    const std::string what = adapter + ": weight " + peft::quoted(w.name);
+    if (!e.stacked.empty() && w.rows != GgufRows::same)
+      fail(PEFT_ERR_UNSUPPORTED, what + " holds stacked experts in a reordered row order, which no table gives them");
+    // By the HuggingFace name the weight stands for (the host's own name may be a translator's).
+    layer.module = e.stacked.empty() ? expert_buffer_module(e.factors, *e.module, e.key, w.shape)
+                                     : stacked_expert_module(e.factors, *e.module, e.stacked, w.shape, what);
     layer.module.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const Lease>>>(
         std::move(layer.module.keep_alive), pin);
     add_layer(std::move(layer));

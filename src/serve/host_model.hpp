@@ -64,6 +64,7 @@
 #include "peft/arch/translator.hpp"
 #include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/buffer_merge.hpp"
+#include "peft/buffer_merge/layer_module.hpp"
 #include "serve/registry.hpp"
 
 namespace peft::serve {
@@ -91,8 +92,9 @@ class HostModel {
   bool exact() const { return exact_; }
 
   // One weight buffer, owned by the caller and kept in place while this lives. `name` is the
-  // weight's or its layer's name (module_candidates, layer_module.hpp); shape has 2
-  // dimensions, 3 for a fused expert parameter, 4 for Conv2d; bias (may be null) is the layer's bias, of bias_elements elements (a
+  // weight's or its layer's name (module_candidates, layer_module.hpp; with GGUF names a stacked
+  // expert tensor, [experts, out, in], stands for each expert's module); shape has 2 dimensions, 3
+  // for a fused expert parameter or a stacked GGUF expert tensor, 4 for Conv2d; bias (may be null) is the layer's bias, of bias_elements elements (a
   // swap refuses a lora_B.bias of another length with SHAPE_MISMATCH). UNRESOLVED_KEY when the
   // translator does not resolve the name; INVALID_ARGUMENT for a null pointer, a layer given twice
   // or while an adapter is merged; UNSUPPORTED for a dtype other than F32/BF16/F16;
@@ -129,6 +131,7 @@ class HostModel {
     int64_t bias_elements = 0;  // 0 without a bias
     GgufRows rows = GgufRows::same;  // with GGUF names: the converter's row order (host_row_order)
     size_t buffer = 0;  // the first weight given with the same buffer (its own index when none was)
+    bool stacked = false;  // a stacked GGUF expert tensor (ffn_*_exps): slice e stands for expert e's module
     // Exact mode: the bytes the buffers held before the first exact merge changed them (the bias's
     // once a lora_bias layer changed it); null and empty until then, kept from then on.
     std::unique_ptr<unsigned char[]> original{};
@@ -147,11 +150,13 @@ class HostModel {
   };
 
   // One layer of a LoRA on a stacked expert parameter: its module, its factors (read once per
-  // module) and the key of the weight it merges into (weight_of_module_).
+  // module), the key of the weight it merges into (weight_of_module_) and, for a stacked GGUF
+  // tensor, the parts merged into its slices.
   struct ExpertLayer {
     const AdapterModule* module = nullptr;
     std::shared_ptr<const ExpertFactors> factors;
     std::string key;
+    std::vector<StackedExpertPart> stacked;
   };
 
   std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;

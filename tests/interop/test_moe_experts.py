@@ -20,8 +20,9 @@ GGUF (Qwen3-MoE and Mixtral, whose experts llama.cpp's converter stacks as blk.L
 ffn_up_exps / ffn_down_exps): `peftc merge` into convert_hf_to_gguf.py's file of the base equals that
 converter's file of PEFT's merge_and_unload (F32, within 1e-6 of each tensor's largest value), and
 llama-export-lora applying peft_c's GGUF LoRA of the adapter (stacked per-expert pairs) gives peft_c's
-own GGUF merge within 1e-6. gpt-oss, for which the architecture data has no GGUF names, is refused
-(UNSUPPORTED, naming its model_type).
+own GGUF merge within 1e-6. A host model holding the GGUF file's tensors by their GGUF names (a
+translator made from the file) gets peft_c's GGUF merge bit for bit from a swap. gpt-oss, for which
+the architecture data has no GGUF names, is refused (UNSUPPORTED, naming its model_type).
 """
 
 from __future__ import annotations
@@ -306,6 +307,41 @@ def test_llama_export_lora_applies_our_gguf_lora(gguf_case, peftc_binary, tmp_pa
     assert run.returncode == 0, run.stderr
     changed = assert_gguf_close(tensors(theirs), tensors(ours), tensors(base_gguf))
     assert {f"blk.{l}.ffn_{w}_exps.weight" for l in range(2) for w in ("gate", "up", "down")} <= changed
+
+
+def test_host_model_swaps_into_gguf_buffers(gguf_case, peft_c, peftc_binary, tmp_path):
+    """A llama.cpp-family host holding the GGUF file's tensors (stacked experts [E, out, in], attn_q in
+    the converter's row order) by their GGUF names, through a translator made from the file: a swap
+    gives peft_c's own GGUF merge bit for bit, and a swap to none the file's bytes."""
+    kind, base_gguf, adapter, _ = gguf_case
+    ours = tmp_path / "ours.gguf"
+    run = peftc(peftc_binary, "merge", "--base", base_gguf, "--out", ours, "--adapter", adapter)
+    assert run.returncode == 0, run.stderr
+    want = {name: values for name, (_, _, values) in tensors(ours).items()}
+    checkpoint = peft_c.Checkpoint.open(str(base_gguf))
+    translator = peft_c.Translator.from_gguf(checkpoint)
+    adapted = {f"blk.{l}.{t}.weight" for l in range(2) for t in ("attn_q", "ffn_gate_exps", "ffn_up_exps",
+                                                                   "ffn_down_exps")}
+    buffers = {name: checkpoint.read(name, dtype=None) for name in sorted(adapted)}
+    assert buffers["blk.0.ffn_gate_exps.weight"].shape == (EXPERTS, 16, 32)
+    original = {name: array.copy() for name, array in buffers.items()}
+    host = peft_c.HostModel()
+    host.set_translator(translator)
+    for name, array in buffers.items():
+        host.add_weight(name, array)
+    with peft_c.Registry("F32", 1 << 26) as registry:
+        registry.register("a", str(adapter))
+        lease = registry.acquire("a")
+        stats = host.swap(lease, 1.0)
+        lease.release()
+    assert stats.layers_merged == len(buffers)
+    for name, array in buffers.items():
+        assert array.tobytes() == want[name].astype(array.dtype).tobytes(), (kind, name)  # bit for bit
+        assert not np.array_equal(array, original[name]), name
+    host.swap(None)
+    for name, array in buffers.items():
+        assert array.tobytes() == original[name].tobytes(), name
+    host.close()
 
 
 def test_gguf_refuses_gpt_oss(case, peftc_binary, tmp_path):

@@ -787,7 +787,7 @@ TEST_CASE("serve host: the merged adapter stays pinned in its registry until swa
   CHECK(buffers.snapshot() == merged);
 }
 
-TEST_CASE("serve host: LoRA on stacked expert parameters swaps into the per-expert tensors as the checkpoint merge writes them") {
+TEST_CASE("serve host: LoRA on stacked expert parameters swaps into the per-expert tensors as the checkpoint merge writes them, also by the host's own names") {
   if (!fixtures_present()) return;
   auto registry = registry_of(DType::F32, "mixtral", {{"a", "mixtral_target_parameters"}});
   auto lease = registry->acquire("a");
@@ -840,13 +840,23 @@ TEST_CASE("serve host: LoRA on stacked expert parameters swaps into the per-expe
   CHECK(error_code([&] { three_d.swap(lease.get(), 1.0); }, &message) == PEFT_ERR_SHAPE_MISMATCH);
   CHECK(buffers.snapshot() == original);
 
-  // Through a translator: refused before any buffer changes.
-  HostModel translated;
+  // Through a translator of the host's own names: the per-expert tensors by those names, the same bytes.
   const peft::Translator mixtral = peft::Translator::for_family("mixtral");
+  CHECK(mixtral.to_native("model.layers.0.block_sparse_moe.experts.1.w3.weight") ==
+        "transformer/layer_0/moe/expert_1/up/weight");
+  auto adapted = [](const std::string& name) {
+    return name.find("q_proj") != std::string::npos || name.find(".experts.") != std::string::npos;
+  };
+  HostModel translated;
   translated.set_translator(mixtral);
-  buffers.add_to(translated, true, [](const std::string& name) { return name.find("q_proj") != std::string::npos; },
-                 [&](const std::string& name) { return mixtral.to_native(name); });
-  CHECK(error_code([&] { translated.swap(lease.get(), 1.0); }, &message) == PEFT_ERR_UNSUPPORTED);
-  CHECK(message.find("stacked expert parameter") != std::string::npos);
+  buffers.add_to(translated, true, adapted, [&](const std::string& name) { return mixtral.to_native(name); });
+  HostModel by_hf;
+  HostBuffers hf(model("mixtral"), DType::F32);
+  hf.add_to(by_hf, true, adapted);
+  translated.swap(lease.get(), 1.0);
+  by_hf.swap(lease.get(), 1.0);
+  CHECK(buffers.snapshot() != original);
+  CHECK(buffers.snapshot() == hf.snapshot());
+  translated.swap(nullptr, 1.0);
   CHECK(buffers.snapshot() == original);
 }

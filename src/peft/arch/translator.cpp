@@ -7,6 +7,7 @@
 #include "core/error_context.hpp"
 #include "core/text.hpp"
 #include "peft/arch/arch_registry.hpp"
+#include "peft/arch/gguf_experts.hpp"
 #include "peft/arch/key_grammar.hpp"
 
 namespace peft {
@@ -54,7 +55,15 @@ Translator Translator::for_gguf(const std::string& architecture, GgufHeads heads
 Translator Translator::for_gguf_file(const GgufHeader& header, const std::string& file) {
   const std::optional<std::string> architecture = metadata_string(header, "general.architecture");
   if (!architecture) fail(PEFT_ERR_INVALID_CHECKPOINT, file + ": the GGUF file has no string general.architecture");
-  return with_path(file, [&] { return for_gguf(*architecture, gguf_heads_from_metadata(header, *architecture)); });
+  return with_path(file, [&] {
+    const GgufHeads heads = gguf_heads_from_metadata(header, *architecture);
+    const std::optional<uint64_t> experts = gguf_experts_from_metadata(header, *architecture);
+    if (!experts || *experts == 0) return for_gguf(*architecture, heads);
+    // Several tables read one architecture (llama, mistral and mixtral: "llama"); a file with
+    // experts takes the one that names llama.cpp's stacked expert tensors.
+    auto names_experts = [](const ArchTable& table) { return table.rule_for_gguf("blk.0.ffn_gate_exps") != nullptr; };
+    return Translator(builtin_table_for_gguf(*architecture, names_experts), GgufNames{*architecture, heads});
+  });
 }
 
 std::optional<Translator::GgufModule> Translator::gguf_module(std::string_view name) const {
@@ -67,6 +76,18 @@ std::optional<Translator::GgufModule> Translator::gguf_module(std::string_view n
       return GgufModule{rule->hf.fill(captures), rule->gguf_rows};
   }
   return std::nullopt;
+}
+
+std::vector<std::string> Translator::gguf_slice_modules(std::string_view name, uint64_t slices) const {
+  if (!gguf_) return {};
+  constexpr std::string_view kWeight = ".weight";
+  const std::string_view module = name.ends_with(kWeight) ? name.substr(0, name.size() - kWeight.size()) : name;
+  NameTemplate::Captures captures;
+  const ModuleRule* rule = table_->rule_for_gguf(module, &captures);
+  if (rule == nullptr || !rule->gguf_stack) return {};
+  std::vector<std::string> out;
+  for (uint64_t slice = 0; slice < slices; ++slice) out.push_back(gguf_stacked_module(*rule, captures, slice));
+  return out;
 }
 
 std::optional<std::string> Translator::gguf_key(std::string_view hf_key) const {

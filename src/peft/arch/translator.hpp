@@ -49,8 +49,9 @@ class Translator {
   // when none does) and the given head counts.
   static Translator for_gguf(const std::string& architecture, GgufHeads heads);
   // GGUF names of a GGUF model file: general.architecture and its head counts
-  // (gguf_heads_from_metadata). INVALID_CHECKPOINT naming `file` without a string
-  // general.architecture.
+  // (gguf_heads_from_metadata); with "<architecture>.expert_count" above 0, the table that names
+  // the stacked expert tensors (Mixtral's among the tables reading "llama"). INVALID_CHECKPOINT
+  // naming `file` without a string general.architecture.
   static Translator for_gguf_file(const GgufHeader& header, const std::string& file);
 
   const ArchTable& table() const { return *table_; }
@@ -66,6 +67,10 @@ class Translator {
     GgufRows rows = GgufRows::same;
   };
   std::optional<GgufModule> gguf_module(std::string_view name) const;
+  // GGUF names: the module paths of slices 0 .. slices-1 of a stacked GGUF tensor (a rule with
+  // "gguf_stack": "blk.0.ffn_gate_exps.weight" -> "model.layers.0.mlp.experts.0.gate_proj", ...);
+  // empty when `name` is not one.
+  std::vector<std::string> gguf_slice_modules(std::string_view name, uint64_t slices) const;
 
   // One key; PEFT_ERR_UNRESOLVED_KEY naming it when the table does not resolve it.
   std::string to_native(std::string_view hf_key) const;

@@ -342,6 +342,28 @@ BufferMergeModule expert_buffer_module(const std::shared_ptr<const ExpertFactors
                                ", which has no buffer named " + peft::quoted(std::string(name)));
 }
 
+BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& m,
+                                        std::span<const StackedExpertPart> parts,
+                                        std::span<const int64_t> weight_shape, const std::string& what) {
+  const ExpertFactorShape& f = factors->shape();
+  if (weight_shape.size() != 3)
+    fail(PEFT_ERR_SHAPE_MISMATCH, what + " is " + shape_text(weight_shape) + "; a stacked expert tensor has 3 dimensions");
+  const int64_t rows = weight_shape[1];
+  BufferMergeModule stacked;
+  stacked.layout = merge::DeltaLayout{weight_shape[0] * rows, weight_shape[2], false};
+  for (const StackedExpertPart& s : parts) {
+    if (s.part.rows != rows || f.in != weight_shape[2] || s.slice >= static_cast<uint64_t>(weight_shape[0]))
+      fail(PEFT_ERR_SHAPE_MISMATCH,
+           what + ": expert " + std::to_string(s.part.expert) + "'s part " + shape_text(std::vector<int64_t>{s.part.rows, f.in}) +
+               " of " + peft::quoted(m.expert->module + "." + m.expert->param) + " has no slice " +
+               std::to_string(s.slice) + " in a tensor of shape " + shape_text(weight_shape));
+    auto pair = std::make_shared<const BufferMergeModule>(
+        expert_pair_module(factors, s.part.expert, s.part.row_begin, s.part.rows, false, m.scaling));
+    stacked.slices.push_back({static_cast<int64_t>(s.slice) * rows, std::move(pair)});
+  }
+  return stacked;
+}
+
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                       std::span<const int64_t> weight_shape) {
   return module_factors(adapter, m, m.kind, weight_shape);

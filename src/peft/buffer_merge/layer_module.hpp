@@ -79,6 +79,18 @@ BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>&
 BufferMergeModule expert_buffer_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& module,
                                        std::string_view name, std::span<const int64_t> weight_shape);
 
+// Parts of a LoRA on a stacked expert parameter (per_expert_parts of module, `factors` read from it)
+// into one stacked GGUF tensor of `weight_shape` [slices, rows, in] (llama.cpp's ffn_*_exps): each
+// part, one expert's rows, merged into its slice by its own pair. PEFT_ERR_SHAPE_MISMATCH naming
+// `what` when a part does not fit its slice.
+struct StackedExpertPart {
+  ExpertPart part;
+  uint64_t slice = 0;
+};
+BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& module,
+                                        std::span<const StackedExpertPart> parts,
+                                        std::span<const int64_t> weight_shape, const std::string& what);
+
 // The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
 // its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight
 // does not fit the module.
