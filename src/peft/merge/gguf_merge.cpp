@@ -243,16 +243,12 @@ class GgufMerge {
     // weight (loaded into the shared parameter).
     auto shared_term = [&](const GgufTerm& t) { return t.adapter && tied_copies_.contains(t.adapter); };
     auto side = [&](size_t index) {
-      TiedSide s;
       auto it = targets_.find(index);
-      if (it == targets_.end()) return s;
+      if (it == targets_.end()) return TiedSide{};
       const GgufTarget& t = it->second;
-      s.shared_lora = std::any_of(t.terms.begin(), t.terms.end(), shared_term);
-      s.own_lora = !std::all_of(t.terms.begin(), t.terms.end(), shared_term);
-      s.lora_bias = !t.biases.empty();
-      s.saved_weight = t.replacement && !t.replacement->swaps_module;
-      s.swapped = t.replacement && t.replacement->swaps_module;
-      return s;
+      return tied_side(t.terms.size(), static_cast<size_t>(std::count_if(t.terms.begin(), t.terms.end(), shared_term)),
+                       !t.biases.empty(), /*tokens=*/false,
+                       t.replacement ? std::optional<bool>(t.replacement->swaps_module) : std::nullopt);
     };
     const TiedDecision d = decide_tied_embeddings(options_.tied_embeddings, side(input), side(output_slot()),
                                                   /*output_stored=*/false, input_name, output);

@@ -203,14 +203,9 @@ class Planner {
 
   template <class IsShared>
   static TiedSide tied_side(const Changes& c, IsShared is_shared) {
-    TiedSide side;
-    side.shared_lora = std::any_of(c.lora.begin(), c.lora.end(), is_shared);
-    side.own_lora = !std::all_of(c.lora.begin(), c.lora.end(), is_shared);
-    side.lora_bias = !c.lora_bias.empty();
-    side.tokens = !c.tokens.empty();
-    side.saved_weight = c.replacement && !c.replacement->swaps_module;
-    side.swapped = c.replacement && c.replacement->swaps_module;
-    return side;
+    return peft::tied_side(c.lora.size(), static_cast<size_t>(std::count_if(c.lora.begin(), c.lora.end(), is_shared)),
+                           !c.lora_bias.empty(), !c.tokens.empty(),
+                           c.replacement ? std::optional<bool>(c.replacement->swaps_module) : std::nullopt);
   }
 
   // The output embedding the base does not store, after the input embedding it copies (untied only).

@@ -2,6 +2,18 @@
 
 namespace peft {
 
+TiedSide tied_side(size_t lora_terms, size_t shared_terms, bool lora_bias, bool tokens,
+                   std::optional<bool> replacement_swaps_module) {
+  TiedSide side;
+  side.shared_lora = shared_terms > 0;
+  side.own_lora = shared_terms < lora_terms;
+  side.lora_bias = lora_bias;
+  side.tokens = tokens;
+  side.saved_weight = replacement_swaps_module == false;
+  side.swapped = replacement_swaps_module == true;
+  return side;
+}
+
 TiedDecision decide_tied_embeddings(TiedEmbeddingsPolicy policy, const TiedSide& in, const TiedSide& out,
                                     bool output_stored, const std::string& input, const std::string& output) {
   TiedDecision d;

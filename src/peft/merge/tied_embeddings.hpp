@@ -5,7 +5,9 @@
 // decision to those records.
 #pragma once
 
+#include <cstddef>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -36,6 +38,13 @@ struct TiedSide {
   bool swapped = false;       // a modules_to_save copy, which replaces this side alone
   bool any() const { return own_lora || shared_lora || lora_bias || tokens || saved_weight || swapped; }
 };
+
+// One side's summary from its records: `lora_terms` LoRA terms, `shared_terms` of them an
+// ensure_weight_tying adapter's (PEFT applies those to both sides), whether it has lora_B biases and
+// token rows, and its replacement: none (nullopt), a saved base_layer weight (false) or a
+// modules_to_save copy that swaps the module (true).
+TiedSide tied_side(size_t lora_terms, size_t shared_terms, bool lora_bias, bool tokens,
+                   std::optional<bool> replacement_swaps_module);
 
 struct TiedDecision {
   // Policy shared, with an output the base does not store: the output's LoRA terms, token rows and
