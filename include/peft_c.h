@@ -1300,9 +1300,11 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
  *  and conversion refuses it with #PEFT_ERR_UNSUPPORTED, since its delta applies only from its
  *  invocation tokens on. LoRA on stacked MoE
  *  expert parameters (`target_parameters`, PEFT's ParamWrapper) is read for the architectures whose
- *  table lists their experts (Qwen3-MoE, Mixtral, gpt-oss) and merges into safetensors checkpoints
- *  only (peft_merge_checkpoint()); with DoRA, `lora_bias` or dropout, and in GGUF merges and exports,
- *  host-buffer merges, serving, combination and conversion it is #PEFT_ERR_UNSUPPORTED naming why.
+ *  table lists their experts (Qwen3-MoE, Mixtral, gpt-oss); it merges into safetensors checkpoints
+ *  and GGUF bases (llama.cpp's stacked `ffn_*_exps` tensors), exports as a GGUF LoRA, merges into
+ *  host buffers (peft_merge_buffer_apply(), without a translator) and hot-swaps (see @ref serving);
+ *  with DoRA, `lora_bias` or dropout, and in combination and conversion it is #PEFT_ERR_UNSUPPORTED
+ *  naming why.
  *
  *  A translator maps tensor keys between HuggingFace names
  *  (`base_model.model.model.layers.4.self_attn.q_proj.lora_A.weight`) and a host's slash-separated
@@ -3473,10 +3475,9 @@ PEFT_API peft_error* peft_merge_options_set_combine(peft_merge_options* opts, in
  *  ("model.layers.0.mlp.experts.3.up_proj.weight": that expert's rows), all of which it needs then.
  *  With a translator, the per-expert tensors by the host's names; with GGUF names, llama.cpp's
  *  stacked expert tensors ("blk.0.ffn_gate_exps.weight", [experts, out, in]: each expert's share
- *  merged into its slice, so the buffers hold what `peftc merge` into the GGUF file writes). A
- *  parameter saved fused (gpt-oss) is taken by its transformers name only, without a translator
- *  (#PEFT_ERR_UNSUPPORTED otherwise). Swapping to none restores them bit for bit as any other
- *  layer. peft_lora_apply() refuses the layers they adapt with #PEFT_ERR_UNSUPPORTED.
+ *  merged into its slice, so the buffers hold what `peftc merge` into the GGUF file writes). With a
+ *  translator, a parameter whose table gives it no per-expert tensors is #PEFT_ERR_UNSUPPORTED.
+ *  Swapping to none restores them bit for bit as any other layer. peft_lora_apply() refuses the layers they adapt with #PEFT_ERR_UNSUPPORTED.
  *
  *  **Unmerged LoRA** (peft_lora_apply()): for a batch of activations and one layer, adds each
  *  row's adapter contribution `scaling * (x A^T) B^T` (plus `scaling * lora_B.bias` with lora_bias)

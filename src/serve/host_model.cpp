@@ -194,7 +194,7 @@ std::vector<HostModel::ExpertLayer> HostModel::expert_layers(const LoadedAdapter
     if (translator_ && parts.empty())
       fail(PEFT_ERR_UNSUPPORTED, adapter + ": module " + peft::quoted(m->name) + " adapts " + peft::quoted(fused) +
                                      ", which table " + peft::quoted(translator_->table().family()) +
-                                     " saves fused (no per-expert tensors a translator could name); give the " +
+                                     " lists no per-expert tensors for (none a translator could name); give the " +
                                      "host model that buffer by its transformers name, without a translator");
     if (!translator_ && !any_part) {
       out.push_back({m, factors, fused, {}});

@@ -329,7 +329,7 @@ def _staged_model(model_dir: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
 
 
 # Model types whose converter reads only a recognised BPE tokenizer (see the module docstring).
-BPE_VOCAB_MODEL_TYPES = ("gpt2", "gpt_neox", "bloom", "falcon", "qwen3_moe")
+BPE_VOCAB_MODEL_TYPES = ("gpt2", "gpt_neox", "bloom", "falcon", "qwen3_moe", "gpt_oss")
 
 # Runs convert_hf_to_gguf.py (argv[1], its arguments after it) with TextModel.get_vocab_base giving
 # vocab_size placeholder tokens instead of reading a tokenizer, and rotary_pct in the hyperparameters.

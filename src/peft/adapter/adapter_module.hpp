@@ -46,6 +46,7 @@ struct ExpertTarget {
   bool transposed = false;        // the parameter is [E, in, out]
   std::vector<std::string> per_expert;  // saved names per expert (arch/expert_params.hpp), maybe none
   int64_t num_experts = 0;        // E: lora_A's rows / rank
+  bool interleaved = false;       // per_expert parts take every n-th row (arch/expert_params.hpp)
 };
 
 struct AdapterModule {

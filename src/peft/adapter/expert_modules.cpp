@@ -71,7 +71,8 @@ void resolve_expert_modules(std::vector<AdapterModule>& modules, const LoraConfi
       continue;
     }
     const ExpertParamRule& param = *params[params.size() - 1 - depth];
-    m.expert = ExpertTarget{owner, param.name, found.checkpoint_module, param.transposed, param.per_expert, 0};
+    m.expert =
+        ExpertTarget{owner, param.name, found.checkpoint_module, param.transposed, param.per_expert, 0, param.interleaved};
     for (AdapterTensor& t : m.tensors)
       if (is_lora_role(t.role)) t.base_tensor = owner + "." + param.name;
   }

@@ -38,7 +38,7 @@ std::vector<ExpertsRule> expert_rules(const ArchTable& table) {
       bad_experts(table, where + ": \"params\" must be a non-empty list");
     for (const nlohmann::json& p : *params) {
       if (!p.is_object()) bad_experts(table, where + ": each of \"params\" must be an object");
-      ExpertParamRule param{text_field(table, p, "name", where), false, {}};
+      ExpertParamRule param{text_field(table, p, "name", where), false, {}, false};
       if (auto t = p.find("transposed"); t != p.end()) {
         if (!t->is_boolean()) bad_experts(table, where + ": \"transposed\" must be true or false");
         param.transposed = t->get<bool>();
@@ -49,7 +49,11 @@ std::vector<ExpertsRule> expert_rules(const ArchTable& table) {
           if (!name.is_string()) bad_experts(table, where + ": \"per_expert\" must hold strings");
           param.per_expert.push_back(name.get<std::string>());
         }
-        if (param.transposed) bad_experts(table, where + ": a transposed parameter cannot be saved per expert");
+      }
+      if (auto s = p.find("split"); s != p.end()) {
+        if (!s->is_string() || (*s != "interleaved" && *s != "consecutive"))
+          bad_experts(table, where + ": \"split\" must be \"consecutive\" or \"interleaved\"");
+        param.interleaved = *s == "interleaved";
       }
       rule.params.push_back(std::move(param));
     }

@@ -13,10 +13,15 @@
 //   block_sparse_moe); optional;
 // * params: the targetable parameters in the module's declaration order (PEFT nests the wrappers
 //   of several targeted parameters in that order: the first declared is the innermost);
-// * per_expert: how transformers' save_pretrained stores the parameter per expert, as the tensor
-//   names below "<checkpoint>.<e>." that split the out dimension into equal consecutive parts in
-//   this order (gate then up); absent when the checkpoint stores the fused tensor
-//   "<checkpoint>.<name>" only. A fused tensor of that name is used whenever the base has one.
+// * per_expert: the per-expert tensors the parameter splits into, as the tensor names below
+//   "<checkpoint>.<e>." that split the out dimension of [out, in] (after the transpose of a
+//   transposed parameter) into equal consecutive parts in this order (gate then up): how
+//   transformers' save_pretrained stores Qwen3-MoE and Mixtral, and how llama.cpp's converter splits
+//   a fused one (gpt-oss). Absent when nothing splits the fused tensor "<checkpoint>.<name>". A
+//   fused tensor of that name is used whenever the base has one. The table's module rules give
+//   these per-expert modules their GGUF names (stacked tensors, "gguf_stack");
+// * split: "interleaved" when part j takes rows j, j + n, j + 2n... of the n parts instead
+//   (gpt-oss's gate_up_proj: gate the even rows, up the odd ones); "consecutive" by default.
 #pragma once
 
 #include <optional>
@@ -31,6 +36,7 @@ struct ExpertParamRule {
   std::string name;                     // "gate_up_proj"
   bool transposed = false;              // stored [E, in, out]
   std::vector<std::string> per_expert;  // saved names per expert ("w1.weight", "w3.weight")
+  bool interleaved = false;             // per_expert parts take every n-th row ("split": "interleaved")
 };
 
 struct ExpertsRule {

@@ -24,12 +24,12 @@ ExpertFactors::ExpertFactors(const AdapterModule& m, const Checkpoint& adapter_w
       a_(adapter_weights.read_f32(m.find(TensorRole::lora_a)->index)),
       b_(adapter_weights.read_f32(m.find(TensorRole::lora_b)->index)) {}
 
-std::vector<float> ExpertFactors::b(int64_t e, int64_t row_begin, int64_t rows) const {
+std::vector<float> ExpertFactors::b(int64_t e, int64_t row_begin, int64_t rows, int64_t row_stride) const {
   const int64_t r = shape_.rank, E = shape_.experts;
   std::vector<float> out(static_cast<size_t>(rows * r));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t k = 0; k < r; ++k)
-      out[static_cast<size_t>(i * r + k)] = b_[static_cast<size_t>((row_begin + i) * r * E + k * E + e)];
+      out[static_cast<size_t>(i * r + k)] = b_[static_cast<size_t>((row_begin + i * row_stride) * r * E + k * E + e)];
   return out;
 }
 
@@ -42,7 +42,7 @@ std::vector<ExpertPart> per_expert_parts(const AdapterModule& m, const ExpertFac
   for (int64_t e = 0; e < f.experts; ++e) {
     for (int64_t j = 0; j < parts; ++j)
       out.push_back({x.checkpoint_module + "." + std::to_string(e) + "." + x.per_expert[static_cast<size_t>(j)], e,
-                     j * rows, rows});
+                     x.interleaved ? j : j * rows, rows, x.interleaved ? parts : 1});
   }
   return out;
 }
@@ -107,7 +107,7 @@ std::vector<ExpertSlot> expert_slots(const AdapterModule& m, const Checkpoint& a
                            ", the base tensor " + peft::quoted(w.name) + " is " + shape_text(w.shape));
       return {};
     }
-    slots.push_back({*index, part.expert, part.row_begin, part.rows});
+    slots.push_back({*index, part.expert, part.row_begin, part.rows, part.row_stride});
   }
   const std::string beyond = x.checkpoint_module + "." + std::to_string(f.experts) + "." + x.per_expert.front();
   if (find_name(base, beyond, table)) {

@@ -23,6 +23,7 @@ struct ExpertSlot {
   int64_t expert = -1;    // the expert whose delta rows it holds; -1: the fused tensor of all experts
   int64_t row_begin = 0;  // per expert: the first of its rows within the parameter's out dimension
   int64_t rows = 0;       // per expert: how many
+  int64_t row_stride = 1;  // per expert: rows row_begin, row_begin + row_stride, ...
 };
 
 // The factors' sizes: in and out of the parameter ([E, out, in] in memory when not transposed).
@@ -39,20 +40,21 @@ class ExpertFactors {
   const ExpertFactorShape& shape() const { return shape_; }
   // Expert e's A, [rank, in] (valid while this object lives).
   const float* a(int64_t e) const { return a_.data() + e * shape_.rank * shape_.in; }
-  // Rows row_begin .. row_begin+rows-1 of expert e's B, gathered as [rows, rank].
-  std::vector<float> b(int64_t e, int64_t row_begin, int64_t rows) const;
+  // Rows row_begin, row_begin + row_stride, ... (`rows` of them) of expert e's B, gathered as [rows, rank].
+  std::vector<float> b(int64_t e, int64_t row_begin, int64_t rows, int64_t row_stride = 1) const;
 
  private:
   ExpertFactorShape shape_;
   std::vector<float> a_, b_;
 };
 
-// One saved per-expert tensor's share of a parameter's LoRA (ExpertsRule's per_expert): expert
-// `expert`'s out rows row_begin .. row_begin+rows-1 (gate then up) are the saved tensor `tensor`,
-// "<checkpoint module>.<e>.<per_expert name>" ("...block_sparse_moe.experts.0.w1.weight").
+// One per-expert tensor's share of a parameter's LoRA (ExpertsRule's per_expert): expert
+// `expert`'s out rows row_begin, row_begin + row_stride, ... (`rows` of them; gate then up, or
+// interleaved) are the tensor `tensor`, "<checkpoint module>.<e>.<per_expert name>"
+// ("...block_sparse_moe.experts.0.w1.weight").
 struct ExpertPart {
   std::string tensor;
-  int64_t expert = 0, row_begin = 0, rows = 0;
+  int64_t expert = 0, row_begin = 0, rows = 0, row_stride = 1;
   std::string module() const { return tensor.substr(0, tensor.rfind('.')); }
 };
 std::vector<ExpertPart> per_expert_parts(const AdapterModule& m, const ExpertFactorShape& f);

@@ -289,13 +289,18 @@ BufferMergeModule module_factors(const std::shared_ptr<const Adapter>& adapter, 
 
 }  // namespace
 
+BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, const ExpertPart& part,
+                                     double scaling) {
+  return expert_pair_module(factors, part.expert, part.row_begin, part.rows, false, scaling, part.row_stride);
+}
+
 BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, int64_t e, int64_t row_begin,
-                                     int64_t rows, bool transposed, double scaling) {
+                                     int64_t rows, bool transposed, double scaling, int64_t row_stride) {
   struct Owned {
     std::shared_ptr<const ExpertFactors> factors;
     std::vector<float> b;
   };
-  auto owned = std::make_shared<Owned>(Owned{factors, factors->b(e, row_begin, rows)});
+  auto owned = std::make_shared<Owned>(Owned{factors, factors->b(e, row_begin, rows, row_stride)});
   BufferMergeModule module;
   module.layout = merge::DeltaLayout{rows, factors->shape().in, transposed};
   module.lora_a = factors->a(e);
@@ -336,7 +341,7 @@ BufferMergeModule expert_buffer_module(const std::shared_ptr<const ExpertFactors
     if (plain != part.tensor && plain != part.module()) continue;
     const std::vector<int64_t> want{part.rows, f.in};
     if (shape != want) mismatch(want);
-    return expert_pair_module(factors, part.expert, part.row_begin, part.rows, false, m.scaling);
+    return expert_pair_module(factors, part, m.scaling);
   }
   fail(PEFT_ERR_NOT_FOUND, "module " + peft::quoted(m.name) + " adapts " + peft::quoted(x.module + "." + x.param) +
                                ", which has no buffer named " + peft::quoted(std::string(name)));
@@ -358,7 +363,7 @@ BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactor
                " of " + peft::quoted(m.expert->module + "." + m.expert->param) + " has no slice " +
                std::to_string(s.slice) + " in a tensor of shape " + shape_text(weight_shape));
     auto pair = std::make_shared<const BufferMergeModule>(
-        expert_pair_module(factors, s.part.expert, s.part.row_begin, s.part.rows, false, m.scaling));
+        expert_pair_module(factors, s.part, m.scaling));
     stacked.slices.push_back({static_cast<int64_t>(s.slice) * rows, std::move(pair)});
   }
   return stacked;

@@ -66,10 +66,13 @@ merge::DeltaLayout lora_layout(LayerKind kind, std::span<const int64_t> weight_s
                                std::span<const int64_t> b_shape, const std::string& module);
 
 // One expert's LoRA pair of a stacked expert parameter (expert_base.hpp) as a module: expert e's A
-// and the rows row_begin .. row_begin+rows-1 of its B, laid out [rows, in] (transposed: [in, rows]);
-// the module keeps `factors` alive.
+// and the rows row_begin, row_begin + row_stride, ... (`rows` of them) of its B, laid out [rows, in]
+// (transposed: [in, rows]); the module keeps `factors` alive.
 BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, int64_t e, int64_t row_begin,
-                                     int64_t rows, bool transposed, double scaling);
+                                     int64_t rows, bool transposed, double scaling, int64_t row_stride = 1);
+// The same for one per-expert part (per_expert_parts), laid out [part.rows, in].
+BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>& factors, const ExpertPart& part,
+                                     double scaling);
 
 // A LoRA on a stacked expert parameter (module.expert set, `factors` read from it) into a host buffer
 // named as transformers names it: the fused parameter ([E, out, in], or [E, in, out] transposed),

@@ -150,7 +150,7 @@ GgufFactor encode(std::string name, const std::vector<float>& values, std::vecto
 }  // namespace
 
 std::optional<std::string> gguf_lora_problem(const AdapterModule& module) {
-  if (module.expert && (module.expert->per_expert.empty() || module.expert->transposed))
+  if (module.expert && module.expert->per_expert.empty())
     return "LoRA on the stacked expert parameter " + peft::quoted(module.expert->module + "." + module.expert->param) +
            " (target_parameters), which the architecture data does not place in GGUF (no per-expert layout)";
   if (!module.is_lora())
@@ -281,7 +281,8 @@ void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, co
         const ExpertPart& part = *pair->part;
         const auto r = static_cast<uint64_t>(x.shape().rank), in = static_cast<uint64_t>(x.shape().in);
         slices.push_back({std::vector<float>(x.a(part.expert), x.a(part.expert) + r * in),
-                          x.b(part.expert, part.row_begin, part.rows), r, in, static_cast<uint64_t>(part.rows), 1});
+                          x.b(part.expert, part.row_begin, part.rows, part.row_stride), r, in,
+                          static_cast<uint64_t>(part.rows), 1});
         rank = std::max(rank, r);
         continue;
       }

@@ -358,7 +358,7 @@ class GgufMerge {
                                           " has no slice in GGUF tensor " + peft::quoted(info.name) + " of shape " +
                                           shape_text(info.shape));
       add_lora_term(*index, slot->slice, slot->rule->gguf_rows,
-                    expert_pair_module(factors, part.expert, part.row_begin, part.rows, false, module.scaling), input,
+                    expert_pair_module(factors, part, module.scaling), input,
                     module, what);
     }
   }

@@ -85,19 +85,20 @@ void apply_expert_term(const LoraTerm& term, DType dtype, uint8_t* data, const m
   const AdapterModule& m = *term.module;
   const ExpertFactors factors(m, term.adapter->adapter->checkpoint());
   const ExpertFactorShape& f = factors.shape();
-  auto add = [&](int64_t e, int64_t row_begin, int64_t rows, const merge::DeltaLayout& layout, uint8_t* at) {
-    const std::vector<float> b = factors.b(e, row_begin, rows);
+  auto add = [&](int64_t e, int64_t row_begin, int64_t rows, int64_t row_stride, const merge::DeltaLayout& layout,
+                 uint8_t* at) {
+    const std::vector<float> b = factors.b(e, row_begin, rows, row_stride);
     const merge::LoraFactors pair{factors.a(e), b.data(), f.rank, term.coefficient};
     merge::add_delta(merge::WeightView{at, dtype, layout.rows(), layout.cols()}, layout, {&pair, 1}, exec);
   };
   const ExpertSlot& slot = *term.expert;
   if (slot.expert >= 0) {
-    add(slot.expert, slot.row_begin, slot.rows, merge::DeltaLayout{slot.rows, f.in, false}, data);
+    add(slot.expert, slot.row_begin, slot.rows, slot.row_stride, merge::DeltaLayout{slot.rows, f.in, false}, data);
     return;
   }
   const merge::DeltaLayout layout{f.out, f.in, m.expert->transposed};
   const uint64_t stride = converted_byte_size(dtype, static_cast<uint64_t>(f.out * f.in));
-  for (int64_t e = 0; e < f.experts; ++e) add(e, 0, f.out, layout, data + static_cast<uint64_t>(e) * stride);
+  for (int64_t e = 0; e < f.experts; ++e) add(e, 0, f.out, 1, layout, data + static_cast<uint64_t>(e) * stride);
 }
 
 bool same_layout(const merge::DeltaLayout& x, const merge::DeltaLayout& y) {
