@@ -1,6 +1,7 @@
 // Stacked GGUF tensors (Mixtral's experts): where a module is, the table chosen for a GGUF
 // architecture several tables read, "gguf_stack" checked when a table loads, and LoRA factors
-// stacked (smaller ranks zero-padded: B A unchanged) and unstacked.
+// stacked (smaller ranks zero-padded: B A unchanged) and unstacked; gpt-oss's interleaved split and
+// a GGUF translator's modules of a stacked tensor.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -8,7 +9,11 @@
 
 #include "core/error.hpp"
 #include "peft/arch/arch_registry.hpp"
+#include "peft/adapter/adapter_module.hpp"
+#include "peft/arch/expert_params.hpp"
 #include "peft/arch/gguf_experts.hpp"
+#include "peft/arch/translator.hpp"
+#include "peft/base/expert_base.hpp"
 
 namespace {
 
@@ -145,4 +150,54 @@ TEST_CASE("gguf tables: gguf_output_always_tied names GGUF architectures of the 
   const auto gemma = peft::builtin_arch_table("gemma");
   CHECK(gemma->gguf_output_always_tied("gemma2"));
   CHECK_FALSE(gemma->gguf_output_always_tied("gemma3"));
+}
+
+TEST_CASE("gguf experts: gpt-oss's fused gate_up_proj splits by interleaved rows, as llama.cpp's converter does") {
+  auto table = peft::builtin_arch_table("gpt_oss");
+  const std::vector<peft::ExpertsRule> rules = peft::expert_rules(*table);
+  REQUIRE(rules.size() == 1);
+  REQUIRE(rules[0].params.size() == 2);
+  CHECK(rules[0].params[0].name == "gate_up_proj");
+  CHECK(rules[0].params[0].transposed);
+  CHECK(rules[0].params[0].interleaved);
+  CHECK_FALSE(rules[0].params[1].interleaved);
+  auto slot = peft::gguf_slot(*table, "model.layers.1.mlp.experts.2.up_proj");
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.1.ffn_up_exps.weight");
+  CHECK(slot->slice == 2u);
+
+  // Expert 1 of 2, rank 1, out 4 (gate rows 0 and 2, up rows 1 and 3).
+  peft::AdapterModule m;
+  m.name = "model.layers.0.mlp.experts.base_layer";
+  m.expert = peft::ExpertTarget{"model.layers.0.mlp.experts", "gate_up_proj", "model.layers.0.mlp.experts", true,
+                                {"gate_proj.weight", "up_proj.weight"}, 2, true};
+  const std::vector<peft::ExpertPart> parts = peft::per_expert_parts(m, {2, 1, 3, 4});
+  REQUIRE(parts.size() == 4);
+  CHECK(parts[2].tensor == "model.layers.0.mlp.experts.1.gate_proj.weight");
+  CHECK(parts[2].expert == 1);
+  CHECK(parts[2].row_begin == 0);
+  CHECK(parts[3].row_begin == 1);
+  CHECK(parts[3].rows == 2);
+  CHECK(parts[3].row_stride == 2);
+
+  // A table whose split is neither "consecutive" nor "interleaved" is refused.
+  auto bad = peft::ArchTable::parse(R"({"family": "x", "modules": [{"hf": "l.{l}.e", "native": "l/{l}/e"}],
+    "experts": [{"module": "l.{l}.e", "params": [{"name": "gate_up_proj", "per_expert": ["g.weight", "u.weight"],
+                                                   "split": "odd"}]}]})",
+                                    "test-table");
+  try {
+    peft::expert_rules(*bad);
+    FAIL("a split of \"odd\" was accepted");
+  } catch (const peft::Error& e) {
+    CHECK(e.code() == PEFT_ERR_INVALID_CONFIG);
+    CHECK(contains(e.what(), "\"split\""));
+  }
+}
+
+TEST_CASE("gguf experts: a translator of GGUF names gives a stacked tensor's module per slice") {
+  const peft::Translator t = peft::Translator::for_gguf("qwen3moe", {4, 2});
+  CHECK(t.gguf_slice_modules("blk.3.ffn_down_exps.weight", 2) ==
+        std::vector<std::string>{"model.layers.3.mlp.experts.0.down_proj", "model.layers.3.mlp.experts.1.down_proj"});
+  CHECK(t.gguf_slice_modules("blk.3.attn_q.weight", 2).empty());
+  CHECK(peft::Translator::for_family("qwen3_moe").gguf_slice_modules("blk.3.ffn_down_exps.weight", 2).empty());
 }
