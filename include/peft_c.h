@@ -1302,7 +1302,7 @@ PEFT_API peft_error* peft_writer_finish(peft_writer* writer);
  *  expert parameters (`target_parameters`, PEFT's ParamWrapper) is read for the architectures whose
  *  table lists their experts (Qwen3-MoE, Mixtral, gpt-oss); it merges into safetensors checkpoints
  *  and GGUF bases (llama.cpp's stacked `ffn_*_exps` tensors), exports as a GGUF LoRA, merges into
- *  host buffers (peft_merge_buffer_apply(), without a translator) and hot-swaps (see @ref serving);
+ *  host buffers (peft_merge_buffer_apply()) and hot-swaps (see @ref serving);
  *  with DoRA, `lora_bias` or dropout, and in combination and conversion it is #PEFT_ERR_UNSUPPORTED
  *  naming why.
  *
@@ -2602,11 +2602,12 @@ PEFT_API peft_error* peft_merge_buffer_options_set_translator(peft_merge_buffer_
  *        host's name of the module or of its weight ("transformer/layer_0/attention/query"); with a
  *        translator for GGUF names, the GGUF tensor name ("blk.0.attn_q.weight"), and then the delta
  *        goes in with its rows in the converter's order (see peft_translator_from_gguf()). A LoRA on
- *        a stacked expert parameter (`target_parameters`) is merged without a translator only
- *        (#PEFT_ERR_UNSUPPORTED with one): into the fused parameter as transformers 5 holds it
- *        ("model.layers.0.mlp.experts.gate_up_proj", [experts, out, in], or [experts, in, out] for
- *        gpt-oss), each expert's slice by its own pair, or into one tensor a checkpoint saves per
- *        expert ("model.layers.0.mlp.experts.3.up_proj.weight": that expert's rows).
+ *        a stacked expert parameter (`target_parameters`) merges into the fused parameter as
+ *        transformers 5 holds it ("model.layers.0.mlp.experts.gate_up_proj", [experts, out, in], or
+ *        [experts, in, out] for gpt-oss), each expert's slice by its own pair; into one per-expert
+ *        tensor ("model.layers.0.mlp.experts.3.up_proj.weight", or its name through a translator:
+ *        that expert's rows); or, with GGUF names, into llama.cpp's stacked tensor
+ *        ("blk.0.ffn_gate_exps.weight", [experts, out, in]), each expert's share into its slice.
  * @param data The weight: row-major, @p dtype elements, any alignment. Changed in place.
  * @param dtype #PEFT_DTYPE_F32, #PEFT_DTYPE_BF16 or #PEFT_DTYPE_F16.
  * @param shape @p ndim dimensions of the weight. Copied.

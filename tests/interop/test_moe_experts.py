@@ -309,7 +309,8 @@ def test_llama_export_lora_applies_our_gguf_lora(gguf_case, peftc_binary, tmp_pa
 def test_host_model_swaps_into_gguf_buffers(gguf_case, peft_c, peftc_binary, tmp_path):
     """A llama.cpp-family host holding the GGUF file's tensors (stacked experts [E, out, in], attn_q in
     the converter's row order) by their GGUF names, through a translator made from the file: a swap
-    gives peft_c's own GGUF merge bit for bit, and a swap to none the file's bytes."""
+    gives peft_c's own GGUF merge bit for bit, and a swap to none the file's bytes; so does the buffer
+    merge of each tensor by its GGUF name, and its removal."""
     kind, base_gguf, adapter, _ = gguf_case
     ours = tmp_path / "ours.gguf"
     run = peftc(peftc_binary, "merge", "--base", base_gguf, "--out", ours, "--adapter", adapter)
@@ -339,3 +340,11 @@ def test_host_model_swaps_into_gguf_buffers(gguf_case, peft_c, peftc_binary, tmp
     for name, array in buffers.items():
         assert array.tobytes() == original[name].tobytes(), name
     host.close()
+
+    # peft_merge_buffer_apply with the same translator: the same bytes, and back bit for bit.
+    with peft_c.Adapter.open(str(adapter)) as opened:
+        for name, array in buffers.items():
+            record = peft_c.merge_into(opened, name, array, translator=translator, keep_original_rows=True)
+            assert array.tobytes() == want[name].astype(array.dtype).tobytes(), (kind, name)
+            record.remove(array)
+            assert array.tobytes() == original[name].tobytes(), name

@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
+#include "peft/buffer_merge/named_buffer_merge.hpp"
 #include "serve/host_model.hpp"
 #include "serve/registry.hpp"
 #include "test_checkpoint_merge_support.hpp"
@@ -858,5 +859,18 @@ TEST_CASE("serve host: LoRA on stacked expert parameters swaps into the per-expe
   CHECK(buffers.snapshot() != original);
   CHECK(buffers.snapshot() == hf.snapshot());
   translated.swap(nullptr, 1.0);
+  CHECK(buffers.snapshot() == original);
+
+  // The buffer merge of one per-expert tensor by its native name: the same bytes as the swap.
+  const std::string up_name = "model.layers.1.block_sparse_moe.experts.1.w3.weight";
+  peft::NamedBufferMergeOptions by_native;
+  by_native.translator = mixtral;
+  by_native.keep_original_rows = true;
+  HostBuffers::Tensor& up = buffers.at(up_name);
+  peft::NamedBufferMerge merged = peft::NamedBufferMerge::apply(loaded.adapter_ptr(), mixtral.to_native(up_name),
+                                                                up.weight.data(), DType::F32, up.shape, nullptr,
+                                                                DType::F32, by_native);
+  CHECK(up.weight == hf.at(up_name).weight);
+  merged.remove(up.weight.data(), nullptr);
   CHECK(buffers.snapshot() == original);
 }

@@ -1,6 +1,6 @@
 #include "peft/buffer_merge/layer_module.hpp"
-#include "peft/adapter/expert_modules.hpp"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,7 +79,6 @@ bool names_expert_buffer(const Adapter& adapter, const AdapterModule& m, const s
 }  // namespace
 
 const AdapterModule& find_lora_module(const Adapter& adapter, std::string_view name, const Translator* translator) {
-  if (translator != nullptr) refuse_expert_modules(adapter.modules(), "merging into host buffers named by a translator");
   refuse_activated_lora(adapter, "a merge into host buffers");
   const std::vector<std::string> names = module_candidates(name, translator);
   const AdapterModule* found = nullptr;
@@ -369,6 +368,31 @@ BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactor
   return stacked;
 }
 
+std::optional<StackedBufferModule> gguf_stacked_buffer_module(const std::shared_ptr<const Adapter>& adapter,
+                                                              std::string_view name,
+                                                              std::span<const int64_t> weight_shape,
+                                                              const Translator* translator) {
+  if (translator == nullptr || weight_shape.size() != 3) return std::nullopt;
+  const std::vector<std::string> slices =
+      translator->gguf_slice_modules(name, static_cast<uint64_t>(weight_shape[0]));
+  if (slices.empty()) return std::nullopt;
+  refuse_activated_lora(*adapter, "a merge into host buffers");
+  for (const AdapterModule& m : adapter->modules()) {
+    if (!m.expert) continue;
+    std::vector<StackedExpertPart> parts;
+    for (const ExpertPart& part : per_expert_parts(m, expert_factor_shape(m, adapter->checkpoint()))) {
+      const auto slice = std::find(slices.begin(), slices.end(), part.module());
+      if (slice != slices.end()) parts.push_back({part, static_cast<uint64_t>(slice - slices.begin())});
+    }
+    if (parts.empty()) continue;
+    auto factors = std::make_shared<const ExpertFactors>(m, adapter->checkpoint());
+    return StackedBufferModule{&m, stacked_expert_module(factors, m, parts, weight_shape,
+                                                         "GGUF weight " + peft::quoted(std::string(name)))};
+  }
+  fail(PEFT_ERR_NOT_FOUND, "adapter " + peft::quoted(adapter->dir()) + " adapts no expert of the stacked GGUF tensor " +
+                               peft::quoted(std::string(name)) + " (" + peft::quoted(slices.front()) + " ...)");
+}
+
 BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                       std::span<const int64_t> weight_shape) {
   return module_factors(adapter, m, m.kind, weight_shape);
@@ -377,8 +401,10 @@ BufferMergeModule buffer_merge_module(const std::shared_ptr<const Adapter>& adap
 BufferMergeModule host_buffer_module(const std::shared_ptr<const Adapter>& adapter, const AdapterModule& m,
                                      std::string_view name, std::span<const int64_t> weight_shape,
                                      const Translator* translator) {
-  if (m.expert && translator == nullptr)
-    return expert_buffer_module(std::make_shared<const ExpertFactors>(m, adapter->checkpoint()), m, name, weight_shape);
+  if (m.expert)  // by the HuggingFace name a translator gives the host's
+    return expert_buffer_module(std::make_shared<const ExpertFactors>(m, adapter->checkpoint()), m,
+                                translator ? module_candidates(name, translator).front() : std::string(name),
+                                weight_shape);
   BufferMergeModule module = module_factors(adapter, m, host_layer_kind(m.kind, translator), weight_shape);
   const GgufRows order = host_row_order(name, translator);
   if (order == GgufRows::same) return module;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -93,6 +94,19 @@ struct StackedExpertPart {
 BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& module,
                                         std::span<const StackedExpertPart> parts,
                                         std::span<const int64_t> weight_shape, const std::string& what);
+
+// With a translator of GGUF names, the LoRA on stacked expert parameters that a stacked GGUF tensor
+// `name` of `weight_shape` ([slices, rows, in], "blk.0.ffn_gate_exps.weight") holds a part of: its
+// module and the parts of every expert merged into their slices (stacked_expert_module). nullopt
+// when `name` is no such tensor; PEFT_ERR_NOT_FOUND when the adapter adapts none of its slices.
+struct StackedBufferModule {
+  const AdapterModule* module = nullptr;
+  BufferMergeModule merge;
+};
+std::optional<StackedBufferModule> gguf_stacked_buffer_module(const std::shared_ptr<const Adapter>& adapter,
+                                                              std::string_view name,
+                                                              std::span<const int64_t> weight_shape,
+                                                              const Translator* translator);
 
 // The module's factors as f32 (owned by the result's keep_alive, which also holds the adapter) and
 // its layout for a weight of `weight_shape` (lora_layout). PEFT_ERR_SHAPE_MISMATCH when the weight

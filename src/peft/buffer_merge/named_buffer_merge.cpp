@@ -19,8 +19,11 @@ NamedBufferMerge NamedBufferMerge::apply(const std::shared_ptr<const Adapter>& a
                                          void* weight, DType weight_dtype, std::span<const int64_t> shape,
                                          void* bias, DType bias_dtype, const NamedBufferMergeOptions& options) {
   const Translator* translator = options.translator ? &*options.translator : nullptr;
-  const AdapterModule& module = find_lora_module(*adapter, name, translator);
-  const BufferMergeModule factors = host_buffer_module(adapter, module, name, shape, translator);
+  // A stacked GGUF expert tensor holds one slice per expert; any other name addresses one module.
+  std::optional<StackedBufferModule> stacked = gguf_stacked_buffer_module(adapter, name, shape, translator);
+  const AdapterModule& module = stacked ? *stacked->module : find_lora_module(*adapter, name, translator);
+  const BufferMergeModule factors =
+      stacked ? std::move(stacked->merge) : host_buffer_module(adapter, module, name, shape, translator);
   NamedBufferMerge merge;
   merge.module_ = module.name;
   merge.weight_dtype_ = weight_dtype;

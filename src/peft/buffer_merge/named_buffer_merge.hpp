@@ -31,8 +31,9 @@ struct NamedBufferMergeOptions {
 
 class NamedBufferMerge {
  public:
-  // Merges the LoRA module that `name` addresses (find_lora_module) as the host holds it
-  // (host_buffer_module: with GGUF names, in the converter's row order) into `weight`, a buffer of
+  // Merges the LoRA module that `name` addresses (find_lora_module; a stacked GGUF expert tensor:
+  // gguf_stacked_buffer_module) as the host holds it (host_buffer_module: with GGUF names, in the
+  // converter's row order) into `weight`, a buffer of
   // `weight_dtype` (F32, BF16 or F16) and `shape`, and, when the module has a lora_B.bias, into
   // `bias`, a buffer of `bias_dtype` holding one element per output feature (required then,
   // ignored otherwise). Errors: those of find_lora_module, buffer_merge_module and BufferMerge::apply;
