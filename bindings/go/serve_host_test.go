@@ -378,3 +378,103 @@ func TestHostModelErrors(t *testing.T) {
 	_, err = good.Swap(closed, 1)
 	wantClosed(t, err)
 }
+
+// A LoRA on fused MoE experts (target_parameters) swapped into Mixtral's experts held fused, as
+// transformers 5 holds them in memory ([experts, out, in] buffers under the parameter's name): each
+// expert's slice equals the checkpoint merge of its saved tensors, swapping to none restores every
+// byte, and unmerged apply refuses the layers they adapt.
+func TestHostModelSwapFusedExperts(t *testing.T) {
+	baseDir := fixture("models", "mixtral")
+	dir := fixture("adapters", "mixtral_target_parameters")
+	base := mustOpen(t, baseDir)
+	merged := mergedWith(t, baseDir, dir, 1)
+	const experts = 2
+	// A fused buffer: each expert's saved tensors (gate then up for gate_up_proj) one after another.
+	type fused struct {
+		name       string
+		saved      []string
+		shape      []uint64
+		data, orig []float32
+	}
+	var weights []*fused
+	for layer := 0; layer < 2; layer++ {
+		at := func(e int, w string) string {
+			return fmt.Sprintf("model.layers.%d.block_sparse_moe.experts.%d.%s.weight", layer, e, w)
+		}
+		for _, p := range []struct {
+			param string
+			parts []string
+		}{{"gate_up_proj", []string{"w1", "w3"}}, {"down_proj", []string{"w2"}}} {
+			w := &fused{name: fmt.Sprintf("model.layers.%d.mlp.experts.%s", layer, p.param)}
+			var rows uint64
+			for e := 0; e < experts; e++ {
+				rows = 0
+				for _, part := range p.parts {
+					info, err := base.TensorByName(at(e, part))
+					if err != nil {
+						t.Fatal(err)
+					}
+					rows += info.Shape[0]
+					w.shape = []uint64{experts, 0, info.Shape[1]}
+					w.saved = append(w.saved, at(e, part))
+					w.data = append(w.data, readTensor32(t, base, at(e, part))...)
+				}
+			}
+			w.shape[1] = rows
+			w.orig = slices.Clone(w.data)
+			weights = append(weights, w)
+		}
+		q := fmt.Sprintf("model.layers.%d.self_attn.q_proj.weight", layer)
+		info, err := base.TensorByName(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := readTensor32(t, base, q)
+		weights = append(weights, &fused{name: q, saved: []string{q}, shape: info.Shape, data: data, orig: slices.Clone(data)})
+	}
+
+	reg := mustRegistry(t, peft.F32, 1<<20)
+	mustRegister(t, reg, "experts", dir)
+	host := mustHostModel(t)
+	for _, w := range weights {
+		if err := host.AddWeight(w.name, peft.Float32Buffer(w.data, w.shape...), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := mustAcquire(t, reg, "experts")
+	st, err := host.Swap(lease, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LayersMerged != uint64(len(weights)) {
+		t.Fatalf("swap: %+v for %d weights", st, len(weights))
+	}
+	for _, w := range weights {
+		var want []float32
+		for _, s := range w.saved {
+			want = append(want, readTensor32(t, merged, s)...)
+		}
+		if !slices.Equal(float32Bits(w.data), float32Bits(want)) {
+			t.Fatalf("%s differs from the checkpoint merge", w.name)
+		}
+		if slices.Equal(w.data, w.orig) {
+			t.Fatalf("%s unchanged", w.name)
+		}
+	}
+	x, y := make([]float32, 16), make([]float32, 32)
+	err = peft.LoraApply("model.layers.0.block_sparse_moe.experts.0.w1", []*peft.Lease{lease}, nil,
+		peft.Float32Buffer(x, 1, 16), peft.Float32Buffer(y, 1, 32))
+	wantCode(t, err, peft.CodeUnsupported)
+	if !strings.Contains(err.Error(), "target_parameters") {
+		t.Fatalf("unmerged apply: %v", err)
+	}
+	lease.Close()
+	if _, err := host.Swap(nil, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range weights {
+		if !slices.Equal(float32Bits(w.data), float32Bits(w.orig)) {
+			t.Fatalf("%s not restored", w.name)
+		}
+	}
+}
