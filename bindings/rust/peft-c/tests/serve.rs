@@ -937,3 +937,69 @@ fn a_host_model_moves_between_threads_with_its_buffers() {
     std::thread::scope(|scope| scope.spawn(|| drop(host)).join().unwrap());
     assert!(buffers.iter().zip(&want).all(|(a, b)| bits(a) == bits(b)));
 }
+
+/// LoRA on fused MoE experts (`target_parameters`): Mixtral's experts held fused, as transformers 5
+/// holds them ([experts, out, in] under the parameter's name), swap in as the buffer merge writes
+/// them and out bit for bit; unmerged apply refuses the layers they adapt.
+#[test]
+fn host_model_swaps_lora_on_fused_experts() {
+    const EXPERTS: usize = 2;
+    let base = Checkpoint::open(fixture(&["models", "mixtral"])).unwrap();
+    let adapter = open("mixtral_target_parameters");
+    let mut weights = Vec::new();
+    for layer in 0..2 {
+        let saved = |e: usize, w: &str| format!("model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight");
+        for (param, parts) in [("gate_up_proj", &["w1", "w3"][..]), ("down_proj", &["w2"][..])] {
+            let (mut shape, mut values) = (vec![EXPERTS as u64, 0, 0], Vec::new());
+            for e in 0..EXPERTS {
+                shape[1] = 0; // each expert's saved tensors one after another: gate, then up
+                for part in parts {
+                    let info = base.tensor_by_name(&saved(e, part)).unwrap();
+                    shape[1] += info.shape[0];
+                    shape[2] = info.shape[1];
+                    values.extend(base.read_as::<f32>(info.index).unwrap());
+                }
+            }
+            weights.push((format!("model.layers.{layer}.mlp.experts.{param}"), shape, values));
+        }
+        let q = format!("model.layers.{layer}.self_attn.q_proj.weight");
+        let info = base.tensor_by_name(&q).unwrap();
+        weights.push((q, info.shape.to_vec(), base.read_as::<f32>(info.index).unwrap()));
+    }
+    let names: Vec<String> = weights.iter().map(|w| w.0.clone()).collect();
+    let originals: Vec<Vec<f32>> = weights.iter().map(|w| w.2.clone()).collect();
+    let want = merged(&adapter, &weights, 1.0);
+
+    let registry = registry_with(DType::F32, LOTS, &[("experts", "mixtral_target_parameters")]);
+    let mut buffers = originals.clone();
+    let mut host = HostModel::new().unwrap();
+    for ((name, shape, _), buffer) in weights.iter().zip(buffers.iter_mut()) {
+        host.add_weight(name, Buffer::F32(buffer), shape, None).unwrap();
+    }
+    let lease = registry.acquire("experts").unwrap();
+    let stats = host.swap(Some(&lease), 1.0).unwrap();
+    assert_eq!(stats.layers_merged, weights.len() as u64, "{stats:?}");
+    assert_weights(&host, &names, &want, "experts merged");
+    for (merged, original) in want.iter().zip(&originals) {
+        assert!(bits(merged) != bits(original), "the adapter changes every weight given");
+    }
+
+    let x = [1.0f32; 16];
+    let mut y = [0.0f32; 32];
+    let error = expect_code(
+        lora_apply(
+            "model.layers.0.block_sparse_moe.experts.0.w1",
+            &[&lease],
+            None,
+            BufferRef::F32(&x),
+            16,
+            Buffer::F32(&mut y),
+            32,
+        ),
+        ErrorCode::Unsupported,
+    );
+    assert!(error.to_string().contains("target_parameters"), "{error}");
+
+    host.swap(None, 1.0).unwrap();
+    assert_weights(&host, &names, &originals, "swapped out");
+}
