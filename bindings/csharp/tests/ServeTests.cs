@@ -482,6 +482,73 @@ namespace PeftC.Tests
             return w;
         }
 
+        // LoRA on fused MoE experts (target_parameters): Mixtral's experts held fused, as transformers 5 holds them
+        // ([experts, out, in] under the parameter's name), swap in as the buffer merge writes them and out bit for
+        // bit; unmerged apply refuses the layers they adapt.
+        [Test]
+        public void HostModelSwapsLoraOnFusedExperts()
+        {
+            const int experts = 2;
+            using (Checkpoint base_ = Checkpoint.Open(Fixtures.Model("mixtral")))
+            using (Adapter adapter = Adapter.Open(Fixtures.AdapterDir("mixtral_target_parameters")))
+            using (Registry registry = new Registry(DType.F32, 1L << 30).Register("experts", Fixtures.AdapterDir("mixtral_target_parameters")))
+            using (var host = new HostModel())
+            {
+                var original = new Dictionary<string, float[]>();
+                var shapes = new Dictionary<string, long[]>();
+                for (int layer = 0; layer < 2; layer++)
+                {
+                    foreach (var p in new[] { new { Param = "gate_up_proj", Parts = new[] { "w1", "w3" } },
+                                              new { Param = "down_proj", Parts = new[] { "w2" } } })
+                    {
+                        var values = new List<float>();
+                        long rows = 0, cols = 0;
+                        for (int e = 0; e < experts; e++)
+                        {
+                            rows = 0;  // each expert's saved tensors one after another: gate, then up
+                            foreach (string part in p.Parts)
+                            {
+                                TensorInfo info = base_.Info("model.layers." + layer + ".block_sparse_moe.experts." + e + "." + part + ".weight");
+                                rows += info.Shape[0];
+                                cols = info.Shape[1];
+                                values.AddRange(base_.ReadSingle(info.Index));
+                            }
+                        }
+                        string name = "model.layers." + layer + ".mlp.experts." + p.Param;
+                        original[name] = values.ToArray();
+                        shapes[name] = new long[] { experts, rows, cols };
+                    }
+                    string q = "model.layers." + layer + ".self_attn.q_proj.weight";
+                    TensorInfo qInfo = base_.Info(q);
+                    original[q] = base_.ReadSingle(qInfo.Index);
+                    shapes[q] = qInfo.Shape;
+                }
+                var buffers = new Dictionary<string, float[]>();
+                foreach (var kv in original)
+                {
+                    buffers[kv.Key] = (float[])kv.Value.Clone();
+                    host.AddWeight(kv.Key, buffers[kv.Key], shapes[kv.Key]);
+                }
+                using (Lease lease = registry.Acquire("experts"))
+                {
+                    SwapStats s = host.Swap(lease);
+                    Assert.Equal((long)original.Count, s.LayersMerged, "layers merged");
+                    foreach (string name in original.Keys)
+                    {
+                        float[] want = BufferMerged(adapter, name, original[name], shapes[name], 1.0);
+                        Assert.SequenceEqual(want, (float[])buffers[name].Clone(), name + " merged");
+                        Assert.True(!want.SequenceEqual(original[name]), name + " changed");
+                    }
+                    PeftException e = Assert.ThrowsPeft(ErrorCode.Unsupported,
+                        () => Serving.LoraApply("model.layers.0.block_sparse_moe.experts.0.w1", lease, new float[16], 1, 16, new float[32], 32),
+                        "unmerged apply on an expert layer");
+                    Assert.True(e.Message.Contains("target_parameters"), e.Message);
+                }
+                host.Swap(null);
+                foreach (string name in original.Keys) Assert.SequenceEqual(original[name], (float[])buffers[name].Clone(), name + " restored");
+            }
+        }
+
         // Weights in pinned managed arrays and in unmanaged memory: a swap merges as a buffer merge does, a second
         // swap replaces it, and a swap to none restores every weight bit for bit.
         [Test]
