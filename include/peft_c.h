@@ -3452,8 +3452,10 @@ PEFT_API peft_error* peft_merge_options_set_combine(peft_merge_options* opts, in
  *  removal is exact: the first time a weight is merged, the host model copies its bytes (and its
  *  bias's, the first time a lora_bias layer changes it) and keeps the copy while it lives (memory:
  *  the size of every weight ever merged, once); taking an adapter out writes the copies back. A
- *  swap from one adapter to another costs one copy of the adapted weights plus one merge, and the
- *  buffers hold the original bytes with the current adapter merged in, bit for bit. While the host
+ *  swap from one adapter to another costs one merge (a plain LoRA layer reads the rows from the
+ *  copy and writes them with its delta in one pass) or, for DoRA and lora_bias layers, one copy of
+ *  the weight back plus one merge, and the buffers hold the original bytes with the current adapter
+ *  merged in, bit for bit. While the host
  *  model lives it owns the contents of the buffers: the host reads them but must not write them
  *  (whatever a buffer holds, taking an adapter out writes its original bytes back).
  *  peft_host_model_set_exact() chooses PEFT's arithmetic unmerge instead.

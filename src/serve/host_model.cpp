@@ -429,7 +429,8 @@ std::optional<merge::WeightView> HostModel::bias_view(const Layer& layer) const 
 
 // Before an exact merge of `layer` (no layer is merged into its weight): takes the originals the
 // merge is about to change if they were not taken yet, and writes them back if an arithmetic merge
-// changed the buffers since. A failure (OUT_OF_MEMORY) leaves the buffers unmerged.
+// changed the buffers since, or an exact layer was taken out without writing them back (stale). A
+// failure (OUT_OF_MEMORY) leaves the buffers unmerged.
 void HostModel::start_from_original(const Layer& layer) {
   Weight& w = weights_[layer.weight];
   if (w.original == nullptr) {
@@ -441,11 +442,12 @@ void HostModel::start_from_original(const Layer& layer) {
     }
     copy_bytes(original.get(), w.data, w.bytes());
     w.original = std::move(original);
-  } else if (w.drifted) {
+  } else if (w.drifted || w.stale) {
     copy_bytes(w.data, w.original.get(), w.bytes());
     if (!w.original_bias.empty()) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
   }
   w.drifted = false;
+  w.stale = false;
   if (changes_bias(layer.module, w.bias) && w.original_bias.empty()) {
     // The first lora_bias (or IA3) layer on this weight (all have bias_elements outputs, prepare checks).
     const auto* from = static_cast<const unsigned char*>(w.bias);
@@ -460,25 +462,33 @@ void HostModel::start_from_original(const Layer& layer) {
 
 // Takes an exact layer out: the originals of what it changed back into the buffers.
 void HostModel::write_back_original(const Layer& layer) {
-  const Weight& w = weights_[layer.weight];
+  Weight& w = weights_[layer.weight];
   copy_bytes(w.data, w.original.get(), w.bytes());
+  w.stale = false;
   if (changes_bias(layer.module, w.bias)) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
 }
 
 // merged_ has room for the layer (swap reserves it before any buffer changes), so once the merge
-// succeeded nothing can fail before it is recorded.
+// succeeded nothing can fail before it is recorded. A layer merged from the original reads its rows
+// from the weight's copy and writes them with the delta in one pass, whatever the buffer holds
+// (another exact layer's merge, taken out without writing the original back).
 void HostModel::merge_layer(Layer layer) {
   fault_point(true);
-  if (layer.exact) start_from_original(layer);
+  Weight& w = weights_[layer.weight];
+  const bool from_original = layer.exact && layer.from_original && w.original != nullptr && !w.drifted;
+  if (layer.exact && !from_original) start_from_original(layer);
+  BufferMergeOptions options = layer.options;
+  if (from_original) options.source = w.original.get();
   const std::optional<merge::WeightView> bias = bias_view(layer);
   BufferMerge record;
   try {
-    record = BufferMerge::apply(weight_view(layer), bias ? &*bias : nullptr, layer.module, layer.options);
+    record = BufferMerge::apply(weight_view(layer), bias ? &*bias : nullptr, layer.module, options);
   } catch (...) {
     // An exact layer's merge saves no rows (caller_restores): its weight goes back from the copy.
     if (layer.exact) write_back_original(layer);
     throw;
   }
+  if (from_original) w.stale = false;
   if (!layer.exact) {
     layer.record = std::move(record);
     weights_[layer.weight].drifted = true;
@@ -486,11 +496,17 @@ void HostModel::merge_layer(Layer layer) {
   merged_.push_back(std::move(layer));
 }
 
-// Takes the newest merged layer out; on failure that layer stays merged and recorded.
-HostModel::Layer HostModel::unmerge_newest() {
+// Takes the newest merged layer out; on failure that layer stays merged and recorded. An exact layer
+// on a weight the next merge reads from its original leaves the weight as it is (only its bias goes
+// back) and marks it stale.
+HostModel::Layer HostModel::unmerge_newest(const std::vector<bool>* read_original) {
   fault_point(false);
   Layer& layer = merged_.back();
-  if (layer.exact) {
+  Weight& w = weights_[layer.weight];
+  if (layer.exact && read_original != nullptr && (*read_original)[layer.weight]) {
+    if (changes_bias(layer.module, w.bias)) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
+    w.stale = true;
+  } else if (layer.exact) {
     write_back_original(layer);
   } else {
     const std::optional<merge::WeightView> bias = bias_view(layer);
@@ -503,11 +519,11 @@ HostModel::Layer HostModel::unmerge_newest() {
 
 // Every merged layer out, newest first; returns them (records empty) in application order. On
 // failure the layers taken out so far are merged again and the error is rethrown.
-std::vector<HostModel::Layer> HostModel::unmerge_all() {
+std::vector<HostModel::Layer> HostModel::unmerge_all(const std::vector<bool>* read_original) {
   std::vector<Layer> removed;
   removed.reserve(merged_.size());  // the only allocation, before anything changes
   try {
-    while (!merged_.empty()) removed.push_back(unmerge_newest());
+    while (!merged_.empty()) removed.push_back(unmerge_newest(read_original));
   } catch (...) {
     std::reverse(removed.begin(), removed.end());
     restore(std::move(removed), merged_.size(), std::current_exception());
@@ -525,6 +541,15 @@ void HostModel::restore(std::vector<Layer> previous, size_t keep, std::exception
     for (Layer& layer : previous) merge_layer(std::move(layer));
   } catch (...) {
     current_.reset();
+    // A weight left stale with no layer merged into it gets its original back (a copy cannot fail).
+    std::vector<bool> merged_into(weights_.size(), false);
+    for (const Layer& layer : merged_) merged_into[layer.weight] = true;
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      Weight& w = weights_[i];
+      if (!w.stale || merged_into[i]) continue;
+      copy_bytes(w.data, w.original.get(), w.bytes());
+      w.stale = false;
+    }
     const auto [code, message] = describe(failure);
     const auto [undo_code, undo_message] = describe(std::current_exception());
     fail(code, message + "; putting the previous adapter back failed too (" + undo_message + "): " +
@@ -547,11 +572,22 @@ SwapStats HostModel::swap(const Lease* lease, double weight) {
     next = prepare(pin, weight);
   }
   merged_.reserve(next.size());
+  // An exact plain LoRA layer into a weight that holds an exact layer now merges from the weight's
+  // original in one pass, and that layer is taken out without writing the original back first.
+  // (Into a weight that holds its original already, a merge in place moves fewer bytes.)
+  std::vector<bool> holds_exact(weights_.size(), false), read_original(weights_.size(), false);
+  for (const Layer& layer : merged_) holds_exact[layer.weight] = layer.exact;
+  for (Layer& layer : next) {
+    const Weight& w = weights_[layer.weight];
+    layer.from_original = layer.exact && holds_exact[layer.weight] && w.original != nullptr && !w.drifted &&
+                          merges_from_source(layer.module);
+    if (layer.from_original) read_original[layer.weight] = true;
+  }
   const double prepare_seconds = seconds_since(prepare_start);
 
   const Clock::time_point remove_start = Clock::now();
   stats.layers_removed = merged_.size();
-  std::vector<Layer> previous = unmerge_all();
+  std::vector<Layer> previous = unmerge_all(&read_original);
   stats.remove_seconds = seconds_since(remove_start);
 
   const Clock::time_point merge_start = Clock::now();

@@ -29,7 +29,10 @@
 // back, whatever the buffer holds, and an exact merge always starts from the original. So in exact
 // mode the buffers hold the original bytes with the current adapter merged in, bit for bit the same
 // whatever was merged before, and a failed swap puts back the very bytes of before. A swap A -> B
-// costs one copy of the weights back and one merge. The host model owns the contents of the
+// costs one copy of the weights back and one merge; for a plain LoRA layer of B (no DoRA, no
+// lora_B.bias) on a weight A's exact layer holds, one pass: the merge reads the rows from the
+// original and writes them with B's delta (Layer::from_original), A's layer taken out without
+// writing the original back (Weight::stale). The host model owns the contents of the
 // buffers while it lives: the host must not write into them (a write into a buffer is undone, or
 // merged over, at the next swap).
 //
@@ -138,6 +141,9 @@ class HostModel {
     std::vector<unsigned char> original_bias{};
     // An arithmetic merge wrote into the buffers since the originals were last there.
     bool drifted = false;
+    // An exact layer was taken out without writing the original back, because the next merge reads
+    // the original itself (Layer::from_original): the buffer holds neither.
+    bool stale = false;
     size_t bytes() const;
   };
   // One layer of an adapter in one weight: what to merge, and how to take it out while merged.
@@ -146,6 +152,10 @@ class HostModel {
     BufferMergeModule module;
     BufferMergeOptions options;
     bool exact = true;    // taken out by writing the originals back
+    // Exact, plain LoRA, into a weight whose original was kept: merged from the original in one
+    // pass (BufferMergeOptions::source), so that the previous layer on the weight is not written
+    // back first.
+    bool from_original = false;
     BufferMerge record;   // arithmetic layers while merged: the unmerge
   };
 
@@ -168,8 +178,10 @@ class HostModel {
   void start_from_original(const Layer& layer);
   void write_back_original(const Layer& layer);
   void merge_layer(Layer layer);
-  Layer unmerge_newest();
-  std::vector<Layer> unmerge_all();
+  // `read_original` (indexed by weight; may be null): weights the next merge reads from their
+  // original, whose exact layer is taken out without writing it back (Weight::stale).
+  Layer unmerge_newest(const std::vector<bool>* read_original = nullptr);
+  std::vector<Layer> unmerge_all(const std::vector<bool>* read_original = nullptr);
   [[noreturn]] void restore(std::vector<Layer> previous, size_t keep, std::exception_ptr failure);
 
   std::optional<Translator> translator_;

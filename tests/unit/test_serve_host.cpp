@@ -251,6 +251,28 @@ TEST_CASE("serve host: A to B equals B merged into the original buffers") {
   CHECK(buffers.snapshot() == original);
 }
 
+TEST_CASE("serve host: plain LoRA merged from the kept originals in one pass, after DoRA, all-linear and LoRA adapters") {
+  // A plain LoRA layer into a weight whose original was kept reads the original itself, so the
+  // layer before it on that weight is taken out without writing the original back; DoRA layers (whose
+  // norms are the weight's) and first merges start from the buffer as before. Every swap equals its
+  // adapter merged into the original buffers, in any order.
+  if (!fixtures_present()) return;
+  auto registry = registry_of(DType::F32, "llama",
+                              {{"a", "llama_lora"}, {"d", "llama_dora"}, {"l", "llama_all_linear"}, {"b", "llama_lora_second"}});
+  HostBuffers buffers(model("llama"), DType::BF16);
+  const std::vector<Bytes> original = buffers.snapshot();
+  HostModel host;
+  buffers.add_to(host);
+  for (const char* name : {"a", "d", "b", "l", "a", "b", "d", "d", "l", "a"}) {
+    CAPTURE(name);
+    auto lease = registry->acquire(name);
+    host.swap(lease.get(), 0.75);
+    CHECK(buffers.snapshot() == buffer_merge(buffers, original, lease->loaded().adapter_ptr(), 0.75));
+  }
+  host.swap(nullptr, 1.0);
+  CHECK(buffers.snapshot() == original);
+}
+
 TEST_CASE("serve host: thousands of BF16 swaps leave no drift in exact mode; arithmetic unmerges drift") {
   if (!fixtures_present()) return;
   auto registry = registry_of(DType::F32, "llama", {{"a", "llama_lora"}, {"b", "llama_lora_second"}});

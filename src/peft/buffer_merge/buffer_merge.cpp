@@ -137,9 +137,16 @@ BufferMerge::Saving::Saving(BufferMerge& record, const BufferMergeOptions& optio
   exec.row_sink = &rows_sink;
 }
 
+bool merges_from_source(const BufferMergeModule& module) {
+  return !module.method_params && module.slices.empty() && module.magnitude == nullptr && module.lora_bias == nullptr;
+}
+
 BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::WeightView* bias,
                                const BufferMergeModule& module, const BufferMergeOptions& options) {
   const merge::DeltaLayout& layout = module.layout;
+  if (options.source != nullptr && (!merges_from_source(module) || !options.caller_restores || options.keep_original_rows))
+    fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: only a plain LoRA module without a lora_B.bias, whose caller "
+                                    "restores the weight, merges from a source buffer");
   if (layout.out < 1 || layout.in < 1) fail(PEFT_ERR_INVALID_ARGUMENT, "buffer merge: module layout is empty");
   check_view(weight, layout.rows(), layout.cols(), "buffer merge: weight");
   if (options.arithmetic == merge::Arithmetic::ggml && (module.method_params || module.magnitude != nullptr))
@@ -174,6 +181,7 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
                            lora_merge_stays_finite(weight, module, record.coefficient_);
   Saving saving(record, options, with_bias, cannot_fail);
   saving.exec.arithmetic = options.arithmetic;
+  saving.exec.source = options.source;
   const merge::LoraFactors term = factors_of(module, record.coefficient_);
   if (module.magnitude != nullptr)
     record.dora_norm_ = merge::dora_merge(weight, layout, {&term, 1}, module.magnitude, nullptr, saving.exec);

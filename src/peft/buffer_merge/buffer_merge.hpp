@@ -87,6 +87,11 @@ struct BufferMergeOptions {
   // runs and the buffers are left as merged when it throws.
   bool caller_restores = false;
   std::string layer{};  // the name in that error
+  // With caller_restores, for a plain LoRA module without a lora_B.bias (merges_from_source): the
+  // weight's original, a buffer of its dtype and shape; every row is read from it and written, with
+  // the delta added, into the weight in one pass, whatever the weight held (a host model in exact
+  // mode putting back its copy and merging the next adapter at once). INVALID_ARGUMENT otherwise.
+  const void* source = nullptr;
 };
 
 // Whether merging `coefficient` x B A (a plain LoRA module, PEFT's f32 arithmetic) into `weight`
@@ -96,6 +101,10 @@ struct BufferMergeOptions {
 // anything is already an infinity or a NaN. One read of the weight; a merge that refuses non-finite
 // results saves no rows when this holds, since it cannot fail.
 bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient);
+
+// Whether `module` can be merged from a source buffer (BufferMergeOptions::source): plain LoRA,
+// without DoRA's magnitude (its norms are the weight's) or a lora_B.bias (a buffer of its own).
+bool merges_from_source(const BufferMergeModule& module);
 
 class BufferMerge {
  public:

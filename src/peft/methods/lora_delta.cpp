@@ -78,6 +78,7 @@ namespace {
 void apply_plain(const WeightView& weight, const DeltaLayout& layout, std::span<const LoraFactors> terms,
                  const ExecOptions& exec, bool negate) {
   const kernels::Storage s = detail::check_view(weight, layout.rows(), layout.cols(), "LoRA merge target");
+  if (negate && exec.source != nullptr) fail(PEFT_ERR_INTERNAL, "an unmerge takes its rows from the weight itself");
   const kernels::Table& k = kernels::active();
   if (exec.arithmetic == Arithmetic::ggml && !negate) {
     // llama-export-lora adds each adapter's scaled delta in turn: cur = delta_i + cur. Every term is

@@ -105,6 +105,7 @@ std::vector<float> dora_merge(const WeightView& weight, const DeltaLayout& layou
                               const float* magnitude, const float* norm, const ExecOptions& exec) {
   const kernels::Storage s = detail::check_view(weight, layout.rows(), layout.cols(), "DoRA merge target");
   check_magnitude(magnitude);
+  if (exec.source != nullptr) fail(PEFT_ERR_INTERNAL, "a DoRA merge reads its weight's norms from the weight itself");
   const PreparedTerms p = detail::prepare(layout, terms, false);
   if (norm != nullptr) {
     std::vector<float> norms(norm, norm + layout.out);
@@ -133,6 +134,7 @@ void dora_unmerge(const WeightView& weight, const DeltaLayout& layout, std::span
                   const float* magnitude, const float* norm, const ExecOptions& exec) {
   const kernels::Storage s = detail::check_view(weight, layout.rows(), layout.cols(), "DoRA unmerge target");
   check_magnitude(magnitude);
+  if (exec.source != nullptr) fail(PEFT_ERR_INTERNAL, "a DoRA unmerge takes its rows from the weight itself");
   if (norm == nullptr) fail(PEFT_ERR_INVALID_ARGUMENT, "DoRA unmerge needs the weight norm cached at merge time");
   const PreparedTerms p = detail::prepare(layout, terms, false);
   const std::vector<float> norms(norm, norm + layout.out);

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "core/error.hpp"
 #include "peft/kernels/merge_kernels.hpp"
 #include "peft/kernels/merge_parallel.hpp"
 #include "peft/methods/lora_math.hpp"
@@ -70,7 +71,8 @@ unsigned threads_for(const ExecOptions& exec, int64_t rows, int64_t cols, int64_
 // Calls op(row, row_bytes, delta_row) for every row of the weight, in parallel over blocks of
 // rows; op rewrites the row in place. When a row sink is set, or the buffer is not aligned to its
 // element size, each row is staged through aligned scratch, and the sink gets the original bytes
-// of every row whose bytes changed.
+// of every row whose bytes changed. With exec.source each row is first copied from there (no sink
+// then: INTERNAL).
 template <class RowOp>
 void for_each_row(const WeightView& weight, kernels::Storage storage, const PreparedTerms& prepared,
                   const ExecOptions& exec, RowOp&& op) {
@@ -91,6 +93,9 @@ void for_each_row(const WeightView& weight, kernels::Storage storage, const Prep
   std::vector<Scratch> scratch(threads);
   std::mutex sink_mutex;
   auto* base = static_cast<unsigned char*>(weight.data);
+  const auto* source = static_cast<const unsigned char*>(exec.source);
+  if (source != nullptr && exec.row_sink != nullptr)
+    fail(PEFT_ERR_INTERNAL, "a merge from a source buffer cannot also save the rows it changes");
 
   parallel_tasks(blocks, threads, [&](int64_t block, unsigned worker) {
     Scratch& s = scratch[worker];
@@ -106,6 +111,7 @@ void for_each_row(const WeightView& weight, kernels::Storage storage, const Prep
     for (int64_t r = 0; r < count; ++r) {
       unsigned char* row = base + static_cast<size_t>(row0 + r) * row_bytes;
       const float* d = s.delta.data() + r * cols;
+      if (source != nullptr) std::memcpy(row, source + static_cast<size_t>(row0 + r) * row_bytes, row_bytes);
       if (!staged) {
         op(row0 + r, static_cast<void*>(row), d);
         continue;

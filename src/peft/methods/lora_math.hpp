@@ -140,6 +140,11 @@ struct ExecOptions {
   // or NaN in the weight's dtype (checked in the pass that writes it; add_delta, dora_merge and the
   // methods' rewrites of peft_methods.hpp). Never reset.
   std::atomic<bool>* non_finite = nullptr;
+  // Optional, add_delta only (others refuse it): a buffer of the weight's dtype and shape whose rows
+  // the merge reads instead of the weight's; each row is copied from it into the weight, then the
+  // delta added there, in one pass (a host putting back its original weights before a merge). Not
+  // with a row sink.
+  const void* source = nullptr;
 };
 
 // Fails with INVALID_ARGUMENT, naming the value, unless the merge weight `weight` is a finite f32
