@@ -7,13 +7,13 @@
 #include <cstring>
 #include <map>
 #include <new>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "peft/adapter/adapter.hpp"
-#include "peft/arch/gguf_experts.hpp"
 #include "peft/base/expert_base.hpp"
 #include "peft/buffer_merge/layer_module.hpp"
 #include "peft/kernels/merge_parallel.hpp"
@@ -183,7 +183,7 @@ std::vector<HostModel::ExpertLayer> HostModel::expert_layers(const LoadedAdapter
       for (std::string name : {fused, x.checkpoint_module + "." + x.param})
         if (!given && weight_of_module_.contains(name)) given = std::move(name);
       if (given) {
-        out.push_back({m, factors, *given, {}});
+        out.push_back({m, factors, *given, false});
         continue;
       }
     }
@@ -197,25 +197,15 @@ std::vector<HostModel::ExpertLayer> HostModel::expert_layers(const LoadedAdapter
                                      " lists no per-expert tensors for (none a translator could name); give the " +
                                      "host model that buffer by its transformers name, without a translator");
     if (!translator_ && !any_part) {
-      out.push_back({m, factors, fused, {}});
+      out.push_back({m, factors, fused, false});
       continue;
     }
-    std::map<size_t, size_t> layer_of_stacked;  // stacked weight -> its entry of out
+    std::set<size_t> stacked_weights;  // one layer per stacked weight, for all of its slices
     for (const ExpertPart& part : parts) {
       const std::string key = part.module();
       const auto it = weight_of_module_.find(key);
-      if (it == weight_of_module_.end() || !weights_[it->second].stacked) {
-        out.push_back({m, factors, key, {}});
-        continue;
-      }
-      const std::optional<GgufSlot> slot = gguf_slot(translator_->table(), key);
-      if (!slot || !slot->slice)
-        fail(PEFT_ERR_INTERNAL, "stacked GGUF weight " + peft::quoted(weights_[it->second].name) + " stands for " +
-                                    peft::quoted(key) + ", which table " + peft::quoted(translator_->table().family()) +
-                                    " places in no slice");
-      const auto [entry, first] = layer_of_stacked.emplace(it->second, out.size());
-      if (first) out.push_back({m, factors, key, {}});
-      out[entry->second].stacked.push_back({part, *slot->slice});
+      const bool stacked = it != weight_of_module_.end() && weights_[it->second].stacked;
+      if (!stacked || stacked_weights.insert(it->second).second) out.push_back({m, factors, key, stacked});
     }
   }
   return out;
@@ -358,12 +348,13 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
     Layer layer;
     layer.weight = weight_of_module_.at(e.key);
     const Weight& w = weights_[layer.weight];
-    const std::string what = adapter + ": weight " + peft::quoted(w.name);
-    if (!e.stacked.empty() && w.rows != GgufRows::same)
-      fail(PEFT_ERR_UNSUPPORTED, what + " holds stacked experts in a reordered row order, which no table gives them");
-    // By the HuggingFace name the weight stands for (the host's own name may be a translator's).
-    layer.module = e.stacked.empty() ? expert_buffer_module(e.factors, *e.module, e.key, w.shape)
-                                     : stacked_expert_module(e.factors, *e.module, e.stacked, w.shape, what);
+    if (e.stacked && w.rows != GgufRows::same)
+      fail(PEFT_ERR_UNSUPPORTED, adapter + ": weight " + peft::quoted(w.name) +
+                                     " holds stacked experts in a reordered row order, which no table gives them");
+    // By the HuggingFace name the weight stands for (the host's own name may be a translator's); a
+    // stacked GGUF tensor by its own name, each slice's part in place (as the buffer merge does).
+    layer.module = e.stacked ? gguf_stacked_buffer_module(loaded.adapter_ptr(), w.name, w.shape, &*translator_)->merge
+                             : expert_buffer_module(e.factors, *e.module, e.key, w.shape);
     layer.module.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const Lease>>>(
         std::move(layer.module.keep_alive), pin);
     add_layer(std::move(layer));

@@ -160,13 +160,13 @@ class HostModel {
   };
 
   // One layer of a LoRA on a stacked expert parameter: its module, its factors (read once per
-  // module), the key of the weight it merges into (weight_of_module_) and, for a stacked GGUF
-  // tensor, the parts merged into its slices.
+  // module), the key of the weight it merges into (weight_of_module_), and whether that weight is
+  // a stacked GGUF tensor (merged through gguf_stacked_buffer_module, every slice at once).
   struct ExpertLayer {
     const AdapterModule* module = nullptr;
     std::shared_ptr<const ExpertFactors> factors;
     std::string key;
-    std::vector<StackedExpertPart> stacked;
+    bool stacked = false;
   };
 
   std::vector<Layer> prepare(const std::shared_ptr<const Lease>& pin, double weight) const;

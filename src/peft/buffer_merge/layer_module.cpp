@@ -346,6 +346,17 @@ BufferMergeModule expert_buffer_module(const std::shared_ptr<const ExpertFactors
                                ", which has no buffer named " + peft::quoted(std::string(name)));
 }
 
+namespace {
+
+// Parts of a LoRA on a stacked expert parameter (per_expert_parts of module, `factors` read from it)
+// into one stacked GGUF tensor of `weight_shape` [slices, rows, in] (llama.cpp's ffn_*_exps): each
+// part, one expert's rows, merged into its slice by its own pair. PEFT_ERR_SHAPE_MISMATCH naming
+// `what` when a part does not fit its slice.
+struct StackedExpertPart {
+  ExpertPart part;
+  uint64_t slice = 0;
+};
+
 BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& m,
                                         std::span<const StackedExpertPart> parts,
                                         std::span<const int64_t> weight_shape, const std::string& what) {
@@ -361,12 +372,13 @@ BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactor
            what + ": expert " + std::to_string(s.part.expert) + "'s part " + shape_text(std::vector<int64_t>{s.part.rows, f.in}) +
                " of " + peft::quoted(m.expert->module + "." + m.expert->param) + " has no slice " +
                std::to_string(s.slice) + " in a tensor of shape " + shape_text(weight_shape));
-    auto pair = std::make_shared<const BufferMergeModule>(
-        expert_pair_module(factors, s.part, m.scaling));
+    auto pair = std::make_shared<const BufferMergeModule>(expert_pair_module(factors, s.part, m.scaling));
     stacked.slices.push_back({static_cast<int64_t>(s.slice) * rows, std::move(pair)});
   }
   return stacked;
 }
+
+}  // namespace
 
 std::optional<StackedBufferModule> gguf_stacked_buffer_module(const std::shared_ptr<const Adapter>& adapter,
                                                               std::string_view name,

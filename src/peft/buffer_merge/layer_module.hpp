@@ -83,21 +83,9 @@ BufferMergeModule expert_pair_module(const std::shared_ptr<const ExpertFactors>&
 BufferMergeModule expert_buffer_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& module,
                                        std::string_view name, std::span<const int64_t> weight_shape);
 
-// Parts of a LoRA on a stacked expert parameter (per_expert_parts of module, `factors` read from it)
-// into one stacked GGUF tensor of `weight_shape` [slices, rows, in] (llama.cpp's ffn_*_exps): each
-// part, one expert's rows, merged into its slice by its own pair. PEFT_ERR_SHAPE_MISMATCH naming
-// `what` when a part does not fit its slice.
-struct StackedExpertPart {
-  ExpertPart part;
-  uint64_t slice = 0;
-};
-BufferMergeModule stacked_expert_module(const std::shared_ptr<const ExpertFactors>& factors, const AdapterModule& module,
-                                        std::span<const StackedExpertPart> parts,
-                                        std::span<const int64_t> weight_shape, const std::string& what);
-
 // With a translator of GGUF names, the LoRA on stacked expert parameters that a stacked GGUF tensor
 // `name` of `weight_shape` ([slices, rows, in], "blk.0.ffn_gate_exps.weight") holds a part of: its
-// module and the parts of every expert merged into their slices (stacked_expert_module). nullopt
+// module and the parts of every expert merged into their slices. nullopt
 // when `name` is no such tensor; PEFT_ERR_NOT_FOUND when the adapter adapts none of its slices.
 struct StackedBufferModule {
   const AdapterModule* module = nullptr;
