@@ -2901,10 +2901,13 @@ PEFT_API peft_error* peft_adapter_export(const peft_adapter* adapter, const char
  * @return NULL on success, else:
  *         #PEFT_ERR_UNSUPPORTED listing every module GGUF cannot hold (DoRA, lora_B.bias, whole
  *         tensors, trainable tokens, conv layers; peft_adapter_export_gguf_split() merges them into a
- *         copy of the base instead), for a base architecture without GGUF names, or for a LoRA on
+ *         copy of the base instead), for a base architecture without GGUF names, for a LoRA on
  *         one side of a base's tied embeddings (llama.cpp computes a tied model's output from
  *         `token_embd.weight`, so no GGUF LoRA gives PEFT's forward: peft_merge_checkpoint() unties
- *         them); an `ensure_weight_tying` adapter on both is written as its `token_embd` pair alone;
+ *         them), or, in an adapter on a vision-language model (Llava, Gemma 3...), for every module
+ *         outside its language model (a GGUF model is the language model alone: llama.cpp writes the
+ *         vision tower and projector to an mmproj file, to which it applies no LoRA); an
+ *         `ensure_weight_tying` adapter on both embeddings is written as its `token_embd` pair alone;
  *         #PEFT_ERR_UNRESOLVED_KEY listing every module without a GGUF tensor;
  *         #PEFT_ERR_INVALID_ARGUMENT for NULL arguments, another @p ggml_type, or no base;
  *         #PEFT_ERR_NON_FINITE for a factor holding an infinity or NaN;
@@ -2921,7 +2924,8 @@ PEFT_API peft_error* peft_adapter_export_gguf(const peft_adapter* adapter, const
  *        applying @p out_path to @p base_out gives PEFT's merged model.
  *
  * The modules peft_adapter_export_gguf() refuses as #PEFT_ERR_UNSUPPORTED (DoRA, lora_B.bias, whole
- * tensors such as modules_to_save, trainable tokens, conv layers) are merged whole (a DoRA module is
+ * tensors such as modules_to_save, trainable tokens, conv layers, a vision-language model's vision
+ * tower and projector) are merged whole (a DoRA module is
  * not separable; a lora_B.bias module is merged with its factors), PEFT-exactly, by the checkpoint
  * merge (peft_merge_checkpoint()): into a GGUF file when @p base is a GGUF model file (each tensor keeps
  * its type; trainable tokens are refused there), into a model folder that transformers loads when

@@ -12,9 +12,15 @@ model in memory. peft_c finds the saved tensor with the renames of transformers'
   the base's saved names, transformers loads the result, and its logits on a text-and-image input
   are PEFT's unmerged forward's (max |difference| <= 1e-5 x max |logits|, f32);
 * the same adapter with its keys renamed to the saved names (an adapter trained on a model loaded
-  the transformers 4 way) merges to the same tensors.
+  the transformers 4 way) merges to the same tensors;
+* GGUF: `peftc adapter export --format gguf` of a LoRA on the language model alone writes the tensors
+  and metadata llama.cpp's convert_lora_to_gguf.py writes (a GGUF model of a VLM is its language model);
+  a LoRA that also adapts the vision tower is refused (UNSUPPORTED, naming its modules: llama.cpp
+  applies no LoRA to the mmproj file), and with --split-into its vision-tower modules are merged into a
+  copy of the base (the checkpoint merge's tensors) while the GGUF file is again the converter's.
 
-Environment: PEFTC (the peftc binary).
+Environment: PEFTC (the peftc binary); the GGUF tests skip without llama.cpp's tools
+(PEFT_LLAMA_CPP_BIN, gguf_reference.py).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
+from gguf_reference import convert_lora_to_gguf, metadata, run_peftc, tensors
 from merge_support import file_tensors, load_model, run_merge
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -92,6 +100,21 @@ def adapter(base, tmp_path_factory) -> pathlib.Path:
         warnings.simplefilter("ignore")
         model = get_peft_model(load_model(base), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
                                                             target_modules=["q_proj", "v_proj"]))
+        model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def language_model_adapter(base, tmp_path_factory) -> pathlib.Path:
+    """A LoRA on the language model's q_proj/v_proj alone (the vision tower's are left out)."""
+    from peft import LoraConfig, get_peft_model
+
+    folder = tmp_path_factory.mktemp("lm_lora")
+    torch.manual_seed(12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(load_model(base), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                            target_modules=r".*language_model.*\.(q_proj|v_proj)"))
         model.save_pretrained(str(folder))
     return folder
 
@@ -170,3 +193,48 @@ def test_saved_names_still_merge(adapter, base, peftc_binary, tmp_path):
     assert sorted(ours) == sorted(theirs)
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
+
+
+def assert_same_gguf_lora(ours: pathlib.Path, reference: pathlib.Path) -> None:
+    got, want = tensors(ours), tensors(reference)
+    assert sorted(got) == sorted(want)
+    assert len(want) == 8, sorted(want)  # q and v of both layers, A and B
+    for name, (kind, ne, values) in want.items():
+        assert got[name][:2] == (kind, ne), name
+        assert np.array_equal(got[name][2], values), name
+    ours_kv, want_kv = metadata(ours), metadata(reference)
+    for key in ("general.architecture", "general.type", "adapter.type", "adapter.lora.alpha"):
+        assert ours_kv[key] == want_kv[key], key
+
+
+def test_gguf_lora_of_the_language_model_equals_convert_lora_to_gguf(language_model_adapter, base, peftc_binary,
+                                                                    tmp_path):
+    reference = convert_lora_to_gguf(language_model_adapter, base, tmp_path / "reference.gguf", outtype="f32")
+    ours = tmp_path / "ours.gguf"
+    run_peftc(peftc_binary, "adapter", "export", language_model_adapter, ours, "--format", "gguf", "--base", base)
+    assert_same_gguf_lora(ours, reference)
+
+
+def test_gguf_lora_of_the_vision_tower_is_merged_into_the_base(adapter, base, peftc_binary, tmp_path):
+    reference = convert_lora_to_gguf(adapter, base, tmp_path / "reference.gguf", outtype="f32")
+    ours, merged = tmp_path / "ours.gguf", tmp_path / "merged"
+    proc = run_peftc(peftc_binary, "adapter", "export", adapter, ours, "--format", "gguf", "--base", base, expect=1)
+    assert "UNSUPPORTED" in proc.stderr and "model.vision_tower.encoder.layers.1.self_attn.v_proj" in proc.stderr
+    assert "language_model.layers" not in proc.stderr
+    assert not ours.exists()
+
+    run_peftc(peftc_binary, "adapter", "export", adapter, ours, "--format", "gguf", "--base", base,
+              "--split-into", merged)
+    assert_same_gguf_lora(ours, reference)  # the converter leaves the vision tower out
+    whole = tmp_path / "whole"
+    run_merge(peftc_binary, base, [(adapter, 1.0)], whole)
+    got, full, original = file_tensors(merged), file_tensors(whole), file_tensors(base)
+    assert sorted(got) == sorted(original)
+    vision = 0
+    for name, value in got.items():
+        if name.startswith("vision_tower.") and ("q_proj" in name or "v_proj" in name) and name.endswith(".weight"):
+            assert torch.equal(value, full[name]) and not torch.equal(value, original[name]), name
+            vision += 1
+        else:
+            assert torch.equal(value, original[name]), name
+    assert vision == 4

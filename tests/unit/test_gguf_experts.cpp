@@ -152,6 +152,29 @@ TEST_CASE("gguf tables: gguf_output_always_tied names GGUF architectures of the 
   CHECK_FALSE(gemma->gguf_output_always_tied("gemma3"));
 }
 
+TEST_CASE("gguf names: a vision-language model's language model is named as its text model, as llama.cpp's converter does") {
+  CHECK(peft::language_model_path("model.language_model.layers.0.self_attn.q_proj") == "model.layers.0.self_attn.q_proj");
+  CHECK(peft::language_model_path("language_model.model.layers.0.self_attn.q_proj") == "model.layers.0.self_attn.q_proj");
+  CHECK(peft::language_model_path("language_model.lm_head") == "lm_head");
+  CHECK_FALSE(peft::language_model_path("model.vision_tower.encoder.layers.0.self_attn.q_proj"));
+  CHECK_FALSE(peft::language_model_path("model.my_language_model.layers.0.self_attn.q_proj"));  // a component only
+  CHECK_FALSE(peft::language_model_path("model.layers.0.language_model"));
+
+  const auto llama = peft::builtin_arch_table("llama");
+  for (const char* name : {"model.language_model.layers.1.self_attn.v_proj", "language_model.model.layers.1.self_attn.v_proj",
+                           "model.layers.1.self_attn.v_proj"}) {
+    const auto slot = peft::gguf_slot(*llama, name);
+    REQUIRE_MESSAGE(slot, name);
+    CHECK(slot->tensor == "blk.1.attn_v.weight");
+  }
+  CHECK_FALSE(peft::gguf_slot(*llama, "model.vision_tower.encoder.layers.1.self_attn.v_proj"));
+  // Gemma's table names model.language_model.* for its native names only; GGUF takes the text model's.
+  const auto gemma = peft::builtin_arch_table("gemma");
+  const auto slot = peft::gguf_slot(*gemma, "model.language_model.layers.0.mlp.down_proj");
+  REQUIRE(slot);
+  CHECK(slot->tensor == "blk.0.ffn_down.weight");
+}
+
 TEST_CASE("gguf experts: gpt-oss's fused gate_up_proj splits by interleaved rows, as llama.cpp's converter does") {
   auto table = peft::builtin_arch_table("gpt_oss");
   const std::vector<peft::ExpertsRule> rules = peft::expert_rules(*table);

@@ -6,8 +6,10 @@
 #include "core/error.hpp"
 
 namespace peft {
+namespace {
 
-std::optional<GgufSlot> gguf_slot(const ArchTable& table, std::string_view module) {
+// gguf_slot for the module's own path (or with the base_model_prefix, or its checkpoint alias).
+std::optional<GgufSlot> gguf_slot_as_named(const ArchTable& table, std::string_view module) {
   NameTemplate::Captures captures;
   std::string path(module);
   const ModuleRule* rule = table.rule_for_hf(path, &captures);
@@ -35,6 +37,22 @@ std::optional<GgufSlot> gguf_slot(const ArchTable& table, std::string_view modul
     }
   }
   return slot;
+}
+
+}  // namespace
+
+std::optional<std::string> language_model_path(std::string_view module) {
+  constexpr std::string_view component = "language_model.";
+  for (size_t at = module.find(component); at != std::string_view::npos; at = module.find(component, at + 1))
+    if (at == 0 || module[at - 1] == '.')
+      return std::string(module.substr(0, at)) + std::string(module.substr(at + component.size()));
+  return std::nullopt;
+}
+
+std::optional<GgufSlot> gguf_slot(const ArchTable& table, std::string_view module) {
+  if (std::optional<GgufSlot> slot = gguf_slot_as_named(table, module)) return slot;
+  if (const std::optional<std::string> path = language_model_path(module)) return gguf_slot_as_named(table, *path);
+  return std::nullopt;
 }
 
 std::string gguf_stacked_module(const ModuleRule& rule, NameTemplate::Captures captures, uint64_t slice) {

@@ -27,8 +27,17 @@ struct GgufSlot {
 
 // Where an adapter's module (its path as it is, else with the table's base_model_prefix) is in
 // GGUF, or that of its checkpoint alias (transformers 5's "mlp.gate" is Mixtral's
-// "block_sparse_moe.gate" on disk); nullopt when the table gives it no GGUF name.
+// "block_sparse_moe.gate" on disk), else that of its path outside a vision-language wrapper
+// (language_model_path); nullopt when the table gives it no GGUF name.
 std::optional<GgufSlot> gguf_slot(const ArchTable& table, std::string_view module);
+
+// A GGUF model of a vision-language model (Llava, Gemma 3...) is its language model: llama.cpp's
+// converter drops the "language_model" component of every name (transformers 5's in-memory
+// "model.language_model.layers.0.self_attn.q_proj" and the saved "language_model.model.layers.0..."
+// both become the text model's "model.layers.0.self_attn.q_proj") and writes the vision tower and
+// projector to a separate mmproj file, to which llama.cpp applies no LoRA. `module` without that
+// component, or nullopt when it has none.
+std::optional<std::string> language_model_path(std::string_view module);
 
 // The module path of slice `slice` of a stacked GGUF module that `rule` matched with `captures`.
 std::string gguf_stacked_module(const ModuleRule& rule, NameTemplate::Captures captures, uint64_t slice);

@@ -37,6 +37,20 @@ std::optional<GgufTiedEmbeddings> gguf_tied_embeddings(const Checkpoint& gguf, c
   return std::nullopt;
 }
 
+namespace {
+
+// The config llama.cpp's converter makes a GGUF model from: the model's own, or for a
+// vision-language wrapper that no table knows (Llava: model_type "llava") the config of its
+// language model ("text_config"), whose type, head counts and experts the GGUF model has
+// (language_model_path in gguf_experts.hpp).
+const nlohmann::json& gguf_model_config(const nlohmann::json& config) {
+  if (!config.is_object() || detect_family(&config, std::nullopt)) return config;
+  const auto text = config.find("text_config");
+  return text != config.end() && text->is_object() && detect_family(&*text, std::nullopt) ? *text : config;
+}
+
+}  // namespace
+
 GgufBase open_gguf_base(const std::string& name, const std::function<bool(const ArchTable&)>& fits) {
   GgufBase base;
   base.name = name;
@@ -59,18 +73,20 @@ GgufBase open_gguf_base(const std::string& name, const std::function<bool(const 
       fail(PEFT_ERR_NOT_FOUND, "base model " + peft::quoted(base.name) +
                                    " is neither a GGUF file nor a model folder (nor a model id in the hub cache)");
     const nlohmann::json config = read_base_config(dir);
-    const auto model_type = config.is_object() && config.contains("model_type") && config["model_type"].is_string()
-                                ? std::optional<std::string>(config["model_type"].get<std::string>())
+    const nlohmann::json& model = gguf_model_config(config);
+    const auto model_type = model.is_object() && model.contains("model_type") && model["model_type"].is_string()
+                                ? std::optional<std::string>(model["model_type"].get<std::string>())
                                 : std::nullopt;
     if (!model_type) fail(PEFT_ERR_INVALID_CONFIG, dir + ": config.json has no model_type");
-    base.table = builtin_arch_table(detect_base_family(dir, std::nullopt));
+    const std::optional<FamilyGuess> family = detect_family(&model, std::nullopt);
+    base.table = builtin_arch_table(family ? family->family : detect_base_family(dir, std::nullopt));
     const auto architecture = base.table->gguf_architecture_of(*model_type);
     if (!architecture)
       fail(PEFT_ERR_UNSUPPORTED, "no GGUF architecture is known for model_type " + peft::quoted(*model_type) +
                                      " (docs/gguf.md lists those that are)");
     base.architecture = *architecture;
-    base.heads = gguf_heads_from_config(config);
-    base.experts = gguf_experts_from_config(config);
+    base.heads = gguf_heads_from_config(model);
+    base.experts = gguf_experts_from_config(model);
     base.tied_embeddings = config_ties_embeddings(config, *base.table);
   }
   return base;

@@ -22,6 +22,21 @@
 namespace peft {
 namespace {
 
+// In an adapter on a vision-language model (some of its modules are in the language model:
+// language_model_path), a module outside the language model that has no GGUF name (its vision tower,
+// its projector) is outside the GGUF model.
+bool on_vision_language_model(const Adapter& adapter) {
+  return std::ranges::any_of(adapter.modules(),
+                             [](const AdapterModule& m) { return language_model_path(m.name).has_value(); });
+}
+bool outside_language_model(bool vision_language, const std::string& module, const std::optional<GgufSlot>& slot) {
+  return vision_language && !slot && !language_model_path(module);
+}
+
+constexpr const char* kOutsideLanguageModel =
+    "outside the language model, which is all a GGUF model of a vision-language model holds (llama.cpp "
+    "writes the vision tower and projector to an mmproj file, to which it applies no LoRA)";
+
 // One module as GGUF holds it.
 struct GgufPair {
   const AdapterModule* module;
@@ -36,6 +51,7 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base, c
   std::vector<GgufPair> pairs;
   std::vector<std::string> unsupported, unresolved;
   const ArchTable& table = *base.table;
+  const bool vision_language = on_vision_language_model(adapter);
   for (const AdapterModule& module : adapter.modules()) {
     if (skip.contains(module.name)) continue;
     const std::string what = "module " + peft::quoted(module.name);
@@ -50,6 +66,10 @@ std::vector<GgufPair> plan_pairs(const Adapter& adapter, const GgufBase& base, c
                                          peft::quoted(saved_module) + ")"
                                    : what;
       const std::optional<GgufSlot> slot = gguf_slot(table, saved_module);
+      if (outside_language_model(vision_language, saved_module, slot)) {
+        unsupported.push_back(who + ": " + kOutsideLanguageModel);
+        return;
+      }
       if (!slot) {
         unresolved.push_back(who + ": table " + peft::quoted(table.family()) + " gives it no GGUF name");
         return;
@@ -216,20 +236,34 @@ void refuse_one_sided_tied_loras(const OneSidedTied& tied, const GgufBase& base)
 
 // The export's base, with the table that names every module the export writes.
 GgufBase open_export_base(const Adapter& adapter, const GgufAdapterExportOptions& options) {
+  const bool vision_language = on_vision_language_model(adapter);
   return open_gguf_base(gguf_export_base_name(adapter, options), [&](const ArchTable& table) {
-    for (const AdapterModule& module : adapter.modules())
-      if (module.is_lora() && !options.skip.contains(module.name) && !gguf_slot(table, saved_module_name(module)))
-        return false;
+    for (const AdapterModule& module : adapter.modules()) {
+      if (!module.is_lora() || options.skip.contains(module.name)) continue;
+      const std::string saved = saved_module_name(module);
+      const std::optional<GgufSlot> slot = gguf_slot(table, saved);
+      if (!slot && !outside_language_model(vision_language, saved, slot)) return false;
+    }
     return true;
   });
 }
 
 }  // namespace
 
-std::set<std::string> gguf_lora_one_sided_tied_modules(const Adapter& adapter, const GgufAdapterExportOptions& options) {
-  std::set<std::string> skip = options.skip;
-  const OneSidedTied tied = one_sided_tied_loras(adapter, open_export_base(adapter, options), skip);
+std::set<std::string> gguf_lora_unsupported_modules(const Adapter& adapter, const GgufAdapterExportOptions& options) {
   std::set<std::string> out;
+  for (const AdapterModule& module : adapter.modules())
+    if (gguf_lora_problem(module)) out.insert(module.name);
+  GgufAdapterExportOptions rest = options;
+  rest.skip.insert(out.begin(), out.end());
+  const GgufBase base = open_export_base(adapter, rest);
+  const bool vision_language = on_vision_language_model(adapter);
+  for (const AdapterModule& module : adapter.modules()) {
+    const std::string saved = saved_module_name(module);
+    if (!rest.skip.contains(module.name) && outside_language_model(vision_language, saved, gguf_slot(*base.table, saved)))
+      out.insert(module.name);
+  }
+  const OneSidedTied tied = one_sided_tied_loras(adapter, base, rest.skip);
   for (const AdapterModule* m : {tied.output, tied.input})
     if (m) out.insert(m->name);
   return out;

@@ -15,6 +15,8 @@
 // What GGUF LoRA cannot hold is refused with PEFT_ERR_UNSUPPORTED listing every module and why:
 // DoRA magnitudes, lora_B.bias, whole replacement tensors (modules_to_save, saved base weights or
 // biases), trainable tokens and layer kinds other than linear and embedding (gguf_lora_problem).
+// In an adapter on a vision-language model, so are the modules outside its language model (its vision
+// tower and projector), which a GGUF model does not hold (language_model_path).
 // gguf_split_export.hpp merges those modules into a copy of the base instead.
 // Modules with no GGUF tensor (no GGUF name, or absent from a GGUF base) are PEFT_ERR_UNRESOLVED_KEY.
 #pragma once
@@ -47,10 +49,12 @@ std::optional<std::string> gguf_lora_problem(const AdapterModule& module);
 // (INVALID_ARGUMENT when neither is given).
 std::string gguf_export_base_name(const Adapter& adapter, const GgufAdapterExportOptions& options);
 
-// On a base with tied embeddings: the embedding LoRA modules that change one side alone, which a GGUF
-// LoRA cannot hold (export_gguf_adapter refuses them; the split export merges them into the base).
-// Empty for an untied base and for an ensure_weight_tying adapter.
-std::set<std::string> gguf_lora_one_sided_tied_modules(const Adapter& adapter, const GgufAdapterExportOptions& options);
+// Every module export_gguf_adapter refuses as PEFT_ERR_UNSUPPORTED (and the split export merges
+// into a copy of the base instead): those gguf_lora_problem names; on a base with tied embeddings,
+// the embedding LoRA modules that change one side alone (none for an ensure_weight_tying adapter);
+// and in an adapter on a vision-language model, the modules outside its language model
+// (language_model_path, peft/arch/gguf_experts.hpp).
+std::set<std::string> gguf_lora_unsupported_modules(const Adapter& adapter, const GgufAdapterExportOptions& options);
 
 void export_gguf_adapter(const Adapter& adapter, const std::string& out_path, const GgufAdapterExportOptions& options);
 

@@ -60,11 +60,10 @@ void export_gguf_adapter_split(const std::shared_ptr<const Adapter>& adapter, co
 
   GgufAdapterExportOptions adapter_options = options;
   adapter_options.base = base_name;
+  // What the GGUF LoRA cannot hold goes to the merge (on a tied base, an embedding change on one side
+  // only: the merge unties the copy of the base).
   adapter_options.skip.clear();
-  for (const AdapterModule& module : adapter->modules())
-    if (gguf_lora_problem(module)) adapter_options.skip.insert(module.name);
-  // On a tied base, an embedding change on one side only: the merge unties the copy of the base.
-  adapter_options.skip.merge(gguf_lora_one_sided_tied_modules(*adapter, adapter_options));
+  adapter_options.skip = gguf_lora_unsupported_modules(*adapter, adapter_options);
 
   const std::string staged = atomic_temp_name_for(out_path);
   export_gguf_adapter(*adapter, staged, adapter_options);

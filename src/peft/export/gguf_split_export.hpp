@@ -3,8 +3,9 @@
 //
 //   adapter + base -> OUT.gguf (the modules a GGUF LoRA holds) + BASE_OUT (the base with the others merged)
 //
-// The modules gguf_lora_problem() names (DoRA, lora_B.bias, whole tensors such as modules_to_save,
-// trainable tokens, other layer kinds) are merged whole, PEFT-exactly, into a copy of the base by the
+// The modules gguf_lora_unsupported_modules() names (DoRA, lora_B.bias, whole tensors such as
+// modules_to_save, trainable tokens, other layer kinds, one side of tied embeddings, a vision-language
+// model's vision tower) are merged whole, PEFT-exactly, into a copy of the base by the
 // existing merge pipelines: merge_into_gguf for a GGUF base (BASE_OUT a GGUF file), merge_checkpoint
 // for a Hugging Face folder or hub id (BASE_OUT a model folder). The rest is written by
 // export_gguf_adapter against the same base, so that llama.cpp applying OUT.gguf to BASE_OUT gives
