@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/f16.hpp"
+#include "core/quant/ggml_quant_support.hpp"
 
 namespace peft {
 
@@ -12,15 +13,16 @@ void quantize_q8_0(const float* values, uint64_t count, uint8_t* out) {
     const float* x = values + block * kQ8_0BlockSize;
     uint8_t* y = out + block * kQ8_0BlockBytes;
     float amax = 0.0f;
-    // ggml's MAX(amax, fabsf(v)): a NaN wins, as there.
+    // ggml's MAX(amax, fabsf(v)), NaNs included: a NaN is taken, then loses to the next value.
     for (uint32_t j = 0; j < kQ8_0BlockSize; ++j) amax = amax > std::fabs(x[j]) ? amax : std::fabs(x[j]);
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const uint16_t half = f32_to_f16(d);
     std::memcpy(y, &half, 2);  // little-endian hosts only, as the rest of the library
     for (uint32_t j = 0; j < kQ8_0BlockSize; ++j) {
-      const float q = std::roundf(x[j] * id);  // within [-127, 127] for finite blocks
-      y[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::isfinite(q) ? q : 0.0f));
+      // Within [-127, 127] for finite blocks. In a block with a NaN, ggml's MAX lets the NaN lose to
+      // the values after it, so an earlier one may exceed amax: ggml's (int8_t) cast, as x86 runs it.
+      y[2 + j] = quant::low_byte(quant::x86_truncate(std::roundf(x[j] * id)));
     }
   }
 }
