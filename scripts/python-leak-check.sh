@@ -20,10 +20,11 @@ lib=$build/libpeft_c.so
 die() { echo "python-leak-check: $*" >&2; exit 1; }
 [ -f "$lib" ] || die "no $lib (build it: cmake -S . -B build-asan -DPEFT_SANITIZE=ON ... && ninja -C build-asan peft_c)"
 
-# The libasan the library links (ldd's answer), else the compiler's.
+# The AddressSanitizer runtime the library links (ldd's answer): GCC's libasan, or clang's shared
+# runtime (CMakeLists.txt links it with -shared-libsan); else GCC's.
 linked=$(ldd "$lib")  # read whole: an awk that stops early would make ldd fail under pipefail
-libasan=$(awk '$1 ~ /^libasan\.so/ {print $3; exit}' <<<"$linked")
-[ -n "$libasan" ] || die "$lib does not link libasan: not a PEFT_SANITIZE=ON build"
+libasan=$(awk '$1 ~ /^(libasan\.so|libclang_rt\.asan)/ {print $3; exit}' <<<"$linked")
+[ -n "$libasan" ] || die "$lib does not link an AddressSanitizer runtime: not a PEFT_SANITIZE=ON build"
 [ -f "$libasan" ] || libasan=$(gcc -print-file-name=libasan.so)
 [ -f "$libasan" ] || die "cannot find libasan.so"
 # libstdc++ is preloaded too: python does not link it, and ASan's __cxa_throw interceptor finds the
@@ -55,6 +56,10 @@ deselect=()
 # when they are symbolized to source lines. The options reach the tests' subprocesses too.
 asan_options="detect_leaks=1:exitcode=0:abort_on_error=1:verify_asan_link_order=0"
 asan_options+=":log_path=$logs/asan:stack_trace_format='    #%n %p %F %L [%m]'"
+# clang's runtime symbolizes through an llvm-symbolizer process, which keeps the standard error of
+# the process it serves: a compiler that a test starts (ctypes.util.find_library runs gcc) then never
+# closes its output pipe, and the test hangs. Its reports keep module and offset ([%m] above).
+case $libasan in *libclang_rt*) asan_options+=":symbolize=0" ;; esac
 
 echo "python-leak-check: $lib with $libasan, $("$py" --version)"
 start=$(date +%s)

@@ -197,7 +197,7 @@ check "a weight of 3e38 whose GGUF scale overflows names the weight and alpha" e
 # 1 GB); not measured under the sanitizers, whose allocator has its own overheads. ldd's answer is
 # read whole first: `ldd | grep -q` under pipefail fails when grep stops reading early (SIGPIPE).
 linked=$(ldd "$peftc" 2>/dev/null || true)
-if command -v /usr/bin/time >/dev/null && ! grep -q "libasan\|libtsan" <<<"$linked"; then
+if command -v /usr/bin/time >/dev/null && ! grep -q "libasan\|libtsan\|libclang_rt\.[at]san" <<<"$linked"; then
   python3 "$hostile" gguf-many-kv "$work/many_kv.gguf" 99000000
   for mode in text json; do
     /usr/bin/time -f "%M" -o "$work/rss" "$peftc" inspect "$work/many_kv.gguf" $([ $mode = json ] && echo --json) >/dev/null 2>&1
