@@ -182,6 +182,19 @@ def run_peftc(peftc: pathlib.Path, *args, expect: int = 0) -> subprocess.Complet
     return proc
 
 
+def assert_same_lora_file(ours: os.PathLike, reference: os.PathLike) -> None:
+    """Two GGUF LoRA adapters hold the same tensors (names, types, shapes and values, exactly) and the
+    same general.architecture, general.type, adapter.type and adapter.lora.alpha."""
+    got, want = tensors(ours), tensors(reference)
+    assert got.keys() == want.keys()
+    for name, (kind, ne, values) in want.items():
+        assert got[name][:2] == (kind, ne), name
+        assert np.array_equal(got[name][2], values), name
+    ours_kv, want_kv = metadata(ours), metadata(reference)
+    for key in ("general.architecture", "general.type", "adapter.type", "adapter.lora.alpha"):
+        assert ours_kv[key] == want_kv[key], key
+
+
 def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
     ours, reference = np.asarray(ours, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     scale = max(float(np.max(np.abs(reference))), 1e-30)

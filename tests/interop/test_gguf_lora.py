@@ -17,8 +17,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from gguf_reference import (assert_same_merge, convert_hf_to_gguf, convert_lora_to_gguf, export_lora, metadata,
-                            peft_merged_gguf, read_gguf, relative_error, run_peftc, tensors)
+from gguf_reference import (assert_same_lora_file, assert_same_merge, convert_hf_to_gguf, convert_lora_to_gguf,
+                            export_lora, peft_merged_gguf, read_gguf, relative_error, run_peftc, tensors)
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = FIXTURES / "models"
@@ -58,15 +58,7 @@ def test_exported_adapter_applies_peft_scale(peftc_binary, tmp_path, model, adap
 @pytest.mark.parametrize("model,adapter", PLAIN, ids=[a for _, a in PLAIN])
 def test_plain_adapter_equals_convert_lora_to_gguf(peftc_binary, tmp_path, model, adapter):
     ours = export_gguf(peftc_binary, adapter, MODELS / model, tmp_path / "ours.gguf")
-    reference = convert_lora_to_gguf(ADAPTERS / adapter, MODELS / model, outtype="f32")
-    got, want = tensors(ours), tensors(reference)
-    assert got.keys() == want.keys()
-    for name, (kind, ne, values) in want.items():
-        assert got[name][:2] == (kind, ne), name
-        assert np.array_equal(got[name][2], values), name
-    ours_kv, want_kv = metadata(ours), metadata(reference)
-    for key in ("general.architecture", "general.type", "adapter.type", "adapter.lora.alpha"):
-        assert ours_kv[key] == want_kv[key], key
+    assert_same_lora_file(ours, convert_lora_to_gguf(ADAPTERS / adapter, MODELS / model, outtype="f32"))
 
 
 def test_gguf_base_works_like_hf_base(peftc_binary, tmp_path):
@@ -80,12 +72,7 @@ def test_gguf_base_works_like_hf_base(peftc_binary, tmp_path):
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
 def test_factor_types_equal_convert_lora_to_gguf(peftc_binary, tmp_path, outtype):
     ours = export_gguf(peftc_binary, "llama_lora", MODELS / "llama", tmp_path / "ours.gguf", "--dtype", outtype)
-    reference = convert_lora_to_gguf(ADAPTERS / "llama_lora", MODELS / "llama", outtype=outtype)
-    got, want = tensors(ours), tensors(reference)
-    assert got.keys() == want.keys()
-    for name, (kind, ne, values) in want.items():
-        assert got[name][:2] == (kind, ne), name
-        assert np.array_equal(got[name][2], values), name
+    assert_same_lora_file(ours, convert_lora_to_gguf(ADAPTERS / "llama_lora", MODELS / "llama", outtype=outtype))
 
 
 def test_unrepresentable_modules_are_refused(peftc_binary, tmp_path):
