@@ -5,12 +5,19 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/bf16.hpp"
 #include "core/error.hpp"
+#include "core/f16.hpp"
+#include "peft/merge/merge_compute.hpp"
 #include "test_checkpoint_merge_support.hpp"
 
 using namespace merge_pipeline_test;
@@ -168,6 +175,71 @@ TEST_CASE("merge inputs: a LoRA scale beyond the float range and non-finite merg
     // The same adapter into f32 stays finite and merges.
     options = {};
     CHECK(merge_code(base, s.path("big"), s.path("out3"), options) == PEFT_OK);
+  }
+}
+
+TEST_CASE("merge inputs: the finiteness check names the first bad element, in every working dtype") {
+  // check_finite scans blocks of 4096 elements: bad elements at the edges of a block, alone and
+  // after an earlier one, in a tensor whose length is no multiple of the block.
+  const uint64_t n = 3 * 4096 + 5;
+  struct Case {
+    peft::DType work, out;
+    std::function<void(uint8_t*, uint64_t, bool)> put;  // element i: a bad value, or an ordinary one
+  };
+  const auto f32 = [](float bad) {
+    return [bad](uint8_t* data, uint64_t i, bool is_bad) {
+      const float v = is_bad ? bad : 1.5f;
+      std::memcpy(data + 4 * i, &v, 4);
+    };
+  };
+  const auto bits16 = [](uint16_t bad, uint16_t ordinary) {
+    return [=](uint8_t* data, uint64_t i, bool is_bad) {
+      const uint16_t v = is_bad ? bad : ordinary;
+      std::memcpy(data + 2 * i, &v, 2);
+    };
+  };
+  const std::vector<Case> cases = {
+      {peft::DType::BF16, peft::DType::BF16, bits16(0xFF80, peft::f32_to_bf16(1.5f))},  // -inf
+      {peft::DType::F16, peft::DType::F16, bits16(0x7E00, peft::f32_to_f16(1.5f))},     // NaN
+      {peft::DType::F32, peft::DType::F32, f32(INFINITY)},
+      {peft::DType::F32, peft::DType::BF16, f32(3.4e38f)},  // finite in f32, an infinity in bf16
+      {peft::DType::F32, peft::DType::F16, f32(70000.0f)},  // beyond f16's 65504
+      {peft::DType::F64, peft::DType::F64,
+       [](uint8_t* data, uint64_t i, bool is_bad) {
+         const double v = is_bad ? NAN : 1.5;
+         std::memcpy(data + 8 * i, &v, 8);
+       }},
+  };
+  for (const Case& c : cases) {
+    const uint64_t width = peft::dtype_bits(c.work) / 8;
+    for (const std::vector<uint64_t>& bad : std::vector<std::vector<uint64_t>>{
+             {}, {0}, {4095}, {4096}, {8191, 9000}, {n - 1}, {5000, 4097}}) {
+      peft::PlannedTensor p;
+      p.name = "w";
+      p.work_dtype = c.work;
+      p.out_dtype = c.out;
+      peft::TensorBuffer buffer;
+      buffer.reserve(n * width, "the test");
+      for (uint64_t i = 0; i < n; ++i) c.put(buffer.data(), i, false);
+      for (uint64_t i : bad) c.put(buffer.data(), i, true);
+      std::string message;
+      int32_t code = PEFT_OK;
+      try {
+        peft::check_finite(p, buffer);
+      } catch (const peft::Error& e) {
+        code = e.code();
+        message = e.what();
+      }
+      CAPTURE(peft::dtype_name(c.work));
+      CAPTURE(peft::dtype_name(c.out));
+      if (bad.empty()) {
+        CHECK(code == PEFT_OK);
+      } else {
+        CHECK(code == PEFT_ERR_NON_FINITE);
+        const uint64_t first = *std::min_element(bad.begin(), bad.end());
+        CHECK(message.find("(element " + std::to_string(first) + ")") != std::string::npos);
+      }
+    }
   }
 }
 
