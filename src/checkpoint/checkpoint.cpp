@@ -198,6 +198,11 @@ void Checkpoint::read_bytes(size_t i, uint64_t offset, void* dst, uint64_t count
   files_[at.file]->read_bytes(at.local, offset, dst, count);
 }
 
+void Checkpoint::will_need(size_t i) const {
+  const Location& at = locate(i);
+  files_[at.file]->will_need(at.local);
+}
+
 void Checkpoint::check_unchanged(size_t i) const {
   const Location& at = locate(i);
   files_[at.file]->check_unchanged();

@@ -64,6 +64,8 @@ class Checkpoint {
   void read(size_t i, DType dtype, void* dst, uint64_t dst_nbytes) const;
   // Bytes [offset, offset + count) of tensor i's data, unconverted (see TensorFile::read_bytes).
   void read_bytes(size_t i, uint64_t offset, void* dst, uint64_t count) const;
+  // Starts reading tensor i's bytes ahead of a read (TensorFile::will_need). Never fails.
+  void will_need(size_t i) const;
   // PEFT_ERR_IO if the file holding tensor i changed since it was opened.
   void check_unchanged(size_t i) const;
   // The whole tensor as f32 (for merge code); UNSUPPORTED if its dtype does not convert to F32.

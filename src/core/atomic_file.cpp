@@ -26,6 +26,9 @@ namespace {
 constexpr const char* kTempMarker = ".peft-tmp-";
 // File names are at most 255 bytes on common file systems; keep room for "." + marker + suffix.
 constexpr size_t kMaxBaseInTempName = 200;
+// Paced writeback (AtomicFile::write): the kernel is asked to write each span of this many bytes as
+// soon as it is complete, and the span before it is waited for and dropped from the page cache.
+constexpr uint64_t kWritebackSpan = uint64_t{32} << 20;
 
 int injected(testing::FileOp op, const std::string& target) {
   return testing::fault_hook ? testing::fault_hook(op, target) : 0;
@@ -154,6 +157,33 @@ void AtomicFile::write(const void* data, size_t size) {
     size -= static_cast<size_t>(n);
     written_ += static_cast<uint64_t>(n);
   }
+  pace_writeback();
+}
+
+// Without pacing, a large output piles up in the page cache as dirty pages, written by the kernel
+// when it decides (then stalling every writer at once) and by the final fsync, after the reading is
+// done: a merge then costs its read time plus its write time. Starting each span's writeback as soon
+// as it is complete overlaps the device's writing with the reading and merging; waiting for the span
+// before it keeps at most two spans in flight, and dropping the written span from the cache keeps a
+// merge larger than memory from evicting everything else. Best effort: an error of a write that
+// sync_file_range started is reported by the fsync of flush_and_close, and a file system without
+// it (EINVAL, ENOSYS, ESPIPE) just has no pacing.
+void AtomicFile::pace_writeback() {
+  if (written_ - writeback_started_ < kWritebackSpan) return;
+  const auto span = [](uint64_t from, uint64_t to) {
+    return std::pair<off_t, off_t>(static_cast<off_t>(from), static_cast<off_t>(to - from));
+  };
+  const auto [start, length] = span(writeback_started_, written_);
+  (void)::sync_file_range(fd_, start, length, SYNC_FILE_RANGE_WRITE);
+  if (writeback_started_ > writeback_done_) {
+    const auto [done, pending] = span(writeback_done_, writeback_started_);
+    if (::sync_file_range(fd_, done, pending,
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) == 0) {
+      (void)::posix_fadvise(fd_, done, pending, POSIX_FADV_DONTNEED);
+    }
+  }
+  writeback_done_ = writeback_started_;
+  writeback_started_ = written_;
 }
 
 void AtomicFile::flush_and_close() {

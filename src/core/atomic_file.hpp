@@ -29,7 +29,9 @@ class AtomicFile {
   void reserve(uint64_t size);
 
   // Appends bytes (retrying short writes and EINTR). PEFT_ERR_IO naming the target on failure
-  // (e.g. "no space left on device"); the object is then unusable except for abort().
+  // (e.g. "no space left on device"); the object is then unusable except for abort(). Writeback is
+  // paced: each 32 MiB written are handed to the device at once, and the writer waits for the 32 MiB
+  // before them, so that about 64 MiB at most are in flight (the reasons in pace_writeback).
   void write(const void* data, size_t size);
 
   // Flushes the file to disk and closes it, without renaming yet: a group of files (the shards of
@@ -48,10 +50,14 @@ class AtomicFile {
   bool committed() const { return committed_; }
 
  private:
+  void pace_writeback();
+
   std::string target_;
   std::string temp_path_;
   int fd_ = -1;
   uint64_t written_ = 0;
+  uint64_t writeback_started_ = 0;  // bytes [0, writeback_started_) were handed to the kernel to write
+  uint64_t writeback_done_ = 0;     // bytes [0, writeback_done_) were written and dropped from the cache
   bool closed_ = false;
   bool committed_ = false;
 };

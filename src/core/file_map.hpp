@@ -39,6 +39,10 @@ class ReadOnlyFile {
   // the file changed; `dst` may then hold part of the bytes.
   void read_exact(uint64_t offset, void* dst, uint64_t count) const;
 
+  // Asks the kernel to start reading bytes [offset, offset + count) into the page cache now, so that
+  // a read_exact of them later finds them there (posix_fadvise WILLNEED). Best effort: never fails.
+  void will_need(uint64_t offset, uint64_t count) const;
+
   // PEFT_ERR_IO naming the file unless its size and modification time (fstat of the open
   // descriptor) are those it had when it was opened. A change that keeps both (the same size,
   // within the file system's timestamp granularity of the last write before opening) goes unseen.

@@ -125,6 +125,11 @@ void TensorFile::read_bytes(size_t local, uint64_t offset, void* dst, uint64_t c
   file_->read_exact(absolute_offset(info) + offset, dst, count);
 }
 
+void TensorFile::will_need(size_t local) const {
+  const TensorInfo& info = tensor(local);
+  if (file_ && !held_bytes(local)) file_->will_need(absolute_offset(info), info.nbytes());
+}
+
 void TensorFile::read(size_t local, DType dtype, void* dst, uint64_t dst_nbytes) const {
   const TensorInfo& info = tensor(local);
   const std::string what = path_ + ": tensor " + quoted(info.name);

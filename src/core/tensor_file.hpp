@@ -69,6 +69,9 @@ class TensorFile {
   // Copies bytes [offset, offset + count) of the tensor's data, unconverted, as read() reads them.
   // PEFT_ERR_INTERNAL for a range outside the tensor.
   void read_bytes(size_t local, uint64_t offset, void* dst, uint64_t count) const;
+  // Starts reading tensor `local`'s bytes from the file ahead of a read (ReadOnlyFile::will_need);
+  // nothing when they are in memory. Never fails.
+  void will_need(size_t local) const;
 
   // PEFT_ERR_IO if the file changed since it was opened; nothing for bytes held in memory.
   void check_unchanged() const;

@@ -2,13 +2,17 @@
 // the errors that change nothing versus those that discard the output.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "core/atomic_file.hpp"
 #include "core/convert.hpp"
 #include "core/error.hpp"
+#include "core/file_map.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "safetensors/writer.hpp"
 #include "test_writer_support.hpp"
@@ -257,4 +261,33 @@ TEST_CASE("writer stream: the output file's mode follows the umask") {
   struct stat st {};
   REQUIRE(::stat(dir.path("m.safetensors").c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0640);
+}
+
+TEST_CASE("atomic file: a file larger than the writeback spans, written in uneven pieces, reads back whole") {
+  // AtomicFile paces writeback every 32 MiB (sync_file_range, then the span before is dropped from
+  // the page cache): 100 MiB + 3 bytes in pieces that straddle the spans' ends must come back as written.
+  ScratchDir dir;
+  const std::string path = dir.path("large.bin");
+  const size_t total = (size_t{100} << 20) + 3;
+  std::vector<uint8_t> bytes(total);
+  for (size_t i = 0; i < total; ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  {
+    AtomicFile file(path);
+    const size_t piece = (size_t{7} << 20) + 1;
+    for (size_t at = 0; at < total; at += piece) file.write(bytes.data() + at, std::min(piece, total - at));
+    CHECK(file.bytes_written() == total);
+    file.commit();
+  }
+  const std::string back = writer_test::read_file(path);
+  REQUIRE(back.size() == total);
+  CHECK(std::memcmp(back.data(), bytes.data(), total) == 0);
+
+  // Reading ahead is a hint: any range, even past the end, changes nothing and never fails.
+  ReadOnlyFile file = ReadOnlyFile::open(path);
+  file.will_need(0, UINT64_MAX);
+  file.will_need(total - 1, 1000);
+  file.will_need(total + 10, 5);
+  std::vector<uint8_t> tail(1000);
+  file.read_exact(total - 1000, tail.data(), tail.size());
+  CHECK(std::memcmp(tail.data(), bytes.data() + total - 1000, tail.size()) == 0);
 }

@@ -40,6 +40,9 @@ namespace fs = std::filesystem;
 
 // Bytes handed to the writer per call, between two progress reports.
 constexpr uint64_t kChunkBytes = uint64_t{16} << 20;
+// How many tensors (in writer order) the input is read ahead of the writer: the writer streams one
+// while the producer builds the next, so the one after that is read meanwhile.
+constexpr size_t kReadAheadTensors = 2;
 
 class Executor {
  public:
@@ -62,7 +65,9 @@ class Executor {
       spare_.resize(2);
       producer_ = std::thread([this] { produce(); });
     }
+    for (size_t pos = 0; pos < kReadAheadTensors; ++pos) read_ahead(pos);
     for (size_t pos = 0; pos < writer_.tensor_count(); ++pos) {
+      read_ahead(pos + kReadAheadTensors);
       const size_t d = writer_.declaration_at(pos);
       const PlannedTensor& p = plan_.tensors[d];
       switch (p.action) {
@@ -82,6 +87,18 @@ class Executor {
   }
 
  private:
+  // Starts reading the input of the tensor at writer position `pos` (its base tensor, or the
+  // adapter's replacement), so that the device reads it while earlier tensors are merged and written.
+  void read_ahead(size_t pos) const {
+    if (pos >= writer_.tensor_count()) return;
+    const PlannedTensor& p = plan_.tensors[writer_.declaration_at(pos)];
+    if (p.replacement) {
+      p.replacement->adapter->adapter->checkpoint().will_need(p.replacement->tensor->index);
+    } else {
+      plan_.base.weights->will_need(p.base_index);
+    }
+  }
+
   void report(uint64_t done) {
     if (options_.progress && !options_.progress(done, total_))
       fail(PEFT_ERR_CANCELLED, "the merge was cancelled by its progress callback");
