@@ -178,7 +178,7 @@ TEST_CASE("merge inputs: a LoRA scale beyond the float range and non-finite merg
   }
 }
 
-TEST_CASE("merge inputs: the finiteness check names the first bad element, in every working dtype") {
+TEST_CASE("merge inputs: the finiteness checks name the first bad element, in every working dtype") {
   // check_finite scans blocks of 4096 elements: bad elements at the edges of a block, alone and
   // after an earlier one, in a tensor whose length is no multiple of the block.
   const uint64_t n = 3 * 4096 + 5;
@@ -239,6 +239,24 @@ TEST_CASE("merge inputs: the finiteness check names the first bad element, in ev
         const uint64_t first = *std::min_element(bad.begin(), bad.end());
         CHECK(message.find("(element " + std::to_string(first) + ")") != std::string::npos);
       }
+    }
+  }
+  // The check before a quantizer (f32 values): the same scan.
+  for (const std::vector<uint64_t>& bad : std::vector<std::vector<uint64_t>>{{}, {0}, {4096}, {n - 1}, {9000, 4095}}) {
+    std::vector<float> values(n, 1.5f);
+    for (uint64_t i : bad) values[i] = i % 2 ? NAN : -INFINITY;
+    std::string message;
+    try {
+      peft::require_finite_values("w", values.data(), values.size());
+    } catch (const peft::Error& e) {
+      CHECK(e.code() == PEFT_ERR_NON_FINITE);
+      message = e.what();
+    }
+    if (bad.empty()) {
+      CHECK(message.empty());
+    } else {
+      const uint64_t first = *std::min_element(bad.begin(), bad.end());
+      CHECK(message.find("(element " + std::to_string(first) + ")") != std::string::npos);
     }
   }
 }

@@ -50,3 +50,37 @@ TEST_CASE("gguf requant: finiteness from the block scales equals the read-back o
     }
   }
 }
+
+TEST_CASE("gguf requant: finiteness of float outputs from their stored bits equals the read-back one") {
+  // F32, F16 and BF16 outputs (figures false) are judged from the stored values' exponent bits: a
+  // value finite in f32 but beyond f16's or bf16's range is stored as an infinity and must be seen.
+  namespace id = peft::ggml_id;
+  const uint64_t rows = 3, cols = 5000;  // more than one 4096-value scan block per row
+  struct Case {
+    const char* what;
+    float value;  // written at one place of row 2 (0: none)
+    bool finite_f32, finite_f16, finite_bf16;
+  };
+  const Case cases[] = {{"finite", 0.0f, true, true, true},
+                        {"beyond f16", 70000.0f, true, false, true},
+                        {"beyond bf16", 3.4e38f, true, false, false},
+                        {"infinity", std::numeric_limits<float>::infinity(), false, false, false},
+                        {"NaN", std::numeric_limits<float>::quiet_NaN(), false, false, false}};
+  for (uint32_t type : {id::F32, id::F16, id::BF16}) {
+    for (const Case& c : cases) {
+      CAPTURE(type);
+      CAPTURE(std::string(c.what));
+      std::vector<float> x(rows * cols, 0.25f);
+      if (c.value != 0.0f) x[2 * cols + 4500] = c.value;
+      const uint64_t bytes = peft::ggml_rows_bytes(type, rows, cols);
+      std::vector<uint8_t> by_bits(bytes), read_back(bytes);
+      peft::StoreError a, b;
+      peft::quantize_blocks(type, x.data(), rows, cols, by_bits.data(), 2, &a, false);
+      peft::quantize_blocks(type, x.data(), rows, cols, read_back.data(), 2, &b, true);
+      CHECK(by_bits == read_back);
+      CHECK(a.finite == b.finite);
+      CHECK(a.finite == (type == id::F32 ? c.finite_f32 : type == id::F16 ? c.finite_f16 : c.finite_bf16));
+      CHECK(a.values == rows * cols);
+    }
+  }
+}

@@ -10,6 +10,7 @@
 #include "core/quant/ggml_types.hpp"
 #include "gguf/ggml_type.hpp"
 #include "peft/kernels/merge_parallel.hpp"
+#include "peft/merge/merge_compute.hpp"
 
 namespace peft {
 namespace {
@@ -61,6 +62,8 @@ void quantize_blocks(uint32_t type, const float* in, uint64_t rows, uint64_t col
                      StoreError* error, bool figures) {
   const std::optional<GgmlType> row = ggml_type(type);
   const GgmlType* by_scales = !figures && row && row->scale_count > 0 ? &*row : nullptr;
+  std::optional<DType> plain = dtype_of_ggml(type);
+  if (plain && !is_float(*plain)) plain.reset();
   const uint64_t row_bytes = ggml_rows_bytes(type, 1, cols);
   const uint64_t step = rows_per_block(cols);
   const auto blocks = static_cast<int64_t>((rows + step - 1) / step);
@@ -77,6 +80,11 @@ void quantize_blocks(uint32_t type, const float* in, uint64_t rows, uint64_t col
     if (by_scales != nullptr) {
       e.values = n * cols;
       e.finite = scales_finite(*by_scales, stored, n * row_bytes);
+      return;
+    }
+    if (!figures && plain) {  // a float type: its own bits say whether a value is finite
+      e.values = n * cols;
+      e.finite = first_nonfinite(*plain, *plain, stored, n * cols) == n * cols;
       return;
     }
     std::vector<float>& back = scratch[worker];

@@ -28,7 +28,8 @@ void dequantize_blocks(uint32_t type, const void* in, uint64_t rows, uint64_t co
 // With `figures` false only error->finite (and values) is set: for Q8_0, Q4_K, Q5_K and Q6_K it is
 // decided from the blocks' f16 scales without reading the values back (every stored value is a
 // finite scale times a small integer, minus a finite min, so all are finite exactly when the scales
-// are; a non-finite scale makes every value of its block inf or NaN), for other types by reading back.
+// are; a non-finite scale makes every value of its block inf or NaN), for the float types (F32, F16,
+// BF16) from the stored values' own exponent bits, for other types by reading back.
 // Fails as quantize_rows.
 void quantize_blocks(uint32_t type, const float* in, uint64_t rows, uint64_t cols, void* out, unsigned threads,
                      StoreError* error, bool figures = true);

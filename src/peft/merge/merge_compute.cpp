@@ -411,8 +411,8 @@ uint64_t first_bad(uint64_t elements, ElementIsBad element_is_bad) {
   return elements;
 }
 
-// The first element of a merged tensor (in `work` dtype) that is infinite or NaN once rounded to
-// `stored`, the dtype written; `elements` when there is none.
+}  // namespace
+
 uint64_t first_nonfinite(DType work, DType stored, const uint8_t* data, uint64_t elements) {
   const auto all_exponent_bits = [&](auto bits_type, auto mask) {
     return first_bad(elements, [&](uint64_t i) {
@@ -437,14 +437,12 @@ uint64_t first_nonfinite(DType work, DType stored, const uint8_t* data, uint64_t
   return all_exponent_bits(uint32_t{}, uint32_t{0x7F800000});
 }
 
-}  // namespace
-
 void require_finite_values(const std::string& name, const float* values, size_t count) {
-  for (size_t i = 0; i < count; ++i)
-    if (!std::isfinite(values[i]))
-      fail(PEFT_ERR_NON_FINITE, "merged tensor " + peft::quoted(name) + " holds an infinity or a NaN (element " +
-                                    std::to_string(i) + ") before it is quantized; nothing was written "
-                                    "(allow_nonfinite / --allow-nonfinite writes it anyway)");
+  const uint64_t at = first_nonfinite(DType::F32, DType::F32, reinterpret_cast<const uint8_t*>(values), count);
+  if (at == count) return;
+  fail(PEFT_ERR_NON_FINITE, "merged tensor " + peft::quoted(name) + " holds an infinity or a NaN (element " +
+                                std::to_string(at) + ") before it is quantized; nothing was written "
+                                "(allow_nonfinite / --allow-nonfinite writes it anyway)");
 }
 
 void check_finite(const PlannedTensor& p, const TensorBuffer& buffer) {

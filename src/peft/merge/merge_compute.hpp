@@ -35,6 +35,11 @@ void compute_tensor(const MergePlan& plan, const PlannedTensor& p, unsigned thre
 // computes those tensors (once more than the executor will) and sets their shape and size.
 void settle_bnb_sizes(MergePlan& plan, unsigned threads);
 
+// The first of `elements` values in `work` dtype (at `data`) that is infinite or NaN once rounded to
+// `stored`, the dtype written; `elements` when there is none. Integer and 8-bit float `work` dtypes
+// have no such values.
+uint64_t first_nonfinite(DType work, DType stored, const uint8_t* data, uint64_t elements);
+
 // PEFT_ERR_NON_FINITE naming tensor `name` when one of the merged f32 `values` is an infinity or NaN:
 // the merge's rule applied before any quantizer (GGUF block types, bitsandbytes), whose scales would
 // otherwise store such a value as 0.
