@@ -2,7 +2,9 @@
 
 The data is bench/merge_bench_data.py's LLaMA-shaped bf16 model with a rank-16 LoRA on every linear
 layer: 10 layers (1.3 GB) by default, 150 layers (15.7 GB, an 8B model's size) with --large or
-PEFT_BENCH_LARGE=1 (skipped with a message when the disk has less than 40 GB free).
+PEFT_BENCH_LARGE=1 (skipped with a message when the disk has less than 40 GB free). With --gguf the
+base is that model converted to F16 GGUF by llama.cpp's convert_hf_to_gguf.py (needs
+`eval "$(scripts/llama-cpp.sh --env)"`), and the merge writes one GGUF file.
 
 In the same run, side by side:
 * the device bound: reading every byte the merge reads (the base's shards and the adapter file) with
@@ -15,7 +17,7 @@ In the same run, side by side:
 Each figure is the best of --repeat runs. Targets (issue 34): merge / bound <= 1.2x, peak RSS <= 200 MB
 plus the adapter file's size (the adapter is mapped).
 
-usage: python bench/merge_vs_device.py BUILD_DIR [--large] [--repeat N] [--threads N,N...]
+usage: python bench/merge_vs_device.py BUILD_DIR [--large] [--gguf] [--repeat N] [--threads N,N...]
 Prints a Markdown table.
 """
 
@@ -32,6 +34,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "interop"))  # gguf_reference, for --gguf
 import merge_bench_data  # noqa: E402
 from merge_vs_peft import run  # noqa: E402
 
@@ -87,6 +90,7 @@ def main() -> None:
     parser.add_argument("build_dir", type=pathlib.Path)
     parser.add_argument("--large", action="store_true", default=os.environ.get("PEFT_BENCH_LARGE") == "1",
                         help=f"the {LARGE_LAYERS}-layer model (15.7 GB) instead of the 10-layer one")
+    parser.add_argument("--gguf", action="store_true", help="the base as F16 GGUF (convert_hf_to_gguf.py)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", default=f"1,{os.cpu_count()}", help="peftc --threads values, comma-separated")
     args = parser.parse_args()
@@ -100,34 +104,48 @@ def main() -> None:
             print(f"## merge against the device, {LARGE_LAYERS} layers: skipped, {free / 1e9:.0f} GB free "
                   f"(the data, the output and the write test need {LARGE_FREE_BYTES / 1e9:.0f} GB)")
             return
+    if args.gguf and not os.environ.get("PEFT_LLAMA_CPP_BIN"):
+        print("## merge against the device, GGUF: skipped, PEFT_LLAMA_CPP_BIN is not set "
+              "(eval \"$(scripts/llama-cpp.sh --env)\")")
+        return
     data = merge_bench_data.ensure(layers)
-    base, adapter = data / "base", data / "adapter"
-    inputs = sorted(base.glob("*.safetensors")) + [adapter / "adapter_model.safetensors"]
-    base_bytes = sum(p.stat().st_size for p in inputs[:-1])
-    adapter_bytes = inputs[-1].stat().st_size
+    adapter = data / "adapter"
     threads = [int(t) for t in args.threads.split(",")]
 
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="merge_vs_device_", dir=data))
     try:
+        if args.gguf:
+            from gguf_reference import convert_hf_to_gguf
+            base = convert_hf_to_gguf(data / "base", scratch / "base.f16.gguf", outtype="f16")
+            inputs = [base]
+        else:
+            base = data / "base"
+            inputs = sorted(base.glob("*.safetensors"))
+        inputs.append(adapter / "adapter_model.safetensors")
+        base_bytes = sum(p.stat().st_size for p in inputs[:-1])
+        adapter_bytes = inputs[-1].stat().st_size
         reads, writes, merges = [], [], {t: [] for t in threads}
         for _ in range(args.repeat):
             drop_from_page_cache(inputs)
             reads.append(direct_read_seconds(inputs))
             writes.append(direct_write_seconds(scratch / "direct-write", base_bytes))
             for t in threads:
-                out = scratch / "merged"
-                shutil.rmtree(out, ignore_errors=True)
+                out = scratch / ("merged.gguf" if args.gguf else "merged")
                 drop_from_page_cache(inputs)
                 merges[t].append(run([str(peftc), "merge", "--base", str(base), "--adapter", str(adapter), "--out",
                                       str(out), "--threads", str(t)]))
-                shutil.rmtree(out)
+                if args.gguf:
+                    out.unlink()
+                else:
+                    shutil.rmtree(out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     read, write = min(reads), min(writes)
     bound = max(read, write)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    print(f"## merge against the device: {base_bytes / 1e9:.2f} GB bf16 LLaMA-shaped model ({layers} layers), "
+    kind = "F16 GGUF" if args.gguf else "bf16 safetensors"
+    print(f"## merge against the device: {base_bytes / 1e9:.2f} GB {kind} LLaMA-shaped model ({layers} layers), "
           f"rank-{merge_bench_data.RANK} LoRA on every linear layer ({adapter_bytes / 1e6:.0f} MB)")
     print(f"machine: {os.cpu_count()} cores, {cpu}; best of {args.repeat} runs each\n")
     print(f"device, O_DIRECT: read {(base_bytes + adapter_bytes) / 1e9:.2f} GB in {read:.2f} s "
