@@ -170,18 +170,13 @@ void AtomicFile::write(const void* data, size_t size) {
 // it (EINVAL, ENOSYS, ESPIPE) just has no pacing.
 void AtomicFile::pace_writeback() {
   if (written_ - writeback_started_ < kWritebackSpan) return;
-  const auto span = [](uint64_t from, uint64_t to) {
-    return std::pair<off_t, off_t>(static_cast<off_t>(from), static_cast<off_t>(to - from));
-  };
-  const auto [start, length] = span(writeback_started_, written_);
-  (void)::sync_file_range(fd_, start, length, SYNC_FILE_RANGE_WRITE);
-  if (writeback_started_ > writeback_done_) {
-    const auto [done, pending] = span(writeback_done_, writeback_started_);
-    if (::sync_file_range(fd_, done, pending,
-                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) == 0) {
-      (void)::posix_fadvise(fd_, done, pending, POSIX_FADV_DONTNEED);
-    }
-  }
+  (void)::sync_file_range(fd_, static_cast<off_t>(writeback_started_),
+                          static_cast<off_t>(written_ - writeback_started_), SYNC_FILE_RANGE_WRITE);
+  const auto done = static_cast<off_t>(writeback_done_);
+  const auto pending = static_cast<off_t>(writeback_started_ - writeback_done_);
+  if (pending > 0 && ::sync_file_range(fd_, done, pending, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                                               SYNC_FILE_RANGE_WAIT_AFTER) == 0)
+    (void)::posix_fadvise(fd_, done, pending, POSIX_FADV_DONTNEED);
   writeback_done_ = writeback_started_;
   writeback_started_ = written_;
 }

@@ -66,8 +66,9 @@ void ReadOnlyFile::will_need(uint64_t offset, uint64_t count) const {
   // Linux reads at most the device's read-ahead size (a few MiB) per call, whatever the range asked:
   // the range goes in pieces of 2 MiB, the smallest step the kernel reads in anyway.
   constexpr uint64_t kStep = uint64_t{2} << 20;
-  if (fd_ < 0) return;
-  for (uint64_t at = offset, end = offset + std::min(count, size_ - std::min(offset, size_)); at < end; at += kStep) {
+  if (fd_ < 0 || offset >= size_) return;
+  const uint64_t end = offset + std::min(count, size_ - offset);
+  for (uint64_t at = offset; at < end; at += kStep) {
     (void)::posix_fadvise(fd_, static_cast<off_t>(at), static_cast<off_t>(std::min(kStep, end - at)),
                           POSIX_FADV_WILLNEED);
   }

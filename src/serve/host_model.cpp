@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -353,8 +354,16 @@ std::vector<HostModel::Layer> HostModel::prepare(const std::shared_ptr<const Lea
                                      " holds stacked experts in a reordered row order, which no table gives them");
     // By the HuggingFace name the weight stands for (the host's own name may be a translator's); a
     // stacked GGUF tensor by its own name, each slice's part in place (as the buffer merge does).
-    layer.module = e.stacked ? gguf_stacked_buffer_module(loaded.adapter_ptr(), w.name, w.shape, &*translator_)->merge
-                             : expert_buffer_module(e.factors, *e.module, e.key, w.shape);
+    if (e.stacked) {
+      std::optional<StackedBufferModule> stacked = gguf_stacked_buffer_module(
+          loaded.adapter_ptr(), w.name, w.shape, translator_ ? &*translator_ : nullptr);
+      if (!stacked)
+        fail(PEFT_ERR_INTERNAL, "stacked GGUF weight " + peft::quoted(w.name) + " stands for " + peft::quoted(e.key) +
+                                    ", which no translator places in a slice");
+      layer.module = std::move(stacked->merge);
+    } else {
+      layer.module = expert_buffer_module(e.factors, *e.module, e.key, w.shape);
+    }
     layer.module.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const Lease>>>(
         std::move(layer.module.keep_alive), pin);
     add_layer(std::move(layer));
