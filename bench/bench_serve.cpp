@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "peft/kernels/merge_kernels.hpp"  // the swap's bound: the merge kernels timed alone
+#include "peft/methods/lora_engine.hpp"
 #include "peft_c.h"
 
 namespace {
@@ -106,14 +108,25 @@ void fill_bf16(uint16_t* p, size_t n, uint32_t seed, float scale) {
   }
 }
 
-// Writes a PEFT adapter folder: rank `rank`, alpha 2 * rank, bf16 factors on every layer.
+// The JSON list of the layers' module names (the last part of each path), each once.
+std::string target_modules(const std::vector<Layer>& layers) {
+  std::vector<std::string> names;
+  for (const Layer& l : layers) {
+    const std::string name = l.module.substr(l.module.rfind('.') + 1);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "\"" : ", \"") + n + "\"";
+  return list;
+}
+
+// Writes a PEFT adapter folder: rank `rank`, alpha 2 * rank, bf16 factors on every layer given.
 void write_adapter(const fs::path& dir, const std::vector<Layer>& layers, int64_t rank, uint32_t seed) {
   fs::create_directories(dir);
   std::ofstream(dir / "adapter_config.json")
       << "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"r\": " << rank
-      << ", \"lora_alpha\": " << 2 * rank
-      << ", \"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", "
-         "\"down_proj\"], \"base_model_name_or_path\": \"synthetic-llama-7b-4-blocks\"}\n";
+      << ", \"lora_alpha\": " << 2 * rank << ", \"target_modules\": [" << target_modules(layers)
+      << "], \"base_model_name_or_path\": \"synthetic-llama-7b-4-blocks\"}\n";
   peft_writer* w = nullptr;
   check(peft_writer_new((dir / "adapter_model.safetensors").c_str(), &w), "writer");
   for (const Layer& l : layers) {
@@ -184,6 +197,29 @@ void bench_registry(const fs::path& root, const std::vector<Layer>& layers, int 
   peft_registry_free(registry);
 }
 
+// Seconds per weight element of the merge kernels alone, one thread: lowrank's delta for one block
+// of rows of a layer with `cols` columns (the block a swap's worker takes, in cache) and
+// add_rounded of it into bf16 rows, best of 5 runs of enough blocks to take about 50 ms.
+double kernel_seconds_per_weight(int64_t cols, int64_t rank) {
+  namespace pk = peft::merge::kernels;
+  const pk::Table& k = pk::active();
+  const int64_t rows = peft::merge::detail::block_rows_for(cols, rank);
+  std::vector<float> L(static_cast<size_t>(rows * rank)), R(static_cast<size_t>(rank * cols));
+  std::vector<float> delta(static_cast<size_t>(rows * cols));
+  std::vector<uint16_t> w(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < L.size(); ++i) L[i] = 0.01f * static_cast<float>(i % 7);
+  for (size_t i = 0; i < R.size(); ++i) R[i] = 0.01f * static_cast<float>(i % 5);
+  fill_bf16(w.data(), w.size(), 11, 0.04f);
+  const int repeat = static_cast<int>(std::max<int64_t>(1, (int64_t{100} << 20) / (rows * cols)));
+  const double seconds = best_of(5, [&] {
+    for (int n = 0; n < repeat; ++n) {
+      k.lowrank(L.data(), R.data(), rows, cols, rank, 1e-6f, false, delta.data());
+      for (int64_t r = 0; r < rows; ++r) k.add_rounded(pk::Storage::bf16, w.data() + r * cols, delta.data() + r * cols, cols);
+    }
+  });
+  return seconds / (static_cast<double>(repeat) * static_cast<double>(rows * cols));
+}
+
 void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps) {
   std::printf("\n## hot-swap in host bf16 weights (4 blocks, 28 layers) against a full reload\n");
   std::vector<std::vector<uint16_t>> weights;
@@ -225,15 +261,37 @@ void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps
   std::printf("  full reload of %.2f GB of base weights (page cache): %8.1f ms\n", static_cast<double>(total) / 1e9,
               reload * 1e3);
 
+  std::vector<Layer> attention;
+  for (const Layer& l : layers)
+    if (l.module.find("self_attn") != std::string::npos) attention.push_back(l);
   write_adapter(root / "swapA", layers, 16, 1);
   write_adapter(root / "swapB", layers, 16, 2);
+  write_adapter(root / "swapAttn", attention, 16, 3);
   peft_registry* registry = nullptr;
   check(peft_registry_new(PEFT_DTYPE_BF16, uint64_t{1} << 30, nullptr, &registry), "registry");
-  check(peft_registry_register(registry, "A", (root / "swapA").c_str(), nullptr), "register");
-  check(peft_registry_register(registry, "B", (root / "swapB").c_str(), nullptr), "register");
-  peft_lease *a = nullptr, *b = nullptr;
-  check(peft_registry_acquire(registry, "A", &a), "acquire");
-  check(peft_registry_acquire(registry, "B", &b), "acquire");
+  peft_lease *a = nullptr, *b = nullptr, *attn = nullptr;
+  for (auto [name, lease] : {std::pair<const char*, peft_lease**>{"A", &a}, {"B", &b}, {"Attn", &attn}}) {
+    check(peft_registry_register(registry, name, (root / ("swap" + std::string(name))).c_str(), nullptr), "register");
+    check(peft_registry_acquire(registry, name, lease), "acquire");
+  }
+
+  // The bound: the merge kernels' own rate on one thread, each layer's work at that rate, spread
+  // over every core (what a swap uses).
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  const double per_weight_hidden = kernel_seconds_per_weight(kHidden, 16), per_weight_mlp = kernel_seconds_per_weight(kMlp, 16);
+  auto kernel_bound = [&](const std::vector<Layer>& set) {
+    double seconds = 0;
+    for (const Layer& l : set)
+      seconds += static_cast<double>(l.out * l.in) * (l.in == kHidden ? per_weight_hidden : per_weight_mlp);
+    return seconds / threads;
+  };
+  const double bound = kernel_bound(layers), bound_attention = kernel_bound(attention);
+  std::printf("  merge kernels alone (lowrank + add_rounded, rank 16, one block of rows in cache, 1 thread): "
+              "%.3f ns per weight at 4096 columns, %.3f at 11008\n",
+              per_weight_hidden * 1e9, per_weight_mlp * 1e9);
+  std::printf("  swap bound = that rate x %u threads: %.1f ms for the 28 layers, %.1f ms for the 16 attention layers "
+              "(%.0f%% of the weights)\n",
+              threads, bound * 1e3, bound_attention * 1e3, 100.0 * bound_attention / bound);
 
   for (int exact : {1, 0}) {
     peft_host_model* host = nullptr;
@@ -245,30 +303,40 @@ void bench_swap(const fs::path& root, const std::vector<Layer>& layers, int reps
                                        nullptr, 0, 0),
             "add_weight");
     }
-    std::vector<double> in, ab, out;
+    std::vector<double> in, ab, out, attn_in;
     uint64_t saved = 0;
+    auto swap = [&](peft_lease* to, const char* what, std::vector<double>& times) {
+      peft_swap_stats st{};
+      st.size = sizeof st;
+      const auto t0 = clock_type::now();
+      check(peft_host_model_swap(host, to, 1.0, &st), what);
+      times.push_back(seconds_since(t0));
+      saved = std::max(saved, st.saved_bytes);
+    };
+    std::vector<double> ignored;
     for (int r = 0; r < reps; ++r) {
-      peft_swap_stats s{};
-      s.size = sizeof s;
-      auto t0 = clock_type::now();
-      check(peft_host_model_swap(host, a, 1.0, &s), "swap none->A");
-      in.push_back(seconds_since(t0));
-      t0 = clock_type::now();
-      check(peft_host_model_swap(host, b, 1.0, &s), "swap A->B");
-      ab.push_back(seconds_since(t0));
-      saved = s.saved_bytes;
-      t0 = clock_type::now();
-      check(peft_host_model_swap(host, nullptr, 1.0, &s), "swap B->none");
-      out.push_back(seconds_since(t0));
+      swap(a, "swap none->A", in);
+      swap(b, "swap A->B", ab);
+      swap(nullptr, "swap B->none", out);
+      swap(attn, "swap none->Attn", attn_in);
+      swap(nullptr, "swap Attn->none", ignored);
     }
+    // A -> B does the kernels' work once in exact mode (B merged into the kept originals) and
+    // twice in arithmetic mode (A subtracted, then B added).
+    const double ab_bound = exact ? bound : 2 * bound;
     std::printf("  %s restoration: none->A %7.1f ms, A->B %7.1f ms, B->none %7.1f ms (median of %d); "
                 "A->B = %.2f x a full reload; original weights kept %.2f GB\n",
                 exact ? "exact     " : "arithmetic", median(in) * 1e3, median(ab) * 1e3, median(out) * 1e3, reps,
                 median(ab) / reload, static_cast<double>(saved) / 1e9);
+    std::printf("    against the bound: none->A %.2fx, A->B %.2fx (bound %.1f ms), attention layers only: none->Attn "
+                "%.1f ms = %.2fx its bound, %.0f%% of none->A (target: 1.2x)\n",
+                median(in) / bound, median(ab) / ab_bound, ab_bound * 1e3, median(attn_in) * 1e3,
+                median(attn_in) / bound_attention, 100.0 * median(attn_in) / median(in));
     peft_host_model_free(host);
   }
   peft_lease_free(a);
   peft_lease_free(b);
+  peft_lease_free(attn);
   peft_registry_free(registry);
 }
 
