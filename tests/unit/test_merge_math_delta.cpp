@@ -366,3 +366,30 @@ TEST_CASE("merge math: bad arguments fail before anything is written") {
   CHECK(code_of([&] { pm::add_lora_bias(w.view(2, 24), t.a.data(), 1.0); }) == PEFT_ERR_SHAPE_MISMATCH);
   CHECK(same_bytes(w, w0));
 }
+
+TEST_CASE("merge math: largest_magnitude over many pieces and threads finds the one largest value") {
+  // 4 MiB pieces: 2.5 pieces of F32 values, 2.5 and more of 16-bit ones, so the last piece is short.
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const size_t n = (size_t{5} << 20) / dtype_bytes(dt) + 3;
+    Buffer w(dt, n);
+    for (size_t i = 0; i < n; i += 4099) w.set(i, (i % 2 ? -1.0f : 1.0f) * static_cast<float>(i % 97) / 97.0f);
+    const pm::ConstWeightView view{w.bytes.data(), dt, 1, static_cast<int64_t>(n)};
+    for (unsigned threads : {1u, 2u, 0u}) {
+      CAPTURE(dtype_name(dt));
+      CAPTURE(threads);
+      CHECK(pm::largest_magnitude(view, threads) == doctest::Approx(96.0 / 97.0).epsilon(0.01));
+      for (size_t at : {size_t{0}, n / 2, n - 1}) {  // first piece, a middle one, the short last one
+        CAPTURE(at);
+        const float before = w.get(at);
+        w.set(at, -3.5f);
+        CHECK(pm::largest_magnitude(view, threads) == 3.5);
+        w.set(at, INFINITY);
+        CHECK(pm::largest_magnitude(view, threads) == INFINITY);
+        w.set(at, std::nanf(""));
+        CHECK(std::isnan(pm::largest_magnitude(view, threads)));
+        CHECK(pm::holds_non_finite(view));
+        w.set(at, before);
+      }
+    }
+  }
+}

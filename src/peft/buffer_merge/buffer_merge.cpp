@@ -85,7 +85,8 @@ double largest_finite(DType dtype) {
 
 }  // namespace
 
-bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient) {
+bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient,
+                             unsigned threads) {
   if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1) return false;
   const merge::DeltaLayout& layout = module.layout;
   double a_most = 0.0, b_row_most = 0.0;  // max |A|, max over B's rows of sum |B_ik|
@@ -106,7 +107,7 @@ bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeM
   // A NaN coefficient makes the comparison false, an infinite one the room negative.
   const double room = largest_finite(weight.dtype) / 2 - 2 * std::fabs(coefficient) * b_row_most * a_most;
   if (!(room > 0.0)) return false;
-  return merge::largest_magnitude(weight) <= room;
+  return merge::largest_magnitude(weight, threads) <= room;
 }
 
 size_t BufferMerge::row_bytes() const {
@@ -178,7 +179,7 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   const bool cannot_fail = options.refuse_non_finite && !options.caller_restores && !record.keep_rows_ &&
                            module.magnitude == nullptr && !with_bias &&
                            options.arithmetic == merge::Arithmetic::peft &&
-                           lora_merge_stays_finite(weight, module, record.coefficient_);
+                           lora_merge_stays_finite(weight, module, record.coefficient_, options.threads);
   Saving saving(record, options, with_bias, cannot_fail);
   saving.exec.arithmetic = options.arithmetic;
   saving.exec.source = options.source;

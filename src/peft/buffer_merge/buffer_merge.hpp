@@ -100,7 +100,8 @@ struct BufferMergeOptions {
 // on every |delta| (the factor 2 covers the f32 rounding of the product and the sum). False when
 // anything is already an infinity or a NaN. One read of the weight; a merge that refuses non-finite
 // results saves no rows when this holds, since it cannot fail.
-bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient);
+bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient,
+                             unsigned threads = 0);
 
 // Whether `module` can be merged from a source buffer (BufferMergeOptions::source): plain LoRA,
 // without DoRA's magnitude (its norms are the weight's) or a lora_B.bias (a buffer of its own).

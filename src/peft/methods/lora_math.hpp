@@ -161,7 +161,8 @@ double ggml_lora_coefficient(double weight, double alpha, int64_t rank, double s
 // The largest |value| of the buffer (F32, BF16 or F16), or an infinity or a NaN when it holds one.
 // An IEEE value's bits without the sign order as its magnitude, with the infinities and NaNs above
 // every finite value: the largest of them (a loop compilers vectorise), read back as a number.
-double largest_magnitude(const ConstWeightView& view);
+// `threads` as ExecOptions::threads.
+double largest_magnitude(const ConstWeightView& view, unsigned threads = 0);
 
 // Whether any value of the buffer (F32, BF16 or F16) is an infinity or a NaN.
 bool holds_non_finite(const ConstWeightView& view);
