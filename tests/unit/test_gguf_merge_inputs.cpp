@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -25,7 +27,7 @@ using namespace peft;
 namespace {
 
 namespace fs = std::filesystem;
-constexpr uint32_t kF32 = 0, kQ8_0 = 8;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30;
 
 struct Tensor {
   std::string name;
@@ -50,6 +52,10 @@ void write_gguf(const std::string& path, const std::vector<std::pair<std::string
       std::vector<uint8_t> blocks(t.values.size() / kQ8_0BlockSize * kQ8_0BlockBytes);
       quantize_q8_0(t.values.data(), t.values.size(), blocks.data());
       writer.write_tensor(t.name, blocks.data(), blocks.size());
+    } else if (t.type == kF16 || t.type == kBF16) {
+      std::vector<uint16_t> half(t.values.size());
+      convert(DType::F32, t.values.data(), t.type == kF16 ? DType::F16 : DType::BF16, half.data(), half.size());
+      writer.write_tensor(t.name, half.data(), half.size() * sizeof(uint16_t));
     } else {
       writer.write_tensor(t.name, t.values.data(), t.values.size() * sizeof(float));
     }
@@ -207,4 +213,70 @@ TEST_CASE("GGUF LoRA problems are all listed, with their codes, and nothing is w
     }
   }
   CHECK(!fs::exists(f.out));
+}
+
+TEST_CASE("a GGUF merge of one LoRA into F32, F16 and BF16 tensors in their own values gives the f32 path's bytes") {
+  // One plain LoRA term is merged in the stored values (gguf_merge's merged_as_stored); a report
+  // sends every tensor through the f32 path, which adds in f32 and rounds to the type once. The
+  // output files must be the same bytes, in PEFT's and in llama-export-lora's arithmetic, and a
+  // result beyond the type's range must be refused by both.
+  auto file_bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  };
+  for (uint32_t type : {kF32, kF16, kBF16}) {
+    Files f;
+    std::vector<Tensor> base = base_tensors();
+    for (Tensor& t : base) {
+      if (t.shape[1] == 32) t.shape = {3, 256}, t.values = ramp(768, 0.1f, -0.02f);  // rows longer than a block
+      t.type = type;
+    }
+    write_gguf(f.base, {{"general.architecture", str("llama")}}, base);
+    std::vector<Tensor> lora = lora_tensors();
+    lora[4] = {"blk.0.ffn_down.weight.lora_a", kF32, {2, 256}, ramp(512, -0.2f, 0.01f)};
+    write_gguf(f.lora, lora_metadata(), lora);
+    for (merge::Arithmetic arithmetic : {merge::Arithmetic::peft, merge::Arithmetic::ggml}) {
+      CAPTURE(type);
+      CAPTURE(static_cast<int>(arithmetic));
+      std::vector<std::vector<char>> outputs;
+      for (bool report : {false, true}) {
+        CheckpointMergeOptions options;
+        options.threads = 2;
+        options.report = report;
+        options.arithmetic = arithmetic;
+        options.adapters = open_merge_inputs({{nullptr, f.lora, 0.7}}, f.base);
+        const CheckpointMergeResult result = merge_into_gguf(f.base, f.out, options);
+        CHECK(result.merged == 3);
+        CHECK(result.store_report.size() == (report ? 3u : 0u));
+        outputs.push_back(file_bytes(f.out));
+      }
+      CHECK(outputs[0].size() > 0);
+      CHECK(outputs[0] == outputs[1]);
+      // lora_b 1e4 times larger: results finite in f32 but beyond f16's range; for F32 and BF16
+      // (f32's range), beyond f32's.
+      std::vector<Tensor> large = lora;
+      for (Tensor& t : large)
+        if (t.name.ends_with("lora_b"))
+          for (float& v : t.values) v *= 1e4f;
+      const std::string large_lora = f.dir.path("large.gguf");
+      write_gguf(large_lora, lora_metadata(), large);
+      for (bool report : {false, true}) {
+        CheckpointMergeOptions options;
+        options.report = report;
+        options.arithmetic = arithmetic;
+        options.adapters = open_merge_inputs({{nullptr, large_lora, type == kF16 ? 2e5 : 1e36}}, f.base);
+        CAPTURE(report);
+        int32_t code = PEFT_OK;
+        std::string message;
+        try {
+          merge_into_gguf(f.base, f.out, options);
+        } catch (const Error& e) {
+          code = e.code();
+          message = e.what();
+        }
+        CHECK(code == PEFT_ERR_NON_FINITE);
+        CHECK(message.find("\"token_embd.weight\" holds an infinity or") != std::string::npos);
+      }
+    }
+  }
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <variant>
 
@@ -517,6 +518,7 @@ class GgufMerge {
     const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
     const std::string what = path_ + ": tensor " + peft::quoted(info.name);
+    if (auto bytes = merged_as_stored(index, target, info, rows, cols, what)) return std::move(*bytes);
     // The values start in GGUF's row order, a replacement's in PyTorch's.
     std::vector<float> values;
     bool torch_rows = false;  // the values' row order now: GGUF's, or PyTorch's
@@ -591,6 +593,43 @@ class GgufMerge {
       }
       result.store_report.push_back(std::move(report));
     }
+    return out;
+  }
+
+  // One plain LoRA term into an F32, F16 or BF16 tensor written in its own type, without a report:
+  // merged in the stored values themselves, as a checkpoint merge does, without the tensor in f32
+  // and without converting it twice. The same bytes as merged_tensor's f32 path, which adds in f32
+  // and rounds once to the type: add_delta does both steps per element. (Several terms are each
+  // rounded to f32 there and to the type once at the end, so they take that path; so do the other
+  // methods, DoRA, biases, replacements, conversions and reports.) Nothing when the case is another.
+  std::optional<std::vector<uint8_t>> merged_as_stored(size_t index, const GgufTarget& target, const TensorInfo& info,
+                                                       int64_t rows, int64_t cols, const std::string& what) const {
+    const DType dtype = info.dtype;
+    if (target.replacement || !target.biases.empty() || target.terms.size() != 1 || options_.report ||
+        options_.allow_nonfinite || info.block_quantized || out_type(info) != static_cast<uint32_t>(info.ggml_type) ||
+        (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16) ||
+        !merges_from_source(target.terms[0].module))
+      return std::nullopt;
+    const GgufTerm& term = target.terms[0];
+    const uint64_t element_bytes = dtype == DType::F32 ? 4 : 2;
+    const uint64_t row_bytes = static_cast<uint64_t>(cols) * element_bytes;
+    std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
+    base_->read_bytes(index, 0, out.data(), out.size());
+    if (term.torch_rows) reorder_gguf_rows(target.rows, heads_, out.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
+    BufferMergeOptions merge_options;
+    merge_options.threads = options_.threads;
+    merge_options.arithmetic = options_.arithmetic;
+    merge_options.weight = term.weight;
+    const merge::DeltaLayout& layout = term.module.layout;
+    const uint64_t slice_bytes = static_cast<uint64_t>(layout.rows() * layout.cols()) * element_bytes;
+    const merge::WeightView view{out.data() + term.slice * slice_bytes, dtype, layout.rows(), layout.cols()};
+    BufferMerge::apply(view, nullptr, term.module, merge_options);
+    if (term.torch_rows) reorder_gguf_rows(target.rows, heads_, out.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
+    const uint64_t elements = element_count(info);
+    if (const uint64_t at = first_nonfinite(dtype, dtype, out.data(), elements); at != elements)
+      fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) + " holds an infinity or a NaN in " +
+                                    std::string(dtype_name(dtype)) + " (element " + std::to_string(at) +
+                                    "); nothing was written (allow_nonfinite / --allow-nonfinite writes it anyway)");
     return out;
   }
 
