@@ -4,7 +4,8 @@ The data is bench/merge_bench_data.py's LLaMA-shaped bf16 model with a rank-16 L
 layer: 10 layers (1.3 GB) by default, 150 layers (15.7 GB, an 8B model's size) with --large or
 PEFT_BENCH_LARGE=1 (skipped with a message when the disk has less than 40 GB free). With --gguf the
 base is that model converted to F16 GGUF by llama.cpp's convert_hf_to_gguf.py (needs
-`eval "$(scripts/llama-cpp.sh --env)"`), and the merge writes one GGUF file.
+`eval "$(scripts/llama-cpp.sh --env)"`), with --quant TYPE also quantized by llama-quantize, and the
+merge writes one GGUF file (of the base's types: a quantized base is merged and quantized again).
 
 In the same run, side by side:
 * the device bound: reading every byte the merge reads (the base's shards and the adapter file) with
@@ -20,7 +21,7 @@ In the same run, side by side:
 Each figure is the best of --repeat runs. Targets (issue 34): merge / bound <= 1.2x, peak RSS <= 200 MB
 plus the adapter file's size (the adapter is mapped).
 
-usage: python bench/merge_vs_device.py BUILD_DIR [--large] [--gguf] [--repeat N] [--threads N,N...]
+usage: python bench/merge_vs_device.py BUILD_DIR [--large] [--gguf [--quant TYPE]] [--repeat N] [--threads N,N...]
 Prints a Markdown table.
 """
 
@@ -109,6 +110,8 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", default=os.environ.get("PEFT_BENCH_LARGE") == "1",
                         help=f"the {LARGE_LAYERS}-layer model (15.7 GB) instead of the 10-layer one")
     parser.add_argument("--gguf", action="store_true", help="the base as F16 GGUF (convert_hf_to_gguf.py)")
+    parser.add_argument("--quant", metavar="TYPE",
+                        help="with --gguf: that F16 GGUF quantized by llama-quantize (Q4_K_M, Q8_0, ...)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", default=f"1,{os.cpu_count()}", help="peftc --threads values, comma-separated")
     args = parser.parse_args()
@@ -122,6 +125,8 @@ def main() -> None:
             print(f"## merge against the device, {LARGE_LAYERS} layers: skipped, {free / 1e9:.0f} GB free "
                   f"(the data, the output and the write test need {LARGE_FREE_BYTES / 1e9:.0f} GB)")
             return
+    if args.quant and not args.gguf:
+        sys.exit("--quant needs --gguf")
     if args.gguf and not os.environ.get("PEFT_LLAMA_CPP_BIN"):
         print("## merge against the device, GGUF: skipped, PEFT_LLAMA_CPP_BIN is not set "
               "(eval \"$(scripts/llama-cpp.sh --env)\")")
@@ -133,8 +138,12 @@ def main() -> None:
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="merge_vs_device_", dir=data))
     try:
         if args.gguf:
-            from gguf_reference import convert_hf_to_gguf
+            from gguf_reference import convert_hf_to_gguf, quantize
             base = convert_hf_to_gguf(data / "base", scratch / "base.f16.gguf", outtype="f16")
+            if args.quant:
+                f16 = base
+                base = quantize(f16, scratch / f"base.{args.quant}.gguf", type=args.quant, threads=os.cpu_count())
+                f16.unlink()
             inputs = [base]
         else:
             base = data / "base"
@@ -164,7 +173,7 @@ def main() -> None:
     read, write, at_once = min(reads), min(writes), min(both)
     bound = max(read, write)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    kind = "F16 GGUF" if args.gguf else "bf16 safetensors"
+    kind = f"{args.quant or 'F16'} GGUF" if args.gguf else "bf16 safetensors"
     print(f"## merge against the device: {base_bytes / 1e9:.2f} GB {kind} LLaMA-shaped model ({layers} layers), "
           f"rank-{merge_bench_data.RANK} LoRA on every linear layer ({adapter_bytes / 1e6:.0f} MB)")
     print(f"machine: {os.cpu_count()} cores, {cpu}; best of {args.repeat} runs each\n")

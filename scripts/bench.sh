@@ -18,3 +18,6 @@ eval "$(scripts/llama-cpp.sh --env)"   # llama.cpp's tools for bench/gguf_merge_
 for s in bench/*.py; do
   echo "### $s"; "$py" "$s" build
 done
+# The merge against the device into GGUF bases as well: F16, and Q4_K_M (merged and quantized again).
+echo "### bench/merge_vs_device.py --gguf"; "$py" bench/merge_vs_device.py build --gguf
+echo "### bench/merge_vs_device.py --gguf --quant Q4_K_M"; "$py" bench/merge_vs_device.py build --gguf --quant Q4_K_M
