@@ -4,9 +4,10 @@
 //   1. registration time per adapter (config + safetensors header, no tensor reads);
 //   2. first-use load time (acquire of an adapter not in memory, from the page cache) and the time
 //      of an acquire that finds it loaded;
-//   3. swap time of merged adapters in host-owned bf16 weights (none -> A, A -> B, B -> none, exact
-//      restoration) against a full reload of the base weights from a safetensors file in the page
-//      cache;
+//   3. swap time of merged adapters in host-owned bf16 weights (none -> A, A -> B, B -> none, and an
+//      adapter on the attention layers only; exact and arithmetic restoration) against a full reload
+//      of the base weights from a safetensors file in the page cache, and against the compute bound:
+//      the merge kernels' own rate on one cached block of rows, times the threads a swap uses;
 //   4. the cost of unmerged LoRA (peft_lora_apply) beside the base matmul alone (cblas_sgemm, f32),
 //      for batches of 1, 16 and 256 rows and ranks 8, 16 and 64, per layer shape.
 // Results are best-of-N wall times; the machine's other load makes single runs noisy.
