@@ -535,19 +535,12 @@ class GgufMerge {
     }
     std::vector<float> base;  // the base's own values, for the report
     if (options_.report && !target.replacement) base = values;
-    BufferMergeOptions merge_options;
-    merge_options.threads = options_.threads;
-    merge_options.arithmetic = options_.arithmetic;
     for (const GgufTerm& term : target.terms) {
       if (term.torch_rows != torch_rows) {
         reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);
         torch_rows = term.torch_rows;
       }
-      merge_options.weight = term.weight;
-      const uint64_t slice_size = static_cast<uint64_t>(term.module.layout.rows() * term.module.layout.cols());
-      const merge::WeightView view{values.data() + term.slice * slice_size, DType::F32, term.module.layout.rows(),
-                                   term.module.layout.cols()};
-      BufferMerge::apply(view, nullptr, term.module, merge_options);
+      add_term(term, values.data(), DType::F32);
     }
     if (!target.biases.empty() && !torch_rows) {
       reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
@@ -596,6 +589,20 @@ class GgufMerge {
     return out;
   }
 
+  // Adds `term` to the tensor whose values (F32, F16 or BF16, in the term's row order) are at `data`:
+  // to its slice of a stacked tensor, with the term's weight.
+  void add_term(const GgufTerm& term, void* data, DType dtype) const {
+    BufferMergeOptions merge_options;
+    merge_options.threads = options_.threads;
+    merge_options.arithmetic = options_.arithmetic;
+    merge_options.weight = term.weight;
+    const merge::DeltaLayout& layout = term.module.layout;
+    const uint64_t slice_bytes = static_cast<uint64_t>(layout.rows() * layout.cols()) * dtype_bits(dtype) / 8;
+    const merge::WeightView view{static_cast<uint8_t*>(data) + term.slice * slice_bytes, dtype, layout.rows(),
+                                 layout.cols()};
+    BufferMerge::apply(view, nullptr, term.module, merge_options);
+  }
+
   // One plain LoRA term into an F32, F16 or BF16 tensor written in its own type, without a report:
   // merged in the stored values themselves, as a checkpoint merge does, without the tensor in f32
   // and without converting it twice. The same bytes as merged_tensor's f32 path, which adds in f32
@@ -611,19 +618,11 @@ class GgufMerge {
         !merges_from_source(target.terms[0].module))
       return std::nullopt;
     const GgufTerm& term = target.terms[0];
-    const uint64_t element_bytes = dtype == DType::F32 ? 4 : 2;
-    const uint64_t row_bytes = static_cast<uint64_t>(cols) * element_bytes;
+    const uint64_t row_bytes = static_cast<uint64_t>(cols) * dtype_bits(dtype) / 8;
     std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
     base_->read_bytes(index, 0, out.data(), out.size());
     if (term.torch_rows) reorder_gguf_rows(target.rows, heads_, out.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
-    BufferMergeOptions merge_options;
-    merge_options.threads = options_.threads;
-    merge_options.arithmetic = options_.arithmetic;
-    merge_options.weight = term.weight;
-    const merge::DeltaLayout& layout = term.module.layout;
-    const uint64_t slice_bytes = static_cast<uint64_t>(layout.rows() * layout.cols()) * element_bytes;
-    const merge::WeightView view{out.data() + term.slice * slice_bytes, dtype, layout.rows(), layout.cols()};
-    BufferMerge::apply(view, nullptr, term.module, merge_options);
+    add_term(term, out.data(), dtype);
     if (term.torch_rows) reorder_gguf_rows(target.rows, heads_, out.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
     const uint64_t elements = element_count(info);
     if (const uint64_t at = first_nonfinite(dtype, dtype, out.data(), elements); at != elements)
