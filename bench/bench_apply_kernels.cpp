@@ -3,11 +3,12 @@
 // bf16 factors, 1, 16 and 64 rows, ranks 8, 16 and 64. Median of 7 after a warm-up; GFLOP/s
 // counts a multiply-add as two operations.
 //
-// Usage: bench_apply_kernels
+// Usage: bench_apply_kernels [IN] (the layer's input features, 4096 unless given)
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -31,13 +32,18 @@ double median_ms(Fn&& fn) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   namespace k = peft::serve::kernels;
   std::vector<const k::Table*> tables;
   if (k::x86_avx512()) tables.push_back(k::x86_avx512());
   if (k::x86_avx2()) tables.push_back(k::x86_avx2());
   tables.push_back(&k::portable());
-  constexpr int64_t out = 4096, in = 4096;
+  constexpr int64_t out = 4096;
+  const int64_t in = argc > 1 ? std::atoll(argv[1]) : 4096;
+  if (in <= 0) {
+    std::fprintf(stderr, "usage: bench_apply_kernels [IN]\n");
+    return 2;
+  }
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::printf("apply kernels: %lldx%lld layer, bf16 factors, one thread, median of 7\n", static_cast<long long>(out),

@@ -32,6 +32,10 @@ namespace {
 
 // Columns of an F16 A widened at a time (NR rows of this length: 16 KiB on the stack).
 constexpr int64_t kF16Chunk = 1024;
+// shrink: the most bytes of X's rows one column chunk takes (a share of a core's L2 cache), and the
+// fewest columns of a chunk (each chunk adds a lane sum per dot product).
+constexpr int64_t kShrinkChunkBytes = int64_t(512) << 10;
+constexpr int64_t kShrinkMinChunk = 512;
 // Below this many rows, expand() takes dot products along B's rows (no transposed panel to build).
 constexpr int64_t kDotRows = 4;
 // Outputs of a dot-product tile (independent accumulators).
@@ -39,6 +43,9 @@ constexpr int kDotOutputs = 4;
 // Ranks up to this build the transposed panel on the stack (at most 32 KiB); larger ranks take the
 // dot path.
 constexpr int64_t kPanelMaxRank = 128;
+// From this many rows shrink() builds panels of an F32 or BF16 A too, for ranks that fill a panel
+// (fewer rows, or a panel mostly zeros, and building it costs more than the lane sums it saves).
+constexpr int64_t kPanelShrinkRows = 32;
 
 // V f32 lanes, and V bf16 values (the attribute needs a literal size: one specialisation per V).
 template <int V>
@@ -143,6 +150,71 @@ PEFT_INLINE Lanes<4>::f32 sum4(Vec va, Vec vb, Vec vc, Vec vd) {
 }
 #endif
 
+// ---- panels: a factor's rows transposed, multiplied with broadcasts -------------------------------
+
+// C [MR x JW] += scale * T [MR x depth] P, P = a panel [depth x JW] (rows of a factor transposed),
+// T row-major with leading dimension ldt; only the first `width` columns are stored. Each C element
+// is one chain of fused multiply-adds along the depth, V columns per vector: no lane sums.
+template <int V, int MR, int JW>
+PEFT_INLINE void panel_tile(const float* t, int64_t ldt, int64_t depth, const float* panel, float scale, float* c,
+                            int64_t ldc, int64_t width) {
+  using vec = typename Lanes<V>::f32;
+  constexpr int Q = JW / V;
+  vec acc[MR][Q];
+  for (int u = 0; u < MR; ++u)
+    for (int q = 0; q < Q; ++q) acc[u][q] = vec{};
+  for (int64_t k = 0; k < depth; ++k) {
+    vec p[Q];
+    for (int q = 0; q < Q; ++q) p[q] = load<V>(panel + k * JW + q * V);
+    for (int u = 0; u < MR; ++u) {
+      const float tk = t[u * ldt + k];
+      for (int q = 0; q < Q; ++q) acc[u][q] += tk * p[q];
+    }
+  }
+  for (int u = 0; u < MR; ++u) {
+    float* cu = c + u * ldc;
+    if (width == JW) {
+      for (int q = 0; q < Q; ++q) {
+        vec cv = load<V>(cu + q * V);
+        cv += scale * acc[u][q];
+        std::memcpy(cu + q * V, &cv, sizeof cv);
+      }
+    } else {
+      float lanes[JW];
+      std::memcpy(lanes, acc[u], sizeof lanes);
+      for (int64_t w = 0; w < width; ++w) cu[w] += scale * lanes[w];
+    }
+  }
+}
+
+// panel [depth x JW] = the first `depth` elements of `width` rows (leading dimension ld) transposed
+// and widened, zero past width. Blocks of 4 x 4 are transposed in registers; the edges one element
+// at a time.
+template <int JW, class E>
+PEFT_INLINE void fill_panel(const E* rows, int64_t ld, int64_t depth, int64_t width, float* panel) {
+  int64_t w0 = 0;
+#if __has_builtin(__builtin_shufflevector)
+  using vec = Lanes<4>::f32;
+  for (; w0 + 4 <= width; w0 += 4) {
+    const E* four = rows + w0 * ld;
+    int64_t k = 0;
+    for (; k + 4 <= depth; k += 4) {
+      vec columns[4] = {load<4>(four + k), load<4>(four + ld + k), load<4>(four + 2 * ld + k),
+                        load<4>(four + 3 * ld + k)};
+      transpose4(columns);
+      for (int q = 0; q < 4; ++q) std::memcpy(panel + (k + q) * JW + w0, &columns[q], sizeof(vec));
+    }
+    for (; k < depth; ++k)
+      for (int64_t w = w0; w < w0 + 4; ++w) panel[k * JW + w] = load_one(rows + w * ld + k);
+  }
+#endif
+  for (int64_t k = 0; k < depth; ++k) {
+    float* p = panel + k * JW;
+    for (int64_t w = w0; w < width; ++w) p[w] = load_one(rows + w * ld + k);
+    for (int64_t w = width; w < JW; ++w) p[w] = 0.0f;
+  }
+}
+
 // ---- shrink: T = X A^T --------------------------------------------------------------------------
 
 // T [MR x NR] += X [MR x kc] A [NR x kc]^T, each dot product in V lanes (the tail in lane 0's sum).
@@ -184,32 +256,74 @@ PEFT_INLINE void shrink_block(const E* rows, int64_t lda, int64_t nr, int64_t kc
   }
 }
 
-// F32 and BF16 A are read in place, NR rows at a time against every row of X (the reductions to
-// T happen once per dot product); F16 A is widened kF16Chunk columns at a time.
+// Columns [k0, k0 + kc) of A (rows [r0, r0 + nr), in its storage dtype) against every row of X.
+// F32 and BF16 rows are read in place; F16 rows are widened first into `widened` (NR rows of
+// kF16Chunk floats).
 template <int V, int MR, int NR>
+PEFT_INLINE void shrink_columns(DType a_dtype, const void* a, int64_t r0, int64_t nr, int64_t k0, int64_t kc,
+                                int64_t rank, int64_t in, const float* x, int64_t n, float* t, float* widened) {
+  const int64_t offset = r0 * in + k0;
+  if (a_dtype == DType::F32)
+    return shrink_block<V, MR, NR>(static_cast<const float*>(a) + offset, in, nr, kc, rank, in, x + k0, n, t + r0);
+  if (a_dtype == DType::BF16)
+    return shrink_block<V, MR, NR>(static_cast<const Bf16*>(a) + offset, in, nr, kc, rank, in, x + k0, n, t + r0);
+  const auto* halves = static_cast<const uint16_t*>(a) + offset;
+  for (int64_t v = 0; v < nr; ++v)
+    convert(a_dtype, halves + v * in, DType::F32, widened + v * kF16Chunk, static_cast<uint64_t>(kc));
+  shrink_block<V, MR, NR>(static_cast<const float*>(widened), kF16Chunk, nr, kc, rank, in, x + k0, n, t + r0);
+}
+
+// From kPanelShrinkRows rows, and ranks of at least a panel's width: T += X A^T through panels, as
+// expand_panel does for B. A's rows [r0, r0 + JW), columns [k0, k0 + kPanelMaxRank), are transposed
+// and widened into a panel once; every row of X then multiplies it with broadcasts, and no dot
+// product needs a lane sum. While a tile of rows runs, the next tile's X columns are prefetched:
+// each tile reads only 512 bytes of each of its rows, too short a stream for the hardware
+// prefetcher, and without it a rank-64 shrink of 64 rows of an 11008-wide X waited on memory
+// (0.77 ms against 0.61 ms per call, one thread).
+template <int V, int MR, int JW, class E>
+PEFT_INLINE void shrink_panel(const E* a, int64_t rank, int64_t in, const float* x, int64_t n, float* t) {
+  alignas(64) float panel[kPanelMaxRank * JW];
+  for (int64_t k0 = 0; k0 < in; k0 += kPanelMaxRank) {
+    const int64_t depth = std::min(kPanelMaxRank, in - k0);
+    for (int64_t r0 = 0; r0 < rank; r0 += JW) {
+      const int64_t width = std::min<int64_t>(JW, rank - r0);
+      fill_panel<JW>(a + r0 * in + k0, in, depth, width, panel);
+      int64_t i = 0;
+      for (; i + MR <= n; i += MR) {
+        if (i + 2 * MR <= n)
+          for (int u = 0; u < MR; ++u)
+            for (int64_t k = 0; k < depth; k += 64 / int64_t(sizeof(float)))
+              __builtin_prefetch(x + (i + MR + u) * in + k0 + k);
+        panel_tile<V, MR, JW>(x + i * in + k0, in, depth, panel, 1.0f, t + i * rank + r0, rank, width);
+      }
+      for (; i < n; ++i) panel_tile<V, 1, JW>(x + i * in + k0, in, depth, panel, 1.0f, t + i * rank + r0, rank, width);
+    }
+  }
+}
+
+// Otherwise dot products: NR rows of A at a time against every row of X, over column chunks of A
+// and X, so that each chunk of X (at most kShrinkChunkBytes of f32) stays in the cache while every
+// row of A passes over it. A block of 64 rows of an 11008-wide X is 2.8 MB: unchunked, it came
+// from memory once per NR ranks (a rank-64 shrink of 64 such rows took 1.44 ms, chunked 0.96 ms,
+// one thread). F16 A (on this path at any size) is widened kF16Chunk columns at a time, so its
+// chunks are at most that wide.
+template <int V, int MR, int NR, int PMR, int JW>
 PEFT_INLINE void shrink_body(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n,
                              float* t) {
   std::fill(t, t + n * rank, 0.0f);
-  if (a_dtype == DType::F32 || a_dtype == DType::BF16) {
-    for (int64_t r0 = 0; r0 < rank; r0 += NR) {
-      const int64_t nr = std::min<int64_t>(NR, rank - r0);
-      if (a_dtype == DType::F32)
-        shrink_block<V, MR, NR>(static_cast<const float*>(a) + r0 * in, in, nr, in, rank, in, x, n, t + r0);
-      else
-        shrink_block<V, MR, NR>(static_cast<const Bf16*>(a) + r0 * in, in, nr, in, rank, in, x, n, t + r0);
-    }
-    return;
+  if (n >= kPanelShrinkRows && rank >= JW && (a_dtype == DType::F32 || a_dtype == DType::BF16)) {
+    if (a_dtype == DType::F32) return shrink_panel<V, PMR, JW>(static_cast<const float*>(a), rank, in, x, n, t);
+    return shrink_panel<V, PMR, JW>(static_cast<const Bf16*>(a), rank, in, x, n, t);
   }
+  int64_t chunk = in;
+  if (n * in * int64_t(sizeof(float)) > kShrinkChunkBytes)
+    chunk = std::max<int64_t>(kShrinkMinChunk, kShrinkChunkBytes / (n * int64_t(sizeof(float))) / 64 * 64);
+  if (a_dtype != DType::F32 && a_dtype != DType::BF16) chunk = std::min(chunk, kF16Chunk);
   alignas(64) float widened[NR * kF16Chunk];
-  for (int64_t k0 = 0; k0 < in; k0 += kF16Chunk) {
-    const int64_t kc = std::min(kF16Chunk, in - k0);
-    for (int64_t r0 = 0; r0 < rank; r0 += NR) {
-      const int64_t nr = std::min<int64_t>(NR, rank - r0);
-      const auto* halves = static_cast<const uint16_t*>(a) + r0 * in + k0;
-      for (int64_t v = 0; v < nr; ++v)
-        convert(a_dtype, halves + v * in, DType::F32, widened + v * kF16Chunk, static_cast<uint64_t>(kc));
-      shrink_block<V, MR, NR>(static_cast<const float*>(widened), kF16Chunk, nr, kc, rank, in, x + k0, n, t + r0);
-    }
+  for (int64_t k0 = 0; k0 < in; k0 += chunk) {
+    const int64_t kc = std::min(chunk, in - k0);
+    for (int64_t r0 = 0; r0 < rank; r0 += NR)
+      shrink_columns<V, MR, NR>(a_dtype, a, r0, std::min<int64_t>(NR, rank - r0), k0, kc, rank, in, x, n, t, widened);
   }
 }
 
@@ -255,67 +369,6 @@ PEFT_INLINE void expand_dot(const E* b, int64_t out, int64_t rank, const float* 
   }
 }
 
-// C [MR x JW] += scale * T [MR x rank] P, P = the panel [rank x JW] (B's rows transposed); only the
-// first `width` columns are stored.
-template <int V, int MR, int JW>
-PEFT_INLINE void expand_tile(const float* t, int64_t rank, const float* panel, float scale, float* c, int64_t ldc,
-                             int64_t width) {
-  using vec = typename Lanes<V>::f32;
-  constexpr int Q = JW / V;
-  vec acc[MR][Q];
-  for (int u = 0; u < MR; ++u)
-    for (int q = 0; q < Q; ++q) acc[u][q] = vec{};
-  for (int64_t k = 0; k < rank; ++k) {
-    vec p[Q];
-    for (int q = 0; q < Q; ++q) p[q] = load<V>(panel + k * JW + q * V);
-    for (int u = 0; u < MR; ++u) {
-      const float tk = t[u * rank + k];
-      for (int q = 0; q < Q; ++q) acc[u][q] += tk * p[q];
-    }
-  }
-  for (int u = 0; u < MR; ++u) {
-    float* cu = c + u * ldc;
-    if (width == JW) {
-      for (int q = 0; q < Q; ++q) {
-        vec cv = load<V>(cu + q * V);
-        cv += scale * acc[u][q];
-        std::memcpy(cu + q * V, &cv, sizeof cv);
-      }
-    } else {
-      float lanes[JW];
-      std::memcpy(lanes, acc[u], sizeof lanes);
-      for (int64_t w = 0; w < width; ++w) cu[w] += scale * lanes[w];
-    }
-  }
-}
-
-// panel [rank x JW] = B's rows [jb, jb + width) transposed and widened, zero past width. Blocks of
-// 4 x 4 are transposed in registers; the edges one element at a time.
-template <int JW, class E>
-PEFT_INLINE void fill_panel(const E* b, int64_t rank, int64_t jb, int64_t width, float* panel) {
-  int64_t w0 = 0;
-#if __has_builtin(__builtin_shufflevector)
-  using vec = Lanes<4>::f32;
-  for (; w0 + 4 <= width; w0 += 4) {
-    const E* rows = b + (jb + w0) * rank;
-    int64_t k = 0;
-    for (; k + 4 <= rank; k += 4) {
-      vec columns[4] = {load<4>(rows + k), load<4>(rows + rank + k), load<4>(rows + 2 * rank + k),
-                        load<4>(rows + 3 * rank + k)};
-      transpose4(columns);
-      for (int q = 0; q < 4; ++q) std::memcpy(panel + (k + q) * JW + w0, &columns[q], sizeof(vec));
-    }
-    for (; k < rank; ++k)
-      for (int64_t w = w0; w < w0 + 4; ++w) panel[k * JW + w] = load_one(b + (jb + w) * rank + k);
-  }
-#endif
-  for (int64_t k = 0; k < rank; ++k) {
-    float* p = panel + k * JW;
-    for (int64_t w = w0; w < width; ++w) p[w] = load_one(b + (jb + w) * rank + k);
-    for (int64_t w = width; w < JW; ++w) p[w] = 0.0f;
-  }
-}
-
 // More rows: JW columns at a time, B's JW rows are transposed once into a panel that every row of
 // T then multiplies with broadcasts and V-wide fused multiply-adds.
 template <int V, int MR, int JW, class E>
@@ -324,11 +377,11 @@ PEFT_INLINE void expand_panel(const E* b, int64_t out, int64_t rank, const float
   alignas(64) float panel[kPanelMaxRank * JW];
   for (int64_t jb = j0; jb < j1; jb += JW) {
     const int64_t width = std::min<int64_t>(JW, j1 - jb);
-    fill_panel<JW>(b, rank, jb, width, panel);
+    fill_panel<JW>(b + jb * rank, rank, rank, width, panel);
     float* cb = c + jb;
     int64_t i = 0;
-    for (; i + MR <= n; i += MR) expand_tile<V, MR, JW>(t + i * rank, rank, panel, scale, cb + i * out, out, width);
-    for (; i < n; ++i) expand_tile<V, 1, JW>(t + i * rank, rank, panel, scale, cb + i * out, out, width);
+    for (; i + MR <= n; i += MR) panel_tile<V, MR, JW>(t + i * rank, rank, rank, panel, scale, cb + i * out, out, width);
+    for (; i < n; ++i) panel_tile<V, 1, JW>(t + i * rank, rank, rank, panel, scale, cb + i * out, out, width);
   }
 }
 
@@ -376,17 +429,18 @@ PEFT_INLINE void expand_body(DType b_dtype, const void* b, int64_t out, int64_t 
   }
 }
 
-// Stamps out a table for one instruction set: V lanes, the MR x NR tile of shrink, the MR x JW
-// tile of expand.
-#define PEFT_DEFINE_APPLY_TABLE(NS, NAME, ATTR, V, SMR, SNR, DV, EMR, EJW)                                  \
+// Stamps out a table for one instruction set: V lanes, the MR x NR tile of shrink's dot products,
+// the dot path's lanes DV, and the MR x JW tile of the panels (expand, and shrink from
+// kPanelShrinkRows rows).
+#define PEFT_DEFINE_APPLY_TABLE(NS, NAME, ATTR, V, SMR, SNR, DV, PMR, PJW)                                  \
   namespace NS {                                                                                              \
   ATTR void shrink(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n,         \
                    float* t) {                                                                                \
-    shrink_body<V, SMR, SNR>(a_dtype, a, rank, in, x, n, t);                                            \
+    shrink_body<V, SMR, SNR, PMR, PJW>(a_dtype, a, rank, in, x, n, t);                                      \
   }                                                                                                           \
   ATTR void expand(DType b_dtype, const void* b, int64_t out, int64_t rank, const float* t, int64_t n,        \
                    float scale, float* c, int64_t j0, int64_t j1) {                                           \
-    expand_body<V, DV, EMR, EJW>(b_dtype, b, out, rank, t, n, scale, c, j0, j1);                            \
+    expand_body<V, DV, PMR, PJW>(b_dtype, b, out, rank, t, n, scale, c, j0, j1);                            \
   }                                                                                                           \
   const Table table{NAME, shrink, expand};                                                                    \
   }
@@ -396,7 +450,7 @@ PEFT_DEFINE_APPLY_TABLE(portable_impl, "portable", , 4, 2, 4, 4, 4, 16)
 #ifdef PEFT_KERNELS_X86
 PEFT_DEFINE_APPLY_TABLE(avx2_impl, "avx2", __attribute__((target("avx2,fma,f16c"))), 8, 2, 4, 8, 4, 16)
 PEFT_DEFINE_APPLY_TABLE(avx512_impl, "avx512",
-                        __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), 16, 4, 4, 8, 2, 64)
+                        __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), 16, 4, 4, 8, 4, 64)
 #endif
 
 }  // namespace

@@ -527,7 +527,7 @@ TEST_CASE("peft_lora_apply: errors name what is wrong and leave y unchanged") {
 // The two products of each kernel table the CPU has, against float64, at every edge of their tiles
 // and lanes: one row and rows that fill no tile, ranks below, at and above the lane widths and above
 // the transposed panel's limit (and, for F16, above the widening buffer), widths that leave tails,
-// and a range of output columns with the rest untouched. Bound: gamma(depth) relative to the sum
+// shrink's panels and its column chunks, and a range of output columns with the rest untouched. Bound: gamma(depth) relative to the sum
 // of the magnitudes of the terms, depth = in for X A^T, rank + 2 for C + scale * T B^T.
 TEST_CASE("lora apply kernels: every table against float64, at the edges of the tiles") {
   namespace k = peft::serve::kernels;
@@ -547,6 +547,12 @@ TEST_CASE("lora apply kernels: every table against float64, at the edges of the 
       for (int64_t out : {1, 7, 70})
         for (int64_t n : {1, 3, 4, 9}) shapes.push_back({in, rank, out, n});
   shapes.push_back({3, 2100, 5, 5});  // F16: a rank above every table's widening buffer
+  // shrink's panels (from 32 rows, ranks of a panel's width: 16 or 64 columns): rows that leave a
+  // partial tile, a partial last panel of ranks, depths past one panel (128) with a tail.
+  for (int64_t rank : {16, 64, 70, 129}) shapes.push_back({300, rank, 9, 37});
+  // shrink's dot products over column chunks (X's rows above 512 KiB), for F16 at most 1024 wide.
+  shapes.push_back({3500, 9, 5, 40});
+  shapes.push_back({3500, 64, 5, 40});
   uint32_t seed = 1000;
   for (const k::Table* table : tables)
     for (DType dtype : kDTypes)
