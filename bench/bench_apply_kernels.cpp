@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
         std::vector<float> x(static_cast<size_t>(n * in)), c(static_cast<size_t>(n * out)), t(static_cast<size_t>(n * rank));
         for (auto& v : x) v = normal(rng);
         const double shrink =
-            median_ms([&] { table->shrink(peft::DType::BF16, a.data(), rank, in, x.data(), n, t.data()); });
+            median_ms([&] { table->shrink(peft::DType::BF16, a.data(), rank, in, x.data(), n, t.data(), rank); });
         const double expand = median_ms(
             [&] { table->expand(peft::DType::BF16, b.data(), out, rank, t.data(), n, 2.0f, c.data(), 0, out); });
         const double flops = 2.0 * static_cast<double>(n * rank * in);

@@ -244,15 +244,15 @@ PEFT_INLINE void shrink_tile(const float* x, int64_t ldx, const E* a, int64_t ld
 
 // Columns [k0, k0 + kc) of A's rows [r0, r0 + nr) against every row of X.
 template <int V, int MR, int NR, class E>
-PEFT_INLINE void shrink_block(const E* rows, int64_t lda, int64_t nr, int64_t kc, int64_t rank, int64_t in,
+PEFT_INLINE void shrink_block(const E* rows, int64_t lda, int64_t nr, int64_t kc, int64_t ldt, int64_t in,
                               const float* xk, int64_t n, float* tr) {
   if (nr == NR) {
     int64_t i = 0;
-    for (; i + MR <= n; i += MR) shrink_tile<V, MR, NR>(xk + i * in, in, rows, lda, kc, tr + i * rank, rank);
-    for (; i < n; ++i) shrink_tile<V, 1, NR>(xk + i * in, in, rows, lda, kc, tr + i * rank, rank);
+    for (; i + MR <= n; i += MR) shrink_tile<V, MR, NR>(xk + i * in, in, rows, lda, kc, tr + i * ldt, ldt);
+    for (; i < n; ++i) shrink_tile<V, 1, NR>(xk + i * in, in, rows, lda, kc, tr + i * ldt, ldt);
   } else {
     for (int64_t v = 0; v < nr; ++v)
-      for (int64_t i = 0; i < n; ++i) shrink_tile<V, 1, 1>(xk + i * in, in, rows + v * lda, lda, kc, tr + i * rank + v, rank);
+      for (int64_t i = 0; i < n; ++i) shrink_tile<V, 1, 1>(xk + i * in, in, rows + v * lda, lda, kc, tr + i * ldt + v, ldt);
   }
 }
 
@@ -261,16 +261,16 @@ PEFT_INLINE void shrink_block(const E* rows, int64_t lda, int64_t nr, int64_t kc
 // kF16Chunk floats).
 template <int V, int MR, int NR>
 PEFT_INLINE void shrink_columns(DType a_dtype, const void* a, int64_t r0, int64_t nr, int64_t k0, int64_t kc,
-                                int64_t rank, int64_t in, const float* x, int64_t n, float* t, float* widened) {
+                                int64_t ldt, int64_t in, const float* x, int64_t n, float* t, float* widened) {
   const int64_t offset = r0 * in + k0;
   if (a_dtype == DType::F32)
-    return shrink_block<V, MR, NR>(static_cast<const float*>(a) + offset, in, nr, kc, rank, in, x + k0, n, t + r0);
+    return shrink_block<V, MR, NR>(static_cast<const float*>(a) + offset, in, nr, kc, ldt, in, x + k0, n, t + r0);
   if (a_dtype == DType::BF16)
-    return shrink_block<V, MR, NR>(static_cast<const Bf16*>(a) + offset, in, nr, kc, rank, in, x + k0, n, t + r0);
+    return shrink_block<V, MR, NR>(static_cast<const Bf16*>(a) + offset, in, nr, kc, ldt, in, x + k0, n, t + r0);
   const auto* halves = static_cast<const uint16_t*>(a) + offset;
   for (int64_t v = 0; v < nr; ++v)
     convert(a_dtype, halves + v * in, DType::F32, widened + v * kF16Chunk, static_cast<uint64_t>(kc));
-  shrink_block<V, MR, NR>(static_cast<const float*>(widened), kF16Chunk, nr, kc, rank, in, x + k0, n, t + r0);
+  shrink_block<V, MR, NR>(static_cast<const float*>(widened), kF16Chunk, nr, kc, ldt, in, x + k0, n, t + r0);
 }
 
 // From kPanelShrinkRows rows, and ranks of at least a panel's width: T += X A^T through panels, as
@@ -281,7 +281,7 @@ PEFT_INLINE void shrink_columns(DType a_dtype, const void* a, int64_t r0, int64_
 // prefetcher, and without it a rank-64 shrink of 64 rows of an 11008-wide X waited on memory
 // (0.77 ms against 0.61 ms per call, one thread).
 template <int V, int MR, int JW, class E>
-PEFT_INLINE void shrink_panel(const E* a, int64_t rank, int64_t in, const float* x, int64_t n, float* t) {
+PEFT_INLINE void shrink_panel(const E* a, int64_t rank, int64_t in, const float* x, int64_t n, float* t, int64_t ldt) {
   alignas(64) float panel[kPanelMaxRank * JW];
   for (int64_t k0 = 0; k0 < in; k0 += kPanelMaxRank) {
     const int64_t depth = std::min(kPanelMaxRank, in - k0);
@@ -294,9 +294,9 @@ PEFT_INLINE void shrink_panel(const E* a, int64_t rank, int64_t in, const float*
           for (int u = 0; u < MR; ++u)
             for (int64_t k = 0; k < depth; k += 64 / int64_t(sizeof(float)))
               __builtin_prefetch(x + (i + MR + u) * in + k0 + k);
-        panel_tile<V, MR, JW>(x + i * in + k0, in, depth, panel, 1.0f, t + i * rank + r0, rank, width);
+        panel_tile<V, MR, JW>(x + i * in + k0, in, depth, panel, 1.0f, t + i * ldt + r0, ldt, width);
       }
-      for (; i < n; ++i) panel_tile<V, 1, JW>(x + i * in + k0, in, depth, panel, 1.0f, t + i * rank + r0, rank, width);
+      for (; i < n; ++i) panel_tile<V, 1, JW>(x + i * in + k0, in, depth, panel, 1.0f, t + i * ldt + r0, ldt, width);
     }
   }
 }
@@ -309,11 +309,11 @@ PEFT_INLINE void shrink_panel(const E* a, int64_t rank, int64_t in, const float*
 // chunks are at most that wide.
 template <int V, int MR, int NR, int PMR, int JW>
 PEFT_INLINE void shrink_body(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n,
-                             float* t) {
-  std::fill(t, t + n * rank, 0.0f);
+                             float* t, int64_t ldt) {
+  for (int64_t i = 0; i < n; ++i) std::fill(t + i * ldt, t + i * ldt + rank, 0.0f);
   if (n >= kPanelShrinkRows && rank >= JW && (a_dtype == DType::F32 || a_dtype == DType::BF16)) {
-    if (a_dtype == DType::F32) return shrink_panel<V, PMR, JW>(static_cast<const float*>(a), rank, in, x, n, t);
-    return shrink_panel<V, PMR, JW>(static_cast<const Bf16*>(a), rank, in, x, n, t);
+    if (a_dtype == DType::F32) return shrink_panel<V, PMR, JW>(static_cast<const float*>(a), rank, in, x, n, t, ldt);
+    return shrink_panel<V, PMR, JW>(static_cast<const Bf16*>(a), rank, in, x, n, t, ldt);
   }
   int64_t chunk = in;
   if (n * in * int64_t(sizeof(float)) > kShrinkChunkBytes)
@@ -323,7 +323,7 @@ PEFT_INLINE void shrink_body(DType a_dtype, const void* a, int64_t rank, int64_t
   for (int64_t k0 = 0; k0 < in; k0 += chunk) {
     const int64_t kc = std::min(chunk, in - k0);
     for (int64_t r0 = 0; r0 < rank; r0 += NR)
-      shrink_columns<V, MR, NR>(a_dtype, a, r0, std::min<int64_t>(NR, rank - r0), k0, kc, rank, in, x, n, t, widened);
+      shrink_columns<V, MR, NR>(a_dtype, a, r0, std::min<int64_t>(NR, rank - r0), k0, kc, ldt, in, x, n, t, widened);
   }
 }
 
@@ -435,8 +435,8 @@ PEFT_INLINE void expand_body(DType b_dtype, const void* b, int64_t out, int64_t 
 #define PEFT_DEFINE_APPLY_TABLE(NS, NAME, ATTR, V, SMR, SNR, DV, PMR, PJW)                                  \
   namespace NS {                                                                                              \
   ATTR void shrink(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n,         \
-                   float* t) {                                                                                \
-    shrink_body<V, SMR, SNR, PMR, PJW>(a_dtype, a, rank, in, x, n, t);                                      \
+                   float* t, int64_t ldt) {                                                                   \
+    shrink_body<V, SMR, SNR, PMR, PJW>(a_dtype, a, rank, in, x, n, t, ldt);                                 \
   }                                                                                                           \
   ATTR void expand(DType b_dtype, const void* b, int64_t out, int64_t rank, const float* t, int64_t n,        \
                    float scale, float* c, int64_t j0, int64_t j1) {                                           \

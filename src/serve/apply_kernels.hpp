@@ -21,8 +21,10 @@ struct Table {
   const char* name;
 
   // T [n x rank] = X [n x in] A^T, A [rank x in] row-major in a_dtype (F32, BF16 or F16); X and T
-  // row-major f32 with leading dimensions in and rank. Single-threaded.
-  void (*shrink)(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n, float* t);
+  // row-major f32 with leading dimensions in and ldt >= rank (callers split the ranks between
+  // threads: each T element is computed the same way whatever the split). Single-threaded.
+  void (*shrink)(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n, float* t,
+                 int64_t ldt);
 
   // C [n x out] += scale * (T [n x rank] B^T), B [out x rank] row-major in b_dtype; T and C
   // row-major f32 with leading dimensions rank and out. Only the output columns [j0, j1) are

@@ -167,10 +167,39 @@ struct Part {
 thread_local std::vector<Part> call_parts, call_slices;
 thread_local std::vector<Buffers> call_buffers;
 
-void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batch, const Buffers& buffers) {
+// T = X A^T for n rows: with threads > 1, its ranks split between them (each takes whole tiles of
+// four ranks).
+void shrink_on(unsigned threads, const LoraFactors& f, int64_t in, const float* x, int64_t n, float* t) {
+  const kernels::Table& products = kernels::active();
+  if (threads <= 1) return products.shrink(f.dtype, f.a, f.rank, in, x, n, t, f.rank);
+  const int64_t step = ((f.rank + threads - 1) / threads + 3) & ~int64_t(3);
+  const size_t element = dtype_size(f.dtype);
+  run_parallel((f.rank + step - 1) / step, threads, [&](int64_t part, unsigned) {
+    const int64_t r0 = part * step;
+    products.shrink(f.dtype, static_cast<const unsigned char*>(f.a) + size_t(r0 * in) * element,
+                    std::min(step, f.rank - r0), in, x, n, t + r0, f.rank);
+  });
+}
+
+// C += scale * T B^T for n rows: with threads > 1, the output columns split between them (in
+// whole cache lines of C).
+void expand_on(unsigned threads, const LoraFactors& f, int64_t out, const float* t, int64_t n, float scale,
+               float* c) {
+  const kernels::Table& products = kernels::active();
+  if (threads <= 1) return products.expand(f.dtype, f.b, out, f.rank, t, n, scale, c, 0, out);
+  const int64_t step = ((out + threads - 1) / threads + 15) & ~int64_t(15);
+  run_parallel((out + step - 1) / step, threads, [&](int64_t part, unsigned) {
+    const int64_t j0 = part * step;
+    products.expand(f.dtype, f.b, out, f.rank, t, n, scale, c, j0, std::min(out, j0 + step));
+  });
+}
+
+// Adds one group's rows (or a thread's share of them). With product_threads > 1 (a call with few
+// rows on one thread), each product is split between that many threads instead.
+void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batch, const Buffers& buffers,
+                 unsigned product_threads) {
   const size_t in = batch.in_features, out = batch.out_features;
   const float scaling = static_cast<float>(f.scaling);
-  const kernels::Table& products = kernels::active();
 
   const float* bias = static_cast<const float*>(f.bias);
   if (f.bias && f.dtype != DType::F32) {
@@ -206,13 +235,13 @@ void apply_group(const LoraFactors& f, const RowSet& rows, const LoraBatch& batc
     }
 
     const auto n64 = static_cast<int64_t>(n), in64 = static_cast<int64_t>(in), out64 = static_cast<int64_t>(out);
-    products.shrink(f.dtype, f.a, f.rank, in64, x, n64, buffers.t);
+    shrink_on(product_threads, f, in64, x, n64, buffers.t);
     if (f.dora_scale) {
       std::fill(buffers.lora, buffers.lora + n * out, 0.0f);
-      products.expand(f.dtype, f.b, out64, f.rank, buffers.t, n64, 1.0f, buffers.lora, 0, out64);
+      expand_on(product_threads, f, out64, buffers.t, n64, 1.0f, buffers.lora);
       add_dora(n, out, scaling, f.dora_scale, f.base_bias, buffers.lora, c);
     } else {
-      products.expand(f.dtype, f.b, out64, f.rank, buffers.t, n64, scaling, c, 0, out64);
+      expand_on(product_threads, f, out64, buffers.t, n64, scaling, c);
     }
     if (bias) {
       for (size_t i = 0; i < n; ++i) {
@@ -305,11 +334,11 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
   // From kParallelWork on, each group's rows are split between the cores (each thread reads the
   // factors once for its rows): as many threads as the cores, with at least kParallelWork / 2
   // multiply-adds and kMinRowsPerThread rows of the largest group each.
+  const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
   unsigned threads = 1;
   if (work >= kParallelWork) {
     size_t most_rows = 0;
     for (const Part& part : parts) most_rows = std::max(most_rows, part.rows.count);
-    const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
     threads = static_cast<unsigned>(std::max<uint64_t>(
         1, std::min({cores, uint64_t(most_rows / kMinRowsPerThread), work / (kParallelWork / 2)})));
   }
@@ -342,9 +371,20 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
     b.lora = b.y + y_floats;
   }
 
+  // A call that does not split its rows, for a group of kSplitWork multiply-adds or more,
+  // splits that group's products between the cores instead, with at least kSplitWork / 2 each.
+  const auto product_threads = [&](const Part& part) -> unsigned {
+    if (threads > 1) return 1;
+    const uint64_t group_work =
+        uint64_t(part.rows.count) * uint64_t(part.factors->rank) * (batch.in_features + batch.out_features);
+    if (group_work < kSplitWork) return 1;
+    return static_cast<unsigned>(std::min(cores, group_work / (kSplitWork / 2)));
+  };
+
   // ---- the products ----
   run_parallel(static_cast<int64_t>(parts.size()), threads, [&](int64_t i, unsigned worker) {
-    apply_group(*parts[size_t(i)].factors, parts[size_t(i)].rows, batch, buffers[worker]);
+    const Part& part = parts[size_t(i)];
+    apply_group(*part.factors, part.rows, batch, buffers[worker], product_threads(part));
   });
 }
 

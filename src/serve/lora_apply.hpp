@@ -81,6 +81,10 @@ inline constexpr uint64_t kBlockRows = 64;
 // Multiply-adds (rows x rank x (in + out), summed over the groups) from which a call splits its
 // rows between the cores: below it, starting threads costs more than it saves.
 inline constexpr uint64_t kParallelWork = uint64_t(1) << 21;
+// Multiply-adds of one group (its rows x rank x (in + out)) from which a call that does not split
+// its rows splits the group's two products between the cores (the ranks of X A^T, then the output
+// columns of T B^T): a rank-64 row of a 4096 -> 11008 layer.
+inline constexpr uint64_t kSplitWork = uint64_t(1) << 18;
 // Fewest rows a thread of such a call takes (fewer would make each thread read all the factors for
 // little work).
 inline constexpr size_t kMinRowsPerThread = 8;

@@ -328,6 +328,21 @@ TEST_CASE("lora apply: threads writing different outputs with the same factors, 
   for (const Buffer& result : results) p.check(result);
 }
 
+// Too few rows to split (kMinRowsPerThread each), but kSplitWork multiply-adds in a group: that
+// group's products are split between the cores instead (ranks of X A^T, with a rank that leaves a
+// short last share; output columns of T B^T). Every result is within the bound.
+TEST_CASE("lora apply: few rows with large products, each product split between the cores") {
+  for (size_t rows : {size_t(1), size_t(3)}) {
+    CAPTURE(rows);
+    Problem p(DType::BF16, DType::F16, 2500, 1300, rows, 30);
+    p.add_group(DType::BF16, 70, 2.0, true, 31);
+    p.add_group(DType::F32, 9, 0.5, false, 32);
+    if (rows == 3) p.row_group = {0, 1, 0};
+    REQUIRE(70 * (2500 + 1300) >= peft::serve::kSplitWork);
+    p.check(p.run());
+  }
+}
+
 TEST_CASE("lora apply: bad arguments fail before y is written") {
   Problem p(DType::F32, DType::F32, 32, 24, 10, 7);
   p.add_group(DType::F32, 4, 1.0, false, 8);
@@ -569,19 +584,32 @@ TEST_CASE("lora apply kernels: every table against float64, at the edges of the 
         const std::vector<float> c0 = merge_test::random_floats(size_t(s.n * s.out), ++seed);
         const float scale = 0.75f;
 
-        std::vector<float> t(size_t(s.n * s.rank));
-        table->shrink(dtype, a.bytes.data(), s.rank, s.in, x.data(), s.n, t.data());
-        for (int64_t i = 0; i < s.n; ++i)
-          for (int64_t r = 0; r < s.rank; ++r) {
-            double exact = 0, magnitude = 0;
-            for (int64_t c = 0; c < s.in; ++c) {
-              const double term = double(x[size_t(i * s.in + c)]) * double(a.get(size_t(r * s.in + c)));
-              exact += term;
-              magnitude += std::fabs(term);
+        const auto check_t = [&](const std::vector<float>& t) {
+          for (int64_t i = 0; i < s.n; ++i)
+            for (int64_t r = 0; r < s.rank; ++r) {
+              double exact = 0, magnitude = 0;
+              for (int64_t c = 0; c < s.in; ++c) {
+                const double term = double(x[size_t(i * s.in + c)]) * double(a.get(size_t(r * s.in + c)));
+                exact += term;
+                magnitude += std::fabs(term);
+              }
+              const double error = std::fabs(double(t[size_t(i * s.rank + r)]) - exact);
+              if (error > gamma(double(s.in)) * magnitude) FAIL_CHECK("T[" << i << ", " << r << "]: error " << error);
             }
-            const double error = std::fabs(double(t[size_t(i * s.rank + r)]) - exact);
-            if (error > gamma(double(s.in)) * magnitude) FAIL_CHECK("T[" << i << ", " << r << "]: error " << error);
-          }
+        };
+        std::vector<float> t(size_t(s.n * s.rank));
+        table->shrink(dtype, a.bytes.data(), s.rank, s.in, x.data(), s.n, t.data(), s.rank);
+        check_t(t);
+        if (s.rank > 1) {  // the ranks split in two calls, as threads take them: T's columns [0, h) and [h, rank)
+          CAPTURE("ranks split");
+          const int64_t h = s.rank / 2;
+          const size_t element = merge_test::dtype_bytes(dtype);
+          std::vector<float> halves(t.size(), -1.0f);
+          table->shrink(dtype, a.bytes.data(), h, s.in, x.data(), s.n, halves.data(), s.rank);
+          table->shrink(dtype, a.bytes.data() + size_t(h * s.in) * element, s.rank - h, s.in, x.data(), s.n,
+                        halves.data() + h, s.rank);
+          check_t(halves);
+        }
 
         // Columns [j0, j1) only: a third of the way in to the end.
         const int64_t j0 = s.out / 3, j1 = s.out;
