@@ -17,6 +17,7 @@
 #include "core/bf16.hpp"
 #include "core/convert.hpp"
 #include "core/convert_kernels.hpp"
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/f16.hpp"
 #include "core/f8.hpp"
@@ -146,6 +147,22 @@ void check_16_to_f32(DType src, const char* table, float (*scalar)(uint16_t), Ke
 }
 
 }  // namespace
+
+TEST_CASE("dtype names: each name and only it gives its dtype") {
+  for (int32_t d = 0; d < int32_t(peft::kDTypeCount); ++d) {
+    const auto dtype = static_cast<DType>(d);
+    const std::string name(peft::dtype_name(dtype));
+    CAPTURE(name);
+    CHECK(peft::dtype_from_name(name) == dtype);
+    CHECK_FALSE(peft::dtype_from_name(name + std::string(1, '\0')).has_value());  // a zero byte after it
+    CHECK_FALSE(peft::dtype_from_name(name.substr(0, name.size() - 1)).has_value());
+    std::string changed = name;
+    changed.back() = char(changed.back() + 1);
+    CHECK(peft::dtype_from_name(changed) != dtype);
+  }
+  for (const char* other : {"", "f32", "F32 ", "FLOAT32", "F8_E4M3FNUZ_", "F8_E4M3FNUY"})
+    CHECK_FALSE(peft::dtype_from_name(other).has_value());
+}
 
 TEST_CASE("convert: bf16 to f32 matches torch for all 65536 patterns") {
   check_16_to_f32(DType::BF16, "bf16_to_f32.bin", peft::bf16_to_f32, &peft::convert_kernels::Kernels::bf16_to_f32);
