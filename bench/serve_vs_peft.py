@@ -111,7 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("build_dir")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     bench_serve = pathlib.Path(args.build_dir) / "bench" / "bench_serve"
     ours, theirs, bandwidths = {}, {}, []
