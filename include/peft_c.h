@@ -3742,7 +3742,7 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * widened in registers (no F32 copy is made), so BF16 storage costs half the memory of F32 and no
  * speed. A call of more than about two million multiply-adds (rows x rank x (in_features +
  * out_features), summed over the adapters) splits its rows between the cores, on worker threads
- * the library starts once and keeps. A call that does not split its rows (fewer than 16 rows, or
+ * the library starts once and keeps. A call that does not split its rows (fewer than 32 rows, or
  * less work) splits the two products of each adapter with at least a quarter of a million
  * multiply-adds (a rank-64 row of a 4096 x 4096 layer) between the cores instead. A call that finds the threads busy with
  * another thread's call runs on its own thread.
