@@ -38,8 +38,6 @@ constexpr int64_t kShrinkChunkBytes = int64_t(512) << 10;
 constexpr int64_t kShrinkMinChunk = 512;
 // Below this many rows, expand() takes dot products along B's rows (no transposed panel to build).
 constexpr int64_t kDotRows = 4;
-// Outputs of a dot-product tile (independent accumulators).
-constexpr int kDotOutputs = 4;
 // Ranks up to this build the transposed panel on the stack (at most 32 KiB); larger ranks take the
 // dot path.
 constexpr int64_t kPanelMaxRank = 128;
@@ -147,6 +145,23 @@ PEFT_INLINE Lanes<4>::f32 sum4(Vec va, Vec vb, Vec vc, Vec vd) {
   Lanes<4>::f32 r[4] = {fold4(va), fold4(vb), fold4(vc), fold4(vd)};
   transpose4(r);
   return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
+// Lane sums of eight 8-lane vectors at once, {sum v[0], ..., sum v[7]}: three levels that each add
+// the two halves of interleaved pairs, so each sum is a balanced tree over its vector's lanes.
+PEFT_INLINE Lanes<8>::f32 sum8(const Lanes<8>::f32 (&v)[8]) {
+  using vec = Lanes<8>::f32;
+  vec pairs[4], quads[2];
+  // pairs[p]: v[2p] and v[2p + 1], lanes added in twos: {v2p(0+1), v2p+1(0+1), v2p(2+3), ...}.
+  for (int p = 0; p < 4; ++p)
+    pairs[p] = __builtin_shufflevector(v[2 * p], v[2 * p + 1], 0, 8, 2, 10, 4, 12, 6, 14) +
+               __builtin_shufflevector(v[2 * p], v[2 * p + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+  // quads[q]: v[4q .. 4q + 3], lanes 0..3 added in lanes 0..3, lanes 4..7 in lanes 4..7.
+  for (int q = 0; q < 2; ++q)
+    quads[q] = __builtin_shufflevector(pairs[2 * q], pairs[2 * q + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(pairs[2 * q], pairs[2 * q + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  return __builtin_shufflevector(quads[0], quads[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(quads[0], quads[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 #endif
 
@@ -329,37 +344,68 @@ PEFT_INLINE void shrink_body(DType a_dtype, const void* a, int64_t rank, int64_t
 
 // ---- expand: C += scale * T B^T ------------------------------------------------------------------
 
-// Few rows: C[i, j .. j + kDotOutputs) += scale * (T[i] . B[j + w]), dot products in V lanes along
-// B's rows, kDotOutputs of them at once (independent accumulators).
+// Outputs of a dot-product group of expand_dot with V lanes (independent accumulators, whose lane
+// sums come out as one vector): 8 for 8 lanes (sum8), else 4 (sum4).
+#if __has_builtin(__builtin_shufflevector)
+template <int V>
+constexpr int kDotOutputs = V == 8 ? 8 : 4;
+#else
+template <int V>
+constexpr int kDotOutputs = 4;
+#endif
+
+// {sum acc[0], ..., sum acc[Q - 1]} as one vector of Q lanes.
+template <int V, int Q>
+PEFT_INLINE typename Lanes<Q>::f32 lane_sums(const typename Lanes<V>::f32 (&acc)[Q]) {
+#if __has_builtin(__builtin_shufflevector)
+  if constexpr (Q == 8) {
+    return sum8(acc);
+  } else {
+    static_assert(Q == 4);
+    return sum4(acc[0], acc[1], acc[2], acc[3]);
+  }
+#else
+  float sums[Q];
+  for (int w = 0; w < Q; ++w) sums[w] = lane_sum<V>(acc[w]);
+  return load<Q>(sums);
+#endif
+}
+
+// Few rows: C[i, j .. j + Q) += scale * (T[i] . B[j + w]), dot products in V lanes along B's rows, Q
+// of them at once; their lane sums and the update of C are vector operations. (A rank-8 row of a
+// 4096-wide layer spent 61% of its call here when each output's sum and update were scalar.)
 template <int V, class E>
 PEFT_INLINE void expand_dot(const E* b, int64_t out, int64_t rank, const float* t, int64_t n, float scale, float* c,
                             int64_t j0, int64_t j1) {
+  static_assert(V == 4 || V == 8);
   using vec = typename Lanes<V>::f32;
+  constexpr int Q = kDotOutputs<V>;
+  using sums = typename Lanes<Q>::f32;
   for (int64_t i = 0; i < n; ++i) {
     const float* ti = t + i * rank;
     float* ci = c + i * out;
     int64_t j = j0;
-    for (; j + kDotOutputs <= j1; j += kDotOutputs) {
-      vec acc[kDotOutputs];
-      for (int w = 0; w < kDotOutputs; ++w) acc[w] = vec{};
+    for (; j + Q <= j1; j += Q) {
+      vec acc[Q];
+      for (int w = 0; w < Q; ++w) acc[w] = vec{};
       int64_t k = 0;
       for (; k + V <= rank; k += V) {
         const vec tv = load<V>(ti + k);
-        for (int w = 0; w < kDotOutputs; ++w) acc[w] += tv * load<V>(b + (j + w) * rank + k);
+        for (int w = 0; w < Q; ++w) acc[w] += tv * load<V>(b + (j + w) * rank + k);
       }
-      float sums[kDotOutputs];
-#if __has_builtin(__builtin_shufflevector)
-      static_assert(kDotOutputs == 4);
-      const Lanes<4>::f32 folded = sum4(acc[0], acc[1], acc[2], acc[3]);
-      std::memcpy(sums, &folded, sizeof sums);
-#else
-      for (int w = 0; w < kDotOutputs; ++w) sums[w] = lane_sum<V>(acc[w]);
-#endif
-      for (int w = 0; w < kDotOutputs; ++w) {
-        float sum = sums[w];
-        for (int64_t kt = k; kt < rank; ++kt) sum += ti[kt] * load_one(b + (j + w) * rank + kt);
-        ci[j + w] += scale * sum;
+      sums total = lane_sums<V, Q>(acc);
+      if (k < rank) {
+        float tails[Q];
+        for (int w = 0; w < Q; ++w) {
+          float tail = 0.0f;
+          for (int64_t kt = k; kt < rank; ++kt) tail += ti[kt] * load_one(b + (j + w) * rank + kt);
+          tails[w] = tail;
+        }
+        total += load<Q>(tails);
       }
+      sums cv = load<Q>(ci + j);
+      cv += scale * total;
+      std::memcpy(ci + j, &cv, sizeof cv);
     }
     for (; j < j1; ++j) {
       float sum = 0.0f;
