@@ -3744,11 +3744,12 @@ PEFT_API int32_t peft_lease_has_module(const peft_lease* lease, const char* modu
  * out_features), summed over the adapters) splits its rows between the cores, on worker threads
  * the library starts once and keeps. A call that does not split its rows (fewer than 32 rows, or
  * less work) splits the two products of each adapter with at least a quarter of a million
- * multiply-adds (a rank-64 row of a 4096 x 4096 layer) between the cores instead. A call that finds the threads busy with
- * another thread's call runs on its own thread.
+ * multiply-adds (a rank-32 row of a 4096 x 4096 layer) between the cores instead. A call that
+ * finds the threads busy with another thread's call runs on its own thread.
  *
  * Precision: the summation order depends on the kernel table (see peft_kernels()) and on how the
- * rows are split between threads, so the F32 result is not bit-identical across machines; it lies
+ * rows and products are split between threads, so the F32 result is not bit-identical across
+ * machines; it lies
  * within gamma(n) x (|y| + |scaling| x
  * (|x| |A^T|) |B^T| + |scaling x bias|) of the exact value, element by element, with
  * gamma(n) = n u / (1 - n u), u = 2^-24 and n = in_features + rank + 6 (the depth of rounded

@@ -22,7 +22,7 @@ struct Table {
 
   // T [n x rank] = X [n x in] A^T, A [rank x in] row-major in a_dtype (F32, BF16 or F16); X and T
   // row-major f32 with leading dimensions in and ldt >= rank (callers split the ranks between
-  // threads: each T element is computed the same way whatever the split). Single-threaded.
+  // threads; the error bound holds for any split). Single-threaded.
   void (*shrink)(DType a_dtype, const void* a, int64_t rank, int64_t in, const float* x, int64_t n, float* t,
                  int64_t ldt);
 

@@ -83,7 +83,7 @@ inline constexpr uint64_t kBlockRows = 64;
 inline constexpr uint64_t kParallelWork = uint64_t(1) << 21;
 // Multiply-adds of one group (its rows x rank x (in + out)) from which a call that does not split
 // its rows splits the group's two products between the cores (the ranks of X A^T, then the output
-// columns of T B^T): a rank-64 row of a 4096 -> 11008 layer.
+// columns of T B^T): 2^18 is a rank-32 row of a 4096 x 4096 layer.
 inline constexpr uint64_t kSplitWork = uint64_t(1) << 18;
 // Fewest rows a thread of such a call takes: fewer would make each thread read all the factors for
 // little work, where splitting each product gives each thread a share of them (16 rows of a rank-64
