@@ -134,15 +134,10 @@ PEFT_INLINE void transpose4(Lanes<4>::f32 (&r)[4]) {
   r[3] = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
 }
 
-// Lane sums of four vectors at once, {sum a, sum b, sum c, sum d}: each folded to four lanes, then
-// transposed and added, lanes (0 + 2) + (1 + 3). (The dot path's lanes are 4 or 8 on every table.)
-PEFT_INLINE Lanes<4>::f32 fold4(Lanes<4>::f32 v) { return v; }
-PEFT_INLINE Lanes<4>::f32 fold4(Lanes<8>::f32 v) {
-  return __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-}
-template <class Vec>
-PEFT_INLINE Lanes<4>::f32 sum4(Vec va, Vec vb, Vec vc, Vec vd) {
-  Lanes<4>::f32 r[4] = {fold4(va), fold4(vb), fold4(vc), fold4(vd)};
+// Lane sums of four 4-lane vectors at once, {sum v[0], ..., sum v[3]}: transposed, then added,
+// lanes (0 + 2) + (1 + 3).
+PEFT_INLINE Lanes<4>::f32 sum4(const Lanes<4>::f32 (&v)[4]) {
+  Lanes<4>::f32 r[4] = {v[0], v[1], v[2], v[3]};
   transpose4(r);
   return (r[0] + r[2]) + (r[1] + r[3]);
 }
@@ -345,10 +340,10 @@ PEFT_INLINE void shrink_body(DType a_dtype, const void* a, int64_t rank, int64_t
 // ---- expand: C += scale * T B^T ------------------------------------------------------------------
 
 // Outputs of a dot-product group of expand_dot with V lanes (independent accumulators, whose lane
-// sums come out as one vector): 8 for 8 lanes (sum8), else 4 (sum4).
+// sums come out as one vector of V lanes: sum8, sum4).
 #if __has_builtin(__builtin_shufflevector)
 template <int V>
-constexpr int kDotOutputs = V == 8 ? 8 : 4;
+constexpr int kDotOutputs = V;
 #else
 template <int V>
 constexpr int kDotOutputs = 4;
@@ -358,11 +353,11 @@ constexpr int kDotOutputs = 4;
 template <int V, int Q>
 PEFT_INLINE typename Lanes<Q>::f32 lane_sums(const typename Lanes<V>::f32 (&acc)[Q]) {
 #if __has_builtin(__builtin_shufflevector)
+  static_assert(Q == V && (Q == 4 || Q == 8));
   if constexpr (Q == 8) {
     return sum8(acc);
   } else {
-    static_assert(Q == 4);
-    return sum4(acc[0], acc[1], acc[2], acc[3]);
+    return sum4(acc);
   }
 #else
   float sums[Q];
