@@ -167,12 +167,17 @@ struct Part {
 thread_local std::vector<Part> call_parts, call_slices;
 thread_local std::vector<Buffers> call_buffers;
 
+// The length of each of `threads` shares of [0, total): a multiple of `unit` (the last share shorter).
+int64_t share_length(int64_t total, unsigned threads, int64_t unit) {
+  return ((total + threads - 1) / threads + unit - 1) / unit * unit;
+}
+
 // T = X A^T for n rows: with threads > 1, its ranks split between them (each takes whole tiles of
 // four ranks).
 void shrink_on(unsigned threads, const LoraFactors& f, int64_t in, const float* x, int64_t n, float* t) {
   const kernels::Table& products = kernels::active();
   if (threads <= 1) return products.shrink(f.dtype, f.a, f.rank, in, x, n, t, f.rank);
-  const int64_t step = ((f.rank + threads - 1) / threads + 3) & ~int64_t(3);
+  const int64_t step = share_length(f.rank, threads, 4);
   const size_t element = dtype_size(f.dtype);
   run_parallel((f.rank + step - 1) / step, threads, [&](int64_t part, unsigned) {
     const int64_t r0 = part * step;
@@ -187,7 +192,7 @@ void expand_on(unsigned threads, const LoraFactors& f, int64_t out, const float*
                float* c) {
   const kernels::Table& products = kernels::active();
   if (threads <= 1) return products.expand(f.dtype, f.b, out, f.rank, t, n, scale, c, 0, out);
-  const int64_t step = ((out + threads - 1) / threads + 15) & ~int64_t(15);
+  const int64_t step = share_length(out, threads, 16);
   run_parallel((out + step - 1) / step, threads, [&](int64_t part, unsigned) {
     const int64_t j0 = part * step;
     products.expand(f.dtype, f.b, out, f.rank, t, n, scale, c, j0, std::min(out, j0 + step));
