@@ -215,7 +215,7 @@ double kernel_seconds_per_weight(int64_t cols, int64_t rank) {
   const double seconds = best_of(5, [&] {
     for (int n = 0; n < repeat; ++n) {
       k.lowrank(L.data(), R.data(), rows, cols, rank, 1e-6f, false, delta.data());
-      for (int64_t r = 0; r < rows; ++r) k.add_rounded(pk::Storage::bf16, w.data() + r * cols, delta.data() + r * cols, cols);
+      for (int64_t r = 0; r < rows; ++r) k.add_rounded(pk::Storage::bf16, w.data() + r * cols, w.data() + r * cols, delta.data() + r * cols, cols);
     }
   });
   return seconds / (static_cast<double>(repeat) * static_cast<double>(rows * cols));

@@ -31,8 +31,9 @@
 // whatever was merged before, and a failed swap puts back the very bytes of before. A swap A -> B
 // costs one copy of the weights back and one merge; for a plain LoRA layer of B (no DoRA, no
 // lora_B.bias) on a weight A's exact layer holds, one pass: the merge reads the rows from the
-// original and writes them with B's delta (Layer::from_original), A's layer taken out without
-// writing the original back (Weight::stale). The host model owns the contents of the
+// original and writes them with B's delta (Layer::from_original; on x86 non-temporal stores, so
+// the weight is not read first), A's layer taken out without writing the original back
+// (Weight::stale). The host model owns the contents of the
 // buffers while it lives: the host must not write into them (a write into a buffer is undone, or
 // merged over, at the next swap).
 //

@@ -182,7 +182,7 @@ TEST_CASE("merge math: every kernel table gives the same bits") {
       const double sq = t.sum_squares(s, w.bytes.data(), d.data(), cols);
       std::vector<double> acc(static_cast<size_t>(cols), 1.0);
       t.accumulate_squares(s, w.bytes.data(), d.data(), acc.data(), cols);
-      t.add_rounded(s, w.bytes.data(), d.data(), cols);
+      t.add_rounded(s, w.bytes.data(), w.bytes.data(), d.data(), cols);
       t.dora_apply(s, w.bytes.data(), d.data(), f.data(), 1, cols);
       t.dora_apply(s, w.bytes.data(), d.data(), f.data() + 3, 0, cols);
       t.dora_remove(s, w.bytes.data(), d.data(), f.data(), 1, cols);
@@ -220,6 +220,46 @@ TEST_CASE("merge math: every kernel table gives the same bits") {
     }
 }
 
+TEST_CASE("merge math: add_rounded from another buffer writes the bits of the add in place") {
+  // The x86 tables stream whole cache lines when `from` is another buffer: the destination's offset
+  // decides where the lines start (first chunk short), the length where the plain tail begins.
+  namespace k = pm::kernels;
+  std::vector<const k::Table*> tables{&k::portable()};
+  if (k::x86_avx2()) tables.push_back(k::x86_avx2());
+  if (k::x86_avx512()) tables.push_back(k::x86_avx512());
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (int64_t n : {1, 15, 31, 256, 257, 700, 1029})
+      for (size_t offset : {0, 1, 2, 6, 30, 33}) {  // elements from a 64-byte boundary
+        CAPTURE(dtype_name(dt));
+        CAPTURE(n);
+        CAPTURE(offset);
+        const k::Storage s = dt == DType::F32 ? k::Storage::f32 : dt == DType::BF16 ? k::Storage::bf16 : k::Storage::f16;
+        const size_t esize = dtype_bytes(dt), bytes = static_cast<size_t>(n) * esize;
+        const Buffer original = random_buffer(dt, static_cast<size_t>(n), 811 + static_cast<uint32_t>(n));
+        auto d = random_floats(static_cast<size_t>(n), 812, 0.1f);
+        d[0] = 70000.0f;  // infinite in f16
+        for (const k::Table* t : tables) {
+          CAPTURE(t->name);
+          std::vector<unsigned char> in_place = original.bytes;
+          const bool in_place_bad = t->add_rounded(s, in_place.data(), in_place.data(), d.data(), n);
+          // Destination at `offset` elements past a 64-byte boundary, guarded on both sides.
+          std::vector<unsigned char> arena(bytes + 256, 0x5C);
+          auto* aligned = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena.data()) + 63) / 64 * 64);
+          unsigned char* w = aligned + 64 + offset * esize;
+          const std::vector<unsigned char> from = original.bytes;
+          const bool bad = t->add_rounded(s, w, from.data(), d.data(), n);
+          CHECK(bad == in_place_bad);
+          CHECK(bad == (dt == DType::F16));
+          CHECK(std::memcmp(w, in_place.data(), bytes) == 0);
+          CHECK(from == original.bytes);
+          size_t guards = 0;
+          for (unsigned char* p = arena.data(); p < w; ++p) guards += *p == 0x5C;
+          for (unsigned char* p = w + bytes; p < arena.data() + arena.size(); ++p) guards += *p == 0x5C;
+          CHECK(guards == arena.size() - bytes);
+        }
+      }
+}
+
 TEST_CASE("merge math: every kernel table reports a non-finite write in the add that makes it") {
   namespace k = pm::kernels;
   std::vector<const k::Table*> tables{&k::portable()};
@@ -242,7 +282,7 @@ TEST_CASE("merge math: every kernel table reports a non-finite write in the add 
               d[static_cast<size_t>(at)] = sign * sum;
               const float one = 1.0f;
               const bool reported = dora ? t->dora_apply(s, w.bytes.data(), d.data(), &one, 0, 301)
-                                         : t->add_rounded(s, w.bytes.data(), d.data(), 301);
+                                         : t->add_rounded(s, w.bytes.data(), w.bytes.data(), d.data(), 301);
               bool written = false;
               for (size_t i = 0; i < w.size(); ++i) written |= !std::isfinite(w.get(i));
               CHECK(reported == written);

@@ -138,17 +138,44 @@ PEFT_INLINE void lowrank_body(const float* L, const float* R, int64_t rows, int6
 
 // ---- element-wise passes ----------------------------------------------------------------------
 
-template <Storage S, class Half>
-PEFT_INLINE bool add_rounded_body(void* w, const float* d, int64_t n) {
+// Stores whole cache lines past the caches, where the target has such stores (Out::stream): a
+// weight written from another buffer (add_rounded's `from`) is not read back soon, and a plain
+// store would first read each line of it from memory. Plain stores elsewhere.
+struct PlainOut {
+  static constexpr bool streams = false;
+  PEFT_INLINE static void stream(void*, const void*, size_t) {}
+  PEFT_INLINE static void fence() {}
+};
+
+template <Storage S>
+constexpr size_t storage_bytes() {
+  return S == Storage::f32 ? 4 : 2;
+}
+
+template <Storage S, class Half, class Out>
+PEFT_INLINE bool add_rounded_body(void* w, const void* from, const float* d, int64_t n) {
+  constexpr size_t esize = storage_bytes<S>();
   float x[kChunk];
   unsigned bad = 0;
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int m = chunk_size(j0, n);
-    load_chunk<S, Half>(w, j0, m, x);
+  // Streamed: each chunk but the first starts on a cache line of w, so that whole lines are streamed.
+  const bool stream = Out::streams && from != w && reinterpret_cast<uintptr_t>(w) % esize == 0;
+  int64_t first = kChunk;
+  if (stream) first = static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(w) % 64) % 64 / esize);
+  alignas(64) unsigned char staged[kChunk * esize];
+  for (int64_t j0 = 0; j0 < n;) {
+    const int m = j0 == 0 && first > 0 ? chunk_size(0, std::min<int64_t>(first, n)) : chunk_size(j0, n);
+    load_chunk<S, Half>(from, j0, m, x);
     for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
     bad |= any_non_finite<S>(x, m);
-    store_chunk<S, Half>(w, j0, m, x);
+    if (stream) {
+      store_chunk<S, Half>(staged, 0, m, x);
+      Out::stream(static_cast<unsigned char*>(w) + static_cast<size_t>(j0) * esize, staged, static_cast<size_t>(m) * esize);
+    } else {
+      store_chunk<S, Half>(w, j0, m, x);
+    }
+    j0 += m;
   }
+  if (stream) Out::fence();
   return bad != 0;
 }
 
@@ -228,16 +255,24 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
     case Storage::f16: return fn<Storage::f16, Half>(__VA_ARGS__);    \
   }
 
+#define PEFT_STORAGE_SWITCH_OUT(s, fn, ...)                                \
+  switch (s) {                                                             \
+    case Storage::f32: return fn<Storage::f32, Half, Out>(__VA_ARGS__);    \
+    case Storage::bf16: return fn<Storage::bf16, Half, Out>(__VA_ARGS__);  \
+    case Storage::f16: return fn<Storage::f16, Half, Out>(__VA_ARGS__);    \
+  }
+
 // Stamps out a kernel table for one instruction set. RB x W is the register tile of lowrank.
-#define PEFT_DEFINE_TABLE(NS, NAME, ATTR, RB, W, HALF)                                                           \
+#define PEFT_DEFINE_TABLE(NS, NAME, ATTR, RB, W, HALF, OUT)                                                      \
   namespace NS {                                                                                           \
   using Half = HALF;                                                                                       \
+  using Out = OUT;                                                                                         \
   ATTR void lowrank(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank, float coef, \
                     bool accumulate, float* C) {                                                           \
     lowrank_body<RB, W>(L, R, rows, cols, rank, coef, accumulate, C);                                      \
   }                                                                                                        \
-  ATTR bool add_rounded(Storage s, void* w, const float* d, int64_t n) {                                   \
-    PEFT_STORAGE_SWITCH(s, add_rounded_body, w, d, n);                                                     \
+  ATTR bool add_rounded(Storage s, void* w, const void* from, const float* d, int64_t n) {                 \
+    PEFT_STORAGE_SWITCH_OUT(s, add_rounded_body, w, from, d, n);                                           \
     return false;                                                                                          \
   }                                                                                                        \
   ATTR double sum_squares(Storage s, const void* w, const float* d, int64_t n) {                           \
@@ -257,7 +292,7 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
   const Table table{NAME, lowrank, add_rounded, sum_squares, accumulate_squares, dora_apply, dora_remove};  \
   }
 
-PEFT_DEFINE_TABLE(portable_impl, "portable", , 4, 16, SoftHalf)
+PEFT_DEFINE_TABLE(portable_impl, "portable", , 4, 16, SoftHalf, PlainOut)
 
 #ifdef PEFT_KERNELS_X86
 // f16 <-> f32 with the F16C instructions: IEEE conversions, round to nearest even, NaN made quiet
@@ -279,9 +314,26 @@ struct F16cHalf {
   }
 };
 
-PEFT_DEFINE_TABLE(avx2_impl, "avx2", __attribute__((target("avx2,fma,f16c"))), 4, 16, F16cHalf)
+// Non-temporal stores of the whole 32-byte pieces (AVX), plain stores of the rest; `to` starts on
+// a cache line except in add_rounded_body's first chunk, which ends on one. The fence orders the
+// streamed stores before whatever the thread does next (the pool's hand-back included).
+struct StreamOut {
+  static constexpr bool streams = true;
+  __attribute__((target("avx"))) static void stream(void* to, const void* from, size_t bytes) {
+    auto* out = static_cast<unsigned char*>(to);
+    const auto* in = static_cast<const unsigned char*>(from);
+    size_t i = 0;
+    if (reinterpret_cast<uintptr_t>(out) % 32 == 0)
+      for (; i + 32 <= bytes; i += 32)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm256_load_si256(reinterpret_cast<const __m256i*>(in + i)));
+    std::memcpy(out + i, in + i, bytes - i);
+  }
+  static void fence() { _mm_sfence(); }
+};
+
+PEFT_DEFINE_TABLE(avx2_impl, "avx2", __attribute__((target("avx2,fma,f16c"))), 4, 16, F16cHalf, StreamOut)
 PEFT_DEFINE_TABLE(avx512_impl, "avx512", __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))),
-                  4, 64, F16cHalf)
+                  4, 64, F16cHalf, StreamOut)
 #endif
 
 }  // namespace

@@ -21,9 +21,12 @@ struct Table {
   void (*lowrank)(const float* L, const float* R, int64_t rows, int64_t cols, int64_t rank, float coef,
                   bool accumulate, float* C);
 
-  // w[j] = round(float(w[j]) + d[j]) for j < n. Returns whether any w[j] written is infinite or NaN
-  // (checked in the same pass).
-  bool (*add_rounded)(Storage s, void* w, const float* d, int64_t n);
+  // w[j] = round(float(from[j]) + d[j]) for j < n; `from` is w itself for a merge in place, or
+  // another buffer of n elements that does not overlap w. Returns whether any w[j] written is
+  // infinite or NaN (checked in the same pass). From another buffer, the x86 tables write w's whole
+  // cache lines with non-temporal stores (then a store fence): a plain store first reads its line
+  // from memory, a third of the traffic of a weight rewritten from its copy. Same bits either way.
+  bool (*add_rounded)(Storage s, void* w, const void* from, const float* d, int64_t n);
 
   // sum over j of double(float(w[j]) + d[j])^2, accumulated in 8 interleaved f64 lanes (element j
   // goes to lane j % 8) that are added pairwise at the end: the same order on every table.

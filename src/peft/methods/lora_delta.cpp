@@ -89,16 +89,19 @@ void apply_plain(const WeightView& weight, const DeltaLayout& layout, std::span<
       each.push_back(detail::prepare(layout, {&term, 1}, false));
       each.back().ggml = true;
     }
-    for (const PreparedTerms& p : each)
-      detail::for_each_row(weight, s, p, exec, [&](int64_t, void* row, const float* d) {
-        if (k.add_rounded(s, row, d, p.cols) && exec.non_finite != nullptr) *exec.non_finite = true;
+    ExecOptions pass = exec;  // the first term's pass reads the rows from the source, the next ones from the weight
+    for (const PreparedTerms& p : each) {
+      detail::for_each_row(weight, s, p, pass, [&](int64_t, void* row, const void* from, const float* d) {
+        if (k.add_rounded(s, row, from, d, p.cols) && exec.non_finite != nullptr) *exec.non_finite = true;
       });
+      pass.source = nullptr;
+    }
     return;
   }
   const PreparedTerms p = detail::prepare(layout, terms, negate);
   const int64_t cols = p.cols;
-  detail::for_each_row(weight, s, p, exec, [&](int64_t, void* row, const float* d) {
-    if (k.add_rounded(s, row, d, cols) && exec.non_finite != nullptr) *exec.non_finite = true;
+  detail::for_each_row(weight, s, p, exec, [&](int64_t, void* row, const void* from, const float* d) {
+    if (k.add_rounded(s, row, from, d, cols) && exec.non_finite != nullptr) *exec.non_finite = true;
   });
 }
 

@@ -82,7 +82,7 @@ void apply_factors(const WeightView& weight, kernels::Storage s, const PreparedT
                    const std::vector<float>& f, bool remove, const ExecOptions& exec) {
   const kernels::Table& k = kernels::active();
   const int64_t cols = p.cols;
-  detail::for_each_row(weight, s, p, exec, [&](int64_t row, void* w, const float* d) {
+  detail::for_each_row(weight, s, p, exec, [&](int64_t row, void* w, const void*, const float* d) {
     const float* factor = transposed ? f.data() : f.data() + row;
     const int64_t stride = transposed ? 1 : 0;
     if (remove)
@@ -121,7 +121,7 @@ std::vector<float> dora_merge(const WeightView& weight, const DeltaLayout& layou
   std::vector<float> norms(static_cast<size_t>(layout.out));
   const kernels::Table& k = kernels::active();
   const int64_t cols = p.cols;
-  detail::for_each_row(weight, s, p, exec, [&](int64_t row, void* w, const float* d) {
+  detail::for_each_row(weight, s, p, exec, [&](int64_t row, void* w, const void*, const float* d) {
     const float n = static_cast<float>(std::sqrt(k.sum_squares(s, w, d, cols)));
     norms[static_cast<size_t>(row)] = n;
     const float f = magnitude[row] / n;

@@ -68,11 +68,11 @@ kernels::Storage check_view(const ConstWeightView& view, int64_t rows, int64_t c
 // Threads for a job over rows x cols elements (one for small jobs).
 unsigned threads_for(const ExecOptions& exec, int64_t rows, int64_t cols, int64_t blocks);
 
-// Calls op(row, row_bytes, delta_row) for every row of the weight, in parallel over blocks of
-// rows; op rewrites the row in place. When a row sink is set, or the buffer is not aligned to its
-// element size, each row is staged through aligned scratch, and the sink gets the original bytes
-// of every row whose bytes changed. With exec.source each row is first copied from there (no sink
-// then: INTERNAL).
+// Calls op(row, w, from, delta_row) for every row of the weight, in parallel over blocks of rows;
+// op writes the row w from the row `from`: w itself (in place), or with exec.source the row of the
+// source buffer (no sink then: INTERNAL). When a row sink is set, or the buffer is not aligned to
+// its element size, each row is staged through aligned scratch (copied from the source first), and
+// the sink gets the original bytes of every row whose bytes changed.
 template <class RowOp>
 void for_each_row(const WeightView& weight, kernels::Storage storage, const PreparedTerms& prepared,
                   const ExecOptions& exec, RowOp&& op) {
@@ -111,14 +111,15 @@ void for_each_row(const WeightView& weight, kernels::Storage storage, const Prep
     for (int64_t r = 0; r < count; ++r) {
       unsigned char* row = base + static_cast<size_t>(row0 + r) * row_bytes;
       const float* d = s.delta.data() + r * cols;
-      if (source != nullptr) std::memcpy(row, source + static_cast<size_t>(row0 + r) * row_bytes, row_bytes);
+      const unsigned char* from = source != nullptr ? source + static_cast<size_t>(row0 + r) * row_bytes : row;
       if (!staged) {
-        op(row0 + r, static_cast<void*>(row), d);
+        op(row0 + r, static_cast<void*>(row), static_cast<const void*>(from), d);
         continue;
       }
+      if (source != nullptr) std::memcpy(row, from, row_bytes);
       std::memcpy(s.original.data(), row, row_bytes);
       std::memcpy(s.work.data(), row, row_bytes);
-      op(row0 + r, static_cast<void*>(s.work.data()), d);
+      op(row0 + r, static_cast<void*>(s.work.data()), static_cast<const void*>(s.work.data()), d);
       if (std::memcmp(s.work.data(), s.original.data(), row_bytes) == 0) continue;
       if (exec.row_sink != nullptr) {
         std::lock_guard<std::mutex> lock(sink_mutex);
