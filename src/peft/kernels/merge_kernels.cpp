@@ -6,6 +6,7 @@
 
 #include "peft/kernels/merge_kernels.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -26,7 +27,8 @@ namespace {
 
 // Element-wise passes run over a row in chunks: convert kChunk elements to f32 on the stack,
 // compute there, convert back. Separate conversion loops vectorise better than mixed ones, and
-// the f16 conversion can use the F16C instructions where the table's target has them.
+// the f16 conversion can use the F16C instructions where the table's target has them. (add_rounded,
+// the merges' hot pass, fuses its loop for f32 and bf16, which measured faster.)
 constexpr int kChunk = 256;
 
 // f16 <-> f32 in portable C++ (core/f16.hpp).
@@ -168,15 +170,26 @@ PEFT_INLINE bool add_rounded_body(void* w, const void* from, const float* d, int
   alignas(64) unsigned char staged[kChunk * esize];
   for (int64_t j0 = 0; j0 < n;) {
     const int m = j0 == 0 && first > 0 ? chunk_size(0, std::min<int64_t>(first, n)) : chunk_size(j0, n);
-    load_chunk<S, Half>(from, j0, m, x);
-    for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
-    bad |= any_non_finite<S>(x, m);
-    if (stream) {
-      store_chunk<S, Half>(staged, 0, m, x);
-      Out::stream(static_cast<unsigned char*>(w) + static_cast<size_t>(j0) * esize, staged, static_cast<size_t>(m) * esize);
+    void* to = stream ? static_cast<void*>(staged) : static_cast<unsigned char*>(w) + static_cast<size_t>(j0) * esize;
+    if constexpr (S == Storage::f16) {  // through Half's conversions (F16C on x86)
+      load_chunk<S, Half>(from, j0, m, x);
+      for (int i = 0; i < m; ++i) x[i] = x[i] + d[j0 + i];
+      bad |= any_non_finite<S>(x, m);
+      store_chunk<S, Half>(to, 0, m, x);
     } else {
-      store_chunk<S, Half>(w, j0, m, x);
+      // One fused pass (twice the speed of the chunk's passes for f32, 10% to 15% for bf16). A bf16
+      // value widens by a shift alone: the add makes a signalling NaN quiet, as bf16_to_f32 would.
+      constexpr float limit = non_finite_limit<S>();
+      for (int i = 0; i < m; ++i) {
+        float v;
+        if constexpr (S == Storage::f32) v = static_cast<const float*>(from)[j0 + i] + d[j0 + i];
+        else v = std::bit_cast<float>(uint32_t{static_cast<const uint16_t*>(from)[j0 + i]} << 16) + d[j0 + i];
+        bad |= static_cast<unsigned>(!(std::fabs(v) < limit));
+        if constexpr (S == Storage::f32) static_cast<float*>(to)[i] = v;
+        else static_cast<uint16_t*>(to)[i] = f32_to_bf16(v);
+      }
     }
+    if (stream) Out::stream(static_cast<unsigned char*>(w) + static_cast<size_t>(j0) * esize, staged, static_cast<size_t>(m) * esize);
     j0 += m;
   }
   if (stream) Out::fence();
