@@ -260,6 +260,33 @@ TEST_CASE("merge math: add_rounded from another buffer writes the bits of the ad
       }
 }
 
+TEST_CASE("merge math: every kernel table's copy writes exactly the bytes of memcpy") {
+  namespace k = pm::kernels;
+  std::vector<const k::Table*> tables{&k::portable()};
+  if (k::x86_avx2()) tables.push_back(k::x86_avx2());
+  if (k::x86_avx512()) tables.push_back(k::x86_avx512());
+  std::vector<unsigned char> from(5000);
+  for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (const k::Table* t : tables)
+    for (size_t bytes : {0, 1, 31, 63, 64, 65, 200, 4097})
+      for (size_t to_offset : {0, 1, 17, 32, 63})
+        for (size_t from_offset : {0, 3}) {
+          CAPTURE(t->name);
+          CAPTURE(bytes);
+          CAPTURE(to_offset);
+          CAPTURE(from_offset);
+          std::vector<unsigned char> arena(bytes + 256, 0x5C);
+          auto* to = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena.data()) + 63) / 64 * 64) +
+                     64 + to_offset;
+          t->copy(to, from.data() + from_offset, bytes);
+          CHECK(std::memcmp(to, from.data() + from_offset, bytes) == 0);
+          size_t guards = 0;
+          for (unsigned char* p = arena.data(); p < to; ++p) guards += *p == 0x5C;
+          for (unsigned char* p = to + bytes; p < arena.data() + arena.size(); ++p) guards += *p == 0x5C;
+          CHECK(guards == arena.size() - bytes);
+        }
+}
+
 TEST_CASE("merge math: every kernel table reports a non-finite write in the add that makes it") {
   namespace k = pm::kernels;
   std::vector<const k::Table*> tables{&k::portable()};

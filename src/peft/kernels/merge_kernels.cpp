@@ -6,6 +6,7 @@
 
 #include "peft/kernels/merge_kernels.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -196,6 +197,18 @@ PEFT_INLINE bool add_rounded_body(void* w, const void* from, const float* d, int
   return bad != 0;
 }
 
+template <class Out>
+PEFT_INLINE void copy_body(void* to, const void* from, size_t bytes) {
+  if (!Out::streams) {
+    std::memcpy(to, from, bytes);
+    return;
+  }
+  const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(to) % 64) % 64);
+  std::memcpy(to, from, head);
+  Out::stream(static_cast<unsigned char*>(to) + head, static_cast<const unsigned char*>(from) + head, bytes - head);
+  Out::fence();
+}
+
 template <Storage S, class Half>
 PEFT_INLINE double sum_squares_body(const void* w, const float* d, int64_t n) {
   // x is a float, so x * x is exact in double: whether the add is fused or not cannot matter.
@@ -306,7 +319,9 @@ PEFT_INLINE void dora_remove_body(void* w, const float* d, const float* factor, 
   ATTR void dora_remove(Storage s, void* w, const float* d, const float* f, int64_t stride, int64_t n) {   \
     PEFT_STORAGE_SWITCH(s, dora_remove_body, w, d, f, stride, n);                                          \
   }                                                                                                        \
-  const Table table{NAME, lowrank, add_rounded, sum_squares, accumulate_squares, dora_apply, dora_remove};  \
+  ATTR void copy(void* to, const void* from, size_t bytes) { copy_body<Out>(to, from, bytes); }             \
+  const Table table{NAME, lowrank, add_rounded, sum_squares, accumulate_squares, dora_apply, dora_remove,   \
+                    copy};                                                                                 \
   }
 
 PEFT_DEFINE_TABLE(portable_impl, "portable", , 4, 16, SoftHalf, PlainOut)
@@ -331,8 +346,9 @@ struct F16cHalf {
   }
 };
 
-// Non-temporal stores of the whole 32-byte pieces (AVX), plain stores of the rest; `to` starts on
-// a cache line except in add_rounded_body's first chunk, which ends on one. The fence orders the
+// Non-temporal stores of the whole 32-byte pieces (AVX) when `to` is 32-byte aligned, plain stores
+// of the rest; callers start `to` on a cache line (add_rounded_body after its first chunk, copy_body
+// after its head). The fence orders the
 // streamed stores before whatever the thread does next (the pool's hand-back included).
 struct StreamOut {
   static constexpr bool streams = true;
@@ -342,7 +358,7 @@ struct StreamOut {
     size_t i = 0;
     if (reinterpret_cast<uintptr_t>(out) % 32 == 0)
       for (; i + 32 <= bytes; i += 32)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm256_load_si256(reinterpret_cast<const __m256i*>(in + i)));
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
     std::memcpy(out + i, in + i, bytes - i);
   }
   static void fence() { _mm_sfence(); }

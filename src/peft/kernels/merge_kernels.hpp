@@ -6,6 +6,7 @@
 // and the benchmark can name the one in use.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace peft::merge::kernels {
@@ -41,6 +42,11 @@ struct Table {
 
   // w[j] = round(float(w[j]) / f - d[j]), f as above.
   void (*dora_remove)(Storage s, void* w, const float* d, const float* factor, int64_t factor_stride, int64_t n);
+
+  // memcpy of `bytes` between buffers that do not overlap, for a copy not read back soon (a weight
+  // put back from its kept original, or that original taken): the x86 tables write the whole cache
+  // lines of `to` with non-temporal stores, then fence, as add_rounded from another buffer does.
+  void (*copy)(void* to, const void* from, size_t bytes);
 };
 
 const Table& portable();
