@@ -17,6 +17,10 @@
 #include <string>
 #include <string_view>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace peft {
 
 // Handler methods (all return false to stop): null(), boolean(bool), number_unsigned(uint64_t) for
@@ -120,9 +124,23 @@ class StrictJsonReader {
     return true;
   }
 
-  // Advances p_ to the first '"', '\\' or control character (or the end). Eight bytes at a time:
+  // Advances p_ to the first '"', '\\' or control character (or the end). Sixteen bytes at a time
+  // with SSE2 (every x86-64), whose byte mask gives the position at once; then eight at a time with
   // the classic "has a zero byte" / "has a byte below n" bit tricks, exact as yes/no answers.
   void skip_plain_string_bytes() {
+#if defined(__SSE2__)
+    const __m128i quote16 = _mm_set1_epi8('"'), backslash16 = _mm_set1_epi8('\\'), control16 = _mm_set1_epi8(0x1F);
+    while (end_ - p_ >= 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p_));
+      const __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote16), _mm_cmpeq_epi8(v, backslash16)),
+                                           _mm_cmpeq_epi8(_mm_min_epu8(v, control16), v));  // v <= 0x1F
+      if (const int mask = _mm_movemask_epi8(special)) {
+        p_ += __builtin_ctz(static_cast<unsigned>(mask));
+        return;
+      }
+      p_ += 16;
+    }
+#endif
     constexpr uint64_t kOnes = 0x0101010101010101ULL;
     constexpr uint64_t kHigh = 0x8080808080808080ULL;
     while (end_ - p_ >= 8) {
