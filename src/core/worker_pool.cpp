@@ -139,9 +139,14 @@ class Pool {
 
 }  // namespace
 
+unsigned core_count() {
+  static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return cores;
+}
+
 void run_parallel(int64_t count, unsigned threads, void (*task)(void* context, int64_t i, unsigned worker),
                   void* context) {
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads == 0) threads = core_count();
   if (count <= 0) return;
   if (threads == 1 || count == 1) {
     for (int64_t i = 0; i < count; ++i) task(context, i, 0);

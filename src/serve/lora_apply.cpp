@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -339,7 +338,7 @@ void apply_lora(std::span<const std::optional<LoraFactors>> groups, const LoraBa
   // From kParallelWork on, each group's rows are split between the cores (each thread reads the
   // factors once for its rows): as many threads as the cores, with at least kParallelWork / 2
   // multiply-adds and kMinRowsPerThread rows of the largest group each.
-  const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t cores = core_count();
   unsigned threads = 1;
   if (work >= kParallelWork) {
     size_t most_rows = 0;

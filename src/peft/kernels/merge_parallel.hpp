@@ -12,11 +12,13 @@
 #include <thread>
 #include <vector>
 
+#include "core/worker_pool.hpp"
+
 namespace peft::merge {
 
 // Threads to use for `count` tasks when the caller asked for `requested` (0 = hardware threads).
 inline unsigned worker_count(unsigned requested, int64_t count) {
-  unsigned n = requested != 0 ? requested : std::max(1u, std::thread::hardware_concurrency());
+  unsigned n = requested != 0 ? requested : core_count();
   if (count < static_cast<int64_t>(n)) n = static_cast<unsigned>(std::max<int64_t>(count, 1));
   return n;
 }

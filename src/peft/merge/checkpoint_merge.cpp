@@ -11,6 +11,7 @@
 #include "core/convert.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "core/worker_pool.hpp"
 #include "peft/adapter/adapter_config.hpp"
 #include "peft/lowrank/adapter_delta.hpp"
 #include "peft/merge/folder_files.hpp"
@@ -52,7 +53,7 @@ class Executor {
       const size_t d = writer_.declaration_at(pos);
       if (plan_.tensors[d].action == TensorAction::compute) compute_order_.push_back(d);
     }
-    const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned hardware = core_count();
     const unsigned allowed = options.threads == 0 ? hardware : options.threads;
     threaded_ = allowed > 1 && !compute_order_.empty();
   }
