@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/huge_buffer.hpp"
 #include "peft/adapter/adapter.hpp"
 
 namespace peft::serve {
@@ -48,7 +49,7 @@ class LoadedAdapter {
   static uint64_t bytes_needed(const Adapter& adapter, DType storage);
 
   // Reads every LoRA layer's tensors and converts them to `storage` (F32, BF16 or F16), in one
-  // allocation. Full-tensor and trainable-token modules are not loaded (layers() skips them;
+  // allocation (in huge pages from 2 MiB on: allocate_huge). Full-tensor and trainable-token modules are not loaded (layers() skips them;
   // has_replacements() reports them), nor the modules of other methods (method_modules()) and the
   // LoRA on stacked expert parameters (expert_modules()). IO / format errors when the file cannot be read.
   static std::shared_ptr<const LoadedAdapter> load(std::shared_ptr<const Adapter> adapter, DType storage);
@@ -103,7 +104,7 @@ class LoadedAdapter {
   std::vector<const AdapterModule*> method_modules_;
   std::vector<const AdapterModule*> expert_modules_;
   std::unordered_map<std::string, const AdapterModule*, NameHash, std::equal_to<>> expert_by_name_;
-  std::unique_ptr<unsigned char[]> storage_;
+  HugeBuffer storage_;
 };
 
 }  // namespace peft::serve
