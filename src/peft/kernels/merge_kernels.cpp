@@ -145,9 +145,10 @@ PEFT_INLINE void lowrank_body(const float* L, const float* R, int64_t rows, int6
 
 // ---- element-wise passes ----------------------------------------------------------------------
 
-// Stores whole cache lines past the caches, where the target has such stores (Out::stream): a
-// weight written from another buffer (add_rounded's `from`) is not read back soon, and a plain
-// store would first read each line of it from memory. Plain stores elsewhere.
+// How a table writes a buffer that is not read back soon (add_rounded from another buffer, copy):
+// Out::stream stores whole cache lines past the caches where the target has such stores (StreamOut,
+// x86), since a plain store first reads each line from memory; PlainOut (the portable table) has
+// plain stores only.
 struct PlainOut {
   static constexpr bool streams = false;
   PEFT_INLINE static void stream(void*, const void*, size_t) {}
@@ -348,8 +349,8 @@ struct F16cHalf {
 
 // Non-temporal stores of the whole 32-byte pieces (AVX) when `to` is 32-byte aligned, plain stores
 // of the rest; callers start `to` on a cache line (add_rounded_body after its first chunk, copy_body
-// after its head). The fence orders the
-// streamed stores before whatever the thread does next (the pool's hand-back included).
+// after its head). The fence orders the streamed stores before whatever the thread does next (the
+// hand-back to the thread that started the loop included).
 struct StreamOut {
   static constexpr bool streams = true;
   __attribute__((target("avx"))) static void stream(void* to, const void* from, size_t bytes) {
