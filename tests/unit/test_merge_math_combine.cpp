@@ -154,11 +154,22 @@ TEST_CASE("merge math: ties, magnitude_prune and dare on factors, by hand") {
   }
 }
 
-TEST_CASE("merge math: every kernel table gives the same bits") {
+namespace {
+
+// The merge kernels' tables this machine can run: portable, then avx2 and avx512 where present.
+std::vector<const pm::kernels::Table*> kernel_tables() {
   namespace k = pm::kernels;
   std::vector<const k::Table*> tables{&k::portable()};
   if (k::x86_avx2()) tables.push_back(k::x86_avx2());
   if (k::x86_avx512()) tables.push_back(k::x86_avx512());
+  return tables;
+}
+
+}  // namespace
+
+TEST_CASE("merge math: every kernel table gives the same bits") {
+  namespace k = pm::kernels;
+  const std::vector<const k::Table*> tables = kernel_tables();
   MESSAGE("kernel tables available: " << tables.size() << ", active: " << std::string(k::active().name));
   const int64_t rows = 11, cols = 203, rank = 7;
   const auto L = random_floats(static_cast<size_t>(rows * rank), 801);
@@ -220,13 +231,35 @@ TEST_CASE("merge math: every kernel table gives the same bits") {
     }
 }
 
+namespace {
+
+// `bytes` bytes at `offset` bytes past a 64-byte boundary, with guard bytes on both sides.
+struct GuardedBytes {
+  static constexpr unsigned char kGuard = 0x5C;
+  GuardedBytes(size_t bytes, size_t offset) : arena(bytes + 256, kGuard), size(bytes) {
+    const uintptr_t aligned = (reinterpret_cast<uintptr_t>(arena.data()) + 63) / 64 * 64;
+    data = reinterpret_cast<unsigned char*>(aligned) + 64 + offset;
+  }
+  // Whether every byte outside [data, data + size) still holds the guard.
+  bool guards_intact() const {
+    for (const unsigned char* p = arena.data(); p < data; ++p)
+      if (*p != kGuard) return false;
+    for (const unsigned char* p = data + size; p < arena.data() + arena.size(); ++p)
+      if (*p != kGuard) return false;
+    return true;
+  }
+  std::vector<unsigned char> arena;
+  size_t size;
+  unsigned char* data;
+};
+
+}  // namespace
+
 TEST_CASE("merge math: add_rounded from another buffer writes the bits of the add in place") {
   // The x86 tables stream whole cache lines when `from` is another buffer: the destination's offset
   // decides where the lines start (first chunk short), the length where the plain tail begins.
   namespace k = pm::kernels;
-  std::vector<const k::Table*> tables{&k::portable()};
-  if (k::x86_avx2()) tables.push_back(k::x86_avx2());
-  if (k::x86_avx512()) tables.push_back(k::x86_avx512());
+  const std::vector<const k::Table*> tables = kernel_tables();
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
     for (int64_t n : {1, 15, 31, 256, 257, 700, 1029})
       for (size_t offset : {0, 1, 2, 6, 30, 33}) {  // elements from a 64-byte boundary
@@ -242,29 +275,22 @@ TEST_CASE("merge math: add_rounded from another buffer writes the bits of the ad
           CAPTURE(t->name);
           std::vector<unsigned char> in_place = original.bytes;
           const bool in_place_bad = t->add_rounded(s, in_place.data(), in_place.data(), d.data(), n);
-          // Destination at `offset` elements past a 64-byte boundary, guarded on both sides.
-          std::vector<unsigned char> arena(bytes + 256, 0x5C);
-          auto* aligned = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena.data()) + 63) / 64 * 64);
-          unsigned char* w = aligned + 64 + offset * esize;
+          GuardedBytes out(bytes, offset * esize);
+          unsigned char* w = out.data;
           const std::vector<unsigned char> from = original.bytes;
           const bool bad = t->add_rounded(s, w, from.data(), d.data(), n);
           CHECK(bad == in_place_bad);
           CHECK(bad == (dt == DType::F16));
           CHECK(std::memcmp(w, in_place.data(), bytes) == 0);
           CHECK(from == original.bytes);
-          size_t guards = 0;
-          for (unsigned char* p = arena.data(); p < w; ++p) guards += *p == 0x5C;
-          for (unsigned char* p = w + bytes; p < arena.data() + arena.size(); ++p) guards += *p == 0x5C;
-          CHECK(guards == arena.size() - bytes);
+          CHECK(out.guards_intact());
         }
       }
 }
 
 TEST_CASE("merge math: every kernel table's copy writes exactly the bytes of memcpy") {
   namespace k = pm::kernels;
-  std::vector<const k::Table*> tables{&k::portable()};
-  if (k::x86_avx2()) tables.push_back(k::x86_avx2());
-  if (k::x86_avx512()) tables.push_back(k::x86_avx512());
+  const std::vector<const k::Table*> tables = kernel_tables();
   std::vector<unsigned char> from(5000);
   for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<unsigned char>(i * 131 + 7);
   for (const k::Table* t : tables)
@@ -275,23 +301,16 @@ TEST_CASE("merge math: every kernel table's copy writes exactly the bytes of mem
           CAPTURE(bytes);
           CAPTURE(to_offset);
           CAPTURE(from_offset);
-          std::vector<unsigned char> arena(bytes + 256, 0x5C);
-          auto* to = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(arena.data()) + 63) / 64 * 64) +
-                     64 + to_offset;
-          t->copy(to, from.data() + from_offset, bytes);
-          CHECK(std::memcmp(to, from.data() + from_offset, bytes) == 0);
-          size_t guards = 0;
-          for (unsigned char* p = arena.data(); p < to; ++p) guards += *p == 0x5C;
-          for (unsigned char* p = to + bytes; p < arena.data() + arena.size(); ++p) guards += *p == 0x5C;
-          CHECK(guards == arena.size() - bytes);
+          GuardedBytes to(bytes, to_offset);
+          t->copy(to.data, from.data() + from_offset, bytes);
+          CHECK(std::memcmp(to.data, from.data() + from_offset, bytes) == 0);
+          CHECK(to.guards_intact());
         }
 }
 
 TEST_CASE("merge math: every kernel table reports a non-finite write in the add that makes it") {
   namespace k = pm::kernels;
-  std::vector<const k::Table*> tables{&k::portable()};
-  if (k::x86_avx2()) tables.push_back(k::x86_avx2());
-  if (k::x86_avx512()) tables.push_back(k::x86_avx512());
+  const std::vector<const k::Table*> tables = kernel_tables();
   // Sums just below and at the point where each dtype rounds to an infinity, and NaN.
   const float sums[] = {1.0f, 65519.0f, 65520.0f, 0x1.FEFFFEp127f, 0x1.FFp127f, 3.4028234e38f, INFINITY, std::nanf("")};
   for (const k::Table* t : tables)
