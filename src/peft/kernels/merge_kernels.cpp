@@ -155,14 +155,9 @@ struct PlainOut {
   PEFT_INLINE static void fence() {}
 };
 
-template <Storage S>
-constexpr size_t storage_bytes() {
-  return S == Storage::f32 ? 4 : 2;
-}
-
 template <Storage S, class Half, class Out>
 PEFT_INLINE bool add_rounded_body(void* w, const void* from, const float* d, int64_t n) {
-  constexpr size_t esize = storage_bytes<S>();
+  constexpr size_t esize = storage_bytes(S);
   float x[kChunk];
   unsigned bad = 0;
   // Streamed: each chunk but the first starts on a cache line of w, so that whole lines are streamed.

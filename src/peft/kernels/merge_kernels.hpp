@@ -13,6 +13,9 @@ namespace peft::merge::kernels {
 
 enum class Storage { f32, bf16, f16 };
 
+// Bytes of one element stored as `s`.
+constexpr size_t storage_bytes(Storage s) { return s == Storage::f32 ? 4 : 2; }
+
 struct Table {
   const char* name;
 

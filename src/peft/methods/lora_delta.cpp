@@ -148,7 +148,7 @@ void add_lora_bias(const WeightView& bias, const float* lora_b_bias, double coef
                                       std::to_string(bias.cols));
   if (bias.data == nullptr || lora_b_bias == nullptr)
     fail(PEFT_ERR_INVALID_ARGUMENT, "LoRA bias: bias or lora_B.bias is null");
-  const size_t esize = detail::element_size(s);
+  const size_t esize = kernels::storage_bytes(s);
   const size_t bytes = static_cast<size_t>(bias.cols) * esize;
   std::vector<unsigned char> work(bytes);
   auto* data = static_cast<unsigned char*>(bias.data);

@@ -36,8 +36,6 @@ kernels::Storage storage_of(DType dtype, const char* what) {
   }
 }
 
-size_t element_size(kernels::Storage s) { return s == kernels::Storage::f32 ? 4 : 2; }
-
 PreparedTerms prepare(const DeltaLayout& layout, std::span<const LoraFactors> terms, bool negate) {
   if (layout.out < 1 || layout.in < 1)
     fail(PEFT_ERR_INVALID_ARGUMENT, "LoRA layout has an empty dimension (out " + std::to_string(layout.out) +

@@ -18,8 +18,6 @@ namespace peft::merge::detail {
 // The kernel storage type of a dtype; UNSUPPORTED for anything but F32, BF16, F16.
 kernels::Storage storage_of(DType dtype, const char* what);
 
-size_t element_size(kernels::Storage s);
-
 // Rows per block for a delta of `cols` columns and total rank `rank`: a multiple of 4.
 int64_t block_rows_for(int64_t cols, int64_t rank);
 
@@ -78,7 +76,7 @@ void for_each_row(const WeightView& weight, kernels::Storage storage, const Prep
                   const ExecOptions& exec, RowOp&& op) {
   const kernels::Table& k = kernels::active();
   const int64_t rows = prepared.rows, cols = prepared.cols;
-  const size_t esize = element_size(storage);
+  const size_t esize = kernels::storage_bytes(storage);
   const size_t row_bytes = static_cast<size_t>(cols) * esize;
   const bool misaligned = reinterpret_cast<uintptr_t>(weight.data) % esize != 0;
   const bool staged = misaligned || exec.row_sink != nullptr;
@@ -138,7 +136,7 @@ void for_each_row_readonly(const ConstWeightView& weight, kernels::Storage stora
                            std::vector<unsigned char>& stage, RowOp&& op) {
   const kernels::Table& k = kernels::active();
   const int64_t cols = prepared.cols;
-  const size_t esize = element_size(storage);
+  const size_t esize = kernels::storage_bytes(storage);
   const size_t row_bytes = static_cast<size_t>(cols) * esize;
   const bool misaligned = reinterpret_cast<uintptr_t>(weight.data) % esize != 0;
   const int64_t block_rows = prepared.block_rows();
