@@ -145,11 +145,12 @@ class GgufMerge {
     CheckpointMergeResult result;
     uint64_t done = 0;
     std::vector<uint8_t> chunk;
+    Scratch scratch;
     for (size_t i = 0; i < base_->tensor_count(); ++i) {
       const TensorInfo& info = base_->tensor(i);
       GgufWriter& writer = writer_of(i);
       if (auto it = targets_.find(i); it != targets_.end()) {
-        const std::vector<uint8_t> bytes = merged_tensor(i, it->second, result);
+        const TensorBuffer& bytes = merged_tensor(i, it->second, result, scratch);
         writer.write_tensor(info.name, bytes.data(), bytes.size());
         done += bytes.size();
         ++(it->second.replacement && it->second.terms.empty() && it->second.biases.empty() ? result.replaced : result.merged);
@@ -160,7 +161,7 @@ class GgufMerge {
       }
       if (adds_output() && i == tied_->input) {
         if (added_output_changed()) {
-          const std::vector<uint8_t> bytes = merged_tensor(i, targets_.at(output_slot()), result, tied_->output_tensor);
+          const TensorBuffer& bytes = merged_tensor(i, targets_.at(output_slot()), result, scratch, tied_->output_tensor);
           writer.write_tensor(tied_->output_tensor, bytes.data(), bytes.size());
           done += bytes.size();
         } else {  // the original embedding, byte for byte
@@ -185,6 +186,14 @@ class GgufMerge {
   }
 
  private:
+  // The buffers of one merged tensor at a time, reused from tensor to tensor: fresh ones cost page
+  // faults and zeroing on the main thread while the workers wait (about a tenth of a Q4_K_M merge).
+  struct Scratch {
+    TensorBuffer stored;  // a block-quantized base tensor's bytes, as read
+    TensorBuffer values;  // the tensor as f32 values, merged
+    TensorBuffer out;     // the merged tensor's bytes, as written
+  };
+
   // Base tensor `index`'s bytes written unchanged as tensor `name`.
   void copy_tensor(size_t index, const std::string& name, GgufWriter& writer, std::vector<uint8_t>& chunk) const {
     const TensorInfo& info = base_->tensor(index);
@@ -509,18 +518,21 @@ class GgufMerge {
     }
   }
 
-  // The tensor with every term added, in its own type; `name` (the added output's) for messages and the report.
-  std::vector<uint8_t> merged_tensor(size_t index, const GgufTarget& target, CheckpointMergeResult& result,
-                                     const std::string& name = {}) const {
+  // The tensor with every term added, in its own type (in scratch.out, which it returns); `name`
+  // (the added output's) for messages and the report.
+  const TensorBuffer& merged_tensor(size_t index, const GgufTarget& target, CheckpointMergeResult& result,
+                                    Scratch& scratch, const std::string& name = {}) const {
     TensorInfo info = base_->tensor(index);
     if (!name.empty()) info.name = name;
     const int64_t rows = info.shape.empty() ? 1 : static_cast<int64_t>(info.shape[0]);
     const int64_t cols = rows == 0 ? 0 : static_cast<int64_t>(element_count(info) / static_cast<uint64_t>(rows));
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * sizeof(float);
     const std::string what = path_ + ": tensor " + peft::quoted(info.name);
-    if (auto bytes = merged_as_stored(index, target, info, rows, cols, what)) return std::move(*bytes);
+    if (merged_as_stored(index, target, info, rows, cols, what, scratch.out)) return scratch.out;
     // The values start in GGUF's row order, a replacement's in PyTorch's.
-    std::vector<float> values;
+    const uint64_t count = element_count(info);
+    scratch.values.reserve(count * sizeof(float), what);
+    float* values = reinterpret_cast<float*>(scratch.values.data());
     bool torch_rows = false;  // the values' row order now: GGUF's, or PyTorch's
     if (target.replacement) {
       const GgufReplacement& r = *target.replacement;
@@ -528,43 +540,44 @@ class GgufMerge {
       if (source.shape != info.shape)
         fail(PEFT_ERR_SHAPE_MISMATCH, what + ": " + r.what + " replaces it with tensor " + peft::quoted(source.name) +
                                           " of shape " + shape_text(source.shape) + ", not " + shape_text(info.shape));
-      values = r.adapter->checkpoint().read_f32(r.index);
+      r.adapter->checkpoint().read(r.index, DType::F32, values, count * sizeof(float));
       torch_rows = true;
     } else {
-      values = base_values(index);
+      base_values(index, values, scratch.stored);
     }
     std::vector<float> base;  // the base's own values, for the report
-    if (options_.report && !target.replacement) base = values;
+    if (options_.report && !target.replacement) base.assign(values, values + count);
     for (const GgufTerm& term : target.terms) {
       if (term.torch_rows != torch_rows) {
-        reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);
+        reorder_gguf_rows(target.rows, heads_, values, static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);
         torch_rows = term.torch_rows;
       }
-      add_term(term, values.data(), DType::F32);
+      add_term(term, values, DType::F32);
     }
     if (!target.biases.empty() && !torch_rows) {
-      reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
+      reorder_gguf_rows(target.rows, heads_, values, static_cast<uint64_t>(rows), row_bytes, true, what);
       torch_rows = true;
     }
     for (const GgufBiasTerm& term : target.biases) {
       const std::vector<float> bias = term.adapter->checkpoint().read_f32(term.index);
-      if (bias.size() != values.size())
+      if (bias.size() != count)
         fail(PEFT_ERR_SHAPE_MISMATCH, what + ": lora_B.bias has " + std::to_string(bias.size()) + " values for " +
-                                          std::to_string(values.size()));
-      const merge::WeightView view{values.data(), DType::F32, 1, static_cast<int64_t>(values.size())};
+                                          std::to_string(count));
+      const merge::WeightView view{values, DType::F32, 1, static_cast<int64_t>(count)};
       merge::add_lora_bias(view, bias.data(), term.coefficient);
     }
     if (torch_rows)
-      reorder_gguf_rows(target.rows, heads_, values.data(), static_cast<uint64_t>(rows), row_bytes, false, what);
+      reorder_gguf_rows(target.rows, heads_, values, static_cast<uint64_t>(rows), row_bytes, false, what);
     // Stored in the output type, in blocks of rows of the tensor's innermost dimension.
     const uint32_t type = out_type(info);
     const uint64_t cols_ne0 = info.shape.empty() ? 1 : info.shape.back();
-    const uint64_t rows_ne0 = cols_ne0 == 0 ? 0 : values.size() / cols_ne0;
-    std::vector<uint8_t> out(static_cast<size_t>(out_bytes(info)));
-    if (!options_.allow_nonfinite) require_finite_values(info.name, values.data(), values.size());
+    const uint64_t rows_ne0 = cols_ne0 == 0 ? 0 : count / cols_ne0;
+    TensorBuffer& out = scratch.out;
+    out.reserve(out_bytes(info), what);
+    if (!options_.allow_nonfinite) require_finite_values(info.name, values, count);
     StoreError error;
     const bool measure = options_.report || !options_.allow_nonfinite;
-    quantize_blocks(type, values.data(), rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr,
+    quantize_blocks(type, values, rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr,
                     options_.report);
     if (!options_.allow_nonfinite && !error.finite)
       fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) +
@@ -574,13 +587,13 @@ class GgufMerge {
       report.tensor = info.name;
       report.base_type = static_cast<uint32_t>(info.ggml_type);
       report.out_type = type;
-      report.values = values.size();
+      report.values = count;
       report.rms = error.rms();
       report.max = error.max;
       if (!base.empty()) {
-        std::vector<uint8_t> scratch(out.size());
+        std::vector<uint8_t> discard(static_cast<size_t>(out.size()));
         StoreError base_error;
-        quantize_blocks(type, base.data(), rows_ne0, cols_ne0, scratch.data(), options_.threads, &base_error);
+        quantize_blocks(type, base.data(), rows_ne0, cols_ne0, discard.data(), options_.threads, &base_error);
         report.base_rms = base_error.rms();
         report.base_max = base_error.max;
       }
@@ -608,18 +621,19 @@ class GgufMerge {
   // and without converting it twice. The same bytes as merged_tensor's f32 path, which adds in f32
   // and rounds once to the type: add_delta does both steps per element. (Several terms are each
   // rounded to f32 there and to the type once at the end, so they take that path; so do the other
-  // methods, DoRA, biases, replacements, conversions and reports.) Nothing when the case is another.
-  std::optional<std::vector<uint8_t>> merged_as_stored(size_t index, const GgufTarget& target, const TensorInfo& info,
-                                                       int64_t rows, int64_t cols, const std::string& what) const {
+  // methods, DoRA, biases, replacements, conversions and reports.) False, and `out` untouched, when the
+  // case is another.
+  bool merged_as_stored(size_t index, const GgufTarget& target, const TensorInfo& info, int64_t rows, int64_t cols,
+                        const std::string& what, TensorBuffer& out) const {
     const DType dtype = info.dtype;
     if (target.replacement || !target.biases.empty() || target.terms.size() != 1 || options_.report ||
         options_.allow_nonfinite || info.block_quantized || out_type(info) != static_cast<uint32_t>(info.ggml_type) ||
         (dtype != DType::F32 && dtype != DType::F16 && dtype != DType::BF16) ||
         !merges_from_source(target.terms[0].module))
-      return std::nullopt;
+      return false;
     const GgufTerm& term = target.terms[0];
     const uint64_t row_bytes = static_cast<uint64_t>(cols) * dtype_bits(dtype) / 8;
-    std::vector<uint8_t> out(static_cast<size_t>(info.nbytes()));
+    out.reserve(info.nbytes(), what);
     base_->read_bytes(index, 0, out.data(), out.size());
     if (term.torch_rows) reorder_gguf_rows(target.rows, heads_, out.data(), static_cast<uint64_t>(rows), row_bytes, true, what);
     add_term(term, out.data(), dtype);
@@ -629,23 +643,25 @@ class GgufMerge {
       fail(PEFT_ERR_NON_FINITE, path_ + ": merged tensor " + peft::quoted(info.name) + " holds an infinity or a NaN in " +
                                     std::string(dtype_name(dtype)) + " (element " + std::to_string(at) +
                                     "); nothing was written (allow_nonfinite / --allow-nonfinite writes it anyway)");
-    return out;
+    return true;
   }
 
-  // Tensor `index` of the base as f32 values, in GGUF's row order.
-  std::vector<float> base_values(size_t index) const {
+  // Tensor `index` of the base as f32 values, in GGUF's row order, into `values` (room for all of
+  // them); a block-quantized tensor's bytes are read into `stored` first.
+  void base_values(size_t index, float* values, TensorBuffer& stored) const {
     const TensorInfo& info = base_->tensor(index);
-    if (!info.block_quantized) return base_->read_f32(index);
     const uint64_t elements = element_count(info);
+    if (!info.block_quantized) {
+      base_->read(index, DType::F32, values, elements * sizeof(float));
+      return;
+    }
     const uint64_t cols = info.shape.empty() ? 1 : info.shape.back();
-    std::vector<uint8_t> bytes(static_cast<size_t>(info.nbytes()));
-    base_->read_bytes(index, 0, bytes.data(), bytes.size());
-    std::vector<float> values(static_cast<size_t>(elements));
+    stored.reserve(info.nbytes(), path_ + ": tensor " + peft::quoted(info.name));
+    base_->read_bytes(index, 0, stored.data(), stored.size());
     with_path(path_, [&] {
-      dequantize_blocks(static_cast<uint32_t>(info.ggml_type), bytes.data(), cols == 0 ? 0 : elements / cols, cols,
-                        values.data(), options_.threads);
+      dequantize_blocks(static_cast<uint32_t>(info.ggml_type), stored.data(), cols == 0 ? 0 : elements / cols, cols,
+                        values, options_.threads);
     });
-    return values;
   }
 
   // The ggml type merged tensor `info` is written in: options.quant, else options.dtype, else its own;
