@@ -50,6 +50,12 @@ std::vector<float> mixed_groups(uint64_t groups, int n, uint64_t seed) {
   return v;
 }
 
+const float kLowClampBlock[32] = {
+    0.0868574157f, 0.933758795f, 0.545486629f, 3.0261302f,  1.68342483f,   5.99463224f, 0.127965778f,  2.01075506f,
+    -3.54021668f,  0.0957596973f, 17.9702988f, 0.420038879f, 1.59599316f,  5.53439856f, 0.158667117f,  0.0248734225f,
+    2.00713563f,   1.55146265f,  -0.648381948f, 0.752815545f, 13.4833803f, -0.540107846f, 4.53136349f,  4.82068205f,
+    0.665424168f,  0.126475051f, 9.7848978f,   0.0794056132f, 4.05435658f,  0.0502258725f, 0.22541903f, 12.2737198f};
+
 std::vector<const KLanes*> lane_tables() {
   std::vector<const KLanes*> tables;
   for (Level level : {Level::portable, Level::avx2, Level::avx512})
@@ -91,6 +97,19 @@ TEST_CASE("ggml quant lanes: sub-block searches equal the scalar reference bit f
         CHECK(same_bits(s, s_ref));
         CHECK(same_bits(m, m_ref));
       }
+      // A sub-block whose search takes a candidate with a min above its lowest value by more than
+      // half a level, so that a later candidate's lowest level is below -0.5 before the clamp
+      // (found by a random search over heavy-tailed sub-blocks), scaled by powers of two.
+      std::vector<float> clamped(groups * 32);
+      for (uint64_t g = 0; g < groups; ++g)
+        for (int i = 0; i < 32; ++i) clamped[32 * g + i] = std::ldexp(kLowClampBlock[i], static_cast<int>(g % 5) - 2);
+      std::vector<uint8_t> Lc_ref(groups * 32), Lc(groups * 32, 0xAB);
+      std::vector<float> sc_ref(groups), mc_ref(groups), sc(groups, -1.0f), mc(groups, -1.0f);
+      scalar.qkx2_32(clamped.data(), groups, 15, -1.0f, 20, Lc_ref.data(), sc_ref.data(), mc_ref.data());
+      t->qkx2_32(clamped.data(), groups, 15, -1.0f, 20, Lc.data(), sc.data(), mc.data());
+      CHECK(Lc == Lc_ref);
+      CHECK(same_bits(sc, sc_ref));
+      CHECK(same_bits(mc, mc_ref));
       // Q6_K's.
       const auto x16 = mixed_groups(groups, 16, 2000 + groups);
       std::vector<int8_t> L_ref(groups * 16), L(groups * 16, 0x55);
@@ -99,6 +118,48 @@ TEST_CASE("ggml quant lanes: sub-block searches equal the scalar reference bit f
       t->qx_16(x16.data(), groups, L.data(), s.data());
       CHECK(L == L_ref);
       CHECK(same_bits(s, s_ref));
+      // Q4_K's and Q5_K's final levels, with scales and mins from tiny to huge (levels far out of
+      // range, and NaN where x is), one sub-block at a time.
+      std::mt19937_64 rng(groups);
+      std::uniform_real_distribution<float> exponent(-30.0f, 30.0f);
+      for (uint64_t g = 0; g < groups; ++g) {
+        const float d = std::exp2(exponent(rng)), dm = (rng() % 2 ? 1.0f : -1.0f) * std::exp2(exponent(rng));
+        const int nmax = g % 2 ? 15 : 31;
+        uint8_t ref[32], got[32];
+        std::memset(got, 0xAB, sizeof got);
+        scalar.levels_32(x32.data() + 32 * g, d, dm, nmax, ref);
+        t->levels_32(x32.data() + 32 * g, d, dm, nmax, got);
+        CHECK(std::memcmp(ref, got, sizeof ref) == 0);
+      }
+    }
+    // Quotients exactly halfway between two levels (ties to even), beyond nmax too; a scale whose
+    // inverse is inexact, so that multiplying by it instead of dividing moves them off the tie.
+    for (const float dm : {0.0f, 0.75f, -0.375f}) {
+      const float d = 0.1875f;
+      float x[32];
+      for (int i = 0; i < 32; ++i) x[i] = (static_cast<float>(i % 18) + 0.5f) * d - dm;
+      for (const int nmax : {15, 31}) {
+        uint8_t ref[32], got[32];
+        scalar.levels_32(x, d, dm, nmax, ref);
+        t->levels_32(x, d, dm, nmax, got);
+        CAPTURE(dm);
+        CHECK(std::memcmp(ref, got, sizeof ref) == 0);
+        CHECK(ref[1] == 2);  // 1.5 -> 2
+        CHECK(ref[2] == 2);  // 2.5 -> 2
+      }
+    }
+    // Quotients within a few units in the last place of a tie, where the rounding of the division
+    // itself decides the level.
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> unit(0.01f, 1.0f);
+    for (int round = 0; round < 200; ++round) {
+      const float d = unit(rng), dm = unit(rng) - 0.5f;
+      float x[32];
+      for (int i = 0; i < 32; ++i) x[i] = (static_cast<float>(rng() % 16) + 0.5f) * d - dm;
+      uint8_t ref[32], got[32];
+      scalar.levels_32(x, d, dm, 15, ref);
+      t->levels_32(x, d, dm, 15, got);
+      CHECK(std::memcmp(ref, got, sizeof ref) == 0);
     }
   }
 }

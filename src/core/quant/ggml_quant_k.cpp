@@ -198,8 +198,8 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
 
 // Q4_K and Q5_K share the 12-byte scale packing and the final levels; nmax 15 or 31. scales and mins:
 // the super-block's eight sub-block results of make_qkx2_quants (KLanes::qkx2_32).
-void finish_k_scales(const float* x, int nmax, const float* scales, const float* mins, uint8_t* L, uint8_t* d_out,
-                     uint8_t* scales_out) {
+void finish_k_scales(const KLanes& lanes, const float* x, int nmax, const float* scales, const float* mins, uint8_t* L,
+                     uint8_t* d_out, uint8_t* scales_out) {
   float max_scale = 0.0f, max_min = 0.0f;
   for (int j = 0; j < QK_K / 32; ++j) {
     if (scales[j] > max_scale) max_scale = scales[j];
@@ -230,11 +230,7 @@ void finish_k_scales(const float* x, int nmax, const float* scales, const float*
     scale_min_k4(j, scales_out, &sc, &m);
     const float d = d_all * fl(sc);
     if (d == 0.0f) continue;
-    const float dm = dmin_all * fl(m);
-    for (int ii = 0; ii < 32; ++ii) {
-      int l = nearest_int((x[32 * j + ii] + dm) / d);
-      L[32 * j + ii] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
-    }
+    lanes.levels_32(x + 32 * j, d, dmin_all * fl(m), nmax, L + 32 * j);
   }
 }
 
@@ -254,6 +250,13 @@ void scalar_qkx2_32(const float* x, uint64_t groups, int nmax, float rmin, int n
 
 void scalar_qx_16(const float* x, uint64_t groups, int8_t* L, float* scales) {
   for (uint64_t g = 0; g < groups; ++g) scales[g] = make_qx_quants(16, 32, x + 16 * g, L + 16 * g, 1);
+}
+
+void scalar_levels_32(const float* x, float d, float dm, int nmax, uint8_t* L) {
+  for (int ii = 0; ii < 32; ++ii) {
+    int l = nearest_int((x[ii] + dm) / d);
+    L[ii] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
+  }
 }
 
 // The scale and min of sub-blocks `is` and `is + 1` of a Q4_K or Q5_K block: d·scale, dmin·min.
@@ -306,7 +309,7 @@ void quantize_k_blocks(const KLanes& lanes, const float* x, uint8_t* out, uint64
     for (uint64_t b = 0; b < count; ++b) {
       uint8_t* L = Ls + b * QK_K;
       uint8_t* block = out + (first + b) * block_bytes;
-      finish_k_scales(chunk + b * QK_K, nmax, scales + 8 * b, mins + 8 * b, L, block, block + 4);
+      finish_k_scales(lanes, chunk + b * QK_K, nmax, scales + 8 * b, mins + 8 * b, L, block, block + 4);
       pack(L, block);
     }
   }
@@ -315,7 +318,7 @@ void quantize_k_blocks(const KLanes& lanes, const float* x, uint8_t* out, uint64
 }  // namespace
 
 const KLanes& k_lanes_scalar() {
-  static const KLanes table{"scalar", scalar_qkx2_32, scalar_qx_16};
+  static const KLanes table{"scalar", scalar_qkx2_32, scalar_qx_16, scalar_levels_32};
   return table;
 }
 

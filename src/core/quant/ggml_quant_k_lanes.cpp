@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/kernel_target.hpp"
 #include "core/quant/ggml_quant_support.hpp"
@@ -36,7 +37,8 @@ PEFT_INLINE float fl(int v) { return static_cast<float>(v); }
     qkx2_32_groups(x, groups, nmax, rmin, nstep, L, scales, mins);                                             \
   }                                                                                                            \
   void qx_16(const float* x, uint64_t groups, int8_t* L, float* scales) { qx_16_groups(x, groups, L, scales); } \
-  const KLanes table{NAME, qkx2_32, qx_16};
+  void levels_32(const float* x, float d, float dm, int nmax, uint8_t* L) { levels_32_body(x, d, dm, nmax, L); } \
+  const KLanes table{NAME, qkx2_32, qx_16, levels_32};
 
 namespace portable_impl {
 constexpr int W = 4;

@@ -22,6 +22,9 @@ struct KLanes {
   // Q6_K: `groups` consecutive sub-blocks of 16 values; ggml's make_qx_quants(16, 32, x, L, 1): levels
   // to L (16 per sub-block, stored as l + 32), the scale to scales.
   void (*qx_16)(const float* x, uint64_t groups, int8_t* L, float* scales);
+  // Q4_K / Q5_K: the final levels of one sub-block of 32 values at x, from its stored scale d (not 0)
+  // and min dm, as quantize_row_q4_K_ref / q5_K_ref: L[i] = clamp(nearest_int((x[i] + dm) / d), 0, nmax).
+  void (*levels_32)(const float* x, float d, float dm, int nmax, uint8_t* L);
 };
 
 // ggml's reference code, one sub-block after another (ggml_quant_k.cpp).
