@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -241,22 +242,31 @@ TEST_CASE("merge inputs: the finiteness checks name the first bad element, in ev
       }
     }
   }
-  // The check before a quantizer (f32 values): the same scan.
-  for (const std::vector<uint64_t>& bad : std::vector<std::vector<uint64_t>>{{}, {0}, {4096}, {n - 1}, {9000, 4095}}) {
-    std::vector<float> values(n, 1.5f);
-    for (uint64_t i : bad) values[i] = i % 2 ? NAN : -INFINITY;
-    std::string message;
-    try {
-      peft::require_finite_values("w", values.data(), values.size());
-    } catch (const peft::Error& e) {
-      CHECK(e.code() == PEFT_ERR_NON_FINITE);
-      message = e.what();
-    }
-    if (bad.empty()) {
-      CHECK(message.empty());
-    } else {
-      const uint64_t first = *std::min_element(bad.begin(), bad.end());
-      CHECK(message.find("(element " + std::to_string(first) + ")") != std::string::npos);
+  // The check before a quantizer (f32 values): the same scan, in pieces of 1 Mi values on one or
+  // more threads (the first bad value of all, whichever piece is done first).
+  constexpr uint64_t Mi = uint64_t{1} << 20;
+  const std::vector<std::pair<uint64_t, std::vector<uint64_t>>> scans = {
+      {n, {}}, {n, {0}}, {n, {4096}}, {n, {n - 1}}, {n, {9000, 4095}},
+      {3 * Mi + 5, {}}, {3 * Mi + 5, {3 * Mi + 4}}, {3 * Mi + 5, {2 * Mi + 7, Mi + 9, 3 * Mi}}, {3 * Mi + 5, {Mi - 1, Mi}}};
+  for (const unsigned threads : {1u, 2u, 3u}) {
+    for (const auto& [count, bad] : scans) {
+      CAPTURE(threads);
+      CAPTURE(count);
+      std::vector<float> values(count, 1.5f);
+      for (uint64_t i : bad) values[i] = i % 2 ? NAN : -INFINITY;
+      std::string message;
+      try {
+        peft::require_finite_values("w", values.data(), values.size(), threads);
+      } catch (const peft::Error& e) {
+        CHECK(e.code() == PEFT_ERR_NON_FINITE);
+        message = e.what();
+      }
+      if (bad.empty()) {
+        CHECK(message.empty());
+      } else {
+        const uint64_t first = *std::min_element(bad.begin(), bad.end());
+        CHECK(message.find("(element " + std::to_string(first) + ")") != std::string::npos);
+      }
     }
   }
 }

@@ -548,6 +548,7 @@ class GgufMerge {
     std::vector<float> base;  // the base's own values, for the report
     if (options_.report && !target.replacement) base.assign(values, values + count);
     for (const GgufTerm& term : target.terms) {
+      if (term.torch_rows && !torch_rows && add_term_in_gguf_rows(term, target, values, rows, what)) continue;
       if (term.torch_rows != torch_rows) {
         reorder_gguf_rows(target.rows, heads_, values, static_cast<uint64_t>(rows), row_bytes, term.torch_rows, what);
         torch_rows = term.torch_rows;
@@ -574,7 +575,7 @@ class GgufMerge {
     const uint64_t rows_ne0 = cols_ne0 == 0 ? 0 : count / cols_ne0;
     TensorBuffer& out = scratch.out;
     out.reserve(out_bytes(info), what);
-    if (!options_.allow_nonfinite) require_finite_values(info.name, values, count);
+    if (!options_.allow_nonfinite) require_finite_values(info.name, values, count, options_.threads);
     StoreError error;
     const bool measure = options_.report || !options_.allow_nonfinite;
     quantize_blocks(type, values, rows_ne0, cols_ne0, out.data(), options_.threads, measure ? &error : nullptr,
@@ -614,6 +615,26 @@ class GgufMerge {
     const merge::WeightView view{static_cast<uint8_t*>(data) + term.slice * slice_bytes, dtype, layout.rows(),
                                  layout.cols()};
     BufferMerge::apply(view, nullptr, term.module, merge_options);
+  }
+
+  // A plain LoRA term of PyTorch's row order added to f32 `values` of a whole 2-D tensor kept in
+  // GGUF's: B's rows are put in GGUF's order instead of the tensor's rows in PyTorch's and back (two
+  // moves of the tensor on the main thread). Each element of B A is the same sum of the same products
+  // whichever row it is in, so the values are the same bits. False, and nothing done, for another
+  // case (those reorder the tensor).
+  bool add_term_in_gguf_rows(const GgufTerm& term, const GgufTarget& target, float* values, int64_t rows,
+                             const std::string& what) const {
+    const merge::DeltaLayout& layout = term.module.layout;
+    if (!merges_from_source(term.module) || term.slice != 0 || layout.transposed || layout.out != rows ||
+        term.module.lora_b == nullptr || term.module.rank < 1)
+      return false;
+    const auto rank = static_cast<uint64_t>(term.module.rank);
+    std::vector<float> b(term.module.lora_b, term.module.lora_b + static_cast<uint64_t>(rows) * rank);
+    reorder_gguf_rows(target.rows, heads_, b.data(), static_cast<uint64_t>(rows), rank * sizeof(float), false, what);
+    GgufTerm in_gguf_rows = term;
+    in_gguf_rows.module.lora_b = b.data();
+    add_term(in_gguf_rows, values, DType::F32);
+    return true;
   }
 
   // One plain LoRA term into an F32, F16 or BF16 tensor written in its own type, without a report:

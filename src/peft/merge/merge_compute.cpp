@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "core/bf16.hpp"
 #include "core/convert.hpp"
@@ -12,6 +13,7 @@
 #include "core/f16.hpp"
 #include "core/quant/fp8_block.hpp"
 #include "core/text.hpp"
+#include "peft/kernels/merge_parallel.hpp"
 #include "peft/methods/lora_math.hpp"
 #include "peft/adapter/method_params.hpp"
 #include "peft/lowrank/adapter_delta.hpp"
@@ -437,8 +439,17 @@ uint64_t first_nonfinite(DType work, DType stored, const uint8_t* data, uint64_t
   return all_exponent_bits(uint32_t{}, uint32_t{0x7F800000});
 }
 
-void require_finite_values(const std::string& name, const float* values, size_t count) {
-  const uint64_t at = first_nonfinite(DType::F32, DType::F32, reinterpret_cast<const uint8_t*>(values), count);
+void require_finite_values(const std::string& name, const float* values, size_t count, unsigned threads) {
+  // Pieces of 1 Mi values; the first bad value is the first of the first piece that has one.
+  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  const auto pieces = static_cast<int64_t>((count + kPiece - 1) / kPiece);
+  std::vector<uint64_t> first_bad_in(static_cast<size_t>(pieces), count);
+  merge::parallel_tasks(pieces, merge::worker_count(threads, pieces), [&](int64_t piece, unsigned) {
+    const uint64_t start = static_cast<uint64_t>(piece) * kPiece, n = std::min<uint64_t>(kPiece, count - start);
+    const uint64_t at = first_nonfinite(DType::F32, DType::F32, reinterpret_cast<const uint8_t*>(values + start), n);
+    if (at != n) first_bad_in[static_cast<size_t>(piece)] = start + at;
+  });
+  const uint64_t at = pieces == 0 ? count : *std::min_element(first_bad_in.begin(), first_bad_in.end());
   if (at == count) return;
   fail(PEFT_ERR_NON_FINITE, "merged tensor " + peft::quoted(name) + " holds an infinity or a NaN (element " +
                                 std::to_string(at) + ") before it is quantized; nothing was written "
@@ -467,7 +478,7 @@ void compute_bnb(const MergePlan& plan, const PlannedTensor& p, unsigned threads
     cache = {};
     std::vector<float> values = bnb_dequantize(base, w);
     if (!p.lora.empty()) apply_adapters(plan, p, w.shape, DType::F32, reinterpret_cast<uint8_t*>(values.data()), threads);
-    if (!plan.allow_nonfinite) require_finite_values(p.name, values.data(), values.size());
+    if (!plan.allow_nonfinite) require_finite_values(p.name, values.data(), values.size(), threads);
     if (!p.bnb_requantize) {
       out.reserve(values.size() * 4, "merging tensor " + peft::quoted(p.name));
       std::memcpy(out.data(), values.data(), values.size() * 4);

@@ -42,8 +42,8 @@ uint64_t first_nonfinite(DType work, DType stored, const uint8_t* data, uint64_t
 
 // PEFT_ERR_NON_FINITE naming tensor `name` when one of the merged f32 `values` is an infinity or NaN:
 // the merge's rule applied before any quantizer (GGUF block types, bitsandbytes), whose scales would
-// otherwise store such a value as 0.
-void require_finite_values(const std::string& name, const float* values, size_t count);
+// otherwise store such a value as 0. Read on `threads` threads (as merge::ExecOptions).
+void require_finite_values(const std::string& name, const float* values, size_t count, unsigned threads);
 
 // PEFT_ERR_NON_FINITE naming tensor `p` when `buffer` (its values in p.work_dtype, computed by
 // compute_tensor) holds an infinity or a NaN once rounded to p.out_dtype.
