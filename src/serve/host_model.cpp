@@ -446,6 +446,7 @@ void HostModel::start_from_original(const Layer& layer) {
     copy_bytes(original.get(), w.data, w.bytes());
     w.original = std::move(original);
   } else if (w.drifted || w.stale) {
+    forget_magnitude(w);
     copy_bytes(w.data, w.original.get(), w.bytes());
     if (!w.original_bias.empty()) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
   }
@@ -466,6 +467,7 @@ void HostModel::start_from_original(const Layer& layer) {
 // Takes an exact layer out: the originals of what it changed back into the buffers.
 void HostModel::write_back_original(const Layer& layer) {
   Weight& w = weights_[layer.weight];
+  forget_magnitude(w);
   copy_bytes(w.data, w.original.get(), w.bytes());
   w.stale = false;
   if (changes_bias(layer.module, w.bias)) std::memcpy(w.bias, w.original_bias.data(), w.original_bias.size());
@@ -482,6 +484,9 @@ void HostModel::merge_layer(Layer layer) {
   if (layer.exact && !from_original) start_from_original(layer);
   BufferMergeOptions options = layer.options;
   if (from_original) options.source = w.original.get();
+  double& largest = weights_[w.buffer].largest_magnitude;
+  if (!layer.exact) options.largest_magnitude = largest;
+  largest = std::numeric_limits<double>::quiet_NaN();  // until the merge is in
   const std::optional<merge::WeightView> bias = bias_view(layer);
   BufferMerge record;
   try {
@@ -493,6 +498,7 @@ void HostModel::merge_layer(Layer layer) {
   }
   if (from_original) w.stale = false;
   if (!layer.exact) {
+    largest = record.largest_magnitude_after();
     layer.record = std::move(record);
     weights_[layer.weight].drifted = true;
   }
@@ -513,7 +519,11 @@ HostModel::Layer HostModel::unmerge_newest(const std::vector<bool>* read_origina
     write_back_original(layer);
   } else {
     const std::optional<merge::WeightView> bias = bias_view(layer);
+    double& largest = weights_[w.buffer].largest_magnitude;
+    const double after = layer.record.largest_magnitude_after_remove(largest);
+    largest = std::numeric_limits<double>::quiet_NaN();  // until the merge is out
     layer.record.remove(weight_view(layer), bias ? &*bias : nullptr);
+    largest = after;
   }
   Layer out = std::move(layer);
   merged_.pop_back();
@@ -550,6 +560,7 @@ void HostModel::restore(std::vector<Layer> previous, size_t keep, std::exception
     for (size_t i = 0; i < weights_.size(); ++i) {
       Weight& w = weights_[i];
       if (!w.stale || merged_into[i]) continue;
+      forget_magnitude(w);
       copy_bytes(w.data, w.original.get(), w.bytes());
       w.stale = false;
     }

@@ -56,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -145,6 +146,12 @@ class HostModel {
     // An exact layer was taken out without writing the original back, because the next merge reads
     // the original itself (Layer::from_original): the buffer holds neither.
     bool stale = false;
+    // Kept in the weight that first gave the buffer (weights_[buffer]): an upper bound of |w| over
+    // the buffer, known from the arithmetic merges and removals that wrote it last (the host does
+    // not write the buffers while the host model lives), so that the next arithmetic merge need not
+    // read the weight to show that it cannot fail (BufferMergeOptions::largest_magnitude). NaN:
+    // not known (before the first such merge, and after anything else wrote the buffer).
+    double largest_magnitude = std::numeric_limits<double>::quiet_NaN();
     size_t bytes() const;
   };
   // One layer of an adapter in one weight: what to merge, and how to take it out while merged.
@@ -178,6 +185,8 @@ class HostModel {
   std::optional<merge::WeightView> bias_view(const Layer& layer) const;
   void start_from_original(const Layer& layer);
   void write_back_original(const Layer& layer);
+  // Before anything but an arithmetic merge or removal writes w's buffer: its bound is not known.
+  void forget_magnitude(const Weight& w) { weights_[w.buffer].largest_magnitude = std::numeric_limits<double>::quiet_NaN(); }
   void merge_layer(Layer layer);
   // `read_original` (indexed by weight; may be null): weights the next merge reads from their
   // original, whose exact layer is taken out without writing it back (Weight::stale).

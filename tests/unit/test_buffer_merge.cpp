@@ -260,6 +260,73 @@ TEST_CASE("buffer merge: the bound that lets a refusing merge save no rows holds
   CHECK_FALSE(peft::lora_merge_stays_finite(wv, bad.module(false, false), 1.0));
 }
 
+TEST_CASE("buffer merge: the magnitude bound after a merge and after its removal holds, and a known one is not read again") {
+  // Merges that cannot fail give a bound of |w| once in (largest_magnitude_after) and once out
+  // again (largest_magnitude_after_remove); a host model passes them to the next merge instead of
+  // reading the weight. Chains of merges and removals on weights from subnormal to near the largest,
+  // every dtype: the bounds are never below the buffer's largest magnitude.
+  const double largest[] = {3.4028234e38, 0x1.FEp127, 65504.0};
+  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
+  const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 7200);
+  const BufferMergeModule module = fx.module(false, false);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<double> exponent(-45.0, 0.0);
+  auto largest_of = [](const Buffer& w) {
+    double most = 0.0;
+    for (size_t i = 0; i < w.size(); ++i) most = std::max(most, std::fabs(static_cast<double>(w.get(i))));
+    return most;
+  };
+  for (int t = 0; t < 3; ++t) {
+    CAPTURE(dtype_name(dtypes[t]));
+    int bounded = 0;
+    for (int trial = 0; trial < 200; ++trial) {
+      const double weight_scale = largest[t] * std::pow(2.0, exponent(rng) * (t == 2 ? 0.9 : 3.0));
+      const double merge_weight = weight_scale * std::pow(2.0, exponent(rng) / 4);
+      Buffer w(dtypes[t], 16 * 24);
+      const auto values = random_floats(w.size(), 1900 + static_cast<uint32_t>(trial), 0.3f);
+      for (size_t i = 0; i < w.size(); ++i) w.set(i, static_cast<float>(std::clamp(values[i] * weight_scale, -largest[t], largest[t])));
+      auto wv = w.view(16, 24);
+      BufferMergeOptions options;
+      options.refuse_non_finite = true;
+      options.weight = merge_weight;
+      double bound = std::numeric_limits<double>::quiet_NaN();  // not known: read
+      for (int step = 0; step < 4; ++step) {
+        options.largest_magnitude = bound;
+        BufferMerge record;
+        try {
+          record = BufferMerge::apply(wv, nullptr, module, options);
+        } catch (const peft::Error& e) {
+          CHECK(e.code() == PEFT_ERR_NON_FINITE);
+          break;
+        }
+        bound = record.largest_magnitude_after();
+        if (std::isnan(bound)) break;  // the merge could fail, so it saved rows: no bound
+        ++bounded;
+        REQUIRE(largest_of(w) <= bound);
+        bound = record.largest_magnitude_after_remove(bound);
+        record.remove(wv, nullptr);
+        REQUIRE(largest_of(w) <= bound);
+      }
+    }
+    CHECK(bounded > 100);
+  }
+  // A bound given is used instead of reading the weight: told that a weight holding its dtype's
+  // largest values is small, the merge saves no rows and finds the infinity it was told could not
+  // happen (INTERNAL); not told, it reads the weight, saves the rows and refuses (NON_FINITE, the
+  // bytes put back).
+  Buffer w(DType::F32, 16 * 24);
+  for (size_t i = 0; i < w.size(); ++i) w.set(i, 3.4028234e38f);
+  const Buffer w0 = w;
+  auto wv = w.view(16, 24);
+  BufferMergeOptions options;
+  options.refuse_non_finite = true;
+  options.weight = 1e36 / module.scaling;  // deltas far above the largest value's last bits, far below it
+  CHECK(code_of([&] { BufferMerge::apply(wv, nullptr, module, options); }) == PEFT_ERR_NON_FINITE);
+  CHECK(same_bytes(w, w0));
+  options.largest_magnitude = 1.0;
+  CHECK(code_of([&] { BufferMerge::apply(wv, nullptr, module, options); }) == PEFT_ERR_INTERNAL);
+}
+
 TEST_CASE("buffer merge: a result that is not finite is refused and the buffers keep their bytes") {
   // A buffer holding its dtype's largest values and a large merge weight: plain LoRA, DoRA and
   // lora_bias, kept rows or not, every dtype. Without refuse_non_finite (the GGUF merge, which

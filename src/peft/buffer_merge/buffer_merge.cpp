@@ -85,9 +85,14 @@ double largest_finite(DType dtype) {
 
 }  // namespace
 
-bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient,
-                             unsigned threads) {
-  if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1) return false;
+namespace {
+
+// 2 |coefficient| x max_i sum_k |B_ik| x max |A|: a bound on every |delta| of the merge, as computed
+// in f32 (the factor 2 covers the rounding of the product and the sum). Infinity when a factor is
+// not finite or missing, NaN for a NaN coefficient.
+double lora_delta_bound(const BufferMergeModule& module, double coefficient) {
+  if (module.lora_a == nullptr || module.lora_b == nullptr || module.rank < 1)
+    return std::numeric_limits<double>::infinity();
   const merge::DeltaLayout& layout = module.layout;
   double a_most = 0.0, b_row_most = 0.0;  // max |A|, max over B's rows of sum |B_ik|
   bool factors_finite = true;
@@ -103,11 +108,34 @@ bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeM
     }
     b_row_most = std::max(b_row_most, sum);
   }
-  if (!factors_finite) return false;
-  // A NaN coefficient makes the comparison false, an infinite one the room negative.
-  const double room = largest_finite(weight.dtype) / 2 - 2 * std::fabs(coefficient) * b_row_most * a_most;
-  if (!(room > 0.0)) return false;
-  return merge::largest_magnitude(weight, threads) <= room;
+  if (!factors_finite) return std::numeric_limits<double>::infinity();
+  return 2 * std::fabs(coefficient) * b_row_most * a_most;
+}
+
+// Whether a weight whose |w| are at most `largest` stays finite with deltas of at most `delta`:
+// every |w| under half the dtype's largest finite value less the delta bound. False for NaNs.
+bool stays_finite(DType dtype, double largest, double delta) {
+  const double room = largest_finite(dtype) / 2 - delta;
+  return room > 0.0 && largest <= room;
+}
+
+// A bound of |w| once deltas of at most `delta` are added to (or taken from) values of at most
+// `largest`, in f32 and then rounded to the weight's dtype: 2^-7 covers the relative rounding of
+// the f32 sum and of bf16 (f16 and f32 round closer), 2^-24 the absolute rounding of a subnormal.
+double grown_magnitude(double largest, double delta) { return (largest + delta) * (1.0 + 0x1p-7) + 0x1p-24; }
+
+}  // namespace
+
+bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient,
+                             unsigned threads) {
+  const double delta = lora_delta_bound(module, coefficient);
+  // A NaN coefficient makes the delta bound NaN, an infinite one infinite: neither leaves room.
+  if (!stays_finite(weight.dtype, 0.0, delta)) return false;
+  return stays_finite(weight.dtype, merge::largest_magnitude(weight, threads), delta);
+}
+
+double BufferMerge::largest_magnitude_after_remove(double before) const {
+  return std::isnan(largest_after_) ? std::numeric_limits<double>::quiet_NaN() : grown_magnitude(before, delta_bound_);
 }
 
 size_t BufferMerge::row_bytes() const {
@@ -176,10 +204,21 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
 
   // A plain LoRA merge in PEFT's arithmetic that cannot overflow saves no rows for its refusal. (Not
   // DoRA, which rescales rows, nor ggml's arithmetic, which rounds through F16.)
-  const bool cannot_fail = options.refuse_non_finite && !options.caller_restores && !record.keep_rows_ &&
-                           module.magnitude == nullptr && !with_bias &&
-                           options.arithmetic == merge::Arithmetic::peft &&
-                           lora_merge_stays_finite(weight, module, record.coefficient_, options.threads);
+  // The weight's largest magnitude is read only when the caller does not know a bound of it.
+  bool cannot_fail = false;
+  if (options.refuse_non_finite && !options.caller_restores && !record.keep_rows_ && module.magnitude == nullptr &&
+      !with_bias && options.arithmetic == merge::Arithmetic::peft) {
+    const double delta = lora_delta_bound(module, record.coefficient_);
+    if (stays_finite(weight.dtype, 0.0, delta)) {
+      const double largest = std::isnan(options.largest_magnitude) ? merge::largest_magnitude(weight, options.threads)
+                                                                   : options.largest_magnitude;
+      cannot_fail = stays_finite(weight.dtype, largest, delta);
+      if (cannot_fail) {
+        record.delta_bound_ = delta;
+        record.largest_after_ = grown_magnitude(largest, delta);
+      }
+    }
+  }
   Saving saving(record, options, with_bias, cannot_fail);
   saving.exec.arithmetic = options.arithmetic;
   saving.exec.source = options.source;

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,11 @@ struct BufferMergeOptions {
   // the delta added, into the weight in one pass, whatever the weight held (a host model in exact
   // mode putting back its copy and merging the next adapter at once). INVALID_ARGUMENT otherwise.
   const void* source = nullptr;
+  // With refuse_non_finite, for a merge that saves no rows when it cannot fail (a plain LoRA module,
+  // lora_merge_stays_finite): an upper bound of |w| over the weight that the caller knows (a host
+  // model, from its own writes: BufferMerge::largest_magnitude_after), used instead of reading the
+  // weight to find its largest magnitude. NaN (the default): not known, read.
+  double largest_magnitude = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Whether merging `coefficient` x B A (a plain LoRA module, PEFT's f32 arithmetic) into `weight`
@@ -99,7 +105,8 @@ struct BufferMergeOptions {
 // the dtype's largest finite value less twice the bound |coefficient| x max_i sum_k |B_ik| x max |A|
 // on every |delta| (the factor 2 covers the f32 rounding of the product and the sum). False when
 // anything is already an infinity or a NaN. One read of the weight; a merge that refuses non-finite
-// results saves no rows when this holds, since it cannot fail.
+// results saves no rows when this holds, since it cannot fail (without reading the weight when its
+// caller knows a bound of its magnitude: BufferMergeOptions::largest_magnitude).
 bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient,
                              unsigned threads = 0);
 
@@ -135,6 +142,12 @@ class BufferMerge {
   size_t saved_bytes() const;
   // The DoRA weight norm cached at merge time (empty for plain LoRA).
   const std::vector<float>& dora_norm() const { return dora_norm_; }
+  // An upper bound of |w| over the weight once this merge is in, when the merge was shown not to
+  // fail (a plain LoRA module merged with refuse_non_finite and no rows saved); NaN otherwise.
+  double largest_magnitude_after() const { return largest_after_; }
+  // Such a bound once remove() has taken this merge out again, given one (`before`) while it is in:
+  // for a merge that gave largest_magnitude_after(); NaN otherwise (and for a NaN `before`).
+  double largest_magnitude_after_remove(double before) const;
 
  private:
   void check_same_buffers(const merge::WeightView& weight, const merge::WeightView* bias) const;
@@ -176,6 +189,10 @@ class BufferMerge {
   DType dtype_ = DType::F32;
   DType bias_dtype_ = DType::F32;
   std::vector<float> dora_norm_;
+  // A merge shown not to fail: the bound on every |delta| it adds (lora_delta_bound), and the bound
+  // of the weight's magnitude after it; NaN for other merges.
+  double delta_bound_ = std::numeric_limits<double>::quiet_NaN();
+  double largest_after_ = std::numeric_limits<double>::quiet_NaN();
   // keep_original_rows: row indices, their original bytes (row_bytes each, in the same order) and
   // a hash of what the merge wrote into each, checked before restoring.
   std::vector<int64_t> saved_row_index_;
