@@ -47,6 +47,10 @@ Fixture make_fixture(pm::ModuleKind kind, int64_t out, int64_t in, int64_t rank,
   return f;
 }
 
+// The weight dtypes a buffer merge takes, and the largest finite value of each.
+const DType kWeightDtypes[] = {DType::F32, DType::BF16, DType::F16};
+const double kLargestFinite[] = {3.4028234e38, 0x1.FEp127, 65504.0};
+
 }  // namespace
 
 TEST_CASE("buffer merge: keeping original rows restores the buffer bit for bit") {
@@ -212,22 +216,20 @@ TEST_CASE("buffer merge: records on different buffers work concurrently") {
 TEST_CASE("buffer merge: the bound that lets a refusing merge save no rows holds whenever it says so") {
   // Random weights and merge weights around each dtype's overflow: whenever lora_merge_stays_finite
   // answers yes, the merge without any check writes only finite values. Both answers must occur.
-  const double largest[] = {3.4028234e38, 0x1.FEp127, 65504.0};
-  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
   const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 7100);
   const BufferMergeModule module = fx.module(false, false);
   std::mt19937 rng(11);
   std::uniform_real_distribution<double> exponent(-3.0, 0.0);
   for (int t = 0; t < 3; ++t) {
-    CAPTURE(dtype_name(dtypes[t]));
+    CAPTURE(dtype_name(kWeightDtypes[t]));
     int yes = 0, no = 0;
     for (int trial = 0; trial < 300; ++trial) {
-      const double weight_scale = largest[t] * std::pow(10.0, exponent(rng));  // 0.001x to 1x the largest
-      const double merge_weight = largest[t] * std::pow(10.0, exponent(rng)) / 8;
-      Buffer w(dtypes[t], 16 * 24);
+      const double weight_scale = kLargestFinite[t] * std::pow(10.0, exponent(rng));  // 0.001x to 1x the largest
+      const double merge_weight = kLargestFinite[t] * std::pow(10.0, exponent(rng)) / 8;
+      Buffer w(kWeightDtypes[t], 16 * 24);
       const auto values = random_floats(w.size(), 900 + static_cast<uint32_t>(trial), 0.3f);
       for (size_t i = 0; i < w.size(); ++i) {
-        const double v = std::clamp(values[i] * weight_scale, -largest[t], largest[t]);
+        const double v = std::clamp(values[i] * weight_scale, -kLargestFinite[t], kLargestFinite[t]);
         w.set(i, static_cast<float>(v));
       }
       auto wv = w.view(16, 24);
@@ -265,8 +267,6 @@ TEST_CASE("buffer merge: the magnitude bound after a merge and after its removal
   // again (largest_magnitude_after_remove); a host model passes them to the next merge instead of
   // reading the weight. Chains of merges and removals on weights from subnormal to near the largest,
   // every dtype: the bounds are never below the buffer's largest magnitude.
-  const double largest[] = {3.4028234e38, 0x1.FEp127, 65504.0};
-  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
   const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 7200);
   const BufferMergeModule module = fx.module(false, false);
   std::mt19937 rng(13);
@@ -277,14 +277,14 @@ TEST_CASE("buffer merge: the magnitude bound after a merge and after its removal
     return most;
   };
   for (int t = 0; t < 3; ++t) {
-    CAPTURE(dtype_name(dtypes[t]));
+    CAPTURE(dtype_name(kWeightDtypes[t]));
     int bounded = 0;
     for (int trial = 0; trial < 200; ++trial) {
-      const double weight_scale = largest[t] * std::pow(2.0, exponent(rng) * (t == 2 ? 0.9 : 3.0));
+      const double weight_scale = kLargestFinite[t] * std::pow(2.0, exponent(rng) * (t == 2 ? 0.9 : 3.0));
       const double merge_weight = weight_scale * std::pow(2.0, exponent(rng) / 4);
-      Buffer w(dtypes[t], 16 * 24);
+      Buffer w(kWeightDtypes[t], 16 * 24);
       const auto values = random_floats(w.size(), 1900 + static_cast<uint32_t>(trial), 0.3f);
-      for (size_t i = 0; i < w.size(); ++i) w.set(i, static_cast<float>(std::clamp(values[i] * weight_scale, -largest[t], largest[t])));
+      for (size_t i = 0; i < w.size(); ++i) w.set(i, static_cast<float>(std::clamp(values[i] * weight_scale, -kLargestFinite[t], kLargestFinite[t])));
       auto wv = w.view(16, 24);
       BufferMergeOptions options;
       options.refuse_non_finite = true;
@@ -332,14 +332,13 @@ TEST_CASE("buffer merge: a result that is not finite is refused and the buffers 
   // lora_bias, kept rows or not, every dtype. Without refuse_non_finite (the GGUF merge, which
   // checks by itself) the same merge writes infinities. (DoRA rescales each row to its magnitude,
   // so in F16 it stays finite: its check is in F32 and BF16, where the sum overflows before.)
-  const float largest[] = {3.4028234e38f, 0x1.FEp127f, 65504.0f};
-  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
   const Fixture fx = make_fixture(pm::ModuleKind::linear, 16, 24, 2, 6000);
   for (int t = 0; t < 3; ++t) {
-    CAPTURE(dtype_name(dtypes[t]));
-    Buffer w(dtypes[t], 16 * 24);
-    for (size_t i = 0; i < w.size(); ++i) w.set(i, (i % 3 == 0) ? -largest[t] : largest[t]);
-    Buffer b(dtypes[t], 16);
+    CAPTURE(dtype_name(kWeightDtypes[t]));
+    Buffer w(kWeightDtypes[t], 16 * 24);
+    const auto most = static_cast<float>(kLargestFinite[t]);
+    for (size_t i = 0; i < w.size(); ++i) w.set(i, (i % 3 == 0) ? -most : most);
+    Buffer b(kWeightDtypes[t], 16);
     for (size_t i = 0; i < b.size(); ++i) b.set(i, 0.5f);
     const Buffer w0 = w, b0 = b;
     auto wv = w.view(16, 24);
@@ -347,12 +346,12 @@ TEST_CASE("buffer merge: a result that is not finite is refused and the buffers 
     for (bool dora : {false, true})
       for (bool bias : {false, true})
         for (bool keep : {false, true}) {
-          if (dora && dtypes[t] == DType::F16) continue;
+          if (dora && kWeightDtypes[t] == DType::F16) continue;
           CAPTURE(dora);
           CAPTURE(bias);
           CAPTURE(keep);
           BufferMergeOptions options;
-          options.weight = dtypes[t] == DType::F16 ? 1e7 : 1e37;
+          options.weight = kWeightDtypes[t] == DType::F16 ? 1e7 : 1e37;
           options.keep_original_rows = keep;
           options.refuse_non_finite = true;
           options.layer = "layers.0.q";
@@ -373,7 +372,7 @@ TEST_CASE("buffer merge: a result that is not finite is refused and the buffers 
     r.remove(wv, nullptr);
     w = w0;
     BufferMergeOptions unchecked;
-    unchecked.weight = dtypes[t] == DType::F16 ? 1e7 : 1e37;
+    unchecked.weight = kWeightDtypes[t] == DType::F16 ? 1e7 : 1e37;
     BufferMerge::apply(wv, nullptr, fx.module(false, false), unchecked);
     bool any_inf = false;
     for (size_t i = 0; i < w.size(); ++i) any_inf |= std::isinf(w.get(i));

@@ -187,7 +187,8 @@ class GgufMerge {
 
  private:
   // The buffers of one merged tensor at a time, reused from tensor to tensor: fresh ones cost page
-  // faults and zeroing on the main thread while the workers wait (about a tenth of a Q4_K_M merge).
+  // faults and zeroing on the main thread while the workers wait (in the Q4_K_M merge of
+  // docs/benchmarks.md, most of a second of system time and nearly a quarter of the wall time).
   struct Scratch {
     TensorBuffer stored;  // a block-quantized base tensor's bytes, as read
     TensorBuffer values;  // the tensor as f32 values, merged
