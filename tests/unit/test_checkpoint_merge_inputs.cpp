@@ -249,7 +249,9 @@ TEST_CASE("merge inputs: the finiteness checks name the first bad element, in ev
       {n, {}}, {n, {0}}, {n, {4096}}, {n, {n - 1}}, {n, {9000, 4095}},
       {3 * Mi + 5, {}}, {3 * Mi + 5, {3 * Mi + 4}}, {3 * Mi + 5, {2 * Mi + 7, Mi + 9, 3 * Mi}}, {3 * Mi + 5, {Mi - 1, Mi}}};
   for (const unsigned threads : {1u, 2u, 3u}) {
-    for (const auto& [count, bad] : scans) {
+    for (const auto& scan : scans) {
+      const uint64_t count = scan.first;
+      const std::vector<uint64_t>& bad = scan.second;
       CAPTURE(threads);
       CAPTURE(count);
       std::vector<float> values(count, 1.5f);
