@@ -120,9 +120,15 @@ bool stays_finite(DType dtype, double largest, double delta) {
 }
 
 // A bound of |w| once deltas of at most `delta` are added to (or taken from) values of at most
-// `largest`, in f32 and then rounded to the weight's dtype: 2^-7 covers the relative rounding of
-// the f32 sum and of bf16 (f16 and f32 round closer), 2^-24 the absolute rounding of a subnormal.
-double grown_magnitude(double largest, double delta) { return (largest + delta) * (1.0 + 0x1p-7) + 0x1p-24; }
+// `largest`, in f32 and then rounded to the weight's dtype: the relative factor covers the rounding
+// of the f32 sum (2^-24) and then to bf16 (2^-8) or f16 (2^-11), twice over; 2^-24 the absolute
+// rounding of a subnormal. (The bound grows with each merge and removal: a host model's bound on a
+// bf16 weight of magnitude 1 takes thousands of swaps to leave no room, and then apply reads the
+// weight again.)
+double grown_magnitude(DType dtype, double largest, double delta) {
+  const double rounding = dtype == DType::BF16 ? 0x1p-7 : dtype == DType::F16 ? 0x1p-10 : 0x1p-22;
+  return (largest + delta) * (1.0 + rounding) + 0x1p-24;
+}
 
 }  // namespace
 
@@ -135,7 +141,8 @@ bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeM
 }
 
 double BufferMerge::largest_magnitude_after_remove(double before) const {
-  return std::isnan(largest_after_) ? std::numeric_limits<double>::quiet_NaN() : grown_magnitude(before, delta_bound_);
+  return std::isnan(largest_after_) ? std::numeric_limits<double>::quiet_NaN()
+                                    : grown_magnitude(dtype_, before, delta_bound_);
 }
 
 size_t BufferMerge::row_bytes() const {
@@ -204,18 +211,19 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
 
   // A plain LoRA merge in PEFT's arithmetic that cannot overflow saves no rows for its refusal. (Not
   // DoRA, which rescales rows, nor ggml's arithmetic, which rounds through F16.)
-  // The weight's largest magnitude is read only when the caller does not know a bound of it.
+  // The weight's largest magnitude is read only when the caller knows no bound of it that shows the
+  // merge cannot fail.
   bool cannot_fail = false;
   if (options.refuse_non_finite && !options.caller_restores && !record.keep_rows_ && module.magnitude == nullptr &&
       !with_bias && options.arithmetic == merge::Arithmetic::peft) {
     const double delta = lora_delta_bound(module, record.coefficient_);
     if (stays_finite(weight.dtype, 0.0, delta)) {
-      const double largest = std::isnan(options.largest_magnitude) ? merge::largest_magnitude(weight, options.threads)
-                                                                   : options.largest_magnitude;
+      double largest = options.largest_magnitude;
+      if (!stays_finite(weight.dtype, largest, delta)) largest = merge::largest_magnitude(weight, options.threads);
       cannot_fail = stays_finite(weight.dtype, largest, delta);
       if (cannot_fail) {
         record.delta_bound_ = delta;
-        record.largest_after_ = grown_magnitude(largest, delta);
+        record.largest_after_ = grown_magnitude(weight.dtype, largest, delta);
       }
     }
   }

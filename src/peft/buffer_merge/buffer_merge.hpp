@@ -96,7 +96,8 @@ struct BufferMergeOptions {
   // With refuse_non_finite, for a merge that saves no rows when it cannot fail (a plain LoRA module,
   // lora_merge_stays_finite): an upper bound of |w| over the weight that the caller knows (a host
   // model, from its own writes: BufferMerge::largest_magnitude_after), used instead of reading the
-  // weight to find its largest magnitude. NaN (the default): not known, read.
+  // weight to find its largest magnitude. NaN (the default): not known; a bound too large to show
+  // that the merge cannot fail is not used either: the weight is read.
   double largest_magnitude = std::numeric_limits<double>::quiet_NaN();
 };
 
