@@ -130,14 +130,22 @@ double grown_magnitude(DType dtype, double largest, double delta) {
   return (largest + delta) * (1.0 + rounding) + 0x1p-24;
 }
 
+// A bound of |w| over `weight` that shows deltas of at most `delta` keep it finite: `known` when it
+// shows it (a caller's bound), else the weight's largest magnitude, read; NaN when neither does (a
+// NaN delta bound, from a NaN coefficient, and an infinite one leave no room).
+double finite_proof(const merge::WeightView& weight, double delta, double known, unsigned threads) {
+  if (!stays_finite(weight.dtype, 0.0, delta)) return std::numeric_limits<double>::quiet_NaN();
+  if (stays_finite(weight.dtype, known, delta)) return known;
+  const double largest = merge::largest_magnitude(weight, threads);
+  return stays_finite(weight.dtype, largest, delta) ? largest : std::numeric_limits<double>::quiet_NaN();
+}
+
 }  // namespace
 
 bool lora_merge_stays_finite(const merge::WeightView& weight, const BufferMergeModule& module, double coefficient,
                              unsigned threads) {
-  const double delta = lora_delta_bound(module, coefficient);
-  // A NaN coefficient makes the delta bound NaN, an infinite one infinite: neither leaves room.
-  if (!stays_finite(weight.dtype, 0.0, delta)) return false;
-  return stays_finite(weight.dtype, merge::largest_magnitude(weight, threads), delta);
+  return !std::isnan(finite_proof(weight, lora_delta_bound(module, coefficient),
+                                  std::numeric_limits<double>::quiet_NaN(), threads));
 }
 
 double BufferMerge::largest_magnitude_after_remove(double before) const {
@@ -217,14 +225,11 @@ BufferMerge BufferMerge::apply(const merge::WeightView& weight, const merge::Wei
   if (options.refuse_non_finite && !options.caller_restores && !record.keep_rows_ && module.magnitude == nullptr &&
       !with_bias && options.arithmetic == merge::Arithmetic::peft) {
     const double delta = lora_delta_bound(module, record.coefficient_);
-    if (stays_finite(weight.dtype, 0.0, delta)) {
-      double largest = options.largest_magnitude;
-      if (!stays_finite(weight.dtype, largest, delta)) largest = merge::largest_magnitude(weight, options.threads);
-      cannot_fail = stays_finite(weight.dtype, largest, delta);
-      if (cannot_fail) {
-        record.delta_bound_ = delta;
-        record.largest_after_ = grown_magnitude(weight.dtype, largest, delta);
-      }
+    const double largest = finite_proof(weight, delta, options.largest_magnitude, options.threads);
+    cannot_fail = !std::isnan(largest);
+    if (cannot_fail) {
+      record.delta_bound_ = delta;
+      record.largest_after_ = grown_magnitude(weight.dtype, largest, delta);
     }
   }
   Saving saving(record, options, with_bias, cannot_fail);
