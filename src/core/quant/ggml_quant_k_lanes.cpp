@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "core/kernel_target.hpp"
 #include "core/quant/ggml_quant_support.hpp"
