@@ -6,10 +6,12 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "core/error.hpp"
 #include "peft/kernels/merge_kernels.hpp"
+#include "peft/kernels/truncated_svd.hpp"
 #include "test_merge_math_support.hpp"
 
 using namespace merge_test;
@@ -549,3 +551,50 @@ TEST_CASE("merge math: the magnitude cut keeps int(density * n) values, the lowe
   CHECK(c.threshold == 0);
   CHECK(c.equal_kept == 1);
 }
+
+#if defined(__ELF__)
+extern "C" {
+int openblas_get_num_threads(void) __attribute__((weak));
+void openblas_set_num_threads(int threads) __attribute__((weak));
+}
+
+TEST_CASE("merge math: SVDs on several workers hold OpenBLAS to the calling thread, and its thread count comes back") {
+  if (openblas_get_num_threads == nullptr || openblas_set_num_threads == nullptr) {
+    MESSAGE("skipped: the BLAS this build runs on is not OpenBLAS");
+    return;
+  }
+  const int before = openblas_get_num_threads();
+  openblas_set_num_threads(3);  // above 1 whatever the machine's cores, so that the guard shows
+  {
+    const pm::BlasOnCallingThread inactive(false);
+    CHECK(openblas_get_num_threads() == 3);
+    {
+      const pm::BlasOnCallingThread outer(true);
+      CHECK(openblas_get_num_threads() == 1);
+      {
+        const pm::BlasOnCallingThread inner(true);
+        CHECK(openblas_get_num_threads() == 1);
+      }
+      CHECK(openblas_get_num_threads() == 1);  // the outer one still holds it
+    }
+    CHECK(openblas_get_num_threads() == 3);
+  }
+  // Holders taken and released on several threads at once: single-threaded while any is held, the
+  // count back once the last is released.
+  bool held_single = true;
+  std::vector<std::thread> threads;
+  std::vector<char> single(4, 1);
+  for (size_t w = 0; w < single.size(); ++w)
+    threads.emplace_back([&single, w] {
+      for (int i = 0; i < 200; ++i) {
+        const pm::BlasOnCallingThread hold(true);
+        if (openblas_get_num_threads() != 1) single[w] = 0;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (const char s : single) held_single = held_single && s != 0;
+  CHECK(held_single);
+  CHECK(openblas_get_num_threads() == 3);
+  openblas_set_num_threads(before);
+}
+#endif

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <mutex>
 #include <random>
 
 #include "core/error.hpp"
@@ -17,6 +18,11 @@ void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, f
              int* info);
 void sorgqr_(const int* m, const int* n, const int* k, float* a, const int* lda, const float* tau, float* work,
              const int* lwork, int* info);
+#if defined(__ELF__)
+// OpenBLAS's thread count, when the BLAS loaded is OpenBLAS (weak: null with another BLAS).
+int openblas_get_num_threads(void) __attribute__((weak));
+void openblas_set_num_threads(int threads) __attribute__((weak));
+#endif
 }
 
 namespace peft::merge {
@@ -178,6 +184,34 @@ LowRankFactors truncated_svd(std::vector<float>& m, int64_t rows, int64_t cols, 
   for (int64_t i = 0; i < r; ++i) kept += static_cast<double>(s[static_cast<size_t>(i)]) * s[static_cast<size_t>(i)];
   f.relative_error = total > 0 ? std::sqrt(std::max(0.0, 1.0 - kept / total)) : 0.0;
   return f;
+}
+
+namespace {
+std::mutex blas_threads_mutex;
+int blas_threads_holders = 0;  // BlasOnCallingThread objects held; guarded by the mutex
+int blas_threads_saved = 0;    // OpenBLAS's thread count before the first of them
+}  // namespace
+
+BlasOnCallingThread::BlasOnCallingThread(bool active) {
+#if defined(__ELF__)
+  if (!active || openblas_get_num_threads == nullptr || openblas_set_num_threads == nullptr) return;
+  const std::lock_guard<std::mutex> lock(blas_threads_mutex);
+  if (blas_threads_holders++ == 0) {
+    blas_threads_saved = openblas_get_num_threads();
+    if (blas_threads_saved > 1) openblas_set_num_threads(1);
+  }
+  held_ = true;
+#else
+  (void)active;
+#endif
+}
+
+BlasOnCallingThread::~BlasOnCallingThread() {
+#if defined(__ELF__)
+  if (!held_) return;
+  const std::lock_guard<std::mutex> lock(blas_threads_mutex);
+  if (--blas_threads_holders == 0 && blas_threads_saved > 1) openblas_set_num_threads(blas_threads_saved);
+#endif
 }
 
 }  // namespace peft::merge

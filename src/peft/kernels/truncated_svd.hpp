@@ -23,7 +23,8 @@
 // Memory: the matrix (overwritten), U and V^T of min(m, n) columns and LAPACK's workspace for the
 // exact method; the sketch and its products for the randomized one.
 //
-// Thread safety: pure; calls may run concurrently (OpenBLAS serialises its own thread pool).
+// Thread safety: pure; calls may run concurrently. Callers that run several at once on threads of
+// their own hold a BlasOnCallingThread (below) while they do.
 #pragma once
 
 #include <cstdint>
@@ -52,5 +53,24 @@ struct LowRankFactors {
 // 32-bit sizes cannot hold; INTERNAL when LAPACK reports a failure (no convergence).
 LowRankFactors truncated_svd(std::vector<float>& m, int64_t rows, int64_t cols, const RankChoice& choice,
                              SvdMethod method, const std::string& who);
+
+// While one is held with `active` true (anywhere in the process), OpenBLAS, when it is the BLAS the
+// library runs on, runs each call on the calling thread alone; the last one released gives OpenBLAS
+// back its thread count. For SVDs run on several of the library's own workers at once: each of their
+// OpenBLAS calls would otherwise also wake OpenBLAS's own pool, one thread per core (two workers on 2
+// cores took 2.2x the time of two single-threaded ones, mostly in the scheduler). OpenBLAS 0.3.21 has
+// only a process-wide setting, so a host's own OpenBLAS calls in the meantime run single-threaded too
+// (documented at peft_lowrank_options_set_threads()). With another BLAS, or none found at run time,
+// it does nothing.
+class BlasOnCallingThread {
+ public:
+  explicit BlasOnCallingThread(bool active);
+  ~BlasOnCallingThread();
+  BlasOnCallingThread(const BlasOnCallingThread&) = delete;
+  BlasOnCallingThread& operator=(const BlasOnCallingThread&) = delete;
+
+ private:
+  bool held_ = false;
+};
 
 }  // namespace peft::merge

@@ -71,7 +71,9 @@ std::vector<LowRankModule> write_lowrank_adapter(const std::vector<DeltaSource>&
   check_lowrank_options(options);
   std::vector<Result> results(sources.size());
   const auto count = static_cast<int64_t>(sources.size());
-  merge::parallel_tasks(count, merge::worker_count(options.threads, count), [&](int64_t i, unsigned) {
+  const unsigned workers = merge::worker_count(options.threads, count);
+  const merge::BlasOnCallingThread blas_on_workers(workers > 1);
+  merge::parallel_tasks(count, workers, [&](int64_t i, unsigned) {
     factor(sources[static_cast<size_t>(i)], options, results[static_cast<size_t>(i)]);
   });
 
