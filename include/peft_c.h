@@ -3124,11 +3124,13 @@ PEFT_API peft_error* peft_lowrank_options_set_svd(peft_lowrank_options* opts, in
 /**
  * @brief Worker threads (modules factored at once); 0 = one per hardware thread (the default).
  *
- * With more than one worker, the SVDs run on OpenBLAS's calling thread alone (when OpenBLAS is the
- * BLAS the library runs on): from the first such job to the last one still running, the library sets
- * OpenBLAS's thread count, a process-wide setting, to 1 and then gives back the count it found, so
- * that OpenBLAS calls the host makes in the meantime run on one thread too. Without it each worker's
- * OpenBLAS call also woke OpenBLAS's own pool (on 2 cores the exact SVDs took 2.2x as long).
+ * With more than one worker, the SVDs run on OpenBLAS's calling thread alone when the library runs on
+ * OpenBLAS's pthreads build (Debian's default, libopenblas0-pthread): from the first such job to the
+ * last one still running, the library sets OpenBLAS's thread count, a process-wide setting, to 1 and
+ * then gives back the count it found, so that OpenBLAS calls the host makes in the meantime run on
+ * one thread too. Without it each worker's OpenBLAS call also woke OpenBLAS's own pool (on 2 cores
+ * the exact SVDs took 2.2x as long). With another BLAS nothing is changed; OpenBLAS's OpenMP build,
+ * whose thread count is OpenMP's (OMP_NUM_THREADS), was not measured.
  * @param opts Options.
  * @param threads Number of threads, or 0.
  * @return NULL on success; #PEFT_ERR_INVALID_ARGUMENT for NULL @p opts. Not thread-safe for the same @p opts.

@@ -55,7 +55,8 @@ LowRankFactors truncated_svd(std::vector<float>& m, int64_t rows, int64_t cols, 
                              SvdMethod method, const std::string& who);
 
 // While one is held with `active` true (anywhere in the process), OpenBLAS, when it is the BLAS the
-// library runs on, runs each call on the calling thread alone; the last one released gives OpenBLAS
+// library runs on (its pthreads build; its OpenMP build, which takes the count from OpenMP, was not
+// measured), runs each call on the calling thread alone; the last one released gives OpenBLAS
 // back its thread count. For SVDs run on several of the library's own workers at once: each of their
 // OpenBLAS calls would otherwise also wake OpenBLAS's own pool, one thread per core (two workers on 2
 // cores took 2.2x the time of two single-threaded ones, mostly in the scheduler). OpenBLAS 0.3.21 has
